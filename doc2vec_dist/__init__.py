@@ -1,0 +1,3 @@
+"""doc2vec-dist: distributed doc2vec (PV-DBOW) training on Ray with sharded parameter servers."""
+
+__version__ = "0.1.0"
