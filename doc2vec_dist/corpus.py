@@ -1,0 +1,1024 @@
+"""Readers, vocabulary, ids, shard files and the held-out split: raw events in, a corpus directory out.
+
+`prepare` turns browsing events (or token lists, or plain text) into the corpus that training reads:
+
+    CORPUS/corpus.json                 sizes, per-shard counts, how it was made, what was skipped
+    CORPUS/vocab.arrow                 token string, count int64, id int32        (sorted by id)
+    CORPUS/docs.arrow                  key string, id int64, length int64          (sorted by id)
+    CORPUS/shards/part-00000.arrow …   doc_id int64, tokens list<int32>            (record batches ≤ ~1M tokens)
+
+It never holds the events in memory, only the vocabulary (one row per distinct token):
+
+    pass 1  stream every input, count tokens and rows, check columns  → vocabulary, ids by frequency
+    pass 2  stream every input again, map tokens to ids, spill each event into bucket hash(key) % B
+    pass 3  per bucket: group the events into documents, hold out, number them, write shard b
+
+B is chosen so that one bucket fits in `memory_budget_bytes`. Everything is written under a temporary
+sibling of the output directory and renamed into place at the very end, so an error or an interrupt
+never leaves a half-written corpus behind.
+
+Input formats:
+
+    events  rows of (doc_col, token_col[, time_col]) in Parquet, CSV/TSV or JSON lines; a user's
+            events may be spread over many files. With time_col, each user's tokens are ordered by
+            time (ties keep input order); otherwise by input order.
+    lists   one row per document: doc_col and token_col holding a list of tokens (Parquet, JSON lines).
+    text    one document per line, tokens separated by whitespace. The key of a document is its line
+            number counted from 0 across the inputs concatenated in the order given (a directory's
+            files in sorted order); a file that does not end in a newline still ends its last line.
+
+Within a shard, documents keep the order in which they first appear in the input, so a small text
+corpus (one shard) has doc id == line number unless lines were skipped.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from .errors import UserError
+
+FORMAT_VERSION = 1
+FORMATS = ("events", "lists", "text")
+
+# Tokens per record batch of a shard file. Keeps list<int32> offsets far from 2**31 and lets a reader
+# take a batch at a time.
+BATCH_TOKENS = 1 << 20
+
+# Sizes of what one read of an input hands us; a batch of events is transient, so these only bound
+# the working memory of passes 1 and 2, not correctness.
+PARQUET_BATCH_ROWS = 1 << 18
+TEXT_BLOCK_BYTES = 16 << 20
+CSV_JSON_BLOCK_BYTES = 16 << 20
+
+PARQUET_EXTS = (".parquet", ".pq")
+CSV_EXTS = (".csv", ".tsv")
+JSON_EXTS = (".jsonl", ".json", ".ndjson")
+# Outer compression pyarrow's CSV/JSON readers and input streams undo by themselves.
+COMPRESSION_EXTS = (".gz", ".bz2", ".zst", ".lz4", ".br")
+
+VOCAB_SCHEMA = pa.schema([("token", pa.string()), ("count", pa.int64()), ("id", pa.int32())])
+DOCS_SCHEMA = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
+SHARD_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32()))])
+HOLDOUT_SCHEMA = pa.schema([("key", pa.string()), ("token", pa.string())])
+
+
+class CorpusError(UserError):
+    """Bad input to `prepare`, or a corpus directory that cannot be opened."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hashing: vectorised 64-bit hashes of strings, for bucketing and for the held-out draw. Python's
+# hash() is salted per process and a loop per key is slow; this is neither.
+# ---------------------------------------------------------------------------------------------------
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection on uint64 that spreads every input bit over the output."""
+    x = x.astype(np.uint64, copy=True)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def _hash_strings(arr: pa.Array, salt: int = 0) -> np.ndarray:
+    """uint64 hash of each string of a (large_)string array (nulls hash like empty strings).
+
+    h(s) = mix(Σ_j s[j]·w_j  ^  mix(len(s))), with w_j a pseudo-random weight per byte position:
+    one pass of numpy over the raw bytes, no Python per string.
+    """
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, np.uint64)
+    arr = arr.cast(pa.large_string()) if not pa.types.is_large_string(arr.type) else arr
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset:arr.offset + n + 1]
+    lengths = np.diff(offsets)
+    first, last = int(offsets[0]), int(offsets[-1])
+    h = np.zeros(n, np.uint64)
+    if last > first:
+        data = np.frombuffer(data_buf, dtype=np.uint8)[first:last].astype(np.uint64)
+        starts = offsets[:-1] - first
+        position = np.arange(last - first, dtype=np.int64) - np.repeat(starts, lengths)
+        weight = _mix64(position.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15 ^ (salt & 0xFFFFFFFF)))
+        nonempty = lengths > 0
+        h[nonempty] = np.add.reduceat(data * weight, starts[nonempty])
+    if arr.null_count:
+        null = arr.is_null().to_numpy(zero_copy_only=False)
+        h[null] = 0
+        lengths = np.where(null, 0, lengths)
+    return _mix64(h ^ _mix64(lengths.astype(np.uint64) + np.uint64(salt & 0xFFFFFFFF)))
+
+
+class _TokenIds:
+    """token string → word id, vectorised: binary search on the vocabulary's sorted hashes, then an
+    exact string comparison, so a hash collision with an out-of-vocabulary token cannot map it wrongly.
+
+    (pc.index_in would rebuild a hash table of the whole vocabulary on every batch.)
+    """
+
+    def __init__(self, tokens: pa.Array):
+        self.tokens = tokens
+        for salt in range(16):
+            h = _hash_strings(tokens, salt)
+            order = np.argsort(h, kind="stable")
+            sorted_h = h[order]
+            if not np.any(sorted_h[1:] == sorted_h[:-1]):
+                break
+        else:  # 16 salts with a collision among the vocabulary's own tokens: astronomically unlikely
+            raise RuntimeError("cannot find a collision-free hash for the vocabulary")
+        self.salt, self.order, self.sorted_h = salt, order, sorted_h
+
+    def lookup(self, values: pa.Array) -> np.ndarray:
+        """int32 ids of `values` (strings), -1 for nulls and tokens not in the vocabulary."""
+        if len(values) == 0 or len(self.tokens) == 0:
+            return np.full(len(values), -1, np.int32)
+        # Look each distinct token up once: a batch repeats its popular URLs many times.
+        encoded = pc.dictionary_encode(values)
+        uniq = encoded.dictionary
+        h = _hash_strings(uniq, self.salt)
+        pos = np.minimum(np.searchsorted(self.sorted_h, h), len(self.sorted_h) - 1)
+        cand = self.order[pos]
+        same = self.sorted_h[pos] == h
+        same &= pc.equal(uniq, self.tokens.take(pa.array(cand))).to_numpy(zero_copy_only=False)
+        uniq_ids = np.where(same, cand, -1).astype(np.int32)
+        idx = encoded.indices
+        if idx.null_count:
+            idx = idx.fill_null(len(uniq_ids))
+            uniq_ids = np.append(uniq_ids, np.int32(-1))
+        return uniq_ids[idx.to_numpy()]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs: paths → files → normalised chunks of events
+# ---------------------------------------------------------------------------------------------------
+
+def _strip_compression(name: str) -> str:
+    lower = name.lower()
+    for ext in COMPRESSION_EXTS:
+        if lower.endswith(ext):
+            return lower[: -len(ext)]
+    return lower
+
+
+def _file_kind(path: str) -> str | None:
+    """'parquet', 'csv', 'tsv' or 'json' from the file name, None when we do not know it."""
+    lower = path.lower()
+    if lower.endswith(PARQUET_EXTS):
+        return "parquet"
+    base = _strip_compression(lower)
+    if base.endswith(".tsv"):
+        return "tsv"
+    if base.endswith(".csv"):
+        return "csv"
+    if base.endswith(JSON_EXTS):
+        return "json"
+    return None
+
+
+def _walk(directory: str) -> list[str]:
+    """Files under a directory, recursively, sorted; hidden and _-prefixed files (Spark's _SUCCESS,
+    Parquet's _metadata) are bookkeeping, not data."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        found += [os.path.join(root, f) for f in files if not f.startswith((".", "_"))]
+    return sorted(found)
+
+
+def expand_inputs(inputs: list[str], format: str) -> list[str]:
+    """The input files, in order: each input is a file, a directory (its data files, recursively,
+    sorted) or a glob (its matches, sorted). A file listed twice is read once."""
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    if not inputs:
+        raise CorpusError("no input given")
+    files: list[str] = []
+    for given in map(os.fspath, inputs):
+        if os.path.isdir(given) or os.path.exists(given):
+            matches = [given]
+        elif any(c in given for c in "*?["):
+            matches = sorted(glob.glob(given, recursive=True))
+            if not matches:
+                raise CorpusError(f"{given}: the pattern matches no file")
+        else:
+            raise CorpusError(f"{given}: no such file or directory")
+        for match in matches:
+            if os.path.isdir(match):
+                inside = _walk(match)
+                if format != "text":
+                    inside = [f for f in inside if _file_kind(f)]
+                if not inside and match == given:
+                    raise CorpusError(f"{given}: the directory holds no input files"
+                                      + ("" if format == "text" else " (.parquet, .csv, .jsonl, …)"))
+                files += inside
+            else:
+                if format != "text" and not _file_kind(match):
+                    raise CorpusError(f"{match}: unknown file type (expected .parquet/.pq, .csv, .tsv, "
+                                      ".jsonl/.json/.ndjson, optionally compressed)")
+                files.append(match)
+    seen, unique = set(), []
+    for f in files:
+        real = os.path.realpath(f)
+        if real not in seen:
+            seen.add(real)
+            unique.append(f)
+    if not unique:
+        raise CorpusError(f"{', '.join(map(str, inputs))}: no input files found")
+    return unique
+
+
+@dataclass
+class _Chunk:
+    """A batch of events, whatever the input format: event i is (key[i], token[i], time[i])."""
+
+    key: pa.Array            # string, no nulls
+    token: pa.Array          # string; null where the input had no usable token
+    time: np.ndarray | None  # float64, NaN for a missing time; None without time_col
+    rows: int                # input rows (events, or documents for lists/text) this chunk covers
+    padding: int = 0         # null tokens we added so that a document with no token is still seen
+
+
+def _one_line(e: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+
+
+def _missing_column(path: str, column: str, names: list[str]) -> CorpusError:
+    return CorpusError(f"{path}: column '{column}' not found (columns: {', '.join(names)})")
+
+
+def _check_columns(path: str, names: list[str], needed: list[str]) -> None:
+    for column in needed:
+        if column not in names:
+            raise _missing_column(path, column, names)
+
+
+def _parquet_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    pf = pq.ParquetFile(path)
+    _check_columns(path, pf.schema_arrow.names, columns)
+    yield from pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns)
+
+
+def _csv_batches(path: str, columns: list[str], kind: str) -> Iterator[pa.RecordBatch]:
+    read = pcsv.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
+    parse = pcsv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
+    # Everything as text: the key and token become strings anyway, the time is parsed by
+    # _time_seconds, and a column's type cannot then change from one block to the next.
+    # Only the empty field is null, so a URL or user called "NA" or "null" stays itself.
+    convert = pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.string() for c in columns},
+                                  strings_can_be_null=True, null_values=[""])
+    try:
+        reader = pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+    except (pa.ArrowInvalid, KeyError) as e:
+        if "include_columns" not in str(e):
+            raise
+        names = pcsv.open_csv(path, read_options=read, parse_options=parse).schema.names
+        _check_columns(path, names, columns)
+        raise
+    yield from reader
+
+
+def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterator[pa.RecordBatch]:
+    read = pjson.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
+    # The streaming reader fixes a column's type from the first block and cannot turn a number into a
+    # string. We want only our columns: learn their types from the first block, then read with an
+    # explicit schema that ignores every other field (an unrelated field changing type must not stop us).
+    try:
+        inferred = pjson.open_json(path, read_options=read).schema
+    except pa.ArrowInvalid:
+        inferred = None
+    if inferred is not None:
+        _check_columns(path, inferred.names, columns)
+    fields = []
+    for column in columns:
+        typ = inferred.field(column).type if inferred is not None else _probe_json_type(path, read, column,
+                                                                                       column == list_col)
+        if pa.types.is_null(typ):  # all null in the first block: say what it should hold
+            typ = pa.list_(pa.string()) if column == list_col else pa.string()
+        fields.append((column, typ))
+    parse = pjson.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
+    yield from pjson.open_json(path, read_options=read, parse_options=parse)
+
+
+def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: bool) -> pa.DataType:
+    """The type of one column in the first block, found by trying the likely ones in turn (used when
+    inferring the whole first block fails because of some other field)."""
+    scalars = [pa.string(), pa.int64(), pa.float64(), pa.bool_()]
+    for typ in [pa.list_(t) for t in scalars] if is_list else scalars:
+        parse = pjson.ParseOptions(explicit_schema=pa.schema([(column, typ)]), unexpected_field_behavior="ignore")
+        try:
+            pjson.open_json(path, read_options=read, parse_options=parse)
+            return typ
+        except pa.ArrowInvalid:
+            continue
+    return pa.string()  # let the real read report what is wrong
+
+
+def _text_lines(path: str) -> Iterator[pa.Array]:
+    """Lines of a text file as string arrays (newline removed), a block at a time."""
+    stream = pa.input_stream(path, compression="detect")
+    rest = b""
+    line = 0
+    while True:
+        block = stream.read(TEXT_BLOCK_BYTES)
+        if not block:
+            break
+        data = rest + block
+        cut = data.rfind(b"\n")
+        if cut < 0:  # a line longer than a block: keep reading
+            rest = data
+            continue
+        rest = data[cut + 1:]
+        lines = _split_lines(path, data[:cut], line)
+        line += len(lines)
+        yield lines
+    if rest:
+        yield _split_lines(path, rest, line)
+
+
+def _split_lines(path: str, data: bytes, first_line: int) -> pa.Array:
+    try:
+        text = pa.array([data], pa.large_binary()).cast(pa.large_string())
+    except pa.ArrowInvalid:
+        for i, raw in enumerate(data.split(b"\n")):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise CorpusError(f"{path}: line {first_line + i} (0-based, in this file) is not valid "
+                                  f"UTF-8: {e.reason}") from None
+        raise
+    return pc.list_flatten(pc.split_pattern(text, "\n")).cast(pa.string())
+
+
+def _as_strings(arr: pa.Array, path: str, column: str) -> pa.Array:
+    """Keys and tokens are strings in the corpus whatever the input held (ints in one file, strings
+    in another is common)."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if pa.types.is_string(arr.type):
+        return arr
+    if not (pa.types.is_large_string(arr.type) or pa.types.is_binary(arr.type)
+            or pa.types.is_large_binary(arr.type) or pa.types.is_integer(arr.type)
+            or pa.types.is_floating(arr.type) or pa.types.is_decimal(arr.type)
+            or pa.types.is_null(arr.type) or pa.types.is_boolean(arr.type)):
+        raise CorpusError(f"{path}: column '{column}' holds {arr.type}, expected strings or numbers")
+    try:
+        return arr.cast(pa.string())
+    except pa.ArrowInvalid as e:
+        raise CorpusError(f"{path}: column '{column}': {_one_line(e)}") from None
+
+
+def _as_string_lists(arr: pa.Array, path: str, column: str) -> pa.Array:
+    typ = arr.type
+    if pa.types.is_null(typ):
+        return pa.nulls(len(arr), pa.list_(pa.string()))
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
+        raise CorpusError(f"{path}: column '{column}' holds {typ}, expected a list of tokens per row "
+                          "(use --format events for one token per row)")
+    try:
+        return arr.cast(pa.list_(pa.string()))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise CorpusError(f"{path}: column '{column}': cannot read {typ} as a list of strings: "
+                          f"{_one_line(e)}") from None
+
+
+def _time_seconds(arr: pa.Array, path: str, column: str) -> np.ndarray:
+    """A time column as float64 seconds (NaN for nulls), only ever compared within one document.
+
+    Timestamps and dates become seconds since the epoch; numbers are taken as they are (epoch
+    seconds, milliseconds, a sequence number: anything that orders); strings are parsed as numbers or
+    ISO 8601. float64 keeps sub-microsecond resolution for present-day epoch seconds.
+    """
+    typ = arr.type
+    if pa.types.is_dictionary(typ):
+        arr = arr.dictionary_decode()
+        typ = arr.type
+    if pa.types.is_timestamp(typ):
+        per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[typ.unit]
+        raw = arr.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        return raw.astype(np.float64) / per_second
+    if pa.types.is_date32(typ):
+        return arr.cast(pa.int32()).to_numpy(zero_copy_only=False).astype(np.float64) * 86400.0
+    if pa.types.is_date64(typ):
+        return arr.cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64) / 1000.0
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ) or pa.types.is_null(typ):
+        return arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        for target in (pa.float64(), pa.timestamp("us"), pa.timestamp("us", tz="UTC")):
+            try:
+                return _time_seconds(arr.cast(target), path, column)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue
+        bad = next((v for v in arr.to_pylist() if v is not None), None)
+        raise CorpusError(f"{path}: column '{column}' is not a time: cannot read {bad!r} as a number "
+                          "or an ISO 8601 timestamp")
+    raise CorpusError(f"{path}: column '{column}' holds {typ}, expected timestamps, numbers or "
+                      "ISO 8601 strings")
+
+
+def _flatten_lists(keys: pa.Array, lists: pa.Array, drop_empty: bool) -> tuple[pa.Array, pa.Array, int]:
+    """One event per list element. A document with no element gets one null token, so that pass 3
+    sees it and counts it as a document without tokens."""
+    tokens = pc.list_flatten(lists)
+    parents = pc.list_parent_indices(lists).to_numpy()
+    if drop_empty:  # whitespace splitting leaves empty strings at the edges; they are not tokens
+        nonempty = pc.greater(pc.binary_length(tokens), 0).fill_null(True)
+        tokens = tokens.filter(nonempty)
+        parents = parents[nonempty.to_numpy(zero_copy_only=False)]
+    have = np.zeros(len(keys), bool)
+    have[parents] = True
+    missing = np.flatnonzero(~have)
+    if missing.size:
+        parents = np.concatenate([parents, missing])
+        order = np.argsort(parents, kind="stable")
+        parents = parents[order]
+        tokens = pa.concat_arrays([tokens, pa.nulls(missing.size, pa.string())]).take(pa.array(order))
+    return keys.take(pa.array(parents)), tokens, int(missing.size)
+
+
+@dataclass
+class _Options:
+    format: str
+    doc_col: str
+    token_col: str
+    time_col: str | None
+
+
+def _iter_chunks(files: list[str], opt: _Options) -> Iterator[tuple[str, _Chunk]]:
+    """Every input file, in order, as normalised chunks of events. Errors name the file."""
+    line_base = 0  # text: keys are line numbers across all inputs
+    for path in files:
+        row = 0
+        try:
+            if opt.format == "text":
+                for lines in _text_lines(path):
+                    n = len(lines)
+                    keys = pa.array(np.arange(line_base, line_base + n, dtype=np.int64)).cast(pa.string())
+                    words = pc.utf8_split_whitespace(lines)
+                    key, token, pad = _flatten_lists(keys, words, drop_empty=True)
+                    line_base += n
+                    yield path, _Chunk(key, token, None, n, pad)
+                continue
+            columns = [opt.doc_col, opt.token_col] + ([opt.time_col] if opt.time_col else [])
+            kind = _file_kind(path)
+            if opt.format == "lists" and kind not in ("parquet", "json"):
+                raise CorpusError(f"{path}: --format lists reads Parquet or JSON lines, not {kind}")
+            if kind == "parquet":
+                batches = _parquet_batches(path, columns)
+            elif kind in ("csv", "tsv"):
+                batches = _csv_batches(path, columns, kind)
+            else:
+                batches = _json_batches(path, columns, opt.token_col if opt.format == "lists" else None)
+            for batch in batches:
+                n = batch.num_rows
+                key = _as_strings(batch.column(opt.doc_col), path, opt.doc_col)
+                if key.null_count:
+                    first = pc.index(key.is_null(), True).as_py()
+                    raise CorpusError(f"{path}: column '{opt.doc_col}' has a null at row {row + first}")
+                if opt.format == "lists":
+                    lists = _as_string_lists(batch.column(opt.token_col), path, opt.token_col)
+                    key, token, pad = _flatten_lists(key, lists, drop_empty=False)
+                    yield path, _Chunk(key, token, None, n, pad)
+                else:
+                    token = _as_strings(batch.column(opt.token_col), path, opt.token_col)
+                    time = (_time_seconds(batch.column(opt.time_col), path, opt.time_col)
+                            if opt.time_col else None)
+                    yield path, _Chunk(key, token, time, n)
+                row += n
+        except CorpusError:
+            raise
+        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+            hint = (" (JSON input must hold one object per line)"
+                    if "JSON parse error" in str(e) and _file_kind(path) == "json" else "")
+            raise CorpusError(f"{path}: cannot read: {_one_line(e)}{hint}") from e
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pass 1: counts → vocabulary
+# ---------------------------------------------------------------------------------------------------
+
+class _TokenCounter:
+    """Merges per-batch value_counts. The vocabulary fits in memory; the events need not."""
+
+    def __init__(self):
+        self.parts: list[pa.Table] = []
+        self.pending_rows = 0
+        self.merged_rows = 0
+
+    def add(self, tokens: pa.Array) -> None:
+        if len(tokens) == 0:
+            return
+        vc = pc.value_counts(tokens)
+        self.parts.append(pa.table({"token": vc.field("values"), "count": vc.field("counts")}))
+        self.pending_rows += len(vc)
+        # Merge once the pending parts outgrow the merged table: amortised linear time.
+        if self.pending_rows > max(1 << 20, self.merged_rows):
+            self._merge()
+
+    def _merge(self) -> None:
+        table = pa.concat_tables(self.parts)
+        if len(self.parts) > 1:
+            table = table.group_by("token").aggregate([("count", "sum")]).rename_columns(["token", "count"])
+        self.parts = [table]
+        self.merged_rows = table.num_rows
+        self.pending_rows = 0
+
+    def table(self) -> pa.Table:
+        if not self.parts:
+            return pa.table({"token": pa.array([], pa.string()), "count": pa.array([], pa.int64())})
+        self._merge()
+        return self.parts[0].select(["token", "count"]).cast(pa.schema([("token", pa.string()),
+                                                                        ("count", pa.int64())]))
+
+
+@dataclass
+class _Pass1:
+    rows: int
+    events: int
+    key_bytes: int
+    skipped: dict
+    vocab: pa.Table  # token, count (input counts), id
+
+
+def _pass1(files: list[str], opt: _Options, min_count: int, max_vocab: int | None, bar) -> _Pass1:
+    counter = _TokenCounter()
+    rows = events = key_bytes = null_tokens = empty_tokens = 0
+    for _, chunk in _iter_chunks(files, opt):
+        rows += chunk.rows
+        events += len(chunk.token)
+        key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
+        tokens = chunk.token.drop_null()
+        null_tokens += chunk.token.null_count - chunk.padding
+        nonempty = pc.greater(pc.binary_length(tokens), 0)
+        empty_tokens += len(tokens) - (pc.sum(nonempty).as_py() or 0)
+        counter.add(tokens.filter(nonempty))
+        bar.update(chunk.rows)
+    if rows == 0:
+        raise CorpusError(f"{', '.join(files)}: the inputs hold no rows")
+    counts = counter.table().sort_by([("count", "descending"), ("token", "ascending")])
+    frequent = pc.greater_equal(counts["count"], min_count)
+    below = pc.sum(counts["count"].filter(pc.invert(frequent))).as_py() or 0
+    vocab = counts.filter(frequent)
+    beyond = 0
+    if max_vocab is not None and vocab.num_rows > max_vocab:
+        beyond = pc.sum(vocab["count"].slice(max_vocab)).as_py() or 0
+        vocab = vocab.slice(0, max_vocab)
+    if vocab.num_rows == 0:
+        raise CorpusError(f"{', '.join(files)}: no token occurs at least min_count={min_count} times")
+    vocab = vocab.append_column("id", pa.array(np.arange(vocab.num_rows, dtype=np.int32)))
+    skipped = {"null_tokens": null_tokens, "empty_tokens": empty_tokens,
+               "tokens_below_min_count": below, "tokens_beyond_max_vocab": beyond}
+    return _Pass1(rows, events, key_bytes, skipped, vocab.combine_chunks())
+
+
+def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int) -> int:
+    """Enough buckets that pass 3's working set for one bucket fits the budget.
+
+    Per event a bucket holds its key (bytes + offset), token and time on disk; sorting and grouping
+    need about three times that in memory plus a few index arrays.
+    """
+    per_event = p1.key_bytes / max(p1.events, 1) + 8 + (8 if has_time else 0)
+    working_set = p1.events * (3 * per_event + 32)
+    return max(1, math.ceil(working_set / max(memory_budget_bytes, 1)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pass 2: events → bucket spill files
+# ---------------------------------------------------------------------------------------------------
+
+def _keep_mask(key: pa.Array, ids: np.ndarray) -> np.ndarray:
+    """Rows worth spilling: every in-vocabulary event, plus the first row of each key that has none
+    in this batch, so pass 3 still knows the document exists (and can report it as empty)."""
+    keep = ids >= 0
+    if keep.all():
+        return keep
+    lost = ~keep
+    lost_keys = key.filter(pa.array(lost))
+    orphan = ~pc.is_in(lost_keys, value_set=key.filter(pa.array(keep))).to_numpy(zero_copy_only=False)
+    if orphan.any():
+        rows = np.flatnonzero(lost)[orphan]
+        codes = pc.dictionary_encode(key.take(pa.array(rows))).indices.to_numpy()
+        _, first = np.unique(codes, return_index=True)
+        keep[rows[first]] = True
+    return keep
+
+
+def _pass2(files: list[str], opt: _Options, token_ids: _TokenIds, buckets: int, spill_dir: str,
+           bar) -> list[str]:
+    fields = [("key", pa.string()), ("token", pa.int32())] + ([("time", pa.float64())] if opt.time_col else [])
+    schema = pa.schema(fields)
+    paths = [os.path.join(spill_dir, f"bucket-{b:05d}.arrows") for b in range(buckets)]
+    sinks = [pa.OSFile(p, "wb") for p in paths]
+    writers = [pa.ipc.new_stream(s, schema) for s in sinks]
+    try:
+        for _, chunk in _iter_chunks(files, opt):
+            ids = token_ids.lookup(chunk.token)
+            keep = _keep_mask(chunk.key, ids)
+            columns = [chunk.key, pa.array(ids)] + ([pa.array(chunk.time)] if opt.time_col else [])
+            batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+            if not keep.all():
+                batch = batch.filter(pa.array(keep))
+            if buckets == 1:
+                writers[0].write_batch(batch)
+            else:
+                # Hash each distinct key once; a stable sort by bucket keeps input order inside one.
+                encoded = pc.dictionary_encode(batch.column(0))
+                bucket = (_hash_strings(encoded.dictionary) % np.uint64(buckets)).astype(np.int64)
+                bucket = bucket[encoded.indices.to_numpy()]
+                order = np.argsort(bucket, kind="stable")
+                bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
+                batch = batch.take(pa.array(order))
+                for b in np.flatnonzero(np.diff(bounds)):
+                    writers[b].write_batch(batch.slice(bounds[b], bounds[b + 1] - bounds[b]))
+            bar.update(chunk.rows)
+    finally:
+        for w, s in zip(writers, sinks):
+            w.close()
+            s.close()
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pass 3: bucket → documents → shard
+# ---------------------------------------------------------------------------------------------------
+
+def _holdout(codes: np.ndarray, tokens: np.ndarray, key_hash: np.ndarray, vocab_size: int,
+             fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pick each document's hidden distinct tokens; vectorised over the whole bucket.
+
+    codes/tokens are a bucket's events (doc code, word id), grouped by code. Returns the mask of
+    events to keep for training and the hidden (code, word id) pairs. The draw for (doc, token) is a
+    hash of (seed, key, token), so it depends neither on the bucket count nor on the other documents.
+    """
+    pair = codes.astype(np.int64) * vocab_size + tokens
+    uniq, inverse = np.unique(pair, return_inverse=True)
+    pair_doc, pair_tok = uniq // vocab_size, uniq % vocab_size
+    ndocs = len(key_hash)
+    distinct = np.bincount(pair_doc, minlength=ndocs)
+    hide = np.where(distinct >= 2,
+                    np.clip(np.floor(fraction * distinct + 0.5), 1, distinct - 1), 0).astype(np.int64)
+    draw = _mix64(key_hash[pair_doc] ^ _mix64(pair_tok.astype(np.uint64)
+                                              + _mix64(np.array([seed & (2**64 - 1)], np.uint64))[0]))
+    order = np.lexsort((pair_tok, draw, pair_doc))  # by doc, then by draw
+    group_start = np.concatenate([[0], np.cumsum(distinct)[:-1]])
+    rank = np.empty(len(uniq), np.int64)
+    rank[order] = np.arange(len(uniq)) - group_start[pair_doc[order]]
+    hidden = rank < hide[pair_doc]
+    return ~hidden[inverse], pair_doc[hidden], pair_tok[hidden]
+
+
+def _write_shard(path: str, doc_ids: np.ndarray, lengths: np.ndarray, tokens: np.ndarray) -> None:
+    """One shard file, in record batches of about BATCH_TOKENS tokens (a longer document alone)."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n = len(doc_ids)
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, SHARD_SCHEMA) as writer:
+        start = 0
+        while start < n:
+            end = int(np.searchsorted(offsets, offsets[start] + BATCH_TOKENS, side="right")) - 1
+            end = min(max(end, start + 1), n)
+            lo, hi = int(offsets[start]), int(offsets[end])
+            if hi - lo > np.iinfo(np.int32).max:
+                raise CorpusError(f"document {int(doc_ids[start])} has {hi - lo} tokens, more than a "
+                                  "list<int32> record batch can hold")
+            lists = pa.ListArray.from_arrays(pa.array((offsets[start:end + 1] - lo).astype(np.int32)),
+                                             pa.array(tokens[lo:hi], pa.int32()))
+            writer.write_batch(pa.RecordBatch.from_arrays([pa.array(doc_ids[start:end]), lists],
+                                                          schema=SHARD_SCHEMA))
+            start = end
+
+
+@dataclass
+class _Pass3:
+    shards: list[dict]
+    num_docs: int
+    num_tokens: int
+    counts: np.ndarray
+    docs_without_tokens: int
+    heldout: int
+
+
+def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, holdout: float,
+           holdout_path: str | None, seed: int, bar) -> _Pass3:
+    vocab_size = len(vocab_tokens)
+    counts = np.zeros(vocab_size, np.int64)
+    shards, next_id, empty_docs, heldout = [], 0, 0, 0
+    os.makedirs(os.path.join(tmp, "shards"))
+    hold_writer = pq.ParquetWriter(holdout_path, HOLDOUT_SCHEMA) if holdout_path else None
+    try:
+        with pa.OSFile(os.path.join(tmp, "docs.arrow"), "wb") as docs_sink, \
+                pa.ipc.new_file(docs_sink, DOCS_SCHEMA) as docs_writer:
+            for b, spill in enumerate(spills):
+                with pa.OSFile(spill, "rb") as source:
+                    table = pa.ipc.open_stream(source).read_all()
+                os.remove(spill)  # frees disk as we go: the shard takes its place
+                # large_string: a bucket's keys may pass 2 GiB of text when the budget is big.
+                keys = table["key"].cast(pa.large_string()).combine_chunks()
+                encoded = pc.dictionary_encode(keys)
+                # Codes follow first appearance (the spill is in input order), and so do doc ids.
+                uniq_keys = encoded.dictionary
+                codes = encoded.indices.to_numpy()
+                tokens = table["token"].to_numpy()
+                if has_time:
+                    order = np.lexsort((table["time"].to_numpy(), codes))  # stable: ties keep input order
+                else:
+                    order = np.argsort(codes, kind="stable")
+                del table, keys, encoded
+                codes, tokens = codes[order], tokens[order]
+                in_vocab = tokens >= 0
+                codes, tokens = codes[in_vocab], tokens[in_vocab]
+                if holdout > 0 and len(codes):
+                    keep, hid_doc, hid_tok = _holdout(codes, tokens, _hash_strings(uniq_keys), vocab_size,
+                                                      holdout, seed)
+                    codes, tokens = codes[keep], tokens[keep]
+                    heldout += len(hid_doc)
+                    hold_writer.write_table(pa.table(
+                        {"key": uniq_keys.take(pa.array(hid_doc)).cast(pa.string()),
+                         "token": vocab_tokens.take(pa.array(hid_tok))}, schema=HOLDOUT_SCHEMA))
+                lengths = np.bincount(codes, minlength=len(uniq_keys))
+                present = np.flatnonzero(lengths)
+                empty_docs += len(uniq_keys) - len(present)
+                lengths = lengths[present]
+                doc_ids = np.arange(next_id, next_id + len(present), dtype=np.int64)
+                next_id += len(present)
+                counts += np.bincount(tokens, minlength=vocab_size)
+                rel = os.path.join("shards", f"part-{b:05d}.arrow")
+                _write_shard(os.path.join(tmp, rel), doc_ids, lengths, tokens)
+                shards.append({"path": rel, "docs": len(present), "tokens": len(tokens)})
+                for s in range(0, len(present), 1 << 20):
+                    sl = slice(s, s + (1 << 20))
+                    docs_writer.write_batch(pa.RecordBatch.from_arrays(
+                        [uniq_keys.take(pa.array(present[sl])).cast(pa.string()),
+                         pa.array(doc_ids[sl]), pa.array(lengths[sl].astype(np.int64))], schema=DOCS_SCHEMA))
+                bar.update(1)
+    finally:
+        if hold_writer is not None:
+            hold_writer.close()
+    return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, heldout)
+
+
+# ---------------------------------------------------------------------------------------------------
+# prepare
+# ---------------------------------------------------------------------------------------------------
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str = "user_id",
+            token_col: str = "url", time_col: str | None = None, min_count: int = 1,
+            max_vocab: int | None = None, holdout: float = 0.0, holdout_out: str | None = None,
+            seed: int = 1, num_shards: int | None = None, overwrite: bool = False,
+            progress: bool = True, memory_budget_bytes: int = 1 << 30) -> Corpus:
+    """Build a corpus directory at `out` from the inputs (see the module docstring) and open it.
+
+    With holdout=F > 0, each document with at least 2 distinct tokens has max(1, round(F × distinct))
+    of them (never all: at least one stays) removed from its training tokens and written as
+    (key, token) rows to the Parquet file `holdout_out`. Raises CorpusError (naming the file, column
+    or row) on bad input; on any error nothing is left at `out` or `holdout_out`.
+    """
+    if format not in FORMATS:
+        raise CorpusError(f"format '{format}' is not one of {', '.join(FORMATS)}")
+    if time_col and format != "events":
+        raise CorpusError(f"time_col '{time_col}' applies to --format events only, not {format}")
+    if min_count < 1:
+        raise CorpusError(f"min_count must be >= 1, not {min_count}")
+    if max_vocab is not None and max_vocab < 1:
+        raise CorpusError(f"max_vocab must be >= 1, not {max_vocab}")
+    if num_shards is not None and num_shards < 1:
+        raise CorpusError(f"num_shards must be >= 1, not {num_shards}")
+    if not 0 <= holdout < 1:
+        raise CorpusError(f"holdout must lie in [0, 1), not {holdout}")
+    if holdout > 0 and not holdout_out:
+        raise CorpusError("holdout > 0 needs holdout_out, the Parquet file for the hidden tokens")
+    if holdout == 0 and holdout_out:
+        raise CorpusError(f"{holdout_out}: holdout_out is given but holdout is 0")
+    out = os.path.abspath(os.fspath(out)).rstrip(os.sep)
+    for target in [out] + ([os.path.abspath(holdout_out)] if holdout_out else []):
+        if os.path.lexists(target) and not overwrite:
+            raise CorpusError(f"{target}: already exists (pass overwrite=True / --overwrite to replace it)")
+    files = expand_inputs(inputs, format)
+    opt = _Options(format, doc_col, token_col, time_col if format == "events" else None)
+
+    tmp = f"{out}.tmp-{os.getpid()}"
+    hold_final = os.path.abspath(holdout_out) if holdout_out else None
+    hold_tmp = f"{hold_final}.tmp-{os.getpid()}" if hold_final else None
+    _remove(tmp)  # a leftover of a crashed run with our pid
+    bars = {"file": sys.stderr, "disable": not progress, "dynamic_ncols": True}
+    try:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        os.makedirs(tmp)
+        if hold_tmp:
+            os.makedirs(os.path.dirname(hold_tmp) or ".", exist_ok=True)
+        with tqdm(desc="prepare 1/3 count", unit=" rows", unit_scale=True, **bars) as bar:
+            p1 = _pass1(files, opt, min_count, max_vocab, bar)
+        buckets = num_shards or _choose_buckets(p1, time_col is not None, memory_budget_bytes)
+        vocab_tokens = p1.vocab["token"].combine_chunks()
+        spill_dir = os.path.join(tmp, "spill")
+        os.makedirs(spill_dir)
+        with tqdm(desc="prepare 2/3 partition", total=p1.rows, unit=" rows", unit_scale=True, **bars) as bar:
+            spills = _pass2(files, opt, _TokenIds(vocab_tokens), buckets, spill_dir, bar)
+        with tqdm(desc="prepare 3/3 shards", total=buckets, unit=" shards", **bars) as bar:
+            p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar)
+        os.rmdir(spill_dir)
+
+        vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts),
+                          "id": p1.vocab["id"]}, schema=VOCAB_SCHEMA)
+        with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, \
+                pa.ipc.new_file(sink, VOCAB_SCHEMA) as writer:
+            writer.write_table(vocab, max_chunksize=1 << 20)
+        skipped = dict(p1.skipped, docs_without_tokens=p3.docs_without_tokens)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
+            "num_shards": buckets, "shards": p3.shards,
+            "inputs": [os.fspath(i) for i in ([inputs] if isinstance(inputs, str) else inputs)],
+            "input_files": [os.path.abspath(f) for f in files], "input_rows": p1.rows,
+            "format": format, "doc_col": doc_col, "token_col": token_col, "time_col": opt.time_col,
+            "min_count": min_count, "max_vocab": max_vocab, "holdout": holdout,
+            "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": seed,
+            "skipped": skipped, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        with open(os.path.join(tmp, "corpus.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+
+        # Commit: the new corpus replaces the old one only now that it is complete.
+        if os.path.lexists(out):
+            if not overwrite:  # appeared while we worked
+                raise CorpusError(f"{out}: already exists (pass overwrite=True / --overwrite to replace it)")
+            old = f"{out}.old-{os.getpid()}"
+            os.rename(out, old)
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                os.rename(old, out)
+                raise
+            _remove(old)
+        else:
+            os.rename(tmp, out)
+        if hold_tmp:
+            os.replace(hold_tmp, hold_final)
+    except BaseException:
+        _remove(tmp)
+        if hold_tmp:
+            _remove(hold_tmp)
+        raise
+
+    if progress:
+        lost = ", ".join(f"{k} {v:,}" for k, v in skipped.items() if v) or "nothing"
+        print(f"prepared {out}: {p3.num_docs:,} docs, {p3.num_tokens:,} tokens, vocabulary "
+              f"{len(vocab_tokens):,}, {buckets} shard(s); skipped: {lost}"
+              + (f"; held out {p3.heldout:,} (key, token) pairs to {hold_final}" if hold_final else ""),
+              file=sys.stderr)
+    return Corpus(out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading a corpus
+# ---------------------------------------------------------------------------------------------------
+
+def _read_ipc_file(path: str) -> pa.Table:
+    try:
+        return pa.ipc.open_file(pa.memory_map(path)).read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"{path}: cannot read: {_one_line(e)}") from e
+
+
+class Corpus:
+    """An existing corpus directory, as written by `prepare`."""
+
+    REQUIRED = ("format_version", "num_docs", "num_tokens", "vocab_size", "num_shards", "shards")
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(os.fspath(path))
+        meta_path = os.path.join(self.path, "corpus.json")
+        if not os.path.isfile(meta_path):
+            raise CorpusError(f"{self.path}: not a corpus (no corpus.json; make one with `prepare`)")
+        try:
+            with open(meta_path) as f:
+                self.meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CorpusError(f"{meta_path}: cannot read: {_one_line(e)}") from e
+        missing = [k for k in self.REQUIRED if k not in self.meta] if isinstance(self.meta, dict) else ["all"]
+        if missing:
+            raise CorpusError(f"{meta_path}: missing fields: {', '.join(missing)}")
+        if self.meta["format_version"] != FORMAT_VERSION:
+            raise CorpusError(f"{meta_path}: format_version {self.meta['format_version']} is not "
+                              f"{FORMAT_VERSION}; prepare the corpus again with this version")
+        shards = self.meta["shards"]
+        if len(shards) != self.meta["num_shards"]:
+            raise CorpusError(f"{meta_path}: num_shards is {self.meta['num_shards']} but {len(shards)} "
+                              "shards are listed")
+        self.num_docs = int(self.meta["num_docs"])
+        self.num_tokens = int(self.meta["num_tokens"])
+        self.vocab_size = int(self.meta["vocab_size"])
+        ordered = sorted(shards, key=lambda s: s["path"])
+        self.shard_paths = [os.path.join(self.path, s["path"]) for s in ordered]
+        self._shard_tokens = [int(s["tokens"]) for s in ordered]
+        self._shard_docs = [int(s["docs"]) for s in ordered]
+        for p in [os.path.join(self.path, "vocab.arrow"), os.path.join(self.path, "docs.arrow")] + self.shard_paths:
+            if not os.path.isfile(p):
+                raise CorpusError(f"{self.path}: corpus is incomplete, {os.path.relpath(p, self.path)} "
+                                  "is missing")
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_paths)
+
+    def vocab(self) -> pa.Table:
+        """token string, count int64 (training count), id int32; sorted by id."""
+        return _read_ipc_file(os.path.join(self.path, "vocab.arrow"))
+
+    def counts(self) -> np.ndarray:
+        """int64 training count of each word id."""
+        return self.vocab()["count"].to_numpy().astype(np.int64, copy=False)
+
+    def docs(self) -> pa.Table:
+        """key string, id int64, length int64; sorted by id."""
+        return _read_ipc_file(os.path.join(self.path, "docs.arrow"))
+
+    def shard_num_tokens(self) -> list[int]:
+        """Tokens per shard file, in the order of shard_paths."""
+        return list(self._shard_tokens)
+
+    def shard_num_docs(self) -> list[int]:
+        """Documents per shard file, in the order of shard_paths."""
+        return list(self._shard_docs)
+
+    def __repr__(self) -> str:
+        return (f"Corpus({self.path!r}: {self.num_docs} docs, {self.num_tokens} tokens, "
+                f"vocabulary {self.vocab_size}, {self.num_shards} shards)")
+
+
+def iter_shard(path: str, max_tokens: int = 1 << 20) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Yield (doc_ids int64[n], offsets int64[n+1], tokens int32[total]) numpy chunks of consecutive documents
+    from one shard file, each chunk holding at most ~max_tokens tokens (a single longer document is yielded
+    whole, never cut). tokens[offsets[i]:offsets[i+1]] are document doc_ids[i]'s word ids in order.
+
+    Zero-copy from the memory-mapped file where a chunk lies within one record batch (doc_ids and
+    tokens are views; only the n+1 offsets are copied to rebase them to 0). Chunks smaller than a
+    record batch are slices of it; when max_tokens exceeds the batch size, consecutive batches are
+    concatenated (a copy) so that callers get chunks of the size they asked for.
+    """
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(os.fspath(path)))
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"{path}: cannot read shard: {_one_line(e)}") from e
+    pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    pending_tokens = 0
+    for i in range(reader.num_record_batches):
+        batch = reader.get_batch(i)
+        if batch.num_rows == 0:
+            continue
+        doc_ids = batch.column(0).to_numpy()
+        lists = batch.column(1)
+        raw = lists.offsets.to_numpy()
+        values = lists.values.to_numpy()[raw[0]:raw[-1]]
+        offsets = raw.astype(np.int64) - raw[0]
+        n = len(doc_ids)
+        start = 0
+        while start < n:
+            end = int(np.searchsorted(offsets, offsets[start] + max_tokens, side="right")) - 1
+            end = min(max(end, start + 1), n)
+            lo, hi = offsets[start], offsets[end]
+            piece = (doc_ids[start:end], offsets[start:end + 1] - lo, values[lo:hi])
+            if pending and pending_tokens + (hi - lo) > max_tokens:
+                yield _concat_chunks(pending)
+                pending, pending_tokens = [], 0
+            pending.append(piece)
+            pending_tokens += int(hi - lo)
+            start = end
+    if pending:
+        yield _concat_chunks(pending)
+
+
+def _concat_chunks(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One chunk from consecutive pieces; a lone piece is passed through without a copy."""
+    if len(pieces) == 1:
+        return pieces[0]
+    doc_ids = np.concatenate([p[0] for p in pieces])
+    tokens = np.concatenate([p[2] for p in pieces])
+    sizes = np.concatenate([np.diff(p[1]) for p in pieces])
+    offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return doc_ids, offsets, tokens

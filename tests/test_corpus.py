@@ -1,0 +1,484 @@
+"""Tests of corpus.py: prepare (every input format, vocabulary, ordering, holdout, shards, errors) and
+the readers (Corpus, iter_shard). Small real files in tmp_path; the whole module runs in seconds."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc
+import pyarrow.parquet as pq
+import pytest
+
+from doc2vec_dist import corpus as corpus_mod
+from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard, prepare
+from doc2vec_dist.errors import UserError
+
+# (user, url, ts): users interleaved, a tie in time for user "u1" (ts 5 twice)
+EVENTS = [
+    ("u1", "a", 5), ("u2", "b", 1), ("u1", "b", 3), ("u3", "c", 9), ("u2", "a", 0),
+    ("u1", "c", 5), ("u2", "a", 2), ("u1", "a", 1), ("u3", "a", 8), ("u4", "d", 4),
+]
+
+
+def _write_events(path, rows, cols=("user_id", "url", "ts")):
+    """Write rows as Parquet, CSV or JSON lines according to the extension."""
+    path = str(path)
+    table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)})
+    if path.endswith(".parquet"):
+        pq.write_table(table, path)
+    elif path.endswith(".csv"):
+        with open(path, "w") as f:
+            f.write(",".join(cols) + "\n")
+            f.writelines(",".join("" if v is None else str(v) for v in r) + "\n" for r in rows)
+    elif path.endswith(".jsonl"):
+        with open(path, "w") as f:
+            f.writelines(json.dumps(dict(zip(cols, r))) + "\n" for r in rows)
+    else:
+        raise ValueError(path)
+    return path
+
+
+def _documents(c: Corpus) -> dict[str, list[str]]:
+    """key → training tokens (as strings) of every document, read back through iter_shard."""
+    keys = c.docs()["key"].to_pylist()
+    words = c.vocab()["token"].to_pylist()
+    out = {}
+    for path in c.shard_paths:
+        for doc_ids, offsets, tokens in iter_shard(path):
+            for i, d in enumerate(doc_ids):
+                out[keys[d]] = [words[t] for t in tokens[offsets[i]:offsets[i + 1]]]
+    return out
+
+
+def _leftovers(directory) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if ".tmp-" in n or n.startswith("out") or ".old-" in n)
+
+
+def _prepare(inputs, out, **kw):
+    kw.setdefault("progress", False)
+    return prepare([str(i) for i in inputs], str(out), **kw)
+
+
+# ------------------------------------------------------------------------------------------- events
+
+def test_events_parquet_csv_jsonl_give_the_same_corpus(tmp_path):
+    corpora = []
+    for ext in ("parquet", "csv", "jsonl"):
+        src = _write_events(tmp_path / f"events.{ext}", EVENTS)
+        corpora.append(_prepare([src], tmp_path / f"out-{ext}"))
+    first = corpora[0]
+    assert (first.num_docs, first.num_tokens, first.vocab_size) == (4, 10, 4)
+    # Input order (no time column): u1 saw a, b, c, a.
+    assert _documents(first) == {"u1": ["a", "b", "c", "a"], "u2": ["b", "a", "a"],
+                                 "u3": ["c", "a"], "u4": ["d"]}
+    # Doc ids follow first appearance in the input.
+    assert first.docs().to_pydict() == {"key": ["u1", "u2", "u3", "u4"], "id": [0, 1, 2, 3],
+                                        "length": [4, 3, 2, 1]}
+    for other in corpora[1:]:
+        assert other.vocab().equals(first.vocab())
+        assert other.docs().equals(first.docs())
+        assert _documents(other) == _documents(first)
+    meta = first.meta
+    assert meta["format_version"] == 1 and meta["num_shards"] == 1
+    assert meta["shards"] == [{"path": "shards/part-00000.arrow", "docs": 4, "tokens": 10}]
+    assert first.shard_num_tokens() == [10]
+
+
+def test_integer_keys_and_mixed_token_types_become_strings(tmp_path):
+    pq.write_table(pa.table({"user_id": [7, 8, 7], "url": [1, 2, 1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"user_id": ["7", "9"], "url": ["1", "x"]}), tmp_path / "b.parquet")
+    c = _prepare([tmp_path / "a.parquet", tmp_path / "b.parquet"], tmp_path / "out")
+    assert c.vocab()["token"].to_pylist() == ["1", "2", "x"]
+    assert _documents(c) == {"7": ["1", "1", "1"], "8": ["2"], "9": ["x"]}
+    assert c.docs().schema.field("key").type == pa.string()
+
+
+def test_directory_and_glob_inputs(tmp_path):
+    data = tmp_path / "data"
+    (data / "day2").mkdir(parents=True)
+    _write_events(data / "part-0.parquet", EVENTS[:4])
+    _write_events(data / "day2" / "part-1.parquet", EVENTS[4:])
+    (data / "_SUCCESS").write_text("")          # bookkeeping files are not inputs
+    (data / "README.txt").write_text("not data")
+    explicit = _prepare([data / "day2" / "part-1.parquet", data / "part-0.parquet"], tmp_path / "out-files")
+    by_dir = _prepare([data], tmp_path / "out-dir")
+    by_glob = _prepare([str(data / "**" / "*.parquet")], tmp_path / "out-glob")
+    # A directory and a glob are read in sorted path order: day2/part-1 before part-0.
+    assert _documents(by_dir) == _documents(explicit) == _documents(by_glob)
+    assert by_dir.docs().equals(explicit.docs()) and by_glob.docs().equals(explicit.docs())
+    assert by_dir.docs()["key"].to_pylist()[0] == "u2"  # first event of day2/part-1.parquet
+    assert by_dir.meta["input_files"] == [str(data / "day2" / "part-1.parquet"), str(data / "part-0.parquet")]
+
+
+def test_time_ordering_with_users_interleaved_across_two_files(tmp_path):
+    a = _write_events(tmp_path / "a.parquet", EVENTS[:5])
+    b = _write_events(tmp_path / "b.csv", EVENTS[5:])
+    c = _prepare([a, b], tmp_path / "out", time_col="ts")
+    # u1: a@5, b@3 (file a), c@5, a@1 (file b) → a@1, b@3, then the tie at 5 in input order: a, c.
+    assert _documents(c) == {"u1": ["a", "b", "a", "c"], "u2": ["a", "b", "a"], "u3": ["a", "c"], "u4": ["d"]}
+    assert c.meta["time_col"] == "ts"
+
+
+def test_time_column_types_timestamps_and_iso_strings(tmp_path):
+    ts = pa.array([3_000_000, 1_000_000, 2_000_000], pa.timestamp("us", tz="UTC"))
+    pq.write_table(pa.table({"user_id": ["x"] * 3, "url": ["p", "q", "r"], "ts": ts}), tmp_path / "a.parquet")
+    (tmp_path / "b.csv").write_text("user_id,url,ts\ny,p,2024-01-02T00:00:00\ny,q,2024-01-01T12:00:00\n"
+                                    "y,r,2024-01-01T00:00:00.5\ny,s,\n")
+    c = _prepare([tmp_path / "a.parquet", tmp_path / "b.csv"], tmp_path / "out", time_col="ts")
+    # A missing time sorts last.
+    assert _documents(c) == {"x": ["q", "r", "p"], "y": ["r", "q", "p", "s"]}
+
+
+def test_bad_time_column_is_an_error_naming_file_and_column(tmp_path):
+    (tmp_path / "e.csv").write_text("user_id,url,ts\nu,a,yesterday\n")
+    with pytest.raises(CorpusError, match=r"e\.csv: column 'ts' is not a time.*'yesterday'"):
+        _prepare([tmp_path / "e.csv"], tmp_path / "out", time_col="ts")
+    assert _leftovers(tmp_path) == []
+
+
+def test_min_count_max_vocab_and_id_order(tmp_path):
+    rows = ([("u1", "z", 0)] * 3 + [("u1", "y", 0)] * 3 + [("u2", "x", 0)] * 5 + [("u2", "w", 0)] * 2
+            + [("u3", "v", 0)] + [("u3", "rare", 0)] + [("u4", "rare2", 0)])
+    src = _write_events(tmp_path / "e.parquet", rows)
+    c = _prepare([src], tmp_path / "out", min_count=2)
+    # Descending count; the tie between y and z (3 each) broken by the token.
+    assert c.vocab().to_pydict() == {"token": ["x", "y", "z", "w"], "count": [5, 3, 3, 2], "id": [0, 1, 2, 3]}
+    assert c.vocab().schema == corpus_mod.VOCAB_SCHEMA
+    assert c.meta["skipped"]["tokens_below_min_count"] == 3
+    # u3 and u4 have nothing left: not documents.
+    assert c.meta["skipped"]["docs_without_tokens"] == 2
+    assert c.docs()["key"].to_pylist() == ["u1", "u2"]
+    assert c.counts().tolist() == [5, 3, 3, 2] and c.counts().dtype == np.int64
+
+    c = _prepare([src], tmp_path / "out2", min_count=2, max_vocab=2)
+    assert c.vocab()["token"].to_pylist() == ["x", "y"]
+    assert c.meta["skipped"]["tokens_beyond_max_vocab"] == 5
+    assert _documents(c) == {"u1": ["y"] * 3, "u2": ["x"] * 5}
+
+
+def test_null_and_empty_tokens_are_skipped_and_counted(tmp_path):
+    src = _write_events(tmp_path / "e.parquet", [("u1", "a", 0), ("u1", None, 0), ("u2", "", 0), ("u2", None, 0),
+                                                ("u3", "a", 0)])
+    c = _prepare([src], tmp_path / "out")
+    assert c.meta["skipped"]["null_tokens"] == 2
+    assert c.meta["skipped"]["empty_tokens"] == 1
+    assert c.meta["skipped"]["docs_without_tokens"] == 1
+    assert _documents(c) == {"u1": ["a"], "u3": ["a"]}
+
+
+def test_compressed_csv_and_tsv(tmp_path):
+    with gzip.open(tmp_path / "e.csv.gz", "wt") as f:
+        f.write("user_id,url\nu1,a\nu2,b\n")
+    (tmp_path / "e.tsv").write_text("user_id\turl\nu1\tc\n")
+    c = _prepare([tmp_path / "e.csv.gz", tmp_path / "e.tsv"], tmp_path / "out")
+    assert _documents(c) == {"u1": ["a", "c"], "u2": ["b"]}
+
+
+# ------------------------------------------------------------------------------------- text, lists
+
+def test_text_keys_are_line_numbers_across_inputs(tmp_path):
+    (tmp_path / "a.txt").write_text("the cat sat\n\n  the   dog\tran \n")
+    (tmp_path / "b.txt").write_text("cat\r\nno newline at end")
+    c = _prepare([tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "out", format="text")
+    # Line 1 is empty: skipped, but it still counts as a line.
+    assert _documents(c) == {"0": ["the", "cat", "sat"], "2": ["the", "dog", "ran"], "3": ["cat"],
+                             "4": ["no", "newline", "at", "end"]}
+    assert c.docs()["key"].to_pylist() == ["0", "2", "3", "4"]  # line order within the shard
+    assert c.meta["skipped"]["docs_without_tokens"] == 1
+    assert c.meta["skipped"]["empty_tokens"] == 0  # whitespace is not an empty token
+    assert c.meta["input_rows"] == 5
+
+
+def test_text_gzip_and_many_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_mod, "TEXT_BLOCK_BYTES", 7)  # lines straddle blocks
+    lines = [f"w{i} w{i % 3} common" for i in range(50)]
+    with gzip.open(tmp_path / "t.txt.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    c = _prepare([tmp_path / "t.txt.gz"], tmp_path / "out", format="text")
+    docs = _documents(c)
+    assert len(docs) == 50 and docs["17"] == ["w17", "w2", "common"]
+    assert c.docs()["key"].to_pylist() == [str(i) for i in range(50)]
+
+
+def test_lists_format_parquet_and_jsonl(tmp_path):
+    pq.write_table(pa.table({"doc": ["d1", "d2", "d3"], "tokens": [["a", "b", "a"], [], ["c", None]]}),
+                   tmp_path / "l.parquet")
+    with open(tmp_path / "l.jsonl", "w") as f:
+        f.write(json.dumps({"doc": 4, "tokens": ["b", "c"], "other": 1}) + "\n")
+        f.write(json.dumps({"doc": 5, "tokens": None, "other": "x"}) + "\n")
+    c = _prepare([tmp_path / "l.parquet", tmp_path / "l.jsonl"], tmp_path / "out", format="lists",
+                 doc_col="doc", token_col="tokens")
+    assert _documents(c) == {"d1": ["a", "b", "a"], "d3": ["c"], "4": ["b", "c"]}
+    assert c.meta["skipped"]["docs_without_tokens"] == 2
+    assert c.meta["skipped"]["null_tokens"] == 1
+    assert c.vocab()["token"].to_pylist() == ["a", "b", "c"]  # a:2, b:2, c:2 → by token
+
+
+def test_lists_format_rejects_a_string_column(tmp_path):
+    src = _write_events(tmp_path / "e.parquet", EVENTS)
+    with pytest.raises(CorpusError, match=r"e\.parquet: column 'url' holds string, expected a list"):
+        _prepare([src], tmp_path / "out", format="lists")
+
+
+# ------------------------------------------------------------------------------------------ holdout
+
+def _holdout_input(tmp_path):
+    rows = []
+    for u in range(60):
+        n_distinct = 1 + u % 12
+        for t in range(n_distinct):
+            rows += [(f"u{u}", f"t{t}", 0)] * (1 + t % 3)
+    return _write_events(tmp_path / "h.parquet", rows)
+
+
+def test_holdout_hides_tokens_deterministically(tmp_path):
+    src = _holdout_input(tmp_path)
+    full = _documents(_prepare([src], tmp_path / "full"))
+    c = _prepare([src], tmp_path / "out", holdout=0.3, holdout_out=tmp_path / "held.parquet", seed=7)
+    held = pq.read_table(tmp_path / "held.parquet")
+    assert held.schema == corpus_mod.HOLDOUT_SCHEMA
+    hidden: dict[str, set] = {}
+    for k, t in zip(held["key"].to_pylist(), held["token"].to_pylist()):
+        assert t not in hidden.setdefault(k, set())  # one row per hidden distinct token
+        hidden[k].add(t)
+    train = _documents(c)
+    for key, tokens in full.items():
+        distinct = set(tokens)
+        gone = hidden.get(key, set())
+        expect = 0 if len(distinct) < 2 else min(max(1, int(np.floor(0.3 * len(distinct) + 0.5))), len(distinct) - 1)
+        assert len(gone) == expect, key
+        assert gone <= distinct
+        assert set(train[key]) == distinct - gone            # every occurrence removed, nothing else
+        assert train[key] == [t for t in tokens if t not in gone]  # order kept
+        assert len(set(train[key])) >= 1
+    assert c.meta["heldout_pairs"] == held.num_rows > 0
+    # vocab counts are training counts
+    words = c.vocab()["token"].to_pylist()
+    all_train = [t for ts in train.values() for t in ts]
+    assert c.counts().tolist() == [all_train.count(w) for w in words]
+    assert c.num_tokens == len(all_train) == int(c.counts().sum())
+
+    # Same seed → same split, whatever the number of shards; another seed → another split.
+    _prepare([src], tmp_path / "again", holdout=0.3, holdout_out=tmp_path / "held2.parquet", seed=7, num_shards=3)
+    assert pq.read_table(tmp_path / "held2.parquet").sort_by([("key", "ascending"), ("token", "ascending")]).equals(
+        held.sort_by([("key", "ascending"), ("token", "ascending")]))
+    _prepare([src], tmp_path / "other", holdout=0.3, holdout_out=tmp_path / "held3.parquet", seed=8)
+    assert set(zip(*pq.read_table(tmp_path / "held3.parquet").to_pydict().values())) != set(
+        zip(*held.to_pydict().values()))
+
+
+def test_holdout_needs_an_output_file(tmp_path):
+    src = _write_events(tmp_path / "e.parquet", EVENTS)
+    with pytest.raises(CorpusError, match="holdout_out"):
+        _prepare([src], tmp_path / "out", holdout=0.2)
+    with pytest.raises(CorpusError, match=r"holdout must lie in \[0, 1\)"):
+        _prepare([src], tmp_path / "out", holdout=1.0, holdout_out=tmp_path / "h.parquet")
+
+
+# ------------------------------------------------------------------------------- shards, iter_shard
+
+def test_iter_shard_round_trip_and_a_25000_token_document_comes_back_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_mod, "BATCH_TOKENS", 1000)  # several record batches per shard
+    rng = np.random.default_rng(0)
+    rows, expected = [], {}
+    for u in range(40):
+        n = 25_000 if u == 13 else int(rng.integers(1, 300))
+        toks = [f"w{x}" for x in rng.integers(0, 50, n)]
+        expected[f"u{u}"] = toks
+        rows += [(f"u{u}", t) for t in toks]
+    pq.write_table(pa.table({"user_id": [r[0] for r in rows], "url": [r[1] for r in rows]}), tmp_path / "e.parquet")
+    c = _prepare([tmp_path / "e.parquet"], tmp_path / "out")
+    (shard,) = c.shard_paths
+    with pa.memory_map(shard) as source:
+        reader = pa.ipc.open_file(source)
+        assert reader.schema == corpus_mod.SHARD_SCHEMA
+        assert reader.num_record_batches > 5
+    assert _documents(c) == expected
+
+    words = c.vocab()["token"].to_pylist()
+    keys = c.docs()["key"].to_pylist()
+    for max_tokens in (500, 1000, 10**9):
+        seen = []
+        for doc_ids, offsets, tokens in iter_shard(shard, max_tokens=max_tokens):
+            assert doc_ids.dtype == np.int64 and offsets.dtype == np.int64 and tokens.dtype == np.int32
+            assert offsets[0] == 0 and offsets[-1] == len(tokens) and len(offsets) == len(doc_ids) + 1
+            assert len(tokens) <= max_tokens or len(doc_ids) == 1  # only a lone long document exceeds it
+            for i, d in enumerate(doc_ids):
+                assert [words[t] for t in tokens[offsets[i]:offsets[i + 1]]] == expected[keys[d]]
+            seen += doc_ids.tolist()
+        assert seen == list(range(40))
+    assert len(list(iter_shard(shard, max_tokens=10**9))) == 1  # small batches merge up to max_tokens
+    long = [len(t) for ids, off, t in iter_shard(shard, max_tokens=500) if 13 in ids]
+    assert long == [25_000]
+    assert c.docs()["length"].to_pylist()[13] == 25_000
+
+
+def test_iter_shard_is_zero_copy_within_a_batch(tmp_path):
+    src = _write_events(tmp_path / "e.parquet", EVENTS)
+    c = _prepare([src], tmp_path / "out")
+    doc_ids, offsets, tokens = next(iter_shard(c.shard_paths[0]))
+    assert not tokens.flags.owndata and not doc_ids.flags.owndata
+    assert tokens.tolist() == [0, 1, 2, 0, 1, 0, 0, 2, 0, 3]  # a=0 (5×), b=1, c=2 (2× each, by token), d=3
+    assert offsets.tolist() == [0, 4, 7, 9, 10] and doc_ids.tolist() == [0, 1, 2, 3]
+
+
+def test_num_shards_spread_docs_each_in_exactly_one_shard(tmp_path):
+    rows = [(f"user{i % 97}", f"url{(i * 7) % 31}") for i in range(2000)]
+    pq.write_table(pa.table({"user_id": [r[0] for r in rows], "url": [r[1] for r in rows]}), tmp_path / "e.parquet")
+    c = _prepare([tmp_path / "e.parquet"], tmp_path / "out", num_shards=4)
+    assert c.meta["num_shards"] == 4 and len(c.shard_paths) == 4
+    assert [os.path.basename(p) for p in c.shard_paths] == [f"part-0000{i}.arrow" for i in range(4)]
+    per_shard = []
+    for path in c.shard_paths:
+        ids = np.concatenate([d for d, _, _ in iter_shard(path)] or [np.zeros(0, np.int64)])
+        assert np.all(np.diff(ids) > 0)  # increasing within a shard
+        per_shard.append(ids)
+    assert sum(len(s) > 0 for s in per_shard) >= 3  # spread, not all in one
+    everything = np.concatenate(per_shard)
+    assert sorted(everything.tolist()) == list(range(97))  # each doc exactly once
+    # Shards are numbered in order: shard b's ids all come before shard b+1's.
+    nonempty = [s for s in per_shard if len(s)]
+    assert all(a[-1] < b[0] for a, b in itertools.pairwise(nonempty))
+    lengths = c.docs()["length"].to_numpy()
+    assert c.shard_num_tokens() == [int(lengths[s].sum()) for s in per_shard]
+    assert sum(c.shard_num_tokens()) == c.num_tokens == 2000
+    # Same documents as a one-shard corpus.
+    one = _prepare([tmp_path / "e.parquet"], tmp_path / "one")
+    assert _documents(one) == _documents(c)
+
+
+def test_small_memory_budget_gives_more_buckets_and_the_same_documents(tmp_path):
+    src = _write_events(tmp_path / "e.parquet", EVENTS * 50)
+    big = _prepare([src], tmp_path / "big")
+    small = _prepare([src], tmp_path / "small", memory_budget_bytes=4096)
+    assert big.meta["num_shards"] == 1 and small.meta["num_shards"] > 1
+    assert _documents(big) == _documents(small)
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+def test_missing_column_names_file_and_columns(tmp_path):
+    pq.write_table(pa.table({"user_id": ["u"], "link": ["a"], "ts": [1]}), tmp_path / "x.parquet")
+    with pytest.raises(CorpusError) as e:
+        _prepare([tmp_path / "x.parquet"], tmp_path / "out")
+    assert str(e.value) == f"{tmp_path / 'x.parquet'}: column 'url' not found (columns: user_id, link, ts)"
+    (tmp_path / "x.csv").write_text("user_id,link\nu,a\n")
+    with pytest.raises(CorpusError, match=r"x\.csv: column 'url' not found \(columns: user_id, link\)"):
+        _prepare([tmp_path / "x.csv"], tmp_path / "out")
+    (tmp_path / "x.jsonl").write_text('{"user_id": "u", "link": "a"}\n')
+    with pytest.raises(CorpusError, match=r"x\.jsonl: column 'url' not found"):
+        _prepare([tmp_path / "x.jsonl"], tmp_path / "out")
+    assert isinstance(e.value, UserError)
+    assert _leftovers(tmp_path) == []
+
+
+def test_empty_inputs_are_errors_naming_the_path(tmp_path):
+    with pytest.raises(CorpusError, match=r"nothing\.parquet: no such file"):
+        _prepare([tmp_path / "nothing.parquet"], tmp_path / "out")
+    with pytest.raises(CorpusError, match=r"\*\.parquet: the pattern matches no file"):
+        _prepare([str(tmp_path / "*.parquet")], tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError, match="empty: the directory holds no input files"):
+        _prepare([tmp_path / "empty"], tmp_path / "out")
+    (tmp_path / "header.csv").write_text("user_id,url\n")
+    with pytest.raises(CorpusError, match=r"header\.csv: the inputs hold no rows"):
+        _prepare([tmp_path / "header.csv"], tmp_path / "out")
+    assert _leftovers(tmp_path) == []
+
+
+def test_null_key_names_file_column_and_row(tmp_path):
+    rows = [(f"u{i}", "a") for i in range(30)]
+    rows[17] = (None, "a")
+    _write_events(tmp_path / "events.csv", rows, cols=("user_id", "url"))
+    with pytest.raises(CorpusError) as e:
+        _prepare([tmp_path / "events.csv"], tmp_path / "out")
+    assert str(e.value) == f"{tmp_path / 'events.csv'}: column 'user_id' has a null at row 17"
+    # Row numbers count within the file, across its batches.
+    pq.write_table(pa.table({"user_id": ["u"] * 10 + [None], "url": ["a"] * 11}), tmp_path / "n.parquet",
+                   row_group_size=4)
+    with pytest.raises(CorpusError, match=r"n\.parquet: column 'user_id' has a null at row 10$"):
+        _prepare([tmp_path / "n.parquet"], tmp_path / "out")
+    assert _leftovers(tmp_path) == []
+
+
+def test_corrupt_parquet_among_good_files_leaves_nothing_behind(tmp_path):
+    _write_events(tmp_path / "a.parquet", EVENTS)
+    (tmp_path / "b.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    _write_events(tmp_path / "c.parquet", EVENTS)
+    with pytest.raises(CorpusError, match=r"b\.parquet: cannot read: .*"):
+        _prepare([tmp_path], tmp_path / "out", holdout=0.2, holdout_out=tmp_path / "held.parquet")
+    assert _leftovers(tmp_path) == []
+    assert not (tmp_path / "held.parquet").exists()
+    assert sorted(os.listdir(tmp_path)) == ["a.parquet", "b.parquet", "c.parquet"]
+
+
+def test_failure_in_the_last_pass_leaves_nothing_behind(tmp_path, monkeypatch):
+    src = _write_events(tmp_path / "e.parquet", EVENTS)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(corpus_mod, "_write_shard", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        _prepare([src], tmp_path / "out", num_shards=2)
+    assert _leftovers(tmp_path) == []
+
+
+def test_overwrite(tmp_path):
+    a = _write_events(tmp_path / "a.parquet", EVENTS)
+    b = _write_events(tmp_path / "b.parquet", [("z", "q", 0)])
+    out = tmp_path / "out"
+    _prepare([a], out)
+    with pytest.raises(CorpusError, match=f"{out}: already exists"):
+        _prepare([b], out)
+    assert Corpus(str(out)).num_docs == 4  # untouched
+    # A failing overwrite keeps the old corpus.
+    with pytest.raises(CorpusError):
+        _prepare([tmp_path / "missing.parquet"], out, overwrite=True)
+    assert Corpus(str(out)).num_docs == 4
+    c = _prepare([b], out, overwrite=True)
+    assert (c.num_docs, c.vocab_size) == (1, 1) and _documents(c) == {"z": ["q"]}
+    assert Corpus(str(out)).docs()["key"].to_pylist() == ["z"]
+    assert sorted(os.listdir(tmp_path)) == ["a.parquet", "b.parquet", "out"]
+
+
+def test_corpus_open_errors(tmp_path):
+    with pytest.raises(CorpusError, match="not a corpus"):
+        Corpus(str(tmp_path))
+    (tmp_path / "corpus.json").write_text("{not json")
+    with pytest.raises(CorpusError, match=r"corpus\.json: cannot read"):
+        Corpus(str(tmp_path))
+    src = _write_events(tmp_path / "e.parquet", EVENTS)
+    c = _prepare([src], tmp_path / "out")
+    os.remove(c.shard_paths[0])
+    with pytest.raises(CorpusError, match="part-00000.arrow is missing"):
+        Corpus(c.path)
+
+
+def test_summary_on_stderr(tmp_path, capsys):
+    src = _write_events(tmp_path / "e.parquet", EVENTS)
+    prepare([src], str(tmp_path / "out"), progress=True)
+    err = capsys.readouterr().err
+    assert "4 docs, 10 tokens, vocabulary 4, 1 shard(s); skipped: nothing" in err
+    prepare([src], str(tmp_path / "quiet"), progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_corpus_files_are_arrow_ipc_files_with_the_contract_schemas(tmp_path):
+    src = _write_events(tmp_path / "e.parquet", EVENTS)
+    c = _prepare([src], tmp_path / "out")
+    for name, schema in [("vocab.arrow", corpus_mod.VOCAB_SCHEMA), ("docs.arrow", corpus_mod.DOCS_SCHEMA)]:
+        with pa.memory_map(os.path.join(c.path, name)) as source:
+            assert pa.ipc.open_file(source).schema == schema
+    with open(os.path.join(c.path, "corpus.json")) as f:
+        meta = json.load(f)
+    for key in ("format_version", "num_docs", "num_tokens", "vocab_size", "num_shards", "shards", "inputs",
+                "format", "doc_col", "token_col", "time_col", "min_count", "max_vocab", "holdout", "seed",
+                "skipped", "created"):
+        assert key in meta
+    assert meta["inputs"] == [src]
