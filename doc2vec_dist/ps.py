@@ -1,0 +1,87 @@
+"""ParameterServer: one shard's slice of every table, in this process's memory (numpy, not the object store).
+
+Runs as a threaded Ray actor (the trainer wraps it), so pulls and pushes from many workers are served
+at once; numpy releases the GIL while it copies. Pushes carry deltas (new − pulled) and are added
+under the table's lock, so two workers updating the same row both land. Pulls take no lock: a pull
+racing a push may see part of it, which only adds the staleness that asynchronous SGD already has.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import checkpoint
+from .sharding import rows_on_shard
+
+
+class NonFiniteUpdate(RuntimeError):
+    pass
+
+
+class ParameterServer:
+    def __init__(self, shard: int, num_shards: int, tables: dict[str, dict], seed: int):
+        """tables: name → {"rows": global row count, "dim": d, "init": "uniform" | "zeros"}.
+
+        "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim (keyedvectors.prep_vectors);
+        "zeros" is its initialisation of the output weights (syn1neg).
+        """
+        self.shard, self.num_shards = shard, num_shards
+        self.tables: dict[str, np.ndarray] = {}
+        self.locks: dict[str, threading.Lock] = {}
+        for i, (name, spec) in enumerate(sorted(tables.items())):
+            n = rows_on_shard(shard, num_shards, spec["rows"])
+            if spec["init"] == "uniform":
+                rng = np.random.default_rng([seed, i, shard])
+                table = rng.random((n, spec["dim"]), dtype=np.float32)
+                table *= 2.0
+                table -= 1.0
+                table /= spec["dim"]
+            else:
+                table = np.zeros((n, spec["dim"]), dtype=np.float32)
+            self.tables[name] = table
+            self.locks[name] = threading.Lock()
+        self.pushes = 0
+
+    def pull(self, request: dict[str, np.ndarray]) -> np.ndarray:
+        """Rows for each table in request order, stacked into one contiguous [n, dim] array."""
+        total = sum(len(ids) for ids in request.values())
+        dim = next(iter(self.tables.values())).shape[1]
+        out = np.empty((total, dim), dtype=np.float32)
+        at = 0
+        for name, ids in request.items():
+            np.take(self.tables[name], ids, axis=0, out=out[at:at + len(ids)])
+            at += len(ids)
+        return out
+
+    def push(self, request: dict[str, np.ndarray], delta: np.ndarray, step: str = "") -> int:
+        """Add delta rows (stacked in request order, as pull returns them) to the tables, in place.
+
+        Local ids within one table of one push are unique (workers send unique rows), so fancy-index
+        += is exact. A non-finite delta is refused before anything is applied.
+        """
+        if not np.isfinite(delta).all():
+            raise NonFiniteUpdate(f"shard {self.shard}: non-finite values in the push of {step}; "
+                                  "the learning rate is probably too high")
+        at = 0
+        for name, ids in request.items():
+            with self.locks[name]:
+                self.tables[name][ids] += delta[at:at + len(ids)]
+            at += len(ids)
+        self.pushes += 1
+        return self.pushes
+
+    def save(self, model: str, version: int) -> dict[str, dict]:
+        """Write this shard's slice of every table into version `version` of the model; entries per table."""
+        entries = {}
+        for name, table in self.tables.items():
+            with self.locks[name]:
+                # local row j holds global row shard + j * num_shards
+                ids = self.shard + self.num_shards * np.arange(len(table), dtype=np.int64)
+                entries[name] = checkpoint.write_slice(model, version, name, self.shard, self.num_shards,
+                                                       ids, table)
+        return entries
+
+    def memory(self) -> dict:
+        return {name: int(t.nbytes) for name, t in self.tables.items()}

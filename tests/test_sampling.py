@@ -1,0 +1,66 @@
+"""Subsampling, the negative table, pair building and unique rows, against gensim's definitions."""
+
+import numpy as np
+import pytest
+
+from doc2vec_dist.sampling import NegativeTable, dbow_pairs, keep_probabilities, unique_rows
+
+
+def test_keep_probability_matches_gensim_formula():
+    counts = np.array([10_000, 1_000, 100, 10, 1])
+    sample = 1e-3
+    t = sample * counts.sum()
+    expected = np.minimum(1.0, (np.sqrt(counts / t) + 1) * t / counts)
+    np.testing.assert_allclose(keep_probabilities(counts, sample), expected, rtol=1e-6)
+    assert keep_probabilities(counts, sample)[0] < 0.2  # the most frequent word is cut hard
+    assert keep_probabilities(counts, sample)[-1] == 1.0
+    assert (keep_probabilities(counts, 0) == 1).all()
+
+
+def test_keep_probability_matches_gensim_vocab():
+    from gensim.models import Word2Vec
+
+    rng = np.random.default_rng(0)
+    sentences = [[f"w{int(x)}" for x in rng.zipf(1.3, 50) if x < 200] for _ in range(300)]
+    model = Word2Vec(vector_size=8, min_count=1, sample=1e-2, workers=1)
+    model.build_vocab(sentences)
+    counts = np.array([model.wv.get_vecattr(w, "count") for w in model.wv.index_to_key])
+    gensim_keep = np.array([model.wv.get_vecattr(w, "sample_int") for w in model.wv.index_to_key]) / 2**32
+    np.testing.assert_allclose(keep_probabilities(counts, 1e-2), np.minimum(gensim_keep, 1.0), atol=1e-6)
+
+
+def test_negative_table_follows_unigram_power():
+    counts = np.array([1000, 500, 100, 10, 0])
+    table = NegativeTable(counts, 0.75)
+    rng = np.random.default_rng(1)
+    draws = table.draw(rng, 400_000)
+    freq = np.bincount(draws, minlength=5) / len(draws)
+    expected = counts**0.75 / (counts**0.75).sum()
+    np.testing.assert_allclose(freq, expected, atol=3e-3)
+    assert freq[4] == 0  # a word with count 0 is never a negative
+
+
+def test_dbow_pairs_masks_negatives_equal_to_positive_and_drops_subsampled():
+    rng = np.random.default_rng(2)
+    counts = np.array([100, 1, 1])
+    offsets = np.array([0, 3, 6])
+    tokens = np.array([0, 1, 2, 2, 1, 0], dtype=np.int32)
+    keep = np.array([0.0, 1.0, 1.0], dtype=np.float32)  # word 0 always dropped
+    pairs = dbow_pairs(offsets, tokens, keep, NegativeTable(counts), 4, rng)
+    assert len(pairs) == 4 and pairs.raw_tokens == 6
+    assert 0 not in pairs.word
+    assert sorted(zip(pairs.doc.tolist(), pairs.word.tolist())) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    np.testing.assert_array_equal(pairs.neg_mask, pairs.neg != pairs.word[:, None])
+
+
+def test_unique_rows_inverse():
+    ids = np.array([5, 3, 5, 9, 3, 0])
+    uniq, inv = unique_rows(ids, 10)
+    np.testing.assert_array_equal(uniq, [0, 3, 5, 9])
+    np.testing.assert_array_equal(uniq[inv], ids)
+
+
+@pytest.mark.parametrize("bad", [np.array([0, 0, 0])])
+def test_negative_table_refuses_empty_vocabulary(bad):
+    with pytest.raises(ValueError):
+        NegativeTable(bad)
