@@ -1,0 +1,161 @@
+"""Quality figures for a model: held-out URL prediction and correlation with human similarity ratings.
+
+Held-out prediction ranks every URL for a user by the model's estimate of P(url | user) (d·o plus
+the log of the negative-sampling prior, see index.py), leaving out the URLs the user was trained on,
+and asks where the hidden URLs land.
+The same ranking by global popularity is reported beside it as the baseline to beat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import checkpoint
+from .corpus import Corpus, iter_shard
+from .errors import UserError
+from .export import keys_of
+from .index import lookup, normalized, url_log_prior, with_prior
+
+
+def _read_heldout(path: str) -> pa.Table:
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise UserError(f"{path}: cannot read held-out Parquet ({exc})") from None
+    for col in ("key", "token"):
+        if col not in table.column_names:
+            raise UserError(f"{path}: column {col!r} not found (columns: {', '.join(table.column_names)})")
+    return table
+
+
+def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:
+    """The training tokens of the given documents, read from the corpus shards."""
+    wanted = np.unique(doc_ids)
+    seen: dict[int, np.ndarray] = {}
+    for path in Corpus(corpus_path).shard_paths:
+        for ids, offsets, tokens in iter_shard(path):
+            hit = np.flatnonzero(np.isin(ids, wanted, assume_unique=True))
+            for i in hit:
+                seen[int(ids[i])] = tokens[offsets[i]:offsets[i + 1]]
+    return seen
+
+
+def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_000, seed: int = 0,
+                    corpus_path: str | None = None, batch: int = 512) -> dict:
+    """recall@k and MRR of the model and of the popularity baseline on held-out (key, token) pairs.
+
+    recall@k is averaged over users (share of each user's hidden URLs in the top k); MRR is the mean
+    reciprocal rank of each user's best-ranked hidden URL. Seen URLs are excluded from the ranking.
+    """
+    table = _read_heldout(heldout)
+    doc_keys, vocab = keys_of(model, "docs"), keys_of(model, "words_out")
+    doc_ids = pc.index_in(table.column("key").cast(pa.string()), value_set=doc_keys.cast(pa.string()))
+    word_ids = pc.index_in(table.column("token").cast(pa.string()), value_set=vocab.cast(pa.string()))
+    valid = pc.and_(pc.is_valid(doc_ids), pc.is_valid(word_ids))
+    skipped = len(table) - pc.sum(valid).as_py() if len(table) else 0
+    docs = doc_ids.filter(valid).to_numpy(zero_copy_only=False).astype(np.int64)
+    words = word_ids.filter(valid).to_numpy(zero_copy_only=False).astype(np.int64)
+    if len(docs) == 0:
+        raise UserError(f"{heldout}: no held-out pair matches a user and URL of {model}")
+    users = np.unique(docs)
+    if len(users) > max_users:
+        users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
+        keep = np.isin(docs, users)
+        docs, words = docs[keep], words[keep]
+    if corpus_path is None:
+        with open(os.path.join(model, "config.json")) as fh:
+            corpus_path = json.load(fh)["corpus"]
+    seen = seen_tokens(corpus_path, users)
+    doc_matrix, out_matrix = with_prior(checkpoint.read_table(model, "docs"),
+                                        checkpoint.read_table(model, "words_out"), url_log_prior(model))
+    popularity = Corpus(corpus_path).counts().astype(np.float32)
+
+    order = np.argsort(docs, kind="stable")
+    docs, words = docs[order], words[order]
+    starts = np.searchsorted(docs, users)
+    ends = np.searchsorted(docs, users, side="right")
+    results = {"model": _Ranker(k), "popularity": _Ranker(k)}
+    for b in range(0, len(users), batch):
+        u = users[b:b + batch]
+        scores = {"model": doc_matrix[u] @ out_matrix.T, "popularity": np.tile(popularity, (len(u), 1))}
+        for name, s in scores.items():
+            for row, user in enumerate(u):
+                s[row, seen.get(int(user), [])] = -np.inf
+            for row in range(len(u)):
+                results[name].add(s[row], words[starts[b + row]:ends[b + row]])
+    return {"k": k, "users": len(users), "pairs": len(docs), "skipped_pairs": int(skipped),
+            **{f"{name}_{metric}": value for name, r in results.items() for metric, value in r.result().items()}}
+
+
+class _Ranker:
+    def __init__(self, k: int):
+        self.k, self.recalls, self.reciprocal = k, [], []
+
+    def add(self, scores: np.ndarray, hidden: np.ndarray) -> None:
+        top = np.argpartition(-scores, min(self.k, len(scores) - 1))[:self.k]
+        self.recalls.append(np.isin(hidden, top).mean())
+        best = scores[hidden].max()
+        self.reciprocal.append(1.0 / (1 + int((scores > best).sum())))
+
+    def result(self) -> dict:
+        return {f"recall@{self.k}": float(np.mean(self.recalls)), "mrr": float(np.mean(self.reciprocal))}
+
+
+def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
+    """Human similarity judgements: a square matrix (Lee format; row i is the document keyed str(i),
+    upper triangle used) or a table with columns key1, key2, score (Parquet, CSV or TSV)."""
+    if path.endswith((".parquet", ".csv", ".tsv")):
+        import pyarrow.csv as pcsv
+
+        try:
+            if path.endswith(".parquet"):
+                t = pq.read_table(path)
+            else:
+                t = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter="\t" if path.endswith(".tsv") else ","))
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise UserError(f"{path}: cannot read pairs ({exc})") from None
+        for col in ("key1", "key2", "score"):
+            if col not in t.column_names:
+                raise UserError(f"{path}: column {col!r} not found (columns: {', '.join(t.column_names)})")
+        return ([str(x) for x in t.column("key1").to_pylist()], [str(x) for x in t.column("key2").to_pylist()],
+                np.asarray(t.column("score").to_numpy(zero_copy_only=False), dtype=np.float64))
+    try:
+        matrix = np.loadtxt(path)
+    except ValueError as exc:
+        raise UserError(f"{path}: not a numeric similarity matrix ({exc})") from None
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise UserError(f"{path}: expected a square matrix, found shape {matrix.shape}")
+    i, j = np.triu_indices(len(matrix), 1)
+    return [str(x) for x in i], [str(x) for x in j], matrix[i, j]
+
+
+def pairs_metrics(model: str, path: str, table: str = "docs") -> dict:
+    """Pearson and Spearman correlation of cosine similarity with human scores."""
+    from scipy.stats import pearsonr, spearmanr
+
+    keys1, keys2, human = read_pairs(path)
+    keys = keys_of(model, table)
+    vectors = checkpoint.read_table(model, table)
+    a = normalized(vectors[lookup(keys, keys1, table)])
+    b = normalized(vectors[lookup(keys, keys2, table)])
+    cosine = (a * b).sum(1)
+    return {"pairs": len(human), "pearson": float(pearsonr(cosine, human)[0]),
+            "spearman": float(spearmanr(cosine, human)[0])}
+
+
+def save_and_print(model: str, name: str, metrics: dict) -> str:
+    path = os.path.join(model, f"eval-{name}.json")
+    with open(path, "w") as fh:
+        json.dump(metrics, fh, indent=2)
+    width = max(len(k) for k in metrics)
+    for key, value in metrics.items():
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        print(f"{key:<{width}}  {shown}", file=sys.stdout)
+    return path
