@@ -162,6 +162,8 @@ def iter_parts(model: str, table: str, verify: bool = True):
     vdir, spec = table_spec(model, table)
     for part in spec["parts"]:
         path = os.path.join(vdir, part["path"])
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: part file missing; the checkpoint is damaged")
         if verify and _sha256(path) != part["sha256"]:
             raise UserError(f"{path}: checksum mismatch; the checkpoint is damaged")
         with pa.memory_map(path) as source:

@@ -115,6 +115,7 @@ class JobConfig:
     corpus: str | None = _f(None, "prepared corpus directory (made from input if it does not exist)")
     out: str | None = _f(None, "model directory")
     exports: str | None = _f(None, "directory for Parquet exports and the faiss index (default: OUT/exports)")
+    overwrite: bool = _f(False, "retrain into an existing model directory, replacing it")
 
 
 def _check_choice(obj: Any, name: str) -> None:

@@ -118,7 +118,10 @@ def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
             if path.endswith(".parquet"):
                 t = pq.read_table(path)
             else:
-                t = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter="\t" if path.endswith(".tsv") else ","))
+                # keys stay strings as written ("007" is not 7)
+                t = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter="\t" if path.endswith(".tsv") else ","),
+                                  convert_options=pcsv.ConvertOptions(column_types={"key1": pa.string(),
+                                                                                     "key2": pa.string()}))
         except (OSError, pa.ArrowInvalid) as exc:
             raise UserError(f"{path}: cannot read pairs ({exc})") from None
         for col in ("key1", "key2", "score"):
@@ -128,7 +131,7 @@ def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
                 np.asarray(t.column("score").to_numpy(zero_copy_only=False), dtype=np.float64))
     try:
         matrix = np.loadtxt(path)
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         raise UserError(f"{path}: not a numeric similarity matrix ({exc})") from None
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
         raise UserError(f"{path}: expected a square matrix, found shape {matrix.shape}")

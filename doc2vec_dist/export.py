@@ -6,6 +6,7 @@ largest part, not the table.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import sys
@@ -49,6 +50,7 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     writers = {"parquet": _ParquetOut, "word2vec": _Word2VecOut, "npy": _NpyOut}
     if format not in writers:
         raise UserError(f"unknown export format {format!r} (choose from {', '.join(writers)})")
+    check_replaceable(out, EXPORT_FILES)
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
     sink = writers[format](tmp, keys, spec["dim"])
     bar = tqdm(total=spec["rows"], unit="row", unit_scale=True, desc=f"export {table}", disable=not progress,
@@ -58,9 +60,7 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
             sink.write(i, ids, keys.take(pa.array(ids)), vectors)
             bar.update(len(ids))
         sink.close()
-        if os.path.isdir(out):
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        replace_output(tmp, out, EXPORT_FILES)
     except BaseException:
         sink.abort()
         raise
@@ -69,6 +69,32 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     seconds = time.perf_counter() - t0
     return {"table": table, "rows": spec["rows"], "dim": spec["dim"], "path": out, "format": format,
             "seconds": round(seconds, 3), "rows_per_second": spec["rows"] / seconds if seconds else 0.0}
+
+
+EXPORT_FILES = ("part-*.parquet", "vectors.npy", "keys.parquet")
+
+
+def check_replaceable(out: str, own_files: tuple[str, ...]) -> None:
+    """Refuse to replace a directory unless it holds only files this tool writes there.
+
+    An existing *file* at `out` is replaced, as cp would; an existing directory is replaced only when
+    it is a previous output of the same kind, so `--out` pointing at a model or a home directory
+    cannot delete it.
+    """
+    if not os.path.isdir(out):
+        return
+    foreign = [name for name in os.listdir(out) if not any(fnmatch.fnmatch(name, p) for p in own_files)]
+    if foreign:
+        raise UserError(f"{out}: directory exists and holds other files ({', '.join(sorted(foreign)[:3])}); "
+                        "remove it or choose another --out")
+
+
+def replace_output(tmp: str, out: str, own_files: tuple[str, ...]) -> None:
+    """Move a finished output into place, replacing a previous output of the same kind."""
+    check_replaceable(out, own_files)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
 
 
 def key_vector_table(keys: pa.Array, vectors: np.ndarray) -> pa.Table:

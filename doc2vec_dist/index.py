@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -25,9 +24,10 @@ import pyarrow.parquet as pq
 
 from . import checkpoint
 from .errors import UserError
-from .export import keys_of
+from .export import check_replaceable, keys_of, replace_output
 
 KINDS = ("flat", "hnsw", "auto")
+INDEX_FILES = ("index.faiss", "keys.parquet", "params.json")
 AUTO_FLAT_LIMIT = 1_000_000
 
 
@@ -105,6 +105,7 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
     t0 = time.perf_counter()
     if (model is None) == (vectors_path is None):
         raise UserError("give either --model (with --table) or --vectors")
+    check_replaceable(out, INDEX_FILES)
     keys, matrix = load_vectors_parquet(vectors_path) if vectors_path else load_table(model, table)
     vectors = normalized(matrix)
     index = make_index(vectors, kind)
@@ -120,9 +121,7 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
               "bytes": os.path.getsize(os.path.join(tmp, "index.faiss"))}
     with open(os.path.join(tmp, "params.json"), "w") as fh:
         json.dump(params, fh, indent=2)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    replace_output(tmp, out, INDEX_FILES)
     if progress:
         print(f"index {resolved}: {len(vectors):,} rows, recall@10 vs exact: {recall:.3f}, "
               f"{params['bytes'] / 2**20:.1f} MiB, {params['seconds']:.1f}s", file=sys.stderr)

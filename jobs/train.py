@@ -1,0 +1,136 @@
+"""The whole job: prepare (if needed) → train on Ray → export → faiss index → evaluate.
+
+    python jobs/train.py                                   # the bundled sample, a local Ray started here
+    python jobs/train.py --config my.yaml --epochs 20      # flags override the YAML, same names
+    ray job submit --working-dir . -- python jobs/train.py --config jobs/configs/sample.yaml
+
+Under `ray job submit` the job supervisor sets RAY_ADDRESS, so the same code joins the cluster; the
+paths in the config must then be on storage every node sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
+
+from doc2vec_dist.cli import _add_config_flags
+from doc2vec_dist.config import JobConfig, PrepareConfig, TrainConfig, build, load_yaml, save_json
+from doc2vec_dist.errors import UserError
+
+DEFAULT_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
+
+
+def parse(argv: list[str] | None) -> tuple[JobConfig, PrepareConfig, TrainConfig, str]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default: the sample's)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ap.add_argument("--input", nargs="+", default=None, help="raw inputs for prepare (files, dirs, globs)")
+    for cls in (JobConfig, PrepareConfig, TrainConfig):
+        _add_config_flags(ap, cls)
+    args = ap.parse_args(argv)
+    values = load_yaml(args.config)
+    flags = vars(args)
+    job, prep, train_cfg = (build(cls, values, flags) for cls in (JobConfig, PrepareConfig, TrainConfig))
+    if args.no_progress:
+        train_cfg.progress = False
+    # relative paths in the sample config are relative to the checkout, wherever the job is started from
+    base = ROOT if os.path.abspath(args.config) == DEFAULT_CONFIG else os.getcwd()
+    resolve = lambda p: p if p is None or "://" in p or os.path.isabs(p) else os.path.join(base, p)
+    job.input = [resolve(p) for p in job.input]
+    job.corpus, job.out = resolve(job.corpus), resolve(job.out)
+    job.exports = resolve(job.exports) or os.path.join(job.out, "exports")
+    prep.holdout_out = resolve(prep.holdout_out)
+    if not job.corpus or not job.out:
+        raise UserError(f"{args.config}: 'corpus' and 'out' must be set")
+    return job, prep, train_cfg.validate(), args.config
+
+
+def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
+    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.evaluate import heldout_metrics
+    from doc2vec_dist.export import export
+    from doc2vec_dist.index import build_index, neighbors
+    from doc2vec_dist.trainer import train
+
+    stages: dict[str, float] = {}
+    t = time.perf_counter()
+    if os.path.exists(os.path.join(job.corpus, "corpus.json")):
+        print(f"corpus: using {job.corpus}", file=sys.stderr)
+    else:
+        if not job.input:
+            raise UserError(f"{job.corpus} does not exist and no 'input' is configured to prepare it from")
+        prepare(job.input, job.corpus, format=prep.format, doc_col=prep.doc_col, token_col=prep.token_col,
+                time_col=prep.time_col, min_count=prep.min_count, max_vocab=prep.max_vocab,
+                holdout=prep.holdout, holdout_out=prep.holdout_out, seed=cfg.seed, progress=cfg.progress)
+    stages["prepare"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    summary = train(job.corpus, job.out, cfg, overwrite=job.overwrite)
+    stages["train"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    os.makedirs(job.exports, exist_ok=True)
+    users = export(job.out, "docs", os.path.join(job.exports, "users.parquet"), progress=cfg.progress)
+    urls = export(job.out, "words_out", os.path.join(job.exports, "urls.parquet"), progress=cfg.progress)
+    stages["export"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    index = build_index(os.path.join(job.exports, "users.index"), kind="auto", model=job.out, table="docs",
+                        progress=cfg.progress)
+    stages["index"] = time.perf_counter() - t
+
+    result = {"train": summary, "export": [users, urls], "index": index, "stages": stages}
+    heldout = prep.holdout_out
+    if heldout and os.path.exists(heldout):
+        t = time.perf_counter()
+        result["heldout"] = heldout_metrics(job.out, heldout)
+        stages["evaluate"] = time.perf_counter() - t
+    first_user = _first_key(job.out)
+    result["example"] = {"user": first_user,
+                         "similar_users": neighbors(job.out, [first_user], k=5).column("neighbor").to_pylist(),
+                         "likely_urls": neighbors(job.out, [first_user], k=5, against="words_out")
+                         .column("neighbor").to_pylist()}
+    save_json(os.path.join(job.exports, "job.json"), result)
+    return result
+
+
+def _first_key(model: str) -> str:
+    from doc2vec_dist.export import keys_of
+
+    return keys_of(model, "docs")[0].as_py()
+
+
+def report(result: dict, job: JobConfig) -> None:
+    s = result["train"]
+    print(f"\ntrained {s['tokens']:,} tokens in {s['train_seconds']:.1f}s "
+          f"({s['tokens_per_second'] / 1e6:.3f}M tokens/s); loss by epoch "
+          + " ".join(f"{x:.3f}" for x in s["loss_per_epoch"]))
+    print("stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in result["stages"].items()))
+    if "heldout" in result:
+        h = result["heldout"]
+        k = h["k"]
+        print(f"held-out recall@{k}: model {h['model_recall@' + str(k)]:.3f} vs most-popular "
+              f"{h['popularity_recall@' + str(k)]:.3f} ({h['users']:,} users)")
+    ex = result["example"]
+    print(f"user {ex['user']}: similar users {', '.join(ex['similar_users'])}")
+    print(f"  likeliest URLs: {', '.join(ex['likely_urls'])}")
+    print(f"outputs: model {job.out}, exports {job.exports} (users.parquet, urls.parquet, users.index, job.json)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        job, prep, cfg, _ = parse(argv)
+        report(run(job, prep, cfg), job)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

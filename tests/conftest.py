@@ -1,0 +1,46 @@
+"""Shared fixtures: one real local Ray per test session, and a small real corpus and model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray with 2 CPUs and a small object store, shared by every test that trains."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def sample_corpus(tmp_path_factory):
+    """The bundled sample prepared with 20% of each user's URLs held out: (corpus dir, held-out file)."""
+    from doc2vec_dist.corpus import prepare
+
+    root = tmp_path_factory.mktemp("sample")
+    heldout = str(root / "heldout.parquet")
+    corpus = prepare([SAMPLE_EVENTS], str(root / "corpus"), time_col="ts", holdout=0.2, holdout_out=heldout,
+                     seed=1, progress=False)
+    return corpus.path, heldout
+
+
+@pytest.fixture(scope="session")
+def trained_model(ray_cluster, sample_corpus, tmp_path_factory):
+    """Our model trained on the sample through Ray (2 parameter servers, 2 workers): its directory."""
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.trainer import train
+
+    model = str(tmp_path_factory.mktemp("model") / "model")
+    train(sample_corpus[0], model, TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2,
+                                               progress=False))
+    return model

@@ -1,0 +1,153 @@
+"""export: the trained sample model's tables as Parquet (file and directory), word2vec text and npy."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from doc2vec_dist import checkpoint
+from doc2vec_dist.corpus import Corpus
+from doc2vec_dist.errors import UserError
+from doc2vec_dist.export import export
+
+DIM = 32  # the trained_model fixture's
+
+
+@pytest.fixture(scope="module")
+def doc_keys(sample_corpus) -> list[str]:
+    """User ids of the corpus in row-id order."""
+    return Corpus(sample_corpus[0]).docs().column("key").to_pylist()
+
+
+@pytest.fixture(scope="module")
+def doc_matrix(trained_model) -> np.ndarray:
+    return checkpoint.read_table(trained_model, "docs")
+
+
+def assert_matches_checkpoint(keys: list[str], vectors: np.ndarray, doc_keys: list[str], doc_matrix: np.ndarray):
+    """Exported (key, vector) rows are exactly the corpus users with their checkpoint rows."""
+    assert len(keys) == len(doc_keys)
+    assert sorted(keys) == sorted(doc_keys)
+    row_of = {key: i for i, key in enumerate(doc_keys)}
+    np.testing.assert_array_equal(vectors, doc_matrix[[row_of[k] for k in keys]])
+
+
+def read_key_vector(path: str) -> tuple[pa.Table, list[str], np.ndarray]:
+    table = pq.read_table(path)
+    vectors = checkpoint.matrix_of(table.column("vector"), DIM)
+    return table, table.column("key").to_pylist(), vectors
+
+
+def test_parquet_file_has_key_and_fixed_size_vector_of_every_user(trained_model, doc_keys, doc_matrix, tmp_path):
+    out = str(tmp_path / "docs.parquet")
+    result = export(trained_model, "docs", out, progress=False)
+
+    assert (result["rows"], result["dim"], result["format"]) == (len(doc_keys), DIM, "parquet")
+    assert os.path.isfile(out)
+    table, keys, vectors = read_key_vector(out)
+    assert table.schema.field("key").type == pa.string()
+    assert table.schema.field("vector").type == pa.list_(pa.float32(), DIM)
+    assert_matches_checkpoint(keys, vectors, doc_keys, doc_matrix)
+    assert os.listdir(tmp_path) == ["docs.parquet"]  # no temp file left beside it
+
+
+def test_parquet_directory_holds_part_files_with_the_same_rows(trained_model, doc_keys, doc_matrix, tmp_path):
+    out = str(tmp_path / "docs")
+    export(trained_model, "docs", out, progress=False)
+
+    assert os.path.isdir(out)
+    parts = sorted(os.listdir(out))
+    assert parts and all(p.startswith("part-") and p.endswith(".parquet") for p in parts)
+    table, keys, vectors = read_key_vector(out)
+    assert table.schema.field("vector").type == pa.list_(pa.float32(), DIM)
+    assert_matches_checkpoint(keys, vectors, doc_keys, doc_matrix)
+    assert os.listdir(tmp_path) == ["docs"]
+
+
+def test_exporting_again_replaces_the_previous_export(trained_model, doc_keys, tmp_path):
+    out = str(tmp_path / "docs")
+    export(trained_model, "docs", out, progress=False)
+    with open(os.path.join(out, "part-00099.parquet"), "w") as fh:  # a stale part of an older export
+        fh.write("not parquet")
+    export(trained_model, "docs", out, progress=False)
+    assert "part-00099.parquet" not in os.listdir(out)
+    assert pq.read_table(out).num_rows == len(doc_keys)
+
+
+def test_a_directory_with_other_files_is_not_replaced(trained_model, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="holds other files"):
+        export(trained_model, "docs", str(out), progress=False)
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_word2vec_text_loads_in_gensim_with_the_same_vectors(trained_model, doc_keys, doc_matrix, tmp_path):
+    from gensim.models import KeyedVectors
+
+    out = str(tmp_path / "docs.w2v.txt")
+    export(trained_model, "docs", out, format="word2vec", progress=False)
+
+    kv = KeyedVectors.load_word2vec_format(out, binary=False)
+    assert kv.vector_size == DIM and len(kv.index_to_key) == len(doc_keys)
+    assert set(kv.index_to_key) == set(doc_keys)
+    row_of = {key: i for i, key in enumerate(doc_keys)}
+    expected = doc_matrix[[row_of[k] for k in kv.index_to_key]]
+    np.testing.assert_allclose(kv.vectors, expected, rtol=1e-5, atol=1e-6)  # text keeps 6 significant digits
+    assert os.listdir(tmp_path) == ["docs.w2v.txt"]
+
+
+def test_word2vec_of_words_out_has_the_urls(trained_model, sample_corpus, tmp_path):
+    from gensim.models import KeyedVectors
+
+    out = str(tmp_path / "urls.txt")
+    export(trained_model, "words_out", out, format="word2vec", progress=False)
+    kv = KeyedVectors.load_word2vec_format(out, binary=False)
+    vocab = Corpus(sample_corpus[0]).vocab().column("token").to_pylist()
+    assert sorted(kv.index_to_key) == sorted(vocab)
+    # rows come part by part (one part per parameter server), each URL with its own word id's row
+    id_of = {url: i for i, url in enumerate(vocab)}
+    words_out = checkpoint.read_table(trained_model, "words_out")
+    np.testing.assert_allclose(kv.vectors, words_out[[id_of[u] for u in kv.index_to_key]], rtol=1e-5, atol=1e-6)
+
+
+def test_npy_vectors_are_aligned_with_keys_parquet(trained_model, doc_keys, doc_matrix, tmp_path):
+    out = str(tmp_path / "npy")
+    export(trained_model, "docs", out, format="npy", progress=False)
+
+    assert sorted(os.listdir(out)) == ["keys.parquet", "vectors.npy"]
+    vectors = np.load(os.path.join(out, "vectors.npy"))
+    keys = pq.read_table(os.path.join(out, "keys.parquet")).column("key").to_pylist()
+    assert vectors.dtype == np.float32 and vectors.shape == (len(doc_keys), DIM)
+    assert keys == doc_keys  # row-id order
+    np.testing.assert_array_equal(vectors, doc_matrix)
+    assert os.listdir(tmp_path) == ["npy"]
+
+
+def test_exporting_an_untrained_table_says_it_was_not_trained(trained_model, tmp_path):
+    out = str(tmp_path / "words.parquet")
+    with pytest.raises(UserError, match="'words' was not trained"):
+        export(trained_model, "words", out, progress=False)
+    assert os.listdir(tmp_path) == []
+
+
+def test_unknown_format_is_a_user_error_and_writes_nothing(trained_model, tmp_path):
+    with pytest.raises(UserError, match="unknown export format 'csv'"):
+        export(trained_model, "docs", str(tmp_path / "docs.csv"), format="csv", progress=False)
+    assert os.listdir(tmp_path) == []
+
+
+def test_exporting_onto_the_model_directory_is_refused_and_keeps_the_model(trained_model, tmp_path):
+    import shutil
+
+    model = shutil.copytree(trained_model, str(tmp_path / "model"))
+    try:
+        export(model, "docs", model, progress=False)
+    except UserError:
+        pass
+    assert os.path.isfile(os.path.join(model, "LATEST"))
