@@ -41,7 +41,8 @@ def dbow_train(docs: torch.Tensor, words_out: torch.Tensor, doc_idx: torch.Tenso
         d, t, w = doc_idx[start:end], targets[start:end], weights[start:end]
         dv = docs.index_select(0, d)                                         # [B, dim]
         ov = words_out.index_select(0, t.reshape(-1)).view(end - start, -1, dim)  # [B, 1+k, dim]
-        logits = torch.bmm(ov, dv.unsqueeze(2)).squeeze(2)                   # [B, 1+k]
+        # multiply-and-sum, not bmm: a batch of [1+k, dim]·[dim, 1] products is ~4× slower on CPU
+        logits = (ov * dv.unsqueeze(1)).sum(-1)                              # [B, 1+k]
         g = (labels - torch.sigmoid(logits)) * w * alphas[i]
         doc_update = torch.bmm(g.unsqueeze(1), ov).squeeze(1)
         if doc_scale is not None:
