@@ -114,7 +114,7 @@ def test_ray_job_submit_with_token_auth(tmp_path):
         for _ in range(15):  # the job API answers before the node's agent can take a job: retry that
             done = subprocess.run(
                 [ray_bin, "job", "submit", "--address", address, "--working-dir", ROOT, "--",
-                 "python", "jobs/train.py", "--config", config, "--no-progress"],
+                 sys.executable, "jobs/train.py", "--config", config, "--no-progress"],
                 env=env, capture_output=True, text=True, timeout=300, check=False)
             if "No available agent" not in done.stdout + done.stderr:
                 break
