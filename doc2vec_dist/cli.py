@@ -73,8 +73,9 @@ def _print_summary(who: str, s: dict) -> None:
     print(f"{who}: {s['tokens']:,} tokens in {s['train_seconds']:.1f}s = {s['tokens_per_second'] / 1e6:.3f}M tokens/s; "
           f"checkpoint {s['checkpoint_seconds']:.1f}s")
     if s.get("worker_seconds"):
-        total = sum(s["worker_seconds"].values()) or 1.0
-        print("worker time: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in s["worker_seconds"].items()))
+        from .trainer import time_split
+
+        print("worker time: " + time_split(s["worker_seconds"]))
 
 
 def cmd_export(args) -> None:

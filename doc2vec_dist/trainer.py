@@ -164,25 +164,27 @@ def _run_epoch(workers: list, epoch: int, bar: tqdm, epoch_tokens: int) -> dict:
             except ray.exceptions.RayError as exc:
                 raise TrainingStopped(f"training stopped in epoch {epoch}: {_root_cause(exc)}") from None
         live = ray.get([workers[i].progress.remote() for i in range(len(workers)) if i not in finished])
-        stats = list(finished.values()) + [s for s in live if s["epoch"] == epoch]
-        tokens = sum(s["tokens"] for s in stats)
-        pairs = sum(s["pairs"] for s in stats)
-        bar.update(base + tokens - bar.n)
-        secs: dict[str, float] = {}
-        for s in stats:
-            for k, v in s["seconds"].items():
-                secs[k] = secs.get(k, 0.0) + v
-        busy = sum(secs.values()) or 1.0
-        bar.set_postfix_str(f"epoch {epoch + 1}, loss {sum(s['loss'] for s in stats) / max(pairs, 1):.3f}, "
-                            + " ".join(f"{k} {100 * v / busy:.0f}%" for k, v in secs.items()), refresh=False)
-    out = {"epoch": epoch, "tokens": 0, "pairs": 0, "loss": 0.0, "seconds": {}}
-    for s in finished.values():
-        out["tokens"] += s["tokens"]
-        out["pairs"] += s["pairs"]
-        out["loss"] += s["loss"]
+        now = combine(list(finished.values()) + [s for s in live if s["epoch"] == epoch])
+        bar.update(base + now["tokens"] - bar.n)
+        bar.set_postfix_str(f"epoch {epoch + 1}, loss {now['loss'] / max(now['pairs'], 1):.3f}, "
+                            + time_split(now["seconds"]), refresh=False)
+    return {"epoch": epoch, **combine(list(finished.values()))}
+
+
+def combine(stats: list[dict]) -> dict:
+    """Sum the counters (tokens, pairs, loss, seconds per stage) of several workers or epochs."""
+    seconds: dict[str, float] = {}
+    for s in stats:
         for k, v in s["seconds"].items():
-            out["seconds"][k] = out["seconds"].get(k, 0.0) + v
-    return out
+            seconds[k] = seconds.get(k, 0.0) + v
+    return {"tokens": sum(s["tokens"] for s in stats), "pairs": sum(s["pairs"] for s in stats),
+            "loss": sum(s["loss"] for s in stats), "seconds": seconds}
+
+
+def time_split(seconds: dict[str, float]) -> str:
+    """Where worker time went, as shares: 'read 1% sample 20% ...'."""
+    busy = sum(seconds.values()) or 1.0
+    return " ".join(f"{k} {100 * v / busy:.0f}%" for k, v in seconds.items())
 
 
 def _root_cause(exc: Exception) -> str:
@@ -207,12 +209,8 @@ def _checkpoint(out: str, servers: list, config: TrainConfig, corpus: Corpus, ep
 
 def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: float, ckpt_s: float,
              startup_s: float) -> dict:
-    tokens = sum(s["tokens"] for s in epoch_stats)
-    pairs = sum(s["pairs"] for s in epoch_stats)
-    seconds: dict[str, float] = {}
-    for s in epoch_stats:
-        for k, v in s["seconds"].items():
-            seconds[k] = seconds.get(k, 0.0) + v
+    total = combine(epoch_stats)
+    tokens, pairs, seconds = total["tokens"], total["pairs"], total["seconds"]
     return {
         "tokens": tokens, "pairs": pairs, "epochs": config.epochs,
         "train_seconds": round(train_s, 3), "checkpoint_seconds": round(ckpt_s, 3),
