@@ -104,12 +104,14 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     config.validate()
     corpus = Corpus(corpus_path)
     out = os.path.abspath(out)
-    _prepare_model_dir(out, corpus, overwrite)
+    if not overwrite and os.path.exists(os.path.join(out, "LATEST")):
+        raise UserError(f"{out}: a model already exists there; choose another --out or pass --overwrite")
     started_here = connect(config.address)
     t_start = time.perf_counter()
     servers, workers = [], []
     try:
-        _check_resources(config, started_here)
+        _check_resources(config, started_here)  # before anything is written
+        _prepare_model_dir(out, corpus, overwrite)
         tables = {"docs": {"rows": corpus.num_docs, "dim": config.dim, "init": "uniform"},
                   "words_out": {"rows": corpus.vocab_size, "dim": config.dim, "init": "zeros"}}
         server_cls = ray.remote(ParameterServer)

@@ -84,3 +84,4 @@ def test_existing_model_is_not_overwritten_silently(trained_model, sample_corpus
 def test_gpu_workers_on_a_cluster_without_gpus_fail_clearly(ray_cluster, sample_corpus, tmp_path):
     with pytest.raises(UserError, match="GPU"):
         train(sample_corpus[0], str(tmp_path / "m"), TrainConfig(epochs=1, gpus_per_worker=1, progress=False))
+    assert not (tmp_path / "m").exists()  # refused before anything was written
