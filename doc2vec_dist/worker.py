@@ -150,8 +150,9 @@ class Worker:
             t1 = time.perf_counter()
             seconds["wait"] += t1 - t0
 
+            n_micro = max(1, -(-len(batch.pairs) // cfg["micro_batch"]))  # ≥ 1: subsampling may keep nothing
             alphas = micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.pairs.raw_tokens,
-                                        self.planned_tokens, -(-len(batch.pairs) // cfg["micro_batch"]))
+                                        self.planned_tokens, n_micro)
             docs, words_out = self._assemble(batch, pulled)
             loss = self._compute(batch, docs, words_out, alphas)
             t2 = time.perf_counter()

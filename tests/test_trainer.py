@@ -85,3 +85,16 @@ def test_gpu_workers_on_a_cluster_without_gpus_fail_clearly(ray_cluster, sample_
     with pytest.raises(UserError, match="GPU"):
         train(sample_corpus[0], str(tmp_path / "m"), TrainConfig(epochs=1, gpus_per_worker=1, progress=False))
     assert not (tmp_path / "m").exists()  # refused before anything was written
+
+
+def test_chunks_whose_tokens_are_all_subsampled_away_still_train(ray_cluster, tmp_path):
+    # one very frequent word: with a tiny sample threshold nearly every occurrence is dropped, so many
+    # macro-batches keep no pair at all
+    lines = ["common " * 40 + f"rare{i % 5}" for i in range(300)]
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), format="text", progress=False)
+    summary = train(corpus.path, str(tmp_path / "m"),
+                    TrainConfig(dim=8, epochs=2, sample=1e-6, macro_batch=64, progress=False))
+    assert summary["tokens"] == 2 * corpus.num_tokens
+    assert summary["pairs"] < 0.2 * summary["tokens"]
+    assert np.isfinite(checkpoint.read_table(str(tmp_path / "m"), "docs")).all()
