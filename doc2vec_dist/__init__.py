@@ -1,3 +1,12 @@
 """doc2vec-dist: distributed doc2vec (PV-DBOW) training on Ray with sharded parameter servers."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # `from doc2vec_dist import Model` without importing faiss and torch for every CLI command
+    if name == "Model":
+        from .model import Model
+
+        return Model
+    raise AttributeError(name)

@@ -41,8 +41,8 @@ def version_dir(model: str, version: int) -> str:
 
 
 def vectors_array(matrix: np.ndarray) -> pa.FixedSizeListArray:
-    """A [n, dim] float32 matrix as fixed_size_list<float32>[dim], without copying."""
-    matrix = np.ascontiguousarray(matrix, dtype=np.float32)
+    """A [n, dim] float32 (or float16) matrix as fixed_size_list<float>[dim], without copying."""
+    matrix = np.ascontiguousarray(matrix, dtype=np.float16 if matrix.dtype == np.float16 else np.float32)
     return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
 
 

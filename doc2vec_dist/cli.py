@@ -81,7 +81,8 @@ def _print_summary(who: str, s: dict) -> None:
 def cmd_export(args) -> None:
     from .export import export
 
-    r = export(args.model, args.table, args.out, format=args.format, progress=not args.no_progress)
+    r = export(args.model, args.table, args.out, format=args.format, progress=not args.no_progress,
+               normalize=args.normalize, dtype=args.dtype)
     print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']} in {r['seconds']:.2f}s "
           f"({r['rows_per_second']:,.0f} rows/s)")
 
@@ -167,6 +168,8 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--table", default="docs", choices=("docs", "words", "words_out"))
     e.add_argument("--out", required=True)
     e.add_argument("--format", default="parquet", choices=("parquet", "word2vec", "npy"))
+    e.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
+    e.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="vector element type")
 
     i = add("index", cmd_index, "build a faiss cosine index of a table or a (key, vector) Parquet")
     i.add_argument("--model")

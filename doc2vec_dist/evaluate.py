@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 from . import checkpoint
 from .corpus import Corpus, iter_shard
 from .errors import UserError
-from .export import keys_of
-from .index import lookup, normalized, url_log_prior, with_prior
+from .export import keys_of, unit_rows
+from .index import lookup, url_log_prior, with_prior
 
 
 def _read_heldout(path: str) -> pa.Table:
@@ -146,8 +146,8 @@ def pairs_metrics(model: str, path: str, table: str = "docs") -> dict:
     keys1, keys2, human = read_pairs(path)
     keys = keys_of(model, table)
     vectors = checkpoint.read_table(model, table)
-    a = normalized(vectors[lookup(keys, keys1, table)])
-    b = normalized(vectors[lookup(keys, keys2, table)])
+    a = unit_rows(vectors[lookup(keys, keys1, table)])
+    b = unit_rows(vectors[lookup(keys, keys2, table)])
     cosine = (a * b).sum(1)
     return {"pairs": len(human), "pearson": float(pearsonr(cosine, human)[0]),
             "spearman": float(spearmanr(cosine, human)[0])}

@@ -36,12 +36,17 @@ def keys_of(model: str, table: str) -> pa.Array:
     return keys.combine_chunks()
 
 
-def export(model: str, table: str, out: str, format: str = "parquet", progress: bool = True) -> dict:
+def export(model: str, table: str, out: str, format: str = "parquet", progress: bool = True,
+           normalize: bool = False, dtype: str = "float32") -> dict:
     """Write `table` of the model's LATEST checkpoint to `out`; returns rows, seconds and rows/s.
 
     parquet: `out` ending in .parquet is one file (a row group per part); otherwise a directory of
     part files. word2vec: gensim's text format. npy: `out`/vectors.npy (row i ↔ keys.parquet row i).
+    normalize scales every vector to unit length (cosine = dot product downstream); dtype float16
+    halves the size.
     """
+    if dtype not in ("float32", "float16"):
+        raise UserError(f"unknown export dtype {dtype!r} (choose from float32, float16)")
     t0 = time.perf_counter()
     _, spec = checkpoint.table_spec(model, table)
     keys = keys_of(model, table)
@@ -52,12 +57,14 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
         raise UserError(f"unknown export format {format!r} (choose from {', '.join(writers)})")
     check_replaceable(out, EXPORT_FILES)
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
-    sink = writers[format](tmp, keys, spec["dim"])
+    sink = writers[format](tmp, keys, spec["dim"], np.dtype(dtype))
     bar = tqdm(total=spec["rows"], unit="row", unit_scale=True, desc=f"export {table}", disable=not progress,
                file=sys.stderr)
     try:
         for i, (ids, vectors) in enumerate(checkpoint.iter_parts(model, table)):
-            sink.write(i, ids, keys.take(pa.array(ids)), vectors)
+            if normalize:
+                vectors = unit_rows(vectors)
+            sink.write(i, ids, keys.take(pa.array(ids)), vectors.astype(dtype, copy=False))
             bar.update(len(ids))
         sink.close()
         replace_output(tmp, out, EXPORT_FILES)
@@ -67,11 +74,19 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
-    return {"table": table, "rows": spec["rows"], "dim": spec["dim"], "path": out, "format": format,
+    return {"table": table, "rows": spec["rows"], "dim": spec["dim"], "path": out, "format": format, "dtype": dtype,
+            "normalized": normalize,
             "seconds": round(seconds, 3), "rows_per_second": spec["rows"] / seconds if seconds else 0.0}
 
 
 EXPORT_FILES = ("part-*.parquet", "vectors.npy", "keys.parquet")
+
+
+def unit_rows(matrix: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length; all-zero rows (never trained) stay zero."""
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (matrix / norms).astype(np.float32)
 
 
 def check_replaceable(out: str, own_files: tuple[str, ...]) -> None:
@@ -102,7 +117,7 @@ def key_vector_table(keys: pa.Array, vectors: np.ndarray) -> pa.Table:
 
 
 class _ParquetOut:
-    def __init__(self, path: str, keys: pa.Array, dim: int):
+    def __init__(self, path: str, keys: pa.Array, dim: int, dtype: np.dtype):
         self.path, self.single = path, path.rsplit(".tmp-", 1)[0].endswith(".parquet")
         self.writer = None
         if not self.single:
@@ -130,7 +145,7 @@ class _ParquetOut:
 class _Word2VecOut:
     """gensim's word2vec text format: a 'rows dim' header, then 'key v1 v2 …' per row."""
 
-    def __init__(self, path: str, keys: pa.Array, dim: int):
+    def __init__(self, path: str, keys: pa.Array, dim: int, dtype: np.dtype):
         self.path = path
         self.fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()/abort()
         self.fh.write(f"{len(keys)} {dim}\n")
@@ -153,11 +168,11 @@ class _Word2VecOut:
 class _NpyOut:
     """vectors.npy (memory-mapped, filled part by part) and keys.parquet in row-id order."""
 
-    def __init__(self, path: str, keys: pa.Array, dim: int):
+    def __init__(self, path: str, keys: pa.Array, dim: int, dtype: np.dtype):
         os.makedirs(path)
         self.path = path
         self.vectors = np.lib.format.open_memmap(os.path.join(path, "vectors.npy"), mode="w+",
-                                                 dtype=np.float32, shape=(len(keys), dim))
+                                                 dtype=dtype, shape=(len(keys), dim))
         # the key file is in row-id order already, which is the order of vectors.npy
         pq.write_table(pa.table({"key": keys.cast(pa.string())}), os.path.join(path, "keys.parquet"))
 

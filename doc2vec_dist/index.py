@@ -24,17 +24,13 @@ import pyarrow.parquet as pq
 
 from . import checkpoint
 from .errors import UserError
-from .export import check_replaceable, keys_of, replace_output
+from .export import check_replaceable, keys_of, replace_output, unit_rows
 
 KINDS = ("flat", "hnsw", "auto")
 INDEX_FILES = ("index.faiss", "keys.parquet", "params.json")
 AUTO_FLAT_LIMIT = 1_000_000
 
 
-def normalized(matrix: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    norms[norms == 0] = 1.0
-    return (matrix / norms).astype(np.float32)
 
 
 def load_table(model: str, table: str) -> tuple[pa.Array, np.ndarray]:
@@ -51,11 +47,19 @@ def url_log_prior(model: str) -> np.ndarray:
         return (ns_exponent * np.log(counts)).astype(np.float32)
 
 
+def prior_queries(doc_vectors: np.ndarray) -> np.ndarray:
+    """[d, 1]: the user side of the model's log P(url | user) as one inner product."""
+    return np.ascontiguousarray(np.hstack([doc_vectors, np.ones((len(doc_vectors), 1), np.float32)]))
+
+
+def prior_targets(words_out: np.ndarray, log_prior: np.ndarray) -> np.ndarray:
+    """[o, ns_exponent · log count]: the URL side (never-seen URLs get a huge negative score)."""
+    return np.ascontiguousarray(np.hstack([words_out, np.maximum(log_prior, np.float32(-1e30))[:, None]]))
+
+
 def with_prior(doc_vectors: np.ndarray, words_out: np.ndarray, log_prior: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Augmented (queries, targets) whose inner product is d·o + log prior: the model's log P(w|d) + const."""
-    queries = np.hstack([doc_vectors, np.ones((len(doc_vectors), 1), np.float32)])
-    targets = np.hstack([words_out, np.maximum(log_prior, np.float32(-1e30))[:, None]])
-    return np.ascontiguousarray(queries), np.ascontiguousarray(targets)
+    return prior_queries(doc_vectors), prior_targets(words_out, log_prior)
 
 
 def load_vectors_parquet(path: str) -> tuple[pa.Array, np.ndarray]:
@@ -68,10 +72,10 @@ def load_vectors_parquet(path: str) -> tuple[pa.Array, np.ndarray]:
     dim = vectors.type.list_size if pa.types.is_fixed_size_list(vectors.type) else None
     if dim is None:
         raise UserError(f"{path}: column 'vector' must be fixed_size_list<float32>, found {vectors.type}")
-    return data.column("key").combine_chunks(), checkpoint.matrix_of(vectors, dim).astype(np.float32)
+    return data.column("key").combine_chunks(), checkpoint.matrix_of(vectors, dim).astype(np.float32, copy=False)
 
 
-def make_index(vectors: np.ndarray, kind: str, inner_product_of_normalized: bool = True) -> faiss.Index:
+def make_index(vectors: np.ndarray, kind: str) -> faiss.Index:
     if kind == "auto":
         kind = "flat" if len(vectors) <= AUTO_FLAT_LIMIT else "hnsw"
     dim = vectors.shape[1]
@@ -107,7 +111,7 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
         raise UserError("give either --model (with --table) or --vectors")
     check_replaceable(out, INDEX_FILES)
     keys, matrix = load_vectors_parquet(vectors_path) if vectors_path else load_table(model, table)
-    vectors = normalized(matrix)
+    vectors = unit_rows(matrix)
     index = make_index(vectors, kind)
     resolved = "flat" if isinstance(index, faiss.IndexFlat) else "hnsw"
     recall = 1.0 if resolved == "flat" else recall_vs_exact(index, vectors)
@@ -149,28 +153,8 @@ def _suggest(keys: pa.Array, key: str) -> str:
 def neighbors(model: str, keys: list[str], k: int = 10, table: str = "docs", against: str | None = None) -> pa.Table:
     """Top-k rows of `against` (default: the same table) for each query key, excluding the query itself.
 
-    Returns a table of key, neighbor, score, rank (1-based).
+    Returns a table of key, neighbor, score, rank (1-based). See model.Model for repeated queries.
     """
-    against = against or table
-    q_keys, q_matrix = load_table(model, table)
-    rows = lookup(q_keys, keys, table)
-    same = against == table
-    t_keys, t_matrix = (q_keys, q_matrix) if same else load_table(model, against)
-    if against == "words_out" and table == "docs":
-        queries, targets = with_prior(q_matrix[rows], t_matrix, url_log_prior(model))
-    else:
-        queries, targets = normalized(q_matrix[rows]), normalized(t_matrix)
-    index = faiss.IndexFlatIP(targets.shape[1])
-    index.add(np.ascontiguousarray(targets))
-    found_scores, found = index.search(np.ascontiguousarray(queries), min(k + (1 if same else 0), len(targets)))
-    out = {"key": [], "neighbor": [], "score": [], "rank": []}
-    t_str = t_keys.cast(pa.string())
-    for key, row, ids, scores in zip(keys, rows, found, found_scores):
-        keep = [(i, s) for i, s in zip(ids, scores) if i >= 0 and not (same and i == row)][:k]
-        for rank, (i, s) in enumerate(keep, 1):
-            out["key"].append(key)
-            out["neighbor"].append(t_str[int(i)].as_py())
-            out["score"].append(float(s))
-            out["rank"].append(rank)
-    return pa.table({"key": pa.array(out["key"], pa.string()), "neighbor": pa.array(out["neighbor"], pa.string()),
-                     "score": pa.array(out["score"], pa.float32()), "rank": pa.array(out["rank"], pa.int32())})
+    from .model import Model
+
+    return Model.load(model).neighbors(keys, k=k, table=table, against=against)

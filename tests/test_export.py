@@ -151,3 +151,17 @@ def test_exporting_onto_the_model_directory_is_refused_and_keeps_the_model(train
     except UserError:
         pass
     assert os.path.isfile(os.path.join(model, "LATEST"))
+
+
+def test_normalize_and_float16_export(trained_model, doc_keys, doc_matrix, tmp_path):
+    out = str(tmp_path / "docs16.parquet")
+    result = export(trained_model, "docs", out, progress=False, normalize=True, dtype="float16")
+    assert result["dtype"] == "float16" and result["normalized"]
+    table = pq.read_table(out)
+    assert table.schema.field("vector").type == pa.list_(pa.float16(), doc_matrix.shape[1])
+    vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype(np.float32)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=2e-3)
+    row_of = {k: i for i, k in enumerate(doc_keys)}  # parts come shard by shard, not in id order
+    rows = [row_of[k] for k in table.column("key").to_pylist()]
+    expected = doc_matrix[rows] / np.linalg.norm(doc_matrix[rows], axis=1, keepdims=True)
+    np.testing.assert_allclose(vectors, expected, atol=2e-3)
