@@ -158,7 +158,7 @@ class Worker:
             t2 = time.perf_counter()
             seconds["compute"] += t2 - t1
 
-            label = f"epoch {epoch} step {step} of worker {self.index} (alpha {float(alphas[0]):.6f})"
+            label = f"epoch {epoch} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
             inflight += self._push(batch, pulled, docs, words_out, label)
             while len(inflight) > cfg["max_inflight_pushes"] * self.num_shards:
                 ready, inflight = ray.wait(inflight, num_returns=len(inflight) - cfg["max_inflight_pushes"]

@@ -98,3 +98,12 @@ def test_chunks_whose_tokens_are_all_subsampled_away_still_train(ray_cluster, tm
     assert summary["tokens"] == 2 * corpus.num_tokens
     assert summary["pairs"] < 0.2 * summary["tokens"]
     assert np.isfinite(checkpoint.read_table(str(tmp_path / "m"), "docs")).all()
+
+
+def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, sample_corpus, tmp_path):
+    from doc2vec_dist.trainer import TrainingStopped
+
+    with pytest.raises(TrainingStopped, match=r"non-finite values in the push of epoch 0 step \d+ .*alpha 1e\+30"):
+        train(sample_corpus[0], str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, alpha=1e30, min_alpha=1e30,
+                                                                 progress=False))
+    assert not (tmp_path / "m" / "LATEST").exists()  # nothing claims to be a finished model
