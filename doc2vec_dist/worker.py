@@ -11,7 +11,6 @@ of the next macro-batch is in flight while the current one computes, and up to
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ from .sampling import NegativeTable, Pairs, dbow_pairs, doc_step_scale, keep_pro
 from .sharding import Routing
 
 MIN_MACRO_BATCH = 4096
+STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
 
 
 @dataclass
@@ -71,8 +71,10 @@ class Worker:
 
     @staticmethod
     def _zero_stats() -> dict:
+        # every stage present from the start: progress() copies this dict from another thread, and a
+        # key appearing mid-copy would break it
         return {"tokens": 0, "pairs": 0, "loss": 0.0, "batches": 0, "epoch": -1,
-                "seconds": defaultdict(float)}
+                "seconds": dict.fromkeys(STAGES, 0.0)}
 
     def progress(self) -> dict:
         """Counters of the current epoch; served from a second thread while run_epoch works."""
@@ -100,7 +102,7 @@ class Worker:
                 yield doc_ids, offsets, tokens
 
     def _prepare(self, chunk, rng) -> Batch:
-        """Pairs, unique rows and their routing for one chunk; issues the pulls."""
+        """Pairs, unique rows and their routing for one chunk (pulls not yet issued)."""
         doc_ids, offsets, tokens = chunk
         pairs = dbow_pairs(offsets, tokens, self.keep_prob, self.negatives, self.config["negative"], rng)
         doc_scale = doc_step_scale(pairs.doc, self.config["micro_batch"])
@@ -111,12 +113,13 @@ class Worker:
         words = Routing.of(uniq_words, self.num_shards)
         compact = words.position[inverse]
         n = len(pairs)
-        t0 = time.perf_counter()
-        pulls = [server.pull.remote({"docs": docs.local[s], "words_out": words.local[s]})
-                 for s, server in enumerate(self.servers)]
-        self.stats["seconds"]["pull"] += time.perf_counter() - t0
         return Batch(pairs=pairs, docs=docs, words=words, doc_pos=docs.position[pairs.doc],
-                     word_pos=compact[:n], neg_pos=compact[n:].reshape(n, k), doc_scale=doc_scale, pulls=pulls)
+                     word_pos=compact[:n], neg_pos=compact[n:].reshape(n, k), doc_scale=doc_scale, pulls=[])
+
+    def _pull(self, batch: Batch) -> None:
+        """One pull per server for the batch's rows of both tables; the results arrive later."""
+        batch.pulls = [server.pull.remote({"docs": batch.docs.local[s], "words_out": batch.words.local[s]})
+                       for s, server in enumerate(self.servers)]
 
     # -- one epoch ---------------------------------------------------------------------------------
     def run_epoch(self, epoch: int) -> dict:
@@ -137,7 +140,10 @@ class Worker:
             if chunk is None:
                 return None
             batch = self._prepare(chunk, rng)
-            seconds["sample"] += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            seconds["sample"] += t2 - t1
+            self._pull(batch)
+            seconds["pull"] += time.perf_counter() - t2
             return batch
 
         batch = next_batch()
