@@ -115,14 +115,17 @@ def cmd_neighbors(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from .evaluate import heldout_metrics, pairs_metrics, save_and_print
+    from .evaluate import heldout_metrics, labels_metrics, pairs_metrics, save_and_print
 
     if args.heldout:
         save_and_print(args.model, "heldout", heldout_metrics(args.model, args.heldout, k=args.k))
     elif args.pairs:
         save_and_print(args.model, "pairs", pairs_metrics(args.model, args.pairs))
+    elif args.labels:
+        save_and_print(args.model, "labels", labels_metrics(args.model, args.labels, k=args.k, key_col=args.key_col,
+                                                            label_col=args.label_col))
     else:
-        raise UserError("give --heldout FILE or --pairs FILE")
+        raise UserError("give --heldout FILE, --pairs FILE or --labels FILE")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -191,6 +194,9 @@ def make_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True)
     ev.add_argument("--heldout", help="Parquet of hidden (key, token) pairs from prepare --holdout")
     ev.add_argument("--pairs", help="human similarity: square matrix (Lee format) or key1, key2, score")
+    ev.add_argument("--labels", help="Parquet/CSV of key, label: k-NN label accuracy on a fixed split")
+    ev.add_argument("--key-col", default="key", help="key column of --labels (default: key)")
+    ev.add_argument("--label-col", default="label", help="label column of --labels (default: label)")
     ev.add_argument("--k", type=int, default=10)
     return p
 

@@ -112,21 +112,7 @@ def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
     """Human similarity judgements: a square matrix (Lee format; row i is the document keyed str(i),
     upper triangle used) or a table with columns key1, key2, score (Parquet, CSV or TSV)."""
     if path.endswith((".parquet", ".csv", ".tsv")):
-        import pyarrow.csv as pcsv
-
-        try:
-            if path.endswith(".parquet"):
-                t = pq.read_table(path)
-            else:
-                # keys stay strings as written ("007" is not 7)
-                t = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter="\t" if path.endswith(".tsv") else ","),
-                                  convert_options=pcsv.ConvertOptions(column_types={"key1": pa.string(),
-                                                                                     "key2": pa.string()}))
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise UserError(f"{path}: cannot read pairs ({exc})") from None
-        for col in ("key1", "key2", "score"):
-            if col not in t.column_names:
-                raise UserError(f"{path}: column {col!r} not found (columns: {', '.join(t.column_names)})")
+        t = read_table_file(path, "pairs", ("key1", "key2", "score"), string_cols=("key1", "key2"))
         return ([str(x) for x in t.column("key1").to_pylist()], [str(x) for x in t.column("key2").to_pylist()],
                 np.asarray(t.column("score").to_numpy(zero_copy_only=False), dtype=np.float64))
     try:
@@ -151,6 +137,63 @@ def pairs_metrics(model: str, path: str, table: str = "docs") -> dict:
     cosine = (a * b).sum(1)
     return {"pairs": len(human), "pearson": float(pearsonr(cosine, human)[0]),
             "spearman": float(spearmanr(cosine, human)[0])}
+
+
+def read_table_file(path: str, what: str, columns: tuple[str, ...], string_cols: tuple[str, ...] = ()) -> pa.Table:
+    """A Parquet (file or directory) or CSV/TSV table that must have `columns`.
+
+    CSV columns in `string_cols` stay strings as written: a key "007" is not the number 7.
+    """
+    import pyarrow.csv as pcsv
+
+    try:
+        if path.endswith((".csv", ".tsv")):
+            t = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter="\t" if path.endswith(".tsv") else ","),
+                              convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(string_cols, pa.string())))
+        else:
+            t = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise UserError(f"{path}: cannot read {what} ({exc})".replace("\n", " ")) from None
+    for col in columns:
+        if col not in t.column_names:
+            raise UserError(f"{path}: column {col!r} not found (columns: {', '.join(t.column_names)})")
+    return t
+
+
+def labels_metrics(model: str, path: str, k: int = 10, key_col: str = "key", label_col: str = "label",
+                   test_fraction: float = 0.2, seed: int = 0, table: str = "docs") -> dict:
+    """k-NN label accuracy: each test user takes the majority label of its k nearest reference users.
+
+    The split is fixed by `seed` over the keys in sorted order, so repeated runs and different models
+    are scored on the same users. The majority label of the reference users is the baseline.
+    """
+    import faiss
+
+    data = read_table_file(path, "labels", (key_col, label_col), string_cols=(key_col,))
+    keys = data.column(key_col).cast(pa.string())
+    rows = pc.index_in(keys, value_set=keys_of(model, table).cast(pa.string()))
+    known = pc.is_valid(rows)
+    rows = rows.filter(known).to_numpy(zero_copy_only=False).astype(np.int64)
+    labels = data.column(label_col).filter(known).cast(pa.string()).to_numpy(zero_copy_only=False)
+    if len(rows) < 10:
+        raise UserError(f"{path}: only {len(rows)} of its keys are {table} keys of {model}")
+    order = np.argsort(keys.filter(known).to_numpy(zero_copy_only=False), kind="stable")
+    test = np.zeros(len(rows), bool)
+    test[order[np.random.default_rng(seed).permutation(len(rows))[:max(1, int(test_fraction * len(rows)))]]] = True
+    vectors = unit_rows(checkpoint.read_table(model, table))
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(np.ascontiguousarray(vectors[rows[~test]]))
+    _, found = index.search(np.ascontiguousarray(vectors[rows[test]]), min(k, int((~test).sum())))
+    ref_labels = labels[~test]
+    names, codes = np.unique(ref_labels, return_inverse=True)
+    votes = np.zeros((len(found), len(names)))
+    for j in range(found.shape[1]):  # nearer neighbours break ties: a tiny bonus by rank
+        np.add.at(votes, (np.arange(len(found)), codes[found[:, j]]), 1.0 + 1e-3 * (found.shape[1] - j))
+    predicted = names[votes.argmax(1)]
+    majority = names[np.bincount(codes).argmax()]
+    return {"k": k, "test_users": int(test.sum()), "reference_users": int((~test).sum()),
+            "skipped_keys": int(len(keys) - len(rows)), f"knn_accuracy@{k}": float((predicted == labels[test]).mean()),
+            "majority_accuracy": float((labels[test] == majority).mean())}
 
 
 def save_and_print(model: str, name: str, metrics: dict) -> str:

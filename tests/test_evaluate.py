@@ -133,3 +133,26 @@ def test_pairs_with_an_unknown_key_are_a_user_error(trained_model, tmp_path):
         fh.write(f"key1,key2,score\n{user},nobody,1\n{user},{user},0\n")
     with pytest.raises(UserError, match="unknown docs key 'nobody'"):
         pairs_metrics(trained_model, path)
+
+
+def test_knn_label_accuracy_recovers_the_planted_communities(trained_model, tmp_path):
+    from doc2vec_dist.evaluate import labels_metrics
+
+    truth = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sample", "truth",
+                         "users.parquet")
+    m = labels_metrics(trained_model, truth, k=10, key_col="user_id", label_col="community")
+    assert m["test_users"] + m["reference_users"] == 5000 - m["skipped_keys"]
+    assert m["test_users"] == pytest.approx(0.2 * (5000 - m["skipped_keys"]), abs=1)
+    assert m["knn_accuracy@10"] > 0.5, m  # 8 planted communities
+    assert m["majority_accuracy"] < 0.2, m
+    again = labels_metrics(trained_model, truth, k=10, key_col="user_id", label_col="community")
+    assert again == m  # the split is fixed
+
+
+def test_labels_file_without_the_label_column_names_it(trained_model, tmp_path):
+    from doc2vec_dist.evaluate import labels_metrics
+
+    path = tmp_path / "labels.csv"
+    path.write_text("key,tag\n007,a\n")
+    with pytest.raises(UserError, match="column 'label' not found"):
+        labels_metrics(trained_model, str(path))
