@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import checkpoint
-from .sharding import rows_on_shard
+from .sharding import global_rows, rows_on_shard
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -32,6 +32,7 @@ class ParameterServer:
         torch.set_num_threads(1)  # a server uses no CPU of its own reservation; it must not spread out
         self.tables: dict[str, np.ndarray] = {}
         self.views: dict[str, torch.Tensor] = {}
+        self.rows: dict[str, int] = {}  # global row count of each table
         self.locks: dict[str, threading.Lock] = {}
         for i, (name, spec) in enumerate(sorted(tables.items())):
             n = rows_on_shard(shard, num_shards, spec["rows"])
@@ -44,6 +45,7 @@ class ParameterServer:
             else:
                 table = np.zeros((n, spec["dim"]), dtype=np.float32)
             self.tables[name] = table
+            self.rows[name] = spec["rows"]
             self.views[name] = torch.from_numpy(table)  # shares the memory
             self.locks[name] = threading.Lock()
         self.pushes = 0
@@ -85,8 +87,7 @@ class ParameterServer:
         entries = {}
         for name, table in self.tables.items():
             with self.locks[name]:
-                # local row j holds global row shard + j * num_shards
-                ids = self.shard + self.num_shards * np.arange(len(table), dtype=np.int64)
+                ids = global_rows(self.shard, self.num_shards, self.rows[name])
                 entries[name] = checkpoint.write_slice(model, version, name, self.shard, self.num_shards,
                                                        ids, table)
         return entries

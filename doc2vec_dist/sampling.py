@@ -44,9 +44,6 @@ class NegativeTable:
         self.p = weights / weights.sum()
         self.accept, self.alias = _alias_table(self.p)
 
-    def probabilities(self) -> np.ndarray:
-        return self.p
-
     def draw(self, rng: np.random.Generator, shape) -> np.ndarray:
         n = int(np.prod(shape))
         slot = rng.integers(0, len(self.accept), n)

@@ -73,7 +73,7 @@ class Worker:
     def _zero_stats() -> dict:
         # every stage present from the start: progress() copies this dict from another thread, and a
         # key appearing mid-copy would break it
-        return {"tokens": 0, "pairs": 0, "loss": 0.0, "batches": 0, "epoch": -1,
+        return {"tokens": 0, "pairs": 0, "loss": 0.0, "epoch": -1,
                 "seconds": dict.fromkeys(STAGES, 0.0)}
 
     def progress(self) -> dict:
@@ -176,7 +176,6 @@ class Worker:
             self.stats["tokens"] += batch.pairs.raw_tokens
             self.stats["pairs"] += len(batch.pairs)
             self.stats["loss"] += loss
-            self.stats["batches"] += 1
             batch, step = upcoming, step + 1
 
         t0 = time.perf_counter()
