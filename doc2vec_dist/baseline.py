@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -46,11 +45,7 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
     config.validate()
     corpus = Corpus(corpus_path)
     out = os.path.abspath(out)
-    if os.path.exists(os.path.join(out, "LATEST")):
-        if not overwrite:
-            raise UserError(f"{out}: a model already exists there; choose another --out or pass --overwrite")
-        shutil.rmtree(out)
-    os.makedirs(out, exist_ok=True)
+    checkpoint.start_model_dir(out, corpus.path, overwrite)
     workers = workers or os.cpu_count() or 1
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         text = os.path.join(tmp, "corpus.txt")
@@ -77,8 +72,6 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
     tables = {"docs": model.dv.vectors, "words_out": _by_id(model.syn1neg, word_ids, corpus.vocab_size)}
     if config.dbow_words or config.mode == "dm":
         tables["words"] = _by_id(model.wv.vectors, word_ids, corpus.vocab_size)
-    for name in ("docs.arrow", "vocab.arrow"):
-        shutil.copyfile(os.path.join(corpus.path, name), os.path.join(out, name))
     t1 = time.perf_counter()
     version = checkpoint.next_version(out)
     parts = {name: [checkpoint.write_slice(out, version, name, 0, 1, np.arange(len(m), dtype=np.int64), m)]

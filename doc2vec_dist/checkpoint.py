@@ -32,6 +32,27 @@ TABLES = ("docs", "words", "words_out")
 _VERSION_RE = re.compile(r"^v(\d+)$")
 
 
+KEY_FILES = ("docs.arrow", "vocab.arrow")
+
+
+def refuse_existing_model(out: str, overwrite: bool) -> None:
+    """A model directory is only replaced when asked: its checkpoints may be days of training."""
+    if not overwrite and (os.path.exists(os.path.join(out, "LATEST"))
+                          or os.path.exists(os.path.join(out, "checkpoints"))):
+        raise UserError(f"{out}: a model already exists there; choose another --out or pass --overwrite")
+
+
+def start_model_dir(out: str, corpus_path: str, overwrite: bool) -> None:
+    """Create (or, with overwrite, replace) a model directory holding the corpus's key tables,
+    so export and neighbors later need only the model directory."""
+    refuse_existing_model(out, overwrite)
+    if os.path.exists(os.path.join(out, "LATEST")) or os.path.exists(os.path.join(out, "checkpoints")):
+        shutil.rmtree(out)
+    os.makedirs(out, exist_ok=True)
+    for name in KEY_FILES:
+        shutil.copyfile(os.path.join(corpus_path, name), os.path.join(out, name))
+
+
 def part_name(shard: int, num_shards: int) -> str:
     return f"part-{shard:05d}-of-{num_shards:05d}.arrow"
 

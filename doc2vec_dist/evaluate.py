@@ -24,17 +24,6 @@ from .export import keys_of, unit_rows
 from .index import lookup, url_log_prior, with_prior
 
 
-def _read_heldout(path: str) -> pa.Table:
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise UserError(f"{path}: cannot read held-out Parquet ({exc})") from None
-    for col in ("key", "token"):
-        if col not in table.column_names:
-            raise UserError(f"{path}: column {col!r} not found (columns: {', '.join(table.column_names)})")
-    return table
-
-
 def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:
     """The training tokens of the given documents, read from the corpus shards."""
     wanted = np.unique(doc_ids)
@@ -54,7 +43,7 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
     recall@k is averaged over users (share of each user's hidden URLs in the top k); MRR is the mean
     reciprocal rank of each user's best-ranked hidden URL. Seen URLs are excluded from the ranking.
     """
-    table = _read_heldout(heldout)
+    table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
     doc_keys, vocab = keys_of(model, "docs"), keys_of(model, "words_out")
     doc_ids = pc.index_in(table.column("key").cast(pa.string()), value_set=doc_keys.cast(pa.string()))
     word_ids = pc.index_in(table.column("token").cast(pa.string()), value_set=vocab.cast(pa.string()))
@@ -87,8 +76,7 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
         scores = {"model": doc_matrix[u] @ out_matrix.T, "popularity": np.tile(popularity, (len(u), 1))}
         for name, s in scores.items():
             for row, user in enumerate(u):
-                s[row, seen.get(int(user), [])] = -np.inf
-            for row in range(len(u)):
+                s[row, seen.get(int(user), [])] = -np.inf  # seen URLs are not predictions
                 results[name].add(s[row], words[starts[b + row]:ends[b + row]])
     return {"k": k, "users": len(users), "pairs": len(docs), "skipped_pairs": int(skipped),
             **{f"{name}_{metric}": value for name, r in results.items() for metric, value in r.result().items()}}

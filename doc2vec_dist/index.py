@@ -31,12 +31,6 @@ INDEX_FILES = ("index.faiss", "keys.parquet", "params.json")
 AUTO_FLAT_LIMIT = 1_000_000
 
 
-
-
-def load_table(model: str, table: str) -> tuple[pa.Array, np.ndarray]:
-    return keys_of(model, table), checkpoint.read_table(model, table)
-
-
 def url_log_prior(model: str) -> np.ndarray:
     """ns_exponent · log count(w) per word id; -inf for words never seen in training."""
     with open(os.path.join(model, "config.json")) as fh:
@@ -110,7 +104,10 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
     if (model is None) == (vectors_path is None):
         raise UserError("give either --model (with --table) or --vectors")
     check_replaceable(out, INDEX_FILES)
-    keys, matrix = load_vectors_parquet(vectors_path) if vectors_path else load_table(model, table)
+    if vectors_path:
+        keys, matrix = load_vectors_parquet(vectors_path)
+    else:
+        keys, matrix = keys_of(model, table), checkpoint.read_table(model, table)
     vectors = unit_rows(matrix)
     index = make_index(vectors, kind)
     resolved = "flat" if isinstance(index, faiss.IndexFlat) else "hnsw"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import shutil
 import sys
 import time
 
@@ -99,30 +98,18 @@ def _check_resources(config: TrainConfig, started_here: bool) -> None:
             print(f"warning: {message} (waiting for the autoscaler)", file=sys.stderr)
 
 
-def _prepare_model_dir(out: str, corpus: Corpus, overwrite: bool) -> None:
-    if os.path.exists(os.path.join(out, "LATEST")) or os.path.exists(os.path.join(out, "checkpoints")):
-        if not overwrite:
-            raise UserError(f"{out}: a model already exists there; choose another --out or pass --overwrite")
-        shutil.rmtree(out)
-    os.makedirs(out, exist_ok=True)
-    # the key tables travel with the model, so export/neighbors need only the model directory
-    for name in ("docs.arrow", "vocab.arrow"):
-        shutil.copyfile(os.path.join(corpus.path, name), os.path.join(out, name))
-
-
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False) -> dict:
     """Train PV-DBOW on a prepared corpus into the model directory `out`; returns the run's figures."""
     config.validate()
     corpus = Corpus(corpus_path)
     out = os.path.abspath(out)
-    if not overwrite and os.path.exists(os.path.join(out, "LATEST")):
-        raise UserError(f"{out}: a model already exists there; choose another --out or pass --overwrite")
+    checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
     started_here = connect(config.address)
     t_start = time.perf_counter()
     servers, workers = [], []
     try:
         _check_resources(config, started_here)  # before anything is written
-        _prepare_model_dir(out, corpus, overwrite)
+        checkpoint.start_model_dir(out, corpus.path, overwrite)
         tables = {"docs": {"rows": corpus.num_docs, "dim": config.dim, "init": "uniform"},
                   "words_out": {"rows": corpus.vocab_size, "dim": config.dim, "init": "zeros"}}
         server_cls = ray.remote(ParameterServer)
