@@ -47,6 +47,15 @@ class Batch:
     doc_scale: np.ndarray | None
     pulls: list              # one ObjectRef per shard
 
+    def request(self, shard: int) -> dict[str, np.ndarray]:
+        """Local rows of both tables on one server: what is pulled from it and pushed back to it."""
+        return {"docs": self.docs.local[shard], "words_out": self.words.local[shard]}
+
+    def slices(self, shard: int) -> tuple[slice, slice]:
+        """Where one server's rows sit in the compact docs and words_out matrices."""
+        d, w = self.docs.bounds, self.words.bounds
+        return slice(d[shard], d[shard + 1]), slice(w[shard], w[shard + 1])
+
 
 class Worker:
     def __init__(self, index: int, units: list[Unit], corpus_path: str, config: dict,
@@ -118,8 +127,7 @@ class Worker:
 
     def _pull(self, batch: Batch) -> None:
         """One pull per server for the batch's rows of both tables; the results arrive later."""
-        batch.pulls = [server.pull.remote({"docs": batch.docs.local[s], "words_out": batch.words.local[s]})
-                       for s, server in enumerate(self.servers)]
+        batch.pulls = [server.pull.remote(batch.request(s)) for s, server in enumerate(self.servers)]
 
     # -- one epoch ---------------------------------------------------------------------------------
     def run_epoch(self, epoch: int) -> dict:
@@ -189,10 +197,10 @@ class Worker:
         docs = np.empty((int(batch.docs.bounds[-1]), dim), dtype=np.float32)
         words_out = np.empty((int(batch.words.bounds[-1]), dim), dtype=np.float32)
         for s, rows in enumerate(pulled):
-            d0, d1 = batch.docs.bounds[s], batch.docs.bounds[s + 1]
-            w0, w1 = batch.words.bounds[s], batch.words.bounds[s + 1]
-            docs[d0:d1] = rows[:d1 - d0]
-            words_out[w0:w1] = rows[d1 - d0:]
+            d, w = batch.slices(s)
+            n_docs = d.stop - d.start
+            docs[d] = rows[:n_docs]
+            words_out[w] = rows[n_docs:]
         return docs, words_out
 
     def _compute(self, batch: Batch, docs: np.ndarray, words_out: np.ndarray, alphas: torch.Tensor) -> float:
@@ -216,13 +224,12 @@ class Worker:
               label: str) -> list:
         refs = []
         for s, (server, rows) in enumerate(zip(self.servers, pulled)):
-            d0, d1 = batch.docs.bounds[s], batch.docs.bounds[s + 1]
-            w0, w1 = batch.words.bounds[s], batch.words.bounds[s + 1]
-            if d1 == d0 and w1 == w0:
+            if len(rows) == 0:
                 continue
+            d, w = batch.slices(s)
+            n_docs = d.stop - d.start
             delta = np.empty_like(rows)
-            np.subtract(docs[d0:d1], rows[:d1 - d0], out=delta[:d1 - d0])
-            np.subtract(words_out[w0:w1], rows[d1 - d0:], out=delta[d1 - d0:])
-            refs.append(server.push.remote({"docs": batch.docs.local[s], "words_out": batch.words.local[s]},
-                                           delta, label))
+            np.subtract(docs[d], rows[:n_docs], out=delta[:n_docs])
+            np.subtract(words_out[w], rows[n_docs:], out=delta[n_docs:])
+            refs.append(server.push.remote(batch.request(s), delta, label))
         return refs
