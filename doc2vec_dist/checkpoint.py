@@ -84,19 +84,30 @@ def _sha256(path: str) -> str:
 
 
 def write_slice(model: str, version: int, table: str, shard: int, num_shards: int,
-                ids: np.ndarray, matrix: np.ndarray, rows_per_batch: int = 65536) -> dict:
-    """Write one shard's slice of a table as an Arrow file; returns its manifest entry."""
+                ids: np.ndarray, matrix: np.ndarray, state: np.ndarray | None = None,
+                rows_per_batch: int = 65536) -> dict:
+    """Write one shard's slice of a table as an Arrow file; returns its manifest entry.
+
+    state [n, 1], if given and not empty, is the rows' optimiser state (row-wise Adagrad's
+    accumulator), written as the column `adagrad` beside the vectors.
+    """
     rel = os.path.join(table, part_name(shard, num_shards))
     path = os.path.join(version_dir(model, version), rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    schema = pa.schema([("id", pa.int64()), ("vector", pa.list_(pa.float32(), matrix.shape[1]))])
+    fields = [("id", pa.int64()), ("vector", pa.list_(pa.float32(), matrix.shape[1]))]
+    with_state = state is not None and state.shape[1] > 0
+    if with_state:
+        fields.append(("adagrad", pa.float32()))
+    schema = pa.schema(fields)
     try:
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             for start in range(0, max(len(ids), 1), rows_per_batch):
                 end = min(start + rows_per_batch, len(ids))
-                writer.write_batch(pa.record_batch(
-                    [pa.array(ids[start:end], pa.int64()), vectors_array(matrix[start:end])], schema=schema))
+                columns = [pa.array(ids[start:end], pa.int64()), vectors_array(matrix[start:end])]
+                if with_state:
+                    columns.append(pa.array(np.ascontiguousarray(state[start:end, 0], dtype=np.float32)))
+                writer.write_batch(pa.record_batch(columns, schema=schema))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

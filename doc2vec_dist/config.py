@@ -52,6 +52,8 @@ class TrainConfig:
     alpha: float = _f(0.025, "initial learning rate")
     min_alpha: float = _f(0.0001, "final learning rate; linear decay over all planned tokens")
     ns_exponent: float = _f(0.75, "exponent of the unigram distribution negatives are drawn from")
+    shared_negatives: int = _f(0, "share this many negatives among all examples of a micro-batch, scored as "
+                                  "one matrix product (for GPU workers; 0: each example draws its own)")
     optimizer: str = _f("sgd", "sgd (gensim's update) or row-wise adagrad", ("sgd", "adagrad"))
     num_ps: int = _f(2, "parameter-server actors; row r lives on server r %% num_ps")
     num_workers: int = _f(2, "training worker actors")
@@ -74,6 +76,9 @@ class TrainConfig:
             (self.epochs > 0, "epochs must be > 0"),
             (self.negative > 0, "negative must be > 0 (negative sampling is the only loss)"),
             (self.window > 0, "window must be > 0"),
+            (self.shared_negatives >= 0, "shared_negatives must be >= 0"),
+            (not (self.dbow_words and self.mode == "dm"),
+             "dbow_words applies to --mode dbow only (PV-DM trains word vectors anyway)"),
             (self.sample >= 0, "sample must be >= 0"),
             (0 < self.alpha, "alpha must be > 0"),
             (0 <= self.min_alpha <= self.alpha, "min_alpha must lie in [0, alpha]"),
@@ -94,9 +99,6 @@ class TrainConfig:
         # Parts of the contract that later issues build; refuse them clearly rather than train
         # something else silently.
         not_yet = [
-            (self.mode != "dbow", "--mode dm is not available yet; use --mode dbow"),
-            (self.dbow_words, "--dbow-words is not available yet"),
-            (self.optimizer != "sgd", "--optimizer adagrad is not available yet; use sgd"),
             (self.cache_rows > 0, "--cache-rows is not available yet"),
             (self.resume, "--resume is not available yet"),
         ]

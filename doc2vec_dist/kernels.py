@@ -1,12 +1,19 @@
-"""The math of PV-DBOW with negative sampling, one micro-batch at a time, in torch (CPU or CUDA).
+"""The math of doc2vec with negative sampling, one micro-batch at a time, in torch (CPU or CUDA).
 
-Knows nothing of Ray or files: it updates two compact matrices in place. Per (doc d, word w) pair,
-with o the output vector of the positive word (label 1) and of each negative (label 0):
-    f = σ(d·o),  g = (label − f) · α,  Δd = Σ g·o,  Δo = g·d          (gensim's update)
-A micro-batch computes these for all its pairs from the same starting values and adds them with
-index_add_, so rows repeated inside a micro-batch get the sum of their updates. Micro-batches run in
-sequence, each seeing the previous one's updates: gradient accumulation over a macro-batch whose
-total update is pushed to the parameter servers once.
+Knows nothing of Ray or files: it updates two compact matrices in place, `inputs` (the rows of `docs`
+and `words` a macro-batch uses) and `outputs` (its rows of `words_out`). Every training example has
+a context of input rows and a target word. Its hidden vector h is the context row (PV-DBOW, and the
+skip-gram steps of dbow_words) or the mean of the context rows (PV-DM: the document and the words
+around the target). With o the output vector of the target (label 1) and of each negative (label 0):
+    f = σ(h·o),  g = (label − f) · α,  work = Σ g·o,  Δo = g·h,  Δ(each context row) = work
+which is gensim's update (doc2vec_inner.pyx, with dm_mean=1 for PV-DM). A micro-batch computes these
+for all its examples from the same starting values and adds them with index_add_, so a row repeated
+inside a micro-batch gets the sum of its updates. Micro-batches run in sequence, each seeing the
+previous one's updates: gradient accumulation over a macro-batch whose total update is pushed to the
+parameter servers once.
+
+Row-wise Adagrad (PyTorch-BigGraph's row_adagrad) keeps one accumulator per row in an extra last
+column of the same matrix, so it travels with the row through pull, push and checkpoint.
 """
 
 from __future__ import annotations
@@ -14,45 +21,111 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+ADAGRAD_EPS = 1e-10
+
 
 @torch.no_grad()
-def dbow_train(docs: torch.Tensor, words_out: torch.Tensor, doc_idx: torch.Tensor,
-               word_idx: torch.Tensor, neg_idx: torch.Tensor, neg_mask: torch.Tensor,
-               alphas: torch.Tensor, micro_batch: int, doc_scale: torch.Tensor | None = None) -> float:
-    """Train all pairs of one macro-batch in micro-batches; returns the summed loss.
+def train(inputs: torch.Tensor, outputs: torch.Tensor, ctx: torch.Tensor, target: torch.Tensor,
+          neg: torch.Tensor, neg_mask: torch.Tensor | None, alphas: torch.Tensor, micro_batch: int, *,
+          ctx_mask: torch.Tensor | None = None, scale: torch.Tensor | None = None, adagrad: bool = False,
+          shared_negatives: int = 0, learn_outputs: bool = True, learn_context_words: bool = True) -> float:
+    """Train all examples of one macro-batch in micro-batches; returns the summed loss.
 
-    docs [n_docs, dim] and words_out [n_words, dim] are compact local copies, updated in place.
-    doc_idx/word_idx [n] and neg_idx/neg_mask [n, k] index into them. alphas holds one learning
-    rate per micro-batch (the linear decay, evaluated at each micro-batch's position). doc_scale [n],
-    if given, scales each pair's doc update (see sampling.doc_step_scale).
+    ctx [n, c] indexes rows of `inputs` (c = 1: one input row per example; c > 1: PV-DM's document in
+    column 0 then its context words, ctx_mask [n, c] marking the real ones). target [n] indexes rows of
+    `outputs`. Negatives are either per example, neg/neg_mask [n, k], or with shared_negatives = k
+    shared by all examples of a micro-batch, neg [n_micro, N] (scored as one matrix product, as
+    PyTorch-BigGraph does, each weighted k/N so the expected update is that of k own negatives).
+    alphas holds one learning rate per micro-batch. scale [n], if given, scales each example's update
+    of its context rows (see sampling.doc_step_scale). With adagrad the matrices carry the accumulator
+    as their last column. learn_outputs=False and learn_context_words=False freeze `outputs` and every
+    context column but the first (inference of new documents).
     """
-    n = word_idx.shape[0]
+    n = target.shape[0]
     if n == 0:
         return 0.0
-    dim = docs.shape[1]
-    targets = torch.cat([word_idx.unsqueeze(1), neg_idx], dim=1)            # [n, 1+k]
-    labels = torch.zeros(targets.shape[1], dtype=docs.dtype, device=docs.device)
-    labels[0] = 1.0
-    weights = torch.cat([torch.ones_like(word_idx, dtype=docs.dtype).unsqueeze(1),
-                         neg_mask.to(docs.dtype)], dim=1)                     # masked negatives count 0
-    loss = torch.zeros((), dtype=torch.float64, device=docs.device)
+    dim = outputs.shape[1] - int(adagrad)
+    loss = torch.zeros((), dtype=torch.float64, device=outputs.device)
+    multi = ctx.shape[1] > 1
     for i, start in enumerate(range(0, n, micro_batch)):
         end = min(start + micro_batch, n)
-        d, t, w = doc_idx[start:end], targets[start:end], weights[start:end]
-        dv = docs.index_select(0, d)                                         # [B, dim]
-        ov = words_out.index_select(0, t.reshape(-1)).view(end - start, -1, dim)  # [B, 1+k, dim]
-        # multiply-and-sum, not bmm: a batch of [1+k, dim]·[dim, 1] products is ~4× slower on CPU
-        logits = (ov * dv.unsqueeze(1)).sum(-1)                              # [B, 1+k]
-        g = (labels - torch.sigmoid(logits)) * w * alphas[i]
-        doc_update = torch.bmm(g.unsqueeze(1), ov).squeeze(1)
-        if doc_scale is not None:
-            doc_update *= doc_scale[start:end, None]
-        docs.index_add_(0, d, doc_update)
-        words_out.index_add_(0, t.reshape(-1), (g.unsqueeze(2) * dv.unsqueeze(1)).view(-1, dim))
-        # -log σ(d·o+) − Σ log σ(−d·o−): softplus(−x) = −log σ(x)
-        signed = torch.where(labels.bool(), -logits, logits)
-        loss += (F.softplus(signed) * w).sum(dtype=torch.float64)
+        c, t = ctx[start:end], target[start:end]
+        alpha = alphas[i]
+        if multi:
+            m = (ctx_mask[start:end] if ctx_mask is not None else torch.ones_like(c, dtype=torch.bool))
+            m = m.to(outputs.dtype)
+            hv = inputs.index_select(0, c.reshape(-1)).view(end - start, c.shape[1], -1)[..., :dim]
+            h = (hv * m.unsqueeze(2)).sum(1) / m.sum(1, keepdim=True).clamp(min=1.0)
+        else:
+            h = inputs.index_select(0, c[:, 0])[:, :dim]
+        # adagrad takes the plain gradient and applies its own per-row step size
+        step = 1.0 if adagrad else alpha
+        if shared_negatives:
+            work, out_rows, out_upd, lo = _shared_negatives(outputs, h, t, neg[i], shared_negatives, dim, step)
+        else:
+            work, out_rows, out_upd, lo = _own_negatives(outputs, h, t, neg[start:end],
+                                                         None if neg_mask is None else neg_mask[start:end], dim, step)
+        loss += lo
+        if scale is not None:
+            work *= scale[start:end, None]
+        if multi and learn_context_words:
+            _apply(inputs, c.reshape(-1), (work.unsqueeze(1) * m.unsqueeze(2)).view(-1, dim), alpha, adagrad, dim)
+        else:
+            _apply(inputs, c[:, 0], work, alpha, adagrad, dim)
+        if learn_outputs:
+            _apply(outputs, out_rows, out_upd, alpha, adagrad, dim)
     return float(loss)
+
+
+def _own_negatives(outputs, h, t, neg, neg_mask, dim, step):
+    """Each example against its own k negatives: the target and negatives gathered as [B, 1+k, dim]."""
+    b = h.shape[0]
+    rows = torch.cat([t.unsqueeze(1), neg], dim=1)                                  # [B, 1+k]
+    labels = torch.zeros(rows.shape[1], dtype=h.dtype, device=h.device)
+    labels[0] = 1.0
+    ov = outputs.index_select(0, rows.reshape(-1)).view(b, rows.shape[1], -1)[..., :dim]
+    # multiply-and-sum, not bmm: a batch of [1+k, dim]·[dim, 1] products is ~4× slower on CPU
+    logits = (ov * h.unsqueeze(1)).sum(-1)                                         # [B, 1+k]
+    g = labels - torch.sigmoid(logits)
+    signed = torch.where(labels.bool(), -logits, logits)     # softplus(−x) = −log σ(x)
+    if neg_mask is None:
+        loss = F.softplus(signed).sum(dtype=torch.float64)
+    else:  # masked negatives (a draw equal to the target) count 0
+        w = torch.cat([torch.ones_like(t, dtype=h.dtype).unsqueeze(1), neg_mask.to(h.dtype)], dim=1)
+        g *= w
+        loss = (F.softplus(signed) * w).sum(dtype=torch.float64)
+    g = g * step
+    work = torch.bmm(g.unsqueeze(1), ov).squeeze(1)                               # Σ g·o
+    return work, rows.reshape(-1), (g.unsqueeze(2) * h.unsqueeze(1)).view(-1, dim), loss
+
+
+def _shared_negatives(outputs, h, t, shared, k, dim, step):
+    """All examples of the micro-batch against the same N negatives: two matrix products."""
+    o_pos = outputs.index_select(0, t)[:, :dim]                                     # [B, dim]
+    o_neg = outputs.index_select(0, shared)[:, :dim]                                # [N, dim]
+    pos = (h * o_pos).sum(-1)                                                       # [B]
+    negl = h @ o_neg.T                                                              # [B, N]
+    w = (shared.unsqueeze(0) != t.unsqueeze(1)).to(h.dtype) * (k / shared.shape[0])
+    loss = F.softplus(-pos).sum(dtype=torch.float64) + (F.softplus(negl) * w).sum(dtype=torch.float64)
+    g_pos = (1.0 - torch.sigmoid(pos)) * step
+    g_neg = -torch.sigmoid(negl) * w * step
+    work = g_pos.unsqueeze(1) * o_pos + g_neg @ o_neg
+    rows = torch.cat([t, shared])
+    upd = torch.cat([g_pos.unsqueeze(1) * h, g_neg.T @ h])
+    return work, rows, upd, loss
+
+
+def _apply(table: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha, adagrad: bool, dim: int) -> None:
+    """Add summed updates to rows: plain SGD (alpha already in the update), or row-wise Adagrad."""
+    if not adagrad:
+        table.index_add_(0, rows, update)
+        return
+    uniq, inverse = torch.unique(rows, return_inverse=True)
+    grad = torch.zeros((len(uniq), dim), dtype=table.dtype, device=table.device).index_add_(0, inverse, update)
+    current = table.index_select(0, uniq)
+    current[:, dim] += grad.pow(2).mean(1)
+    current[:, :dim] += alpha * grad / (current[:, dim:].sqrt() + ADAGRAD_EPS)
+    table.index_copy_(0, uniq, current)
 
 
 def micro_batch_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,

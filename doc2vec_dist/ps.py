@@ -23,29 +23,33 @@ class NonFiniteUpdate(RuntimeError):
 
 class ParameterServer:
     def __init__(self, shard: int, num_shards: int, tables: dict[str, dict], seed: int):
-        """tables: name → {"rows": global row count, "dim": d, "init": "uniform" | "zeros"}.
+        """tables: name → {"rows": global row count, "dim": d, "init": "uniform" | "zeros", "state": 0 | 1}.
 
         "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim (keyedvectors.prep_vectors);
-        "zeros" is its initialisation of the output weights (syn1neg).
+        "zeros" is its initialisation of the output weights (syn1neg). "state" adds that many optimiser
+        columns after the vector (row-wise Adagrad's accumulator), starting at zero, kept with the row.
         """
         self.shard, self.num_shards = shard, num_shards
         torch.set_num_threads(1)  # a server uses no CPU of its own reservation; it must not spread out
         self.tables: dict[str, np.ndarray] = {}
         self.views: dict[str, torch.Tensor] = {}
         self.rows: dict[str, int] = {}  # global row count of each table
+        self.dims: dict[str, int] = {}
         self.locks: dict[str, threading.Lock] = {}
         for i, (name, spec) in enumerate(sorted(tables.items())):
-            n = rows_on_shard(shard, num_shards, spec["rows"])
+            n, dim = rows_on_shard(shard, num_shards, spec["rows"]), spec["dim"]
+            table = np.zeros((n, dim + spec.get("state", 0)), dtype=np.float32)
             if spec["init"] == "uniform":
                 rng = np.random.default_rng([seed, i, shard])
-                table = rng.random((n, spec["dim"]), dtype=np.float32)
-                table *= 2.0
-                table -= 1.0
-                table /= spec["dim"]
-            else:
-                table = np.zeros((n, spec["dim"]), dtype=np.float32)
+                vectors = rng.random((n, dim), dtype=np.float32)
+                vectors *= 2.0
+                vectors -= 1.0
+                vectors /= dim
+                table[:, :dim] = vectors
+                del vectors
             self.tables[name] = table
             self.rows[name] = spec["rows"]
+            self.dims[name] = dim
             self.views[name] = torch.from_numpy(table)  # shares the memory
             self.locks[name] = threading.Lock()
         self.pushes = 0
@@ -53,7 +57,7 @@ class ParameterServer:
     def pull(self, request: dict[str, np.ndarray]) -> np.ndarray:
         """Rows for each table in request order, stacked into one contiguous [n, dim] array."""
         total = sum(len(ids) for ids in request.values())
-        dim = next(iter(self.tables.values())).shape[1]
+        dim = next(iter(self.tables.values())).shape[1]  # every table has the same width
         out = np.empty((total, dim), dtype=np.float32)
         at = 0
         for name, ids in request.items():
@@ -88,8 +92,9 @@ class ParameterServer:
         for name, table in self.tables.items():
             with self.locks[name]:
                 ids = global_rows(self.shard, self.num_shards, self.rows[name])
+                dim = self.dims[name]
                 entries[name] = checkpoint.write_slice(model, version, name, self.shard, self.num_shards,
-                                                       ids, table)
+                                                       ids, table[:, :dim], state=table[:, dim:])
         return entries
 
     def memory(self) -> dict:

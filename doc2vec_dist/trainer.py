@@ -86,6 +86,20 @@ def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
     return plan
 
 
+def table_specs(config: TrainConfig, corpus: Corpus) -> dict[str, dict]:
+    """The tables a run trains: `words` only when something trains it (dbow_words or PV-DM).
+
+    Inputs start uniform in [-1, 1)/dim, outputs at zero (gensim's initialisation); with adagrad each
+    row carries one accumulator column.
+    """
+    state = int(config.optimizer == "adagrad")
+    tables = {"docs": {"rows": corpus.num_docs, "dim": config.dim, "init": "uniform", "state": state}}
+    if config.mode == "dm" or config.dbow_words:
+        tables["words"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "uniform", "state": state}
+    tables["words_out"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "zeros", "state": state}
+    return tables
+
+
 def _check_resources(config: TrainConfig, started_here: bool) -> None:
     have = ray.cluster_resources()
     need = {"CPU": config.num_workers * config.cpus_per_worker, "GPU": config.num_workers * config.gpus_per_worker}
@@ -99,7 +113,7 @@ def _check_resources(config: TrainConfig, started_here: bool) -> None:
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False) -> dict:
-    """Train PV-DBOW on a prepared corpus into the model directory `out`; returns the run's figures."""
+    """Train doc2vec (PV-DBOW or PV-DM) on a prepared corpus into the model directory `out`; returns the run's figures."""
     config.validate()
     corpus = Corpus(corpus_path)
     out = os.path.abspath(out)
@@ -110,8 +124,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     try:
         _check_resources(config, started_here)  # before anything is written
         checkpoint.start_model_dir(out, corpus.path, overwrite)
-        tables = {"docs": {"rows": corpus.num_docs, "dim": config.dim, "init": "uniform"},
-                  "words_out": {"rows": corpus.vocab_size, "dim": config.dim, "init": "zeros"}}
+        tables = table_specs(config, corpus)
         server_cls = ray.remote(ParameterServer)
         servers = [server_cls.options(num_cpus=0, max_concurrency=4, name=None).remote(
             s, config.num_ps, tables, config.seed) for s in range(config.num_ps)]

@@ -18,8 +18,8 @@ import ray
 import torch
 
 from .corpus import Corpus, iter_shard
-from .kernels import dbow_train, micro_batch_alphas
-from .sampling import NegativeTable, Pairs, dbow_pairs, doc_step_scale, keep_probabilities, unique_rows
+from . import kernels
+from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities, unique_rows
 from .sharding import Routing
 
 MIN_MACRO_BATCH = 4096
@@ -38,23 +38,39 @@ class Unit:
 
 @dataclass
 class Batch:
-    pairs: Pairs
-    docs: Routing
-    words: Routing
-    doc_pos: np.ndarray      # compact position of each pair's doc
-    word_pos: np.ndarray     # compact position of each pair's positive word
-    neg_pos: np.ndarray      # compact positions of its negatives
-    doc_scale: np.ndarray | None
-    pulls: list              # one ObjectRef per shard
+    """One macro-batch: its examples, the rows of each table it touches, and where they sit locally.
+
+    The compact local matrices are `inputs` (the batch's `docs` rows, then its `words` rows) and
+    `outputs` (its `words_out` rows); within each table's block, rows are grouped by server so a
+    pull fills, and a push reads, one contiguous slice per server.
+    """
+
+    examples: Examples
+    routes: dict[str, Routing]   # table → its unique rows' routing, in pull order
+    ctx_pos: np.ndarray          # [n, c] compact positions in `inputs`
+    target_pos: np.ndarray       # [n] compact positions in `outputs`
+    neg_pos: np.ndarray          # negatives' compact positions in `outputs`
+    scale: np.ndarray | None
+    pulls: list                  # one ObjectRef per shard
 
     def request(self, shard: int) -> dict[str, np.ndarray]:
-        """Local rows of both tables on one server: what is pulled from it and pushed back to it."""
-        return {"docs": self.docs.local[shard], "words_out": self.words.local[shard]}
+        """Local rows of every table on one server: what is pulled from it and pushed back to it."""
+        return {name: route.local[shard] for name, route in self.routes.items()}
 
-    def slices(self, shard: int) -> tuple[slice, slice]:
-        """Where one server's rows sit in the compact docs and words_out matrices."""
-        d, w = self.docs.bounds, self.words.bounds
-        return slice(d[shard], d[shard + 1]), slice(w[shard], w[shard + 1])
+    def blocks(self, shard: int):
+        """(compact matrix name, slice of it) for each table's rows on one server, in request order."""
+        base = 0
+        for name, route in self.routes.items():
+            if name == "words_out":
+                yield "outputs", slice(int(route.bounds[shard]), int(route.bounds[shard + 1]))
+            else:  # docs then words share `inputs`
+                yield "inputs", slice(base + int(route.bounds[shard]), base + int(route.bounds[shard + 1]))
+                base += int(route.bounds[-1])
+
+    def sizes(self) -> dict[str, int]:
+        outputs = int(self.routes["words_out"].bounds[-1])
+        return {"inputs": sum(int(r.bounds[-1]) for n, r in self.routes.items() if n != "words_out"),
+                "outputs": outputs}
 
 
 class Worker:
@@ -76,6 +92,7 @@ class Worker:
         # every worker training on a copy of words_out that is an epoch old (Lee corpus: -0.02 Pearson).
         self.macro_batch = min(config["macro_batch"], max(MIN_MACRO_BATCH, self.tokens_per_epoch // 16))
         self.planned_tokens = self.tokens_per_epoch * config["epochs"]
+        self.width = config["dim"] + int(config["optimizer"] == "adagrad")  # adagrad's accumulator rides along
         self.stats = self._zero_stats()
 
     @staticmethod
@@ -111,22 +128,30 @@ class Worker:
                 yield doc_ids, offsets, tokens
 
     def _prepare(self, chunk, rng) -> Batch:
-        """Pairs, unique rows and their routing for one chunk (pulls not yet issued)."""
+        """Examples, unique rows and their routing for one chunk (pulls not yet issued)."""
+        cfg = self.config
         doc_ids, offsets, tokens = chunk
-        pairs = dbow_pairs(offsets, tokens, self.keep_prob, self.negatives, self.config["negative"], rng)
-        doc_scale = doc_step_scale(pairs.doc, self.config["micro_batch"])
-        docs = Routing.of(doc_ids.astype(np.int64), self.num_shards)  # doc ids of a chunk: sorted, unique
-        k = pairs.neg.shape[1]
-        uniq_words, inverse = unique_rows(np.concatenate([pairs.word, pairs.neg.reshape(-1)]),
-                                          self.table_rows["words_out"])
-        words = Routing.of(uniq_words, self.num_shards)
-        compact = words.position[inverse]
-        n = len(pairs)
-        return Batch(pairs=pairs, docs=docs, words=words, doc_pos=docs.position[pairs.doc],
-                     word_pos=compact[:n], neg_pos=compact[n:].reshape(n, k), doc_scale=doc_scale, pulls=[])
+        ex = build_examples(offsets, tokens, self.keep_prob, self.negatives, cfg["negative"], rng,
+                            mode=cfg["mode"], dbow_words=cfg["dbow_words"], window=cfg["window"],
+                            shared_negatives=cfg["shared_negatives"], micro_batch=cfg["micro_batch"])
+        routes = {"docs": Routing.of(doc_ids.astype(np.int64), self.num_shards)}  # sorted, unique
+        flat = ex.ctx.reshape(-1)
+        ctx_pos = routes["docs"].position[np.minimum(flat, ex.n_docs - 1)]
+        if "words" in self.table_rows:  # words used as inputs: ids past n_docs in the examples
+            is_word = flat >= ex.n_docs
+            uniq, inverse = unique_rows(flat[is_word] - ex.n_docs, self.table_rows["words"])
+            routes["words"] = Routing.of(uniq, self.num_shards)
+            ctx_pos[is_word] = len(doc_ids) + routes["words"].position[inverse]
+        uniq, inverse = unique_rows(np.concatenate([ex.target, ex.neg.reshape(-1)]), self.table_rows["words_out"])
+        routes["words_out"] = Routing.of(uniq, self.num_shards)
+        compact = routes["words_out"].position[inverse]
+        n = len(ex)
+        return Batch(examples=ex, routes=routes, ctx_pos=ctx_pos.reshape(ex.ctx.shape), target_pos=compact[:n],
+                     neg_pos=compact[n:].reshape(ex.neg.shape), scale=doc_step_scale(ex.ctx[:, 0], ex.micro_batch),
+                     pulls=[])
 
     def _pull(self, batch: Batch) -> None:
-        """One pull per server for the batch's rows of both tables; the results arrive later."""
+        """One pull per server for the batch's rows of every table; the results arrive later."""
         batch.pulls = [server.pull.remote(batch.request(s)) for s, server in enumerate(self.servers)]
 
     # -- one epoch ---------------------------------------------------------------------------------
@@ -164,25 +189,26 @@ class Worker:
             t1 = time.perf_counter()
             seconds["wait"] += t1 - t0
 
-            n_micro = max(1, -(-len(batch.pairs) // cfg["micro_batch"]))  # ≥ 1: subsampling may keep nothing
-            alphas = micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.pairs.raw_tokens,
-                                        self.planned_tokens, n_micro)
-            docs, words_out = self._assemble(batch, pulled)
-            loss = self._compute(batch, docs, words_out, alphas)
+            ex = batch.examples
+            n_micro = max(1, -(-len(ex) // ex.micro_batch))  # ≥ 1: subsampling may keep nothing
+            alphas = kernels.micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, ex.raw_tokens,
+                                                self.planned_tokens, n_micro)
+            local = self._assemble(batch, pulled)
+            loss = self._compute(batch, local, alphas)
             t2 = time.perf_counter()
             seconds["compute"] += t2 - t1
 
             label = f"epoch {epoch} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
-            inflight += self._push(batch, pulled, docs, words_out, label)
+            inflight += self._push(batch, pulled, local, label)
             while len(inflight) > cfg["max_inflight_pushes"] * self.num_shards:
                 ready, inflight = ray.wait(inflight, num_returns=len(inflight) - cfg["max_inflight_pushes"]
                                            * self.num_shards)
                 ray.get(ready)  # raises a refused (non-finite) push here, naming the step
             seconds["push"] += time.perf_counter() - t2
 
-            done_before += batch.pairs.raw_tokens
-            self.stats["tokens"] += batch.pairs.raw_tokens
-            self.stats["pairs"] += len(batch.pairs)
+            done_before += ex.raw_tokens
+            self.stats["tokens"] += ex.raw_tokens
+            self.stats["pairs"] += len(ex)
             self.stats["loss"] += loss
             batch, step = upcoming, step + 1
 
@@ -191,45 +217,48 @@ class Worker:
         seconds["push"] += time.perf_counter() - t0
         return self.progress()
 
-    def _assemble(self, batch: Batch, pulled: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _assemble(self, batch: Batch, pulled: list[np.ndarray]) -> dict[str, np.ndarray]:
         """Copy the pulled rows (read-only, zero-copy from the object store) into writable compact matrices."""
-        dim = self.config["dim"]
-        docs = np.empty((int(batch.docs.bounds[-1]), dim), dtype=np.float32)
-        words_out = np.empty((int(batch.words.bounds[-1]), dim), dtype=np.float32)
+        local = {name: np.empty((n, self.width), dtype=np.float32) for name, n in batch.sizes().items()}
         for s, rows in enumerate(pulled):
-            d, w = batch.slices(s)
-            n_docs = d.stop - d.start
-            docs[d] = rows[:n_docs]
-            words_out[w] = rows[n_docs:]
-        return docs, words_out
+            at = 0
+            for name, where in batch.blocks(s):
+                n = where.stop - where.start
+                local[name][where] = rows[at:at + n]
+                at += n
+        return local
 
-    def _compute(self, batch: Batch, docs: np.ndarray, words_out: np.ndarray, alphas: torch.Tensor) -> float:
+    def _compute(self, batch: Batch, local: dict[str, np.ndarray], alphas: torch.Tensor) -> float:
+        cfg, ex = self.config, batch.examples
         dev = self.device
         non_blocking = dev.type == "cuda"
 
         def to_dev(a):
+            if a is None:
+                return None
             t = torch.from_numpy(a)
             return t.pin_memory().to(dev, non_blocking=True) if non_blocking else t
 
-        d_t, o_t = to_dev(docs), to_dev(words_out)
-        loss = dbow_train(d_t, o_t, to_dev(batch.doc_pos), to_dev(batch.word_pos), to_dev(batch.neg_pos),
-                          to_dev(batch.pairs.neg_mask), alphas.to(dev), self.config["micro_batch"],
-                          None if batch.doc_scale is None else to_dev(batch.doc_scale))
+        inputs, outputs = to_dev(local["inputs"]), to_dev(local["outputs"])
+        loss = kernels.train(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos), to_dev(batch.neg_pos),
+                             to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch, ctx_mask=to_dev(ex.ctx_mask),
+                             scale=to_dev(batch.scale), adagrad=cfg["optimizer"] == "adagrad",
+                             shared_negatives=cfg["negative"] if cfg["shared_negatives"] else 0)
         if non_blocking:  # bring the trained rows home; the CPU path updated the arrays in place
-            docs[:] = d_t.cpu().numpy()
-            words_out[:] = o_t.cpu().numpy()
+            local["inputs"][:] = inputs.cpu().numpy()
+            local["outputs"][:] = outputs.cpu().numpy()
         return loss
 
-    def _push(self, batch: Batch, pulled: list[np.ndarray], docs: np.ndarray, words_out: np.ndarray,
-              label: str) -> list:
+    def _push(self, batch: Batch, pulled: list[np.ndarray], local: dict[str, np.ndarray], label: str) -> list:
         refs = []
         for s, (server, rows) in enumerate(zip(self.servers, pulled)):
             if len(rows) == 0:
                 continue
-            d, w = batch.slices(s)
-            n_docs = d.stop - d.start
             delta = np.empty_like(rows)
-            np.subtract(docs[d], rows[:n_docs], out=delta[:n_docs])
-            np.subtract(words_out[w], rows[n_docs:], out=delta[n_docs:])
+            at = 0
+            for name, where in batch.blocks(s):
+                n = where.stop - where.start
+                np.subtract(local[name][where], rows[at:at + n], out=delta[at:at + n])
+                at += n
             refs.append(server.push.remote(batch.request(s), delta, label))
         return refs

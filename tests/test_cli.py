@@ -83,9 +83,14 @@ def test_an_unknown_yaml_key_is_refused_naming_the_file(sample_corpus, tmp_path,
     assert not os.path.exists(tmp_path / "m")
 
 
-def test_mode_dm_is_refused_in_one_line(sample_corpus, tmp_path, capsys):
-    code, _, err = run(capsys, "train", "--corpus", sample_corpus[0], "--out", str(tmp_path / "m"), "--mode", "dm")
-    assert_clean_error(code, err, "--mode dm", "not available")
+@pytest.mark.parametrize("flags, needle", [
+    (["--mode", "dm", "--dbow-words"], "dbow_words applies to --mode dbow only"),
+    (["--shared-negatives", "-3"], "shared_negatives must be >= 0"),
+    (["--window", "0"], "window must be > 0"),
+])
+def test_bad_training_flags_are_refused_in_one_line(sample_corpus, tmp_path, capsys, flags, needle):
+    code, _, err = run(capsys, "train", "--corpus", sample_corpus[0], "--out", str(tmp_path / "m"), *flags)
+    assert_clean_error(code, err, needle)
     assert not os.path.exists(tmp_path / "m")
 
 

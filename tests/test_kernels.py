@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from doc2vec_dist.kernels import dbow_train, micro_batch_alphas
+from doc2vec_dist.kernels import micro_batch_alphas, train
 
 
 def gensim_reference(docs, out, pairs, alpha):
@@ -36,8 +36,8 @@ def random_problem(seed, n_docs=20, n_words=30, n=200, k=3, dim=8):
 def run_ours(docs, out, d, w, neg, mask, alpha, micro_batch):
     D, O = torch.from_numpy(docs.copy()), torch.from_numpy(out.copy())
     n_micro = -(-len(w) // micro_batch)
-    loss = dbow_train(D, O, torch.from_numpy(d), torch.from_numpy(w), torch.from_numpy(neg),
-                      torch.from_numpy(mask), torch.full((n_micro,), alpha), micro_batch)
+    loss = train(D, O, torch.from_numpy(d)[:, None], torch.from_numpy(w), torch.from_numpy(neg),
+                 torch.from_numpy(mask), torch.full((n_micro,), alpha), micro_batch)
     return D.numpy(), O.numpy(), loss
 
 

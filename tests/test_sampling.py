@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from doc2vec_dist.sampling import NegativeTable, dbow_pairs, keep_probabilities, unique_rows
+from doc2vec_dist.sampling import NegativeTable, build_examples, keep_probabilities, unique_rows
 
 
 def test_keep_probability_matches_gensim_formula():
@@ -40,17 +40,17 @@ def test_negative_table_follows_unigram_power():
     assert freq[4] == 0  # a word with count 0 is never a negative
 
 
-def test_dbow_pairs_masks_negatives_equal_to_positive_and_drops_subsampled():
+def test_dbow_examples_mask_negatives_equal_to_positive_and_drops_subsampled():
     rng = np.random.default_rng(2)
     counts = np.array([100, 1, 1])
     offsets = np.array([0, 3, 6])
     tokens = np.array([0, 1, 2, 2, 1, 0], dtype=np.int32)
     keep = np.array([0.0, 1.0, 1.0], dtype=np.float32)  # word 0 always dropped
-    pairs = dbow_pairs(offsets, tokens, keep, NegativeTable(counts), 4, rng)
-    assert len(pairs) == 4 and pairs.raw_tokens == 6
-    assert 0 not in pairs.word
-    assert sorted(zip(pairs.doc.tolist(), pairs.word.tolist())) == [(0, 1), (0, 2), (1, 1), (1, 2)]
-    np.testing.assert_array_equal(pairs.neg_mask, pairs.neg != pairs.word[:, None])
+    ex = build_examples(offsets, tokens, keep, NegativeTable(counts), 4, rng)
+    assert len(ex) == 4 and ex.raw_tokens == 6 and ex.ctx.shape == (4, 1)
+    assert 0 not in ex.target
+    assert sorted(zip(ex.ctx[:, 0].tolist(), ex.target.tolist())) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    np.testing.assert_array_equal(ex.neg_mask, ex.neg != ex.target[:, None])
 
 
 def test_unique_rows_inverse():
