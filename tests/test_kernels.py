@@ -82,3 +82,88 @@ def test_alpha_decays_linearly_to_min_alpha():
     assert torch.all(a[1:] < a[:-1])
     end = micro_batch_alphas(0.025, 0.0001, done_before=2000, batch_tokens=10, planned_tokens=1000, n_micro=2)
     assert torch.allclose(end, torch.full((2,), 0.0001))
+
+
+def dm_reference(inputs, out, examples, alpha):
+    """gensim's train_document_dm with dm_mean=1 and negative sampling, one example at a time:
+    h = mean of the context rows; work = Σ g·o; every context row += work (undivided)."""
+    inputs, out = inputs.copy(), out.copy()
+    for ctx, w, negs, mask in examples:
+        h = inputs[ctx].mean(0)
+        work = np.zeros_like(h)
+        for target, label, use in [(w, 1.0, True)] + [(n, 0.0, m) for n, m in zip(negs, mask)]:
+            if not use:
+                continue
+            g = (label - 1 / (1 + np.exp(-h @ out[target]))) * alpha
+            work += g * out[target]
+            out[target] += g * h
+        for r in ctx:
+            inputs[r] += work
+    return inputs, out
+
+
+def test_pv_dm_mean_context_equals_gensim_sequential_update():
+    inputs, out, _, w, neg, mask = random_problem(4, n_docs=40, n=120)
+    rng = np.random.default_rng(4)
+    width = 5
+    ctx = rng.integers(0, 40, (len(w), width))
+    ctx_mask = rng.random((len(w), width)) < 0.7
+    ctx_mask[:, 0] = True
+    examples = [(c[m], t, n, k) for c, m, t, n, k in zip(ctx, ctx_mask, w, neg, mask)]
+    ref_in, ref_out = dm_reference(inputs, out, examples, 0.05)
+    I, O = torch.from_numpy(inputs.copy()), torch.from_numpy(out.copy())
+    train(I, O, torch.from_numpy(ctx), torch.from_numpy(w), torch.from_numpy(neg), torch.from_numpy(mask),
+          torch.full((len(w),), 0.05), 1, ctx_mask=torch.from_numpy(ctx_mask))
+    np.testing.assert_allclose(I.numpy(), ref_in, atol=1e-6)
+    np.testing.assert_allclose(O.numpy(), ref_out, atol=1e-6)
+
+
+def test_row_adagrad_keeps_one_accumulator_per_row_in_the_last_column():
+    docs, out, d, w, neg, mask = random_problem(5, n=1, k=2)
+    mask[:] = True
+    dim = docs.shape[1]
+    D = torch.from_numpy(np.concatenate([docs, np.zeros((len(docs), 1), np.float32)], 1))
+    O = torch.from_numpy(np.concatenate([out, np.zeros((len(out), 1), np.float32)], 1))
+    train(D, O, torch.from_numpy(d)[:, None], torch.from_numpy(w), torch.from_numpy(neg), torch.from_numpy(mask),
+          torch.full((1,), 0.1), 1, adagrad=True)
+    # reference: the plain gradient of the doc row, then state += mean(g²), row += lr·g/√state
+    h = docs[d[0]]
+    grad = sum((label - 1 / (1 + np.exp(-h @ out[t]))) * out[t]
+               for t, label in [(w[0], 1.0)] + [(n, 0.0) for n in neg[0]])
+    state = (grad ** 2).mean()
+    np.testing.assert_allclose(D[d[0], dim].item(), state, rtol=1e-5)
+    np.testing.assert_allclose(D[d[0], :dim].numpy(), h + 0.1 * grad / np.sqrt(state), atol=1e-6)
+    untouched = np.setdiff1d(np.arange(len(docs)), d)
+    assert (D[untouched, dim] == 0).all() and (D[untouched, :dim].numpy() == docs[untouched]).all()
+
+
+def test_row_adagrad_loss_falls():
+    docs, out, d, w, neg, mask = random_problem(6)
+    D = torch.from_numpy(np.concatenate([docs, np.zeros((len(docs), 1), np.float32)], 1))
+    O = torch.from_numpy(np.concatenate([out, np.zeros((len(out), 1), np.float32)], 1))
+    args = (torch.from_numpy(d)[:, None], torch.from_numpy(w), torch.from_numpy(neg), torch.from_numpy(mask))
+    losses = [train(D, O, *args, torch.full((13,), 0.05), 16, adagrad=True) for _ in range(20)]
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_shared_negatives_with_one_example_per_micro_batch_equal_own_negatives():
+    docs, out, d, w, neg, mask = random_problem(7, n=50, k=4)
+    mask = neg != w[:, None]
+    own = run_ours(docs, out, d, w, neg, mask, 0.05, micro_batch=1)
+    D, O = torch.from_numpy(docs.copy()), torch.from_numpy(out.copy())
+    # the same draws, shared by a micro-batch of one example: weight k/N = 1
+    train(D, O, torch.from_numpy(d)[:, None], torch.from_numpy(w), torch.from_numpy(neg), None,
+          torch.full((50,), 0.05), 1, shared_negatives=4)
+    np.testing.assert_allclose(D.numpy(), own[0], atol=1e-6)
+    np.testing.assert_allclose(O.numpy(), own[1], atol=1e-6)
+
+
+def test_frozen_outputs_and_context_words_do_not_move():
+    inputs, out, _, w, neg, mask = random_problem(8, n_docs=40, n=60)
+    ctx = np.stack([np.arange(60) % 10, 10 + np.arange(60) % 30], axis=1)  # doc rows 0-9, word rows 10-39
+    I, O = torch.from_numpy(inputs.copy()), torch.from_numpy(out.copy())
+    train(I, O, torch.from_numpy(ctx), torch.from_numpy(w), torch.from_numpy(neg), torch.from_numpy(mask),
+          torch.full((60,), 0.1), 8, learn_outputs=False, learn_context_words=False)
+    assert (O.numpy() == out).all()
+    assert (I.numpy()[10:] == inputs[10:]).all()
+    assert not np.allclose(I.numpy()[:10], inputs[:10])

@@ -64,3 +64,51 @@ def test_unique_rows_inverse():
 def test_negative_table_refuses_empty_vocabulary(bad):
     with pytest.raises(ValueError):
         NegativeTable(bad)
+
+
+def one_doc(tokens, **kw):
+    counts = np.ones(10)
+    return build_examples(np.array([0, len(tokens)]), np.array(tokens, dtype=np.int32), np.ones(10, np.float32),
+                          NegativeTable(counts), 2, np.random.default_rng(0), **kw)
+
+
+def test_dbow_words_gives_skip_gram_examples_then_the_document_for_each_token():
+    ex = one_doc([3, 4, 5], dbow_words=True, window=1)  # window 1: the reduced window is always 1
+    n_docs = ex.n_docs
+    got = [(int(c) - n_docs if c >= n_docs else "doc", int(t)) for c, t in zip(ex.ctx[:, 0], ex.target)]
+    assert got == [(4, 3), ("doc", 3), (3, 4), (5, 4), ("doc", 4), (4, 5), ("doc", 5)]
+
+
+def test_dm_context_is_the_document_and_the_window():
+    ex = one_doc([3, 4, 5], mode="dm", window=1)
+    rows = [sorted(int(c) - ex.n_docs for c, m in zip(ctx[1:], mask[1:]) if m) for ctx, mask in zip(ex.ctx, ex.ctx_mask)]
+    assert (ex.ctx[:, 0] == 0).all() and ex.ctx_mask[:, 0].all()
+    assert ex.target.tolist() == [3, 4, 5]
+    assert rows == [[4], [3, 5], [4]]
+
+
+def test_reduced_windows_match_gensim_on_average():
+    # window 5, b ~ U[0, 5): a token far from the edges sees 2·(5 − b) words, 6 on average
+    ex = one_doc(list(np.arange(2000) % 10), dbow_words=True, window=5)
+    closes = np.flatnonzero(ex.ctx[:, 0] == 0)  # the document's example closes each token's group
+    sizes = np.diff(np.concatenate([[-1], closes])) - 1
+    assert len(sizes) == 2000 and abs(sizes[10:-10].mean() - 6.0) < 0.3
+    assert sizes.max() == 10 and sizes[10:-10].min() == 2
+
+
+def test_micro_batches_shrink_when_a_chunk_has_few_documents():
+    rng = np.random.default_rng(3)
+    counts = np.ones(50)
+    few = build_examples(np.array([0, 400, 800]), rng.integers(0, 50, 800).astype(np.int32), np.ones(50, np.float32),
+                         NegativeTable(counts), 2, rng, micro_batch=1024)
+    assert few.micro_batch == 32  # 2 documents: the floor
+    offsets = np.arange(0, 20_001, 10)  # 2,000 documents of 10 tokens
+    many = build_examples(offsets, rng.integers(0, 50, 20_000).astype(np.int32), np.ones(50, np.float32),
+                          NegativeTable(counts), 2, rng, micro_batch=1024)
+    assert many.micro_batch == 1024
+
+
+def test_shared_negatives_are_drawn_per_micro_batch():
+    ex = one_doc(list(range(10)) * 10, shared_negatives=7, micro_batch=32)
+    assert ex.neg_mask is None
+    assert ex.neg.shape == (-(-len(ex) // ex.micro_batch), 7)

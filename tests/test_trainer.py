@@ -107,3 +107,44 @@ def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, samp
         train(sample_corpus[0], str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, alpha=1e30, min_alpha=1e30,
                                                                  progress=False))
     assert not (tmp_path / "m" / "LATEST").exists()  # nothing claims to be a finished model
+
+
+@pytest.mark.parametrize("flags, tables", [
+    ({"mode": "dm"}, {"docs", "words", "words_out"}),
+    ({"dbow_words": True}, {"docs", "words", "words_out"}),
+    ({"optimizer": "adagrad", "alpha": 0.05}, {"docs", "words_out"}),
+    ({"shared_negatives": 64}, {"docs", "words_out"}),
+])
+def test_every_mode_learns_and_beats_most_popular_urls(ray_cluster, sample_corpus, tmp_path, flags, tables):
+    model = str(tmp_path / "m")
+    summary = train(sample_corpus[0], model, TrainConfig(dim=32, epochs=8, progress=False, **flags))
+    losses = summary["loss_per_epoch"]
+    assert losses[-1] < 0.85 * losses[0], losses
+    _, manifest = checkpoint.load_manifest(model)
+    assert set(manifest["tables"]) == tables
+    m = heldout_metrics(model, sample_corpus[1])
+    assert m["model_recall@10"] > m["popularity_recall@10"], m
+    assert m["model_mrr"] > m["popularity_mrr"], m
+    if "words" in tables:  # trained, not left at their random start
+        words = checkpoint.read_table(model, "words")
+        assert np.isfinite(words).all() and np.abs(words).max() > 5.0 / 32
+    if flags.get("optimizer") == "adagrad":  # the accumulator is checkpointed with its row
+        vdir, spec = checkpoint.table_spec(model, "docs")
+        with pa.memory_map(os.path.join(vdir, spec["parts"][0]["path"])) as src:
+            state = pa.ipc.open_file(src).read_all().column("adagrad").to_numpy()
+        assert (state > 0).mean() > 0.99
+
+
+def test_documents_longer_than_10000_tokens_are_used_whole(ray_cluster, tmp_path):
+    """gensim cuts documents at 10,000 tokens without a word (#2880); every token here trains."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    users = ["long"] * 25_000 + [f"u{i}" for i in range(200) for _ in range(20)]
+    urls = [f"w{int(x)}" for x in rng.integers(0, 300, len(users))]
+    path = str(tmp_path / "events.parquet")
+    pq.write_table(pa.table({"user_id": users, "url": urls}), path)
+    corpus = prepare([path], str(tmp_path / "corpus"), progress=False)
+    summary = train(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=2, sample=0, progress=False))
+    # with subsampling off every token is one (document, word) pair
+    assert summary["pairs"] == summary["tokens"] == 2 * corpus.num_tokens == 2 * 29_000
