@@ -43,6 +43,10 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
     from gensim.models.doc2vec import Doc2Vec
 
     config.validate()
+    for bad, what in ((config.optimizer != "sgd", f"--optimizer {config.optimizer}"),
+                      (config.shared_negatives > 0, "--shared-negatives")):
+        if bad:
+            raise UserError(f"gensim has no {what}; the baseline trains gensim's own SGD with per-example negatives")
     corpus = Corpus(corpus_path)
     out = os.path.abspath(out)
     checkpoint.start_model_dir(out, corpus.path, overwrite)

@@ -107,3 +107,34 @@ def test_an_existing_model_is_not_overwritten_without_overwrite(gensim_run, samp
     assert model in str(err.value)
     _, manifest = checkpoint.load_manifest(model)
     assert manifest["tables"]["docs"]["dim"] == DIM
+
+
+@pytest.mark.parametrize("flags, gensim_params", [
+    ({"mode": "dm", "window": 3}, {"dm": 1, "cbow_mean": 1, "window": 3}),
+    ({"dbow_words": True, "window": 2}, {"dm": 0, "dbow_words": 1, "window": 2}),
+])
+def test_flags_map_to_gensim_parameters_and_word_vectors_are_written(sample_corpus, tmp_path, flags, gensim_params):
+    seen = []
+    original_train = gensim.models.doc2vec.Doc2Vec.train
+
+    def recording_train(self, *args, **kwargs):
+        seen.append(self)
+        return original_train(self, *args, **kwargs)
+
+    out = str(tmp_path / "m")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gensim.models.doc2vec.Doc2Vec, "train", recording_train)
+        train_gensim(sample_corpus[0], out, TrainConfig(dim=8, epochs=1, negative=3, progress=False, **flags), workers=2)
+    model = seen[0]
+    for name, value in {**gensim_params, "negative": 3, "vector_size": 8}.items():
+        assert getattr(model, name) == value, name
+    words = checkpoint.read_table(out, "words")
+    ids = np.array([int(k) for k in model.wv.index_to_key])
+    np.testing.assert_array_equal(words[ids], model.wv.vectors)
+
+
+@pytest.mark.parametrize("flags", [{"optimizer": "adagrad"}, {"shared_negatives": 32}])
+def test_options_gensim_lacks_are_refused(sample_corpus, tmp_path, flags):
+    with pytest.raises(UserError, match="gensim has no"):
+        train_gensim(sample_corpus[0], str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, progress=False, **flags))
+    assert not os.path.exists(tmp_path / "m")
