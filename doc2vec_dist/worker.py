@@ -17,8 +17,8 @@ import numpy as np
 import ray
 import torch
 
-from .corpus import Corpus, iter_shard
 from . import kernels
+from .corpus import Corpus, iter_shard
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities, unique_rows
 from .sharding import Routing
 

@@ -1,4 +1,4 @@
-"""Lee corpus check: ours and gensim's PV-DBOW on the same corpus, correlated with human similarity.
+"""Lee corpus check: ours and gensim's doc2vec (PV-DBOW by default) on one corpus, against human ratings.
 
 gensim ships the Lee corpus (300 background + 50 test news documents) and the human similarity
 ratings of the 50 test documents. Both trainers see one text corpus: the 50 test documents first
@@ -46,7 +46,7 @@ def write_lee_text(path: str) -> str:
 
 
 def run(work: str, seeds: list[int], epochs: int = 40, dim: int = 100, min_count: int = 2,
-        progress: bool = False, num_workers: int = 2) -> dict:
+        progress: bool = False, num_workers: int = 2, mode: str = "dbow", dbow_words: bool = False) -> dict:
     os.makedirs(work, exist_ok=True)
     text = write_lee_text(os.path.join(work, "lee.txt"))
     corpus = os.path.join(work, "corpus")
@@ -55,7 +55,8 @@ def run(work: str, seeds: list[int], epochs: int = 40, dim: int = 100, min_count
     rows = {"doc2vec-dist": [], "gensim": []}
     speed = {"doc2vec-dist": [], "gensim": []}
     for seed in seeds:
-        cfg = TrainConfig(dim=dim, epochs=epochs, mode="dbow", seed=seed, progress=progress, num_workers=num_workers)
+        cfg = TrainConfig(dim=dim, epochs=epochs, mode=mode, dbow_words=dbow_words, seed=seed, progress=progress,
+                          num_workers=num_workers)
         for who, fn in (("doc2vec-dist", train), ("gensim", train_gensim)):
             model = os.path.join(work, f"{who}-seed{seed}")
             summary = fn(corpus, model, cfg, overwrite=True)
