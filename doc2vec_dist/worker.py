@@ -1,8 +1,9 @@
-"""Worker: read → pairs → pull → micro-batches → push, one macro-batch after another, pipelined.
+"""Worker: read → examples → pull → micro-batches → push, one macro-batch after another, pipelined.
 
 Each worker reads its own units of the corpus (row ranges of shard files) straight from shared
-storage; nothing goes through the driver. For each macro-batch it takes the unique rows of `docs` and
-`words_out`, pulls them with one call per parameter server into compact local matrices, trains
+storage; nothing goes through the driver. For each macro-batch it builds the examples of its mode
+(sampling.build_examples), takes the unique rows of `docs`, `words` (when trained) and `words_out`
+they touch, pulls them with one call per parameter server into compact local matrices, trains
 micro-batches over them (kernels.py), and pushes back new − pulled with one call per server. The pull
 of the next macro-batch is in flight while the current one computes, and up to
 `max_inflight_pushes` pushes are outstanding.
