@@ -21,6 +21,7 @@ from . import checkpoint
 from .config import TrainConfig, save_json
 from .corpus import Corpus, iter_shard
 from .errors import UserError
+from .placement import ps_options, worker_options
 from .ps import ParameterServer
 from .worker import Unit, Worker
 
@@ -126,14 +127,15 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         checkpoint.start_model_dir(out, corpus.path, overwrite)
         tables = table_specs(config, corpus)
         server_cls = ray.remote(ParameterServer)
-        servers = [server_cls.options(num_cpus=0, max_concurrency=4, name=None).remote(
+        # `ps` / `trainer` nodes where the cluster has them, plain CPU placement elsewhere
+        server_placement, worker_placement = ps_options(config, tables), worker_options(config)  # asked once
+        servers = [server_cls.options(max_concurrency=4, **server_placement).remote(
             s, config.num_ps, tables, config.seed) for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         cfg = dataclasses.asdict(config)
         rows = {name: spec["rows"] for name, spec in tables.items()}
         plan = plan_units(corpus, config.num_workers)
-        workers = [worker_cls.options(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
-                                      max_concurrency=2).remote(
+        workers = [worker_cls.options(max_concurrency=2, **worker_placement).remote(
             i, plan[i], os.path.abspath(corpus.path), cfg, servers, rows) for i in range(config.num_workers)]
         ray.get([w.progress.remote() for w in workers])  # surfaces init errors before the clock starts
         t_ready = time.perf_counter()

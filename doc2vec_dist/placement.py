@@ -1,0 +1,118 @@
+"""Where the actors run: parameter servers on `ps` nodes, workers on `trainer` (or GPU) nodes.
+
+A cluster built from deploy/ labels its node groups with custom resources: high-memory CPU nodes
+carry `ps`, training nodes (CPU or GPU) carry `trainer`, and the head carries neither, so it runs
+the driver and no training. When the cluster has those resources, parameter servers ask for `ps`
+and for the memory their slice of the tables takes (so Ray packs them by memory, not by count),
+workers ask for `trainer`, and both are spread over the nodes that fit.
+
+When the cluster has no such resource (a laptop, CI, any plain Ray cluster), the same calls fall
+back to plain CPU placement: no custom resource, no memory request, no flag to set.
+
+The memory figure is the one deploy/README.md sizes nodes with:
+
+    per PS = ceil(rows / num_ps) × (dim × 4 bytes [+ 4 bytes of Adagrad state]) summed over the tables
+             × (1 + PS_HEADROOM) + PS_PROCESS_BYTES
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import ray
+
+PS_RESOURCE = "ps"  # custom resource of the nodes that host parameter servers (deploy/)
+TRAINER_RESOURCE = "trainer"  # custom resource of the nodes that host workers (deploy/)
+
+# A parameter server process before its tables: Python, numpy, torch and Ray's core worker
+# (320 MB resident measured on this project's machine), rounded up.
+PS_PROCESS_BYTES = 512 << 20
+# Above the tables: up to max_concurrency pull results being assembled, the id array a checkpoint
+# writes beside each slice (8 bytes a row), allocator slack.
+PS_HEADROOM = 0.25
+FLOAT_BYTES = 4  # tables are float32
+
+
+def table_bytes_per_ps(tables: dict[str, dict], num_ps: int) -> int:
+    """Bytes of the largest server's slice of every table, optimizer state included.
+
+    tables: name → {"rows": global row count, "dim": d, "state": optimizer columns per row} (the
+    trainer's table spec; Adagrad keeps one float32 accumulator per row). Row r lives on server
+    r % num_ps, so server 0 holds ceil(rows / num_ps) rows of each table.
+    """
+    return sum(-(-spec["rows"] // num_ps) * (spec["dim"] + spec.get("state", 0)) * FLOAT_BYTES
+               for spec in tables.values())
+
+
+def ps_memory_bytes(table_bytes: int) -> int:
+    """What one parameter server asks Ray for with `memory=`: its tables plus headroom and the process."""
+    return int(table_bytes * (1 + PS_HEADROOM)) + PS_PROCESS_BYTES
+
+
+def has_resource(name: str, resources: dict[str, float] | None = None) -> bool:
+    resources = ray.cluster_resources() if resources is None else resources
+    return resources.get(name, 0) > 0
+
+
+def ps_options(config: Any, tables: dict[str, dict], resources: dict[str, float] | None = None,
+               nodes: list[dict] | None = None) -> dict:
+    """`.options(...)` for the ParameterServer actors.
+
+    Servers reserve no CPU (they serve pulls and pushes from threads, numpy releases the GIL). On a
+    cluster with `ps` nodes each one takes one unit of `ps` and `memory=` for its slice; elsewhere
+    it goes wherever Ray puts it. `resources` and `nodes` default to the live cluster's.
+    """
+    opts: dict[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+    if has_resource(PS_RESOURCE, resources):
+        need = ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps))
+        opts["resources"] = {PS_RESOURCE: 1}
+        opts["memory"] = need
+        problem = ps_fit_problem(need, config.num_ps, ray.nodes() if nodes is None else nodes)
+        if problem:
+            print(f"warning: {problem} (waiting for the autoscaler)", file=sys.stderr)
+    return opts
+
+
+def worker_options(config: Any, resources: dict[str, float] | None = None) -> dict:
+    """`.options(...)` for the Worker actors: their CPUs and GPUs, one `trainer` unit where that exists."""
+    opts: dict[str, Any] = {"num_cpus": config.cpus_per_worker, "num_gpus": config.gpus_per_worker,
+                            "scheduling_strategy": "SPREAD"}
+    if has_resource(TRAINER_RESOURCE, resources):
+        opts["resources"] = {TRAINER_RESOURCE: 1}
+    return opts
+
+
+def ps_fit_problem(need: int, num_ps: int, nodes: list[dict]) -> str | None:
+    """Why `num_ps` servers of `need` bytes each cannot all be placed on the live `ps` nodes, or None.
+
+    Packs greedily by each node's `ps` units and Ray `memory` resource. A None does not promise the
+    placement (other actors may hold memory); a message means it cannot happen without more nodes.
+    """
+    ps_nodes = [n["Resources"] for n in nodes if n.get("Alive") and n["Resources"].get(PS_RESOURCE, 0) > 0]
+    if not ps_nodes:
+        return f"{num_ps} parameter servers need `{PS_RESOURCE}` nodes and none is alive yet"
+    fits = sum(min(int(r[PS_RESOURCE]), int(r.get("memory", 0) // need)) for r in ps_nodes)
+    if fits >= num_ps:
+        return None
+    largest = max(r.get("memory", 0) for r in ps_nodes)
+    return (f"{num_ps} parameter servers need {need / 2**30:.1f} GiB each, but the {len(ps_nodes)} live "
+            f"`{PS_RESOURCE}` node(s) fit {fits} (largest offers {largest / 2**30:.1f} GiB); "
+            "add ps nodes, or raise --num-ps for smaller slices")
+
+
+# -- where did it run ------------------------------------------------------------------------------
+def current_node() -> dict:
+    """The Ray node this process runs on (call it inside an actor or task)."""
+    ctx = ray.get_runtime_context()
+    return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+
+def _where(_actor_instance) -> dict:
+    return current_node()
+
+
+def actor_nodes(actors: list) -> list[dict]:
+    """current_node() of each actor handle, asked inside the actor; needs no method on its class."""
+    return ray.get([a.__ray_call__.remote(_where) for a in actors])

@@ -1,0 +1,84 @@
+"""placement: `ps` / `trainer` resources and memory where the cluster has them, plain CPU placement where not."""
+
+import os
+
+import ray
+
+from doc2vec_dist import placement
+from doc2vec_dist.config import TrainConfig
+
+GiB = 1 << 30
+TABLES = {"docs": {"rows": 1001, "dim": 100, "init": "uniform", "state": 0},
+          "words_out": {"rows": 10, "dim": 100, "init": "zeros", "state": 0}}
+
+
+def node(memory, ps=0, alive=True, **extra):
+    resources = {"memory": memory, **({"ps": ps} if ps else {}), **extra}
+    return {"Alive": alive, "Resources": resources}
+
+
+def test_the_session_cluster_has_no_custom_resources_so_placement_is_plain_cpu(ray_cluster):
+    config = TrainConfig(num_ps=2, num_workers=2, cpus_per_worker=1)
+    ps = placement.ps_options(config, TABLES)
+    assert ps == {"num_cpus": 0, "scheduling_strategy": "SPREAD"}  # no `ps`, no memory request
+    assert placement.worker_options(config) == {"num_cpus": 1, "num_gpus": 0, "scheduling_strategy": "SPREAD"}
+
+
+def test_the_fallback_trains_on_the_session_cluster(trained_model):
+    # trained_model trained through trainer.train with these options on a Ray that has neither resource
+    assert "ps" not in ray.cluster_resources() and "trainer" not in ray.cluster_resources()
+    assert os.path.exists(os.path.join(trained_model, "LATEST"))
+
+
+def test_with_ps_and_trainer_resources_actors_ask_for_them_and_servers_for_memory(capsys):
+    config = TrainConfig(num_ps=2, num_workers=4, cpus_per_worker=3, gpus_per_worker=1)
+    have = {"CPU": 64, "GPU": 8, "ps": 16, "trainer": 8, "memory": 512 * GiB}
+    ps = placement.ps_options(config, TABLES, resources=have, nodes=[node(200 * GiB, ps=8)] * 2)
+    per_ps = 501 * 100 * 4 + 5 * 100 * 4  # server 0 holds ceil(1001/2) docs rows and ceil(10/2) words_out rows
+    assert ps == {"num_cpus": 0, "scheduling_strategy": "SPREAD", "resources": {"ps": 1},
+                  "memory": placement.ps_memory_bytes(per_ps)}
+    assert placement.worker_options(config, resources=have) == {
+        "num_cpus": 3, "num_gpus": 1, "scheduling_strategy": "SPREAD", "resources": {"trainer": 1}}
+    assert capsys.readouterr().err == ""  # it fits: no warning
+
+
+def test_only_the_resources_that_exist_are_asked_for():
+    config = TrainConfig()
+    assert "resources" not in placement.ps_options(config, TABLES, resources={"CPU": 4, "trainer": 2}, nodes=[])
+    assert placement.worker_options(config, resources={"CPU": 4, "trainer": 2})["resources"] == {"trainer": 1}
+    assert "resources" not in placement.worker_options(config, resources={"CPU": 4, "ps": 2})
+
+
+def test_table_bytes_count_the_largest_slice_and_the_optimizer_state():
+    tables = {"docs": {"rows": 10, "dim": 8, "state": 1}, "words_out": {"rows": 3, "dim": 8}}
+    assert placement.table_bytes_per_ps(tables, 3) == 4 * 9 * 4 + 1 * 8 * 4
+    assert placement.table_bytes_per_ps(tables, 1) == 10 * 9 * 4 + 3 * 8 * 4
+    assert placement.ps_memory_bytes(1000) == 1250 + placement.PS_PROCESS_BYTES
+
+
+def test_a_sizing_that_no_live_ps_node_can_hold_is_named(capsys):
+    need = 30 * GiB
+    assert placement.ps_fit_problem(need, 4, [node(64 * GiB, ps=8), node(64 * GiB, ps=8)]) is None
+    problem = placement.ps_fit_problem(need, 5, [node(64 * GiB, ps=8), node(64 * GiB, ps=8)])
+    assert "5 parameter servers need 30.0 GiB each" in problem and "fit 4" in problem
+    assert placement.ps_fit_problem(need, 2, [node(64 * GiB, ps=1)]) is not None  # units cap it too
+    assert "none is alive" in placement.ps_fit_problem(need, 1, [node(64 * GiB, ps=8, alive=False)])
+    # ps_options warns (the autoscaler may still add nodes) instead of refusing
+    config = TrainConfig(num_ps=64)
+    placement.ps_options(config, {"docs": {"rows": 10**9, "dim": 100}}, resources={"ps": 8},
+                         nodes=[node(64 * GiB, ps=8)])
+    assert "warning: 64 parameter servers need" in capsys.readouterr().err
+
+
+def test_current_node_is_reported_from_inside_an_actor(ray_cluster):
+    @ray.remote(num_cpus=0)
+    class Probe:
+        pass
+
+    probe = Probe.remote()
+    try:
+        [where] = placement.actor_nodes([probe])
+    finally:
+        ray.kill(probe)
+    assert where["node_id"] == ray.get_runtime_context().get_node_id()
+    assert where["ip"] and where["pid"] != os.getpid()
