@@ -84,26 +84,40 @@ def cmd_export(args) -> None:
     r = export(args.model, args.table, args.out, format=args.format, progress=not args.no_progress,
                normalize=args.normalize, dtype=args.dtype)
     print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']} in {r['seconds']:.2f}s "
-          f"({r['rows_per_second']:,.0f} rows/s)")
+          f"({r['rows_per_second']:,.0f} rows/s, {r['parts']} parts, peak memory {r['peak_rss_bytes'] / 2**30:.2f} GiB)")
 
 
 def cmd_index(args) -> None:
-    from .index import build_index
+    from .export import calm_openmp
 
-    build_index(args.out, kind=args.kind, model=args.model, table=args.table, vectors_path=args.vectors)
+    calm_openmp()  # before faiss is imported
+    from .index import build_index, summary_line
+
+    params = build_index(args.out, kind=args.kind, model=args.model, table=args.table, vectors_path=args.vectors,
+                         progress=not args.no_progress, report=False, recall_queries=args.recall_queries)
+    print(summary_line(params))
 
 
 def cmd_neighbors(args) -> None:
+    from .export import calm_openmp
+
+    calm_openmp()  # before faiss is imported
     from .index import neighbors
 
     keys = list(args.key or [])
     if args.keys_file:
         import pyarrow.parquet as pq
 
-        keys += [str(k) for k in pq.read_table(args.keys_file).column("key").to_pylist()]
+        try:
+            names = pq.read_schema(args.keys_file).names
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{args.keys_file}: cannot read it as Parquet ({str(exc).splitlines()[0]})") from None
+        if "key" not in names:
+            raise UserError(f"{args.keys_file}: cannot read a 'key' column (it has: {', '.join(names)})")
+        keys += [str(k) for k in pq.read_table(args.keys_file, columns=["key"]).column("key").to_pylist()]
     if not keys:
         raise UserError("give --key KEY (repeatable) or --keys-file FILE")
-    result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against)
+    result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index)
     if args.out:
         import pyarrow.parquet as pq
 
@@ -126,6 +140,16 @@ def cmd_evaluate(args) -> None:
                                                             label_col=args.label_col))
     else:
         raise UserError("give --heldout FILE, --pairs FILE or --labels FILE")
+
+
+def cmd_infer(args) -> None:
+    from .infer import infer
+
+    r = infer(args.model, args.inputs, args.out, format=args.format, doc_col=args.doc_col, token_col=args.token_col,
+              time_col=args.time_col, epochs=args.epochs, alpha=args.alpha, min_alpha=args.min_alpha, seed=args.seed,
+              batch_users=args.batch_users, progress=not args.no_progress, tmp_dir=args.tmp_dir)
+    print(f"inferred {r['rows']:,} user vectors (dim {r['dim']}) to {r['path']} in {r['seconds']:.2f}s "
+          f"({r['users_per_second']:,.0f} users/s)")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -179,16 +203,40 @@ def make_parser() -> argparse.ArgumentParser:
     i.add_argument("--table", default="docs", choices=("docs", "words", "words_out"))
     i.add_argument("--vectors", help="Parquet with key, vector (instead of --model)")
     i.add_argument("--out", required=True)
-    i.add_argument("--kind", default="auto", choices=("flat", "hnsw", "auto"))
+    i.add_argument("--kind", default="auto", choices=("flat", "hnsw", "ivfpq", "auto"),
+                   help="auto: flat up to 1M rows, else ivfpq (re-ranked exactly) (default: auto)")
+    i.add_argument("--recall-queries", type=int, default=1000,
+                   help="sampled rows whose recall@10 vs exact search is measured (default: 1000)")
 
-    n = add("neighbors", cmd_neighbors, "nearest users for a user, or likeliest URLs with --against words_out")
+    n = add("neighbors", cmd_neighbors, "similar users for a user, likeliest URLs for a user (--against words_out), "
+                                        "similar URLs for a URL (--table words_out)")
     n.add_argument("--model", required=True)
     n.add_argument("--key", action="append", help="query key (repeatable)")
     n.add_argument("--keys-file", help="Parquet with a key column of queries")
     n.add_argument("--table", default="docs", choices=("docs", "words", "words_out"))
     n.add_argument("--against", choices=("docs", "words", "words_out"), help="table searched (default: --table)")
     n.add_argument("--k", type=int, default=10)
+    n.add_argument("--index", help="search this saved index (from `index`) instead of an exact scan")
     n.add_argument("--out", help="write key, neighbor, score, rank to this Parquet instead of printing")
+
+    inf = add("infer", cmd_infer, "vectors for new users from their events, with the model's words_out frozen "
+                                   "(gensim's infer_vector, batched); writes Parquet key, vector")
+    inf.add_argument("--model", required=True)
+    inf.add_argument("inputs", nargs="+", help="events of the new users: files, directories or globs, as for prepare")
+    inf.add_argument("--out", required=True, help="Parquet file to write (key, vector)")
+    prep = {f.name: f for f in dataclasses.fields(PrepareConfig)}
+    for name in ("format", "doc_col", "token_col", "time_col"):
+        f = prep[name]
+        inf.add_argument("--" + name.replace("_", "-"), default=f.default, choices=f.metadata.get("choices"),
+                         help=f"{f.metadata['help']} (default: {f.default})")
+    inf.add_argument("--epochs", type=int, help="passes over each user's events (default: the model's epochs)")
+    inf.add_argument("--alpha", type=float, help="initial learning rate (default: the model's alpha)")
+    inf.add_argument("--min-alpha", type=float, help="final learning rate (default: the model's min_alpha)")
+    inf.add_argument("--seed", type=int, default=1, help="seed of start vectors and draws; same seed, same vectors "
+                                                        "(default: 1)")
+    inf.add_argument("--batch-users", type=int, default=4096, help="users trained together; bounds memory "
+                                                                   "(default: 4096)")
+    inf.add_argument("--tmp-dir", help="where the events are staged while read (default: the system's temp dir)")
 
     ev = add("evaluate", cmd_evaluate, "held-out URL prediction or correlation with human similarity")
     ev.add_argument("--model", required=True)

@@ -6,12 +6,39 @@ sampling's optimum is d·o = log[P(w|d) / (k·Pn(w))] with Pn(w) ∝ count(w)^ns
     log P(w|d) = d·o + ns_exponent · log count(w) + const.
 d·o alone divides popularity out and ranks rare URLs first; adding the prior back ranks the URLs a
 user is most likely to visit. As one inner product: [d, 1] · [o, ns_exponent · log count].
+
+Building an index streams the source (a model's checkpoint parts, or the files of a key/vector
+Parquet dataset) in units of one file, each handled by a task (in this process, or a Ray task under
+jobs/index.py):
+
+  1. stage   each unit's rows are normalised and written at their place in INDEX/vectors.npy, its
+             keys to a piece of keys.parquet, and a random sample of its rows is returned;
+  2. train   (ivfpq) the coarse quantizer and the product quantizer are trained on that sample;
+  3. add     flat/hnsw: vectors.npy is streamed into the index here. ivfpq: each unit's rows are
+             encoded by a task into a sub-index, and the sub-indexes are merged in unit order;
+  4. measure the exact top-10 of sampled queries is found by streaming vectors.npy, the search
+             setting (nprobe, efSearch) is tuned to reach the target recall on one query sample,
+             and recall@10 vs exact is reported on another.
+
+Faiss id i is row i of keys.parquet, in source order (part by part, as export writes them).
+
+IVF-PQ keeps only the PQ codes in memory (58 bytes a row with its id at dim 100, instead of 400)
+and re-ranks its candidates (5 × k) with exact inner products read from vectors.npy, which is
+memory-mapped: those pages are the page cache's, kept while memory is spare and dropped under
+pressure, and a query touches only its candidate rows. faiss's IndexRefineFlat would give the same
+ranking, but it holds every float vector in the process's own memory and in index.faiss (8 GB more
+at 20M × 100), which is what IVF-PQ is there to avoid. Measured at 20M × 100: 2.6 GB private
+memory at build, 1.1 GB index + 7.6 GB re-rank file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import difflib
+import glob
 import json
+import math
 import os
 import sys
 import time
@@ -21,14 +48,35 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from . import checkpoint
 from .errors import UserError
-from .export import check_replaceable, keys_of, replace_output, unit_rows
+from .export import (
+    KEY_TABLES,
+    PeakPrivateMemory,
+    Runner,
+    check_replaceable,
+    iter_part_batches,
+    keys_of,
+    npy_data_offset,
+    peak_rss_bytes,
+    remove_path,
+    replace_output,
+    run_local,
+    unit_rows,
+    where,
+)
 
-KINDS = ("flat", "hnsw", "auto")
-INDEX_FILES = ("index.faiss", "keys.parquet", "params.json")
-AUTO_FLAT_LIMIT = 1_000_000
+KINDS = ("flat", "hnsw", "ivfpq", "auto")
+INDEX_FILES = ("index.faiss", "keys.parquet", "params.json", "vectors.npy")
+AUTO_FLAT_LIMIT = 1_000_000   # rows up to which auto builds an exact index (400 MB at dim 100)
+CHUNK_ROWS = 1 << 18          # rows streamed at a time: 100 MB at dim 100
+TARGET_RECALL = 0.96          # tuned on one query sample, so recall on fresh queries stays above 0.95
+RECALL_QUERIES = 1000
+TUNE_QUERIES = 500
+K_FACTOR = 5                  # ivfpq: candidates re-ranked per result wanted (10 found no more at 1M)
+KEY_SCHEMA = pa.schema([("key", pa.string())])
 
 
 def url_log_prior(model: str) -> np.ndarray:
@@ -56,78 +104,529 @@ def with_prior(doc_vectors: np.ndarray, words_out: np.ndarray, log_prior: np.nda
     return prior_queries(doc_vectors), prior_targets(words_out, log_prior)
 
 
-def load_vectors_parquet(path: str) -> tuple[pa.Array, np.ndarray]:
-    """(key, vector) from an exported Parquet file or directory."""
-    try:
-        data = pq.read_table(path, columns=["key", "vector"])
-    except (OSError, pa.ArrowInvalid, KeyError) as exc:
-        raise UserError(f"{path}: cannot read key/vector Parquet ({exc})") from None
-    vectors = data.column("vector").combine_chunks()
-    dim = vectors.type.list_size if pa.types.is_fixed_size_list(vectors.type) else None
-    if dim is None:
-        raise UserError(f"{path}: column 'vector' must be fixed_size_list<float32>, found {vectors.type}")
-    return data.column("key").combine_chunks(), checkpoint.matrix_of(vectors, dim).astype(np.float32, copy=False)
+# ---------------------------------------------------------------------------------------------------
+# sources: a model table or a key/vector Parquet dataset, in units of one file
+# ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One file of the source, read by one task: a checkpoint part or a Parquet file."""
+    path: str
+    rows: int
+    offset: int              # faiss id of its first row
+    part: dict | None = None  # the manifest entry, for a checkpoint part
 
 
-def make_index(vectors: np.ndarray, kind: str) -> faiss.Index:
+@dataclasses.dataclass(frozen=True)
+class Source:
+    name: str                # shown in messages and params.json
+    dim: int
+    rows: int
+    units: tuple[Unit, ...]
+    model: str | None = None
+    table: str | None = None
+
+
+def model_source(model: str, table: str) -> Source:
+    vdir, spec = checkpoint.table_spec(model, table)
+    if (count := key_count(model, table)) != spec["rows"]:
+        raise UserError(f"{model}: {count} keys but table {table} has {spec['rows']} rows")
+    units, offset = [], 0
+    for part in spec["parts"]:
+        units.append(Unit(os.path.join(vdir, part["path"]), part["rows"], offset, part))
+        offset += part["rows"]
+    return Source(f"{model}:{table}", spec["dim"], offset, tuple(units), model, table)
+
+
+def key_count(model: str, table: str) -> int:
+    """Rows of a table's key file, without reading the keys (the file is memory-mapped)."""
+    path = os.path.join(model, KEY_TABLES[table][0])
+    if not os.path.exists(path):
+        raise UserError(f"{path}: missing; {model} is not a complete model directory")
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_file(source).read_all().num_rows
+
+
+def parquet_source(path: str) -> Source:
+    """The files of a key/vector Parquet file or directory, checked for the two columns."""
+    files = sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True)) if os.path.isdir(path) else [path]
+    if not files:
+        raise UserError(f"{path}: no .parquet files found")
+    units, offset, dim = [], 0, None
+    for file in files:
+        try:
+            meta = pq.ParquetFile(file)
+            schema = meta.schema_arrow
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise UserError(f"{file}: cannot read key/vector Parquet ({exc})") from None
+        if "key" not in schema.names or "vector" not in schema.names:
+            raise UserError(f"{file}: needs columns 'key' and 'vector', found {', '.join(schema.names)}")
+        vtype = schema.field("vector").type
+        if not (pa.types.is_fixed_size_list(vtype) and pa.types.is_floating(vtype.value_type)):
+            raise UserError(f"{file}: column 'vector' must be fixed_size_list<float32>, found {vtype}")
+        if dim is not None and vtype.list_size != dim:
+            raise UserError(f"{file}: vectors of {vtype.list_size} dims, earlier files have {dim}")
+        dim = vtype.list_size
+        units.append(Unit(file, meta.metadata.num_rows, offset))
+        offset += meta.metadata.num_rows
+    return Source(path, dim, offset, tuple(units))
+
+
+def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
+    """(keys, float32 vectors) of one unit, a batch at a time."""
+    if source.model is not None:
+        keys = keys_of(source.model, source.table) if keys is None else keys
+        for ids, vectors in iter_part_batches(os.path.dirname(os.path.dirname(unit.path)), unit.part, source.dim):
+            yield keys.take(pa.array(ids)), vectors
+        return
+    for batch in pq.ParquetFile(unit.path).iter_batches(batch_size=1 << 16, columns=["key", "vector"]):
+        vectors = checkpoint.matrix_of(batch.column("vector"), source.dim).astype(np.float32, copy=False)
+        yield batch.column("key"), vectors
+
+
+# ---------------------------------------------------------------------------------------------------
+# tasks (each runs in a thread of this process or as a Ray task)
+# ---------------------------------------------------------------------------------------------------
+
+def stage_unit(source: Source, unit: Unit, vectors_path: str, keys_piece: str, sample_rows: int, seed: int,
+               keys: pa.Array | None = None, on_rows=None) -> dict:
+    """Normalise one unit's rows into their place in vectors.npy, its keys into a Parquet piece;
+    returns a uniform random sample of its normalised rows (for training) and where it ran."""
+    rng = np.random.default_rng([seed, unit.offset])
+    picks = np.sort(rng.choice(unit.rows, min(sample_rows, unit.rows), replace=False))
+    sample, seen = [], 0
+    with open(vectors_path, "r+b") as fh, pq.ParquetWriter(keys_piece, KEY_SCHEMA) as key_writer:
+        fh.seek(npy_data_offset(vectors_path) + unit.offset * source.dim * 4)
+        for chunk_keys, vectors in read_unit(source, unit, keys):
+            vectors = unit_rows(vectors)
+            if seen + len(vectors) > unit.rows:
+                break  # more rows than the file's metadata said: caught below
+            fh.write(vectors.tobytes())
+            key_writer.write_table(pa.table({"key": chunk_keys.cast(pa.string())}))
+            lo, hi = np.searchsorted(picks, [seen, seen + len(vectors)])
+            sample.append(vectors[picks[lo:hi] - seen])
+            seen += len(vectors)
+            if on_rows:
+                on_rows(len(vectors))
+    if seen != unit.rows:
+        raise UserError(f"{unit.path}: read {seen} rows, its metadata says {unit.rows}")
+    return {"rows": seen, "sample": np.concatenate(sample or [np.zeros((0, source.dim), np.float32)]), **where()}
+
+
+def encode_unit(trained: np.ndarray, vectors_path: str, offset: int, rows: int, sub_path: str, on_rows=None) -> dict:
+    """Add rows [offset, offset + rows) of vectors.npy to a copy of the trained, empty IVF-PQ index
+    and write it to sub_path, to be merged in unit order."""
+    index = faiss.deserialize_index(trained)
+    for _, chunk in iter_npy_rows(vectors_path, offset, rows):
+        index.add(chunk)
+        if on_rows:
+            on_rows(len(chunk))
+    faiss.write_index(index, sub_path)
+    return {"rows": rows, **where()}
+
+
+def iter_npy_rows(path: str, start: int, rows: int, chunk_rows: int = CHUNK_ROWS):
+    """(first row, float32 chunk) over rows [start, start + rows) of a 2-d .npy, read (not mapped)."""
+    dim = np.load(path, mmap_mode="r").shape[1]
+    with open(path, "rb") as fh:
+        fh.seek(npy_data_offset(path) + start * dim * 4)
+        for first in range(start, start + rows, chunk_rows):
+            n = min(chunk_rows, start + rows - first)
+            yield first, np.fromfile(fh, dtype=np.float32, count=n * dim).reshape(n, dim)
+
+
+# ---------------------------------------------------------------------------------------------------
+# index kinds
+# ---------------------------------------------------------------------------------------------------
+
+def resolve_kind(kind: str, rows: int) -> str:
+    if kind not in KINDS:
+        raise UserError(f"unknown index kind {kind!r} (choose from {', '.join(KINDS)})")
     if kind == "auto":
-        kind = "flat" if len(vectors) <= AUTO_FLAT_LIMIT else "hnsw"
-    dim = vectors.shape[1]
+        return "flat" if rows <= AUTO_FLAT_LIMIT else "ivfpq"
+    return kind
+
+
+def ivfpq_shape(rows: int, dim: int) -> dict:
+    """nlist, PQ sub-quantizers and bits, training rows for `rows` vectors of `dim`.
+
+    nlist ≈ 2·√rows, a power of two up to 8192 (training cost grows with it). Measured at 1M × 100:
+    2048 lists reached recall 0.968 at 7.0k queries per CPU-second, 4096 lists 0.971 at 5.3k, 1024
+    lists 0.966 at 6.2k: fewer, longer lists scan as many codes but compute fewer distance tables.
+    Training takes 40 rows per list (faiss asks for 39). PQ uses about 2 dims per sub-quantizer
+    (the largest divisor of dim up to dim/2: 50 bytes at dim 100), accurate enough that re-ranking
+    5× the candidates recovers the exact top-k. Small tables get fewer bits, so that PQ training
+    too has 39 rows per centroid.
+    """
+    nlist = 2 ** round(math.log2(max(2 * math.sqrt(rows), 1)))
+    nlist = int(max(1, min(nlist, 8192, 2 ** math.floor(math.log2(max(rows // 39, 1))))))
+    m = max(d for d in range(1, dim // 2 + 1) if dim % d == 0) if dim > 1 else 1
+    m = dim if m == 1 else m  # a prime dim: one dim per sub-quantizer rather than one for all
+    train_rows = int(min(rows, max(40 * nlist, 256 * 64)))
+    nbits = int(min(8, max(4, math.floor(math.log2(max(train_rows // 39, 16))))))
+    return {"nlist": nlist, "pq_m": m, "pq_bits": nbits, "train_rows": train_rows}
+
+
+def empty_index(kind: str, dim: int, shape: dict | None = None) -> faiss.Index:
     if kind == "flat":
-        index = faiss.IndexFlatIP(dim)
-    elif kind == "hnsw":
+        return faiss.IndexFlatIP(dim)
+    if kind == "hnsw":
         index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = 80
-        index.hnsw.efSearch = 128
-    else:
-        raise UserError(f"unknown index kind {kind!r} (choose from {', '.join(KINDS)})")
-    index.add(vectors)
+        return index
+    # L2 on unit vectors ranks exactly as inner product does, and IVF-PQ encodes residuals best
+    # under L2; the exact re-ranking then scores by inner product.
+    index = faiss.IndexIVFPQ(faiss.IndexFlatL2(dim), dim, shape["nlist"], shape["pq_m"], shape["pq_bits"])
+    index.cp.niter = 10                     # k-means: 10 rounds instead of 25; candidates are re-ranked
+    index.pq.cp.niter = 10                  # exactly, so what the extra rounds buy is not seen in recall
+    index.do_polysemous_training = False    # used only by polysemous search, which we do not run
     return index
 
 
-def recall_vs_exact(index: faiss.Index, vectors: np.ndarray, k: int = 10, queries: int = 1000, seed: int = 0) -> float:
-    """Share of the exact top-k found by `index` for a sample of the indexed vectors as queries."""
-    rng = np.random.default_rng(seed)
-    q = vectors[rng.choice(len(vectors), min(queries, len(vectors)), replace=False)]
-    exact = faiss.IndexFlatIP(vectors.shape[1])
-    exact.add(vectors)
-    k = min(k, len(vectors))
-    _, truth = exact.search(q, k)
-    _, found = index.search(q, k)
-    return float(np.mean([len(set(t) & set(f)) / k for t, f in zip(truth, found)]))
+@contextlib.contextmanager
+def omp_threads(n: int):
+    """faiss's OpenMP thread count for a block of work, restored after."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
+
+def train_ivfpq(index: faiss.IndexIVFPQ, sample: np.ndarray) -> None:
+    """Coarse k-means on all cores, then the product quantizer on residuals on one thread.
+
+    PQ trains a small k-means per 2-dim sub-vector: too little work per step for OpenMP's fork and
+    join. Measured for 50 sub-quantizers on 65k rows on this 2-core machine: 1.97 s on one thread
+    vs 1.75 s on two when idle, but 4.8 s vs 26 s at load ~10 (threads spinning; see
+    export.calm_openmp). A small sample gets one thread for the coarse k-means too.
+    """
+    threads = faiss.omp_get_max_threads() if len(sample) >= 65536 else 1
+    with omp_threads(threads):
+        kmeans = faiss.Kmeans(index.d, index.nlist, niter=index.cp.niter, seed=1234)
+        kmeans.train(sample)
+        index.quantizer.add(kmeans.centroids)
+    with omp_threads(1):
+        index.train(sample)  # the quantizer is trained already, so this trains the PQ only
+
+
+class ServedIndex:
+    """A built index, its parameters and (for ivfpq) the vectors its candidates are re-ranked with.
+
+    search() takes unit-norm float32 queries and returns (cosine scores, faiss ids), best first.
+    """
+
+    def __init__(self, index: faiss.Index, params: dict, vectors: np.ndarray | None = None, path: str | None = None):
+        self.index, self.params, self.vectors, self.path = index, params, vectors, path
+        self._keys: pa.Array | None = None
+        self.set_search(params.get("search"))
+
+    @classmethod
+    def load(cls, path: str) -> ServedIndex:
+        files = {name: os.path.join(path, name) for name in INDEX_FILES}
+        if not all(os.path.isfile(files[name]) for name in ("index.faiss", "keys.parquet", "params.json")):
+            raise UserError(f"{path}: not an index directory (needs index.faiss, keys.parquet, params.json)")
+        with open(files["params.json"]) as fh:
+            params = json.load(fh)
+        vectors = None
+        if params["kind"] == "ivfpq":
+            if not os.path.isfile(files["vectors.npy"]):
+                raise UserError(f"{files['vectors.npy']}: missing; IVF-PQ re-ranks its candidates with it")
+            vectors = np.load(files["vectors.npy"], mmap_mode="r")
+        return cls(faiss.read_index(files["index.faiss"]), params, vectors, path)
+
+    @property
+    def keys(self) -> pa.Array:
+        if self._keys is None:
+            self._keys = pq.read_table(os.path.join(self.path, "keys.parquet")).column("key").combine_chunks()
+        return self._keys
+
+    def set_search(self, value: int | None) -> None:
+        """The speed/recall knob: nprobe (ivfpq) or efSearch (hnsw); flat has none."""
+        if value is None:
+            return
+        if self.params["kind"] == "ivfpq":
+            self.index.nprobe = int(value)
+        elif self.params["kind"] == "hnsw":
+            self.index.hnsw.efSearch = int(value)
+
+    def search(self, queries: np.ndarray, k: int, batch: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        k = min(k, self.index.ntotal)
+        if self.vectors is None:
+            return self.index.search(queries, k)
+        scores = np.empty((len(queries), k), np.float32)
+        ids = np.empty((len(queries), k), np.int64)
+        for start in range(0, len(queries), batch):
+            q = queries[start:start + batch]
+            scores[start:start + len(q)], ids[start:start + len(q)] = self._rerank(q, k)
+        return scores, ids
+
+    def _rerank(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """IVF-PQ candidates (k_factor · k), scored again with exact inner products."""
+        want = min(k * self.params.get("k_factor", K_FACTOR), self.index.ntotal)
+        _, cand = self.index.search(q, want)
+        rows = self.vectors[np.where(cand >= 0, cand, 0).ravel()].reshape(len(q), want, -1)
+        exact = np.matmul(rows, q[:, :, None])[:, :, 0]
+        exact[cand < 0] = -np.inf
+        top = np.argsort(-exact, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(exact, top, 1), np.take_along_axis(cand, top, 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# recall against exact search
+# ---------------------------------------------------------------------------------------------------
+
+def exact_top_k(vectors_path: str, rows: int, queries: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the exact top-k by inner product, streaming vectors.npy a chunk at a time."""
+    best_s = np.full((len(queries), k), -np.inf, np.float32)
+    best_i = np.full((len(queries), k), -1, np.int64)
+    for first, chunk in iter_npy_rows(vectors_path, 0, rows):
+        s, i = faiss.knn(queries, chunk, min(k, len(chunk)), metric=faiss.METRIC_INNER_PRODUCT)
+        s, i = np.hstack([best_s, s]), np.hstack([best_i, i + first])
+        order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+        best_s, best_i = np.take_along_axis(s, order, 1), np.take_along_axis(i, order, 1)
+    return best_i
+
+
+def without_self(found: np.ndarray, own: np.ndarray, k: int) -> list[np.ndarray]:
+    """The first k ids of each row other than the query's own id (neighbours exclude the query)."""
+    keep = (found != own[:, None]) & (found >= 0)
+    keep &= np.cumsum(keep, axis=1) <= k
+    return [row[mask] for row, mask in zip(found, keep)]
+
+
+def recall_at(served: ServedIndex, queries: np.ndarray, own: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
+    """Share of the exact k nearest other rows that the index finds among its k nearest other rows."""
+    _, found = served.search(queries, k + 1)
+    got, want = without_self(found, own, k), without_self(truth, own, k)
+    return float(np.mean([len(set(g.tolist()) & set(w.tolist())) / max(len(w), 1) for g, w in zip(got, want)]))
+
+
+def tune_search(served: ServedIndex, queries, own, truth, target: float) -> tuple[int | None, float]:
+    """The smallest nprobe / efSearch whose recall@10 reaches `target` on these queries."""
+    kind = served.params["kind"]
+    if kind == "flat":
+        return None, 1.0
+    if kind == "ivfpq":
+        # powers of two and the steps between (…, 4, 6, 8, 12, 16, …): doubling nprobe halves the speed
+        values = sorted({v for i in range(int(math.log2(served.index.nlist)) + 1)
+                         for v in (2 ** i, 3 * 2 ** i // 2) if v <= served.index.nlist})
+    else:
+        values = [16, 32, 64, 128, 256, 512, 1024]
+    recall = 0.0
+    for value in values:
+        served.set_search(value)
+        recall = recall_at(served, queries, own, truth)
+        if recall >= target:
+            break
+    return value, recall
+
+
+# ---------------------------------------------------------------------------------------------------
+# the build
+# ---------------------------------------------------------------------------------------------------
 
 def build_index(out: str, kind: str = "auto", model: str | None = None, table: str = "docs",
-                vectors_path: str | None = None, progress: bool = True) -> dict:
-    """Build a cosine index (inner product of normalised vectors) and save it with its keys and parameters."""
+                vectors_path: str | None = None, progress: bool = True, runner: Runner | None = None,
+                target_recall: float = TARGET_RECALL, recall_queries: int = RECALL_QUERIES, seed: int = 0,
+                report: bool | None = None) -> dict:
+    """Build a cosine index of a model table or a key/vector Parquet and save it with its keys and
+    parameters (see the module docstring for the steps). Returns the parameters, also in params.json.
+
+    progress shows bars; report (default: progress) prints the summary line (recall@10 vs exact,
+    sizes, memory) to stderr. runner runs the per-unit tasks (default: this process; jobs/index.py
+    passes run_on_ray).
+    """
     t0 = time.perf_counter()
     if (model is None) == (vectors_path is None):
         raise UserError("give either --model (with --table) or --vectors")
+    source = parquet_source(vectors_path) if vectors_path else model_source(model, table)
+    if source.rows == 0:
+        raise UserError(f"{source.name}: no rows to index")
+    requested, kind = kind, resolve_kind(kind, source.rows)
     check_replaceable(out, INDEX_FILES)
-    if vectors_path:
-        keys, matrix = load_vectors_parquet(vectors_path)
-    else:
-        keys, matrix = keys_of(model, table), checkpoint.read_table(model, table)
-    vectors = unit_rows(matrix)
-    index = make_index(vectors, kind)
-    resolved = "flat" if isinstance(index, faiss.IndexFlat) else "hnsw"
-    recall = 1.0 if resolved == "flat" else recall_vs_exact(index, vectors)
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
     os.makedirs(tmp)
-    faiss.write_index(index, os.path.join(tmp, "index.faiss"))
-    pq.write_table(pa.table({"key": keys.cast(pa.string())}), os.path.join(tmp, "keys.parquet"))
-    params = {"kind": resolved, "requested": kind, "rows": len(vectors), "dim": vectors.shape[1],
-              "metric": "inner_product_of_normalized", "source": vectors_path or f"{model}:{table}",
-              "recall_at_10_vs_exact": recall, "seconds": round(time.perf_counter() - t0, 3),
-              "bytes": os.path.getsize(os.path.join(tmp, "index.faiss"))}
-    with open(os.path.join(tmp, "params.json"), "w") as fh:
-        json.dump(params, fh, indent=2)
-    replace_output(tmp, out, INDEX_FILES)
-    if progress:
-        print(f"index {resolved}: {len(vectors):,} rows, recall@10 vs exact: {recall:.3f}, "
-              f"{params['bytes'] / 2**20:.1f} MiB, {params['seconds']:.1f}s", file=sys.stderr)
+    try:
+        with PeakPrivateMemory() as private:
+            params = _build(tmp, source, kind, progress, runner, target_recall, recall_queries, seed)
+        params.update(requested=requested, seconds=round(time.perf_counter() - t0, 3),
+                      peak_private_bytes=private.peak)
+        params["peak_rss_bytes"] = max(params["peak_rss_bytes"], peak_rss_bytes())
+        with open(os.path.join(tmp, "params.json"), "w") as fh:
+            json.dump(params, fh, indent=2)
+        replace_output(tmp, out, INDEX_FILES)
+    except BaseException:
+        remove_path(tmp)
+        raise
+    if progress if report is None else report:
+        print(summary_line(params), file=sys.stderr)
     return params
 
+
+def summary_line(p: dict) -> str:
+    knob = {"ivfpq": f", nprobe {p.get('search')}", "hnsw": f", efSearch {p.get('search')}"}.get(p["kind"], "")
+    disk = f"index {p['index_bytes'] / 2**20:,.1f} MiB"
+    if p["vectors_bytes"]:
+        disk += f" + re-rank vectors {p['vectors_bytes'] / 2**20:,.1f} MiB"
+    return (f"index {p['kind']}: {p['rows']:,} rows × {p['dim']}, recall@10 vs exact: {p['recall_at_10_vs_exact']:.3f} "
+            f"({p['recall_queries']} queries{knob}); {disk} on disk; peak memory "
+            f"{p['peak_private_bytes'] / 2**30:.2f} GiB private, {p['peak_rss_bytes'] / 2**30:.2f} GiB resident "
+            f"with mapped files; {p['seconds']:.1f}s" + (f"\nwarning: {p['warning']}" if p.get("warning") else ""))
+
+
+def _build(tmp: str, source: Source, kind: str, progress: bool, runner: Runner | None, target_recall: float,
+           recall_queries: int, seed: int) -> dict:
+    shape = ivfpq_shape(source.rows, source.dim) if kind == "ivfpq" else {}
+    vectors_path = os.path.join(tmp, "vectors.npy")
+    # the header and a file of the full size (sparse until written); stage tasks fill their rows
+    np.lib.format.open_memmap(vectors_path, mode="w+", dtype=np.float32, shape=(source.rows, source.dim)).flush()
+    timings = {}
+
+    t = time.perf_counter()
+    sample, tasks = _stage(tmp, source, vectors_path, shape.get("train_rows", 0), seed, runner, progress)
+    timings["stage"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    index = empty_index(kind, source.dim, shape)
+    if kind == "ivfpq":
+        train_ivfpq(index, sample)
+        del sample
+        timings["train"] = time.perf_counter() - t
+        t = time.perf_counter()
+        index, encoded = _encode_and_merge(tmp, source, index, vectors_path, runner, progress)
+        tasks += encoded
+    else:
+        bar = _bar(progress, source.rows, f"add {kind}")
+        for _, chunk in iter_npy_rows(vectors_path, 0, source.rows):
+            index.add(chunk)
+            bar.update(len(chunk))
+        bar.close()
+    timings["add"] = time.perf_counter() - t
+    faiss.write_index(index, os.path.join(tmp, "index.faiss"))
+
+    t = time.perf_counter()
+    served = ServedIndex(index, {"kind": kind, "k_factor": K_FACTOR},
+                         np.load(vectors_path, mmap_mode="r") if kind == "ivfpq" else None)
+    search, recall, tune_recall, n_queries = _measure(served, vectors_path, source.rows, target_recall,
+                                                      recall_queries, seed)
+    timings["recall"] = time.perf_counter() - t
+    peak = peak_rss_bytes()
+    del served, index
+    if kind != "ivfpq":
+        os.remove(vectors_path)  # flat and hnsw hold the vectors themselves
+    return {"kind": kind, "rows": source.rows, "dim": source.dim, "metric": "inner_product_of_normalized",
+            "warning": _search_warning(kind, search, shape.get("nlist"), recall, target_recall),
+            "source": source.name, "search": search, "k_factor": K_FACTOR if kind == "ivfpq" else None, **shape,
+            "recall_at_10_vs_exact": recall, "recall_queries": n_queries, "tuning_recall": tune_recall,
+            "target_recall": target_recall,
+            "index_bytes": os.path.getsize(os.path.join(tmp, "index.faiss")),
+            "vectors_bytes": os.path.getsize(vectors_path) if kind == "ivfpq" else 0,
+            "stage_seconds": {k: round(v, 3) for k, v in timings.items()}, "peak_rss_bytes": peak, "tasks": tasks}
+
+
+def _search_warning(kind: str, search: int | None, nlist: int | None, recall: float, target: float) -> str | None:
+    """Say so when the index had to search much of itself to reach the target, or could not.
+
+    Seen on a 1M-user model trained for one epoch: vectors still close to their random start have
+    no cluster structure, IVF-PQ needed 1024 of 2048 lists (141 queries/s) and HNSW reached only
+    0.82 at efSearch 1024, while an exact scan of 1M × 100 serves ~650–730 queries/s.
+    """
+    if kind == "ivfpq" and search and nlist and search > nlist // 8:
+        return (f"reaching recall {target} took nprobe {search} of {nlist} lists: these vectors have little cluster "
+                "structure (an under-trained model?); an exact --kind flat index may serve as fast")
+    if kind in ("ivfpq", "hnsw") and recall < target - 0.02:
+        return f"recall stayed at {recall:.3f} at the widest search tried; --kind flat is exact"
+    return None
+
+
+def _bar(progress: bool, total: int, desc: str):
+    return tqdm(total=total, unit="row", unit_scale=True, desc=desc, disable=not progress, file=sys.stderr)
+
+
+def _runner_calls(runner: Runner | None, fn, calls: list[tuple], local_extra: tuple = ()):
+    """Local: threads, with `local_extra` arguments that only this process can share (the key array,
+    the progress bar's update); Ray: the calls as given."""
+    if runner is None:
+        return run_local(fn, [args + local_extra for args in calls])
+    return runner(fn, calls)
+
+
+def _stage(tmp: str, source: Source, vectors_path: str, train_rows: int, seed: int, runner, progress):
+    """Step 1 over all units; writes keys.parquet; returns the training sample (empty if none wanted)
+    and where each task ran."""
+    pieces = [os.path.join(tmp, f"keys-{i:05d}.parquet") for i in range(len(source.units))]
+    calls = [(source, unit, vectors_path, piece, round(train_rows * unit.rows / source.rows), seed)
+             for unit, piece in zip(source.units, pieces)]
+    bar = _bar(progress, source.rows, "stage vectors")
+    shared = (keys_of(source.model, source.table) if source.model is not None else None, bar.update)
+    samples, tasks = {}, []
+    for i, result in _runner_calls(runner, stage_unit, calls, shared):
+        samples[i] = result.pop("sample")
+        tasks.append({"step": "stage", "unit": i, **result})
+        if runner is not None:
+            bar.update(result["rows"])
+    bar.close()
+    with pq.ParquetWriter(os.path.join(tmp, "keys.parquet"), KEY_SCHEMA) as writer:
+        for piece in pieces:  # in unit order: faiss id i is row i
+            for batch in pq.ParquetFile(piece).iter_batches(batch_size=1 << 20):
+                writer.write_batch(batch)
+            os.remove(piece)
+    return np.concatenate([samples[i] for i in range(len(source.units))]), sorted(tasks, key=lambda t: t["unit"])
+
+
+def _encode_and_merge(tmp: str, source: Source, trained: faiss.Index, vectors_path: str, runner, progress):
+    """Step 3 for ivfpq: a sub-index per unit (in parallel), merged in unit order so ids run on."""
+    blob = faiss.serialize_index(trained)
+    subs = [os.path.join(tmp, f"sub-{i:05d}.faiss") for i in range(len(source.units))]
+    calls = [(blob, vectors_path, unit.offset, unit.rows, sub) for unit, sub in zip(source.units, subs)]
+    bar = _bar(progress, source.rows, "encode ivfpq")
+    # faiss already uses every core inside one add, so locally the units go one after another
+    if runner is None:
+        results = ((i, encode_unit(*args, bar.update)) for i, args in enumerate(calls))
+    else:
+        results = runner(encode_unit, calls)
+    tasks = []
+    for i, result in results:
+        tasks.append({"step": "encode", "unit": i, **result})
+        if runner is not None:
+            bar.update(result["rows"])
+    bar.close()
+    for sub in subs:
+        part = faiss.read_index(sub)
+        trained.merge_from(part, trained.ntotal)
+        del part
+        os.remove(sub)
+    return trained, sorted(tasks, key=lambda t: t["unit"])
+
+
+def _measure(served: ServedIndex, vectors_path: str, rows: int, target: float, n_eval: int, seed: int):
+    """Tune the search knob on one sample of rows as queries and report recall@10 on another.
+
+    Returns (search setting, recall@10, recall@10 on the tuning queries, number of queries).
+    """
+    n_eval = min(n_eval, rows)
+    if served.params["kind"] == "flat":
+        return None, 1.0, 1.0, n_eval  # exact by construction
+    rng = np.random.default_rng(seed + 1)
+    n_tune = min(TUNE_QUERIES, rows)
+    chosen = rng.choice(rows, min(rows, n_tune + n_eval), replace=False)
+    # disjoint samples while the table allows it (a tiny table shares some)
+    ids = {"tune": np.sort(chosen[:n_tune]), "eval": np.sort(chosen[len(chosen) - n_eval:])}
+    stored = np.load(vectors_path, mmap_mode="r")
+    queries = {name: np.ascontiguousarray(stored[picked]) for name, picked in ids.items()}
+    del stored
+    truth = exact_top_k(vectors_path, rows, np.concatenate([queries["tune"], queries["eval"]]), 11)
+    search, tune_recall = tune_search(served, queries["tune"], ids["tune"], truth[:n_tune], target)
+    recall = recall_at(served, queries["eval"], ids["eval"], truth[n_tune:])
+    return search, recall, tune_recall, n_eval
+
+
+# ---------------------------------------------------------------------------------------------------
+# queries
+# ---------------------------------------------------------------------------------------------------
 
 def lookup(keys: pa.Array, wanted: list[str], what: str) -> np.ndarray:
     """Row ids of `wanted` keys; an unknown key is an error with the closest known keys."""
@@ -147,11 +646,28 @@ def _suggest(keys: pa.Array, key: str) -> str:
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
-def neighbors(model: str, keys: list[str], k: int = 10, table: str = "docs", against: str | None = None) -> pa.Table:
+def neighbor_table(keys: list[str], found: np.ndarray, scores: np.ndarray, names: pa.Array, k: int,
+                   is_self: np.ndarray | None) -> pa.Table:
+    """key, neighbor, score, rank (1-based) from search results, skipping -1 and the query itself."""
+    keep = found >= 0
+    if is_self is not None:
+        keep &= ~is_self
+    keep &= np.cumsum(keep, axis=1) <= k
+    query, _ = np.nonzero(keep)  # row-major: by query, then by rank
+    ranks = np.cumsum(keep, axis=1)[keep]
+    return pa.table({"key": pa.array(keys, pa.string()).take(pa.array(query)),
+                     "neighbor": names.take(pa.array(found[keep])).cast(pa.string()),
+                     "score": pa.array(scores[keep], pa.float32()),
+                     "rank": pa.array(ranks, pa.int32())})
+
+
+def neighbors(model: str, keys: list[str], k: int = 10, table: str = "docs", against: str | None = None,
+              index: str | None = None) -> pa.Table:
     """Top-k rows of `against` (default: the same table) for each query key, excluding the query itself.
 
-    Returns a table of key, neighbor, score, rank (1-based). See model.Model for repeated queries.
+    With `index`, a saved index (from build_index) is searched instead of an exact scan. Returns a
+    table of key, neighbor, score, rank (1-based). See model.Model for repeated queries.
     """
     from .model import Model
 
-    return Model.load(model).neighbors(keys, k=k, table=table, against=against)
+    return Model.load(model).neighbors(keys, k=k, table=table, against=against, index=index)

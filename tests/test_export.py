@@ -165,3 +165,92 @@ def test_normalize_and_float16_export(trained_model, doc_keys, doc_matrix, tmp_p
     rows = [row_of[k] for k in table.column("key").to_pylist()]
     expected = doc_matrix[rows] / np.linalg.norm(doc_matrix[rows], axis=1, keepdims=True)
     np.testing.assert_allclose(vectors, expected, atol=2e-3)
+
+
+# --- per-part parallel export, exact text, npy options, bad keys -------------------------------------
+
+def write_model(root, keys: list[str], matrix: np.ndarray, parts: int) -> str:
+    """A model directory with only a docs table, sharded like `parts` parameter servers (row r in part r % parts)."""
+    model = str(root)
+    os.makedirs(model)
+    schema = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
+    ids = np.arange(len(keys), dtype=np.int64)
+    with pa.OSFile(os.path.join(model, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_table(pa.table({"key": keys, "id": ids, "length": np.ones(len(keys), np.int64)}, schema=schema))
+    entries = [checkpoint.write_slice(model, 1, "docs", s, parts, ids[s::parts], matrix[s::parts], rows_per_batch=7)
+               for s in range(parts)]
+    checkpoint.commit(model, 1, {"docs": entries}, {"docs": matrix.shape[1]}, {}, keep=1)
+    return model
+
+
+@pytest.fixture
+def three_part_model(tmp_path) -> tuple[str, list[str], np.ndarray]:
+    """50 users × 6 dims over 3 parts, written in batches of 7 rows: many batches per part."""
+    keys = [f"user-{i}" for i in range(50)]
+    matrix = np.random.default_rng(3).standard_normal((50, 6)).astype(np.float32)
+    return write_model(tmp_path / "model", keys, matrix, parts=3), keys, matrix
+
+
+def test_directory_export_writes_one_file_per_checkpoint_part(three_part_model, tmp_path):
+    model, keys, matrix = three_part_model
+    out = str(tmp_path / "users")
+    result = export(model, "docs", out, progress=False)
+
+    assert sorted(os.listdir(out)) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert [t["part"] for t in result["tasks"]] == [0, 1, 2] and sum(t["rows"] for t in result["tasks"]) == 50
+    assert result["rows_per_second"] > 0 and result["peak_rss_bytes"] > 0
+    for part in range(3):  # part p holds rows p, p+3, p+6, … with their own keys and vectors
+        table = pq.read_table(os.path.join(out, f"part-{part:05d}.parquet"))
+        assert table.column("key").to_pylist() == keys[part::3]
+        np.testing.assert_array_equal(checkpoint.matrix_of(table.column("vector"), 6), matrix[part::3])
+
+
+def test_word2vec_floats_read_back_exactly(three_part_model, tmp_path):
+    from gensim.models import KeyedVectors
+
+    model, keys, matrix = three_part_model
+    out = str(tmp_path / "users.txt")
+    export(model, "docs", out, format="word2vec", progress=False)
+
+    kv = KeyedVectors.load_word2vec_format(out, binary=False)
+    assert len(kv.index_to_key) == 50
+    np.testing.assert_array_equal(kv.vectors, matrix[[keys.index(k) for k in kv.index_to_key]])
+    assert os.listdir(tmp_path) == ["model", "users.txt"]  # the per-part pieces are gone
+
+
+def test_word2vec_refuses_a_key_with_whitespace_and_leaves_nothing(tmp_path):
+    keys = ["a", "b c", "d"]
+    model = write_model(tmp_path / "model", keys, np.ones((3, 4), np.float32), parts=2)
+    with pytest.raises(UserError, match=r"key 'b c' \(row id 1\).*whitespace"):
+        export(model, "docs", str(tmp_path / "out.txt"), format="word2vec", progress=False)
+    assert os.listdir(tmp_path) == ["model"]
+
+
+def test_npy_normalized_float16_from_three_parts(three_part_model, tmp_path):
+    model, keys, matrix = three_part_model
+    out = str(tmp_path / "npy")
+    export(model, "docs", out, format="npy", normalize=True, dtype="float16", progress=False)
+
+    vectors = np.load(os.path.join(out, "vectors.npy"))
+    assert vectors.dtype == np.float16 and vectors.shape == (50, 6)
+    assert pq.read_table(os.path.join(out, "keys.parquet")).column("key").to_pylist() == keys
+    expected = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    np.testing.assert_allclose(vectors.astype(np.float32), expected, atol=1e-3)
+
+
+def test_a_damaged_part_stops_the_export_and_leaves_nothing(three_part_model, tmp_path):
+    model, _, _ = three_part_model
+    vdir, manifest = checkpoint.load_manifest(model)
+    part = os.path.join(vdir, manifest["tables"]["docs"]["parts"][1]["path"])
+    with open(part, "r+b") as fh:  # flip bytes in the middle of the part file
+        fh.seek(os.path.getsize(part) // 2)
+        fh.write(b"\xff\xff\xff\xff")
+    with pytest.raises(UserError, match="part-00001-of-00003.arrow: checksum mismatch"):
+        export(model, "docs", str(tmp_path / "users"), progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def test_words_table_of_a_model_without_words_is_a_clear_error(three_part_model, tmp_path):
+    model, _, _ = three_part_model
+    with pytest.raises(UserError, match="table 'words' was not trained in this model \\(it has: docs\\)"):
+        export(model, "words", str(tmp_path / "words"), progress=False)

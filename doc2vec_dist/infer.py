@@ -1,0 +1,430 @@
+"""Vectors for users the model never saw: gensim's infer_vector, batched over many users at once.
+
+    doc2vec-dist infer --model MODEL new_events/ --out new_users.parquet --time-col ts
+
+    from doc2vec_dist.infer import infer
+    keys, vectors = infer("runs/sample/model", ["new_events/"], time_col="ts")
+
+    from doc2vec_dist import Model
+    Model.load("runs/sample/model").infer({"alice": [url1, url2], "bob": [url3]})   # [2, dim]
+
+The steps, in the order of the data flow:
+
+1. Read. The inputs go through `corpus.prepare` into a temporary corpus (min_count=1, removed
+   afterwards), so every input format, column flag, error message and time ordering is the one
+   `prepare` has. Its tokens are then mapped to the MODEL's word ids through the model's vocab.arrow.
+   Events whose URL the model never saw are dropped and counted ("skipped N events with URLs the
+   model never saw"); a user left with no known URL gets no vector (left out of the output and counted;
+   `Model.infer`, which answers in the order it was asked, gives such a user a row of zeros, the
+   project's mark of an untrained row: `unit_rows` keeps it zero and cosine with it is 0).
+2. Start. Each new user's vector starts uniform in [-1, 1)/dim, as training starts `docs`, drawn from
+   a stream seeded by (seed, blake2b of the user key): a user starts from the same point whatever
+   else is in the batch, in any process.
+3. Train. Batches of `batch_users` users run `epochs` passes each. A pass builds PV-DBOW or PV-DM
+   examples with `sampling.build_examples` (the model's subsampling and its unigram^ns_exponent
+   negatives, fresh draws every pass; never skip-gram steps: they would only train frozen words)
+   and runs `kernels.train` with learn_outputs=False and learn_context_words=False, so `words_out`
+   (and PV-DM's `words`) stay frozen and only the new users' rows move. The learning rate decays
+   linearly from alpha to min_alpha over the passes, as gensim's infer_vector does.
+
+Inference is always plain SGD (gensim's update) with the model's alpha, also for a model trained
+with row-wise Adagrad: a new row has no accumulator history worth continuing, and a handful of
+passes over one user's URLs is the setting SGD's schedule was made for. Pass --alpha if an Adagrad
+model's alpha is not a good SGD step size.
+
+Deterministic: the random draws of batch b come from (seed, b), so the same inputs, seed and
+batch_users give the same vectors bit for bit. (gensim's infer_vector is not repeatable: #447, #2847.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from tqdm import tqdm
+
+from . import checkpoint, kernels
+from .corpus import Corpus, _mix64, iter_shard, prepare
+from .errors import UserError
+from .sampling import NegativeTable, build_examples, doc_step_scale, keep_probabilities, unique_rows
+
+DEFAULT_BATCH_USERS = 4096
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
+
+
+def initial_vectors(keys: list[str], dim: int, seed: int) -> np.ndarray:
+    """[len(keys), dim] float32, uniform in [-1, 1)/dim (training's start for `docs`), one stream per key.
+
+    Key k's stream is splitmix64 started at blake2b(k) keyed by the seed: stable across processes
+    and machines (unlike Python's hash()), and independent of the other keys of the batch.
+    """
+    secret = str(int(seed)).encode()
+    start = np.fromiter((int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8, key=secret).digest(), "little")
+                         for k in keys), dtype=np.uint64, count=len(keys))
+    state = start[:, None] + _GOLDEN * np.arange(1, dim + 1, dtype=np.uint64)[None, :]  # wraps mod 2**64
+    uniform = (_mix64(state) >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)  # [0, 1), exact
+    return (uniform * 2.0 - 1.0) / np.float32(dim)
+
+
+@dataclass
+class Settings:
+    """What inference needs from the model's config.json, with the overrides applied."""
+
+    mode: str
+    dim: int
+    negative: int
+    sample: float
+    ns_exponent: float
+    window: int
+    micro_batch: int
+    alpha: float
+    min_alpha: float
+    epochs: int
+    seed: int
+    batch_users: int
+    optimizer: str
+
+
+def model_settings(model: str, epochs: int | None = None, alpha: float | None = None,
+                   min_alpha: float | None = None, seed: int = 1, batch_users: int = DEFAULT_BATCH_USERS) -> Settings:
+    """The model's training settings (MODEL/config.json, else the manifest's copy) and the overrides."""
+    if not os.path.isdir(model):
+        raise UserError(f"{model}: no such model directory")
+    _, manifest = checkpoint.load_manifest(model)  # names the directory if it is not a trained model
+    path = os.path.join(model, "config.json")
+    if os.path.isfile(path):
+        try:
+            with open(path) as fh:
+                cfg = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: cannot read ({exc})") from None
+    elif isinstance(manifest.get("config"), dict):
+        cfg = manifest["config"]
+    else:
+        raise UserError(f"{path}: missing; the model's training settings are needed to infer with it")
+    missing = [k for k in ("mode", "dim", "negative", "sample", "alpha", "min_alpha", "ns_exponent", "epochs")
+               if k not in cfg]
+    if missing:
+        raise UserError(f"{path}: missing settings: {', '.join(missing)}")
+    s = Settings(mode=cfg["mode"], dim=int(cfg["dim"]), negative=int(cfg["negative"]), sample=float(cfg["sample"]),
+                 ns_exponent=float(cfg["ns_exponent"]), window=int(cfg.get("window", 5)),
+                 micro_batch=int(cfg.get("micro_batch", 1024)),
+                 alpha=float(cfg["alpha"] if alpha is None else alpha),
+                 min_alpha=float(cfg["min_alpha"] if min_alpha is None else min_alpha),
+                 epochs=int(cfg["epochs"] if epochs is None else epochs), seed=int(seed), batch_users=int(batch_users),
+                 optimizer=str(cfg.get("optimizer", "sgd")))
+    checks = [(s.mode in ("dbow", "dm"), f"{path}: mode {s.mode!r} is not dbow or dm"),
+              (s.epochs > 0, f"epochs must be > 0, not {s.epochs}"),
+              (s.alpha > 0, f"alpha must be > 0, not {s.alpha}"),
+              (0 <= s.min_alpha <= s.alpha, f"min_alpha ({s.min_alpha}) must lie in [0, alpha={s.alpha}]"),
+              (s.seed >= 0, f"seed must be >= 0, not {s.seed}"),
+              (s.batch_users > 0, f"batch_users must be > 0, not {s.batch_users}")]
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+    tables = manifest["tables"]
+    needed = ("words_out", "words") if s.mode == "dm" else ("words_out",)
+    for name in needed:
+        if name not in tables:
+            raise UserError(f"{model}: table {name!r} is missing from the checkpoint; cannot infer {s.mode} vectors")
+        if int(tables[name]["dim"]) != s.dim:
+            raise UserError(f"{model}: table {name} has {tables[name]['dim']} dims, config.json says {s.dim}")
+    return s
+
+
+class Inferrer:
+    """The frozen parts of a model (words_out, PV-DM's words, vocabulary counts) loaded once, and the
+    batched training of new document rows against them."""
+
+    def __init__(self, model: str, settings: Settings, table: Callable[[str], np.ndarray] | None = None):
+        """table(name) gives a whole table as [rows, dim] float32 (default: read from the checkpoint);
+        Model.infer passes its cached loader so repeated calls read the tables once."""
+        self.model, self.s = model, settings
+        load = table or (lambda name: checkpoint.read_table(model, name))
+        vocab_path = os.path.join(model, "vocab.arrow")
+        if not os.path.isfile(vocab_path):
+            raise UserError(f"{vocab_path}: missing; {model} is not a complete model directory")
+        with pa.memory_map(vocab_path) as source:
+            vocab = pa.ipc.open_file(source).read_all()
+        self.vocab_tokens = vocab.column("token").combine_chunks()
+        counts = vocab.column("count").to_numpy().astype(np.int64)
+        self.words_out = torch.from_numpy(np.ascontiguousarray(load("words_out"), dtype=np.float32))
+        self.words = load("words") if settings.mode == "dm" else None
+        if len(counts) != self.words_out.shape[0]:
+            raise UserError(f"{vocab_path}: {len(counts)} URLs but words_out has {self.words_out.shape[0]} rows")
+        self.keep_prob = keep_probabilities(counts, settings.sample)
+        self.negatives = NegativeTable(counts, settings.ns_exponent)
+
+    def model_ids(self, tokens: pa.Array) -> np.ndarray:
+        """int64 model word id of each token string, -1 for a URL the model never saw."""
+        ids = pc.index_in(tokens, value_set=self.vocab_tokens)
+        return ids.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def vectors(self, keys: list[str], offsets: np.ndarray, tokens: np.ndarray, batch: int) -> np.ndarray:
+        """Trained [n, dim] float32 rows for a batch of n documents: tokens[offsets[i]:offsets[i+1]] are
+        document i's model word ids, in order. `batch` numbers the batch: its draws come from (seed, batch)."""
+        with _torch_threads(1):
+            return self._vectors(keys, offsets, tokens, batch)
+
+    def _vectors(self, keys: list[str], offsets: np.ndarray, tokens: np.ndarray, batch: int) -> np.ndarray:
+        s = self.s
+        n = len(offsets) - 1
+        docs = torch.from_numpy(initial_vectors(keys, s.dim, s.seed))
+        rng = np.random.default_rng([s.seed, batch])
+        raw = len(tokens)
+        for epoch in range(s.epochs):
+            ex = build_examples(offsets, tokens, self.keep_prob, self.negatives, s.negative, rng, mode=s.mode,
+                                dbow_words=False, window=s.window, micro_batch=s.micro_batch)
+            if len(ex) == 0:
+                continue
+            n_micro = -(-len(ex) // ex.micro_batch)
+            alphas = kernels.micro_batch_alphas(s.alpha, s.min_alpha, epoch * raw, raw, s.epochs * raw, n_micro)
+            ctx, inputs = ex.ctx, docs
+            if s.mode == "dm":  # rows past n are words: a compact copy of the ones this pass uses
+                ctx = ctx.copy()
+                is_word = ctx >= n
+                uniq, position = unique_rows(ctx[is_word] - n, len(self.words))
+                ctx[is_word] = n + position
+                inputs = torch.cat([docs, torch.from_numpy(self.words[uniq])])
+            kernels.train(inputs, self.words_out, torch.from_numpy(ctx), torch.from_numpy(ex.target),
+                          torch.from_numpy(ex.neg), torch.from_numpy(ex.neg_mask), alphas, ex.micro_batch,
+                          ctx_mask=None if ex.ctx_mask is None else torch.from_numpy(ex.ctx_mask),
+                          scale=_tensor(doc_step_scale(ex.ctx[:, 0], ex.micro_batch)), adagrad=False,
+                          learn_outputs=False, learn_context_words=False)
+            if inputs is not docs:
+                docs.copy_(inputs[:n])
+        return docs.numpy()
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """One torch thread while a batch trains, as a training worker has: micro-batch ops are far too small
+    to split (an index_add_ of 1,024 × 32 rows took 0.04 ms on one thread and 13 ms on two on a busy
+    2-core machine), and the results must not depend on how work is split."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _tensor(a: np.ndarray | None) -> torch.Tensor | None:
+    return None if a is None else torch.from_numpy(a)
+
+
+@dataclass
+class Counts:
+    """What was read and what could not be used: reported, never lost silently."""
+
+    users_read: int = 0            # users in the temporary corpus (with at least one usable event)
+    events_read: int = 0           # their events
+    unknown_events: int = 0        # events whose URL the model never saw (dropped)
+    unknown_urls: int = 0          # distinct such URLs
+    users_without_known_urls: int = 0  # users left with no event at all: no vector
+    prepare_skipped: dict | None = None  # what prepare itself dropped (null/empty URLs, users without any)
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.unknown_events:
+            out.append(f"skipped {self.unknown_events:,} events with URLs the model never saw "
+                       f"({self.unknown_urls:,} distinct URLs)")
+        if self.users_without_known_urls:
+            out.append(f"{self.users_without_known_urls:,} users have no URL the model knows: no vector for them")
+        lost = {k: v for k, v in (self.prepare_skipped or {}).items() if v}
+        if lost:
+            out.append("skipped while reading: " + ", ".join(f"{k} {v:,}" for k, v in lost.items()))
+        return out
+
+
+def _batches(corpus: Corpus, id_map: np.ndarray, batch_users: int, counts: Counts,
+             bar: tqdm) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(temporary doc ids, offsets, model word ids) of at most batch_users users each, in doc-id order
+    within each shard; unknown URLs dropped, users left with none skipped (both counted)."""
+    for path in corpus.shard_paths:
+        for doc_ids, offsets, tokens in iter_shard(path):
+            mapped = id_map[tokens]
+            known = mapped >= 0
+            lengths = np.bincount(np.repeat(np.arange(len(doc_ids)), np.diff(offsets))[known],
+                                  minlength=len(doc_ids))
+            keep = lengths > 0
+            counts.users_without_known_urls += int(np.count_nonzero(~keep))
+            bar.update(int(np.count_nonzero(~keep)))
+            doc_ids, lengths, mapped = doc_ids[keep], lengths[keep], mapped[known]
+            ends = np.cumsum(lengths)
+            for start in range(0, len(doc_ids), batch_users):
+                end = min(start + batch_users, len(doc_ids))
+                lo = int(ends[start - 1]) if start else 0
+                sub = np.concatenate([[0], ends[start:end] - lo]).astype(np.int64)
+                yield doc_ids[start:end], sub, mapped[lo:int(ends[end - 1])]
+
+
+def iter_inferred(model: str, inputs, *, format: str = "events", doc_col: str = "user_id", token_col: str = "url",
+                  time_col: str | None = None, epochs: int | None = None, alpha: float | None = None,
+                  min_alpha: float | None = None, seed: int = 1, batch_users: int = DEFAULT_BATCH_USERS,
+                  progress: bool = True, tmp_dir: str | None = None, counts: Counts | None = None,
+                  table: Callable[[str], np.ndarray] | None = None) -> Iterator[tuple[pa.Array, np.ndarray]]:
+    """(keys, [n, dim] float32 vectors) batch by batch; `counts`, if given, is filled in as we go.
+
+    The model is checked and its frozen tables loaded now, before anything is read; the inputs are
+    read when the first batch is asked for.
+    """
+    model = os.fspath(model)
+    settings = model_settings(model, epochs, alpha, min_alpha, seed, batch_users)
+    inferrer = Inferrer(model, settings, table)
+    read = {"format": format, "doc_col": doc_col, "token_col": token_col, "time_col": time_col}
+    return _generate(inferrer, inputs, read, progress, tmp_dir, counts if counts is not None else Counts())
+
+
+def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: str | None,
+              counts: Counts) -> Iterator[tuple[pa.Array, np.ndarray]]:
+    settings = inferrer.s
+    with tempfile.TemporaryDirectory(prefix="doc2vec-infer-", dir=tmp_dir) as tmp:
+        corpus = prepare(inputs, os.path.join(tmp, "corpus"), min_count=1, progress=progress, **read)
+        counts.prepare_skipped = {k: v for k, v in corpus.meta.get("skipped", {}).items()
+                                  if k in ("null_tokens", "empty_tokens", "docs_without_tokens")}
+        vocab = corpus.vocab()
+        id_map = inferrer.model_ids(vocab.column("token").combine_chunks())
+        unknown = id_map < 0
+        read_counts = vocab.column("count").to_numpy()
+        counts.users_read, counts.events_read = corpus.num_docs, corpus.num_tokens
+        counts.unknown_events = int(read_counts[unknown].sum())
+        counts.unknown_urls = int(np.count_nonzero(unknown))
+        keys = corpus.docs().column("key").combine_chunks()
+        with tqdm(total=corpus.num_docs, desc="infer", unit=" users", unit_scale=True, disable=not progress,
+                  dynamic_ncols=True, file=sys.stderr) as bar:
+            for b, (doc_ids, offsets, tokens) in enumerate(_batches(corpus, id_map, settings.batch_users, counts, bar)):
+                batch_keys = keys.take(pa.array(doc_ids)).cast(pa.string())
+                yield batch_keys, inferrer.vectors(batch_keys.to_pylist(), offsets, tokens, b)
+                bar.update(len(doc_ids))
+
+
+def infer(model: str, inputs, out: str | None = None, *, format: str = "events", doc_col: str = "user_id",
+          token_col: str = "url", time_col: str | None = None, epochs: int | None = None,
+          alpha: float | None = None, min_alpha: float | None = None, seed: int = 1,
+          batch_users: int = DEFAULT_BATCH_USERS, progress: bool = True, tmp_dir: str | None = None):
+    """Vectors for the users in `inputs` (files, directories or globs in any `prepare` format) from the
+    trained model directory `model`, which stays unchanged.
+
+    With out=None returns (keys pa.StringArray, vectors float32 [n, dim]); the order is that of the
+    temporary corpus (for a small input, the order in which users first appear). With `out` writes the
+    Parquet file `out` (columns key, vector fixed_size_list<float32>[dim], one row group per batch;
+    written under a temporary name and renamed, an existing file is replaced) and returns a summary dict.
+
+    epochs, alpha, min_alpha default to the model's; seed seeds the start vectors and every draw;
+    batch_users bounds memory (users trained together). Users with no URL the model knows get no
+    vector; they and the events with unknown URLs are counted and reported on stderr.
+    """
+    t0 = time.perf_counter()
+    counts = Counts()
+    # checks the model (and loads its frozen tables) before anything is read or written
+    batches = iter_inferred(model, inputs, format=format, doc_col=doc_col, token_col=token_col, time_col=time_col,
+                            epochs=epochs, alpha=alpha, min_alpha=min_alpha, seed=seed, batch_users=batch_users,
+                            progress=progress, tmp_dir=tmp_dir, counts=counts)
+    dim = model_settings(model).dim
+    if out is None:
+        pieces = list(batches)
+        _report(counts)
+        keys = pa.concat_arrays([k for k, _ in pieces]) if pieces else pa.array([], pa.string())
+        vectors = np.concatenate([v for _, v in pieces]) if pieces else np.zeros((0, dim), np.float32)
+        return keys, vectors
+    out = os.path.abspath(os.fspath(out))
+    if os.path.isdir(out):
+        raise UserError(f"{out}: is a directory; --out takes a Parquet file path")
+    from .export import PARQUET_OPTIONS, key_vector_table
+
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = f"{out}.tmp-{os.getpid()}"
+    rows, writer = 0, None
+    try:
+        # one schema for every batch, and for an empty result
+        schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32)).schema
+        writer = pq.ParquetWriter(tmp, schema, **PARQUET_OPTIONS)
+        for keys, vectors in batches:
+            writer.write_table(key_vector_table(keys, vectors))
+            rows += len(keys)
+        writer.close()
+        writer = None
+        os.replace(tmp, out)
+    finally:
+        if writer is not None:
+            writer.close()
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    _report(counts)
+    seconds = time.perf_counter() - t0
+    return {"path": out, "rows": rows, "dim": dim, "seconds": seconds,
+            "users_per_second": rows / seconds if seconds else 0.0, "users": counts.users_read,
+            "events": counts.events_read,
+            "unknown_events": counts.unknown_events, "unknown_urls": counts.unknown_urls,
+            "users_without_known_urls": counts.users_without_known_urls,
+            "prepare_skipped": counts.prepare_skipped}
+
+
+def _report(counts: Counts) -> None:
+    for line in counts.lines():
+        print(line, file=sys.stderr)
+
+
+def events_table(events, doc_col: str = "user_id", token_col: str = "url") -> tuple[pa.Table, str, list[str]]:
+    """In-memory events as (Arrow table, prepare format, user keys in the order they were given).
+
+    Accepts a dict user → list of URLs (in order), an iterable of (user, url) pairs (in order), a
+    pyarrow Table (or pandas DataFrame) with doc_col and token_col (a URL per row, or a list of URLs).
+    Keys are compared as strings.
+    """
+    if hasattr(events, "iloc") and hasattr(events, "columns"):  # pandas, without importing it
+        events = pa.Table.from_pandas(events, preserve_index=False)
+    if isinstance(events, pa.Table):
+        for column in (doc_col, token_col):
+            if column not in events.column_names:
+                raise UserError(f"events table: column '{column}' not found (columns: {', '.join(events.column_names)})")
+        typ = events.schema.field(token_col).type
+        lists = pa.types.is_list(typ) or pa.types.is_large_list(typ)
+        order = pc.unique(events.column(doc_col).combine_chunks().cast(pa.string())).to_pylist()
+        return events, ("lists" if lists else "events"), [k for k in order if k is not None]
+    if isinstance(events, dict):
+        keys = [str(k) for k in events]
+        urls = [[v] if isinstance(v, str) else list(v) for v in events.values()]
+        table = pa.table({doc_col: pa.array(keys, pa.string()), token_col: pa.array(urls, pa.list_(pa.string()))})
+        return table, "lists", keys
+    try:
+        pairs = [(str(u), str(v)) for u, v in events]
+    except (TypeError, ValueError):
+        raise UserError("events must be a dict user → list of URLs, (user, url) pairs, or a pyarrow Table") from None
+    users = [u for u, _ in pairs]
+    table = pa.table({doc_col: pa.array(users, pa.string()), token_col: pa.array([v for _, v in pairs], pa.string())})
+    return table, "events", list(dict.fromkeys(users))
+
+
+def infer_events(model: str, events, *, doc_col: str = "user_id", token_col: str = "url", time_col: str | None = None,
+                 table: Callable[[str], np.ndarray] | None = None, **options) -> np.ndarray:
+    """Model.infer's work: in-memory events → [n_users, dim] float32 in the order users were given,
+    zeros for a user with no URL the model knows. options: epochs, alpha, min_alpha, seed, batch_users, progress."""
+    data, format, order = events_table(events, doc_col, token_col)
+    options.setdefault("progress", False)
+    counts = Counts()
+    with tempfile.TemporaryDirectory(prefix="doc2vec-infer-events-") as tmp:
+        path = os.path.join(tmp, "events.parquet")
+        pq.write_table(data, path)
+        pieces = list(iter_inferred(model, [path], format=format, doc_col=doc_col, token_col=token_col,
+                                    time_col=time_col, counts=counts, table=table, **options))
+    _report(counts)
+    dim = model_settings(model).dim
+    result = np.zeros((len(order), dim), np.float32)
+    position = {k: i for i, k in enumerate(order)}
+    for keys, vectors in pieces:
+        result[[position[k] for k in keys.to_pylist()]] = vectors
+    return result

@@ -1,0 +1,66 @@
+"""Build a faiss index on Ray: the per-file work (normalise and stage the vectors, encode IVF-PQ
+sub-indexes) runs as Ray tasks; training on a sample, merging and measuring recall run here.
+
+    python jobs/index.py --model runs/sample/model --table docs --out runs/sample/users.index  # local Ray
+    ray job submit --working-dir . -- python jobs/index.py --vectors /shared/users --out /shared/users.index
+
+Under `ray job submit` the job supervisor sets RAY_ADDRESS, so the job joins the cluster; without it
+a local Ray is started here. Sources and `--out` must be on storage every node sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
+
+from doc2vec_dist.export import calm_openmp
+
+calm_openmp()  # before faiss is imported
+
+from doc2vec_dist.errors import UserError
+from doc2vec_dist.export import KEY_TABLES, run_on_ray
+from doc2vec_dist.index import KINDS, build_index, summary_line
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="model directory")
+    ap.add_argument("--table", default="docs", choices=tuple(KEY_TABLES))
+    ap.add_argument("--vectors", help="Parquet file or directory of key, vector (instead of --model)")
+    ap.add_argument("--out", required=True, help="index directory")
+    ap.add_argument("--kind", default="auto", choices=KINDS, help="auto: flat up to 1M rows, else ivfpq")
+    ap.add_argument("--recall-queries", type=int, default=1000, help="queries for recall@10 vs exact")
+    ap.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from doc2vec_dist.trainer import connect
+
+    started = connect(args.address)
+    try:
+        params = build_index(args.out, kind=args.kind, model=args.model, table=args.table, vectors_path=args.vectors,
+                             progress=not args.no_progress, report=False, runner=run_on_ray,
+                             recall_queries=args.recall_queries)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    print(summary_line(params))
+    hosts = sorted({t["host"] for t in params["tasks"]})
+    print(f"{len(params['tasks'])} Ray tasks on {', '.join(hosts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

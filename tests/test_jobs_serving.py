@@ -1,0 +1,93 @@
+"""jobs/export.py and jobs/index.py on the session's Ray: the per-part work runs as Ray tasks."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from doc2vec_dist import checkpoint
+from doc2vec_dist.export import keys_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_job(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_job", os.path.join(ROOT, "jobs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, trained_model, tmp_path, capsys):
+    out = tmp_path / "users"
+    assert load_job("export").main(["--model", trained_model, "--out", str(out), "--normalize", "--no-progress"]) == 0
+
+    printed = capsys.readouterr().out
+    assert re.search(r"exported 5,000 rows of docs to .* rows/s\) by 2 tasks on ", printed), printed
+    assert sorted(os.listdir(out)) == ["part-00000.parquet", "part-00001.parquet"]
+    table = pq.read_table(out)
+    assert table.num_rows == 5000 and sorted(table.column("key").to_pylist()) == sorted(
+        keys_of(trained_model, "docs").to_pylist())
+    vectors = checkpoint.matrix_of(table.column("vector"), 32)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_export_job_tasks_run_in_ray_worker_processes(ray_cluster, trained_model, tmp_path):
+    from doc2vec_dist.export import export, run_on_ray
+
+    result = export(trained_model, "docs", str(tmp_path / "w2v.txt"), format="word2vec", progress=False,
+                    runner=run_on_ray)
+    assert [t["part"] for t in result["tasks"]] == [0, 1]
+    assert all(t["pid"] != os.getpid() for t in result["tasks"])  # not threads of this process
+    with open(tmp_path / "w2v.txt") as fh:
+        assert fh.readline() == "5000 32\n"
+        assert sum(1 for _ in fh) == 5000
+
+
+def test_an_error_inside_a_ray_task_is_one_clear_line(ray_cluster, trained_model, tmp_path, capsys):
+    model = shutil.copytree(trained_model, str(tmp_path / "model"))
+    vdir, manifest = checkpoint.load_manifest(model)
+    part = os.path.join(vdir, manifest["tables"]["docs"]["parts"][1]["path"])
+    with open(part, "r+b") as fh:
+        fh.seek(os.path.getsize(part) // 2)
+        fh.write(b"\x00\xff\x00\xff")
+    assert load_job("export").main(["--model", model, "--out", str(tmp_path / "users"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "checksum mismatch" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["model"]  # nothing half-written
+
+
+def test_index_job_builds_ivfpq_with_ray_tasks_and_reports_recall(ray_cluster, trained_model, tmp_path, capsys):
+    out = tmp_path / "users.index"
+    assert load_job("index").main(["--model", trained_model, "--kind", "ivfpq", "--out", str(out),
+                                   "--no-progress"]) == 0
+
+    printed = capsys.readouterr().out
+    recall = float(re.search(r"recall@10 vs exact: (\d\.\d+)", printed).group(1))
+    assert recall >= 0.93 and "peak memory" in printed and "4 Ray tasks on " in printed
+    params = json.loads((out / "params.json").read_text())
+    assert [(t["step"], t["unit"]) for t in params["tasks"]] == [("stage", 0), ("stage", 1), ("encode", 0),
+                                                                 ("encode", 1)]
+    assert all(t["pid"] != os.getpid() for t in params["tasks"])
+    assert sorted(os.listdir(out)) == ["index.faiss", "keys.parquet", "params.json", "vectors.npy"]
+
+
+def test_index_job_from_a_parquet_of_vectors(ray_cluster, trained_model, tmp_path, capsys):
+    from doc2vec_dist.export import export
+
+    vectors = str(tmp_path / "users")
+    export(trained_model, "docs", vectors, progress=False)
+    assert load_job("index").main(["--vectors", vectors, "--kind", "flat", "--out", str(tmp_path / "idx"),
+                                   "--no-progress"]) == 0
+    assert "recall@10 vs exact: 1.000" in capsys.readouterr().out
+
+
+def test_index_job_without_a_source_is_a_clear_error(ray_cluster, tmp_path, capsys):
+    assert load_job("index").main(["--out", str(tmp_path / "idx")]) == 2
+    assert "either --model" in capsys.readouterr().err
