@@ -9,6 +9,7 @@ racing a push may see part of it, which only adds the staleness that asynchronou
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -75,7 +76,10 @@ class ParameterServer:
         if not np.isfinite(delta.sum()):
             raise NonFiniteUpdate(f"shard {self.shard}: non-finite values in the push of {step}; "
                                   "the learning rate is probably too high")
-        delta_t = torch.from_numpy(delta)
+        with warnings.catch_warnings():
+            # a push arrives read-only from the object store; torch warns, but it is only read here
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            delta_t = torch.from_numpy(delta)
         at = 0
         for name, ids in request.items():
             with self.locks[name]:
