@@ -18,11 +18,9 @@ import fnmatch
 import itertools
 import mmap
 import os
-import resource
 import shutil
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -35,6 +33,7 @@ from tqdm import tqdm
 
 from . import checkpoint
 from .errors import UserError
+from .memwatch import peak_rss_bytes
 
 KEY_TABLES = {"docs": ("docs.arrow", "key"), "words": ("vocab.arrow", "token"), "words_out": ("vocab.arrow", "token")}
 FORMATS = ("parquet", "word2vec", "npy")
@@ -120,57 +119,6 @@ def calm_openmp() -> None:
 def where() -> dict:
     """Which process ran a task: shown in job summaries, so a user sees the work was spread."""
     return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def proc_status_bytes(field: str, pid: int | str = "self") -> int | None:
-    """A memory field of /proc/PID/status (VmHWM, RssAnon, …) in bytes; None where there is none."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-class PeakPrivateMemory:
-    """`with PeakPrivateMemory() as m: …` then m.peak: the highest private (anonymous) resident
-    memory of this process in the block, sampled every `interval` seconds.
-
-    The resident peak (VmHWM) also counts pages of files mapped into the process: IVF-PQ's re-rank
-    vectors are read through a memory map, and each row touched maps ~64 KB around it. Those pages
-    are the page cache's, shared and dropped under pressure; private memory is what the process takes.
-    """
-
-    def __init__(self, interval: float = 0.2):
-        self.interval, self.peak = interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            self.peak = max(self.peak, proc_status_bytes("RssAnon") or 0)
-            if self._stop.wait(self.interval):
-                return
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process so far.
-
-    Linux's VmHWM, not getrusage's ru_maxrss: a process started by subprocess (vfork, then exec)
-    inherits its parent's peak in ru_maxrss, which made a 0.6 GB index build report the 2.7 GB of
-    the benchmark that started it.
-    """
-    return proc_status_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -54,19 +54,18 @@ from . import checkpoint
 from .errors import UserError
 from .export import (
     KEY_TABLES,
-    PeakPrivateMemory,
     Runner,
     check_replaceable,
     iter_part_batches,
     keys_of,
     npy_data_offset,
-    peak_rss_bytes,
     remove_path,
     replace_output,
     run_local,
     unit_rows,
     where,
 )
+from .memwatch import PeakPrivateMemory, peak_rss_bytes
 
 KINDS = ("flat", "hnsw", "ivfpq", "auto")
 INDEX_FILES = ("index.faiss", "keys.parquet", "params.json", "vectors.npy")

@@ -7,6 +7,7 @@ parameter server to write its slice when a checkpoint is due.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -44,6 +45,17 @@ def connect(address: str | None = None) -> bool:
         return False
     ray.init(include_dashboard=False, object_store_memory=local_object_store_bytes(), **common)
     return True
+
+
+@contextlib.contextmanager
+def ray_connection(address: str | None = None):
+    """connect() for the length of a `with` block; shuts down a local Ray only if it started one."""
+    started = connect(address)
+    try:
+        yield started
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def local_object_store_bytes() -> int:

@@ -38,20 +38,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from doc2vec_dist.trainer import connect
+    from doc2vec_dist.trainer import ray_connection
 
-    started = connect(args.address)
     try:
-        r = export(args.model, args.table, args.out, format=args.format, normalize=args.normalize, dtype=args.dtype,
-                   progress=not args.no_progress, runner=run_on_ray)
+        with ray_connection(args.address):
+            r = export(args.model, args.table, args.out, format=args.format, normalize=args.normalize, dtype=args.dtype,
+                       progress=not args.no_progress, runner=run_on_ray)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
     hosts = sorted({t["host"] for t in r["tasks"]})
     print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']} in {r['seconds']:.2f}s "
           f"({r['rows_per_second']:,.0f} rows/s) by {len(r['tasks'])} tasks on {', '.join(hosts)}")

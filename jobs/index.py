@@ -41,21 +41,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from doc2vec_dist.trainer import connect
+    from doc2vec_dist.trainer import ray_connection
 
-    started = connect(args.address)
     try:
-        params = build_index(args.out, kind=args.kind, model=args.model, table=args.table, vectors_path=args.vectors,
-                             progress=not args.no_progress, report=False, runner=run_on_ray,
-                             recall_queries=args.recall_queries)
+        with ray_connection(args.address):
+            params = build_index(args.out, kind=args.kind, model=args.model, table=args.table, vectors_path=args.vectors,
+                                 progress=not args.no_progress, report=False, runner=run_on_ray,
+                                 recall_queries=args.recall_queries)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
     print(summary_line(params))
     hosts = sorted({t["host"] for t in params["tasks"]})
     print(f"{len(params['tasks'])} Ray tasks on {', '.join(hosts)}")

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from doc2vec_dist import checkpoint
-from doc2vec_dist.export import peak_rss_bytes, proc_status_bytes
+from doc2vec_dist.memwatch import peak_rss_bytes, proc_status_bytes
 
 STEPS = ("export", "flat", "hnsw", "ivfpq", "auto", "query")
 KEY_SCHEMA = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
