@@ -50,7 +50,8 @@ def cmd_prepare(args) -> None:
     corpus = prepare(args.inputs, args.out, format=cfg.format, doc_col=cfg.doc_col, token_col=cfg.token_col,
                      time_col=cfg.time_col, min_count=cfg.min_count, max_vocab=cfg.max_vocab,
                      holdout=cfg.holdout, holdout_out=cfg.holdout_out, seed=args.seed,
-                     num_shards=args.num_shards, overwrite=args.overwrite, progress=not args.no_progress)
+                     num_shards=args.num_shards, overwrite=args.overwrite, progress=not args.no_progress,
+                     report=True)  # what was skipped and why goes to stderr even with --no-progress
     print(f"corpus {corpus.path}: {corpus.num_docs:,} docs, {corpus.num_tokens:,} tokens, "
           f"{corpus.vocab_size:,} words")
 

@@ -29,6 +29,34 @@ Input formats:
 
 Within a shard, documents keep the order in which they first appear in the input, so a small text
 corpus (one shard) has doc id == line number unless lines were skipped.
+
+Bad input. Each kind either stops `prepare` with a one-line CorpusError naming the file (and the column
+and row where known), leaving nothing at the output, or is skipped, counted in corpus.json's "skipped"
+(where the first few were in "skipped_where") and reported on stderr one line per reason. Rows and
+lines in messages are counted from 0 within their file (a CSV header is not a row), as text keys are.
+
+    errors   no input file; a missing column (the message lists the columns the file has); a key or
+             token column holding lists or structs; a time column that is not a time; a file that is
+             not what its name says (a corrupt or truncated Parquet among good ones, malformed JSON
+             or CSV rows); invalid UTF-8 in a column of a CSV, JSON or Parquet file (a whole file in
+             another encoding is the usual cause, and training on whatever part decodes would be
+             wrong silently); all inputs empty, or nothing left once the skips below are made.
+    skips    an empty file among non-empty ones; rows whose key is null or empty ("null_keys",
+             "empty_keys"); null or empty tokens; text lines that are not valid UTF-8 (the line
+             keeps its number, so later keys do not shift); duplicate events, i.e. the same
+             (key, token, time) more than once when time_col is given ("duplicate_events": without
+             a time column a repeated (user, URL) is a repeated visit, which is signal, and is kept;
+             rows without a time are never duplicates); tokens below min_count or beyond max_vocab;
+             documents left with no token.
+    kept     integer, float and boolean keys and tokens become strings ("7" from 7 and from 7.0, so
+             ids written as numbers by one exporter and as strings by another still meet); documents
+             with a single token train like any other and are counted in "docs_with_one_token";
+             with holdout, a document with fewer than 2 distinct tokens keeps them all for training
+             ("docs_without_heldout"). Long documents are kept whole, never truncated: a user with
+             millions of events is one document (gensim would cut it at 10,000 tokens).
+
+Vocabulary counts for min_count and max_vocab are taken before duplicates are removed (pass 1 sees
+events, not users); the counts in vocab.arrow are those of the training tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +65,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -256,8 +285,49 @@ class _Chunk:
     padding: int = 0         # null tokens we added so that a document with no token is still seen
 
 
-def _one_line(e: BaseException) -> str:
-    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line; pyarrow quotes whole rows in some messages, so cut it at `limit`."""
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+# Why prepare drops things, in the order it reports them (see the module docstring).
+SKIP_REASONS = ("empty_files", "null_keys", "empty_keys", "invalid_utf8_lines", "null_tokens",
+                "empty_tokens", "duplicate_events", "tokens_below_min_count", "tokens_beyond_max_vocab",
+                "docs_without_tokens")
+
+
+class _Skips:
+    """What prepare dropped, by reason, and where the first few were, so the report can point at them."""
+
+    EXAMPLES = 3
+
+    def __init__(self):
+        self.counts = dict.fromkeys(SKIP_REASONS, 0)
+        self.where: dict[str, list[str]] = {}
+
+    def add(self, reason: str, count: int, path: str | None = None, unit: str = "row", base: int = 0,
+            at: np.ndarray | None = None) -> None:
+        """Count `count` skips; `at` are their positions (from `base`) in `path`, in `unit`s."""
+        if not count:
+            return
+        self.counts[reason] += int(count)
+        if path is None:
+            return
+        where = self.where.setdefault(reason, [])
+        room = self.EXAMPLES - len(where)
+        if room > 0:
+            where += [path] if at is None else [f"{path} {unit} {base + int(i)}" for i in at[:room]]
+
+
+def _compact(counts: dict) -> str:
+    """'null_keys 3, empty_files 1': the non-zero counts, for a message."""
+    return ", ".join(f"{k} {v:,}" for k, v in counts.items() if v)
+
+
+def _name_files(files: list[str]) -> str:
+    """The inputs in a message: all of them when few, the first three and a count when many."""
+    return ", ".join(files) if len(files) <= 3 else f"{', '.join(files[:3])} and {len(files) - 3} more"
 
 
 def _missing_column(path: str, column: str, names: list[str]) -> CorpusError:
@@ -279,14 +349,17 @@ def _parquet_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
 def _csv_batches(path: str, columns: list[str], kind: str) -> Iterator[pa.RecordBatch]:
     read = pcsv.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
     parse = pcsv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
-    # Everything as text: the key and token become strings anyway, the time is parsed by
-    # _time_seconds, and a column's type cannot then change from one block to the next.
-    # Only the empty field is null, so a URL or user called "NA" or "null" stays itself.
-    convert = pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.string() for c in columns},
+    # Everything as bytes: the key and token become strings anyway, the time is parsed by
+    # _time_seconds, and a column's type cannot then change from one block to the next. Bytes, not
+    # strings, so that invalid UTF-8 reaches _utf8_strings, which can say in which row it is (the CSV
+    # reader cannot). Only the empty field is null, so a URL or user called "NA" or "null" stays itself.
+    convert = pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.binary() for c in columns},
                                   strings_can_be_null=True, null_values=[""])
     try:
         reader = pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
     except (pa.ArrowInvalid, KeyError) as e:
+        if "Empty CSV file" in str(e):  # not even a header (a compressed empty file, say)
+            return
         if "include_columns" not in str(e):
             raise
         names = pcsv.open_csv(path, read_options=read, parse_options=parse).schema.names
@@ -302,7 +375,9 @@ def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterat
     # explicit schema that ignores every other field (an unrelated field changing type must not stop us).
     try:
         inferred = pjson.open_json(path, read_options=read).schema
-    except pa.ArrowInvalid:
+    except pa.ArrowInvalid as e:
+        if "Empty JSON" in str(e):  # nothing but whitespace
+            return
         inferred = None
     if inferred is not None:
         _check_columns(path, inferred.names, columns)
@@ -331,11 +406,11 @@ def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: b
     return pa.string()  # let the real read report what is wrong
 
 
-def _text_lines(path: str) -> Iterator[pa.Array]:
-    """Lines of a text file as string arrays (newline removed), a block at a time."""
+def _text_lines(path: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
+    """Lines of a text file as string arrays (newline removed), a block at a time, each with the
+    positions in it of the lines that are not valid UTF-8 (null in the array)."""
     stream = pa.input_stream(path, compression="detect")
     rest = b""
-    line = 0
     while True:
         block = stream.read(TEXT_BLOCK_BYTES)
         if not block:
@@ -346,52 +421,90 @@ def _text_lines(path: str) -> Iterator[pa.Array]:
             rest = data
             continue
         rest = data[cut + 1:]
-        lines = _split_lines(path, data[:cut], line)
-        line += len(lines)
-        yield lines
+        yield _split_lines(data[:cut])
     if rest:
-        yield _split_lines(path, rest, line)
+        yield _split_lines(rest)
 
 
-def _split_lines(path: str, data: bytes, first_line: int) -> pa.Array:
+def _split_lines(data: bytes) -> tuple[pa.Array, np.ndarray]:
+    """The lines of a block, and the positions of those that are not valid UTF-8 (null in the array).
+
+    One cast checks the whole block; only a block that fails it is decoded line by line. A newline
+    byte is never part of a multi-byte UTF-8 character, so splitting on it first is safe.
+    """
     try:
         text = pa.array([data], pa.large_binary()).cast(pa.large_string())
     except pa.ArrowInvalid:
+        lines, bad = [], []
         for i, raw in enumerate(data.split(b"\n")):
             try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise CorpusError(f"{path}: line {first_line + i} (0-based, in this file) is not valid "
-                                  f"UTF-8: {e.reason}") from None
-        raise
-    return pc.list_flatten(pc.split_pattern(text, "\n")).cast(pa.string())
+                lines.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                lines.append(None)
+                bad.append(i)
+        return pa.array(lines, pa.string()), np.array(bad, np.int64)
+    return pc.list_flatten(pc.split_pattern(text, "\n")).cast(pa.string()), np.zeros(0, np.int64)
 
 
-def _as_strings(arr: pa.Array, path: str, column: str) -> pa.Array:
-    """Keys and tokens are strings in the corpus whatever the input held (ints in one file, strings
-    in another is common)."""
+def _is_text(typ: pa.DataType) -> bool:
+    return (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
+            or pa.types.is_large_binary(typ))
+
+
+def _utf8_strings(arr: pa.Array, path: str, column: str, row_base: int) -> pa.Array:
+    """A string or binary column as string, checked to be UTF-8: an invalid value is an error that
+    names its row (the JSON and Parquet readers pass bytes through unchecked, and a corpus key that
+    is not UTF-8 would break every later step)."""
+    try:
+        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+            arr.validate(full=True)
+        return arr.cast(pa.string())  # from binary this checks the UTF-8 itself
+    except pa.ArrowInvalid as e:
+        values = arr.cast(pa.large_binary()).to_pylist()
+        bad = next((i for i, v in enumerate(values) if v is not None and not _decodes(v)), None)
+        if bad is None:  # not an encoding problem after all
+            raise CorpusError(f"{path}: column '{column}': {_one_line(e)}") from None
+        raise CorpusError(f"{path}: column '{column}' row {row_base + bad} is not valid UTF-8 (convert the "
+                          "file to UTF-8)") from None
+
+
+def _as_strings(arr: pa.Array, path: str, column: str, row_base: int = 0) -> pa.Array:
+    """Keys and tokens are strings in the corpus whatever the input held: integers (common for user
+    ids, and ints in one file with strings in another is common too), floats (7.0 → "7", so an id
+    column that a null turned into floats still matches the ints) and booleans are cast; lists,
+    structs, times and the like are an error naming the column."""
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
-    if pa.types.is_string(arr.type):
-        return arr
-    if not (pa.types.is_large_string(arr.type) or pa.types.is_binary(arr.type)
-            or pa.types.is_large_binary(arr.type) or pa.types.is_integer(arr.type)
-            or pa.types.is_floating(arr.type) or pa.types.is_decimal(arr.type)
+    if _is_text(arr.type):
+        return _utf8_strings(arr, path, column, row_base)
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_decimal(arr.type)
             or pa.types.is_null(arr.type) or pa.types.is_boolean(arr.type)):
-        raise CorpusError(f"{path}: column '{column}' holds {arr.type}, expected strings or numbers")
+        hint = (" (a list of tokens per row is --format lists)"
+                if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) else "")
+        raise CorpusError(f"{path}: column '{column}' holds {arr.type}, expected strings or numbers{hint}")
     try:
         return arr.cast(pa.string())
     except pa.ArrowInvalid as e:
         raise CorpusError(f"{path}: column '{column}': {_one_line(e)}") from None
 
 
-def _as_string_lists(arr: pa.Array, path: str, column: str) -> pa.Array:
+def _as_string_lists(arr: pa.Array, path: str, column: str, row_base: int = 0) -> pa.Array:
+    """A list column as list<string>, its values checked to be UTF-8 like _utf8_strings's."""
     typ = arr.type
     if pa.types.is_null(typ):
         return pa.nulls(len(arr), pa.list_(pa.string()))
     if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
         raise CorpusError(f"{path}: column '{column}' holds {typ}, expected a list of tokens per row "
                           "(use --format events for one token per row)")
+    if _is_text(typ.value_type):
+        lists = arr.cast(pa.list_(pa.large_binary()))
+        try:
+            _utf8_strings(lists.values, path, column, 0)
+        except CorpusError:
+            bad = next(i for i, v in enumerate(lists.to_pylist())
+                       if any(t is not None and not _decodes(t) for t in v or []))
+            raise CorpusError(f"{path}: column '{column}' row {row_base + bad} is not valid UTF-8 (convert "
+                              "the file to UTF-8)") from None
     try:
         return arr.cast(pa.list_(pa.string()))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -399,7 +512,15 @@ def _as_string_lists(arr: pa.Array, path: str, column: str) -> pa.Array:
                           f"{_one_line(e)}") from None
 
 
-def _time_seconds(arr: pa.Array, path: str, column: str) -> np.ndarray:
+def _decodes(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _time_seconds(arr: pa.Array, path: str, column: str, row_base: int = 0) -> np.ndarray:
     """A time column as float64 seconds (NaN for nulls), only ever compared within one document.
 
     Timestamps and dates become seconds since the epoch; numbers are taken as they are (epoch
@@ -409,6 +530,9 @@ def _time_seconds(arr: pa.Array, path: str, column: str) -> np.ndarray:
     typ = arr.type
     if pa.types.is_dictionary(typ):
         arr = arr.dictionary_decode()
+        typ = arr.type
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):  # CSV hands us bytes
+        arr = _utf8_strings(arr, path, column, row_base)
         typ = arr.type
     if pa.types.is_timestamp(typ):
         per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[typ.unit]
@@ -421,16 +545,29 @@ def _time_seconds(arr: pa.Array, path: str, column: str) -> np.ndarray:
     if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ) or pa.types.is_null(typ):
         return arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        for target in (pa.float64(), pa.timestamp("us"), pa.timestamp("us", tz="UTC")):
+        targets = (pa.float64(), pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
+        for target in targets:
             try:
                 return _time_seconds(arr.cast(target), path, column)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 continue
-        bad = next((v for v in arr.to_pylist() if v is not None), None)
-        raise CorpusError(f"{path}: column '{column}' is not a time: cannot read {bad!r} as a number "
-                          "or an ISO 8601 timestamp")
+        # Only the error path looks at values one by one, to name the first that is no time at all.
+        for i, value in enumerate(arr.to_pylist()):
+            if value is not None and not any(_casts(value, target) for target in targets):
+                raise CorpusError(f"{path}: column '{column}' is not a time: cannot read {value!r} (row "
+                                  f"{row_base + i}) as a number or an ISO 8601 timestamp")
+        raise CorpusError(f"{path}: column '{column}' mixes numbers and ISO 8601 timestamps; use one "
+                          "kind of time in a file")
     raise CorpusError(f"{path}: column '{column}' holds {typ}, expected timestamps, numbers or "
                       "ISO 8601 strings")
+
+
+def _casts(value: str, target: pa.DataType) -> bool:
+    try:
+        pa.array([value]).cast(target)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
 
 
 def _flatten_lists(keys: pa.Array, lists: pa.Array, drop_empty: bool) -> tuple[pa.Array, pa.Array, int]:
@@ -461,53 +598,103 @@ class _Options:
     time_col: str | None
 
 
-def _iter_chunks(files: list[str], opt: _Options) -> Iterator[tuple[str, _Chunk]]:
-    """Every input file, in order, as normalised chunks of events. Errors name the file."""
+def _iter_chunks(files: list[str], opt: _Options, skips: _Skips | None = None) -> Iterator[tuple[str, _Chunk]]:
+    """Every input file, in order, as normalised chunks of events. Errors name the file.
+
+    Rows with a null or empty key, text lines that are not UTF-8 and empty files are left out here
+    and, when `skips` is given (pass 1; pass 2 reads the same rows again), counted in it.
+    """
     line_base = 0  # text: keys are line numbers across all inputs
     for path in files:
-        row = 0
+        row = 0  # rows (text: lines) of this file read so far
         try:
+            if os.path.getsize(path) == 0:  # an empty Parquet file is not even Parquet: do not open it
+                if skips is not None:
+                    skips.add("empty_files", 1, path)
+                continue
             if opt.format == "text":
-                for lines in _text_lines(path):
+                for lines, bad in _text_lines(path):
                     n = len(lines)
                     keys = pa.array(np.arange(line_base, line_base + n, dtype=np.int64)).cast(pa.string())
+                    if bad.size:
+                        # The line keeps its number: the keys of the lines after it do not move.
+                        if skips is not None:
+                            skips.add("invalid_utf8_lines", bad.size, path, "line", row, bad)
+                        valid = lines.is_valid()
+                        keys, lines = keys.filter(valid), lines.filter(valid)
                     words = pc.utf8_split_whitespace(lines)
                     key, token, pad = _flatten_lists(keys, words, drop_empty=True)
                     line_base += n
+                    row += n
                     yield path, _Chunk(key, token, None, n, pad)
-                continue
-            columns = [opt.doc_col, opt.token_col] + ([opt.time_col] if opt.time_col else [])
-            kind = _file_kind(path)
-            if opt.format == "lists" and kind not in ("parquet", "json"):
-                raise CorpusError(f"{path}: --format lists reads Parquet or JSON lines, not {kind}")
-            if kind == "parquet":
-                batches = _parquet_batches(path, columns)
-            elif kind in ("csv", "tsv"):
-                batches = _csv_batches(path, columns, kind)
             else:
-                batches = _json_batches(path, columns, opt.token_col if opt.format == "lists" else None)
-            for batch in batches:
-                n = batch.num_rows
-                key = _as_strings(batch.column(opt.doc_col), path, opt.doc_col)
-                if key.null_count:
-                    first = pc.index(key.is_null(), True).as_py()
-                    raise CorpusError(f"{path}: column '{opt.doc_col}' has a null at row {row + first}")
-                if opt.format == "lists":
-                    lists = _as_string_lists(batch.column(opt.token_col), path, opt.token_col)
-                    key, token, pad = _flatten_lists(key, lists, drop_empty=False)
-                    yield path, _Chunk(key, token, None, n, pad)
+                columns = [opt.doc_col, opt.token_col] + ([opt.time_col] if opt.time_col else [])
+                kind = _file_kind(path)
+                if opt.format == "lists" and kind not in ("parquet", "json"):
+                    raise CorpusError(f"{path}: --format lists reads Parquet or JSON lines, not {kind}")
+                if kind == "parquet":
+                    batches = _parquet_batches(path, columns)
+                elif kind in ("csv", "tsv"):
+                    batches = _csv_batches(path, columns, kind)
                 else:
-                    token = _as_strings(batch.column(opt.token_col), path, opt.token_col)
-                    time = (_time_seconds(batch.column(opt.time_col), path, opt.time_col)
-                            if opt.time_col else None)
-                    yield path, _Chunk(key, token, time, n)
-                row += n
+                    batches = _json_batches(path, columns, opt.token_col if opt.format == "lists" else None)
+                for batch in batches:
+                    # Every column is converted whole, before rows are dropped, so that the row
+                    # numbers in its errors are those of the file.
+                    n = batch.num_rows
+                    key = _as_strings(batch.column(opt.doc_col), path, opt.doc_col, row)
+                    time = None
+                    if opt.format == "lists":
+                        token = _as_string_lists(batch.column(opt.token_col), path, opt.token_col, row)
+                    else:
+                        token = _as_strings(batch.column(opt.token_col), path, opt.token_col, row)
+                        if opt.time_col:
+                            time = _time_seconds(batch.column(opt.time_col), path, opt.time_col, row)
+                    usable = _usable_keys(key, path, row, skips)
+                    if usable is not None:
+                        key, token = key.filter(usable), token.filter(usable)
+                        if time is not None:
+                            time = time[usable.to_numpy(zero_copy_only=False)]
+                    pad = 0
+                    if opt.format == "lists":
+                        key, token, pad = _flatten_lists(key, token, drop_empty=False)
+                    row += n
+                    yield path, _Chunk(key, token, time, n, pad)
         except CorpusError:
             raise
         except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-            hint = (" (JSON input must hold one object per line)"
-                    if "JSON parse error" in str(e) and _file_kind(path) == "json" else "")
-            raise CorpusError(f"{path}: cannot read: {_one_line(e)}{hint}") from e
+            raise CorpusError(f"{path}: cannot read: {_read_error(e, path, row)}") from e
+        if row == 0 and skips is not None:  # a header, a schema, blank space: no rows
+            skips.add("empty_files", 1, path)
+
+
+def _usable_keys(key: pa.Array, path: str, row: int, skips: _Skips | None) -> pa.Array | None:
+    """Mask of the rows whose key is neither null nor empty, None when all are; counts the others."""
+    empty = pc.equal(pc.binary_length(key), 0).fill_null(False)
+    n_null, n_empty = key.null_count, pc.sum(empty).as_py() or 0
+    if not n_null and not n_empty:
+        return None
+    if skips is not None:
+        skips.add("null_keys", n_null, path, "row", row,
+                  np.flatnonzero(key.is_null().to_numpy(zero_copy_only=False)) if n_null else None)
+        skips.add("empty_keys", n_empty, path, "row", row,
+                  np.flatnonzero(empty.to_numpy(zero_copy_only=False)) if n_empty else None)
+    return pc.invert(pc.or_(key.is_null(), empty))
+
+
+def _read_error(e: BaseException, path: str, row: int) -> str:
+    """A reader's exception as one line, with row numbers made file-wide and a hint where one helps."""
+    text = _one_line(e)
+    if "JSON parse error" in text:
+        # pyarrow counts rows from the start of the block it was parsing; we know where that began.
+        text = re.sub(r"in row (\d+)", lambda m: f"in row {row + int(m.group(1))}", text)
+        if "changed from" in text:
+            text += " (a column must hold one JSON type throughout a file: all strings or all numbers)"
+        elif _file_kind(path) == "json":
+            text += " (JSON input must hold one object per line)"
+    elif "CSV parse error" in text and "columns, got" in text:
+        text += " (a field that holds the delimiter must be quoted)"
+    return text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -553,14 +740,15 @@ class _Pass1:
     rows: int
     events: int
     key_bytes: int
-    skipped: dict
+    skips: _Skips
     vocab: pa.Table  # token, count (input counts), id
 
 
 def _pass1(files: list[str], opt: _Options, min_count: int, max_vocab: int | None, bar) -> _Pass1:
     counter = _TokenCounter()
+    skips = _Skips()
     rows = events = key_bytes = null_tokens = empty_tokens = 0
-    for _, chunk in _iter_chunks(files, opt):
+    for _, chunk in _iter_chunks(files, opt, skips):
         rows += chunk.rows
         events += len(chunk.token)
         key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
@@ -571,7 +759,13 @@ def _pass1(files: list[str], opt: _Options, min_count: int, max_vocab: int | Non
         counter.add(tokens.filter(nonempty))
         bar.update(chunk.rows)
     if rows == 0:
-        raise CorpusError(f"{', '.join(files)}: the inputs hold no rows")
+        raise CorpusError(f"{_name_files(files)}: the inputs hold no rows"
+                          + (" (every file is empty)" if skips.counts["empty_files"] == len(files) else ""))
+    skips.add("null_tokens", null_tokens)
+    skips.add("empty_tokens", empty_tokens)
+    if events == 0:
+        raise CorpusError(f"{_name_files(files)}: nothing to prepare, every row was skipped "
+                          f"({_compact(skips.counts)})")
     counts = counter.table().sort_by([("count", "descending"), ("token", "ascending")])
     frequent = pc.greater_equal(counts["count"], min_count)
     below = pc.sum(counts["count"].filter(pc.invert(frequent))).as_py() or 0
@@ -581,11 +775,13 @@ def _pass1(files: list[str], opt: _Options, min_count: int, max_vocab: int | Non
         beyond = pc.sum(vocab["count"].slice(max_vocab)).as_py() or 0
         vocab = vocab.slice(0, max_vocab)
     if vocab.num_rows == 0:
-        raise CorpusError(f"{', '.join(files)}: no token occurs at least min_count={min_count} times")
+        lost = _compact(skips.counts)
+        raise CorpusError(f"{_name_files(files)}: no token occurs at least min_count={min_count} times"
+                          + (f" (skipped: {lost})" if lost else ""))
     vocab = vocab.append_column("id", pa.array(np.arange(vocab.num_rows, dtype=np.int32)))
-    skipped = {"null_tokens": null_tokens, "empty_tokens": empty_tokens,
-               "tokens_below_min_count": below, "tokens_beyond_max_vocab": beyond}
-    return _Pass1(rows, events, key_bytes, skipped, vocab.combine_chunks())
+    skips.add("tokens_below_min_count", below)
+    skips.add("tokens_beyond_max_vocab", beyond)
+    return _Pass1(rows, events, key_bytes, skips, vocab.combine_chunks())
 
 
 def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int) -> int:
@@ -660,12 +856,14 @@ def _pass2(files: list[str], opt: _Options, token_ids: _TokenIds, buckets: int, 
 # ---------------------------------------------------------------------------------------------------
 
 def _holdout(codes: np.ndarray, tokens: np.ndarray, key_hash: np.ndarray, vocab_size: int,
-             fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Pick each document's hidden distinct tokens; vectorised over the whole bucket.
 
     codes/tokens are a bucket's events (doc code, word id), grouped by code. Returns the mask of
-    events to keep for training and the hidden (code, word id) pairs. The draw for (doc, token) is a
-    hash of (seed, key, token), so it depends neither on the bucket count nor on the other documents.
+    events to keep for training, the hidden (code, word id) pairs, and how many documents have a
+    single distinct token, so nothing hidden (a single-event user keeps its event for training).
+    The draw for (doc, token) is a hash of (seed, key, token), so it depends neither on the bucket
+    count nor on the other documents.
     """
     pair = codes.astype(np.int64) * vocab_size + tokens
     uniq, inverse = np.unique(pair, return_inverse=True)
@@ -681,7 +879,23 @@ def _holdout(codes: np.ndarray, tokens: np.ndarray, key_hash: np.ndarray, vocab_
     rank = np.empty(len(uniq), np.int64)
     rank[order] = np.arange(len(uniq)) - group_start[pair_doc[order]]
     hidden = rank < hide[pair_doc]
-    return ~hidden[inverse], pair_doc[hidden], pair_tok[hidden]
+    return ~hidden[inverse], pair_doc[hidden], pair_tok[hidden], int(np.count_nonzero(distinct == 1))
+
+
+def _duplicates(codes: np.ndarray, tokens: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Mask of the events that repeat an earlier one's (doc, token, time) exactly; the first stays.
+
+    A missing time (NaN) equals nothing, so events without a time are never duplicates.
+    """
+    n = len(codes)
+    if n < 2:
+        return np.zeros(n, bool)
+    order = np.lexsort((np.arange(n), tokens, times, codes))  # equal triples adjacent, earliest first
+    same = ((codes[order[1:]] == codes[order[:-1]]) & (tokens[order[1:]] == tokens[order[:-1]])
+            & (times[order[1:]] == times[order[:-1]]))
+    duplicate = np.zeros(n, bool)
+    duplicate[order[1:][same]] = True
+    return duplicate
 
 
 def _write_shard(path: str, doc_ids: np.ndarray, lengths: np.ndarray, tokens: np.ndarray) -> None:
@@ -712,6 +926,9 @@ class _Pass3:
     counts: np.ndarray
     docs_without_tokens: int
     heldout: int
+    duplicate_events: int
+    docs_with_one_token: int     # before the held-out split
+    docs_without_heldout: int    # fewer than 2 distinct tokens: nothing to hide
 
 
 def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, holdout: float,
@@ -719,6 +936,7 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
     vocab_size = len(vocab_tokens)
     counts = np.zeros(vocab_size, np.int64)
     shards, next_id, empty_docs, heldout = [], 0, 0, 0
+    duplicates = single = nothing_hidden = 0
     os.makedirs(os.path.join(tmp, "shards"))
     hold_writer = pq.ParquetWriter(holdout_path, HOLDOUT_SCHEMA) if holdout_path else None
     try:
@@ -736,16 +954,28 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
                 codes = encoded.indices.to_numpy()
                 tokens = table["token"].to_numpy()
                 if has_time:
-                    order = np.lexsort((table["time"].to_numpy(), codes))  # stable: ties keep input order
+                    times = table["time"].to_numpy()
+                    order = np.lexsort((times, codes))  # stable: ties keep input order
                 else:
                     order = np.argsort(codes, kind="stable")
                 del table, keys, encoded
                 codes, tokens = codes[order], tokens[order]
                 in_vocab = tokens >= 0
                 codes, tokens = codes[in_vocab], tokens[in_vocab]
+                if has_time:
+                    # Without a time, a repeated (user, URL) is a repeated visit and stays; with
+                    # one, an identical (user, URL, time) is the same event logged twice.
+                    times = times[order][in_vocab]
+                    duplicate = _duplicates(codes, tokens, times)
+                    if duplicate.any():
+                        duplicates += int(np.count_nonzero(duplicate))
+                        codes, tokens = codes[~duplicate], tokens[~duplicate]
+                    del times
+                single += int(np.count_nonzero(np.bincount(codes, minlength=len(uniq_keys)) == 1))
                 if holdout > 0 and len(codes):
-                    keep, hid_doc, hid_tok = _holdout(codes, tokens, _hash_strings(uniq_keys), vocab_size,
-                                                      holdout, seed)
+                    keep, hid_doc, hid_tok, kept_whole = _holdout(codes, tokens, _hash_strings(uniq_keys),
+                                                                  vocab_size, holdout, seed)
+                    nothing_hidden += kept_whole
                     codes, tokens = codes[keep], tokens[keep]
                     heldout += len(hid_doc)
                     hold_writer.write_table(pa.table(
@@ -770,7 +1000,8 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
     finally:
         if hold_writer is not None:
             hold_writer.close()
-    return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, heldout)
+    return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, heldout, duplicates, single,
+                  nothing_hidden)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -788,13 +1019,16 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
             token_col: str = "url", time_col: str | None = None, min_count: int = 1,
             max_vocab: int | None = None, holdout: float = 0.0, holdout_out: str | None = None,
             seed: int = 1, num_shards: int | None = None, overwrite: bool = False,
-            progress: bool = True, memory_budget_bytes: int = 1 << 30) -> Corpus:
+            progress: bool = True, memory_budget_bytes: int = 1 << 30, report: bool | None = None) -> Corpus:
     """Build a corpus directory at `out` from the inputs (see the module docstring) and open it.
 
     With holdout=F > 0, each document with at least 2 distinct tokens has max(1, round(F × distinct))
     of them (never all: at least one stays) removed from its training tokens and written as
-    (key, token) rows to the Parquet file `holdout_out`. Raises CorpusError (naming the file, column
-    or row) on bad input; on any error nothing is left at `out` or `holdout_out`.
+    (key, token) rows to the Parquet file `holdout_out`; a document with one distinct token keeps it.
+    Raises CorpusError (naming the file, column or row) on bad input, and on an output that cannot be
+    written; on any error nothing is left at `out` or `holdout_out`, nor directories made for them.
+    What was skipped, and why, is in corpus.json ("skipped", "skipped_where"); with `report` (by
+    default: with `progress`) a summary and one line per reason go to stderr (`skip_report`).
     """
     if format not in FORMATS:
         raise CorpusError(f"format '{format}' is not one of {', '.join(FORMATS)}")
@@ -824,11 +1058,12 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     hold_tmp = f"{hold_final}.tmp-{os.getpid()}" if hold_final else None
     _remove(tmp)  # a leftover of a crashed run with our pid
     bars = {"file": sys.stderr, "disable": not progress, "dynamic_ncols": True}
+    made: list[str] = []  # directories we create for the outputs, removed again on failure
     try:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        made += _make_dirs(os.path.dirname(out))
         os.makedirs(tmp)
         if hold_tmp:
-            os.makedirs(os.path.dirname(hold_tmp) or ".", exist_ok=True)
+            made += _make_dirs(os.path.dirname(hold_tmp))
         with tqdm(desc="prepare 1/3 count", unit=" rows", unit_scale=True, **bars) as bar:
             p1 = _pass1(files, opt, min_count, max_vocab, bar)
         buckets = num_shards or _choose_buckets(p1, time_col is not None, memory_budget_bytes)
@@ -846,7 +1081,8 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, \
                 pa.ipc.new_file(sink, VOCAB_SCHEMA) as writer:
             writer.write_table(vocab, max_chunksize=1 << 20)
-        skipped = dict(p1.skipped, docs_without_tokens=p3.docs_without_tokens)
+        p1.skips.add("duplicate_events", p3.duplicate_events)
+        p1.skips.add("docs_without_tokens", p3.docs_without_tokens)
         meta = {
             "format_version": FORMAT_VERSION,
             "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
@@ -856,7 +1092,10 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
             "format": format, "doc_col": doc_col, "token_col": token_col, "time_col": opt.time_col,
             "min_count": min_count, "max_vocab": max_vocab, "holdout": holdout,
             "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": seed,
-            "skipped": skipped, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
+            "docs_with_one_token": p3.docs_with_one_token,
+            "docs_without_heldout": p3.docs_without_heldout if holdout > 0 else None,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         with open(os.path.join(tmp, "corpus.json"), "w") as f:
             json.dump(meta, f, indent=2)
@@ -878,19 +1117,81 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
             os.rename(tmp, out)
         if hold_tmp:
             os.replace(hold_tmp, hold_final)
-    except BaseException:
+    except BaseException as e:
         _remove(tmp)
         if hold_tmp:
             _remove(hold_tmp)
+        for directory in reversed(made):
+            try:
+                os.rmdir(directory)  # only if still empty: never what someone else put there
+            except OSError:
+                pass
+        if isinstance(e, OSError):  # reading errors are CorpusErrors already: this is the output
+            raise CorpusError(f"{out}: cannot write the corpus: {_one_line(e)}") from e
         raise
 
-    if progress:
-        lost = ", ".join(f"{k} {v:,}" for k, v in skipped.items() if v) or "nothing"
+    if progress if report is None else report:
+        lines = skip_report(meta)
         print(f"prepared {out}: {p3.num_docs:,} docs, {p3.num_tokens:,} tokens, vocabulary "
-              f"{len(vocab_tokens):,}, {buckets} shard(s); skipped: {lost}"
+              f"{len(vocab_tokens):,}, {buckets} shard(s)"
+              + ("" if any(line.startswith("skipped") for line in lines) else "; skipped: nothing")
               + (f"; held out {p3.heldout:,} (key, token) pairs to {hold_final}" if hold_final else ""),
               file=sys.stderr)
+        for line in lines:
+            print(line, file=sys.stderr)
     return Corpus(out)
+
+
+def _make_dirs(directory: str) -> list[str]:
+    """os.makedirs, returning the directories it created, outermost first."""
+    missing = []
+    directory = os.path.abspath(directory or ".")
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    missing.reverse()
+    for d in missing:
+        os.makedirs(d, exist_ok=True)
+    return missing
+
+
+def skip_report(meta: dict) -> list[str]:
+    """One line per reason prepare dropped something, with the count and where the first ones were,
+    then what it kept that is worth knowing (documents of a single token), from a corpus.json."""
+    doc, tok, time = meta.get("doc_col"), meta.get("token_col"), meta.get("time_col")
+    fmt = meta.get("format", "events")
+    token = "event" if fmt == "events" else "token"
+    what = {
+        "empty_files": "empty input file(s)",
+        "null_keys": f"row(s) with a null '{doc}'",
+        "empty_keys": f"row(s) with an empty '{doc}'",
+        "invalid_utf8_lines": "line(s) that are not valid UTF-8 (their keys are not reused)",
+        "null_tokens": f"{token}(s) with a null '{tok}'" if fmt == "events" else "null token(s)",
+        "empty_tokens": f"{token}(s) with an empty '{tok}'" if fmt == "events" else "empty token(s)",
+        "duplicate_events": f"duplicate event(s): the same '{doc}', '{tok}' and '{time}' as an earlier one",
+        "tokens_below_min_count": f"{token}(s) of a token seen fewer than min_count={meta.get('min_count')} "
+                                  "times",
+        "tokens_beyond_max_vocab": f"{token}(s) of a token beyond the max_vocab={meta.get('max_vocab')} "
+                                   "most frequent",
+        "docs_without_tokens": "document(s) left with no token (each null, empty or out of the vocabulary)",
+    }
+    lines = []
+    where = meta.get("skipped_where", {})
+    for reason, count in meta.get("skipped", {}).items():
+        if count:
+            first = where.get(reason)
+            lines.append(f"skipped {count:,} {what.get(reason, reason)}"
+                         + (f" (first: {', '.join(first)})" if first else ""))
+    if meta.get("docs_with_one_token"):
+        lines.append(f"kept {meta['docs_with_one_token']:,} document(s) with a single {token}: they train "
+                     "like any other")
+    if meta.get("docs_without_heldout"):
+        lines.append(f"held out nothing of {meta['docs_without_heldout']:,} document(s) with one distinct "
+                     "token: it stays for training, so they are not in the held-out file")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -391,21 +391,6 @@ def test_empty_inputs_are_errors_naming_the_path(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
-def test_null_key_names_file_column_and_row(tmp_path):
-    rows = [(f"u{i}", "a") for i in range(30)]
-    rows[17] = (None, "a")
-    _write_events(tmp_path / "events.csv", rows, cols=("user_id", "url"))
-    with pytest.raises(CorpusError) as e:
-        _prepare([tmp_path / "events.csv"], tmp_path / "out")
-    assert str(e.value) == f"{tmp_path / 'events.csv'}: column 'user_id' has a null at row 17"
-    # Row numbers count within the file, across its batches.
-    pq.write_table(pa.table({"user_id": ["u"] * 10 + [None], "url": ["a"] * 11}), tmp_path / "n.parquet",
-                   row_group_size=4)
-    with pytest.raises(CorpusError, match=r"n\.parquet: column 'user_id' has a null at row 10$"):
-        _prepare([tmp_path / "n.parquet"], tmp_path / "out")
-    assert _leftovers(tmp_path) == []
-
-
 def test_corrupt_parquet_among_good_files_leaves_nothing_behind(tmp_path):
     _write_events(tmp_path / "a.parquet", EVENTS)
     (tmp_path / "b.parquet").write_bytes(b"PAR1 this is not parquet at all")
@@ -482,3 +467,253 @@ def test_corpus_files_are_arrow_ipc_files_with_the_contract_schemas(tmp_path):
                 "skipped", "created"):
         assert key in meta
     assert meta["inputs"] == [src]
+
+
+# ------------------------------------------------------------------------------------- bad input
+# Each bad input is either one CorpusError line naming the file (and column, row) with nothing left
+# behind, or a counted skip in corpus.json that prepare reports on stderr.
+
+def _cli(capsys, *argv) -> tuple[int, str]:
+    """Run the real console script in-process; its exit code and stderr."""
+    from doc2vec_dist.cli import main
+
+    code = main(["prepare", *map(str, argv), "--no-progress"])
+    return code, capsys.readouterr().err
+
+
+def _assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_null_and_empty_keys_are_skipped_counted_and_located(tmp_path, capsys):
+    rows = [(f"u{i % 3}", f"p{i % 2}") for i in range(30)]
+    rows[17] = (None, "a")
+    _write_events(tmp_path / "a.csv", rows, cols=("user_id", "url"))
+    # Row numbers count within the file across its batches (row groups of 4).
+    pq.write_table(pa.table({"user_id": ["u0", "", "u1", "u1"] * 2 + ["u2", "u2", None],
+                             "url": ["p0"] * 11}), tmp_path / "b.parquet", row_group_size=4)
+    with open(tmp_path / "c.jsonl", "w") as f:  # a missing field is a null
+        f.writelines(json.dumps(r) + "\n" for r in [{"user_id": "u9", "url": "p1"}, {"url": "p1"},
+                                                    {"user_id": None, "url": "p0"}])
+    code, err = _cli(capsys, tmp_path / "a.csv", tmp_path / "b.parquet", tmp_path / "c.jsonl",
+                     "--out", tmp_path / "out")
+    assert code == 0 and "Traceback" not in err
+    c = Corpus(str(tmp_path / "out"))
+    assert c.meta["skipped"]["null_keys"] == 4 and c.meta["skipped"]["empty_keys"] == 2
+    assert c.meta["skipped_where"]["null_keys"] == [f"{tmp_path / 'a.csv'} row 17", f"{tmp_path / 'b.parquet'} row 10",
+                                                   f"{tmp_path / 'c.jsonl'} row 1"]
+    assert c.meta["skipped_where"]["empty_keys"] == [f"{tmp_path / 'b.parquet'} row 1", f"{tmp_path / 'b.parquet'} row 5"]
+    assert sorted(c.docs()["key"].to_pylist()) == ["u0", "u1", "u2", "u9"]
+    assert c.num_tokens == 29 + 8 + 1
+    assert f"skipped 4 row(s) with a null 'user_id' (first: {tmp_path / 'a.csv'} row 17, " in err
+    assert "skipped 2 row(s) with an empty 'user_id'" in err
+
+
+def test_every_row_skipped_is_an_error_saying_why(tmp_path):
+    pq.write_table(pa.table({"user_id": pa.array([None, None], pa.string()), "url": ["a", "b"]}),
+                   tmp_path / "e.parquet")
+    with pytest.raises(CorpusError, match=r"e\.parquet: nothing to prepare, every row was skipped \(null_keys 2\)"):
+        _prepare([tmp_path / "e.parquet"], tmp_path / "out")
+    assert _leftovers(tmp_path) == []
+
+
+def test_integer_and_float_ids_are_cast_but_lists_and_structs_are_errors(tmp_path):
+    # A null turns an int id column into floats (pandas): 7.0 must still be user "7".
+    pq.write_table(pa.table({"user_id": [7, 8], "url": [101, 102]}), tmp_path / "ints.parquet")
+    pq.write_table(pa.table({"user_id": [7.0, None], "url": [101.0, 103.0]}), tmp_path / "floats.parquet")
+    c = _prepare([tmp_path / "ints.parquet", tmp_path / "floats.parquet"], tmp_path / "out")
+    assert _documents(c) == {"7": ["101", "101"], "8": ["102"]}
+    assert c.meta["skipped"]["null_keys"] == 1
+
+    pq.write_table(pa.table({"user_id": [["u"]], "url": ["a"]}), tmp_path / "list.parquet")
+    with pytest.raises(CorpusError, match=r"list\.parquet: column 'user_id' holds list<.*>, expected strings or "
+                                          r"numbers \(a list of tokens per row is --format lists\)"):
+        _prepare([tmp_path / "list.parquet"], tmp_path / "out2")
+    pq.write_table(pa.table({"user_id": ["u"], "url": [{"host": "a"}]}), tmp_path / "struct.parquet")
+    with pytest.raises(CorpusError, match=r"struct\.parquet: column 'url' holds struct<host: string>"):
+        _prepare([tmp_path / "struct.parquet"], tmp_path / "out2")
+    (tmp_path / "mixed.csv").write_text("user_id,url,ts\nu,a,1700000000\nu,b,2024-01-01T00:00:00\n")
+    with pytest.raises(CorpusError, match=r"mixed\.csv: column 'ts' mixes numbers and ISO 8601 timestamps"):
+        _prepare([tmp_path / "mixed.csv"], tmp_path / "out2", time_col="ts")
+    (tmp_path / "bad.csv").write_text("user_id,url,ts\nu,a,1\nu,b,soon\n")
+    with pytest.raises(CorpusError, match=r"bad\.csv: column 'ts' is not a time: cannot read 'soon' \(row 1\)"):
+        _prepare([tmp_path / "bad.csv"], tmp_path / "out2", time_col="ts")
+    assert _leftovers(tmp_path) == ["out"]
+
+
+def test_json_column_changing_type_names_the_file_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_mod, "CSV_JSON_BLOCK_BYTES", 1000)  # the change lies in a later block
+    rows = [{"user_id": i, "url": "a"} for i in range(200)] + [{"user_id": "x", "url": "a"}]
+    (tmp_path / "e.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(CorpusError, match=r"e\.jsonl: cannot read: JSON parse error: Column\(/user_id\) changed "
+                                          r"from number to string in row 200 \(a column must hold one JSON type"):
+        _prepare([tmp_path / "e.jsonl"], tmp_path / "out")
+    assert _leftovers(tmp_path) == []
+
+
+def test_empty_files_among_good_ones_are_counted_skips(tmp_path, capsys):
+    good = _write_events(tmp_path / "good.parquet", EVENTS)
+    (tmp_path / "zero.parquet").write_bytes(b"")
+    pq.write_table(pa.table({"user_id": pa.array([], pa.string()), "url": pa.array([], pa.string())}),
+                   tmp_path / "norows.parquet")
+    (tmp_path / "zero.csv").write_bytes(b"")
+    (tmp_path / "header.csv").write_text("user_id,url\n")
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    with gzip.open(tmp_path / "empty.csv.gz", "wb"):
+        pass
+    inputs = [good, *(tmp_path / n for n in ("zero.parquet", "norows.parquet", "zero.csv", "header.csv",
+                                             "blank.jsonl", "empty.csv.gz"))]
+    c = prepare([str(i) for i in inputs], str(tmp_path / "out"), progress=False, report=True)
+    assert c.meta["skipped"]["empty_files"] == 6
+    assert c.meta["skipped_where"]["empty_files"] == [str(tmp_path / "zero.parquet"), str(tmp_path / "norows.parquet"),
+                                                     str(tmp_path / "zero.csv")]
+    assert _documents(c) == _documents(_prepare([good], tmp_path / "alone"))
+    assert f"skipped 6 empty input file(s) (first: {tmp_path / 'zero.parquet'}, " in capsys.readouterr().err
+
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(CorpusError, match=r"zero\.parquet, .*zero\.csv and 1 more: the inputs hold no rows "
+                                          r"\(every file is empty\)"):
+        _prepare([tmp_path / n for n in ("zero.parquet", "norows.parquet", "zero.csv", "header.csv")],
+                 tmp_path / "out2")
+    with pytest.raises(CorpusError, match=r"empty\.txt: the inputs hold no rows"):
+        _prepare([tmp_path / "empty.txt"], tmp_path / "out2", format="text")
+    assert _leftovers(tmp_path) == ["out"]
+
+
+def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(corpus_mod, "TEXT_BLOCK_BYTES", 16)  # line numbers must hold across blocks
+    lines = [b"good one", b"bad \xff line", b"caf\xc3\xa9 ok", b"\xc3 truncated", b"last good"]
+    (tmp_path / "a.txt").write_bytes(b"\n".join(lines) + b"\n")
+    (tmp_path / "b.txt").write_bytes(b"\xfe\xfe\nmore text\n")
+    c = prepare([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], str(tmp_path / "out"), format="text",
+                progress=False, report=True)
+    # Bad lines 1, 3 (a.txt) and 5 (b.txt line 0) are gone; later lines keep their numbers as keys.
+    assert _documents(c) == {"0": ["good", "one"], "2": ["café", "ok"], "4": ["last", "good"], "6": ["more", "text"]}
+    assert c.meta["skipped"]["invalid_utf8_lines"] == 3
+    assert c.meta["skipped"]["docs_without_tokens"] == 0  # not counted twice
+    assert c.meta["skipped_where"]["invalid_utf8_lines"] == [f"{tmp_path / 'a.txt'} line 1", f"{tmp_path / 'a.txt'} line 3",
+                                                            f"{tmp_path / 'b.txt'} line 0"]
+    assert c.meta["input_rows"] == 7
+    err = capsys.readouterr().err
+    assert f"skipped 3 line(s) that are not valid UTF-8 (their keys are not reused) (first: {tmp_path / 'a.txt'} line 1" in err
+
+
+def test_invalid_utf8_in_structured_files_is_an_error_naming_file_column_and_row(tmp_path, capsys):
+    (tmp_path / "e.csv").write_bytes(b"user_id,url,note\nu1,a,\xff fine: not our column\nu1,b,x\nu\xe9,c,x\n")
+    code, err = _cli(capsys, tmp_path / "e.csv", "--out", tmp_path / "out")
+    _assert_one_line_error(code, err, f"{tmp_path / 'e.csv'}: column 'user_id' row 2 is not valid UTF-8")
+    (tmp_path / "e.jsonl").write_bytes(b'{"user_id": "u", "url": "a"}\n{"user_id": "u", "url": "b\xff"}\n')
+    with pytest.raises(CorpusError, match=r"e\.jsonl: column 'url' row 1 is not valid UTF-8"):
+        _prepare([tmp_path / "e.jsonl"], tmp_path / "out")
+    pq.write_table(pa.table({"user_id": pa.array([b"u", b"v\xff"], pa.binary()), "url": ["a", "b"]}),
+                   tmp_path / "e.parquet")
+    with pytest.raises(CorpusError, match=r"e\.parquet: column 'user_id' row 1 is not valid UTF-8"):
+        _prepare([tmp_path / "e.parquet"], tmp_path / "out")
+    (tmp_path / "l.jsonl").write_bytes(b'{"d": "x", "t": ["a"]}\n{"d": "y", "t": ["b", "\xff"]}\n')
+    with pytest.raises(CorpusError, match=r"l\.jsonl: column 't' row 1 is not valid UTF-8"):
+        _prepare([tmp_path / "l.jsonl"], tmp_path / "out", format="lists", doc_col="d", token_col="t")
+    assert _leftovers(tmp_path) == []
+
+
+def test_malformed_csv_row_is_an_error_with_a_hint(tmp_path):
+    (tmp_path / "e.csv").write_text("user_id,url\nu,http://a/x\nu,http://b/?q=1,2\n")
+    with pytest.raises(CorpusError, match=r"e\.csv: cannot read: CSV parse error: Expected 2 columns, got 3: .*"
+                                          r"\(a field that holds the delimiter must be quoted\)$"):
+        _prepare([tmp_path / "e.csv"], tmp_path / "out")
+
+
+def test_duplicate_events_are_dropped_only_with_a_time_column(tmp_path, capsys):
+    rows = [("u1", "a", 1), ("u1", "b", 1), ("u1", "a", 1), ("u1", "a", 2), ("u2", "a", 1), ("u1", "a", None),
+            (None, "a", 0), ("u1", "a", None)]
+    a = _write_events(tmp_path / "a.parquet", rows)
+    b = _write_events(tmp_path / "b.csv", [("u1", "b", 1), ("u2", "a", 1), ("u3", "c", 5)])  # repeats across files
+    c = prepare([a, b], str(tmp_path / "out"), time_col="ts", progress=False, report=True)
+    assert c.meta["skipped"]["duplicate_events"] == 3 and c.meta["skipped"]["null_keys"] == 1
+    # u1: a@1, b@1 (a@1 again and b@1 from b.csv dropped), a@2, then the two timeless a's (never duplicates).
+    assert _documents(c) == {"u1": ["a", "b", "a", "a", "a"], "u2": ["a"], "u3": ["c"]}
+    assert c.counts().tolist() == [5, 1, 1]  # training counts, after the drop
+    assert "skipped 3 duplicate event(s): the same 'user_id', 'url' and 'ts' as an earlier one" in capsys.readouterr().err
+    # Without a time column a repeated (user, URL) is another visit: kept.
+    c = _prepare([a, b], tmp_path / "no-time")
+    assert c.meta["skipped"]["duplicate_events"] == 0 and c.num_tokens == 10
+
+
+def test_single_event_users_are_kept_counted_and_keep_their_event_with_holdout(tmp_path, capsys):
+    rows = [("solo1", "a", 0), ("solo2", "b", 0), ("same", "a", 0), ("same", "a", 1)]
+    rows += [("many", t, i) for i, t in enumerate("abcdef")]
+    src = _write_events(tmp_path / "e.parquet", rows)
+    code, err = _cli(capsys, src, "--out", tmp_path / "out", "--holdout", "0.5", "--holdout-out", tmp_path / "h.parquet")
+    assert code == 0
+    c = Corpus(str(tmp_path / "out"))
+    assert c.meta["docs_with_one_token"] == 2
+    assert c.meta["docs_without_heldout"] == 3  # solo1, solo2 and "same" (one distinct URL)
+    docs = _documents(c)
+    assert docs["solo1"] == ["a"] and docs["solo2"] == ["b"] and docs["same"] == ["a", "a"]
+    held = pq.read_table(tmp_path / "h.parquet")
+    assert set(held["key"].to_pylist()) == {"many"} and held.num_rows == 3
+    assert "kept 2 document(s) with a single event: they train like any other" in err
+    assert "held out nothing of 3 document(s) with one distinct token" in err
+
+
+def test_a_user_with_a_million_events_is_used_whole(tmp_path):
+    n = 1_000_000
+    urls = np.arange(n) * 7919 % 5000  # every URL id 0..4999, in a scrambled order
+    table = pa.table({"user_id": pa.array(["big"] * n + ["small"] * 3),
+                      "url": pa.array(np.concatenate([urls, [1, 2, 3]])).cast(pa.string())})
+    pq.write_table(table, tmp_path / "e.parquet")
+    c = _prepare([tmp_path / "e.parquet"], tmp_path / "out")
+    assert c.docs().to_pydict() == {"key": ["big", "small"], "id": [0, 1], "length": [n, 3]}
+    assert c.num_tokens == n + 3
+    # A reader asking for 1,000 tokens at a time still gets the long document whole, then the next.
+    (doc_ids, offsets, tokens), rest = list(iter_shard(c.shard_paths[0], max_tokens=1000))
+    assert doc_ids.tolist() == [0] and offsets.tolist() == [0, n] and rest[0].tolist() == [1]
+    words = np.array(c.vocab()["token"].to_pylist()).astype(np.int64)
+    assert np.array_equal(words[tokens[:n]], urls)  # all of them, in input order
+
+
+def test_corrupt_and_truncated_parquet_through_the_cli(tmp_path, capsys):
+    _write_events(tmp_path / "good.parquet", EVENTS)
+    whole = (tmp_path / "good.parquet").read_bytes()
+    out, held = tmp_path / "new" / "deeper" / "corpus", tmp_path / "h.parquet"
+    for name, content in [("garbage.parquet", os.urandom(300)), ("truncated.parquet", whole[: len(whole) // 2])]:
+        (tmp_path / name).write_bytes(content)
+        code, err = _cli(capsys, tmp_path / "good.parquet", tmp_path / name, "--out", out,
+                         "--holdout", "0.2", "--holdout-out", held)
+        _assert_one_line_error(code, err, f"{tmp_path / name}: cannot read: ")
+        # Nothing written, not even the directories made for the output.
+        assert sorted(os.listdir(tmp_path)) == sorted(["good.parquet", name]), os.listdir(tmp_path)
+        os.remove(tmp_path / name)
+
+
+@pytest.mark.parametrize("case", ["missing column", "mistyped column", "no rows", "unknown file"])
+def test_cli_prints_one_line_naming_the_file(tmp_path, capsys, case):
+    path = tmp_path / "e.parquet"
+    if case == "missing column":
+        pq.write_table(pa.table({"uid": ["u"], "url": ["a"]}), path)
+        needles = [f"{path}: column 'user_id' not found (columns: uid, url)"]
+    elif case == "mistyped column":
+        pq.write_table(pa.table({"user_id": ["u"], "url": [[1, 2]]}), path)
+        needles = [f"{path}: column 'url' holds list<"]
+    elif case == "no rows":
+        path = tmp_path / "e.csv"
+        path.write_text("user_id,url\n")
+        needles = [f"{path}: the inputs hold no rows (every file is empty)"]
+    else:
+        path = tmp_path / "e.xlsx"
+        path.write_text("x")
+        needles = [f"{path}: unknown file type"]
+    code, err = _cli(capsys, path, "--out", tmp_path / "out")
+    _assert_one_line_error(code, err, *needles)
+    assert sorted(os.listdir(tmp_path)) == [path.name]
+
+
+def test_an_output_that_cannot_be_written_is_a_one_line_error(tmp_path):
+    src = _write_events(tmp_path / "e.parquet", EVENTS)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(CorpusError, match=r"afile/corpus: cannot write the corpus: "):
+        _prepare([src], tmp_path / "afile" / "corpus")
+    assert sorted(os.listdir(tmp_path)) == ["afile", "e.parquet"]
