@@ -285,6 +285,7 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r} (choose from {', '.join(FORMATS)})")
     t0 = time.perf_counter()
+    model = checkpoint.local_copy(model)  # a remote model (s3://…) is exported from a verified local copy
     _, spec = checkpoint.table_spec(model, table)
     keys = keys_of(model, table)
     if len(keys) != spec["rows"]:

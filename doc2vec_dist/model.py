@@ -52,6 +52,7 @@ class _MappedPart:
 
 class Model:
     def __init__(self, path: str):
+        path = checkpoint.local_copy(path)  # a remote model (s3://…) is used from a verified local copy
         checkpoint.load_manifest(path)  # fails early, naming the directory, if it is not a model
         self.path = path
         self._keys: dict[str, pa.Array] = {}

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.sharding import global_rows, rows_on_shard
 
 ROWS, DIM, SHARDS = 11, 4, 2
 
@@ -142,3 +149,470 @@ def test_a_missing_part_file_is_a_user_error_naming_it(tmp_path):
     os.remove(path)
     with pytest.raises(UserError, match="part-00000-of-00002"):
         checkpoint.read_table(model, "docs")
+
+
+# ---------------------------------------------------------------------------------------------------
+# resharding: a checkpoint written by S servers read back by any other number
+# ---------------------------------------------------------------------------------------------------
+
+def write_sharded(model: str, matrix: np.ndarray, state: np.ndarray | None, num_shards: int,
+                  table: str = "docs", keep: int = 2) -> int:
+    """Write `matrix` (and its optimiser state) as ps.save does with `num_shards` servers; commit it."""
+    version = checkpoint.next_version(model)
+    parts = []
+    for shard in range(num_shards):
+        ids = global_rows(shard, num_shards, len(matrix))
+        parts.append(checkpoint.write_slice(model, version, table, shard, num_shards, ids, matrix[ids],
+                                            state=None if state is None else state[ids], rows_per_batch=3))
+    checkpoint.commit(model, version, {table: parts}, {table: matrix.shape[1]}, {"epoch": 1}, keep=keep)
+    return version
+
+
+def gather_shards(model: str, num_shards: int, rows: int, **options) -> tuple[np.ndarray, np.ndarray | None]:
+    """read_shard of every shard, put back at each row's global id."""
+    vectors, state = np.full((rows, DIM), np.nan, np.float32), None
+    for shard in range(num_shards):
+        mine, mine_state = checkpoint.read_shard(model, "docs", shard, num_shards, **options)
+        assert mine.shape == (rows_on_shard(shard, num_shards, rows), DIM)
+        vectors[global_rows(shard, num_shards, rows)] = mine
+        if mine_state is not None:
+            state = np.full((rows, 1), np.nan, np.float32) if state is None else state
+            state[global_rows(shard, num_shards, rows)] = mine_state
+    return vectors, state
+
+
+@pytest.mark.parametrize("read_with", [1, 2, 3, 5])
+def test_written_by_three_servers_read_by_any_number(tmp_path, read_with):
+    model = str(tmp_path / "m")
+    rows = 23
+    matrix = np.random.default_rng(0).standard_normal((rows, DIM)).astype(np.float32)
+    state = np.random.default_rng(1).random((rows, 1)).astype(np.float32)
+    write_sharded(model, matrix, state, num_shards=3)
+
+    vectors, got_state = gather_shards(model, read_with, rows)
+    np.testing.assert_array_equal(vectors, matrix)
+    np.testing.assert_array_equal(got_state, state)
+    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), matrix)
+
+
+def test_read_shard_fills_a_given_table_with_vectors_then_state(tmp_path):
+    model = str(tmp_path / "m")
+    matrix = full_matrix()
+    state = np.arange(ROWS, dtype=np.float32)[:, None]
+    write_sharded(model, matrix, state, num_shards=3)
+    out = np.zeros((rows_on_shard(1, 2, ROWS), DIM + 1), np.float32)  # a PS table: vectors, then adagrad
+
+    vectors, got_state = checkpoint.read_shard(model, "docs", 1, 2, out=out)
+    assert vectors.base is out and got_state.base is out
+    np.testing.assert_array_equal(out[:, :DIM], matrix[1::2])
+    np.testing.assert_array_equal(out[:, DIM:], state[1::2])
+
+
+def test_a_checkpoint_without_state_reads_as_none(tmp_path):
+    model = str(tmp_path / "m")
+    write_sharded(model, full_matrix(), None, num_shards=2)
+    vectors, state = checkpoint.read_shard(model, "docs", 0, 3)
+    assert state is None
+    np.testing.assert_array_equal(vectors, full_matrix()[0::3])
+
+
+def test_read_shard_opens_only_the_parts_that_can_hold_its_rows(tmp_path):
+    model = str(tmp_path / "m")
+    write_sharded(model, full_matrix(), None, num_shards=2)
+    os.remove(part_path(model, 1))  # rows 1, 3, 5, …
+    # with 4 servers, shards 0 and 2 hold only even rows: part 1 is never opened
+    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 2, 4)[0], full_matrix()[2::4])
+    with pytest.raises(UserError, match="part-00001-of-00002.*missing"):
+        checkpoint.read_shard(model, "docs", 1, 4)
+
+
+def test_read_shard_of_a_pinned_version(tmp_path):
+    model = str(tmp_path / "m")
+    write_sharded(model, full_matrix(0), None, num_shards=2)
+    write_sharded(model, full_matrix(1), None, num_shards=3)
+    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1)[0], full_matrix(1))
+    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1, version=1)[0], full_matrix(0))
+    np.testing.assert_array_equal(checkpoint.read_shard_version(model, 1, "docs", 1, 2)[0], full_matrix(0)[1::2])
+    np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=1), full_matrix(0))
+
+
+def test_read_shard_verifies_checksums(tmp_path):
+    model = str(tmp_path / "m")
+    write_sharded(model, full_matrix(), None, num_shards=2)
+    flip_a_byte(part_path(model, 0))
+    with pytest.raises(UserError, match="checksum"):
+        checkpoint.read_shard(model, "docs", 0, 3)
+
+
+def flip_a_byte(path: str) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(os.path.getsize(path) // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_write_slice_refuses_rows_of_another_shard(tmp_path):
+    with pytest.raises(ValueError, match="mod 2"):
+        checkpoint.write_slice(str(tmp_path / "m"), 1, "docs", 0, 2, np.array([0, 1]), full_matrix()[:2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# the manifest is validated before use; every failure names the file and the field
+# ---------------------------------------------------------------------------------------------------
+
+def _set(path: list, value):
+    def edit(manifest):
+        target = manifest
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return edit
+
+
+def _drop(path: list):
+    def edit(manifest):
+        target = manifest
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+    return edit
+
+
+def _duplicate_part(manifest):
+    parts = manifest["tables"]["docs"]["parts"]
+    parts[1] = dict(parts[0])
+
+
+PARTS = ["tables", "docs", "parts"]
+BAD_MANIFESTS = {
+    "format_version": (_set(["format_version"], 2), "'format_version'"),
+    "version of another directory": (_set(["version"], 7), "'version'"),
+    "version not an int": (_set(["version"], "1"), "'version'"),
+    "no tables": (_set(["tables"], {}), "'tables'"),
+    "unknown table": (lambda m: m["tables"].update(users=m["tables"]["docs"]), "unknown table 'users'"),
+    "negative dim": (_set(["tables", "docs", "dim"], -4), "'tables.docs.dim'"),
+    "dim as a string": (_set(["tables", "docs", "dim"], "4"), "'tables.docs.dim'"),
+    "zero dim": (_set(["tables", "docs", "dim"], 0), "'tables.docs.dim'"),
+    "negative rows": (_set(["tables", "docs", "rows"], -1), "'tables.docs.rows'"),
+    "rows not the sum of parts": (_set(["tables", "docs", "rows"], ROWS + 1), "'tables.docs.rows'"),
+    "dtype": (_set(["tables", "docs", "dtype"], "float64"), "'tables.docs.dtype'"),
+    "no parts": (_set(PARTS, []), "'tables.docs.parts'"),
+    "part rows": (_set([*PARTS, 0, "rows"], 2.5), "'tables.docs.parts[0].rows'"),
+    "part rows bool": (_set([*PARTS, 0, "rows"], True), "'tables.docs.parts[0].rows'"),
+    "short sha256": (_set([*PARTS, 0, "sha256"], "abc"), "'tables.docs.parts[0].sha256'"),
+    "uppercase sha256": (_set([*PARTS, 1, "sha256"], "A" * 64), "'tables.docs.parts[1].sha256'"),
+    "missing sha256": (_drop([*PARTS, 0, "sha256"]), "'tables.docs.parts[0].sha256'"),
+    "negative bytes": (_set([*PARTS, 0, "bytes"], -1), "'tables.docs.parts[0].bytes'"),
+    "absolute part path": (_set([*PARTS, 0, "path"], "/etc/passwd"), "escapes the model directory"),
+    "dotdot part path": (_set([*PARTS, 0, "path"], "docs/../../../x.arrow"), "escapes the model directory"),
+    "URI part path": (_set([*PARTS, 0, "path"], "s3://elsewhere/docs/part-00000-of-00002.arrow"),
+                      "escapes the model directory"),
+    "part of another table": (_set([*PARTS, 0, "path"], "words/part-00000-of-00002.arrow"),
+                              "'tables.docs.parts[0].path'"),
+    "part path not a part name": (_set([*PARTS, 0, "path"], "docs/vectors.arrow"), "'tables.docs.parts[0].path'"),
+    "part path not a string": (_set([*PARTS, 0, "path"], 3), "'tables.docs.parts[0].path'"),
+    "the same part twice": (_duplicate_part, "'tables.docs.parts[1].path'"),
+    "epoch": (_set(["epoch"], "3"), "'epoch'"),
+    "negative epoch": (_set(["epoch"], -1), "'epoch'"),
+    "positions": (_set(["positions"], {"worker": 0}), "'positions'"),
+    "config": (_set(["config"], ["dim", 4]), "'config'"),
+    "lr": (_set(["lr"], "fast"), "'lr'"),
+    "top level not an object": (lambda m: None, "'(top level)'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MANIFESTS))
+def test_a_bad_manifest_field_is_a_user_error_naming_it(tmp_path, case):
+    model = str(tmp_path / "m")
+    write_version(model, full_matrix())
+    manifest_path = os.path.join(checkpoint.version_dir(model, 1), "manifest.json")
+    with open(manifest_path) as fh:
+        manifest = json.load(fh)
+    edit, expected = BAD_MANIFESTS[case]
+    manifest = [] if case == "top level not an object" else manifest
+    if manifest != []:
+        edit(manifest)
+    with open(manifest_path, "w") as fh:
+        json.dump(manifest, fh)
+
+    for read in (checkpoint.load_manifest, lambda m: checkpoint.read_shard(m, "docs", 0, 1)):
+        with pytest.raises(UserError) as err:
+            read(model)
+        assert manifest_path in str(err.value) and expected in str(err.value)
+
+
+def test_optional_manifest_keys_of_the_right_type_are_accepted(tmp_path):
+    model = str(tmp_path / "m")
+    version = checkpoint.next_version(model)
+    parts = [checkpoint.write_slice(model, version, "docs", 0, 1, np.arange(ROWS), full_matrix())]
+    extra = {"epoch": 2, "positions": [{"unit": 0, "row": 5}, None], "config": {"dim": DIM}, "lr": 0.0125,
+             "num_ps": 1, "losses": [0.5, 0.4]}
+    checkpoint.commit(model, version, {"docs": parts}, {"docs": DIM}, extra, keep=2)
+    _, manifest = checkpoint.load_manifest(model)
+    assert {k: manifest[k] for k in extra} == extra
+
+
+def test_commit_refuses_a_manifest_it_could_not_read_back(tmp_path):
+    model = str(tmp_path / "m")
+    parts = [checkpoint.write_slice(model, 1, "docs", 0, 1, np.arange(ROWS), full_matrix())]
+    with pytest.raises(UserError, match="'lr'"):
+        checkpoint.commit(model, 1, {"docs": parts}, {"docs": DIM}, {"lr": "high"}, keep=2)
+    with pytest.raises(ValueError, match="version"):
+        checkpoint.commit(model, 1, {"docs": parts}, {"docs": DIM}, {"version": 9}, keep=2)
+    assert not checkpoint.exists(model, "LATEST")
+
+
+def test_commit_refuses_a_version_whose_part_is_missing(tmp_path):
+    model = str(tmp_path / "m")
+    write_version(model, full_matrix(0))
+    parts = [checkpoint.write_slice(model, 2, "docs", s, 2, np.arange(s, ROWS, 2), full_matrix(1)[s::2])
+             for s in range(2)]
+    os.remove(os.path.join(checkpoint.version_dir(model, 2), parts[1]["path"]))
+    with pytest.raises(UserError, match="part-00001-of-00002.*missing"):
+        checkpoint.commit(model, 2, {"docs": parts}, {"docs": DIM}, {}, keep=2)
+    assert checkpoint.latest_version(model) == 1
+    assert not os.path.exists(os.path.join(checkpoint.version_dir(model, 2), "manifest.json"))
+
+
+def test_latest_naming_a_version_without_manifest_is_an_error(tmp_path):
+    model = str(tmp_path / "m")
+    write_version(model, full_matrix())
+    with open(os.path.join(model, "LATEST"), "w") as fh:
+        fh.write("v9\n")
+    with pytest.raises(UserError, match="v9.*manifest.json.*missing|manifest.json: missing"):
+        checkpoint.load_manifest(model)
+    with open(os.path.join(model, "LATEST"), "w") as fh:
+        fh.write("../../etc\n")
+    with pytest.raises(UserError, match="expected a version like v3"):
+        checkpoint.load_manifest(model)
+
+
+def test_relative_paths_cannot_leave_the_model_directory(tmp_path):
+    model = str(tmp_path / "m")
+    for bad in ("../x.json", "/etc/passwd", "a/../../b", "s3://b/k", "", "a//b"):
+        with pytest.raises(UserError, match="escapes the model directory"):
+            checkpoint.write_json(model, bad, {})
+        with pytest.raises(UserError, match="escapes the model directory"):
+            checkpoint.read_json(model, bad)
+    assert not os.path.exists(tmp_path / "x.json")
+
+
+def test_json_helpers_round_trip_atomically(tmp_path):
+    model = str(tmp_path / "m")
+    assert not checkpoint.exists(model, "config.json")
+    checkpoint.write_json(model, "config.json", {"dim": 4, "alpha": 0.025})
+    assert checkpoint.exists(model, "config.json")
+    assert checkpoint.read_json(model, "config.json") == {"dim": 4, "alpha": 0.025}
+    assert os.listdir(model) == ["config.json"]  # no temporary file left beside it
+    with open(os.path.join(model, "broken.json"), "w") as fh:
+        fh.write("{")
+    with pytest.raises(UserError, match="broken.json: not valid JSON"):
+        checkpoint.read_json(model, "broken.json")
+    with pytest.raises(UserError, match="nothing.json: missing"):
+        checkpoint.read_json(model, "nothing.json")
+    assert checkpoint.model_path("rel/model") == os.path.abspath("rel/model")
+    assert checkpoint.model_path("s3://b/m?scheme=http") == "s3://b/m?scheme=http"
+    assert checkpoint.local_copy(model) == model  # a local model is used where it is
+
+
+# ---------------------------------------------------------------------------------------------------
+# partial versions, pruning, keep-K
+# ---------------------------------------------------------------------------------------------------
+
+def test_a_partial_version_is_skipped_then_pruned_once_a_newer_one_is_committed(tmp_path):
+    model = str(tmp_path / "m")
+    write_version(model, full_matrix(0))
+    write_version(model, full_matrix(1), commit=False)   # v2: parts, no manifest
+    write_version(model, full_matrix(2), commit=False)   # v3: the same
+    assert checkpoint.next_version(model) == 4  # a partial version's number is never reused
+    assert checkpoint.latest_version(model) == 1
+
+    checkpoint._prune(model, keep=1)
+    assert versions_on_disk(model) == ["v1", "v2", "v3"]  # nothing newer than LATEST is touched
+
+    parts = [checkpoint.write_slice(model, 4, "docs", 0, 1, np.arange(ROWS), full_matrix(4))]
+    checkpoint.commit(model, 4, {"docs": parts}, {"docs": DIM}, {}, keep=2)
+    assert versions_on_disk(model) == ["v1", "v4"]  # partial v2, v3 deleted; v1 is the 2nd kept
+    np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=1), full_matrix(0))
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_keep_k_keeps_the_k_newest_committed_versions(tmp_path, keep):
+    model = str(tmp_path / "m")
+    for i in range(4):
+        write_version(model, full_matrix(i), keep=keep)
+    assert versions_on_disk(model) == [f"v{v}" for v in range(5 - keep, 5)]
+    for v in range(5 - keep, 5):
+        np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=v), full_matrix(v - 1))
+
+
+def test_commit_never_moves_latest_backwards(tmp_path):
+    model = str(tmp_path / "m")
+    write_version(model, full_matrix(0))
+    write_version(model, full_matrix(1))
+    parts = [checkpoint.write_slice(model, 1, "docs", 0, 1, np.arange(ROWS), full_matrix(2))]
+    with pytest.raises(ValueError, match="LATEST is already v2"):
+        checkpoint.commit(model, 1, {"docs": parts}, {"docs": DIM}, {}, keep=2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# interrupted checkpoints: a full disk, a kill
+# ---------------------------------------------------------------------------------------------------
+
+class FullDisk(pafs.FileSystemHandler):
+    """The local filesystem, except that writes fail with ENOSPC once `budget` bytes were written
+    (counting only files whose path contains `only`, when given)."""
+
+    def __init__(self, budget: int, only: str | None = None):
+        self.local, self.budget, self.only = pafs.LocalFileSystem(), budget, only
+
+    def open_output_stream(self, path, metadata):
+        inner, handler, counted = self.local.open_output_stream(path), self, self.only is None or self.only in path
+
+        class Writer:
+            closed = False
+
+            def write(self, data):
+                size = memoryview(data).nbytes
+                if counted:
+                    if size > handler.budget:
+                        raise OSError(errno.ENOSPC, "No space left on device")
+                    handler.budget -= size
+                return inner.write(data)
+
+            def tell(self):
+                return inner.tell()
+
+            def flush(self):
+                inner.flush()
+
+            def close(self):
+                inner.close()
+                Writer.closed = True
+
+            def writable(self):
+                return True
+
+        return pa.PythonFile(Writer(), mode="w")
+
+    # everything else is the local filesystem's
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def get_type_name(self):
+        return "full-disk"
+
+    def normalize_path(self, path):
+        return path
+
+    def get_file_info(self, paths):
+        return self.local.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):
+        return self.local.get_file_info(selector)
+
+    def create_dir(self, path, recursive):
+        self.local.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path):
+        self.local.delete_dir(path)
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        self.local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        raise OSError("refusing to empty the root")
+
+    def delete_file(self, path):
+        self.local.delete_file(path)
+
+    def move(self, src, dest):
+        self.local.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self.local.copy_file(src, dest)
+
+    def open_input_stream(self, path):
+        return self.local.open_input_stream(path)
+
+    def open_input_file(self, path):
+        return self.local.open_input_file(path)
+
+    def open_append_stream(self, path, metadata):
+        raise OSError("not supported")
+
+
+def temporary_files(model: str) -> list[str]:
+    return [name for _, _, files in os.walk(model) for name in files if ".tmp-" in name]
+
+
+@pytest.mark.parametrize("fails_in", ["a part", "the manifest", "LATEST"])
+def test_a_full_disk_during_a_checkpoint_leaves_the_previous_version_loadable(tmp_path, fails_in):
+    model = str(tmp_path / "m")
+    write_version(model, full_matrix(0))
+    _, v1 = checkpoint.load_manifest(model)
+    part_bytes = sum(p["bytes"] for p in v1["tables"]["docs"]["parts"])
+    handler = {"a part": FullDisk(part_bytes // 2), "the manifest": FullDisk(20, only="manifest.json"),
+               "LATEST": FullDisk(0, only="LATEST")}[fails_in]
+    full = pafs.PyFileSystem(handler)
+
+    root = os.path.abspath(model)
+    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left on device") as err:
+        version = checkpoint.next_version(root, fs=full)
+        assert version == 2
+        parts = [checkpoint.write_slice(root, version, "docs", s, SHARDS, np.arange(s, ROWS, SHARDS),
+                                        full_matrix(1)[s::SHARDS], fs=full) for s in range(SHARDS)]
+        checkpoint.commit(root, version, {"docs": parts}, {"docs": DIM}, {"epoch": 2}, keep=1, fs=full)
+    assert err.value.errno == errno.ENOSPC and "intact" in str(err.value)
+
+    assert checkpoint.latest_version(model) == 1
+    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), full_matrix(0))  # loads and verifies
+    assert os.path.exists(os.path.join(checkpoint.version_dir(model, 1), "manifest.json"))
+    if fails_in != "LATEST":
+        assert not os.path.exists(os.path.join(checkpoint.version_dir(model, 2), "manifest.json"))
+    assert temporary_files(model) == []
+
+    # the disk has room again: the next version does not reuse v2, and its commit clears v2 away
+    assert write_version(model, full_matrix(2), keep=1) == 3
+    assert versions_on_disk(model) == ["v3"]
+    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), full_matrix(2))
+
+
+KILLED_WRITER = """
+import sys
+import numpy as np
+from doc2vec_dist import checkpoint
+model = sys.argv[1]
+rng = np.random.default_rng(0)
+shards = 1000
+for shard in range(shards):
+    ids = np.arange(shard, 200 * shards, shards, dtype=np.int64)
+    checkpoint.write_slice(model, 2, "docs", shard, shards, ids, rng.random((len(ids), 4096), dtype=np.float32))
+    if shard == 0:
+        print("writing", flush=True)
+"""
+
+
+def test_a_writer_killed_mid_checkpoint_leaves_the_previous_version_loadable(tmp_path):
+    model = str(tmp_path / "m")
+    write_version(model, full_matrix(0))
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, model], stdout=subprocess.PIPE,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        assert writer.stdout.readline().strip() == b"writing"
+        time.sleep(0.2)
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+    assert os.path.isdir(checkpoint.version_dir(model, 2))
+
+    assert checkpoint.latest_version(model) == 1
+    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), full_matrix(0))
+    assert checkpoint.next_version(model) == 3
+    write_version(model, full_matrix(1), keep=2)
+    assert versions_on_disk(model) == ["v1", "v3"]  # the killed v2, stale files and all, is gone
