@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from . import checkpoint
-from .config import TrainConfig, save_json
+from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 
@@ -48,10 +48,11 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
         if bad:
             raise UserError(f"gensim has no {what}; the baseline trains gensim's own SGD with per-example negatives")
     corpus = Corpus(corpus_path)
-    out = os.path.abspath(out)
+    out = checkpoint.model_path(out)
     checkpoint.start_model_dir(out, corpus.path, overwrite)
     workers = workers or os.cpu_count() or 1
-    with tempfile.TemporaryDirectory(dir=out) as tmp:
+    # gensim reads a local text file: beside the model when it is local, else in the temp dir
+    with tempfile.TemporaryDirectory(dir=None if checkpoint.is_uri(out) else out) as tmp:
         text = os.path.join(tmp, "corpus.txt")
         write_corpus_file(corpus, text)
         model = Doc2Vec(vector_size=config.dim, dm=1 if config.mode == "dm" else 0, dm_mean=1,
@@ -87,8 +88,8 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
     summary = {"trainer": "gensim", "workers": workers, "tokens": tokens, "epochs": config.epochs,
                "train_seconds": round(train_seconds, 3), "checkpoint_seconds": round(time.perf_counter() - t1, 3),
                "tokens_per_second": tokens / train_seconds if train_seconds else 0.0}
-    save_json(os.path.join(out, "config.json"), {**dataclasses.asdict(config), "corpus": corpus.path,
-                                                  "trainer": "gensim", "summary": summary})
+    checkpoint.write_json(out, "config.json", {**dataclasses.asdict(config), "corpus": corpus.path,
+                                               "trainer": "gensim", "summary": summary})
     return summary
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 
-from .config import PrepareConfig, TrainConfig, build, load_yaml
+from .config import PrepareConfig, TrainConfig, build, explicit_values, load_yaml
 from .errors import UserError
 
 
@@ -57,9 +57,14 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from .trainer import train
+    from .trainer import resumed_config, train
 
-    summary = train(args.corpus, args.out, _train_config(args), overwrite=args.overwrite)
+    config = _train_config(args)
+    if config.resume:  # the checkpoint's config, changed only where a flag or the YAML says so
+        yaml_values = load_yaml(args.config) if args.config else {}
+        config = resumed_config(args.out, explicit_values(TrainConfig, yaml_values, vars(args)))
+        config.progress = not args.no_progress
+    summary = train(args.corpus, args.out, config, overwrite=args.overwrite)
     _print_summary("doc2vec-dist", summary)
 
 

@@ -8,6 +8,7 @@ racing a push may see part of it, which only adds the staleness that asynchronou
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -22,13 +23,29 @@ class NonFiniteUpdate(RuntimeError):
     pass
 
 
+def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 16) -> None:
+    """out[:] = U[-1, 1) / dim, a block of rows at a time: a 10M-row table needs no second copy."""
+    dim = out.shape[1]
+    for at in range(0, len(out), block):
+        rows = rng.random((min(block, len(out) - at), dim), dtype=np.float32)
+        rows *= 2.0
+        rows -= 1.0
+        rows /= dim
+        out[at:at + len(rows)] = rows
+
+
 class ParameterServer:
-    def __init__(self, shard: int, num_shards: int, tables: dict[str, dict], seed: int):
+    def __init__(self, shard: int, num_shards: int, tables: dict[str, dict], seed: int, model: str | None = None):
         """tables: name → {"rows": global row count, "dim": d, "init": "uniform" | "zeros", "state": 0 | 1}.
 
         "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim (keyedvectors.prep_vectors);
         "zeros" is its initialisation of the output weights (syn1neg). "state" adds that many optimiser
         columns after the vector (row-wise Adagrad's accumulator), starting at zero, kept with the row.
+
+        If `model` has a committed checkpoint (LATEST), the rows and their optimiser state are loaded
+        from it instead: this is how a resumed run starts, and how a server that Ray restarts after
+        a crash comes back (Ray re-runs __init__). The checkpoint may have been written by any number
+        of servers; this one takes the rows that are its own under the current count.
         """
         self.shard, self.num_shards = shard, num_shards
         torch.set_num_threads(1)  # a server uses no CPU of its own reservation; it must not spread out
@@ -37,23 +54,40 @@ class ParameterServer:
         self.rows: dict[str, int] = {}  # global row count of each table
         self.dims: dict[str, int] = {}
         self.locks: dict[str, threading.Lock] = {}
+        self.restored_version: int | None = None
+        manifest = None
+        if model is not None and checkpoint.exists(model, "LATEST"):
+            _, manifest = checkpoint.load_manifest(model)
+            self.restored_version = int(manifest["version"])
         for i, (name, spec) in enumerate(sorted(tables.items())):
-            n, dim = rows_on_shard(shard, num_shards, spec["rows"]), spec["dim"]
-            table = np.zeros((n, dim + spec.get("state", 0)), dtype=np.float32)
-            if spec["init"] == "uniform":
-                rng = np.random.default_rng([seed, i, shard])
-                vectors = rng.random((n, dim), dtype=np.float32)
-                vectors *= 2.0
-                vectors -= 1.0
-                vectors /= dim
-                table[:, :dim] = vectors
-                del vectors
+            n, dim, state = rows_on_shard(shard, num_shards, spec["rows"]), spec["dim"], spec.get("state", 0)
+            if manifest is not None:
+                table = self._restore(model, manifest, name, spec, n)
+            else:
+                table = np.zeros((n, dim + state), dtype=np.float32)
+                if spec["init"] == "uniform":
+                    _fill_uniform(table[:, :dim], np.random.default_rng([seed, i, shard]))
             self.tables[name] = table
             self.rows[name] = spec["rows"]
             self.dims[name] = dim
             self.views[name] = torch.from_numpy(table)  # shares the memory
             self.locks[name] = threading.Lock()
         self.pushes = 0
+
+    def _restore(self, model: str, manifest: dict, name: str, spec: dict, n: int) -> np.ndarray:
+        saved = manifest["tables"].get(name)
+        if saved is None or saved["rows"] != spec["rows"] or saved["dim"] != spec["dim"]:
+            have = "absent" if saved is None else f"{saved['rows']} × {saved['dim']}"
+            raise ValueError(f"{model}: checkpoint v{manifest['version']} table {name!r} is {have}; this run "
+                             f"needs {spec['rows']} × {spec['dim']}")
+        table = np.zeros((n, spec["dim"] + spec.get("state", 0)), dtype=np.float32)
+        checkpoint.read_shard(model, name, self.shard, self.num_shards, version=int(manifest["version"]),
+                              out=table)
+        return table
+
+    def info(self) -> dict:
+        """This process and where its rows came from: a pid that changes means Ray restarted it."""
+        return {"pid": os.getpid(), "restored_version": self.restored_version}
 
     def pull(self, request: dict[str, np.ndarray]) -> np.ndarray:
         """Rows for each table in request order, stacked into one contiguous [n, dim] array."""

@@ -13,13 +13,14 @@ import itertools
 import os
 import sys
 import time
+import uuid
 
 import numpy as np
 import ray
 from tqdm import tqdm
 
 from . import checkpoint
-from .config import TrainConfig, save_json
+from .config import TrainConfig, build, coerce
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .placement import ps_options, worker_options
@@ -125,77 +126,268 @@ def _check_resources(config: TrainConfig, started_here: bool) -> None:
             print(f"warning: {message} (waiting for the autoscaler)", file=sys.stderr)
 
 
+# Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
+# (the model's shape, its data and its sampling) must match the checkpoint's, or resuming would
+# continue a different model.
+RESUMABLE_CHANGES = frozenset({
+    "epochs", "alpha", "min_alpha", "num_ps", "num_workers", "cpus_per_worker", "gpus_per_worker",
+    "cache_rows", "macro_batch", "micro_batch", "max_inflight_pushes", "max_restarts",
+    "checkpoint_every", "keep_checkpoints", "resume", "address", "progress",
+})
+
+
+def resumed_config(model: str, given: dict) -> TrainConfig:
+    """The config of a resumed run: the checkpoint's, with the fields in `given` (flags, YAML) applied.
+
+    A field outside RESUMABLE_CHANGES that differs from the checkpoint's is refused, naming it.
+    """
+    _, manifest = checkpoint.load_manifest(model)
+    saved = dict(manifest.get("config") or {})
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    merged = {k: v for k, v in saved.items() if k in types}
+    for name, value in given.items():
+        if name not in types or value is None:
+            continue
+        value = coerce(name, value, types[name])
+        if name not in RESUMABLE_CHANGES and name in merged and merged[name] != value:
+            raise UserError(f"{model}: cannot resume with {name}={value!r}; the checkpoint was trained with "
+                            f"{name}={merged[name]!r} (only {', '.join(sorted(RESUMABLE_CHANGES - {'resume'}))} "
+                            "may change on resume)")
+        merged[name] = value
+    merged["resume"] = True
+    return build(TrainConfig, merged).validate()
+
+
+@dataclasses.dataclass
+class _Resume:
+    """Where a run starts: epoch, and each worker's data position in it (None: the epoch's start)."""
+
+    epoch: int = 0
+    positions: list | None = None
+    version: int | None = None
+
+    @classmethod
+    def of(cls, out: str, config: TrainConfig, corpus: Corpus) -> _Resume:
+        _, manifest = checkpoint.load_manifest(out)
+        for key in ("num_docs", "num_tokens", "vocab_size"):
+            saved = (manifest.get("corpus_stats") or {}).get(key)
+            if saved is not None and saved != getattr(corpus, key):
+                raise UserError(f"{out}: the checkpoint was trained on a corpus with {key}={saved}, "
+                                f"{corpus.path} has {getattr(corpus, key)}; resume on the same corpus")
+        resumed_config(out, dataclasses.asdict(config))  # the same checks for library callers
+        epoch, positions = int(manifest.get("epoch", 0)), manifest.get("positions")
+        if positions is not None and len(positions) != config.num_workers:
+            raise UserError(f"{out}: the checkpoint stopped mid-epoch with {len(positions)} workers; resume with "
+                            f"--num-workers {len(positions)} (their data positions cannot be redistributed)")
+        if epoch > config.epochs:
+            raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
+        return cls(epoch=epoch, positions=positions, version=int(manifest["version"]))
+
+
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False) -> dict:
-    """Train doc2vec (PV-DBOW or PV-DM) on a prepared corpus into the model directory `out`; returns the run's figures."""
+    """Train doc2vec (PV-DBOW or PV-DM) on a prepared corpus into the model directory `out`; returns the run's figures.
+
+    With config.resume, continue the model in `out` from its LATEST checkpoint: tables and optimiser
+    state (each server loads its rows, whatever number of servers wrote them), epoch and each
+    worker's data position; the learning rate follows from the tokens already trained.
+    """
     config.validate()
     corpus = Corpus(corpus_path)
-    out = os.path.abspath(out)
-    checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
+    out = checkpoint.model_path(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
+    if config.resume:
+        resume = _Resume.of(out, config, corpus)
+    else:
+        checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
+        resume = _Resume()
     started_here = connect(config.address)
     t_start = time.perf_counter()
-    servers, workers = [], []
+    run = _Run(out, config, corpus, resume)
     try:
         _check_resources(config, started_here)  # before anything is written
-        checkpoint.start_model_dir(out, corpus.path, overwrite)
-        tables = table_specs(config, corpus)
-        server_cls = ray.remote(ParameterServer)
-        # `ps` / `trainer` nodes where the cluster has them, plain CPU placement elsewhere
-        server_placement, worker_placement = ps_options(config, tables), worker_options(config)  # asked once
-        servers = [server_cls.options(max_concurrency=4, **server_placement).remote(
-            s, config.num_ps, tables, config.seed) for s in range(config.num_ps)]
-        worker_cls = ray.remote(Worker)
-        cfg = dataclasses.asdict(config)
-        rows = {name: spec["rows"] for name, spec in tables.items()}
-        plan = plan_units(corpus, config.num_workers)
-        workers = [worker_cls.options(max_concurrency=2, **worker_placement).remote(
-            i, plan[i], os.path.abspath(corpus.path), cfg, servers, rows) for i in range(config.num_workers)]
-        ray.get([w.progress.remote() for w in workers])  # surfaces init errors before the clock starts
+        if not config.resume:
+            checkpoint.start_model_dir(out, corpus.path, overwrite)
+        run.start()
         t_ready = time.perf_counter()
-
-        train_seconds, ckpt_seconds, epoch_stats = 0.0, 0.0, []
-        last_ckpt = time.perf_counter()
-        total = corpus.num_tokens * config.epochs
-        bar = tqdm(total=total, unit="tok", unit_scale=True, disable=not config.progress,
-                   desc="train", dynamic_ncols=True, file=sys.stderr)
-        for epoch in range(config.epochs):
-            t0 = time.perf_counter()
-            stats = _run_epoch(workers, epoch, bar, corpus.num_tokens)
-            train_seconds += time.perf_counter() - t0
-            epoch_stats.append(stats)
-            due = config.checkpoint_every > 0 and time.perf_counter() - last_ckpt >= config.checkpoint_every
-            if due and epoch < config.epochs - 1:
-                ckpt_seconds += _checkpoint(out, servers, config, corpus, epoch + 1, epoch_stats)
-                last_ckpt = time.perf_counter()
-        bar.close()
-        ckpt_seconds += _checkpoint(out, servers, config, corpus, config.epochs, epoch_stats)
-        summary = _summary(config, corpus, epoch_stats, train_seconds, ckpt_seconds, t_ready - t_start)
-        save_json(os.path.join(out, "config.json"), {**dataclasses.asdict(config), "corpus": corpus.path,
-                                                      "summary": summary})
+        summary = run.train()
+        summary["startup_seconds"] = round(t_ready - t_start, 3)
+        checkpoint.write_json(out, "config.json", {**dataclasses.asdict(config), "corpus": corpus.path,
+                                                   "summary": summary})
         return summary
     finally:
-        for actor in workers + servers:
-            ray.kill(actor)
+        run.stop()
         if started_here:
             ray.shutdown()
 
 
-def _run_epoch(workers: list, epoch: int, bar: tqdm, epoch_tokens: int) -> dict:
-    base = epoch * epoch_tokens
-    pending = {w.run_epoch.remote(epoch): i for i, w in enumerate(workers)}
-    finished: dict[int, dict] = {}
-    while pending:
-        ready, _ = ray.wait(list(pending), timeout=0.5, num_returns=len(pending))
-        for ref in ready:
+class _Run:
+    """One training run's actors and schedule: epochs, checkpoints, restarts of failed workers."""
+
+    def __init__(self, out: str, config: TrainConfig, corpus: Corpus, resume: _Resume):
+        self.out, self.config, self.corpus, self.resume = out, config, corpus, resume
+        self.servers: list = []
+        self.workers: list = []
+        self.last_positions = resume.positions  # the workers' positions in the last committed checkpoint
+        self.last_epoch = resume.epoch
+        self.starts: list = [None] * config.num_workers  # where each worker's current run_epoch began
+        self.epoch_stats: list[dict] = []
+        self.worker_restarts = 0
+        self.ckpt_seconds = 0.0
+        self.last_ckpt = time.perf_counter()
+
+    def start(self) -> None:
+        config, corpus = self.config, self.corpus
+        tables = table_specs(config, corpus)
+        self.tables = tables
+        server_cls = ray.remote(ParameterServer)
+        # `ps` / `trainer` nodes where the cluster has them, plain CPU placement elsewhere
+        server_placement, worker_placement = ps_options(config, tables), worker_options(config)  # asked once
+        # A server that dies is restarted by Ray and reloads its rows from LATEST in __init__; calls to
+        # it are retried (a retried push lands on the restored rows, which never held it).
+        names = [f"doc2vec-dist-{uuid.uuid4().hex[:12]}-ps{s}" for s in range(config.num_ps)]
+        self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
+                                           max_task_retries=-1, **server_placement).remote(
+            s, config.num_ps, tables, config.seed, self.out) for s in range(config.num_ps)]
+        worker_cls = ray.remote(Worker)
+        cfg = dataclasses.asdict(config)
+        rows = {name: spec["rows"] for name, spec in tables.items()}
+        self.plan = plan_units(corpus, config.num_workers)
+        # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
+        # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
+        self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
+                                           max_task_retries=0, **worker_placement).remote(
+            i, self.plan[i], os.path.abspath(corpus.path), cfg, names, rows)
+            for i in range(config.num_workers)]
+        ray.get([w.progress.remote() for w in self.workers])  # surfaces init errors before the clock starts
+        self.server_info = ray.get([s.info.remote() for s in self.servers])
+        self.last_ckpt = time.perf_counter()
+
+    def stop(self) -> None:
+        for actor in self.workers + self.servers:
+            ray.kill(actor, no_restart=True)
+
+    def train(self) -> dict:
+        config, corpus = self.config, self.corpus
+        train_seconds, epoch_stats = 0.0, self.epoch_stats
+        total = corpus.num_tokens * config.epochs
+        bar = tqdm(total=total, unit="tok", unit_scale=True, disable=not config.progress,
+                   desc="train", dynamic_ncols=True, file=sys.stderr)
+        bar.update(self.resume.epoch * corpus.num_tokens)
+        for epoch in range(self.resume.epoch, config.epochs):
+            starts = self.resume.positions if epoch == self.resume.epoch else None
+            t0 = time.perf_counter()
+            ckpt_before = self.ckpt_seconds
+            stats = self._run_epoch(epoch, starts, bar)
+            train_seconds += time.perf_counter() - t0 - (self.ckpt_seconds - ckpt_before)
+            epoch_stats.append(stats)
+            if config.checkpoint_every > 0 and epoch < config.epochs - 1:
+                self._checkpoint(epoch + 1, None, epoch_stats)  # every epoch end, when checkpointing
+        bar.close()
+        self._checkpoint(config.epochs, None, epoch_stats)
+        now = ray.get([s.info.remote() for s in self.servers])
+        restarted = sum(a["pid"] != b["pid"] for a, b in zip(self.server_info, now))
+        # tokens/s counts what this run trained: a resumed epoch's first part was trained before
+        resumed_tokens = sum(p["tokens"] for p in self.resume.positions or [])
+        summary = _summary(config, corpus, epoch_stats, train_seconds, self.ckpt_seconds, 0.0,
+                           skipped_tokens=resumed_tokens)
+        summary.update(resumed_from_epoch=self.resume.epoch if config.resume else None,
+                       worker_restarts=self.worker_restarts, server_restarts=restarted,
+                       servers_loaded_from=[info["restored_version"] for info in now])
+        return summary
+
+    def _run_epoch(self, epoch: int, starts: list | None, bar: tqdm) -> dict:
+        config, workers = self.config, self.workers
+        base = epoch * self.corpus.num_tokens
+        self.starts = list(starts) if starts else [None] * len(workers)
+        pending = {w.run_epoch.remote(epoch, self.starts[i]): i for i, w in enumerate(workers)}
+        finished: dict[int, dict] = {}
+        while pending:
+            ready, _ = ray.wait(list(pending), timeout=0.5, num_returns=len(pending))
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    finished[i] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:  # the worker's process died
+                    pending[self._restart_worker(i, epoch, exc)] = i
+                except ray.exceptions.RayError as exc:
+                    raise TrainingStopped(f"training stopped in epoch {epoch}: {_root_cause(exc)}") from None
+            live = []
+            for i in range(len(workers)):
+                if i not in finished:
+                    with contextlib.suppress(ray.exceptions.RayError):  # restarting: no figures this tick
+                        live.append(ray.get(workers[i].progress.remote(), timeout=30))
+            now = combine(list(finished.values()) + [s for s in live if s["epoch"] == epoch])
+            bar.update(base + now["tokens"] - bar.n)
+            bar.set_postfix_str(f"epoch {epoch + 1}, loss {now['loss'] / max(now['pairs'], 1):.3f}, "
+                                + time_split(now["seconds"]), refresh=False)
+            due = config.checkpoint_every > 0 and time.perf_counter() - self.last_ckpt >= config.checkpoint_every
+            if due and pending:
+                self._checkpoint_mid_epoch(epoch, finished)
+        return {"epoch": epoch, **combine(list(finished.values()))}
+
+    def _restart_worker(self, i: int, epoch: int, exc: Exception):
+        """Wait for Ray to restart worker i, then send it back to its last checkpointed position."""
+        self.worker_restarts += 1
+        if self.worker_restarts > self.config.max_restarts * len(self.workers):
+            raise TrainingStopped(f"training stopped in epoch {epoch}: worker {i} failed too often "
+                                  f"({_root_cause(exc)})")
+        print(f"worker {i} failed ({_root_cause(exc)}); restarting it from its last checkpointed position",
+              file=sys.stderr)
+        deadline = time.monotonic() + 300
+        while True:
             try:
-                finished[pending.pop(ref)] = ray.get(ref)
-            except ray.exceptions.RayError as exc:
-                raise TrainingStopped(f"training stopped in epoch {epoch}: {_root_cause(exc)}") from None
-        live = ray.get([workers[i].progress.remote() for i in range(len(workers)) if i not in finished])
-        now = combine(list(finished.values()) + [s for s in live if s["epoch"] == epoch])
-        bar.update(base + now["tokens"] - bar.n)
-        bar.set_postfix_str(f"epoch {epoch + 1}, loss {now['loss'] / max(now['pairs'], 1):.3f}, "
-                            + time_split(now["seconds"]), refresh=False)
-    return {"epoch": epoch, **combine(list(finished.values()))}
+                ray.get(self.workers[i].progress.remote(), timeout=30)
+                break
+            except ray.exceptions.RayError as again:
+                if time.monotonic() > deadline:
+                    raise TrainingStopped(f"worker {i} did not come back: {_root_cause(again)}") from None
+                time.sleep(0.5)
+        # Its position in the last checkpoint, if that checkpoint is of this epoch; else the epoch's
+        # start (checkpoints off, or none yet this epoch). Its pushes since then are in the servers:
+        # those rows see that stretch of data twice, which costs a little fit, never the model.
+        start = self.last_positions[i] if self.last_positions and self.last_epoch == epoch else None
+        self.starts[i] = start
+        return self.workers[i].run_epoch.remote(epoch, start)
+
+    def _checkpoint_mid_epoch(self, epoch: int, finished: dict) -> None:
+        """Pause every worker between two macro-batches, write the servers' rows and the workers'
+        positions as one version, resume the workers."""
+        try:
+            try:
+                positions = ray.get([w.pause.remote() for w in self.workers])
+            except ray.exceptions.RayActorError:
+                return  # a worker is down: the restart path deals with it; checkpoint next time
+            # A worker whose run_epoch has not begun reports where its last one ended: it will start
+            # (and at once pause) where the driver sent it
+            positions = [p if p["epoch"] == epoch else (self.starts[i] or Worker.start_of(epoch))
+                         for i, p in enumerate(positions)]
+            self._checkpoint(epoch, positions, self.epoch_stats)
+        finally:
+            for w in self.workers:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    ray.get(w.resume.remote(), timeout=60)
+
+    def _checkpoint(self, epoch: int, positions: list | None, epoch_stats: list) -> None:
+        """Write a version: every server's slice, then the manifest with the epochs done and where
+        each worker's data stands (None: at the start of epoch `epoch`)."""
+        t0 = time.perf_counter()
+        config = self.config
+        version = checkpoint.next_version(self.out)
+        entries = ray.get([server.save.remote(self.out, version) for server in self.servers])
+        tables = {name: [e[name] for e in entries] for name in entries[0]}
+        done = epoch * self.corpus.num_tokens + sum(p["tokens"] for p in positions or [])
+        planned = config.epochs * self.corpus.num_tokens
+        lr = max(config.min_alpha, config.alpha - (config.alpha - config.min_alpha) * done / max(planned, 1))
+        checkpoint.commit(self.out, version, tables, {name: config.dim for name in tables},
+                          {"epoch": epoch, "positions": positions, "lr": lr, "num_ps": config.num_ps,
+                           "num_workers": config.num_workers, "config": dataclasses.asdict(config),
+                           "corpus": self.corpus.path,
+                           "corpus_stats": {k: getattr(self.corpus, k)
+                                            for k in ("num_docs", "num_tokens", "vocab_size")},
+                           "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats]},
+                          keep=config.keep_checkpoints)
+        self.last_positions, self.last_epoch = positions, epoch
+        self.ckpt_seconds += time.perf_counter() - t0
+        self.last_ckpt = time.perf_counter()
 
 
 def combine(stats: list[dict]) -> dict:
@@ -221,28 +413,16 @@ def _root_cause(exc: Exception) -> str:
     return text[-1] if text else type(cause).__name__
 
 
-def _checkpoint(out: str, servers: list, config: TrainConfig, corpus: Corpus, epoch: int,
-                epoch_stats: list) -> float:
-    t0 = time.perf_counter()
-    version = checkpoint.next_version(out)
-    entries = ray.get([server.save.remote(out, version) for server in servers])
-    tables = {name: [e[name] for e in entries] for name in entries[0]}
-    checkpoint.commit(out, version, tables, {name: config.dim for name in tables},
-                      {"epoch": epoch, "num_ps": config.num_ps, "config": dataclasses.asdict(config),
-                       "corpus": corpus.path, "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats]},
-                      keep=config.keep_checkpoints)
-    return time.perf_counter() - t0
-
-
 def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: float, ckpt_s: float,
-             startup_s: float) -> dict:
+             startup_s: float, skipped_tokens: int = 0) -> dict:
     total = combine(epoch_stats)
     tokens, pairs, seconds = total["tokens"], total["pairs"], total["seconds"]
+    trained = tokens - skipped_tokens
     return {
         "tokens": tokens, "pairs": pairs, "epochs": config.epochs,
         "train_seconds": round(train_s, 3), "checkpoint_seconds": round(ckpt_s, 3),
         "startup_seconds": round(startup_s, 3),
-        "tokens_per_second": tokens / train_s if train_s else 0.0,
+        "tokens_per_second": trained / train_s if train_s else 0.0,
         "pairs_per_second": pairs / train_s if train_s else 0.0,
         "loss_per_epoch": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
         "worker_seconds": {k: round(v, 3) for k, v in seconds.items()},

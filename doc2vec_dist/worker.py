@@ -11,6 +11,7 @@ of the next macro-batch is in flight while the current one computes, and up to
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, k
 from .sharding import Routing
 
 MIN_MACRO_BATCH = 4096
+# With several workers, each trains its own copy of the resident (--cache-rows) rows; they meet at the
+# servers this often (in macro-batches), as well as at checkpoints and epoch ends
+CACHE_SYNC_BATCHES = 8
 STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
 
 
@@ -54,6 +58,8 @@ class Batch:
     scale: np.ndarray | None
     push_weights: dict           # table → weight of each compact row's delta (see Worker._push_weights)
     pulls: list                  # one ObjectRef per shard
+    start: tuple[int, int]       # (unit index, shard-file row) of its first document: a data position
+    cached: int = 0              # `outputs` begins with the worker's resident rows 0..cached-1 of words_out
 
     def request(self, shard: int) -> dict[str, np.ndarray]:
         """Local rows of every table on one server: what is pulled from it and pushed back to it."""
@@ -65,14 +71,14 @@ class Batch:
         base = 0
         for name, route in self.routes.items():
             own = slice(int(route.bounds[shard]), int(route.bounds[shard + 1]))
-            if name == "words_out":
-                yield name, "outputs", own, own
+            if name == "words_out":  # after the resident rows, which are neither pulled nor pushed
+                yield name, "outputs", slice(self.cached + own.start, self.cached + own.stop), own
             else:  # docs then words share `inputs`
                 yield name, "inputs", slice(base + own.start, base + own.stop), own
                 base += int(route.bounds[-1])
 
     def sizes(self) -> dict[str, int]:
-        outputs = int(self.routes["words_out"].bounds[-1])
+        outputs = self.cached + int(self.routes["words_out"].bounds[-1])
         return {"inputs": sum(int(r.bounds[-1]) for n, r in self.routes.items() if n != "words_out"),
                 "outputs": outputs}
 
@@ -80,6 +86,9 @@ class Batch:
 class Worker:
     def __init__(self, index: int, units: list[Unit], corpus_path: str, config: dict,
                  servers: list, table_rows: dict[str, int]):
+        """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
+        restarted worker looks them up again, and Ray keeps no object-store argument alive for it)."""
+        servers = [ray.get_actor(s) if isinstance(s, str) else s for s in servers]
         self.index, self.units, self.config, self.servers = index, units, config, servers
         self.num_shards = len(servers)
         self.table_rows = table_rows
@@ -98,6 +107,20 @@ class Worker:
         self.planned_tokens = self.tokens_per_epoch * config["epochs"]
         self.width = config["dim"] + int(config["optimizer"] == "adagrad")  # adagrad's accumulator rides along
         self.stats = self._zero_stats()
+        # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
+        # here, at the head of the `outputs` matrix, between macro-batches; see _sync_cache
+        self.cached = min(int(config["cache_rows"]), table_rows["words_out"])
+        self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
+        self._cache_base: np.ndarray | None = None  # the resident rows as last pulled
+        self._cache_route = Routing.of(np.arange(self.cached, dtype=np.int64), max(self.num_shards, 1))
+        self._batches_since_sync = 0
+        # Checkpoints pause every worker between two macro-batches (pause/resume, served from a second
+        # thread while run_epoch works): its pushes drained, it reports the position of the next batch.
+        self._cv = threading.Condition()
+        self._pause_requested = False
+        self._paused_at: dict | None = None
+        self._running = False
+        self._position = self.start_of(0)
 
     @staticmethod
     def _zero_stats() -> dict:
@@ -112,14 +135,62 @@ class Worker:
         s["seconds"] = dict(s["seconds"])
         return s
 
+    # -- data positions and pausing for checkpoints --------------------------------------------
+    @staticmethod
+    def start_of(epoch: int) -> dict:
+        """The start of an epoch: unit 0, row of its start, nothing trained yet."""
+        return {"epoch": epoch, "unit": 0, "row": None, "step": 0, "tokens": 0, "pairs": 0, "loss": 0.0}
+
+    def _position_at(self, epoch: int, batch: Batch | None, step: int) -> dict:
+        """Where this worker's data stands: the next macro-batch to train (None: the epoch is done)."""
+        unit, row = batch.start if batch is not None else (len(self.units), None)
+        return {"epoch": epoch, "unit": unit, "row": row, "step": step, "tokens": self.stats["tokens"],
+                "pairs": self.stats["pairs"], "loss": self.stats["loss"]}
+
+    def pause(self) -> dict:
+        """Stop between two macro-batches with every push applied; returns the data position.
+
+        Idle (between epochs) it returns at once, and the request stays set, so an epoch started
+        meanwhile pauses before its first batch: nothing trains while a checkpoint is written.
+        """
+        with self._cv:
+            self._pause_requested = True
+            while self._running and self._paused_at is None:
+                self._cv.wait()
+            return dict(self._paused_at or self._position)
+
+    def resume(self) -> None:
+        with self._cv:
+            self._pause_requested, self._paused_at = False, None
+            self._cv.notify_all()
+
+    def _hold_if_paused(self, epoch: int, batch: Batch, step: int, inflight: list) -> bool:
+        """At a batch boundary: if a checkpoint asked, drain pushes, publish the position, wait.
+        True if it paused (the caller re-pulls the batch: the rows changed meanwhile)."""
+        if not self._pause_requested:
+            return False
+        ray.get(inflight)
+        inflight.clear()
+        self._sync_cache(f"epoch {epoch} step {step} of worker {self.index}", pull=False)  # into the checkpoint
+        with self._cv:
+            self._paused_at = self._position_at(epoch, batch, step)
+            self._cv.notify_all()
+            while self._pause_requested:
+                self._cv.wait()
+        return True
+
     # -- reading -------------------------------------------------------------------------------
-    def _chunks(self):
-        """(doc_ids, offsets, tokens) chunks of at most ~macro_batch tokens from this worker's units."""
-        for unit in self.units:
+    def _chunks(self, from_unit: int = 0, from_row: int | None = None):
+        """((unit index, first row), (doc_ids, offsets, tokens)) chunks of at most ~macro_batch tokens
+        from this worker's units, starting at a data position (a unit, and a row of its shard file)."""
+        for u in range(from_unit, len(self.units)):
+            unit = self.units[u]
+            first = unit.start if u != from_unit or from_row is None else max(unit.start, from_row)
             row = 0
             for doc_ids, offsets, tokens in iter_shard(unit.path, max_tokens=self.macro_batch):
                 n = len(doc_ids)
-                lo, hi = max(unit.start - row, 0), min(unit.end - row, n)
+                lo, hi = max(first - row, 0), min(unit.end - row, n)
+                at = row + lo
                 row += n
                 if lo >= hi:
                     if row >= unit.end:
@@ -129,9 +200,9 @@ class Worker:
                     doc_ids = doc_ids[lo:hi]
                     tokens = tokens[offsets[lo]:offsets[hi]]
                     offsets = offsets[lo:hi + 1] - offsets[lo]
-                yield doc_ids, offsets, tokens
+                yield (u, at), (doc_ids, offsets, tokens)
 
-    def _prepare(self, chunk, rng) -> Batch:
+    def _prepare(self, start: tuple[int, int], chunk, rng) -> Batch:
         """Examples, unique rows and their routing for one chunk (pulls not yet issued)."""
         cfg = self.config
         doc_ids, offsets, tokens = chunk
@@ -149,13 +220,16 @@ class Worker:
             ctx_pos[is_word] = len(doc_ids) + routes["words"].position[inverse]
             push_weights["words"] = self._push_weights(routes["words"], inverse, len(uniq))
         uniq, inverse = unique_rows(np.concatenate([ex.target, ex.neg.reshape(-1)]), self.table_rows["words_out"])
-        routes["words_out"] = Routing.of(uniq, self.num_shards)
+        hot = int(np.searchsorted(uniq, self.cached))  # uniq is sorted: its resident rows come first
+        routes["words_out"] = Routing.of(uniq[hot:], self.num_shards)
         push_weights["words_out"] = self._push_weights(routes["words_out"], inverse, len(uniq))
-        compact = routes["words_out"].position[inverse]
+        # compact place of each unique row: resident row r at r, the others after the C resident rows
+        place = np.concatenate([uniq[:hot], self.cached + routes["words_out"].position])
+        compact = place[inverse]
         n = len(ex)
         return Batch(examples=ex, routes=routes, ctx_pos=ctx_pos.reshape(ex.ctx.shape), target_pos=compact[:n],
                      neg_pos=compact[n:].reshape(ex.neg.shape), scale=doc_step_scale(ex.ctx[:, 0], ex.micro_batch),
-                     push_weights=push_weights, pulls=[])
+                     push_weights=push_weights, pulls=[], start=start, cached=self.cached)
 
     def _push_weights(self, route: Routing, inverse: np.ndarray, n_unique: int) -> np.ndarray | None:
         """Weight of each shared row's pushed delta, in compact order: 1 / the workers expected to
@@ -189,71 +263,103 @@ class Worker:
         batch.pulls = [server.pull.remote(batch.request(s)) for s, server in enumerate(self.servers)]
 
     # -- one epoch ---------------------------------------------------------------------------------
-    def run_epoch(self, epoch: int) -> dict:
+    def run_epoch(self, epoch: int, start: dict | None = None) -> dict:
+        """Train this worker's data for one epoch, from the beginning or from a checkpointed position
+        (`start`, as pause() reported it); returns the epoch's counters."""
         cfg = self.config
+        start = start or self.start_of(epoch)
         self.stats = self._zero_stats()
-        self.stats["epoch"] = epoch
+        self.stats.update(epoch=epoch, tokens=start["tokens"], pairs=start["pairs"], loss=start["loss"])
         seconds = self.stats["seconds"]
-        rng = np.random.default_rng([cfg["seed"], self.index, epoch])
-        done_before = epoch * self.tokens_per_epoch
-        chunks = self._chunks()
+        done_before = epoch * self.tokens_per_epoch + start["tokens"]  # drives the learning rate
+        chunks = self._chunks(start["unit"], start["row"])
+        step_of_next = start["step"]
         inflight: list = []
+        with self._cv:
+            self._running = True
 
         def next_batch():
+            nonlocal step_of_next
             t0 = time.perf_counter()
-            chunk = next(chunks, None)
+            item = next(chunks, None)
             t1 = time.perf_counter()
             seconds["read"] += t1 - t0
-            if chunk is None:
+            if item is None:
                 return None
-            batch = self._prepare(chunk, rng)
+            # one generator per macro-batch, seeded by its place in the epoch: a run resumed from a
+            # position draws the same subsampling and negatives as one that never stopped
+            rng = np.random.default_rng([cfg["seed"], self.index, epoch, step_of_next])
+            step_of_next += 1
+            batch = self._prepare(*item, rng)
             t2 = time.perf_counter()
             seconds["sample"] += t2 - t1
             self._pull(batch)
             seconds["pull"] += time.perf_counter() - t2
             return batch
 
-        batch = next_batch()
-        step = 0
-        while batch is not None:
-            upcoming = next_batch()  # its pull flies while this batch computes
+        try:
+            batch = next_batch()
+            step = start["step"]
+            self._sync_cache(f"epoch {epoch} start of worker {self.index}")
+            while batch is not None:
+                if self._hold_if_paused(epoch, batch, step, inflight):
+                    self._pull(batch)
+                    self._sync_cache(f"epoch {epoch} step {step} of worker {self.index}")
+                elif self.cached and cfg["num_workers"] > 1 and self._batches_since_sync >= CACHE_SYNC_BATCHES:
+                    self._sync_cache(f"epoch {epoch} step {step} of worker {self.index}")
+                upcoming = next_batch()  # its pull flies while this batch computes
+
+                t0 = time.perf_counter()
+                pulled = ray.get(batch.pulls)
+                t1 = time.perf_counter()
+                seconds["wait"] += t1 - t0
+
+                ex = batch.examples
+                n_micro = max(1, -(-len(ex) // ex.micro_batch))  # ≥ 1: subsampling may keep nothing
+                alphas = kernels.micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, ex.raw_tokens,
+                                                    self.planned_tokens, n_micro)
+                local = self._assemble(batch, pulled)
+                loss = self._compute(batch, local, alphas)
+                t2 = time.perf_counter()
+                seconds["compute"] += t2 - t1
+
+                label = f"epoch {epoch} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
+                inflight += self._push(batch, pulled, local, label)
+                while len(inflight) > cfg["max_inflight_pushes"] * self.num_shards:
+                    ready, inflight = ray.wait(inflight, num_returns=len(inflight) - cfg["max_inflight_pushes"]
+                                               * self.num_shards)
+                    ray.get(ready)  # raises a refused (non-finite) push here, naming the step
+                seconds["push"] += time.perf_counter() - t2
+
+                done_before += ex.raw_tokens
+                self.stats["tokens"] += ex.raw_tokens
+                self.stats["pairs"] += len(ex)
+                self.stats["loss"] += loss
+                batch, step = upcoming, step + 1
 
             t0 = time.perf_counter()
-            pulled = ray.get(batch.pulls)
-            t1 = time.perf_counter()
-            seconds["wait"] += t1 - t0
-
-            ex = batch.examples
-            n_micro = max(1, -(-len(ex) // ex.micro_batch))  # ≥ 1: subsampling may keep nothing
-            alphas = kernels.micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, ex.raw_tokens,
-                                                self.planned_tokens, n_micro)
-            local = self._assemble(batch, pulled)
-            loss = self._compute(batch, local, alphas)
-            t2 = time.perf_counter()
-            seconds["compute"] += t2 - t1
-
-            label = f"epoch {epoch} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
-            inflight += self._push(batch, pulled, local, label)
-            while len(inflight) > cfg["max_inflight_pushes"] * self.num_shards:
-                ready, inflight = ray.wait(inflight, num_returns=len(inflight) - cfg["max_inflight_pushes"]
-                                           * self.num_shards)
-                ray.get(ready)  # raises a refused (non-finite) push here, naming the step
-            seconds["push"] += time.perf_counter() - t2
-
-            done_before += ex.raw_tokens
-            self.stats["tokens"] += ex.raw_tokens
-            self.stats["pairs"] += len(ex)
-            self.stats["loss"] += loss
-            batch, step = upcoming, step + 1
-
-        t0 = time.perf_counter()
-        ray.get(inflight)
-        seconds["push"] += time.perf_counter() - t0
+            ray.get(inflight)
+            self._sync_cache(f"epoch {epoch} end of worker {self.index}", pull=False)
+            seconds["push"] += time.perf_counter() - t0
+        finally:
+            with self._cv:
+                self._running = False
+                self._position = self._position_at(epoch, None, step_of_next)
+                self._cv.notify_all()
         return self.progress()
 
     def _assemble(self, batch: Batch, pulled: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """Copy the pulled rows (read-only, zero-copy from the object store) into writable compact matrices."""
-        local = {name: np.empty((n, self.width), dtype=np.float32) for name, n in batch.sizes().items()}
+        """Copy the pulled rows (read-only, zero-copy from the object store) into writable compact matrices.
+
+        On CPU `outputs` is the persistent buffer itself (its head holds the resident rows); on CUDA
+        it is a host staging matrix whose resident head is unused (the rows live on the device).
+        """
+        sizes = batch.sizes()
+        local = {"inputs": np.empty((sizes["inputs"], self.width), dtype=np.float32)}
+        if self.device.type == "cuda":
+            local["outputs"] = np.empty((sizes["outputs"], self.width), dtype=np.float32)
+        else:
+            local["outputs"] = self._outputs_buffer(sizes["outputs"]).numpy()
         for s, rows in enumerate(pulled):
             at = 0
             for _, name, where, _ in batch.blocks(s):
@@ -262,26 +368,71 @@ class Worker:
                 at += n
         return local
 
+    def _outputs_buffer(self, rows: int) -> torch.Tensor:
+        """The persistent `outputs` matrix on the worker's device, at least `rows` long; its first
+        `cached` rows are the resident rows of words_out and survive growing."""
+        if len(self._outputs) < rows:
+            grown = torch.empty((max(rows, len(self._outputs) * 5 // 4), self.width), dtype=torch.float32,
+                                device=self.device)
+            keep = min(self.cached, len(self._outputs))
+            grown[:keep] = self._outputs[:keep]
+            self._outputs = grown
+        return self._outputs[:rows]
+
     def _compute(self, batch: Batch, local: dict[str, np.ndarray], alphas: torch.Tensor) -> float:
         cfg, ex = self.config, batch.examples
         dev = self.device
-        non_blocking = dev.type == "cuda"
+        cuda = dev.type == "cuda"
+        head = batch.cached
 
         def to_dev(a):
             if a is None:
                 return None
             t = torch.from_numpy(a)
-            return t.pin_memory().to(dev, non_blocking=True) if non_blocking else t
+            return t.pin_memory().to(dev, non_blocking=True) if cuda else t
 
-        inputs, outputs = to_dev(local["inputs"]), to_dev(local["outputs"])
+        inputs = to_dev(local["inputs"])
+        if cuda:  # only the pulled rows travel; the resident ones are already on the device
+            outputs = self._outputs_buffer(len(local["outputs"]))
+            outputs[head:].copy_(torch.from_numpy(local["outputs"][head:]).pin_memory(), non_blocking=True)
+        else:
+            outputs = torch.from_numpy(local["outputs"])  # the buffer itself, trained in place
         loss = kernels.train(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos), to_dev(batch.neg_pos),
                              to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch, ctx_mask=to_dev(ex.ctx_mask),
                              scale=to_dev(batch.scale), adagrad=cfg["optimizer"] == "adagrad",
                              shared_negatives=cfg["negative"] if cfg["shared_negatives"] else 0)
-        if non_blocking:  # bring the trained rows home; the CPU path updated the arrays in place
+        if cuda:  # bring the pushed rows home; the CPU path updated the arrays in place
             local["inputs"][:] = inputs.cpu().numpy()
-            local["outputs"][:] = outputs.cpu().numpy()
+            local["outputs"][head:] = outputs[head:].cpu().numpy()
+        self._batches_since_sync += 1
         return loss
+
+    def _sync_cache(self, label: str, push: bool = True, pull: bool = True) -> None:
+        """Exchange the resident rows with the servers: push what they learned since the last pull
+        (new − pulled, like any push), then pull them afresh (other workers' updates included).
+
+        Called at the start of an epoch (pull), every CACHE_SYNC_BATCHES macro-batches when several
+        workers share the rows, before a checkpoint and at the end of an epoch (push only: the
+        servers then hold every update, and the next use pulls first).
+        """
+        if not self.cached:
+            return
+        route = self._cache_route
+        compact = np.empty(self.cached, dtype=np.int64)  # row at each compact place, grouped by server
+        compact[route.position] = np.arange(self.cached)
+        if push and self._cache_base is not None:
+            delta = (self._outputs[:self.cached].cpu().numpy() - self._cache_base)[compact]
+            ray.get([server.push.remote({"words_out": route.local[s]}, delta[route.bounds[s]:route.bounds[s + 1]],
+                                        f"{label} (resident rows)")
+                     for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
+        self._cache_base = None
+        if pull:
+            pulled = ray.get([server.pull.remote({"words_out": route.local[s]}) for s, server in enumerate(self.servers)])
+            fresh = np.empty((self.cached, self.width), dtype=np.float32)
+            fresh[compact] = np.concatenate(pulled)
+            self._outputs_buffer(self.cached)[:] = torch.from_numpy(fresh).to(self.device)
+            self._cache_base = fresh
+        self._batches_since_sync = 0
 
     def _push(self, batch: Batch, pulled: list[np.ndarray], local: dict[str, np.ndarray], label: str) -> list:
         refs = []

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
 from doc2vec_dist.cli import _add_config_flags
-from doc2vec_dist.config import JobConfig, PrepareConfig, TrainConfig, build, load_yaml, save_json
+from doc2vec_dist.config import JobConfig, PrepareConfig, TrainConfig, build, explicit_values, load_yaml, save_json
 from doc2vec_dist.errors import UserError
 
 DEFAULT_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
@@ -43,14 +43,24 @@ def parse(argv: list[str] | None) -> tuple[JobConfig, PrepareConfig, TrainConfig
     resolve = lambda p: p if p is None or "://" in p or os.path.isabs(p) else os.path.join(base, p)
     job.input = [resolve(p) for p in job.input]
     job.corpus, job.out = resolve(job.corpus), resolve(job.out)
+    if job.out and "://" in job.out and not job.exports:
+        raise UserError(f"{args.config}: 'out' is {job.out}, on object storage; set 'exports' (--exports) to a "
+                        "path for the Parquet exports and the faiss index")
     job.exports = resolve(job.exports) or os.path.join(job.out, "exports")
     prep.holdout_out = resolve(prep.holdout_out)
     if not job.corpus or not job.out:
         raise UserError(f"{args.config}: 'corpus' and 'out' must be set")
+    if train_cfg.resume:  # the checkpoint's config, changed only where a flag or the YAML says so
+        from doc2vec_dist.trainer import resumed_config
+
+        progress = train_cfg.progress
+        train_cfg = resumed_config(job.out, explicit_values(TrainConfig, values, flags))
+        train_cfg.progress = progress
     return job, prep, train_cfg.validate(), args.config
 
 
 def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
+    from doc2vec_dist import checkpoint
     from doc2vec_dist.corpus import prepare
     from doc2vec_dist.evaluate import heldout_metrics
     from doc2vec_dist.export import export
@@ -74,13 +84,14 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     stages["train"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    model = checkpoint.local_copy(job.out)  # a model on object storage is read from a verified local copy
     os.makedirs(job.exports, exist_ok=True)
-    users = export(job.out, "docs", os.path.join(job.exports, "users.parquet"), progress=cfg.progress)
-    urls = export(job.out, "words_out", os.path.join(job.exports, "urls.parquet"), progress=cfg.progress)
+    users = export(model, "docs", os.path.join(job.exports, "users.parquet"), progress=cfg.progress)
+    urls = export(model, "words_out", os.path.join(job.exports, "urls.parquet"), progress=cfg.progress)
     stages["export"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    index = build_index(os.path.join(job.exports, "users.index"), kind="auto", model=job.out, table="docs",
+    index = build_index(os.path.join(job.exports, "users.index"), kind="auto", model=model, table="docs",
                         progress=cfg.progress)
     stages["index"] = time.perf_counter() - t
 
@@ -88,12 +99,12 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     heldout = prep.holdout_out
     if heldout and os.path.exists(heldout):
         t = time.perf_counter()
-        result["heldout"] = heldout_metrics(job.out, heldout)
+        result["heldout"] = heldout_metrics(model, heldout)
         stages["evaluate"] = time.perf_counter() - t
-    first_user = _first_key(job.out)
+    first_user = _first_key(model)
     result["example"] = {"user": first_user,
-                         "similar_users": neighbors(job.out, [first_user], k=5).column("neighbor").to_pylist(),
-                         "likely_urls": neighbors(job.out, [first_user], k=5, against="words_out")
+                         "similar_users": neighbors(model, [first_user], k=5).column("neighbor").to_pylist(),
+                         "likely_urls": neighbors(model, [first_user], k=5, against="words_out")
                          .column("neighbor").to_pylist()}
     save_json(os.path.join(job.exports, "job.json"), result)
     return result

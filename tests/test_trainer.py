@@ -22,8 +22,10 @@ def read_config(model: str) -> dict:
 
 
 def test_checkpoint_layout_has_one_part_per_server_and_latest(trained_model, sample_corpus):
+    # one version per epoch end (10), of which keep_checkpoints (2) are kept; LATEST is the newest
     with open(os.path.join(trained_model, "LATEST")) as fh:
-        assert fh.read().strip() == "v1"
+        assert fh.read().strip() == "v10"
+    assert sorted(os.listdir(os.path.join(trained_model, "checkpoints"))) == ["v10", "v9"]
     vdir, manifest = checkpoint.load_manifest(trained_model)
     corpus = Corpus(sample_corpus[0])
     assert manifest["num_ps"] == 2 and manifest["epoch"] == 10
@@ -165,3 +167,26 @@ def test_shared_rows_pushed_by_several_workers_are_weighted_hot_ones_most():
     assert worker._push_weights(route, inverse, 3) is None
     worker.config, worker.table_rows = {"num_workers": 1}, {"docs": 10, "words": 10, "words_out": 10}
     assert worker._push_weights(route, inverse, 3) is None
+
+
+def test_resident_rows_train_as_well_and_reach_the_servers(ray_cluster, sample_corpus, tmp_path, trained_model):
+    """--cache-rows: the hottest words_out rows stay in each worker between macro-batches; their
+    updates reach the servers at syncs, checkpoints and epoch ends."""
+    corpus, heldout = sample_corpus
+    # every row resident in one worker: words_out (zero at the start) moves only through the flushes
+    model = str(tmp_path / "all")
+    vocab = Corpus(corpus).vocab_size
+    train(corpus, model, TrainConfig(dim=32, epochs=1, sample=0, num_workers=1, cache_rows=vocab + 100,
+                                     progress=False))
+    assert np.abs(checkpoint.read_table(model, "words_out")).max() > 0.01
+    # the 500 hottest rows resident in each of 2 workers: as good as pulling every row every step
+    model = str(tmp_path / "hot")
+    train(corpus, model, TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cache_rows=500,
+                                     progress=False))
+    cached, straight = heldout_metrics(model, heldout), heldout_metrics(trained_model, heldout)
+    assert abs(cached["model_recall@10"] - straight["model_recall@10"]) < 0.02, (cached, straight)
+
+
+def test_resident_rows_are_refused_where_their_updates_would_need_weighting():
+    with pytest.raises(UserError, match="cache-rows applies to PV-DBOW without --dbow-words"):
+        TrainConfig(cache_rows=10, dbow_words=True).validate()

@@ -1,0 +1,143 @@
+"""Checkpoints mid-epoch, `--resume` (same or different number of servers), and a diverging run that
+leaves its last good checkpoint intact: on the real local Ray, with real drivers killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from doc2vec_dist import checkpoint
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.corpus import Corpus
+from doc2vec_dist.errors import UserError
+from doc2vec_dist.evaluate import heldout_metrics
+from doc2vec_dist.trainer import TrainingStopped, resumed_config, train
+from doc2vec_dist.worker import Unit, Worker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the trained_model fixture's settings (tests/conftest.py): a resumed run must end as good as it
+SAMPLE = {"dim": 32, "epochs": 10, "sample": 0, "num_ps": 2, "num_workers": 2, "progress": False}
+
+
+def manifest_of(model: str, version: int) -> dict:
+    with open(os.path.join(checkpoint.version_dir(model, version), "manifest.json")) as fh:
+        return json.load(fh)
+
+
+def latest(model: str) -> int:
+    with open(os.path.join(model, "LATEST")) as fh:
+        return int(fh.read().strip()[1:])
+
+
+def test_worker_data_positions_cover_the_rest_of_its_units_exactly(sample_corpus):
+    corpus = Corpus(sample_corpus[0])
+    path = corpus.shard_paths[0]
+    docs = corpus.meta["shards"][0]["docs"]
+    units = [Unit(path, 0, docs // 2, 0), Unit(path, docs // 2, docs, 0)]
+    config = {**TrainConfig(macro_batch=5000).__dict__, "epochs": 1}
+    worker = Worker(0, units, corpus.path, config, [], {"docs": corpus.num_docs, "words_out": corpus.vocab_size})
+    every = [(start, ids) for start, (ids, _, _) in worker._chunks()]
+    seen = np.concatenate([ids for _, ids in every])
+    assert len(every) > 4 and len(np.unique(seen)) == docs == len(seen)
+    # restart from the position of the 4th chunk: exactly the documents from it onwards
+    (unit, row), _ = every[3]
+    rest = np.concatenate([ids for _, (ids, _, _) in worker._chunks(unit, row)])
+    np.testing.assert_array_equal(rest, seen[sum(len(ids) for _, ids in every[:3]):])
+    assert list(worker._chunks(len(units), None)) == []  # a finished worker reads nothing
+
+
+def test_checkpoints_are_taken_mid_epoch_with_each_workers_position(ray_cluster, sample_corpus, tmp_path):
+    model = str(tmp_path / "model")
+    summary = train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 3}, checkpoint_every=0.3,
+                                                         keep_checkpoints=1000))
+    versions = range(1, latest(model) + 1)
+    manifests = [manifest_of(model, v) for v in versions]
+    mid = [m for m in manifests if m["positions"] is not None]
+    assert mid, "no mid-epoch checkpoint in a run with checkpoint_every 0.3 s"
+    for m in mid:
+        assert len(m["positions"]) == 2
+        assert all(p["epoch"] == m["epoch"] and p["tokens"] >= 0 for p in m["positions"])
+        assert 0.025 >= m["lr"] >= 0.0001
+    # and one at each epoch end, positions None, epoch counting up to the last
+    ends = [m["epoch"] for m in manifests if m["positions"] is None]
+    assert ends == [1, 2, 3]
+    assert summary["checkpoint_seconds"] > 0
+
+
+def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cluster, sample_corpus, tmp_path,
+                                                                          trained_model):
+    corpus, heldout = sample_corpus
+    model = str(tmp_path / "model")
+    address = ray_cluster.get_runtime_context().gcs_address
+    flags = ["--dim", "32", "--epochs", "10", "--sample", "0", "--num-ps", "2", "--num-workers", "2",
+             "--address", address, "--no-progress"]
+    cmd = [sys.executable, "-m", "doc2vec_dist", "train", "--corpus", corpus, "--out", model]
+    driver = subprocess.Popen(cmd + flags + ["--checkpoint-every", "0.5"], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (os.path.exists(os.path.join(model, "LATEST")) and manifest_of(model, latest(model))["epoch"] >= 2):
+            assert driver.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        driver.send_signal(signal.SIGKILL)
+    finally:
+        driver.wait()
+    killed_at = manifest_of(model, latest(model))
+    assert killed_at["epoch"] < 10
+    # resume names only what may change; the rest comes from the checkpoint
+    done = subprocess.run(cmd + ["--resume", "--address", address, "--no-progress"], check=False, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with open(os.path.join(model, "config.json")) as fh:
+        summary = json.load(fh)["summary"]
+    assert summary["resumed_from_epoch"] == killed_at["epoch"]
+    assert manifest_of(model, latest(model))["epoch"] == 10
+    resumed, straight = heldout_metrics(model, heldout), heldout_metrics(trained_model, heldout)
+    # within noise of the uninterrupted run (two uninterrupted seeds differ by ~0.005 here)
+    assert abs(resumed["model_recall@10"] - straight["model_recall@10"]) < 0.02, (resumed, straight)
+    assert resumed["model_recall@10"] > 1.15 * resumed["popularity_recall@10"]
+
+
+def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster, sample_corpus, tmp_path):
+    model = str(tmp_path / "model")
+    train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 2}, optimizer="adagrad", alpha=0.05))
+    before = {t: checkpoint.read_table(model, t) for t in ("docs", "words_out")}
+    # nothing left to train: the rows go through 3 servers' load and save unchanged
+    summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3}))
+    assert summary["tokens"] == 0
+    _, manifest = checkpoint.load_manifest(model)
+    assert manifest["num_ps"] == 3 and len(manifest["tables"]["docs"]["parts"]) == 3
+    for table, matrix in before.items():
+        np.testing.assert_array_equal(checkpoint.read_table(model, table), matrix)
+    # and training goes on from there with 3 servers (one more epoch)
+    summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3, "epochs": 3}))
+    assert summary["tokens"] == Corpus(sample_corpus[0]).num_tokens and summary["resumed_from_epoch"] == 2
+    assert not np.array_equal(checkpoint.read_table(model, "docs"), before["docs"])
+
+
+def test_resume_refuses_a_change_to_the_model_and_names_it(ray_cluster, trained_model):
+    with pytest.raises(UserError, match="cannot resume with dim=64.*dim=32"):
+        resumed_config(trained_model, {"dim": 64})
+    assert resumed_config(trained_model, {"alpha": 0.01, "num_ps": 5}).dim == 32
+
+
+def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_cluster, sample_corpus, tmp_path):
+    model = str(tmp_path / "model")
+    train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 1}))
+    good = latest(model)
+    docs = checkpoint.read_table(model, "docs")
+    # go on with a learning rate that overflows float32 within a step (halfway down from 1e30 to 1e29)
+    with pytest.raises(TrainingStopped, match=r"non-finite values in the push of epoch 1 step \d+ .*alpha 5.4\d*e\+29"):
+        train(sample_corpus[0], model, resumed_config(model, {"epochs": 2, "alpha": 1e30, "min_alpha": 1e29}))
+    assert latest(model) == good
+    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), docs)  # checksums verified too
+    # and the run goes on from there with a sane learning rate
+    summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 2}))
+    assert summary["resumed_from_epoch"] == 1 and np.isfinite(checkpoint.read_table(model, "docs")).all()
