@@ -9,6 +9,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
 
+# Credentials for the loopback S3 server of tests/test_storage_s3.py. Set before the session's Ray
+# starts, so its actors (parameter servers writing checkpoints to s3://) inherit them, as actors
+# on a cluster inherit their nodes' credentials. The server accepts any value.
+for _name, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                      "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    os.environ.setdefault(_name, _value)
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():

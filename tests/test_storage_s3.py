@@ -12,12 +12,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from moto import server as moto_server  # a dev dependency: moto[s3] and flask
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.sharding import global_rows
-
-moto_server = pytest.importorskip("moto.server", reason="moto[s3] and flask are dev dependencies")
 
 ROWS, DIM = 29, 6
 BUCKET = "models"
@@ -183,3 +182,24 @@ def test_a_model_on_s3_is_loaded_and_exported(s3, key_files, tmp_path, monkeypat
     # overwrite empties the model directory before the key tables are copied again
     checkpoint.start_model_dir(model, key_files, overwrite=True)
     assert objects(s3, "served") == ["docs.arrow", "vocab.arrow"]
+
+
+def test_training_checkpoints_to_s3_and_resumes_from_it(s3, ray_cluster, sample_corpus):
+    """Parameter-server actors write their slices to s3:// themselves; --resume reads them back."""
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.model import Model
+    from doc2vec_dist.trainer import resumed_config, train
+
+    model = uri(s3, "trained")
+    train(sample_corpus[0], model, TrainConfig(dim=16, epochs=2, sample=0, progress=False))
+    assert checkpoint.latest_version(model) == 2  # one per epoch end
+    docs = checkpoint.read_table(model, "docs")
+    summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 3, "num_ps": 3}))
+    assert summary["resumed_from_epoch"] == 2 and summary["servers_loaded_from"] == [2, 2, 2]
+    _, manifest = checkpoint.load_manifest(model)
+    assert manifest["epoch"] == 3 and manifest["num_ps"] == 3
+    final = checkpoint.read_table(model, "docs")
+    assert not np.array_equal(final, docs)
+    served = Model(model)  # from a verified local copy of LATEST
+    first = served.keys("docs")[0].as_py()
+    np.testing.assert_array_equal(served.vectors([first])[0], final[0])
