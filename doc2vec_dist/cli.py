@@ -84,6 +84,17 @@ def _print_summary(who: str, s: dict) -> None:
         print("worker time: " + time_split(s["worker_seconds"]))
 
 
+def cmd_plan(args) -> None:
+    from .plan import format_plan, plan, save_json
+
+    result = plan(args.corpus, _train_config(args), calibrate_seconds=args.calibrate_seconds, workdir=args.workdir,
+                  run_calibration=not args.no_calibrate)
+    print(format_plan(result))
+    if args.json:
+        save_json(args.json, result)
+        print(f"saved {args.json}")
+
+
 def cmd_export(args) -> None:
     from .export import export
 
@@ -195,6 +206,18 @@ def make_parser() -> argparse.ArgumentParser:
         _add_config_flags(t, TrainConfig)
         if name == "baseline":
             t.add_argument("--workers", type=int, default=None, help="gensim threads (default: all cores)")
+
+    pl = add("plan", cmd_plan, "memory per parameter server, worker and node, and time per epoch, before training "
+                               "(corpus statistics and a short calibration run on a slice of the corpus)")
+    pl.add_argument("--corpus", required=True)
+    pl.add_argument("--config", help="YAML file with the same keys as the flags")
+    _add_config_flags(pl, TrainConfig)
+    pl.add_argument("--calibrate-seconds", type=float, default=30.0,
+                    help="about how long the calibration run trains (default: 30)")
+    pl.add_argument("--no-calibrate", action="store_true", help="memory only, from modelled fixed costs; no time")
+    pl.add_argument("--workdir", help="where the calibration slice and model go, removed after (default: the "
+                                      "system's temp dir; on a cluster, storage every node sees)")
+    pl.add_argument("--json", help="also write the plan as JSON to this file")
 
     e = add("export", cmd_export, "write a table as Parquet (key, vector), word2vec text or npy")
     e.add_argument("--model", required=True)

@@ -40,23 +40,46 @@ GENSIM_MODE = {"dbow_shared_negatives": "dbow", "dbow_adagrad": "dbow"}
 TRAINERS = (("doc2vec-dist", "train"), ("gensim", "baseline"))
 
 
-def synthetic(work: str, users: int, urls: int, seed: int) -> tuple[str, str, str]:
-    """Generate and prepare (once) a synthetic corpus with 20% of each user's URLs held out."""
+def synthetic(work: str, users: int, urls: int, seed: int, events_per_user: float = 30.0,
+              progress: bool = True) -> tuple[str, str, str]:
+    """Generate and prepare (once) a synthetic corpus with 20% of each user's URLs held out; a corpus
+    already under `work` is reused. The seconds each step took are kept in timings.json beside it."""
     from doc2vec_dist.corpus import prepare
     from doc2vec_dist.synthetic import generate
 
-    data = os.path.join(work, f"synthetic-{users}x{urls}-s{seed}")
+    name = f"synthetic-{users}x{urls}-s{seed}" + ("" if events_per_user == 30.0 else f"-e{events_per_user:g}")
+    data = os.path.join(work, name)
     corpus, heldout = os.path.join(data, "corpus"), os.path.join(data, "heldout.parquet")
+    timings_path = os.path.join(data, "timings.json")
+    timings = {}
     if not os.path.exists(os.path.join(data, "generate.json")):
-        generate(data, users, urls, seed=seed)
+        t0 = time.perf_counter()
+        generate(data, users, urls, seed=seed, events_per_user=events_per_user, progress=progress)
+        timings["generate_seconds"] = time.perf_counter() - t0
+    elif os.path.exists(timings_path):
+        with open(timings_path) as fh:
+            timings = json.load(fh)
     if not os.path.exists(os.path.join(corpus, "corpus.json")):
+        t0 = time.perf_counter()
         prepare([os.path.join(data, "events")], corpus, time_col="ts", holdout=0.2, holdout_out=heldout,
-                seed=seed, overwrite=True)
+                seed=seed, overwrite=True, progress=progress)
+        timings["prepare_seconds"] = time.perf_counter() - t0
+    with open(timings_path, "w") as fh:
+        json.dump(timings, fh)
     return corpus, heldout, os.path.join(data, "truth", "users.parquet")
 
 
+def write_config(config: TrainConfig, path: str) -> str:
+    """The training flags as a YAML file both trainers' command lines take (--config)."""
+    with open(path, "w") as fh:
+        skip = {"progress", "address", "resume"}
+        yaml.safe_dump({k: v for k, v in dataclasses.asdict(config).items() if k not in skip}, fh)
+    return path
+
+
 def run_trainer(command: str, corpus: str, model: str, config_file: str, extra: list[str]) -> dict:
-    """One trainer as its own process; wall time, peak memory and its own summary."""
+    """One trainer as its own process; wall time, peak memory (of the tree, and of each process:
+    driver, ps0…, worker0…, Ray's own) and its own summary."""
     argv = [sys.executable, "-m", "doc2vec_dist", command, "--corpus", corpus, "--out", model, "--config",
             config_file, "--overwrite", "--no-progress", *extra]
     t0 = time.perf_counter()
@@ -71,7 +94,7 @@ def run_trainer(command: str, corpus: str, model: str, config_file: str, extra: 
     return {"wall_seconds": wall, "train_seconds": summary["train_seconds"],
             "tokens_per_second": summary["tokens_per_second"], "mtok_s": summary["tokens_per_second"] / 1e6,
             "peak_memory_bytes": watch.peak_total, "peak_gb": watch.peak_total / 2**30,
-            "peak_rss_by_role": watch.by_role()}
+            "peak_rss_by_role": watch.by_role(), "processes": watch.processes(), "summary": summary}
 
 
 def compare_modes(args, config: TrainConfig, corpus: str, heldout: str, labels: str | None) -> list[dict]:
@@ -84,10 +107,7 @@ def compare_modes(args, config: TrainConfig, corpus: str, heldout: str, labels: 
                 rows.append({**done, "mode": mode})
                 continue
             cfg = dataclasses.replace(config, **MODES[run_as])
-            config_file = os.path.join(args.work, f"config-{run_as}.yaml")
-            with open(config_file, "w") as fh:
-                skip = {"progress", "address", "resume"}
-                yaml.safe_dump({k: v for k, v in dataclasses.asdict(cfg).items() if k not in skip}, fh)
+            config_file = write_config(cfg, os.path.join(args.work, f"config-{run_as}.yaml"))
             model = os.path.join(args.work, f"{who}-{run_as}")
             extra = ["--workers", str(args.gensim_workers)] if command == "baseline" else []
             print(f"[compare] {run_as}: {who} ...", file=sys.stderr, flush=True)

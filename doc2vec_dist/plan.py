@@ -1,0 +1,487 @@
+"""Plan a run before training it: memory per parameter server, per worker, driver and object store,
+and time per epoch, from the corpus statistics and a short calibration run.
+
+gensim's `Doc2Vec.estimate_memory` adds up its arrays (vectors, syn1neg, doc vectors, ~500 bytes of
+vocabulary entry per word) and says nothing of time. Here the processes are separate and the time is
+what a deploy is sized by, so:
+
+Memory (private memory of each process: its heap and numpy arrays, what RssAnon counts; the object
+store's shared pages are a line of their own, counted once per node)
+
+    parameter server s = Σ over the tables it trains: rows on s × (dim + optimiser columns) × 4 bytes
+                         + overhead
+      rows on s: row r of a table lives on server r % num_ps (exact, not rounded);
+      overhead: when the calibration run's processes are visible from here (a local Ray), the
+      largest measured (peak private − the rows that server held): the process, the pull results
+      it assembles (the calibration pulls what the full run pulls: same vocabulary, same
+      macro-batch) and what a checkpoint writes beside the rows. Otherwise an empty
+      ParameterServer process (measured: a probe actor with no rows) + PS_RETAINED_PULLS × the
+      bytes of one pull from that server (modelled from measurements here).
+    worker             = batch + fixed
+      batch: two macro-batches alive at once (the one computing, the next with its pull in flight),
+      each with its examples and compact positions, plus the local copy of the pulled rows and the
+      push delta: 2 × examples + 2 × unique rows × width × 4 bytes; the unique rows and examples are
+      counted on real macro-batches of this corpus, built with the worker's own sampling code.
+      fixed: measured in the calibration (peak private − batch) or, remote, a process like the
+      empty server plus the vocabulary arrays every worker holds (counts, keep probabilities, the
+      negatives' alias table: VOCAB_BYTES_PER_WORD a word).
+    driver, Ray's own processes: measured in the calibration (modelled constants when not visible).
+    object store: its capacity (shared memory the node must have), beside what is in flight:
+      workers × (2 pulls + max_inflight_pushes pushes) × the bytes of one macro-batch's rows.
+
+Time
+
+    tokens/s: a calibration run through the real engine (trainer.train, Ray actors and all) for
+      about --calibrate-seconds on a slice of the corpus: the first documents, with the corpus's
+      whole vocabulary and counts (so subsampling, negatives and the unique words_out rows a
+      macro-batch pulls are those of the full run) and enough tokens that every worker's macro-batch
+      is the full run's. A corpus smaller than that is trained whole, for a few epochs.
+    per epoch = corpus tokens / calibrated tokens/s. What does not scale with tokens is scaled apart:
+      startup (servers initialise their rows: calibration startup + the extra rows × the init time
+      of one row, measured here), checkpoints (table bytes / the calibration's checkpoint rate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import psutil
+import pyarrow as pa
+
+from .config import TrainConfig
+from .corpus import Corpus, iter_shard
+from .errors import UserError
+from .memwatch import MemoryWatch, proc_status
+from .sampling import NegativeTable, build_examples, keep_probabilities
+from .sharding import rows_on_shard
+from .trainer import table_specs
+
+FLOAT_BYTES = 4
+GiB = 1 << 30
+# Sizes the calibration slice before anything is measured: tokens/s of one CPU worker on this
+# project's 2-core machine (0.43M with 2 workers at 200k users). The measured rate replaces it.
+GUESS_TOKENS_PER_SECOND_PER_WORKER = 200_000
+MAX_CALIBRATION_EPOCHS = 5
+# A worker's macro-batch: the config's, but at least 16 rounds per epoch (worker.py).
+MIN_MACRO_BATCH = 4096
+ROUNDS_PER_EPOCH = 16
+# Fallbacks where a process cannot be observed (a remote cluster); private memory measured on this
+# project's machine (Ray 2.60, torch 2.x): a parameter server with tiny tables 211-222 MB, a worker
+# 224-232 MB, the driver 226 MB.
+PROCESS_BYTES = 230 << 20
+VOCAB_BYTES_PER_WORD = 40  # counts int64, keep probability, alias table (p, accept, alias), marker arrays
+# A server's private memory above an empty one grows with the size of the pulls it serves (the
+# allocator keeps freed pull results of its 4 threads): measured 110 MB over 7.5 MB pulls (50k users)
+# and 190 MB over 14.5 MB pulls (200k users, 100k URLs) on this project's machine.
+PS_RETAINED_PULLS = 14
+RAY_SYSTEM_BYTES = 600 << 20  # raylet, GCS, agents (PSS), when not measured
+OOM_FRACTION = 0.95  # Ray's OOM killer acts above this share of a node's memory
+
+
+# -- arithmetic -------------------------------------------------------------------------------------
+
+def shard_table_bytes(tables: dict[str, dict], num_ps: int) -> list[dict[str, int]]:
+    """Per server: bytes of its rows of each table, optimiser columns included (exact row counts).
+
+    tables: the trainer's table specs (trainer.table_specs: docs, words when dbow_words or PV-DM
+    trains it, words_out; each with its rows, dim and optimiser columns "state")."""
+    return [{name: rows_on_shard(s, num_ps, spec["rows"]) * (spec["dim"] + spec.get("state", 0)) * FLOAT_BYTES
+             for name, spec in tables.items()} for s in range(num_ps)]
+
+
+def effective_macro_batch(config: TrainConfig, epoch_tokens: int) -> int:
+    """The tokens a worker reads per macro-batch: the config's, but at least 16 rounds per epoch."""
+    per_worker = epoch_tokens // config.num_workers
+    return int(min(config.macro_batch, max(MIN_MACRO_BATCH, per_worker // ROUNDS_PER_EPOCH)))
+
+
+def worker_batch_bytes(profile: dict, width: int) -> int:
+    """Private bytes a worker holds for macro-batches: two alive (examples and positions each), the
+    local copy of one batch's pulled rows and its push delta."""
+    return int(2 * profile["example_bytes"] + 2 * profile["unique_rows"] * width * FLOAT_BYTES)
+
+
+def memory_plan(tables: dict[str, dict], config: TrainConfig, profile: dict, *, ps_overhead: int,
+                worker_fixed: int, driver: int, ray_system: int, object_store: int) -> dict:
+    """Memory per process and for the node, from table sizes, macro-batch sizes and fixed costs (bytes)."""
+    width = config.dim + int(config.optimizer == "adagrad")
+    per_ps = shard_table_bytes(tables, config.num_ps)
+    ps = [{"shard": s, "tables": t, "table_bytes": sum(t.values()), "overhead": ps_overhead,
+           "total": sum(t.values()) + ps_overhead} for s, t in enumerate(per_ps)]
+    batch = worker_batch_bytes(profile, width)
+    worker = {"batch": batch, "fixed": worker_fixed, "total": batch + worker_fixed}
+    row_bytes = profile["unique_rows"] * width * FLOAT_BYTES
+    in_flight = config.num_workers * (2 + config.max_inflight_pushes) * row_bytes
+    processes = sum(p["total"] for p in ps) + config.num_workers * worker["total"] + driver + ray_system
+    return {"ps": ps, "worker": worker, "driver": driver, "ray_system": ray_system,
+            "object_store": {"capacity": object_store, "in_flight": in_flight, "macro_batch_rows_bytes": row_bytes},
+            "processes_total": processes, "node_total": processes + object_store}
+
+
+# -- the corpus's macro-batches -------------------------------------------------------------------------
+
+def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -> dict:
+    """Unique rows and example bytes of a real macro-batch, built with the worker's sampling code
+    (subsampling, negatives, windows) on the first chunks of the corpus; means over `batches`."""
+    counts = corpus.counts()
+    keep = keep_probabilities(counts, config.sample)
+    negatives = NegativeTable(counts, config.ns_exponent)
+    macro = effective_macro_batch(config, corpus.num_tokens)
+    rng = np.random.default_rng(config.seed)
+    trains_words = config.mode == "dm" or config.dbow_words
+    seen = []
+    for path in corpus.shard_paths:
+        for doc_ids, offsets, tokens in iter_shard(path, max_tokens=macro):
+            ex = build_examples(offsets, tokens, keep, negatives, config.negative, rng, mode=config.mode,
+                                dbow_words=config.dbow_words, window=config.window,
+                                shared_negatives=config.shared_negatives, micro_batch=config.micro_batch)
+            ctx = ex.ctx.reshape(-1)
+            words = len(np.unique(ctx[ctx >= ex.n_docs])) if trains_words else 0
+            words_out = len(np.unique(np.concatenate([ex.target, ex.neg.reshape(-1)])))
+            arrays = [ex.ctx, ex.ctx_mask, ex.target, ex.neg, ex.neg_mask]
+            example_bytes = sum(a.nbytes for a in arrays if a is not None)
+            example_bytes += (ex.ctx.size + ex.target.size + ex.neg.size) * 8  # compact positions (int64)
+            seen.append({"tokens": len(tokens), "examples": len(ex), "docs": len(doc_ids), "words": words,
+                         "words_out": words_out, "example_bytes": example_bytes})
+            if len(seen) >= batches:
+                break
+        if len(seen) >= batches:
+            break
+    if not seen:
+        raise UserError(f"{corpus.path}: the corpus has no tokens to plan for")
+    mean = {k: float(np.mean([s[k] for s in seen])) for k in seen[0]}
+    unique = mean["docs"] + mean["words"] + mean["words_out"]
+    return {"macro_batch": macro, "batches_measured": len(seen), **{k: round(v) for k, v in mean.items()},
+            "unique_rows": round(unique)}
+
+
+# -- a slice of the corpus for calibration ------------------------------------------------------------------
+
+def make_slice(corpus: Corpus, out: str, tokens: int, files: int) -> Corpus:
+    """A corpus of the first documents of `corpus` (about `tokens` tokens, in `files` shard files)
+    with its whole vocabulary and counts, so that subsampling, negatives and the rows a macro-batch
+    touches are those of the full corpus. Doc ids stay 0..n-1 (shards hold consecutive ids)."""
+    tables, taken, schema = [], 0, None
+    for path in corpus.shard_paths:
+        reader = pa.ipc.open_file(pa.memory_map(path))
+        schema = reader.schema
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            offsets = batch.column(1).offsets.to_numpy()
+            lengths = np.diff(offsets)
+            need = tokens - taken
+            n = int(np.searchsorted(np.cumsum(lengths), need, side="left")) + 1
+            n = min(n, batch.num_rows)
+            tables.append(pa.Table.from_batches([batch.slice(0, n)]))
+            taken += int(lengths[:n].sum())
+            if taken >= tokens:
+                break
+        if taken >= tokens:
+            break
+    whole = pa.concat_tables(tables).combine_chunks()
+    n_docs = whole.num_rows
+    if not np.array_equal(whole.column(0).to_numpy(), np.arange(n_docs)):
+        raise UserError(f"{corpus.path}: doc ids are not 0..n-1 in shard order; cannot slice it for calibration")
+    os.makedirs(os.path.join(out, "shards"), exist_ok=True)
+    lengths = np.diff(whole.column(1).combine_chunks().offsets.to_numpy()) if n_docs else np.zeros(0, np.int64)
+    cum = np.concatenate([[0], np.cumsum(lengths)])
+    cuts = np.unique(np.searchsorted(cum, np.linspace(0, cum[-1], max(1, files) + 1), side="left"))
+    cuts[0], cuts[-1] = 0, n_docs
+    shards = []
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        rel = os.path.join("shards", f"part-{i:05d}.arrow")
+        with pa.OSFile(os.path.join(out, rel), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(whole.slice(int(a), int(b - a)))
+        shards.append({"path": rel, "docs": int(b - a), "tokens": int(cum[b] - cum[a])})
+    docs = corpus.docs().slice(0, n_docs)
+    with pa.OSFile(os.path.join(out, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, docs.schema) as writer:
+        writer.write_table(docs)
+    shutil.copyfile(os.path.join(corpus.path, "vocab.arrow"), os.path.join(out, "vocab.arrow"))
+    meta = {**corpus.meta, "num_docs": n_docs, "num_tokens": int(cum[-1]), "num_shards": len(shards),
+            "shards": shards, "sliced_from": corpus.path}
+    with open(os.path.join(out, "corpus.json"), "w") as fh:
+        json.dump(meta, fh, indent=2)
+    return Corpus(out)
+
+
+# -- measurements on Ray ---------------------------------------------------------------------------------
+
+def empty_ps_bytes() -> int | None:
+    """Private memory of a parameter-server process holding no rows, measured in a probe actor."""
+    import ray
+
+    from .ps import ParameterServer
+
+    class PsProbe(ParameterServer):  # named apart so memory watches do not take it for a server
+        def private_bytes(self) -> int | None:
+            return proc_status(os.getpid(), ("RssAnon",)).get("RssAnon")
+
+    probe = ray.remote(PsProbe).options(num_cpus=0).remote(0, 1, {}, 0)
+    try:
+        return ray.get(probe.private_bytes.remote(), timeout=120)
+    finally:
+        ray.kill(probe)
+
+
+def ps_init_seconds_per_row(dim: int, rows: int = 100_000) -> float:
+    """Seconds a parameter server takes to initialise one uniform row, timed here on its own code."""
+    import torch
+
+    from .ps import ParameterServer
+
+    threads = torch.get_num_threads()
+    try:
+        t0 = time.perf_counter()
+        ParameterServer(0, 1, {"docs": {"rows": rows, "dim": dim, "init": "uniform", "state": 0}}, 0)
+        return (time.perf_counter() - t0) / rows
+    finally:
+        torch.set_num_threads(threads)  # the server sets its own count; this process keeps its
+
+
+def calibration_tokens(corpus: Corpus, config: TrainConfig, seconds: float) -> tuple[int, int]:
+    """(tokens of the slice, epochs) for a calibration of about `seconds`: the full run's macro-batch
+    needs ROUNDS_PER_EPOCH × macro-batch tokens per worker; a smaller corpus is trained whole."""
+    want = int(seconds * GUESS_TOKENS_PER_SECOND_PER_WORKER * config.num_workers)
+    floor = ROUNDS_PER_EPOCH * effective_macro_batch(config, corpus.num_tokens) * config.num_workers
+    want = max(want, floor)
+    if want >= corpus.num_tokens:
+        return corpus.num_tokens, int(min(MAX_CALIBRATION_EPOCHS, max(1, want // max(corpus.num_tokens, 1))))
+    return want, 1
+
+
+def calibrate(corpus: Corpus, config: TrainConfig, seconds: float, workdir: str) -> dict:
+    """Train on a slice of the corpus through the real engine; tokens/s, stage times and each
+    process's peak private memory (when its processes are children of this one: a local Ray)."""
+    from .trainer import train
+
+    tokens, epochs = calibration_tokens(corpus, config, seconds)
+    os.makedirs(workdir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="calibration-", dir=workdir)
+    try:
+        target = corpus if tokens >= corpus.num_tokens else make_slice(
+            corpus, os.path.join(work, "corpus"), tokens, config.num_workers)
+        cfg = dataclasses.replace(config, epochs=epochs, progress=False, resume=False, checkpoint_every=0,
+                                  keep_checkpoints=1)
+        with MemoryWatch(os.getpid(), interval=0.25) as watch:
+            summary = train(target.path, os.path.join(work, "model"), cfg, overwrite=True)
+        procs = watch.processes()
+        cal_tables = shard_table_bytes(table_specs(config, target), config.num_ps)
+        return {"corpus_tokens": target.num_tokens, "corpus_docs": target.num_docs, "epochs": epochs,
+                "sliced": target is not corpus, "summary": summary, "processes": procs,
+                "table_bytes": [sum(t.values()) for t in cal_tables],
+                "macro_batch": effective_macro_batch(config, target.num_tokens)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _object_store_bytes(started_here: bool) -> int:
+    import ray
+
+    from .trainer import local_object_store_bytes
+
+    if started_here:
+        return local_object_store_bytes()
+    return int(ray.cluster_resources().get("object_store_memory", 0)) or local_object_store_bytes()
+
+
+# -- the plan ------------------------------------------------------------------------------------------
+
+def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
+         run_calibration: bool = True) -> dict:
+    """Memory per process and time per epoch of training `config` on the corpus, before training it."""
+    config.validate()
+    corpus = Corpus(corpus_path)
+    tables = table_specs(config, corpus)
+    profile = macro_batch_profile(corpus, config)
+    width = config.dim + int(config.optimizer == "adagrad")
+    sources = {}
+    result: dict = {"corpus": {"path": corpus.path, "docs": corpus.num_docs, "tokens": corpus.num_tokens,
+                               "vocab": corpus.vocab_size, "shards": corpus.num_shards,
+                               "tokens_per_doc": corpus.num_tokens / max(corpus.num_docs, 1)},
+                    "config": dataclasses.asdict(config), "tables": tables, "macro_batch": profile}
+    ps_fixed, cal, store = None, None, None
+    if run_calibration:
+        import ray
+
+        from .trainer import ray_connection
+
+        with ray_connection(config.address) as started_here:
+            ps_fixed = empty_ps_bytes()
+            store = _object_store_bytes(started_here)
+            local = started_here or len([n for n in ray.nodes() if n.get("Alive")]) == 1
+            cal = calibrate(corpus, config, calibrate_seconds, workdir or tempfile.gettempdir())
+        result["calibration"] = cal
+    else:
+        from .trainer import local_object_store_bytes
+
+        store, local = local_object_store_bytes(), True
+
+    # fixed costs: measured where the processes were seen, else modelled
+    measured = {p["label"]: p for p in (cal or {}).get("processes", [])}
+    servers = [p for p in measured.values() if p["role"] == "ps"]
+    workers = [p for p in measured.values() if p["role"] == "worker"]
+    pull_per_ps = profile["unique_rows"] * width * FLOAT_BYTES / config.num_ps
+    ps_overhead = (ps_fixed or PROCESS_BYTES) + int(PS_RETAINED_PULLS * pull_per_ps)
+    sources["ps_overhead"] = (("empty PS measured in a probe actor" if ps_fixed else "a process, modelled")
+                              + f" + {PS_RETAINED_PULLS} × one pull's bytes (modelled)")
+    # (servers of an earlier run on the same Ray may still be exiting when the watch starts: at least
+    # num_ps seen, not exactly)
+    if len(servers) >= config.num_ps and cal:
+        seen = max(p["private"] - max(cal["table_bytes"]) for p in servers)
+        ps_overhead = max(seen, ps_fixed or 0)
+        sources["ps_overhead"] = "measured in calibration (peak private − its rows)"
+        result["ps_overhead_measured"] = seen
+    batch = worker_batch_bytes(profile, width)
+    if len(workers) >= config.num_workers and cal:
+        worker_fixed = max(0, max(p["private"] for p in workers) - batch)
+        sources["worker_fixed"] = "measured in calibration (peak private − batch)"
+    else:
+        worker_fixed = PROCESS_BYTES + VOCAB_BYTES_PER_WORD * corpus.vocab_size
+        sources["worker_fixed"] = "modelled (process + vocabulary arrays)"
+    if "driver" in measured and "ps0" in measured:
+        driver, sources["driver"] = measured["driver"]["private"], "measured in calibration (this process)"
+    else:
+        driver, sources["driver"] = PROCESS_BYTES, "modelled (constant)"
+    if "ray" in measured and "ps0" in measured:
+        ray_system, sources["ray_system"] = measured["ray"]["pss"], "measured in calibration (PSS)"
+    else:
+        ray_system, sources["ray_system"] = RAY_SYSTEM_BYTES, "modelled (constant)"
+    memory = memory_plan(tables, config, profile, ps_overhead=ps_overhead, worker_fixed=worker_fixed,
+                         driver=driver, ray_system=ray_system, object_store=store)
+    memory["sources"] = sources
+    memory["empty_ps"] = ps_fixed
+    result["memory"] = memory
+    result["time"] = time_plan(corpus, config, tables, cal) if cal else None
+    ram = psutil.virtual_memory().total
+    result["node_ram"] = ram
+    result["warnings"] = plan_warnings(result, ram, local)
+    return result
+
+
+def time_plan(corpus: Corpus, config: TrainConfig, tables: dict, cal: dict) -> dict:
+    """Time per epoch, startup, checkpoints and the whole run, scaled from the calibration."""
+    s = cal["summary"]
+    tps = s["tokens_per_second"]
+    if tps <= 0:
+        raise UserError("the calibration run trained no tokens; cannot estimate time")
+    epoch = corpus.num_tokens / tps
+    full_bytes = sum(sum(t.values()) for t in shard_table_bytes(tables, config.num_ps))
+    cal_bytes = sum(cal["table_bytes"])
+    ckpt_rate = cal_bytes / s["checkpoint_seconds"] if s.get("checkpoint_seconds") else None
+    checkpoint_s = full_bytes / ckpt_rate if ckpt_rate else None
+    # servers initialise their uniform rows in parallel; the calibration's startup held the slice's
+    # (words and words_out have the whole vocabulary in the slice already; only docs grow)
+    extra_rows = max(0, math.ceil(corpus.num_docs / config.num_ps) - math.ceil(cal["corpus_docs"] / config.num_ps))
+    per_row = ps_init_seconds_per_row(config.dim)
+    startup = s.get("startup_seconds", 0.0) + extra_rows * per_row
+    train_s = epoch * config.epochs
+    n_ckpt = 1 + (min(config.epochs - 1, int(train_s // config.checkpoint_every)) if config.checkpoint_every else 0)
+    total = startup + train_s + n_ckpt * (checkpoint_s or 0.0)
+    return {"tokens_per_second": tps, "epoch_seconds": epoch, "startup_seconds": startup,
+            "ps_init_seconds_per_row": per_row, "checkpoint_seconds": checkpoint_s,
+            "checkpoint_bytes_per_second": ckpt_rate, "checkpoints": n_ckpt, "total_seconds": total,
+            "worker_seconds": s.get("worker_seconds", {}),
+            "calibration_train_seconds": s.get("train_seconds"), "calibration_tokens": s.get("tokens")}
+
+
+def plan_warnings(result: dict, ram: int, local: bool) -> list[str]:
+    mem, cfg = result["memory"], result["config"]
+    out = []
+    if local and mem["node_total"] > OOM_FRACTION * ram:
+        out.append(f"the run needs {_gb(mem['node_total'])} on this node (processes {_gb(mem['processes_total'])} "
+                   f"+ object store {_gb(mem['object_store']['capacity'])}) but it has {_gb(ram)}; Ray's OOM "
+                   f"killer acts above {OOM_FRACTION:.0%}: add parameter servers on other nodes or lower the "
+                   "object store")
+    elif not local:
+        biggest = max(p["total"] for p in mem["ps"])
+        if biggest > OOM_FRACTION * ram:
+            out.append(f"one parameter server needs {_gb(biggest)}, more than this node's {_gb(ram)}: "
+                       f"use more than {cfg['num_ps']} servers")
+    store = mem["object_store"]
+    if store["in_flight"] > store["capacity"]:
+        out.append(f"pulls and pushes in flight ({_gb(store['in_flight'])}) exceed the object store "
+                   f"({_gb(store['capacity'])}): it will spill to disk; lower --macro-batch or --max-inflight-pushes")
+    return out
+
+
+# -- output ---------------------------------------------------------------------------------------------
+
+def _gb(n: float | None) -> str:
+    return "-" if n is None else f"{n / GiB:.2f} GiB" if n >= 0.1 * GiB else f"{n / 2**20:.0f} MiB"
+
+
+def _s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.1f} s" if x < 600 else f"{x:,.0f} s ({x / 3600:.2f} h)"
+
+
+def format_plan(p: dict) -> str:
+    c, cfg, mem, prof = p["corpus"], p["config"], p["memory"], p["macro_batch"]
+    src = mem["sources"]
+    width = cfg["dim"] + int(cfg["optimizer"] == "adagrad")
+    mode = cfg["mode"] + (" + dbow_words" if cfg["dbow_words"] else "")
+    lines = [f"plan: {c['path']}"]
+    lines.append(f"  corpus {c['docs']:,} docs, {c['tokens']:,} tokens ({c['tokens_per_doc']:.1f} a doc), "
+                 f"vocabulary {c['vocab']:,}")
+    lines.append(f"  {mode}, dim {cfg['dim']}, negative {cfg['negative']}, optimizer {cfg['optimizer']}, "
+                 f"{cfg['num_ps']} parameter servers, {cfg['num_workers']} workers, {cfg['epochs']} epochs")
+    lines.append(f"  macro-batch {prof['macro_batch']:,} tokens: {prof['examples']:,} examples, unique rows "
+                 f"{prof['docs']:,} docs + {prof['words']:,} words + {prof['words_out']:,} words_out "
+                 f"= {_gb(prof['unique_rows'] * width * FLOAT_BYTES)} pulled and pushed")
+
+    def row(label: str, value: str, how: str) -> None:
+        lines.append(f"  {label:<34}{value:>14}   {how}")
+
+    lines.append("")
+    row("memory (private, per process)", "planned", "how")
+    big = max(mem["ps"], key=lambda x: x["total"])
+    parts = ", ".join(f"{n} {b / (width * FLOAT_BYTES):,.0f} rows" for n, b in big["tables"].items())
+    row(f"parameter server (largest of {len(mem['ps'])})", _gb(big["total"]),
+        f"rows {_gb(big['table_bytes'])} ({parts} × {width} × 4 B) + overhead {_gb(big['overhead'])} "
+        f"[{src['ps_overhead']}]")
+    w = mem["worker"]
+    row("worker (each)", _gb(w["total"]), f"batches {_gb(w['batch'])} (2 × examples + 2 × {prof['unique_rows']:,} "
+        f"rows × {width} × 4 B) + fixed {_gb(w['fixed'])} [{src['worker_fixed']}]")
+    row("driver", _gb(mem["driver"]), f"[{src['driver']}]")
+    row("Ray processes (raylet, GCS, …)", _gb(mem["ray_system"]), f"[{src['ray_system']}]")
+    st = mem["object_store"]
+    row("object store (shared, capacity)", _gb(st["capacity"]),
+        f"in flight ≈ {_gb(st['in_flight'])} ({cfg['num_workers']} workers × (2 pulls + "
+        f"{cfg['max_inflight_pushes']} pushes) × {_gb(st['macro_batch_rows_bytes'])})")
+    row("node total (all on one node)", _gb(mem["node_total"]), f"of {_gb(p['node_ram'])} on this machine")
+    t = p.get("time")
+    if t:
+        cal = p["calibration"]
+        split = t["worker_seconds"]
+        busy = sum(split.values()) or 1.0
+        what = "a slice" if cal["sliced"] else "the whole corpus"
+        lines.append("")
+        row("time", "planned", "how")
+        row("tokens/s", f"{t['tokens_per_second'] / 1e6:.3f}M",
+            f"calibration: {what}, {cal['corpus_tokens']:,} tokens ({cal['corpus_docs']:,} docs) × {cal['epochs']} "
+            f"epochs in {t['calibration_train_seconds']:.1f} s")
+        row("", "", "worker time: " + " ".join(f"{k} {100 * v / busy:.0f}%" for k, v in split.items()))
+        row("per epoch", _s(t["epoch_seconds"]), f"{c['tokens']:,} tokens / tokens/s")
+        row("startup", _s(t["startup_seconds"]),
+            f"calibration's + each server's extra rows × {t['ps_init_seconds_per_row'] * 1e6:.2f} µs")
+        row("checkpoint (each)", _s(t["checkpoint_seconds"]),
+            f"table bytes at {_gb(t['checkpoint_bytes_per_second'])}/s (calibration's rate)")
+        row("whole run", _s(t["total_seconds"]), f"startup + {cfg['epochs']} epochs + {t['checkpoints']} checkpoints")
+    for warning in p["warnings"]:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)
+
+
+def save_json(path: str, p: dict) -> None:
+    from .config import save_json as save
+
+    save(path, p)

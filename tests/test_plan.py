@@ -1,0 +1,139 @@
+"""plan.py: memory arithmetic for known sizes, the calibration slice, and a real plan against a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from doc2vec_dist import plan as planmod
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.corpus import Corpus, iter_shard
+from doc2vec_dist.trainer import table_specs
+
+
+def _tables(config, docs, vocab):
+    return table_specs(config, SimpleNamespace(num_docs=docs, vocab_size=vocab))
+
+
+def test_rows_of_each_server_are_counted_exactly():
+    # 5 docs, 3 words; 2 servers: docs rows 0,2,4 | 1,3; words_out 0,2 | 1; Adagrad adds a column
+    cfg = TrainConfig(dim=4, optimizer="adagrad", num_ps=2)
+    per_ps = planmod.shard_table_bytes(_tables(cfg, 5, 3), 2)
+    assert per_ps == [{"docs": 3 * 5 * 4, "words_out": 2 * 5 * 4}, {"docs": 2 * 5 * 4, "words_out": 1 * 5 * 4}]
+    # dbow_words trains `words` too; plain sgd has no state column
+    cfg = TrainConfig(dim=100, dbow_words=True, num_ps=3)
+    per_ps = planmod.shard_table_bytes(_tables(cfg, 20_000_000, 1_000_000), 3)
+    assert per_ps[0] == {"docs": 6_666_667 * 400, "words": 333_334 * 400, "words_out": 333_334 * 400}
+    assert per_ps[2] == {"docs": 6_666_666 * 400, "words": 333_333 * 400, "words_out": 333_333 * 400}
+
+
+def test_memory_plan_adds_up_for_known_sizes():
+    cfg = TrainConfig(dim=100, num_ps=2, num_workers=3, max_inflight_pushes=2)
+    profile = {"unique_rows": 1000, "example_bytes": 8000}
+    mem = planmod.memory_plan(_tables(cfg, 20_000_000, 1_000_000), cfg, profile, ps_overhead=200 << 20,
+                              worker_fixed=250 << 20, driver=300 << 20, ray_system=600 << 20, object_store=4 << 30)
+    rows = 10_000_000 + 500_000  # each server: half the docs, half the words_out
+    assert [p["table_bytes"] for p in mem["ps"]] == [rows * 400, rows * 400]
+    assert mem["ps"][0]["total"] == rows * 400 + (200 << 20)
+    assert mem["worker"] == {"batch": 2 * 8000 + 2 * 1000 * 100 * 4, "fixed": 250 << 20,
+                             "total": 2 * 8000 + 2 * 1000 * 100 * 4 + (250 << 20)}
+    assert mem["object_store"]["in_flight"] == 3 * (2 + 2) * 1000 * 100 * 4
+    processes = 2 * (rows * 400 + (200 << 20)) + 3 * mem["worker"]["total"] + (300 << 20) + (600 << 20)
+    assert mem["processes_total"] == processes and mem["node_total"] == processes + (4 << 30)
+    # a 20M × 1M dbow model at dim 100 on 2 servers: 4.2 GB of rows each
+    assert mem["ps"][0]["table_bytes"] == 4_200_000_000
+
+
+def test_macro_batch_is_the_workers():
+    cfg = TrainConfig(macro_batch=65536, num_workers=2)
+    assert planmod.effective_macro_batch(cfg, 600_000_000) == 65536
+    assert planmod.effective_macro_batch(cfg, 16 * 2 * 10_000) == 10_000  # ≥ 16 rounds per epoch
+    assert planmod.effective_macro_batch(cfg, 1000) == 4096  # never below the floor
+
+
+def test_warnings_name_what_does_not_fit():
+    cfg = TrainConfig(dim=100, num_ps=2, num_workers=2)
+    mem = planmod.memory_plan(_tables(cfg, 20_000_000, 1_000_000), cfg, {"unique_rows": 150_000, "example_bytes": 0},
+                              ps_overhead=0, worker_fixed=0, driver=0, ray_system=0, object_store=1 << 20)
+    result = {"memory": mem, "config": {"num_ps": 2}}
+    warnings = planmod.plan_warnings(result, ram=4 << 30, local=True)
+    assert any("OOM" in w for w in warnings) and any("spill" in w for w in warnings)
+    assert planmod.plan_warnings({"memory": {**mem, "object_store": {**mem["object_store"], "capacity": 8 << 30}},
+                                  "config": {"num_ps": 2}}, ram=64 << 30, local=True) == []
+
+
+def test_slice_keeps_the_vocabulary_and_the_first_documents(sample_corpus, tmp_path):
+    corpus = Corpus(sample_corpus[0])
+    part = planmod.make_slice(corpus, str(tmp_path / "slice"), tokens=20_000, files=2)
+    assert part.vocab_size == corpus.vocab_size and np.array_equal(part.counts(), corpus.counts())
+    assert 20_000 <= part.num_tokens < 20_000 + 200 and part.num_shards == 2
+    assert sum(part.shard_num_tokens()) == part.num_tokens
+    ids, tokens = [], []
+    for path in part.shard_paths:
+        for doc_ids, offsets, toks in iter_shard(path):
+            ids.append(doc_ids)
+            tokens.append(toks)
+    ids, tokens = np.concatenate(ids), np.concatenate(tokens)
+    assert np.array_equal(ids, np.arange(part.num_docs))
+    first = next(iter_shard(corpus.shard_paths[0], max_tokens=len(tokens)))
+    assert np.array_equal(first[2][:len(tokens)], tokens)  # the same documents, whole, in order
+    assert part.docs()["key"].to_pylist() == corpus.docs()["key"].to_pylist()[:part.num_docs]
+
+
+def test_macro_batch_profile_counts_real_rows(sample_corpus):
+    corpus = Corpus(sample_corpus[0])
+    prof = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, negative=5))
+    assert prof["macro_batch"] == 4096  # the sample is small: the floor
+    assert 3000 < prof["tokens"] <= 4096 + 500 and prof["docs"] > 50
+    # targets and 5 negatives each, drawn from ~5k URLs: most of the vocabulary, never more
+    assert 0.5 * corpus.vocab_size < prof["words_out"] <= corpus.vocab_size
+    assert prof["unique_rows"] == prof["docs"] + prof["words_out"] and prof["words"] == 0
+    assert prof["example_bytes"] > prof["examples"] * (8 + 8 + 5 * 8)
+
+
+@pytest.mark.slow
+def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, trained_model, tmp_path):
+    """The trained_model fixture's run (dim 32, 10 epochs, 2 PS, 2 workers) is what the plan predicts."""
+    with open(os.path.join(trained_model, "config.json")) as fh:
+        run = json.load(fh)
+    cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, progress=False)
+    result = planmod.plan(sample_corpus[0], cfg, calibrate_seconds=0.5, workdir=str(tmp_path))
+    mem, t = result["memory"], result["time"]
+
+    # processes of the session's local Ray are this process's children: measured, not modelled
+    assert mem["sources"]["ps_overhead"].startswith("measured")
+    assert mem["sources"]["worker_fixed"].startswith("measured")
+    assert 50 << 20 < mem["empty_ps"] < 1 << 30  # Python, numpy, torch, Ray: a real process
+    for p in mem["ps"]:
+        assert p["total"] == p["table_bytes"] + p["overhead"] and p["overhead"] >= mem["empty_ps"]
+    assert sum(p["table_bytes"] for p in mem["ps"]) == (5000 + 4989) * 32 * 4
+    assert 50 << 20 < mem["worker"]["total"] < 2 << 30
+    assert not os.listdir(tmp_path)  # the calibration cleans up after itself
+
+    measured_epoch = run["summary"]["train_seconds"] / 10
+    assert t["epoch_seconds"] == pytest.approx(result["corpus"]["tokens"] / t["tokens_per_second"])
+    assert measured_epoch / 4 < t["epoch_seconds"] < measured_epoch * 4, (t, run["summary"])
+    assert t["total_seconds"] > 10 * t["epoch_seconds"]
+    text = planmod.format_plan(result)
+    assert "parameter server" in text and "per epoch" in text and "worker time: read" in text
+
+
+def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus, tmp_path, capsys):
+    from doc2vec_dist.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--corpus", sample_corpus[0], "--no-calibrate", "--dim", "16", "--num-ps", "3",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "parameter server (largest of 3)" in text and "worker (each)" in text and "per epoch" not in text
+    with open(out) as fh:
+        result = json.load(fh)
+    mem = result["memory"]
+    assert result["time"] is None and mem["sources"]["worker_fixed"].startswith("modelled")
+    assert sum(p["table_bytes"] for p in mem["ps"]) == (5000 + 4989) * 16 * 4
+    pull = result["macro_batch"]["unique_rows"] * 16 * 4 / 3  # one pull's bytes from one of 3 servers
+    assert mem["ps"][0]["overhead"] == planmod.PROCESS_BYTES + int(planmod.PS_RETAINED_PULLS * pull)
