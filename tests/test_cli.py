@@ -169,3 +169,11 @@ def test_generate_into_a_non_empty_directory_is_a_clean_error(tmp_path, capsys):
     code, _, err = run(capsys, "generate", "--users", "5", "--urls", "20", "--out", str(tmp_path), "--no-progress")
     assert_clean_error(code, err, str(tmp_path))
     assert os.listdir(tmp_path) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(os.path.dirname(__file__), "..", "jobs", "configs"))))
+def test_every_shipped_config_loads_and_validates(name):
+    from doc2vec_dist.config import TrainConfig, build, load_yaml
+
+    path = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs", name)
+    build(TrainConfig, load_yaml(path)).validate()
