@@ -301,7 +301,9 @@ class _Run:
         pending = {w.run_epoch.remote(epoch, self.starts[i]): i for i, w in enumerate(workers)}
         finished: dict[int, dict] = {}
         while pending:
-            ready, _ = ray.wait(list(pending), timeout=0.5, num_returns=len(pending))
+            # the driver's tick: progress, and whether a checkpoint is due (so at least twice per period)
+            tick = min(0.5, max(0.02, config.checkpoint_every / 2)) if config.checkpoint_every > 0 else 0.5
+            ready, _ = ray.wait(list(pending), timeout=tick, num_returns=len(pending))
             for ref in ready:
                 i = pending.pop(ref)
                 try:
