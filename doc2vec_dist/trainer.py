@@ -142,7 +142,10 @@ def resumed_config(model: str, given: dict) -> TrainConfig:
     A field outside RESUMABLE_CHANGES that differs from the checkpoint's is refused, naming it.
     """
     _, manifest = checkpoint.load_manifest(model)
-    saved = dict(manifest.get("config") or {})
+    return _merge_resumed(model, manifest.get("config") or {}, given)
+
+
+def _merge_resumed(model: str, saved: dict, given: dict) -> TrainConfig:
     types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     merged = {k: v for k, v in saved.items() if k in types}
     for name, value in given.items():
@@ -164,7 +167,6 @@ class _Resume:
 
     epoch: int = 0
     positions: list | None = None
-    version: int | None = None
 
     @classmethod
     def of(cls, out: str, config: TrainConfig, corpus: Corpus) -> _Resume:
@@ -174,14 +176,14 @@ class _Resume:
             if saved is not None and saved != getattr(corpus, key):
                 raise UserError(f"{out}: the checkpoint was trained on a corpus with {key}={saved}, "
                                 f"{corpus.path} has {getattr(corpus, key)}; resume on the same corpus")
-        resumed_config(out, dataclasses.asdict(config))  # the same checks for library callers
+        _merge_resumed(out, manifest.get("config") or {}, dataclasses.asdict(config))  # the checks, for library callers
         epoch, positions = int(manifest.get("epoch", 0)), manifest.get("positions")
         if positions is not None and len(positions) != config.num_workers:
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with {len(positions)} workers; resume with "
                             f"--num-workers {len(positions)} (their data positions cannot be redistributed)")
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
-        return cls(epoch=epoch, positions=positions, version=int(manifest["version"]))
+        return cls(epoch=epoch, positions=positions)
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False) -> dict:
@@ -237,7 +239,6 @@ class _Run:
     def start(self) -> None:
         config, corpus = self.config, self.corpus
         tables = table_specs(config, corpus)
-        self.tables = tables
         server_cls = ray.remote(ParameterServer)
         # `ps` / `trainer` nodes where the cluster has them, plain CPU placement elsewhere
         server_placement, worker_placement = ps_options(config, tables), worker_options(config)  # asked once
@@ -300,9 +301,9 @@ class _Run:
         self.starts = list(starts) if starts else [None] * len(workers)
         pending = {w.run_epoch.remote(epoch, self.starts[i]): i for i, w in enumerate(workers)}
         finished: dict[int, dict] = {}
+        # the driver's tick: progress, and whether a checkpoint is due (so at least twice per period)
+        tick = min(0.5, max(0.02, config.checkpoint_every / 2)) if config.checkpoint_every > 0 else 0.5
         while pending:
-            # the driver's tick: progress, and whether a checkpoint is due (so at least twice per period)
-            tick = min(0.5, max(0.02, config.checkpoint_every / 2)) if config.checkpoint_every > 0 else 0.5
             ready, _ = ray.wait(list(pending), timeout=tick, num_returns=len(pending))
             for ref in ready:
                 i = pending.pop(ref)
@@ -323,7 +324,7 @@ class _Run:
                                 + time_split(now["seconds"]), refresh=False)
             due = config.checkpoint_every > 0 and time.perf_counter() - self.last_ckpt >= config.checkpoint_every
             if due and pending:
-                self._checkpoint_mid_epoch(epoch, finished)
+                self._checkpoint_mid_epoch(epoch)
         return {"epoch": epoch, **combine(list(finished.values()))}
 
     def _restart_worker(self, i: int, epoch: int, exc: Exception):
@@ -350,7 +351,7 @@ class _Run:
         self.starts[i] = start
         return self.workers[i].run_epoch.remote(epoch, start)
 
-    def _checkpoint_mid_epoch(self, epoch: int, finished: dict) -> None:
+    def _checkpoint_mid_epoch(self, epoch: int) -> None:
         """Pause every worker between two macro-batches, write the servers' rows and the workers'
         positions as one version, resume the workers."""
         try:

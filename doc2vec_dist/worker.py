@@ -113,6 +113,8 @@ class Worker:
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._cache_base: np.ndarray | None = None  # the resident rows as last pulled
         self._cache_route = Routing.of(np.arange(self.cached, dtype=np.int64), max(self.num_shards, 1))
+        self._cache_order = np.empty(self.cached, dtype=np.int64)  # resident row at each place, by server
+        self._cache_order[self._cache_route.position] = np.arange(self.cached)
         self._batches_since_sync = 0
         # Checkpoints pause every worker between two macro-batches (pause/resume, served from a second
         # thread while run_epoch works): its pushes drained, it reports the position of the next batch.
@@ -417,9 +419,7 @@ class Worker:
         """
         if not self.cached:
             return
-        route = self._cache_route
-        compact = np.empty(self.cached, dtype=np.int64)  # row at each compact place, grouped by server
-        compact[route.position] = np.arange(self.cached)
+        route, compact = self._cache_route, self._cache_order
         if push and self._cache_base is not None:
             delta = (self._outputs[:self.cached].cpu().numpy() - self._cache_base)[compact]
             ray.get([server.push.remote({"words_out": route.local[s]}, delta[route.bounds[s]:route.bounds[s + 1]],
