@@ -286,10 +286,10 @@ class _Run:
         self._checkpoint(config.epochs, None, epoch_stats)
         now = ray.get([s.info.remote() for s in self.servers])
         restarted = sum(a["pid"] != b["pid"] for a, b in zip(self.server_info, now))
-        # tokens/s counts what this run trained: a resumed epoch's first part was trained before
-        resumed_tokens = sum(p["tokens"] for p in self.resume.positions or [])
+        # tokens/s and pairs/s count what this run trained: a resumed epoch's first part was trained before
+        before = combine([{"seconds": {}, **p} for p in self.resume.positions or []])
         summary = _summary(config, corpus, epoch_stats, train_seconds, self.ckpt_seconds, 0.0,
-                           skipped_tokens=resumed_tokens)
+                           trained_before=before)
         summary.update(resumed_from_epoch=self.resume.epoch if config.resume else None,
                        worker_restarts=self.worker_restarts, server_restarts=restarted,
                        servers_loaded_from=[info["restored_version"] for info in now])
@@ -417,16 +417,16 @@ def _root_cause(exc: Exception) -> str:
 
 
 def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: float, ckpt_s: float,
-             startup_s: float, skipped_tokens: int = 0) -> dict:
+             startup_s: float, trained_before: dict | None = None) -> dict:
     total = combine(epoch_stats)
     tokens, pairs, seconds = total["tokens"], total["pairs"], total["seconds"]
-    trained = tokens - skipped_tokens
+    before = trained_before or {"tokens": 0, "pairs": 0}
     return {
         "tokens": tokens, "pairs": pairs, "epochs": config.epochs,
         "train_seconds": round(train_s, 3), "checkpoint_seconds": round(ckpt_s, 3),
         "startup_seconds": round(startup_s, 3),
-        "tokens_per_second": trained / train_s if train_s else 0.0,
-        "pairs_per_second": pairs / train_s if train_s else 0.0,
+        "tokens_per_second": (tokens - before["tokens"]) / train_s if train_s else 0.0,
+        "pairs_per_second": (pairs - before["pairs"]) / train_s if train_s else 0.0,
         "loss_per_epoch": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
         "worker_seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
