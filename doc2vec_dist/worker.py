@@ -97,6 +97,10 @@ class Worker:
         if use_cuda and not torch.cuda.is_available():
             raise RuntimeError(f"worker {index}: gpus_per_worker > 0 but torch sees no CUDA device")
         self.device = torch.device("cuda" if use_cuda else "cpu")
+        # Staged: a macro-batch's rows are assembled in persistent host matrices (pinned on CUDA), copied
+        # to matrices on the device, trained there and copied back for the push; unstaged (CPU), the host
+        # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
+        self.staged = use_cuda
         counts = Corpus(corpus_path).counts()
         self.keep_prob = keep_probabilities(counts, config["sample"])
         self.negatives = NegativeTable(counts, config["ns_exponent"])
@@ -111,6 +115,8 @@ class Worker:
         # here, at the head of the `outputs` matrix, between macro-batches; see _sync_cache
         self.cached = min(int(config["cache_rows"]), table_rows["words_out"])
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
+        self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)  # staged only
+        self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
         self._cache_base: np.ndarray | None = None  # the resident rows as last pulled
         self._cache_route = Routing.of(np.arange(self.cached, dtype=np.int64), max(self.num_shards, 1))
         self._cache_order = np.empty(self.cached, dtype=np.int64)  # resident row at each place, by server
@@ -353,15 +359,15 @@ class Worker:
     def _assemble(self, batch: Batch, pulled: list[np.ndarray]) -> dict[str, np.ndarray]:
         """Copy the pulled rows (read-only, zero-copy from the object store) into writable compact matrices.
 
-        On CPU `outputs` is the persistent buffer itself (its head holds the resident rows); on CUDA
-        it is a host staging matrix whose resident head is unused (the rows live on the device).
+        Both are persistent (a macro-batch's are done with once its push is sent). Unstaged (CPU),
+        `outputs` is the buffer trained in place, whose head holds the resident rows. Staged, both are
+        host matrices, pinned on CUDA, and the resident head of `outputs` is unused: those rows live on
+        the device.
         """
         sizes = batch.sizes()
-        local = {"inputs": np.empty((sizes["inputs"], self.width), dtype=np.float32)}
-        if self.device.type == "cuda":
-            local["outputs"] = np.empty((sizes["outputs"], self.width), dtype=np.float32)
-        else:
-            local["outputs"] = self._outputs_buffer(sizes["outputs"]).numpy()
+        local = {"inputs": self._host_buffer("inputs", sizes["inputs"]),
+                 "outputs": (self._host_buffer("outputs", sizes["outputs"]) if self.staged
+                             else self._outputs_buffer(sizes["outputs"]).numpy())}
         for s, rows in enumerate(pulled):
             at = 0
             for _, name, where, _ in batch.blocks(s):
@@ -370,16 +376,30 @@ class Worker:
                 at += n
         return local
 
+    @staticmethod
+    def _grown(buffer: torch.Tensor, rows: int, keep: int = 0, pin: bool = False) -> torch.Tensor:
+        """`buffer` if it has `rows` rows, else a bigger one (by 1/4 at least, so growth is rare) with
+        its first `keep` rows carried over."""
+        if len(buffer) >= rows:
+            return buffer
+        grown = torch.empty((max(rows, len(buffer) * 5 // 4), buffer.shape[1]), dtype=buffer.dtype,
+                            device=buffer.device, pin_memory=pin)
+        keep = min(keep, len(buffer))
+        grown[:keep] = buffer[:keep]
+        return grown
+
     def _outputs_buffer(self, rows: int) -> torch.Tensor:
         """The persistent `outputs` matrix on the worker's device, at least `rows` long; its first
         `cached` rows are the resident rows of words_out and survive growing."""
-        if len(self._outputs) < rows:
-            grown = torch.empty((max(rows, len(self._outputs) * 5 // 4), self.width), dtype=torch.float32,
-                                device=self.device)
-            keep = min(self.cached, len(self._outputs))
-            grown[:keep] = self._outputs[:keep]
-            self._outputs = grown
+        self._outputs = self._grown(self._outputs, rows, keep=self.cached)
         return self._outputs[:rows]
+
+    def _host_buffer(self, name: str, rows: int) -> np.ndarray:
+        """The persistent host matrix `name` as a numpy view of `rows` rows; pinned on CUDA, so that
+        copies to and from the device run asynchronously."""
+        empty = torch.empty((0, self.width), dtype=torch.float32)
+        self._host[name] = self._grown(self._host.get(name, empty), rows, pin=self.device.type == "cuda")
+        return self._host[name][:rows].numpy()
 
     def _compute(self, batch: Batch, local: dict[str, np.ndarray], alphas: torch.Tensor) -> float:
         cfg, ex = self.config, batch.examples
@@ -391,21 +411,26 @@ class Worker:
             if a is None:
                 return None
             t = torch.from_numpy(a)
-            return t.pin_memory().to(dev, non_blocking=True) if cuda else t
+            return t.pin_memory().to(dev, non_blocking=True) if cuda else t.to(dev)
 
-        inputs = to_dev(local["inputs"])
-        if cuda:  # only the pulled rows travel; the resident ones are already on the device
-            outputs = self._outputs_buffer(len(local["outputs"]))
-            outputs[head:].copy_(torch.from_numpy(local["outputs"][head:]).pin_memory(), non_blocking=True)
-        else:
-            outputs = torch.from_numpy(local["outputs"])  # the buffer itself, trained in place
+        if self.staged:  # only the pulled rows travel: the resident ones are already on the device
+            host = {name: self._host[name][:len(local[name])] for name in ("inputs", "outputs")}  # `local`, pinned
+            self._inputs = self._grown(self._inputs, len(host["inputs"]))
+            inputs = self._inputs[:len(host["inputs"])]
+            inputs.copy_(host["inputs"], non_blocking=True)
+            outputs = self._outputs_buffer(len(host["outputs"]))
+            outputs[head:].copy_(host["outputs"][head:], non_blocking=True)
+        else:  # the host matrices themselves, trained in place
+            inputs, outputs = torch.from_numpy(local["inputs"]), torch.from_numpy(local["outputs"])
         loss = kernels.train(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos), to_dev(batch.neg_pos),
                              to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch, ctx_mask=to_dev(ex.ctx_mask),
                              scale=to_dev(batch.scale), adagrad=cfg["optimizer"] == "adagrad",
                              shared_negatives=cfg["negative"] if cfg["shared_negatives"] else 0)
-        if cuda:  # bring the pushed rows home; the CPU path updated the arrays in place
-            local["inputs"][:] = inputs.cpu().numpy()
-            local["outputs"][head:] = outputs[head:].cpu().numpy()
+        if self.staged:  # bring the rows to push home, into the (pinned) host matrices
+            host["inputs"].copy_(inputs, non_blocking=True)
+            host["outputs"][head:].copy_(outputs[head:], non_blocking=True)
+            if cuda:
+                torch.cuda.current_stream(dev).synchronize()
         self._batches_since_sync += 1
         return loss
 

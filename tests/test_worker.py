@@ -1,0 +1,66 @@
+"""The worker's staged (device) path, run on CPU.
+
+On a GPU the worker assembles each macro-batch's rows in pinned host matrices, copies them to the
+device, trains there (the resident --cache-rows rows never leave it) and copies back what it pushes.
+CI has no GPU, so these tests run that same bookkeeping with the device being the CPU, and check that
+it trains exactly what the in-place path trains: same pulls, same pushes, same tables, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.corpus import Corpus
+from doc2vec_dist.ps import ParameterServer
+from doc2vec_dist.trainer import plan_units, table_specs
+from doc2vec_dist.worker import Worker
+
+NUM_PS = 2
+
+
+def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool) -> tuple[dict, dict]:
+    """Two epochs of one in-process worker against real servers (one call at a time each, so the run
+    is deterministic); returns every table's rows and the worker's counters."""
+    corpus = Corpus(corpus_path)
+    tables = table_specs(config, corpus)
+    server_cls = ray.remote(ParameterServer)
+    servers = [server_cls.options(max_concurrency=1).remote(s, NUM_PS, tables, config.seed)
+               for s in range(NUM_PS)]
+    rows = {name: spec["rows"] for name, spec in tables.items()}
+    worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers, rows)
+    worker.staged = staged
+    stats = [worker.run_epoch(epoch) for epoch in range(config.epochs)]
+    out = {}
+    for name, n in rows.items():
+        slices = ray.get([s.pull.remote({name: np.arange(len(range(i, n, NUM_PS)))}) for i, s in enumerate(servers)])
+        full = np.empty((n, slices[0].shape[1]), dtype=np.float32)
+        for i, part in enumerate(slices):
+            full[i::NUM_PS] = part
+        out[name] = full
+    for s in servers:
+        ray.kill(s)
+    return out, {"host": {k: len(v) for k, v in worker._host.items()}, "stats": stats}
+
+
+@pytest.mark.parametrize("settings", [
+    {"mode": "dbow", "cache_rows": 300, "shared_negatives": 16},
+    {"mode": "dbow", "cache_rows": 0, "optimizer": "adagrad", "alpha": 0.1},
+    {"mode": "dm", "window": 3},
+], ids=["dbow-resident-shared", "dbow-adagrad", "dm"])
+def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluster, sample_corpus, settings):
+    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=8192,
+                         progress=False, **settings)
+    in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False)
+    staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True)
+    assert info_b["host"].keys() == {"inputs", "outputs"} and info_a["host"].keys() == {"inputs"}
+    for name, table in in_place.items():
+        assert np.isfinite(table).all()
+        np.testing.assert_array_equal(staged[name], table, err_msg=name)
+    assert [s["tokens"] for s in info_b["stats"]] == [s["tokens"] for s in info_a["stats"]]
+    assert [s["loss"] for s in info_b["stats"]] == [s["loss"] for s in info_a["stats"]]
+    # and it trained: words_out starts at zero, and every resident row's updates reached the servers
+    assert np.abs(in_place["words_out"][:max(settings.get("cache_rows", 0), 1)]).sum(1).min() > 0
