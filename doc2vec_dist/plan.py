@@ -62,7 +62,8 @@ from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
 from .sampling import NegativeTable, build_examples, keep_probabilities
 from .sharding import rows_on_shard
-from .trainer import table_specs
+from .trainer import quality_warnings, table_specs
+from .worker import ROUNDS_PER_EPOCH, macro_batch_for
 
 FLOAT_BYTES = 4
 GiB = 1 << 30
@@ -70,9 +71,6 @@ GiB = 1 << 30
 # project's 2-core machine (0.43M with 2 workers at 200k users). The measured rate replaces it.
 GUESS_TOKENS_PER_SECOND_PER_WORKER = 200_000
 MAX_CALIBRATION_EPOCHS = 5
-# A worker's macro-batch: the config's, but at least 16 rounds per epoch (worker.py).
-MIN_MACRO_BATCH = 4096
-ROUNDS_PER_EPOCH = 16
 # Fallbacks where a process cannot be observed (a remote cluster); private memory measured on this
 # project's machine (Ray 2.60, torch 2.x): a parameter server with tiny tables 211-222 MB, a worker
 # 224-232 MB, the driver 226 MB.
@@ -98,9 +96,8 @@ def shard_table_bytes(tables: dict[str, dict], num_ps: int) -> list[dict[str, in
 
 
 def effective_macro_batch(config: TrainConfig, epoch_tokens: int) -> int:
-    """The tokens a worker reads per macro-batch: the config's, but at least 16 rounds per epoch."""
-    per_worker = epoch_tokens // config.num_workers
-    return int(min(config.macro_batch, max(MIN_MACRO_BATCH, per_worker // ROUNDS_PER_EPOCH)))
+    """The tokens a worker reads per macro-batch (worker.macro_batch_for)."""
+    return macro_batch_for(config.macro_batch, epoch_tokens // config.num_workers)
 
 
 def worker_batch_bytes(profile: dict, width: int) -> int:
@@ -388,7 +385,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     result["time"] = time_plan(corpus, config, tables, cal) if cal else None
     ram = psutil.virtual_memory().total
     result["node_ram"] = ram
-    result["warnings"] = plan_warnings(result, ram, local)
+    result["warnings"] = plan_warnings(result, ram, local) + quality_warnings(config, corpus)
     return result
 
 

@@ -25,7 +25,7 @@ from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .placement import ps_options, worker_options
 from .ps import ParameterServer
-from .worker import Unit, Worker
+from .worker import Unit, Worker, macro_batch_for
 
 
 class TrainingStopped(UserError):
@@ -126,6 +126,40 @@ def _check_resources(config: TrainConfig, started_here: bool) -> None:
             print(f"warning: {message} (waiting for the autoscaler)", file=sys.stderr)
 
 
+# Settings measured to lose quality (200k users x 100k URLs, PV-DBOW, dim 100, 5 epochs, sample 0,
+# recall@10 on held-out URLs; gensim 0.1625-0.1638; README, "Measured"):
+# - A worker trains rows of words_out as the other workers left them at its pull: as stale as the
+#   tokens they train meanwhile, (workers - 1) x macro-batch. Held at 150k and below with 2 workers
+#   (0.165); 4 workers: 0.1667 at 16k-token macro-batches (49k stale), 0.1596 at 32k (98k), 0.1505
+#   at 65k (196k), 0.1446 at 75k (225k).
+# - A shared negative row takes the summed update of micro_batch x negative / shared_negatives
+#   examples at once: 0.164 at 320 (1,024 x 5 / 16); 0.106 at 2,560 (8,192 x 5 / 16), below the
+#   popularity baseline (0.127). Row-wise adagrad held up there (0.160).
+STALE_TOKENS = 163840
+SHARED_ROW_UPDATES = 640
+
+
+def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
+    """Warnings for settings measured to lose quality, each naming the flags to change."""
+    found = []
+    macro = macro_batch_for(config.macro_batch, corpus.num_tokens // config.num_workers)  # as workers cap it
+    stale = (config.num_workers - 1) * macro
+    if stale > STALE_TOKENS:
+        found.append(f"{config.num_workers} workers x {macro:,}-token macro-batches: each worker trains rows "
+                     f"up to {stale:,} tokens stale, and recall was measured to drop above {STALE_TOKENS:,} "
+                     f"(4 workers: 0.167 at 16k-token macro-batches, 0.151 at 65k); lower --macro-batch to "
+                     f"{STALE_TOKENS // (config.num_workers - 1):,} or fewer")
+    if config.shared_negatives and config.optimizer == "sgd":
+        updates = config.micro_batch * config.negative / config.shared_negatives
+        if updates > SHARED_ROW_UPDATES:
+            found.append(f"--shared-negatives {config.shared_negatives} with --micro-batch {config.micro_batch:,}: "
+                         f"each shared row takes up to {updates:,.0f} summed updates at once, and training was "
+                         f"measured to collapse at 2,560 (recall below the popularity baseline); keep "
+                         f"micro_batch x negative / shared_negatives <= {SHARED_ROW_UPDATES}, or use own negatives "
+                         f"(--shared-negatives 0) or --optimizer adagrad")
+    return found
+
+
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
 # (the model's shape, its data and its sampling) must match the checkpoint's, or resuming would
 # continue a different model.
@@ -201,6 +235,9 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     else:
         checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
         resume = _Resume()
+    warned = quality_warnings(config, corpus)
+    for message in warned:
+        print(f"warning: {message}", file=sys.stderr)
     started_here = connect(config.address)
     t_start = time.perf_counter()
     run = _Run(out, config, corpus, resume)
@@ -212,6 +249,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         t_ready = time.perf_counter()
         summary = run.train()
         summary["startup_seconds"] = round(t_ready - t_start, 3)
+        summary["warnings"] = warned
         checkpoint.write_json(out, "config.json", {**dataclasses.asdict(config), "corpus": corpus.path,
                                                    "summary": summary})
         return summary

@@ -25,10 +25,20 @@ from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, k
 from .sharding import Routing
 
 MIN_MACRO_BATCH = 4096
+ROUNDS_PER_EPOCH = 16  # pull/push rounds a worker makes at least per epoch (macro_batch_for)
 # With several workers, each trains its own copy of the resident (--cache-rows) rows; they meet at the
 # servers this often (in macro-batches), as well as at checkpoints and epoch ends
 CACHE_SYNC_BATCHES = 8
 STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
+
+
+def macro_batch_for(macro_batch: int, tokens_per_epoch: int) -> int:
+    """A worker's macro-batch: at most `macro_batch`, and at least ROUNDS_PER_EPOCH pull/push rounds.
+
+    On a small corpus one huge macro-batch would leave every worker training on a copy of words_out
+    that is an epoch old (Lee corpus: -0.02 Pearson).
+    """
+    return int(min(macro_batch, max(MIN_MACRO_BATCH, tokens_per_epoch // ROUNDS_PER_EPOCH)))
 
 
 @dataclass
@@ -105,9 +115,7 @@ class Worker:
         self.keep_prob = keep_probabilities(counts, config["sample"])
         self.negatives = NegativeTable(counts, config["ns_exponent"])
         self.tokens_per_epoch = sum(u.tokens for u in units)
-        # At least ~16 pull/push rounds per epoch: on a small corpus one huge macro-batch would leave
-        # every worker training on a copy of words_out that is an epoch old (Lee corpus: -0.02 Pearson).
-        self.macro_batch = min(config["macro_batch"], max(MIN_MACRO_BATCH, self.tokens_per_epoch // 16))
+        self.macro_batch = macro_batch_for(config["macro_batch"], self.tokens_per_epoch)
         self.planned_tokens = self.tokens_per_epoch * config["epochs"]
         self.width = config["dim"] + int(config["optimizer"] == "adagrad")  # adagrad's accumulator rides along
         self.stats = self._zero_stats()

@@ -137,3 +137,13 @@ def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus,
     assert sum(p["table_bytes"] for p in mem["ps"]) == (5000 + 4989) * 16 * 4
     pull = result["macro_batch"]["unique_rows"] * 16 * 4 / 3  # one pull's bytes from one of 3 servers
     assert mem["ps"][0]["overhead"] == planmod.PROCESS_BYTES + int(planmod.PS_RETAINED_PULLS * pull)
+
+
+def test_plan_warns_of_settings_measured_to_lose_quality(sample_corpus, capsys):
+    from doc2vec_dist.cli import main
+
+    assert main(["plan", "--corpus", sample_corpus[0], "--no-calibrate", "--shared-negatives", "16",
+                 "--micro-batch", "8192"]) == 0
+    assert "warning: --shared-negatives 16 with --micro-batch 8,192" in capsys.readouterr().out
+    assert main(["plan", "--corpus", sample_corpus[0], "--no-calibrate", "--shared-negatives", "16"]) == 0
+    assert "--shared-negatives" not in capsys.readouterr().out

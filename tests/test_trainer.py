@@ -13,7 +13,7 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, prepare
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.trainer import plan_units, train
+from doc2vec_dist.trainer import plan_units, quality_warnings, train
 
 
 def read_config(model: str) -> dict:
@@ -49,6 +49,7 @@ def test_training_learns_and_beats_most_popular_urls(trained_model, sample_corpu
     assert losses[-1] < 0.75 * losses[0]
     assert summary["tokens"] == Corpus(sample_corpus[0]).num_tokens * 10
     assert set(summary["worker_seconds"]) == {"read", "sample", "pull", "wait", "compute", "push"}
+    assert summary["warnings"] == []
     m = heldout_metrics(trained_model, sample_corpus[1])
     # planted communities make the held-out URLs predictable beyond popularity (~0.21 vs ~0.17)
     assert m["model_recall@10"] > 1.15 * m["popularity_recall@10"], m
@@ -190,3 +191,32 @@ def test_resident_rows_train_as_well_and_reach_the_servers(ray_cluster, sample_c
 def test_resident_rows_are_refused_where_their_updates_would_need_weighting():
     with pytest.raises(UserError, match="cache-rows applies to PV-DBOW without --dbow-words"):
         TrainConfig(cache_rows=10, dbow_words=True).validate()
+
+
+def config_file(name: str) -> dict:
+    import yaml
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "jobs", "configs", name)) as fh:
+        return yaml.safe_load(fh)
+
+
+def test_settings_measured_to_lose_quality_are_warned_about_and_the_recipes_are_not():
+    class Big:  # only the corpus size matters: 480M tokens, the 20M-user run's
+        num_tokens = 480_000_000
+
+    assert quality_warnings(TrainConfig(), Big) == []
+    assert quality_warnings(TrainConfig(**config_file("fast.yaml")), Big) == []
+    assert quality_warnings(TrainConfig(**config_file("gpu.yaml")), Big) == []
+    # four workers at 65k-token macro-batches trained rows 196k tokens stale (recall 0.151 vs 0.167)
+    (stale,) = quality_warnings(TrainConfig(num_workers=4), Big)
+    assert "196,608 tokens stale" in stale and "--macro-batch to 54,613" in stale
+    assert quality_warnings(TrainConfig(num_workers=4, macro_batch=32768), Big) == []
+    # ... but on a small corpus each worker caps its macro-batch at 1/16 of its share
+    class Small:
+        num_tokens = 4 * 16 * 20_000
+
+    assert quality_warnings(TrainConfig(num_workers=4), Small) == []
+    # shared negatives over 8,192-example micro-batches collapsed with SGD, held with adagrad
+    (shared,) = quality_warnings(TrainConfig(shared_negatives=16, micro_batch=8192), Big)
+    assert "2,560 summed updates" in shared and "--shared-negatives 0" in shared
+    assert quality_warnings(TrainConfig(shared_negatives=16, micro_batch=8192, optimizer="adagrad"), Big) == []
+    assert len(quality_warnings(TrainConfig(num_workers=8, shared_negatives=4, micro_batch=1024), Big)) == 2
