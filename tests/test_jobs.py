@@ -22,8 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
 
 
-def load_job():
-    spec = importlib.util.spec_from_file_location("train_job", os.path.join(ROOT, "jobs", "train.py"))
+def load_job(name: str = "train"):
+    spec = importlib.util.spec_from_file_location(f"{name}_job", os.path.join(ROOT, "jobs", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -130,3 +130,25 @@ def test_ray_job_submit_with_token_auth(tmp_path):
         head.wait(timeout=60)
         subprocess.run(["pkill", "-9", "-f", temp_dir], check=False)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_feed_rate_times_one_worker_with_and_without_the_kernel(ray_cluster, sample_corpus, tmp_path, capsys):
+    from doc2vec_dist.corpus import Corpus
+
+    feed_rate = load_job("feed_rate")
+    out = tmp_path / "feed.json"
+    assert feed_rate.main(["--corpus", sample_corpus[0], "--num-ps", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "no kernel (the feed ceiling)" in text and "kernel on cpu" in text
+    with open(out) as fh:
+        bare, real = json.load(fh)["runs"]
+    tokens = Corpus(sample_corpus[0]).num_tokens
+    assert bare["tokens"] == real["tokens"] == tokens  # the timed (last) epoch, whole
+    assert not bare["kernel"] and real["kernel"]
+    assert bare["worker_seconds"]["compute"] < real["worker_seconds"]["compute"]
+    assert bare["tokens_per_second"] > 0 and real["tokens_per_second"] > 0
+    # a GPU config on a machine without CUDA is one clear error line
+    if not __import__("torch").cuda.is_available():
+        assert feed_rate.main(["--corpus", sample_corpus[0], "--config", os.path.join(ROOT, "jobs/configs/gpu.yaml"),
+                               "--no-kernel-only"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""Feed rate: the tokens/s one worker's CPU side can deliver, with the kernel and without it.
+
+A GPU worker is bounded by the CPU work around its micro-batches: reading its shard, building the
+examples, pulling and pushing rows. This job runs one real worker in this process against real
+parameter-server actors on a local Ray, first with the kernel replaced by nothing (the rate at which
+a device could be fed, however fast), then with the real kernel on the config's device (CUDA with
+--gpus-per-worker > 0). It prints tokens/s and where the worker's time went for each. Every run
+trains --epochs epochs and is timed on the last: the first pays for starting the servers and the
+first pulls.
+
+    python jobs/feed_rate.py --corpus CORPUS --config jobs/configs/fast.yaml
+    python jobs/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml       # on a GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # runs from a checkout without installing the package
+
+from doc2vec_dist.config import TrainConfig, build, load_yaml
+from doc2vec_dist.errors import UserError
+
+
+def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
+    """One worker's last epoch of `config.epochs`, with the real kernel or with none."""
+    import ray
+
+    from doc2vec_dist import worker as worker_mod
+    from doc2vec_dist.corpus import Corpus
+    from doc2vec_dist.ps import ParameterServer
+    from doc2vec_dist.trainer import plan_units, table_specs
+
+    corpus = Corpus(corpus_path)
+    tables = table_specs(config, corpus)
+    server_cls = ray.remote(ParameterServer)
+    servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed)
+               for s in range(config.num_ps)]
+    rows = {name: spec["rows"] for name, spec in tables.items()}
+    train = worker_mod.kernels.train
+    if not kernel:
+        worker_mod.kernels.train = lambda *args, **kwargs: 0.0
+    try:
+        worker = worker_mod.Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
+                                   rows)
+        for epoch in range(config.epochs - 1):
+            worker.run_epoch(epoch)
+        t0 = time.perf_counter()
+        stats = worker.run_epoch(config.epochs - 1)
+        seconds = time.perf_counter() - t0
+    finally:
+        worker_mod.kernels.train = train
+        for server in servers:
+            ray.kill(server)
+    tokens = stats["tokens"]
+    return {"kernel": kernel, "device": str(worker.device), "tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_second": tokens / seconds, "macro_batch": worker.macro_batch,
+            "worker_seconds": {k: round(v, 3) for k, v in stats["seconds"].items()}}
+
+
+def line(r: dict) -> str:
+    split = r["worker_seconds"]
+    total = sum(split.values()) or 1.0
+    parts = "  ".join(f"{k} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in split.items())
+    what = "kernel on " + r["device"] if r["kernel"] else "no kernel (the feed ceiling)"
+    return (f"{what:<30} {r['tokens_per_second'] / 1e6:6.2f}M tokens/s  ({r['tokens']:,} tokens in "
+            f"{r['seconds']:.2f}s)\n    {parts}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", required=True, help="a prepared corpus (doc2vec-dist prepare)")
+    ap.add_argument("--config", help="YAML of training flags (one worker is used whatever it says)")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs per run, timed on the last (default 2)")
+    ap.add_argument("--num-ps", type=int, help="parameter servers (default: the config's)")
+    ap.add_argument("--no-kernel-only", action="store_true", help="only the run without the kernel")
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args(argv)
+    try:
+        if args.epochs < 1:
+            raise UserError("--epochs must be >= 1")
+        config = build(TrainConfig, load_yaml(args.config) if args.config else {},
+                       {"num_ps": args.num_ps}).validate()
+        config = dataclasses.replace(config, epochs=args.epochs, num_workers=1, progress=False, checkpoint_every=0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import ray
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=max(os.cpu_count() or 1, config.num_ps + 1), include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
+    try:
+        runs = [feed(args.corpus, config, kernel) for kernel in ((False,) if args.no_kernel_only else (False, True))]
+    except RuntimeError as exc:  # e.g. --gpus-per-worker on a machine without CUDA
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if started_here:
+            ray.shutdown()
+    print(f"feed rate of one worker: {args.corpus}, macro-batch {runs[0]['macro_batch']:,} tokens, "
+          f"{config.num_ps} PS, epoch {config.epochs} of {config.epochs}")
+    for r in runs:
+        print(line(r))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"corpus": args.corpus, "config": dataclasses.asdict(config), "runs": runs}, fh, indent=2)
+        print(f"saved {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
