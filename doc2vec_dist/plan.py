@@ -437,6 +437,10 @@ def plan_warnings(result: dict, ram: int, local: bool) -> list[str]:
 
 # -- output ---------------------------------------------------------------------------------------------
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def _gb(n: float | None) -> str:
     return "-" if n is None else f"{n / GiB:.2f} GiB" if n >= 0.1 * GiB else f"{n / 2**20:.0f} MiB"
 
@@ -456,7 +460,7 @@ def format_plan(p: dict) -> str:
     lines.append(f"  corpus {c['docs']:,} docs, {c['tokens']:,} tokens ({c['tokens_per_doc']:.1f} a doc), "
                  f"vocabulary {c['vocab']:,}")
     lines.append(f"  {mode}, dim {cfg['dim']}, negative {cfg['negative']}, optimizer {cfg['optimizer']}, "
-                 f"{cfg['num_ps']} parameter servers, {cfg['num_workers']} workers, {cfg['epochs']} epochs")
+                 f"{_n(cfg['num_ps'], 'parameter server')}, {_n(cfg['num_workers'], 'worker')}, {_n(cfg['epochs'], 'epoch')}")
     lines.append(f"  macro-batch {prof['macro_batch']:,} tokens: {prof['examples']:,} examples, unique rows "
                  f"{prof['docs']:,} docs + {prof['words']:,} words + {prof['words_out']:,} words_out "
                  f"= {_gb(prof['unique_rows'] * width * FLOAT_BYTES)} pulled and pushed")
@@ -478,7 +482,7 @@ def format_plan(p: dict) -> str:
     row("Ray processes (raylet, GCS, …)", _gb(mem["ray_system"]), f"[{src['ray_system']}]")
     st = mem["object_store"]
     row("object store (shared, capacity)", _gb(st["capacity"]),
-        f"in flight ≈ {_gb(st['in_flight'])} ({cfg['num_workers']} workers × (2 pulls + "
+        f"in flight ≈ {_gb(st['in_flight'])} ({_n(cfg['num_workers'], 'worker')} × (2 pulls + "
         f"{cfg['max_inflight_pushes']} pushes) × {_gb(st['macro_batch_rows_bytes'])})")
     row("node total (all on one node)", _gb(mem["node_total"]), f"of {_gb(p['node_ram'])} on this machine")
     t = p.get("time")
