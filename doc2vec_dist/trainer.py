@@ -131,7 +131,7 @@ def _check_resources(config: TrainConfig, started_here: bool) -> None:
 # - A worker trains rows of words_out as the other workers left them at its pull: as stale as the
 #   tokens they train meanwhile, (workers - 1) x macro-batch. Held at 150k and below with 2 workers
 #   (0.165); 4 workers: 0.1667 at 16k-token macro-batches (49k stale), 0.1596 at 32k (98k), 0.1505
-#   at 65k (196k), 0.1446 at 75k (225k).
+#   at 65k (196k), 0.1446 at 75k (225k); 0.1613 at 65k with the 20,000 hottest rows resident.
 # - A shared negative row takes the summed update of micro_batch x negative / shared_negatives
 #   examples at once: 0.164 at 320 (1,024 x 5 / 16); 0.106 at 2,560 (8,192 x 5 / 16), below the
 #   popularity baseline (0.127). Row-wise adagrad held up there (0.160).
@@ -148,7 +148,9 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
         found.append(f"{config.num_workers} workers x {macro:,}-token macro-batches: each worker trains rows "
                      f"up to {stale:,} tokens stale, and recall was measured to drop above {STALE_TOKENS:,} "
                      f"(4 workers: 0.167 at 16k-token macro-batches, 0.151 at 65k); lower --macro-batch to "
-                     f"{STALE_TOKENS // (config.num_workers - 1):,} or fewer")
+                     f"{STALE_TOKENS // (config.num_workers - 1):,} or fewer"
+                     + ("" if config.cache_rows else ", or keep the hottest rows in the workers with --cache-rows "
+                        "(0.161 at 65k with --cache-rows 20000)"))
     if config.shared_negatives and config.optimizer == "sgd":
         updates = config.micro_batch * config.negative / config.shared_negatives
         if updates > SHARED_ROW_UPDATES:
