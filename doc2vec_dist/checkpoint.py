@@ -761,15 +761,13 @@ def _open_part(store: _Store, version: int, part: dict, verify: bool) -> _Part:
             mapped = _map(fh, shown)
     else:
         with tempfile.TemporaryFile(prefix="doc2vec-part-") as fh:
-            sha = hashlib.sha256()
+            sink = _HashingSink(fh)
             try:
                 with store.fs.open_input_stream(store.path(rel)) as src:
-                    for block in iter(lambda: src.read(_COPY_BLOCK), b""):
-                        sha.update(block)
-                        fh.write(block)
+                    _copy_stream(src, sink)
             except OSError as exc:
                 raise UserError(f"{shown}: could not read ({exc})") from None
-            if verify and sha.hexdigest() != part["sha256"]:
+            if verify and sink.sha.hexdigest() != part["sha256"]:
                 raise UserError(f"{shown}: checksum mismatch; the checkpoint is damaged")
             fh.flush()
             mapped = _map(fh, shown)
@@ -899,12 +897,6 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
     return vectors, state
 
 
-def read_shard_version(model: str, version: int, table: str, shard: int, num_shards: int,
-                       **options) -> tuple[np.ndarray, np.ndarray | None]:
-    """read_shard of a pinned version (the one whose manifest the caller read)."""
-    return read_shard(model, table, shard, num_shards, version=version, **options)
-
-
 # ---------------------------------------------------------------------------------------------------
 # remote models, used locally
 # ---------------------------------------------------------------------------------------------------
@@ -963,13 +955,11 @@ def local_copy(model: str, cache: str | None = None) -> str:
 def _download(store: _Store, rel: str, target: str, sha256: str | None) -> None:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = f"{target}.tmp-{os.getpid()}"
-    sha = hashlib.sha256()
     try:
         with store.fs.open_input_stream(store.path(rel)) as src, open(tmp, "wb") as dst:
-            for block in iter(lambda: src.read(_COPY_BLOCK), b""):
-                sha.update(block)
-                dst.write(block)
-        if sha256 is not None and sha.hexdigest() != sha256:
+            sink = _HashingSink(dst)
+            _copy_stream(src, sink)
+        if sha256 is not None and sink.sha.hexdigest() != sha256:
             raise UserError(f"{store.show(rel)}: checksum mismatch; the checkpoint is damaged")
         os.replace(tmp, target)
     except OSError as exc:

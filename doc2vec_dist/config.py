@@ -158,14 +158,8 @@ def build(cls, *sources: dict):
 
     Values of None in a later source do not override (argparse leaves unset flags as None).
     """
-    names = field_names(cls)
-    merged: dict[str, Any] = {}
-    for src in sources:
-        merged.update({k: v for k, v in src.items() if k in names and v is not None})
     types = {f.name: f.type for f in dataclasses.fields(cls)}
-    for k, v in merged.items():
-        merged[k] = coerce(k, v, types[k])
-    return cls(**merged)
+    return cls(**{k: coerce(k, v, types[k]) for k, v in explicit_values(cls, *sources).items()})
 
 
 def explicit_values(cls, *sources: dict) -> dict:

@@ -168,14 +168,7 @@ def proc_status(pid: int | str = "self", fields: tuple[str, ...] = ("RssAnon", "
 
 def proc_status_bytes(field: str, pid: int | str = "self") -> int | None:
     """A memory field of /proc/PID/status (VmHWM, RssAnon, …) in bytes; None where there is none."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return proc_status(pid, (field,)).get(field)
 
 
 class PeakPrivateMemory(_Sampler):

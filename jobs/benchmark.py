@@ -92,10 +92,10 @@ def in_stage_order(seconds: dict) -> dict:
     return {**{k: seconds[k] for k in STAGES if k in seconds}, **{k: v for k, v in seconds.items() if k not in STAGES}}
 
 
-def worker_split(seconds: dict) -> str:
+def worker_split(seconds: dict, digits: int = 1) -> str:
     """'read 0.1 s (1%)  sample …': where the workers' time went, summed over workers."""
     busy = sum(seconds.values()) or 1.0
-    return "  ".join(f"{k} {v:.1f} s ({100 * v / busy:.0f}%)" for k, v in in_stage_order(seconds).items())
+    return "  ".join(f"{k} {v:.{digits}f} s ({100 * v / busy:.0f}%)" for k, v in in_stage_order(seconds).items())
 
 
 def _fmt(value, fmt: str) -> str:

@@ -23,6 +23,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout without installing the package
+sys.path.insert(0, os.path.join(ROOT, "jobs"))
+
+from benchmark import worker_split
 
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
@@ -65,9 +68,7 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
 
 
 def line(r: dict) -> str:
-    split = r["worker_seconds"]
-    total = sum(split.values()) or 1.0
-    parts = "  ".join(f"{k} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in split.items())
+    parts = worker_split(r["worker_seconds"], digits=2)
     what = "kernel on " + r["device"] if r["kernel"] else "no kernel (the feed ceiling)"
     return (f"{what:<30} {r['tokens_per_second'] / 1e6:6.2f}M tokens/s  ({r['tokens']:,} tokens in "
             f"{r['seconds']:.2f}s)\n    {parts}")

@@ -232,7 +232,7 @@ def test_read_shard_of_a_pinned_version(tmp_path):
     write_sharded(model, full_matrix(1), None, num_shards=3)
     np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1)[0], full_matrix(1))
     np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1, version=1)[0], full_matrix(0))
-    np.testing.assert_array_equal(checkpoint.read_shard_version(model, 1, "docs", 1, 2)[0], full_matrix(0)[1::2])
+    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 1, 2, version=1)[0], full_matrix(0)[1::2])
     np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=1), full_matrix(0))
 
 
