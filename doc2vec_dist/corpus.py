@@ -1130,7 +1130,9 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
             raise CorpusError(f"{out}: cannot write the corpus: {_one_line(e)}") from e
         raise
 
-    if progress if report is None else report:
+    if report is None:
+        report = progress
+    if report:
         lines = skip_report(meta)
         print(f"prepared {out}: {p3.num_docs:,} docs, {p3.num_tokens:,} tokens, vocabulary "
               f"{len(vocab_tokens):,}, {buckets} shard(s)"

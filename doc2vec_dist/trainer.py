@@ -328,8 +328,7 @@ class _Run:
         restarted = sum(a["pid"] != b["pid"] for a, b in zip(self.server_info, now))
         # tokens/s and pairs/s count what this run trained: a resumed epoch's first part was trained before
         before = combine([{"seconds": {}, **p} for p in self.resume.positions or []])
-        summary = _summary(config, corpus, epoch_stats, train_seconds, self.ckpt_seconds, 0.0,
-                           trained_before=before)
+        summary = _summary(config, corpus, epoch_stats, train_seconds, self.ckpt_seconds, trained_before=before)
         summary.update(resumed_from_epoch=self.resume.epoch if config.resume else None,
                        worker_restarts=self.worker_restarts, server_restarts=restarted,
                        servers_loaded_from=[info["restored_version"] for info in now])
@@ -457,14 +456,14 @@ def _root_cause(exc: Exception) -> str:
 
 
 def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: float, ckpt_s: float,
-             startup_s: float, trained_before: dict | None = None) -> dict:
+             trained_before: dict | None = None) -> dict:
+    """The run's figures; train() adds startup_seconds and warnings, _Run.train the restarts."""
     total = combine(epoch_stats)
     tokens, pairs, seconds = total["tokens"], total["pairs"], total["seconds"]
     before = trained_before or {"tokens": 0, "pairs": 0}
     return {
         "tokens": tokens, "pairs": pairs, "epochs": config.epochs,
         "train_seconds": round(train_s, 3), "checkpoint_seconds": round(ckpt_s, 3),
-        "startup_seconds": round(startup_s, 3),
         "tokens_per_second": (tokens - before["tokens"]) / train_s if train_s else 0.0,
         "pairs_per_second": (pairs - before["pairs"]) / train_s if train_s else 0.0,
         "loss_per_epoch": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
