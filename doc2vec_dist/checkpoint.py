@@ -62,6 +62,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from . import outputs
 from .errors import UserError
 
 FORMAT_VERSION = 1
@@ -322,30 +323,71 @@ def read_json(model: str, relpath: str, *, fs: pafs.FileSystem | None = None) ->
 # the model directory
 # ---------------------------------------------------------------------------------------------------
 
-def refuse_existing_model(out: str, overwrite: bool, *, fs: pafs.FileSystem | None = None) -> None:
-    """A model directory is only replaced when asked: its checkpoints may be days of training."""
+def _model_dir_state(store: _Store) -> tuple[bool, list[str], str | None]:
+    """(exists, entry names, the kind its marker names) of a model location."""
+    info = _info(store, "")
+    if info.type == pafs.FileType.NotFound:
+        return False, [], None
+    if info.type != pafs.FileType.Directory:
+        raise UserError(f"{store.name}: exists and is a file; --out takes a directory for a model")
+    names = [i.base_name for i in _list(store, "")]
+    marker = None
+    if outputs.MARKER in names:
+        marker = outputs.read_marker_kind(_read_bytes(store, outputs.MARKER, limit=4096)) or "unknown"
+    return True, names, marker
+
+
+def refuse_existing_model(out: str, overwrite: bool, *, fs: pafs.FileSystem | None = None) -> bool:
+    """Whether `out` holds a model of ours to replace (True) or is new or empty (False); anything
+    else is refused with one line naming what is there (outputs.judge_dir). A model is replaced
+    only with `overwrite`, since its checkpoints may be days of training; one that never committed
+    a checkpoint (a fresh run killed before its first) needs no flag."""
     store = _store(out, fs)
-    if not overwrite and _holds_model(store):
-        raise UserError(f"{store.name}: a model already exists there; choose another --out or pass --overwrite")
+    _, names, marker = _model_dir_state(store)
+    unfinished = "LATEST" not in names and marker == "model"
+    return outputs.judge_dir(store.name, "model", names, marker, None if unfinished else overwrite)
 
 
-def _holds_model(store: _Store) -> bool:
-    return (_info(store, "LATEST").type != pafs.FileType.NotFound
-            or _info(store, "checkpoints").type != pafs.FileType.NotFound)
-
-
-def start_model_dir(out: str, corpus_path: str, overwrite: bool, *, fs: pafs.FileSystem | None = None) -> None:
-    """Create (or, with overwrite, replace) a model directory holding the corpus's key tables,
-    so export and neighbors later need only the model directory. The corpus is a local directory."""
-    refuse_existing_model(out, overwrite, fs=fs)
+def start_model_dir(out: str, corpus_path: str, overwrite: bool, *, fs: pafs.FileSystem | None = None) -> list[str]:
+    """Create (or, with overwrite, replace) a model directory holding its marker and the corpus's key
+    tables, so export and neighbors later need only the model directory. The corpus is a local
+    directory. Returns the local directories this created (the model directory among them when it
+    did not exist), for discard_unfinished."""
     store = _store(out, fs)
-    if _holds_model(store):
-        store.fs.delete_dir_contents(store.path())
-    if store.atomic_rename:
+    if refuse_existing_model(out, overwrite, fs=fs):
+        _, names, _ = _model_dir_state(store)
+        _delete_own(store, names)
+    made = outputs.make_dirs(store.root) if store.local else []
+    if store.atomic_rename and not store.local:
         store.fs.create_dir(store.path(), recursive=True)
+    _write_bytes(store, outputs.MARKER, outputs.marker_text("model").encode())
     for name in KEY_FILES:
         with open(os.path.join(corpus_path, name), "rb") as src:
             _write_file(store, name, lambda sink, src=src: _copy_stream(src, sink))
+    return made
+
+
+def _delete_own(store: _Store, names: list[str]) -> None:
+    """Delete the entries of a model directory that a model writes; the marker last, so that a
+    directory half cleared still reads as ours. Anything else in it stays."""
+    own = [n for n in names if n not in (outputs.MARKER, "exports") and outputs.owned("model", n)]
+    for name in own + ([outputs.MARKER] if outputs.MARKER in names else []):
+        if _info(store, name).type == pafs.FileType.Directory:
+            _delete_dir(store, name)
+        else:
+            _delete_file(store, store.path(name))
+
+
+def discard_unfinished(out: str, made: list[str], *, fs: pafs.FileSystem | None = None) -> bool:
+    """After a fresh run that did not finish: remove what it wrote, unless it committed a checkpoint
+    (then the model is whole and resumable, and stays). True when something was removed."""
+    store = _store(out, fs)
+    exists_, names, marker = _model_dir_state(store)
+    if not exists_ or "LATEST" in names or marker != "model":
+        return False
+    _delete_own(store, names)
+    outputs.remove_dirs(made)
+    return True
 
 
 def _copy_stream(src, sink) -> None:
@@ -805,6 +847,16 @@ def iter_parts(model: str, table: str, verify: bool = True, *, version: int | No
             yield np.zeros(0, np.int64), np.zeros((0, spec["dim"]), np.float32)
         else:
             yield np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+
+
+def part_batches(model: str, table: str, verify: bool = True, *, version: int | None = None,
+                 fs: pafs.FileSystem | None = None) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+    """For each part file of a table, its record batches as (ids, vectors) zero-copy views of the
+    memory map, checked as every read is (size, sha256, schema, nulls, row count)."""
+    store, version, spec = _parts_of(model, table, version, fs)
+    for part in spec["parts"]:
+        opened = _open_part(store, version, part, verify)
+        yield [(ids, vectors) for ids, vectors, _ in opened.batches(spec["dim"], part["rows"])]
 
 
 def read_table(model: str, table: str, verify: bool = True, *, version: int | None = None,

@@ -7,23 +7,118 @@ import dataclasses
 import json
 import sys
 
-from .config import PrepareConfig, TrainConfig, build, explicit_values, load_yaml
+from . import outputs
+from .config import PrepareConfig, TrainConfig, build, engine_only, explicit_values, load_yaml
 from .errors import UserError
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, cls) -> None:
-    """One flag per config field, named like the YAML key; unset flags stay None so YAML is not overridden."""
+def _help(text: str, default=None, required: bool = False) -> str:
+    """A flag's help ending in what it is when not given, said once: "(required)" or "(default: X)".
+
+    A default of None or False (a switch left off) adds nothing: where unset means something worth
+    saying, the text itself says it ("(default: the model's alpha)").
+    """
+    if required:
+        return text if "(required)" in text else f"{text} (required)"
+    if default is None or default is False or default == argparse.SUPPRESS or "(default:" in text:
+        return text
+    return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows every flag's default (or that it is required) through _help, so no help text spells it out."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return _help(action.help or "", action.default, action.required and bool(action.option_strings))
+
+
+class _OneSetting(argparse.Action):
+    """Stores a flag that has a second name (gensim's `--vector-size` for `--dim`): two values are an error."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != parser.get_default(self.dest) and before != values:
+            first, *others = self.option_strings
+            raise UserError(f"{first} and {', '.join(others)} (gensim's name) are one setting, given both {before} "
+                            f"and {values}; give one")
+        setattr(namespace, self.dest, values)
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, cls, engine: bool = True) -> None:
+    """One flag per config field, named like the YAML key (and its aliases, gensim's names); unset flags stay
+    None so YAML is not overridden, and the help shows the field's own default. engine=False leaves out the
+    fields of our Ray engine alone (config.engine_only), for `baseline`."""
     for f in dataclasses.fields(cls):
-        if not f.metadata.get("flag", True):
+        if not f.metadata.get("flag", True) or (not engine and f.metadata.get("engine")):
             continue
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (default: {f.default})"
+        flags = ["--" + name.replace("_", "-") for name in (f.name, *f.metadata.get("aliases", ()))]
+        help_text = _help(f.metadata["help"], f.default)
         if str(f.type).startswith("bool"):
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+            parser.add_argument(*flags, dest=f.name, action="store_true", default=None, help=help_text)
             continue
         kind = str(f.type)
         conv = int if kind.startswith("int") else float if kind.startswith("float") else str
-        parser.add_argument(flag, type=conv, default=None, choices=f.metadata.get("choices"), help=help_text)
+        parser.add_argument(*flags, dest=f.name, type=conv, default=None, choices=f.metadata.get("choices"),
+                            help=help_text, action=_OneSetting if len(flags) > 1 else "store")
+
+
+# Flags a user may well give to a command that does not take them (prepare's to a trainer, gensim's names,
+# the engine's to baseline), each answered in one line instead of argparse's "unrecognized arguments".
+# Prepare's and the engine's flags are read off the parsers themselves; only the reasons live here.
+_TRAINERS = ("train", "baseline", "plan")
+_PREPARE_REASONS = {"--min-count": "the vocabulary is fixed when the corpus is made",
+                    "--max-vocab": "the vocabulary is fixed when the corpus is made",
+                    "--holdout": "the held-out URLs are set aside when the corpus is made",
+                    "--holdout-out": "the held-out URLs are set aside when the corpus is made"}
+_PREPARE_REASON = "the events are read only when the corpus is made"
+_GENSIM_NAMES = {  # gensim's Doc2Vec parameters that are spelled otherwise here, for the trainers
+    "--workers": "--num-workers (worker actors) and --cpus-per-worker (threads each)",
+    "--size": "--dim", "--iter": "--epochs", "--dm": "--mode dm (or --mode dbow)",
+    "--max-final-vocab": "prepare --max-vocab", "--hs": "--negative (negative sampling is the only loss)",
+}
+
+
+def _misplaced_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """One line for a flag that `argv`'s command does not take but another command does, or gensim's name of it."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    command = argv[0] if argv else None
+    if command not in sub:
+        return None
+    own = sub[command]._option_string_actions
+    for i, token in enumerate(argv[1:], start=1):
+        if token == "--":
+            break
+        flag, eq, value = token.partition("=")
+        if not flag.startswith("--") or flag in own:
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+        for name in dict.fromkeys((flag, flag.replace("_", "-"))):
+            given = f"{name} {value}".strip()
+            if name != flag and name in own:
+                return f"{flag}: flags are spelled with dashes here; use {given}"
+            if command in _TRAINERS and name in sub["prepare"]._option_string_actions:
+                reason = _PREPARE_REASONS.get(name, _PREPARE_REASON)
+                return (f"{name} is a prepare option ({reason}); run doc2vec-dist prepare INPUT... --out CORPUS "
+                        f"{given}, then {command} --corpus CORPUS")
+            if command == "baseline" and name in sub["train"]._option_string_actions:
+                threads = " (its threads: --workers)" if name in ("--num-workers", "--cpus-per-worker") else ""
+                return f"{name} is a doc2vec-dist engine option; gensim's baseline does not use it{threads}"
+            if command in _TRAINERS and name in _GENSIM_NAMES:
+                return f"{name} is gensim's name; doc2vec-dist {command} uses {_GENSIM_NAMES[name]}"
+            if command == "prepare" and name in sub["train"]._option_string_actions:
+                return f"{name} is a training option; prepare only makes the corpus: doc2vec-dist train --corpus " \
+                       f"CORPUS {given}"
+    return None
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = make_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    message = _misplaced_flag(parser, argv)
+    if message:
+        raise UserError(message)
+    return parser.parse_args(argv)
 
 
 def _train_config(args) -> TrainConfig:
@@ -38,7 +133,7 @@ def cmd_generate(args) -> None:
     from .synthetic import generate
 
     summary = generate(args.out, args.users, args.urls, seed=args.seed, communities=args.communities,
-                       events_per_user=args.events_per_user, progress=not args.no_progress)
+                       events_per_user=args.events_per_user, hub_share=args.hub_share, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
 
 
@@ -66,13 +161,25 @@ def cmd_train(args) -> None:
         config.progress = not args.no_progress
     summary = train(args.corpus, args.out, config, overwrite=args.overwrite)
     _print_summary("doc2vec-dist", summary)
+    print(f"model: {summary['model']} (checkpoint v{summary['version']})")
 
 
 def cmd_baseline(args) -> None:
     from .baseline import train_gensim
 
-    summary = train_gensim(args.corpus, args.out, _train_config(args), workers=args.workers, overwrite=args.overwrite)
-    _print_summary("gensim", summary)
+    # a config file shared with `train` may set the engine's own options: gensim has no use for them
+    yaml_values = load_yaml(args.config) if args.config else {}
+    engine = {k: yaml_values.pop(k) for k in engine_only() if k in yaml_values}
+    ignored = sorted(k for k, v in engine.items() if v != getattr(TrainConfig, k))
+    if ignored:
+        print(f"baseline: ignoring {args.config}'s doc2vec-dist engine options, which gensim does not use: "
+              f"{', '.join(ignored)}", file=sys.stderr)
+    config = build(TrainConfig, yaml_values, vars(args))
+    config.progress = not args.no_progress
+    summary = train_gensim(args.corpus, args.out, config.validate(), workers=args.workers, overwrite=args.overwrite,
+                           gensim_mode=args.gensim_mode)
+    _print_summary(f"gensim ({summary['gensim_mode']} mode)", summary)
+    print(f"model: {summary['model']} (checkpoint v{summary['version']})")
 
 
 def _print_summary(who: str, s: dict) -> None:
@@ -134,15 +241,17 @@ def cmd_neighbors(args) -> None:
         keys += [str(k) for k in pq.read_table(args.keys_file, columns=["key"]).column("key").to_pylist()]
     if not keys:
         raise UserError("give --key KEY (repeatable) or --keys-file FILE")
+    if args.out:
+        outputs.check_file(args.out, "neighbors")  # before the search: nothing there, or an earlier result
     result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index)
     if args.out:
-        import pyarrow.parquet as pq
-
-        pq.write_table(result, args.out)
+        outputs.write_parquet_file(result, args.out, "neighbors")
         print(f"wrote {result.num_rows} rows to {args.out}")
         return
+    # tab-separated, a header first, in the table's own column order (that of Model.neighbors and --out)
+    print("\t".join(result.column_names))
     for row in result.to_pylist():
-        print(f"{row['key']}\t{row['rank']}\t{row['neighbor']}\t{row['score']:.4f}")
+        print("\t".join(f"{value:.4f}" if isinstance(value, float) else str(value) for value in row.values()))
 
 
 def cmd_evaluate(args) -> None:
@@ -170,117 +279,126 @@ def cmd_infer(args) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="doc2vec-dist", description="Distributed doc2vec for users × URLs on Ray.")
+    p = argparse.ArgumentParser(prog="doc2vec-dist", description="Distributed doc2vec for users × URLs on Ray.",
+                                formatter_class=_HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name, func, help_text):
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
         sp.set_defaults(func=func)
         sp.add_argument("--no-progress", action="store_true", help="no progress bars")
         return sp
 
     g = add("generate", cmd_generate, "synthetic browsing logs with known communities")
-    g.add_argument("--users", type=int, required=True)
-    g.add_argument("--urls", type=int, required=True)
-    g.add_argument("--out", required=True)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--communities", type=int, default=8)
-    g.add_argument("--events-per-user", type=float, default=30.0)
+    g.add_argument("--users", type=int, required=True, help="users (documents) to generate")
+    g.add_argument("--urls", type=int, required=True, help="distinct URLs (the vocabulary)")
+    g.add_argument("--out", required=True, help="new directory: events/ (Parquet) and truth/ (planted communities)")
+    g.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same logs")
+    g.add_argument("--communities", type=int, default=8, help="planted interest communities")
+    g.add_argument("--events-per-user", type=float, default=30.0, help="mean events per user")
+    g.add_argument("--hub-share", type=float, default=0.0,
+                   help="share of users who also visit the one most popular URL: skewed data like a real catalogue, "
+                        "where one output row meets most documents (e.g. 0.8 with --events-per-user 5)")
 
     pr = add("prepare", cmd_prepare, "events, lists or text → corpus (vocabulary, ids, shard files)")
     pr.add_argument("inputs", nargs="+", help="files, directories or globs")
     pr.add_argument("--out", required=True, help="corpus directory to create")
     pr.add_argument("--config", help="YAML file with the same keys as the flags")
     _add_config_flags(pr, PrepareConfig)
-    pr.add_argument("--seed", type=int, default=1, help="seed of the held-out split (default: 1)")
+    pr.add_argument("--seed", type=int, default=1, help="seed of the held-out split")
     pr.add_argument("--num-shards", type=int, default=None, help="shard files to write (default: from size)")
     pr.add_argument("--overwrite", action="store_true", help="replace an existing corpus")
 
     for name, func, text in (("train", cmd_train, "train on Ray: parameter servers + workers"),
                              ("baseline", cmd_baseline, "train gensim's Doc2Vec on the same corpus, same layout")):
         t = add(name, func, text)
-        t.add_argument("--corpus", required=True)
+        t.add_argument("--corpus", required=True, help="corpus directory made by prepare")
         t.add_argument("--out", required=True, help="model directory")
-        t.add_argument("--config", help="YAML file with the same keys as the flags")
+        engine_keys = "; the engine's own keys (num_ps, cache_rows, ...) are ignored" if name == "baseline" else ""
+        t.add_argument("--config", help="YAML file with the same keys as the flags" + engine_keys)
         t.add_argument("--overwrite", action="store_true", help="replace an existing model")
-        _add_config_flags(t, TrainConfig)
+        _add_config_flags(t, TrainConfig, engine=name == "train")
         if name == "baseline":
             t.add_argument("--workers", type=int, default=None, help="gensim threads (default: all cores)")
+            t.add_argument("--gensim-mode", default="iterable", choices=("iterable", "corpus_file"),
+                           help="how gensim reads the corpus: iterable, its most accurate (the quality reference), "
+                                "or corpus_file, its fastest")
 
     pl = add("plan", cmd_plan, "memory per parameter server, worker and node, and time per epoch, before training "
                                "(corpus statistics and a short calibration run on a slice of the corpus)")
-    pl.add_argument("--corpus", required=True)
+    pl.add_argument("--corpus", required=True, help="corpus directory made by prepare")
     pl.add_argument("--config", help="YAML file with the same keys as the flags")
     _add_config_flags(pl, TrainConfig)
     pl.add_argument("--calibrate-seconds", type=float, default=30.0,
-                    help="about how long the calibration run trains (default: 30)")
+                    help="about how long the calibration run trains, in seconds")
     pl.add_argument("--no-calibrate", action="store_true", help="memory only, from modelled fixed costs; no time")
     pl.add_argument("--workdir", help="where the calibration slice and model go, removed after (default: the "
                                       "system's temp dir; on a cluster, storage every node sees)")
     pl.add_argument("--json", help="also write the plan as JSON to this file")
 
     e = add("export", cmd_export, "write a table as Parquet (key, vector), word2vec text or npy")
-    e.add_argument("--model", required=True)
-    e.add_argument("--table", default="docs", choices=("docs", "words", "words_out"))
-    e.add_argument("--out", required=True)
-    e.add_argument("--format", default="parquet", choices=("parquet", "word2vec", "npy"))
+    e.add_argument("--model", required=True, help="model directory")
+    e.add_argument("--table", default="docs", choices=("docs", "words", "words_out"),
+                   help="docs: user vectors; words_out: URL output vectors; words: URL input vectors")
+    e.add_argument("--out", required=True, help="file to write, or a directory for one part per parameter server")
+    e.add_argument("--format", default="parquet", choices=("parquet", "word2vec", "npy"),
+                   help="Parquet (key, vector), word2vec text (gensim's KeyedVectors) or a numpy matrix")
     e.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
     e.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="vector element type")
 
     i = add("index", cmd_index, "build a faiss cosine index of a table or a (key, vector) Parquet")
-    i.add_argument("--model")
-    i.add_argument("--table", default="docs", choices=("docs", "words", "words_out"))
+    i.add_argument("--model", help="model directory (or --vectors)")
+    i.add_argument("--table", default="docs", choices=("docs", "words", "words_out"), help="table of --model to index")
     i.add_argument("--vectors", help="Parquet with key, vector (instead of --model)")
-    i.add_argument("--out", required=True)
+    i.add_argument("--out", required=True, help="index directory to write")
     i.add_argument("--kind", default="auto", choices=("flat", "hnsw", "ivfpq", "auto"),
-                   help="auto: flat up to 1M rows, else ivfpq (re-ranked exactly) (default: auto)")
+                   help="auto: flat up to 1M rows, else ivfpq, re-ranked exactly")
     i.add_argument("--recall-queries", type=int, default=1000,
-                   help="sampled rows whose recall@10 vs exact search is measured (default: 1000)")
+                   help="sampled rows whose recall@10 vs exact search is measured")
 
     n = add("neighbors", cmd_neighbors, "similar users for a user, likeliest URLs for a user (--against words_out), "
                                         "similar URLs for a URL (--table words_out)")
-    n.add_argument("--model", required=True)
-    n.add_argument("--key", action="append", help="query key (repeatable)")
+    n.add_argument("--model", required=True, help="model directory")
+    n.add_argument("--key", action="append", help="query key: a user id, or a URL with --table words_out "
+                                                   "(repeatable)")
     n.add_argument("--keys-file", help="Parquet with a key column of queries")
-    n.add_argument("--table", default="docs", choices=("docs", "words", "words_out"))
+    n.add_argument("--table", default="docs", choices=("docs", "words", "words_out"), help="table the keys are in")
     n.add_argument("--against", choices=("docs", "words", "words_out"), help="table searched (default: --table)")
-    n.add_argument("--k", type=int, default=10)
+    n.add_argument("--k", type=int, default=10, help="neighbours per key")
     n.add_argument("--index", help="search this saved index (from `index`) instead of an exact scan")
     n.add_argument("--out", help="write key, neighbor, score, rank to this Parquet instead of printing")
 
     inf = add("infer", cmd_infer, "vectors for new users from their events, with the model's words_out frozen "
                                    "(gensim's infer_vector, batched); writes Parquet key, vector")
-    inf.add_argument("--model", required=True)
+    inf.add_argument("--model", required=True, help="model directory")
     inf.add_argument("inputs", nargs="+", help="events of the new users: files, directories or globs, as for prepare")
     inf.add_argument("--out", required=True, help="Parquet file to write (key, vector)")
     prep = {f.name: f for f in dataclasses.fields(PrepareConfig)}
     for name in ("format", "doc_col", "token_col", "time_col"):
         f = prep[name]
         inf.add_argument("--" + name.replace("_", "-"), default=f.default, choices=f.metadata.get("choices"),
-                         help=f"{f.metadata['help']} (default: {f.default})")
+                         help=f.metadata["help"])
     inf.add_argument("--epochs", type=int, help="passes over each user's events (default: the model's epochs)")
     inf.add_argument("--alpha", type=float, help="initial learning rate (default: the model's alpha)")
     inf.add_argument("--min-alpha", type=float, help="final learning rate (default: the model's min_alpha)")
-    inf.add_argument("--seed", type=int, default=1, help="seed of start vectors and draws; same seed, same vectors "
-                                                        "(default: 1)")
-    inf.add_argument("--batch-users", type=int, default=4096, help="users trained together; bounds memory "
-                                                                   "(default: 4096)")
+    inf.add_argument("--seed", type=int, default=1, help="seed of start vectors and draws; same seed, same vectors")
+    inf.add_argument("--batch-users", type=int, default=4096, help="users trained together; bounds memory")
     inf.add_argument("--tmp-dir", help="where the events are staged while read (default: the system's temp dir)")
 
     ev = add("evaluate", cmd_evaluate, "held-out URL prediction or correlation with human similarity")
-    ev.add_argument("--model", required=True)
+    ev.add_argument("--model", required=True, help="model directory")
     ev.add_argument("--heldout", help="Parquet of hidden (key, token) pairs from prepare --holdout")
     ev.add_argument("--pairs", help="human similarity: square matrix (Lee format) or key1, key2, score")
     ev.add_argument("--labels", help="Parquet/CSV of key, label: k-NN label accuracy on a fixed split")
-    ev.add_argument("--key-col", default="key", help="key column of --labels (default: key)")
-    ev.add_argument("--label-col", default="label", help="label column of --labels (default: label)")
-    ev.add_argument("--k", type=int, default=10)
+    ev.add_argument("--key-col", default="key", help="key column of --labels")
+    ev.add_argument("--label-col", default="label", help="label column of --labels")
+    ev.add_argument("--k", type=int, default=10, help="cut-off of recall@k and MRR, and neighbours of the k-NN vote")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
     try:
+        args = _parse_args(argv)
         args.func(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -18,9 +18,18 @@ import yaml
 from .errors import UserError
 
 
-def _f(default: Any, help: str, choices: tuple | None = None, flag: bool = True):
-    """A dataclass field with its help text (and allowed values) kept as metadata."""
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
+def _f(default: Any, help: str, choices: tuple | None = None, flag: bool = True, engine: bool = False,
+       aliases: tuple[str, ...] = ()):
+    """A dataclass field with its help text (and allowed values) kept as metadata.
+
+    The command line appends each flag's default to its help (cli._help), so a help text names its
+    default only where that is None and being unset means something worth saying. engine: an option of
+    our Ray engine alone, which gensim has no use for: `baseline` has no flag for it and ignores it in a
+    YAML file shared with `train`. aliases: other names of the same setting (gensim's), taken as flags
+    and YAML keys alike.
+    """
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "engine": engine,
+                                            "aliases": aliases})
 
 
 @dataclass
@@ -31,18 +40,21 @@ class PrepareConfig:
                      ("events", "lists", "text"))
     doc_col: str = _f("user_id", "column holding the document key (the user)")
     token_col: str = _f("url", "column holding the token (the URL), or the list of tokens with --format lists")
-    time_col: str | None = _f(None, "column to order each user's events by (optional)")
+    time_col: str | None = _f(None, "column to order each user's events by (default: none; the order they are read in)")
     min_count: int = _f(1, "drop tokens seen fewer times than this")
-    max_vocab: int | None = _f(None, "keep at most this many most frequent tokens")
+    max_vocab: int | None = _f(None, "keep at most this many most frequent tokens (default: no limit)")
     holdout: float = _f(0.0, "fraction of each user's distinct URLs hidden for evaluation")
     holdout_out: str | None = _f(None, "Parquet file that receives the hidden (key, token) pairs")
+
+
+RESIDENT_AUTO_BYTES = 2 << 30  # resident words_out rows a single worker keeps by default (cache_rows None)
 
 
 @dataclass
 class TrainConfig:
     """The model and the engine that trains it."""
 
-    dim: int = _f(100, "vector size")
+    dim: int = _f(100, "vector size", aliases=("vector_size",))
     epochs: int = _f(10, "passes over the corpus")
     mode: str = _f("dbow", "training mode: PV-DBOW or PV-DM", ("dbow", "dm"))
     dbow_words: bool = _f(False, "also train word vectors with skip-gram (PV-DBOW only)")
@@ -53,25 +65,50 @@ class TrainConfig:
     min_alpha: float = _f(0.0001, "final learning rate; linear decay over all planned tokens")
     ns_exponent: float = _f(0.75, "exponent of the unigram distribution negatives are drawn from")
     shared_negatives: int = _f(0, "share this many negatives among all examples of a micro-batch, scored as "
-                                  "one matrix product (for GPU workers; 0: each example draws its own)")
-    optimizer: str = _f("sgd", "sgd (gensim's update) or row-wise adagrad", ("sgd", "adagrad"))
-    num_ps: int = _f(2, "parameter-server actors; row r lives on server r %% num_ps")
-    num_workers: int = _f(2, "training worker actors")
-    cpus_per_worker: int = _f(1, "CPUs each worker reserves (and the torch threads it uses)")
-    gpus_per_worker: float = _f(0, "GPUs each worker reserves; > 0 runs the math on CUDA")
-    cache_rows: int = _f(0, "hottest words_out rows kept resident in each worker (on its GPU, if any) between "
-                            "macro-batches: neither pulled nor pushed every step; synced every few batches")
-    macro_batch: int = _f(65536, "tokens read per pull/compute/push cycle of a worker")
-    micro_batch: int = _f(1024, "(doc, word) pairs per in-cache update step inside a macro-batch")
-    max_inflight_pushes: int = _f(2, "pushes a worker may have outstanding before it waits")
+                                  "one matrix product (for GPU workers; 0: each example draws its own)", engine=True)
+    optimizer: str = _f("sgd", "sgd (gensim's update) or row-wise adagrad", ("sgd", "adagrad"), engine=True)
+    num_ps: int = _f(2, "parameter-server actors; row r lives on server r %% num_ps", engine=True)
+    num_workers: int = _f(1, "training worker actors (one per machine: a worker uses all its CPUs' threads)",
+                          engine=True)
+    cpus_per_worker: int = _f(2, "CPUs each worker reserves, and the threads it trains with", engine=True)
+    gpus_per_worker: float = _f(0, "GPUs each worker reserves; > 0 runs the math on CUDA", engine=True)
+    cache_rows: int | None = _f(None, "hottest words_out rows kept resident in each worker (on its GPU, if any) "
+                                      "between macro-batches: neither pulled nor pushed every step; synced every "
+                                      "few batches (default: every row that fits 2 GiB with one worker, none with "
+                                      "several)", engine=True)
+    macro_batch: int = _f(65536, "tokens read per pull/compute/push cycle of a worker", engine=True)
+    micro_batch: int = _f(1024, "(doc, word) pairs per in-cache update step inside a macro-batch (batched "
+                                "kernel)", engine=True)
+    kernel: str = _f("auto", "exact: each example's update applied before the next, gensim's order, compiled "
+                             "(CPU workers); batched: micro-batches of summed updates in torch (GPU workers, "
+                             "shared negatives); auto: exact on CPU workers, batched on GPU workers",
+                     ("auto", "exact", "batched"), engine=True)
+    max_inflight_pushes: int = _f(2, "pushes a worker may have outstanding before it waits", engine=True)
     checkpoint_every: float = _f(600, "seconds between checkpoints, taken mid-epoch, plus one at each epoch end "
-                                      "(0: only at the end of training)")
-    keep_checkpoints: int = _f(2, "checkpoint versions kept on disk")
-    max_restarts: int = _f(3, "times Ray restarts a crashed parameter server or worker before the run stops")
+                                      "(0: only at the end of training)", engine=True)
+    keep_checkpoints: int = _f(2, "checkpoint versions kept on disk", engine=True)
+    max_restarts: int = _f(3, "times Ray restarts a crashed parameter server or worker before the run stops",
+                           engine=True)
     seed: int = _f(1, "random seed for initialisation, subsampling and negatives")
-    resume: bool = _f(False, "continue from the model directory's LATEST checkpoint")
-    address: str | None = _f(None, "Ray address (default: RAY_ADDRESS, else a local Ray started here)")
+    resume: bool = _f(False, "continue from the model directory's LATEST checkpoint", engine=True)
+    address: str | None = _f(None, "Ray address (default: RAY_ADDRESS, else a local Ray started here)", engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
+
+    def resident_rows(self, words_out_rows: int) -> int:
+        """Rows of words_out each worker keeps resident: --cache-rows, or by default, with one worker
+        (nothing else writes them, so they are never stale), every row within RESIDENT_AUTO_BYTES."""
+        if self.cache_rows is not None:
+            return min(self.cache_rows, words_out_rows)
+        if self.num_workers > 1:
+            return 0
+        row_bytes = 4 * (self.dim + int(self.optimizer == "adagrad"))
+        return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
+
+    def exact_kernel(self) -> bool:
+        """Whether workers use cpu_kernel (each update applied at once) rather than kernels.train."""
+        if self.kernel == "auto":
+            return self.gpus_per_worker == 0 and not self.shared_negatives
+        return self.kernel == "exact"
 
     def validate(self) -> TrainConfig:
         checks = [
@@ -94,14 +131,19 @@ class TrainConfig:
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be > 0"),
             (self.max_restarts >= 0, "max_restarts must be >= 0"),
-            (self.cache_rows >= 0, "cache_rows must be >= 0"),
+            (self.cache_rows is None or self.cache_rows >= 0, "cache_rows must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(f"bad training config: {message}")
-        for name in ("mode", "optimizer"):
+        for name in ("mode", "optimizer", "kernel"):
             _check_choice(self, name)
-        if self.cache_rows and (self.mode == "dm" or self.dbow_words):
+        if self.kernel == "exact" and self.gpus_per_worker > 0:
+            raise UserError("bad training config: kernel exact runs on CPU workers; GPU workers use the batched "
+                            "kernel (--kernel auto or batched)")
+        if self.kernel == "exact" and self.shared_negatives:
+            raise UserError("bad training config: shared_negatives needs the batched kernel (--kernel batched)")
+        if self.cache_rows and self.num_workers > 1 and (self.mode == "dm" or self.dbow_words):
             # with `words` trained too, the hot rows' deltas of several workers need the weighting of
             # worker._push_weights, which resident rows do not get yet: refuse rather than diverge
             raise UserError("--cache-rows applies to PV-DBOW without --dbow-words for now")
@@ -118,6 +160,10 @@ class JobConfig:
     out: str | None = _f(None, "model directory")
     exports: str | None = _f(None, "directory for Parquet exports and the faiss index (default: OUT/exports)")
     overwrite: bool = _f(False, "retrain into an existing model directory, replacing it")
+    root: str | None = _f(None, "directory that relative corpus, out, exports and holdout_out paths are taken "
+                                "from; inside `ray job submit --working-dir` it must be given (storage every node "
+                                "sees), since the working dir is a temporary copy (default: the checkout for the "
+                                "sample config, else the current directory)")
 
 
 def _check_choice(obj: Any, name: str) -> None:
@@ -134,6 +180,17 @@ def field_names(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
+def engine_only(cls=TrainConfig) -> set[str]:
+    """The fields of our Ray engine alone (marked engine=True above), which gensim's baseline does not use."""
+    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("engine")}
+
+
+def _aliases() -> dict[str, str]:
+    """Another name of a setting (gensim's `vector_size`) → the field's own name (`dim`)."""
+    return {alias: f.name for cls in SECTIONS for f in dataclasses.fields(cls)
+            for alias in f.metadata.get("aliases", ())}
+
+
 def load_yaml(path: str) -> dict:
     """Read a flat YAML mapping of config keys; unknown keys are an error that names the file."""
     try:
@@ -146,6 +203,13 @@ def load_yaml(path: str) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of config keys at the top level")
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    for alias, name in _aliases().items():
+        if alias in data:
+            value = data.pop(alias)
+            if name in data and data[name] != value:
+                raise UserError(f"{path}: {name}: {data[name]!r} and {alias}: {value!r} disagree ({alias} is gensim's "
+                                f"name for {name}); give one")
+            data[name] = value
     known = set().union(*(field_names(c) for c in SECTIONS))
     unknown = sorted(set(data) - known)
     if unknown:

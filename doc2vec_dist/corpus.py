@@ -49,7 +49,8 @@ lines in messages are counted from 0 within their file (a CSV header is not a ro
              rows without a time are never duplicates); tokens below min_count or beyond max_vocab;
              documents left with no token.
     kept     integer, float and boolean keys and tokens become strings ("7" from 7 and from 7.0, so
-             ids written as numbers by one exporter and as strings by another still meet); documents
+             ids written as numbers by one exporter and as strings by another still meet, as do
+             JSON lines whose ids are strings in some rows and numbers in others); documents
              with a single token train like any other and are counted in "docs_with_one_token";
              with holdout, a document with fewer than 2 distinct tokens keeps them all for training
              ("docs_without_heldout"). Long documents are kept whole, never truncated: a user with
@@ -80,6 +81,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from . import outputs
 from .errors import UserError
 
 FORMAT_VERSION = 1
@@ -104,7 +106,7 @@ COMPRESSION_EXTS = (".gz", ".bz2", ".zst", ".lz4", ".br")
 VOCAB_SCHEMA = pa.schema([("token", pa.string()), ("count", pa.int64()), ("id", pa.int32())])
 DOCS_SCHEMA = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
 SHARD_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32()))])
-HOLDOUT_SCHEMA = pa.schema([("key", pa.string()), ("token", pa.string())])
+HOLDOUT_SCHEMA = pa.schema([("key", pa.string()), ("token", pa.string())], metadata=outputs.parquet_metadata("heldout"))
 
 
 class CorpusError(UserError):
@@ -234,7 +236,10 @@ def _walk(directory: str) -> list[str]:
 
 def expand_inputs(inputs: list[str], format: str) -> list[str]:
     """The input files, in order: each input is a file, a directory (its data files, recursively,
-    sorted) or a glob (its matches, sorted). A file listed twice is read once."""
+    sorted) or a glob (its matches, sorted). A file listed twice is read once. The directory that
+    `generate` wrote stands for its events/ (not its generate.json and ground truth)."""
+    from .synthetic import events_dir
+
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     if not inputs:
@@ -250,6 +255,9 @@ def expand_inputs(inputs: list[str], format: str) -> list[str]:
         else:
             raise CorpusError(f"{given}: no such file or directory")
         for match in matches:
+            if os.path.isdir(match) and (generated := events_dir(match)) is not None:
+                print(f"{match}: a `generate` output; reading its events in {generated}", file=sys.stderr)
+                match = generated
             if os.path.isdir(match):
                 inside = _walk(match)
                 if format != "text":
@@ -369,6 +377,8 @@ def _csv_batches(path: str, columns: list[str], kind: str) -> Iterator[pa.Record
 
 
 def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterator[pa.RecordBatch]:
+    """JSON lines as record batches of `columns`: (doc_col, token_col[, time_col]), as _iter_chunks asks
+    for them; the first two are ids, which may be strings in some rows and numbers in others."""
     read = pjson.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
     # The streaming reader fixes a column's type from the first block and cannot turn a number into a
     # string. We want only our columns: learn their types from the first block, then read with an
@@ -388,8 +398,171 @@ def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterat
         if pa.types.is_null(typ):  # all null in the first block: say what it should hold
             typ = pa.list_(pa.string()) if column == list_col else pa.string()
         fields.append((column, typ))
-    parse = pjson.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
-    yield from pjson.open_json(path, read_options=read, parse_options=parse)
+    schema = pa.schema(fields)
+    parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    done = 0  # rows handed on
+    try:
+        for batch in pjson.open_json(path, read_options=read, parse_options=parse):
+            yield batch
+            done += batch.num_rows
+    except pa.ArrowInvalid as e:
+        if not _id_changed_type(e, schema, columns[:2]):
+            raise
+        # Ids that are strings in some rows and numbers in others (a common export shape): Arrow's
+        # reader cannot read a number as a string, so the rest of the file is parsed here.
+        yield from _json_rows(path, columns, list_col, skip=done, check_columns=inferred is None)
+
+
+def _id_changed_type(e: pa.ArrowInvalid, schema: pa.Schema, ids: list[str]) -> bool:
+    """Whether the reader stopped because an id column (or the tokens of a list column) changed JSON
+    type: "Column(/user_id) changed from string to number", or a number that does not fit the numeric
+    type of the rows before it (1.5 or 2**70 after integers)."""
+    text = str(e)
+    changed = re.search(r"Column\(/(.*?)(/\[\])?\) changed from", text)
+    if changed:
+        return changed.group(1) in ids
+    return text.startswith("Failed to convert JSON to") and any(not _is_text(schema.field(c).type) for c in ids)
+
+
+JSON_ROWS_PER_BATCH = 1 << 16
+
+
+def _json_rows(path: str, columns: list[str], list_col: str | None, skip: int,
+               check_columns: bool) -> Iterator[pa.RecordBatch]:
+    """Rows `skip` on of a JSON lines file, parsed with Python's json, as record batches whose ids are
+    strings whatever their JSON type (see _json_ids). Row numbers in errors count the file's objects,
+    as Arrow's do. check_columns: the first batch's fields were never checked (Arrow could not infer them)."""
+    row, values, seen = 0, {c: [] for c in columns}, {}
+    for lines, _ in _text_lines(path):
+        for line in lines.to_pylist():
+            if line is not None and not line.strip():
+                continue  # blank lines are no rows (nor are they to Arrow)
+            if row >= skip:
+                if line is None:  # _text_lines could not decode it
+                    raise CorpusError(f"{path}: row {row} is not valid UTF-8 (convert the file to UTF-8)")
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise CorpusError(f"{path}: cannot read: JSON parse error in row {row}: {e} (JSON input must "
+                                      "hold one object per line)") from None
+                if not isinstance(obj, dict):
+                    raise CorpusError(f"{path}: cannot read: row {row} is a JSON {_json_kind(obj)}, not an object "
+                                      "(JSON input must hold one object per line)")
+                if check_columns:
+                    seen.update(dict.fromkeys(obj))
+                for c in columns:
+                    values[c].append(obj.get(c))
+                if len(values[columns[0]]) == JSON_ROWS_PER_BATCH:
+                    yield _json_batch(path, columns, list_col, values, row + 1 - JSON_ROWS_PER_BATCH, check_columns,
+                                      seen)
+                    values, check_columns = {c: [] for c in columns}, False
+            row += 1
+    if values[columns[0]]:
+        yield _json_batch(path, columns, list_col, values, row - len(values[columns[0]]), check_columns, seen)
+
+
+def _json_batch(path: str, columns: list[str], list_col: str | None, values: dict[str, list], row_base: int,
+                check_columns: bool, seen: dict) -> pa.RecordBatch:
+    if check_columns:
+        _check_columns(path, list(seen), columns)
+    arrays = []
+    for i, c in enumerate(columns):
+        if c == list_col:
+            arrays.append(_json_token_lists(values[c], path, c, row_base))
+        elif i < 2:
+            arrays.append(_json_ids(values[c], path, c, row_base))
+        else:
+            arrays.append(_json_scalars(values[c], path, c, row_base))
+    return pa.RecordBatch.from_arrays(arrays, names=columns)
+
+
+def _json_kind(value) -> str:
+    """JSON's name for the type of a parsed value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def id_string(value):
+    """One id (a key or a token) as the string prepare makes of it, as _as_strings casts a column:
+    100000 → "100000", 7.0 → "7", true → "true"; None for None. A value that is no string, number or
+    boolean (a list, a dict) is returned as it is, for the caller to refuse. Model looks keys up by it."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return pa.scalar(value, pa.float64()).cast(pa.string()).as_py()  # Arrow's formatting, as _as_strings
+    return value
+
+
+def _json_ids(values: list, path: str, column: str, row_base: int) -> pa.Array:
+    """An id column as strings, whatever JSON type each row holds; an array or object is an error."""
+    out = [id_string(v) for v in values]
+    bad = next((i for i, v in enumerate(out) if v is not None and not isinstance(v, str)), None)
+    if bad is not None:
+        hint = " (a list of tokens per row is --format lists)" if isinstance(out[bad], list) else ""
+        raise CorpusError(f"{path}: column '{column}' row {row_base + bad} holds a JSON {_json_kind(out[bad])}, "
+                          f"expected strings or numbers{hint}")
+    return _checked_strings(out, path, column, row_base)
+
+
+def _json_token_lists(values: list, path: str, column: str, row_base: int) -> pa.Array:
+    """A list column (--format lists) as list<string>, its tokens strings whatever their JSON type."""
+    out = []
+    for i, v in enumerate(values):
+        if v is not None and not isinstance(v, list):
+            raise CorpusError(f"{path}: column '{column}' row {row_base + i} holds a JSON {_json_kind(v)}, expected "
+                              "a list of tokens per row (use --format events for one token per row)")
+        tokens = None if v is None else [id_string(t) for t in v]
+        if tokens and any(t is not None and not isinstance(t, str) for t in tokens):
+            raise CorpusError(f"{path}: column '{column}' row {row_base + i} holds a list with a JSON array or "
+                              "object in it, expected a list of strings or numbers")
+        out.append(tokens)
+    try:
+        return pa.array(out, pa.list_(pa.string()))
+    except UnicodeError:  # a lone surrogate written as a \u escape
+        bad = next(i for i, v in enumerate(out) if v and not all(_encodes(t) for t in v))
+        raise CorpusError(f"{path}: column '{column}' row {row_base + bad} is not valid UTF-8") from None
+
+
+def _checked_strings(values: list, path: str, column: str, row_base: int) -> pa.Array:
+    try:
+        return pa.array(values, pa.string())
+    except UnicodeError:  # a lone surrogate written as a \u escape
+        bad = next(i for i, v in enumerate(values) if not _encodes(v))
+        raise CorpusError(f"{path}: column '{column}' row {row_base + bad} is not valid UTF-8") from None
+
+
+def _encodes(value: str | None) -> bool:
+    try:
+        if value is not None:
+            value.encode("utf-8")
+    except UnicodeError:
+        return False
+    return True
+
+
+def _json_scalars(values: list, path: str, column: str, row_base: int) -> pa.Array:
+    """Any other column (the time) as Arrow infers it from the values; one JSON type throughout, as
+    Arrow's reader asks."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeError):
+        kinds = [(i, _json_kind(v)) for i, v in enumerate(values) if v is not None]
+        first = kinds[0][1] if kinds else "null"
+        at, kind = next(((i, k) for i, k in kinds if k != first), (0, first))
+        raise CorpusError(f"{path}: cannot read: column '{column}' changed from {first} to {kind} in row "
+                          f"{row_base + at} (a column must hold one JSON type throughout a file: all strings or "
+                          "all numbers)") from None
 
 
 def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: bool) -> pa.DataType:
@@ -1047,9 +1220,9 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     if holdout == 0 and holdout_out:
         raise CorpusError(f"{holdout_out}: holdout_out is given but holdout is 0")
     out = os.path.abspath(os.fspath(out)).rstrip(os.sep)
-    for target in [out] + ([os.path.abspath(holdout_out)] if holdout_out else []):
-        if os.path.lexists(target) and not overwrite:
-            raise CorpusError(f"{target}: already exists (pass overwrite=True / --overwrite to replace it)")
+    outputs.check_dir(out, "corpus", overwrite)  # only a corpus of ours is replaced, and only when asked
+    if holdout_out:
+        outputs.check_file(os.path.abspath(holdout_out), "heldout", overwrite)
     files = expand_inputs(inputs, format)
     opt = _Options(format, doc_col, token_col, time_col if format == "events" else None)
 
@@ -1060,10 +1233,10 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     bars = {"file": sys.stderr, "disable": not progress, "dynamic_ncols": True}
     made: list[str] = []  # directories we create for the outputs, removed again on failure
     try:
-        made += _make_dirs(os.path.dirname(out))
+        made += outputs.make_dirs(os.path.dirname(out))
         os.makedirs(tmp)
         if hold_tmp:
-            made += _make_dirs(os.path.dirname(hold_tmp))
+            made += outputs.make_dirs(os.path.dirname(hold_tmp))
         with tqdm(desc="prepare 1/3 count", unit=" rows", unit_scale=True, **bars) as bar:
             p1 = _pass1(files, opt, min_count, max_vocab, bar)
         buckets = num_shards or _choose_buckets(p1, time_col is not None, memory_budget_bytes)
@@ -1100,32 +1273,17 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         with open(os.path.join(tmp, "corpus.json"), "w") as f:
             json.dump(meta, f, indent=2)
             f.write("\n")
-
-        # Commit: the new corpus replaces the old one only now that it is complete.
-        if os.path.lexists(out):
-            if not overwrite:  # appeared while we worked
-                raise CorpusError(f"{out}: already exists (pass overwrite=True / --overwrite to replace it)")
-            old = f"{out}.old-{os.getpid()}"
-            os.rename(out, old)
-            try:
-                os.rename(tmp, out)
-            except BaseException:
-                os.rename(old, out)
-                raise
-            _remove(old)
-        else:
-            os.rename(tmp, out)
+        # Commit: the new corpus replaces the old one only now that it is complete, and only if what
+        # is there now is still what was checked at the start (a corpus of ours, or nothing).
+        outputs.commit_dir(tmp, out, "corpus", overwrite)
         if hold_tmp:
+            outputs.check_file(hold_final, "heldout", overwrite)
             os.replace(hold_tmp, hold_final)
     except BaseException as e:
         _remove(tmp)
         if hold_tmp:
             _remove(hold_tmp)
-        for directory in reversed(made):
-            try:
-                os.rmdir(directory)  # only if still empty: never what someone else put there
-            except OSError:
-                pass
+        outputs.remove_dirs(made)
         if isinstance(e, OSError):  # reading errors are CorpusErrors already: this is the output
             raise CorpusError(f"{out}: cannot write the corpus: {_one_line(e)}") from e
         raise
@@ -1142,22 +1300,6 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         for line in lines:
             print(line, file=sys.stderr)
     return Corpus(out)
-
-
-def _make_dirs(directory: str) -> list[str]:
-    """os.makedirs, returning the directories it created, outermost first."""
-    missing = []
-    directory = os.path.abspath(directory or ".")
-    while not os.path.isdir(directory):
-        missing.append(directory)
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            break
-        directory = parent
-    missing.reverse()
-    for d in missing:
-        os.makedirs(d, exist_ok=True)
-    return missing
 
 
 def skip_report(meta: dict) -> list[str]:

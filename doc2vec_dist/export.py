@@ -14,7 +14,6 @@ task and never the table: nothing gathers the table in one place.
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import mmap
 import os
@@ -31,13 +30,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import checkpoint
+from . import checkpoint, outputs
 from .errors import UserError
 from .memwatch import peak_rss_bytes
 
 KEY_TABLES = {"docs": ("docs.arrow", "key"), "words": ("vocab.arrow", "token"), "words_out": ("vocab.arrow", "token")}
 FORMATS = ("parquet", "word2vec", "npy")
-EXPORT_FILES = ("part-*.parquet", "vectors.npy", "keys.parquet")
 # Unique keys and float vectors gain nothing from dictionary pages or vector statistics, and
 # computing them halves the write speed (measured: 0.6M vs 1.4M rows/s per writer at dim 100).
 # Trained float vectors do not compress (snappy saved 3% at 1M × 100 for a third more CPU), keys do.
@@ -188,7 +186,10 @@ def export_part(model: str, table: str, part: int, format: str, piece: str, norm
 
 
 def key_vector_table(keys: pa.Array, vectors: np.ndarray) -> pa.Table:
-    return pa.table({"key": keys.cast(pa.string()), "vector": checkpoint.vectors_array(vectors)})
+    """(key, vector) rows; the schema carries the marker of a vectors file (outputs), so a file written
+    from it is one that export and infer may later replace."""
+    return pa.table({"key": keys.cast(pa.string()), "vector": checkpoint.vectors_array(vectors)},
+                    metadata=outputs.parquet_metadata("vectors"))
 
 
 def write_parquet(path: str, chunks, on_rows=None) -> int:
@@ -290,7 +291,9 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     keys = keys_of(model, table)
     if len(keys) != spec["rows"]:
         raise UserError(f"{model}: {len(keys)} keys but table {table} has {spec['rows']} rows")
-    check_replaceable(out, EXPORT_FILES)
+    kind = output_kind(out, format)
+    if check_replaceable(out, kind):  # an earlier export of ours; anything else is refused
+        print(f"replacing the earlier export at {out}", file=sys.stderr)
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
     pieces = f"{tmp}.pieces"
     bar = tqdm(total=spec["rows"], unit="row", unit_scale=True, desc=f"export {table}", disable=not progress,
@@ -307,7 +310,7 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
             if format == "word2vec":
                 _join_text(tmp, f"{spec['rows']} {spec['dim']}\n", targets)
         remove_path(pieces)
-        replace_output(tmp, out, EXPORT_FILES)
+        replace_output(tmp, out, kind)
     except BaseException:
         remove_path(tmp)
         remove_path(pieces)
@@ -362,27 +365,30 @@ def _join_text(path: str, header: str, pieces: list[str]) -> None:
                 shutil.copyfileobj(fh, out, 1 << 22)
 
 
-def check_replaceable(out: str, own_files: tuple[str, ...]) -> None:
-    """Refuse to replace a directory unless it holds only files this tool writes there.
+def check_replaceable(out: str, kind: str) -> bool:
+    """Whether `out` may receive an output of `kind`: False when nothing is there (or an empty
+    directory), True when it replaces an earlier output of the same kind; anything else (a file or
+    folder doc2vec-dist did not write) is refused with one line naming it (see outputs)."""
+    if kind in outputs.DIR_KINDS:
+        return outputs.check_dir(out, kind, None)
+    return outputs.check_file(out, kind)
 
-    An existing *file* at `out` is replaced, as cp would; an existing directory is replaced only when
-    it is a previous output of the same kind, so `--out` pointing at a model or a home directory
-    cannot delete it.
-    """
-    if not os.path.isdir(out):
+
+def replace_output(tmp: str, out: str, kind: str) -> None:
+    """Move a finished output into place, replacing an earlier output of the same kind, after
+    checking again that this is what is there."""
+    if kind in outputs.DIR_KINDS:
+        outputs.commit_dir(tmp, out, kind, None)
         return
-    foreign = [name for name in os.listdir(out) if not any(fnmatch.fnmatch(name, p) for p in own_files)]
-    if foreign:
-        raise UserError(f"{out}: directory exists and holds other files ({', '.join(sorted(foreign)[:3])}); "
-                        "remove it or choose another --out")
-
-
-def replace_output(tmp: str, out: str, own_files: tuple[str, ...]) -> None:
-    """Move a finished output into place, replacing a previous output of the same kind."""
-    check_replaceable(out, own_files)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
+    check_replaceable(out, kind)
     os.replace(tmp, out)
+
+
+def output_kind(out: str, format: str) -> str:
+    """The kind of output `export` writes at `out` in `format` (outputs.DIR_KINDS or FILE_KINDS)."""
+    if format == "word2vec":
+        return "word2vec"
+    return "vectors" if format == "parquet" and out.endswith(".parquet") else "export"
 
 
 def remove_path(path: str) -> None:

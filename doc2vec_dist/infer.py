@@ -341,9 +341,9 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
         vectors = np.concatenate([v for _, v in pieces]) if pieces else np.zeros((0, dim), np.float32)
         return keys, vectors
     out = os.path.abspath(os.fspath(out))
-    if os.path.isdir(out):
-        raise UserError(f"{out}: is a directory; --out takes a Parquet file path")
-    from .export import PARQUET_OPTIONS, key_vector_table
+    from .export import PARQUET_OPTIONS, check_replaceable, key_vector_table, replace_output
+
+    check_replaceable(out, "vectors")  # nothing there, or a (key, vector) file of ours
 
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = f"{out}.tmp-{os.getpid()}"
@@ -357,7 +357,7 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
             rows += len(keys)
         writer.close()
         writer = None
-        os.replace(tmp, out)
+        replace_output(tmp, out, "vectors")
     finally:
         if writer is not None:
             writer.close()

@@ -5,10 +5,12 @@
     m.vector("u54e266157a4c")                        # the user's vector
     m.neighbors("u54e266157a4c", k=10)                # similar users (cosine)
     m.neighbors("u54e266157a4c", against="words_out") # the URLs the model finds likeliest for the user
+    m.neighbors(vectors=m.infer({"alice": urls}))    # similar users for a user the model never saw
     m.neighbors("https://a.example/", table="words_out")           # similar URLs
     m.neighbors(many_users, k=10, index="runs/sample/users.index")  # a saved (approximate) index
 
-Keys, tables and the exact faiss indexes are loaded on first use and kept, so many queries pay for
+Keys are the strings `prepare` made of the input's ids, so a number finds the user it was (100000 is
+"100000"). Keys, tables and the exact faiss indexes are loaded on first use and kept, so many queries pay for
 them once. A vector looked up by key is read from the memory-mapped checkpoint parts, so a lookup in
 a 20M-row table does not load the table. Works the same on our models and on `baseline` (gensim) models.
 """
@@ -16,7 +18,6 @@ a 20M-row table does not load the table. Works the same on our models and on `ba
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import faiss
 import numpy as np
@@ -24,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import checkpoint
+from .corpus import id_string
 from .errors import UserError
 from .export import keys_of, unit_rows
 from .index import ServedIndex, lookup, neighbor_table, prior_queries, prior_targets, url_log_prior
@@ -32,22 +34,23 @@ from .index import ServedIndex, lookup, neighbor_table, prior_queries, prior_tar
 @dataclasses.dataclass
 class _MappedPart:
     """One memory-mapped checkpoint part: its ids (sorted), and its record batches as zero-copy
-    [rows, dim] views with the position where each starts. Only the ids (8 bytes a row) are read."""
+    [rows, dim] views with the position where each starts. The part is verified once when first
+    used (its checksum reads it through); a lookup then touches only the ids and the rows it needs."""
     ids: np.ndarray
     order: np.ndarray | None   # position in the part of each sorted id, if the part was not in id order
     starts: np.ndarray
     batches: list[np.ndarray]
 
     @classmethod
-    def of(cls, data: pa.Table, dim: int) -> _MappedPart:
-        ids, order = data.column("id").to_numpy(), None
+    def of(cls, batches: list[tuple[np.ndarray, np.ndarray]]) -> _MappedPart:
+        ids = np.concatenate([b[0] for b in batches]) if batches else np.zeros(0, np.int64)
+        order = None
         if np.any(np.diff(ids) < 0):  # parts are written in id order; sort one that is not
             order = np.argsort(ids, kind="stable")
             ids = ids[order]
-        vectors = data.column("vector")
-        lengths = [len(chunk) for chunk in vectors.chunks]
+        lengths = [len(b[0]) for b in batches]
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        return cls(ids, order, starts, [checkpoint.matrix_of(chunk, dim) for chunk in vectors.chunks])
+        return cls(ids, order, starts, [b[1] for b in batches])
 
 
 class Model:
@@ -76,14 +79,15 @@ class Model:
             self._tables[name] = checkpoint.read_table(self.path, name)
         return self._tables[name]
 
-    def rows(self, keys: list[str], table: str = "docs") -> np.ndarray:
-        """Row ids of keys; an unknown key is an error with the closest known keys."""
-        return lookup(self.keys(table), list(keys), table)
+    def rows(self, keys: str | int | list, table: str = "docs") -> np.ndarray:
+        """Row ids of keys (a key or a list; numbers as prepare made them strings); an unknown key is
+        an error with the closest known keys."""
+        return lookup(self.keys(table), key_strings(keys), table)
 
-    def vector(self, key: str, table: str = "docs") -> np.ndarray:
+    def vector(self, key: str | int, table: str = "docs") -> np.ndarray:
         return self.vectors([key], table)[0]
 
-    def vectors(self, keys: list[str], table: str = "docs") -> np.ndarray:
+    def vectors(self, keys: str | int | list, table: str = "docs") -> np.ndarray:
         """[len(keys), dim] float32 rows of these keys."""
         return self._gather(table, self.rows(keys, table))
 
@@ -110,16 +114,8 @@ class Model:
 
     def _mapped_parts(self, table: str) -> list[_MappedPart]:
         if table not in self._parts:
-            vdir, spec = checkpoint.table_spec(self.path, table)
-            parts = []
-            for part in spec["parts"]:
-                path = os.path.join(vdir, part["path"])
-                if not os.path.isfile(path):
-                    raise UserError(f"{path}: part file missing; the checkpoint is damaged")
-                with pa.memory_map(path) as source:
-                    data = pa.ipc.open_file(source).read_all()
-                parts.append(_MappedPart.of(data, spec["dim"]))
-            self._parts[table] = parts
+            # each part checked as every reader checks it (checkpoint._open_part), then used in place
+            self._parts[table] = [_MappedPart.of(batches) for batches in checkpoint.part_batches(self.path, table)]
         return self._parts[table]
 
     def _index(self, table: str, against: str) -> faiss.Index:
@@ -141,42 +137,70 @@ class Model:
             self._served[path] = ServedIndex.load(path)
         return self._served[path]
 
-    def neighbors(self, keys: str | list[str], k: int = 10, table: str = "docs",
-                  against: str | None = None, index: str | None = None) -> pa.Table:
-        """Top-k of `against` (default: the same table, the query excluded) for each key.
+    def neighbors(self, keys: str | int | list | None = None, k: int = 10, table: str = "docs",
+                  against: str | None = None, index: str | None = None, *,
+                  vectors: np.ndarray | None = None) -> pa.Table:
+        """Top-k of `against` (default: the same table) for each key, or for each of `vectors`.
 
+        keys: a key of `table` or a list of them; the query's own row is left out of its answer.
+        vectors: instead of keys, a [dim] or [n, dim] array of vectors of the kind `table` holds, say
+        users from `infer`; the key column then holds each vector's position ("0", "1", …), and
+        nothing is left out (a vector equal to a row finds that row first).
         Same table: cosine similarity. Users against words_out: d·o + ns_exponent·log count(url), the
         model's log P(url | user) up to a constant. With `index` (a saved index directory), that
-        index is searched by cosine instead of an exact scan; the query's own key is excluded.
+        index is searched by cosine instead of an exact scan.
         Returns key, neighbor, score, rank (1-based).
         """
-        keys = [keys] if isinstance(keys, str) else list(keys)
-        rows = self.rows(keys, table)
+        if (keys is None) == (vectors is None):
+            raise UserError("neighbors: give keys or vectors, one of the two")
+        if vectors is None:
+            names = key_strings(keys)
+            rows = self.rows(names, table)
+            queries = self._gather(table, rows)
+        else:
+            queries = self._query_vectors(vectors, table)
+            names, rows = [str(i) for i in range(len(queries))], None
         if index is not None:
-            return self._saved_neighbors(keys, rows, k, table, against, index)
+            return self._saved_neighbors(names, queries, rows is not None, k, table, against, index)
         against = against or table
-        same = against == table
-        vectors = self._gather(table, rows)
-        queries = prior_queries(vectors) if table == "docs" and against == "words_out" else unit_rows(vectors)
+        leave_out = rows is not None and against == table
+        queries = prior_queries(queries) if table == "docs" and against == "words_out" else unit_rows(queries)
         searched = self._index(table, against)
-        scores, found = searched.search(np.ascontiguousarray(queries), min(k + int(same), searched.ntotal))
-        is_self = found == rows[:, None] if same else None
-        return neighbor_table(keys, found, scores, self.keys(against), k, is_self)
+        scores, found = searched.search(np.ascontiguousarray(queries), min(k + int(leave_out), searched.ntotal))
+        is_self = found == rows[:, None] if leave_out else None
+        return neighbor_table(names, found, scores, self.keys(against), k, is_self)
 
-    def _saved_neighbors(self, keys, rows, k, table, against, path) -> pa.Table:
+    def _query_vectors(self, vectors, table: str) -> np.ndarray:
+        """[n, dim] float32 from a [dim] or [n, dim] array-like, checked against the table's dim."""
+        _, spec = checkpoint.table_spec(self.path, table)
+        try:
+            queries = np.asarray(vectors, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise UserError(f"neighbors: vectors must be numbers, a [{spec['dim']}] or [n, {spec['dim']}] "
+                            "array") from None
+        queries = queries[None, :] if queries.ndim == 1 else queries
+        if queries.ndim != 2 or queries.shape[1] != spec["dim"]:
+            raise UserError(f"neighbors: vectors of shape {np.shape(vectors)}, table {table} holds "
+                            f"{spec['dim']}-dim vectors: give [{spec['dim']}] or [n, {spec['dim']}]")
+        if not np.isfinite(queries).all():
+            raise UserError("neighbors: vectors hold NaN or inf")
+        return np.ascontiguousarray(queries)
+
+    def _saved_neighbors(self, names, vectors, leave_out, k, table, against, path) -> pa.Table:
         served = self.saved_index(path)
         if against not in (None, table):
             raise UserError(f"{path}: a saved index answers cosine similarity within its own table; "
                             f"drop --against {against} or drop --index")
-        vectors = self._gather(table, rows)
         if vectors.shape[1] != served.index.d:
             raise UserError(f"{path}: index vectors have {served.index.d} dims, table {table} has {vectors.shape[1]}")
-        scores, found = served.search(unit_rows(vectors), k + 1)
-        names = served.keys
-        # faiss ids are the index's own row order, so the query is recognised by its key
-        is_self = pc.equal(names.take(pa.array(np.maximum(found, 0).ravel())),
-                                   pa.array(np.repeat(keys, found.shape[1]), pa.string()))
-        return neighbor_table(keys, found, scores, names, k, is_self.to_numpy(zero_copy_only=False).reshape(found.shape))
+        scores, found = served.search(unit_rows(vectors), k + int(leave_out))
+        keys = served.keys
+        is_self = None
+        if leave_out:  # faiss ids are the index's own row order, so the query is recognised by its key
+            is_self = pc.equal(keys.take(pa.array(np.maximum(found, 0).ravel())),
+                               pa.array(np.repeat(names, found.shape[1]), pa.string()))
+            is_self = is_self.to_numpy(zero_copy_only=False).reshape(found.shape)
+        return neighbor_table(names, found, scores, keys, k, is_self)
 
     def infer(self, events, *, doc_col: str = "user_id", token_col: str = "url", time_col: str | None = None,
               **options) -> np.ndarray:
@@ -196,3 +220,14 @@ class Model:
 
         return infer_events(self.path, events, doc_col=doc_col, token_col=token_col, time_col=time_col,
                             table=self.table, **options)
+
+
+def key_strings(keys) -> list[str]:
+    """A key or a list of keys as the strings prepare made of the input's ids (100000 → "100000")."""
+    if isinstance(keys, (str, bytes, int, float, np.generic)):
+        keys = [keys]
+    names = [id_string(key) for key in keys]
+    bad = next((key for key, name in zip(keys, names) if not isinstance(name, str)), None)
+    if bad is not None or any(name is None for name in names):
+        raise UserError(f"key {bad!r}: a key is a string or a number")
+    return names

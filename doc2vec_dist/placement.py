@@ -102,6 +102,65 @@ def ps_fit_problem(need: int, num_ps: int, nodes: list[dict]) -> str | None:
             "add ps nodes, or raise --num-ps for smaller slices")
 
 
+# -- does the run fit -------------------------------------------------------------------------------
+# A worker process before its batches: the same order as a server's (python, torch, Ray's core worker),
+# rounded up the same way; its resident --cache-rows rows come on top.
+WORKER_PROCESS_BYTES = PS_PROCESS_BYTES
+
+
+def run_memory_bytes(config: Any, tables: dict[str, dict]) -> tuple[int, int]:
+    """(bytes per parameter server, bytes per worker) a run needs at least: each server its slice and
+    the process (ps_memory_bytes), each worker its process and resident rows."""
+    resident = config.resident_rows(tables["words_out"]["rows"]) * (config.dim + int(config.optimizer == "adagrad")) \
+        * FLOAT_BYTES
+    return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), WORKER_PROCESS_BYTES + resident
+
+
+def local_resources(object_store_bytes: int) -> dict[str, float]:
+    """What a local Ray started on this machine will offer, before starting it: its CPUs (as Ray
+    counts them, cgroup limits included), GPUs, and memory left beside the object store."""
+    import psutil
+
+    try:
+        from ray._private.utils import get_num_cpus  # the count a local ray.init() uses
+
+        cpus = get_num_cpus()
+    except (ImportError, AttributeError):
+        cpus = os.cpu_count() or 1
+    gpus = 0
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) != "":
+        import torch
+
+        gpus = torch.cuda.device_count()
+    return {"CPU": float(cpus), "GPU": float(gpus),
+            "memory": float(psutil.virtual_memory().available - object_store_bytes)}
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" + ("" if n == 1 else "s")
+
+
+def fit_problems(config: Any, tables: dict[str, dict], resources: dict[str, float]) -> list[str]:
+    """Why the run's servers and workers cannot fit `resources` (a cluster's totals, or
+    local_resources()), one line each naming the flag to change; empty when they fit."""
+    problems = []
+    need = {"CPU": config.num_workers * config.cpus_per_worker, "GPU": config.num_workers * config.gpus_per_worker}
+    for name, amount in need.items():
+        if amount > resources.get(name, 0):
+            verb = "needs" if config.num_workers == 1 else "need"
+            problems.append(f"{_count(config.num_workers, 'worker')} {verb} {amount:g} {name} but the Ray cluster has "
+                            f"{resources.get(name, 0):g}; lower --num-workers or --{name.lower()}s-per-worker")
+    per_ps, per_worker = run_memory_bytes(config, tables)
+    total = config.num_ps * per_ps + config.num_workers * per_worker
+    have = resources.get("memory", 0)
+    if total > have:
+        problems.append(f"{_count(config.num_ps, 'parameter server')} x {per_ps / 2**30:.2f} GiB + "
+                        f"{_count(config.num_workers, 'worker')} x {per_worker / 2**30:.2f} GiB need {total / 2**30:.1f} GiB, but the Ray cluster has "
+                        f"{have / 2**30:.1f} GiB of memory; lower --num-ps or --num-workers (each is a process of "
+                        "its own), or run `doc2vec-dist plan` for the details")
+    return problems
+
+
 # -- where did it run ------------------------------------------------------------------------------
 def current_node() -> dict:
     """The Ray node this process runs on (call it inside an actor or task)."""

@@ -56,6 +56,7 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
+from . import outputs
 from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
@@ -512,6 +513,8 @@ def format_plan(p: dict) -> str:
 
 
 def save_json(path: str, p: dict) -> None:
+    """Write the plan as JSON, marked as ours, replacing only an earlier plan (outputs.check_file)."""
     from .config import save_json as save
 
-    save(path, p)
+    outputs.check_file(path, "plan")
+    save(path, {outputs.JSON_KEY: "plan", **p})

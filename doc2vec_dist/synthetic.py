@@ -23,7 +23,8 @@ Output (OUT/):
     truth/users.parquet         user_id, community int32 (dominant), mix list<float32>, events int32;
                                 one row group per events file, users in generation order
     truth/urls.parquet          url, community int32, rank int64, prob float64; sorted by rank
-    generate.json               parameters, model constants, layout, summary
+    generate.json               parameters, model constants, layout, summary; it marks OUT as a
+                                generate output, so `prepare OUT` reads OUT/events (events_dir)
 
 Memory is bounded by one chunk of users (about 60 bytes per event: 0.6 GB peak at the defaults) plus
 the URL table (about 100 bytes per URL); nothing grows with the number of users. Every chunk draws from
@@ -74,6 +75,9 @@ _TS_TYPE = pa.timestamp("ms", tz="UTC")
 # Independent random streams, one per purpose, all derived from the user's seed (see _rng).
 _STREAM_URLS, _STREAM_USER_IDS, _STREAM_CHUNK = 0, 1, 2
 
+MANIFEST = "generate.json"
+EVENTS_LAYOUT = "events/part-NNNNN.parquet"
+
 # Vocabulary for site names, paths and slugs. Two words make a site name: 256^2 distinct sites.
 _WORDS = [
     "acorn", "acre", "alpine", "amber", "anchor", "apple", "arrow", "aspen", "atlas", "autumn", "badger",
@@ -113,15 +117,20 @@ _TLDS = ((".com", 0.55), (".org", 0.08), (".net", 0.08), (".io", 0.05), (".co.uk
 
 def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int = 8,
              events_per_user: float = 30.0, general_fraction: float = 0.3, zipf_s: float = 1.0,
-             users_per_file: int = 200_000, progress: bool = True) -> dict:
+             hub_share: float = 0.0, users_per_file: int = 200_000, progress: bool = True) -> dict:
     """Write OUT/events/part-00000.parquet ... and the ground truth; return a summary dict
-    (users, urls, events, files, communities, seconds)."""
+    (users, urls, events, files, communities, seconds).
+
+    hub_share > 0 makes the data skewed the way real catalogues are: that share of users also visits
+    the single most popular URL (one more event each), so one output row meets most documents.
+    """
     t0 = time.perf_counter()
     _check(users=users, urls=urls, seed=seed, communities=communities, events_per_user=events_per_user,
-           general_fraction=general_fraction, zipf_s=zipf_s, users_per_file=users_per_file)
+           general_fraction=general_fraction, zipf_s=zipf_s, hub_share=hub_share, users_per_file=users_per_file)
     # Plain Python numbers from here on (numpy scalars would not go into generate.json).
     users, urls, seed, communities, users_per_file = map(int, (users, urls, seed, communities, users_per_file))
-    events_per_user, general_fraction, zipf_s = map(float, (events_per_user, general_fraction, zipf_s))
+    events_per_user, general_fraction, zipf_s, hub_share = map(float, (events_per_user, general_fraction, zipf_s,
+                                                                       hub_share))
     out = os.path.abspath(out)
     if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out)):
         raise UserError(f"{out}: already exists and is not an empty directory; choose another --out")
@@ -148,7 +157,7 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
                 start = i * users_per_file
                 n = min(users_per_file, users - start)
                 chunk = _user_chunk(_rng(seed, _STREAM_CHUNK, i), n, table, communities, events_per_user,
-                                    general_fraction)
+                                    general_fraction, hub_share)
                 ids = _user_ids(np.arange(start, start + n, dtype=np.uint64), id_key)
                 _write_events(os.path.join(stage, "events", f"part-{i:05d}.parquet"), chunk, ids,
                               table.strings)
@@ -162,15 +171,16 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
         info = {
             "parameters": {"users": users, "urls": urls, "seed": seed, "communities": communities,
                            "events_per_user": events_per_user, "general_fraction": general_fraction,
+                           "hub_share": hub_share,
                            "zipf_s": zipf_s, "users_per_file": users_per_file},
             "model": {"dirichlet_alpha": DIRICHLET_TOTAL / communities, "activity_sigma": ACTIVITY_SIGMA,
                       "window_start": WINDOW_START, "window_days": WINDOW_DAYS,
                       "sites": table.sites},
-            "layout": {"events": "events/part-NNNNN.parquet", "users": "truth/users.parquet",
+            "layout": {"events": EVENTS_LAYOUT, "users": "truth/users.parquet",
                        "urls": "truth/urls.parquet"},
             "summary": summary,
         }
-        with open(os.path.join(stage, "generate.json"), "w") as f:
+        with open(os.path.join(stage, MANIFEST), "w") as f:
             json.dump(info, f, indent=2)
             f.write("\n")
         if os.path.isdir(out):
@@ -180,6 +190,21 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return summary
+
+
+def events_dir(directory: str) -> str | None:
+    """The events directory of a generate output, None for any other directory.
+
+    A generate output is recognised by its generate.json and found through the layout recorded there:
+    its truth/ files and generate.json itself are no events, so `prepare OUT` reads OUT/events only.
+    """
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            layout = json.load(f)["layout"]["events"]
+        events = os.path.join(directory, os.path.dirname(layout))
+    except (OSError, ValueError, KeyError, TypeError):  # no generate.json, or someone else's file of that name
+        return None
+    return events if os.path.isdir(events) and os.path.normpath(events) != os.path.normpath(directory) else None
 
 
 def _check(**p) -> None:
@@ -202,6 +227,7 @@ def _check(**p) -> None:
     need(math.isfinite(p["events_per_user"]) and p["events_per_user"] >= 1, "events_per_user",
          "must be at least 1 (every user has an event)")
     need(0.0 <= p["general_fraction"] <= 1.0, "general_fraction", "must be between 0 and 1")
+    need(0.0 <= p["hub_share"] <= 1.0, "hub_share", "must be between 0 and 1")
     need(math.isfinite(p["zipf_s"]) and p["zipf_s"] >= 0, "zipf_s", "must be a non-negative number")
 
 
@@ -357,13 +383,18 @@ class _Chunk:
 
 
 def _user_chunk(rng: np.random.Generator, n: int, urls: _Urls, c: int, events_per_user: float,
-                general_fraction: float) -> _Chunk:
+                general_fraction: float, hub_share: float = 0.0) -> _Chunk:
     """Draw n users and all their events, vectorised over users and events."""
     mix = rng.dirichlet(np.full(c, DIRICHLET_TOTAL / c), size=n)
 
     # 1 + Poisson(lognormal): at least one event each, mean events_per_user, a long tail.
     activity = (events_per_user - 1.0) * rng.lognormal(-ACTIVITY_SIGMA**2 / 2, ACTIVITY_SIGMA, size=n)
     counts = 1 + rng.poisson(activity)
+    # the hub's visitors get one event more, at a random place among theirs, set to the most popular URL
+    # below (drawn only when asked for, so the default data set is the same as without the option)
+    hub = rng.random(n) < hub_share if hub_share > 0 else None
+    if hub is not None:
+        counts += hub
     total = int(counts.sum())
     user = np.repeat(np.arange(n, dtype=np.int32), counts)
 
@@ -375,6 +406,9 @@ def _user_chunk(rng: np.random.Generator, n: int, urls: _Urls, c: int, events_pe
     community = _pick_community(mix, user[topical], rng.random(int(topical.sum())))
     url[topical] = urls.sample_in(community, rng.random(len(community)))
     del general, topical, community
+    if hub is not None:  # the event's time is drawn below independently of its URL: any place in the history
+        at = (np.cumsum(counts) - counts)[hub] + (rng.random(int(hub.sum())) * counts[hub]).astype(np.int64)
+        url[at] = urls.sample_global(np.zeros(1))[0]  # rank 1 of the global Zipf
 
     # Distinct times in the window: uniform draws sorted per user (one global sort: user u's keys
     # live in [u*W, (u+1)*W)), then + the event's position so equal milliseconds become distinct.

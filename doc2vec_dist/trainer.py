@@ -23,7 +23,7 @@ from . import checkpoint
 from .config import TrainConfig, build, coerce
 from .corpus import Corpus, iter_shard
 from .errors import UserError
-from .placement import ps_options, worker_options
+from .placement import fit_problems, local_resources, ps_options, worker_options
 from .ps import ParameterServer
 from .worker import Unit, Worker, macro_batch_for
 
@@ -35,8 +35,10 @@ class TrainingStopped(UserError):
 def connect(address: str | None = None) -> bool:
     """Join the cluster at `address` (or RAY_ADDRESS), else start a local Ray; True if we started one.
 
-    A local Ray started here binds to loopback only and gets a small object store: pulls and pushes
-    are the only objects that pass through it.
+    With no address, `address="local"` starts a Ray of our own even when another one runs on this
+    machine (a leftover `ray start`): we never join a cluster by accident. A local Ray started here
+    binds to loopback only and gets a small object store: pulls and pushes are the only objects that
+    pass through it.
     """
     if ray.is_initialized():
         return False
@@ -44,7 +46,7 @@ def connect(address: str | None = None) -> bool:
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address or os.environ["RAY_ADDRESS"], **common)
         return False
-    ray.init(include_dashboard=False, object_store_memory=local_object_store_bytes(), **common)
+    ray.init(address="local", include_dashboard=False, object_store_memory=local_object_store_bytes(), **common)
     return True
 
 
@@ -114,16 +116,21 @@ def table_specs(config: TrainConfig, corpus: Corpus) -> dict[str, dict]:
     return tables
 
 
-def _check_resources(config: TrainConfig, started_here: bool) -> None:
-    have = ray.cluster_resources()
-    need = {"CPU": config.num_workers * config.cpus_per_worker, "GPU": config.num_workers * config.gpus_per_worker}
-    for name, amount in need.items():
-        if amount > have.get(name, 0):
-            message = (f"{config.num_workers} workers need {amount:g} {name} but the Ray cluster has "
-                       f"{have.get(name, 0):g}; lower --num-workers or --{name.lower()}s-per-worker")
-            if started_here or name == "GPU":
-                raise UserError(message)
-            print(f"warning: {message} (waiting for the autoscaler)", file=sys.stderr)
+def check_fit(config: TrainConfig, tables: dict[str, dict], started_here: bool | None) -> None:
+    """Refuse a run whose servers and workers cannot fit, before any actor starts (placement.fit_problems).
+
+    started_here None: before connecting, for a local Ray that connect() will start (its resources are
+    known without starting it, so the refusal is immediate). True: a local Ray we started. False: a
+    cluster we joined, where an autoscaler may add what is missing: a warning, except for GPUs.
+    """
+    if started_here is None:
+        resources = local_resources(local_object_store_bytes())
+    else:
+        resources = ray.cluster_resources()
+    for message in fit_problems(config, tables, resources):
+        if started_here is not False or " GPU " in message:
+            raise UserError(message)
+        print(f"warning: {message} (waiting for the autoscaler)", file=sys.stderr)
 
 
 # Settings measured to lose quality (200k users x 100k URLs, PV-DBOW, dim 100, 5 epochs, sample 0,
@@ -149,7 +156,7 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
                      f"up to {stale:,} tokens stale, and recall was measured to drop above {STALE_TOKENS:,} "
                      f"(4 workers: 0.167 at 16k-token macro-batches, 0.151 at 65k); lower --macro-batch to "
                      f"{STALE_TOKENS // (config.num_workers - 1):,} or fewer"
-                     + ("" if config.cache_rows else ", or keep the hottest rows in the workers with --cache-rows "
+                     + ("" if config.resident_rows(corpus.vocab_size) else ", or keep the hottest rows in the workers with --cache-rows "
                         "(0.161 at 65k with --cache-rows 20000)"))
     if config.shared_negatives and config.optimizer == "sgd":
         updates = config.micro_batch * config.negative / config.shared_negatives
@@ -162,12 +169,24 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     return found
 
 
+def engine_line(config: TrainConfig, words_out_rows: int) -> str:
+    """How the run trains, in one line: workers and threads, kernel, resident rows of words_out."""
+    resident = config.resident_rows(words_out_rows)
+    kernel = ("exact (each update applied at once, gensim's order)" if config.exact_kernel()
+              else f"batched ({config.micro_batch:,}-example micro-batches)")
+    where = (f"all {words_out_rows:,} rows" if resident == words_out_rows else f"the {resident:,} hottest rows"
+             if resident else "none")
+    return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"
+            + (f" + {config.gpus_per_worker:g} GPU(s)" if config.gpus_per_worker else "")
+            + f", {config.num_ps} parameter server(s); kernel {kernel}; words_out resident in each worker: {where}")
+
+
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
 # (the model's shape, its data and its sampling) must match the checkpoint's, or resuming would
 # continue a different model.
 RESUMABLE_CHANGES = frozenset({
     "epochs", "alpha", "min_alpha", "num_ps", "num_workers", "cpus_per_worker", "gpus_per_worker",
-    "cache_rows", "macro_batch", "micro_batch", "max_inflight_pushes", "max_restarts",
+    "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
     "checkpoint_every", "keep_checkpoints", "resume", "address", "progress",
 })
 
@@ -203,6 +222,8 @@ class _Resume:
 
     epoch: int = 0
     positions: list | None = None
+    version: int | None = None  # the checkpoint resumed from
+    tokens: int = 0  # tokens trained before it
 
     @classmethod
     def of(cls, out: str, config: TrainConfig, corpus: Corpus) -> _Resume:
@@ -219,7 +240,8 @@ class _Resume:
                             f"--num-workers {len(positions)} (their data positions cannot be redistributed)")
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
-        return cls(epoch=epoch, positions=positions)
+        tokens = epoch * corpus.num_tokens + sum(int(p.get("tokens", 0)) for p in positions or [])
+        return cls(epoch=epoch, positions=positions, version=checkpoint.latest_version(out), tokens=tokens)
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False) -> dict:
@@ -228,37 +250,79 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     With config.resume, continue the model in `out` from its LATEST checkpoint: tables and optimiser
     state (each server loads its rows, whatever number of servers wrote them), epoch and each
     worker's data position; the learning rate follows from the tokens already trained.
+
+    Everything that can be checked is checked before the first actor starts: the config, the corpus,
+    `out` (a fresh run writes only into a new or empty directory, or over a model of ours with
+    `overwrite`), and whether the servers and workers fit the cluster. A fresh run that stops before
+    its first checkpoint removes what it wrote; once a checkpoint is committed the model stays,
+    resumable, and the message says how.
     """
     config.validate()
     corpus = Corpus(corpus_path)
     out = checkpoint.model_path(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
     if config.resume:
         resume = _Resume.of(out, config, corpus)
+        print(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)", file=sys.stderr)
     else:
         checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
         resume = _Resume()
+    tables = table_specs(config, corpus)
+    local = not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS"))
+    if local:
+        check_fit(config, tables, None)  # a local Ray's resources are known before starting it
     warned = quality_warnings(config, corpus)
     for message in warned:
         print(f"warning: {message}", file=sys.stderr)
+    print(engine_line(config, corpus.vocab_size), file=sys.stderr)
+    made: list[str] | None = None  # what a fresh run created, to remove if it stops before a checkpoint
+    run = None
     started_here = connect(config.address)
-    t_start = time.perf_counter()
-    run = _Run(out, config, corpus, resume)
     try:
-        _check_resources(config, started_here)  # before anything is written
+        t_start = time.perf_counter()
+        check_fit(config, tables, started_here)  # before anything is written
         if not config.resume:
-            checkpoint.start_model_dir(out, corpus.path, overwrite)
+            made = checkpoint.start_model_dir(out, corpus.path, overwrite)
+        run = _Run(out, config, corpus, resume)
         run.start()
         t_ready = time.perf_counter()
         summary = run.train()
         summary["startup_seconds"] = round(t_ready - t_start, 3)
         summary["warnings"] = warned
+        summary["model"] = out
+        summary["version"] = checkpoint.latest_version(out)
         checkpoint.write_json(out, "config.json", {**dataclasses.asdict(config), "corpus": corpus.path,
                                                    "summary": summary})
+        made = None  # finished: nothing to undo
         return summary
+    except BaseException as exc:
+        _stop(run, started_here)
+        run = started_here = None
+        if made is not None or config.resume:  # this run wrote to `out`: say what became of it
+            print(_unfinished(out, corpus.path, made, isinstance(exc, KeyboardInterrupt)), file=sys.stderr)
+        raise
     finally:
+        _stop(run, started_here)
+
+
+def _stop(run: _Run | None, started_here: bool | None) -> None:
+    """Kill the run's actors, then the local Ray if this process started it (each at most once)."""
+    if run is not None:
         run.stop()
-        if started_here:
-            ray.shutdown()
+    if started_here:
+        ray.shutdown()
+
+
+def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool) -> str:
+    """What became of `out` after a run that wrote to it and stopped, on one line: removed (a fresh
+    run with no checkpoint yet) or kept, with the command that resumes it."""
+    what = "interrupted" if interrupted else "training stopped"
+    version = checkpoint.latest_version(out) if checkpoint.exists(out, "LATEST") else None
+    if version is None:
+        removed = made is not None and checkpoint.discard_unfinished(out, made)
+        return f"{what} before the first checkpoint: " + (f"removed what this run wrote to {out}" if removed
+                                                          else f"{out} holds no checkpoint yet")
+    return (f"{what}: the model at {out} is kept up to checkpoint v{version}; resume with "
+            f"`doc2vec-dist train --corpus {corpus} --out {out} --resume`")
 
 
 class _Run:

@@ -11,6 +11,7 @@ paths in the config must then be on storage every node sees.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -19,7 +20,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
 from doc2vec_dist.cli import _add_config_flags
-from doc2vec_dist.config import JobConfig, PrepareConfig, TrainConfig, build, explicit_values, load_yaml, save_json
+from doc2vec_dist.config import (
+    JobConfig,
+    PrepareConfig,
+    TrainConfig,
+    build,
+    explicit_values,
+    field_names,
+    load_yaml,
+    save_json,
+)
 from doc2vec_dist.errors import UserError
 
 DEFAULT_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
@@ -35,21 +45,23 @@ def parse(argv: list[str] | None) -> tuple[JobConfig, PrepareConfig, TrainConfig
     args = ap.parse_args(argv)
     values = load_yaml(args.config)
     flags = vars(args)
+    # relative paths in the sample config are relative to the checkout, wherever the job is started from
+    base = ROOT if os.path.abspath(args.config) == DEFAULT_CONFIG else os.getcwd()
+    if not any(values.get(k) or flags.get(k) for k in ("input", "corpus", "out")):
+        values, base = _on_the_sample(args.config, values), ROOT
     job, prep, train_cfg = (build(cls, values, flags) for cls in (JobConfig, PrepareConfig, TrainConfig))
     if args.no_progress:
         train_cfg.progress = False
-    # relative paths in the sample config are relative to the checkout, wherever the job is started from
-    base = ROOT if os.path.abspath(args.config) == DEFAULT_CONFIG else os.getcwd()
-    resolve = lambda p: p if p is None or "://" in p or os.path.isabs(p) else os.path.join(base, p)
-    job.input = [resolve(p) for p in job.input]
-    job.corpus, job.out = resolve(job.corpus), resolve(job.out)
+    if not job.corpus or not job.out:
+        raise UserError(f"{args.config}: 'corpus' and 'out' must be set")
     if job.out and "://" in job.out and not job.exports:
         raise UserError(f"{args.config}: 'out' is {job.out}, on object storage; set 'exports' (--exports) to a "
                         "path for the Parquet exports and the faiss index")
-    job.exports = resolve(job.exports) or os.path.join(job.out, "exports")
-    prep.holdout_out = resolve(prep.holdout_out)
-    if not job.corpus or not job.out:
-        raise UserError(f"{args.config}: 'corpus' and 'out' must be set")
+    job.input = [_resolve(p, base) for p in job.input]
+    place = _output_resolver(args.config, job.root, base)
+    job.corpus, job.out = place("corpus", job.corpus), place("out", job.out)
+    job.exports = place("exports", job.exports) or os.path.join(job.out, "exports")
+    prep.holdout_out = place("holdout_out", prep.holdout_out)
     if train_cfg.resume:  # the checkpoint's config, changed only where a flag or the YAML says so
         from doc2vec_dist.trainer import resumed_config
 
@@ -57,6 +69,59 @@ def parse(argv: list[str] | None) -> tuple[JobConfig, PrepareConfig, TrainConfig
         train_cfg = resumed_config(job.out, explicit_values(TrainConfig, values, flags))
         train_cfg.progress = progress
     return job, prep, train_cfg.validate(), args.config
+
+
+def _resolve(path: str | None, base: str) -> str | None:
+    return path if path is None or "://" in path or os.path.isabs(path) else os.path.join(base, path)
+
+
+def _on_the_sample(config: str, values: dict) -> dict:
+    """A config of training keys only (jobs/configs/gpu.yaml) runs on the bundled sample: the sample's
+    input, corpus and held-out split, and a model and exports of its own under runs/NAME/."""
+    sample = load_yaml(DEFAULT_CONFIG)
+    name = os.path.splitext(os.path.basename(config))[0]
+    job_keys = field_names(JobConfig) | field_names(PrepareConfig)
+    defaults = {k: v for k, v in sample.items() if k in job_keys}
+    defaults.update(out=f"runs/{name}/model", exports=f"runs/{name}/exports")
+    print(f"{config} sets no input, corpus or out: running it on the bundled sample ({defaults['corpus']}), "
+          f"model in {defaults['out']}", file=sys.stderr)
+    return {**defaults, **values}
+
+
+def submitted_with_working_dir() -> bool:
+    """Whether this process is the entrypoint of `ray job submit --working-dir …`: its working
+    directory is then Ray's temporary copy of the upload, deleted when the job ends."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return False
+    try:
+        runtime_env = json.loads(raw).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return False
+    return bool(runtime_env.get("working_dir"))
+
+
+def _output_resolver(config: str, root: str | None, base: str):
+    """resolve(key, path) for the outputs: a relative path goes under `root` if given, else `base`;
+    inside a submitted job with a working dir, a relative output with no absolute root is refused."""
+    in_job = submitted_with_working_dir()
+    if root is not None and "://" not in root:
+        if not os.path.isabs(root) and in_job:
+            raise UserError(f"--root {root}: give an absolute path; inside `ray job submit --working-dir` a relative "
+                            "one is Ray's temporary copy of the working dir")
+        root = os.path.abspath(root)
+
+    def resolve(key: str, path: str | None) -> str | None:
+        if path is None or "://" in path or os.path.isabs(path):
+            return path
+        if root is None and in_job:
+            raise UserError(f"{config}: '{key}' is the relative path {path}, which inside `ray job submit "
+                            "--working-dir` lands in Ray's temporary copy of the working dir and vanishes when the "
+                            "job ends; pass --root DIR (storage every node sees) to put relative outputs under DIR, "
+                            "or give absolute paths")
+        return os.path.join(root or base, path)
+
+    return resolve
 
 
 def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
@@ -140,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # train() has said what became of the model, and how to resume it
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -23,7 +23,7 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False,
+        ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False,
                  logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
@@ -48,6 +48,29 @@ def trained_model(ray_cluster, sample_corpus, tmp_path_factory):
     from doc2vec_dist.trainer import train
 
     model = str(tmp_path_factory.mktemp("model") / "model")
-    train(sample_corpus[0], model, TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2,
+    train(sample_corpus[0], model, TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1,
                                                progress=False))
     return model
+
+
+def _snapshot(path: str):
+    """Every byte under `path` (a file's bytes, or a folder's files by relative name), None if absent:
+    what a command that refuses must leave exactly as it was."""
+    if not os.path.lexists(path):
+        return None
+    if os.path.isfile(path):
+        with open(path, "rb") as fh:
+            return fh.read()
+    found = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(root, name)
+            with open(full, "rb") as fh:
+                found[os.path.relpath(full, path)] = fh.read()
+    return found
+
+
+@pytest.fixture
+def snapshot():
+    """_snapshot, for tests that check a refused command touched nothing."""
+    return _snapshot

@@ -45,7 +45,8 @@ def gensim_run(sample_corpus, tmp_path_factory):
 
 def test_writes_our_model_layout(gensim_run, sample_corpus):
     model, summary, _ = gensim_run
-    assert sorted(os.listdir(model)) == ["LATEST", "checkpoints", "config.json", "docs.arrow", "vocab.arrow"]
+    assert sorted(os.listdir(model)) == [".doc2vec-dist.json", "LATEST", "checkpoints", "config.json", "docs.arrow",
+                                         "vocab.arrow"]
     with open(os.path.join(model, "LATEST")) as fh:
         assert fh.read().strip() == "v1"
     _, manifest = checkpoint.load_manifest(model)
@@ -102,7 +103,7 @@ def test_neighbors_on_the_gensim_model_find_the_planted_communities(gensim_run):
 
 def test_an_existing_model_is_not_overwritten_without_overwrite(gensim_run, sample_corpus):
     model, _, _ = gensim_run
-    with pytest.raises(UserError, match="already exists") as err:
+    with pytest.raises(UserError, match="already holds a model; pass --overwrite to replace it") as err:
         train_gensim(sample_corpus[0], model, TrainConfig(dim=8, epochs=1, progress=False))
     assert model in str(err.value)
     _, manifest = checkpoint.load_manifest(model)
@@ -138,3 +139,130 @@ def test_options_gensim_lacks_are_refused(sample_corpus, tmp_path, flags):
     with pytest.raises(UserError, match="gensim has no"):
         train_gensim(sample_corpus[0], str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, progress=False, **flags))
     assert not os.path.exists(tmp_path / "m")
+
+
+# --- issue 13, item 13: baseline takes gensim's flags only; a config shared with train still works ---------
+
+def _engine_only_flags() -> list[str]:
+    import dataclasses
+
+    from doc2vec_dist.config import TrainConfig
+
+    return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig) if f.metadata.get("engine")]
+
+
+MODEL_FLAGS = ["--dim", "--vector-size", "--epochs", "--mode", "--dbow-words", "--window", "--negative", "--sample",
+               "--alpha", "--min-alpha", "--ns-exponent", "--seed", "--corpus", "--out", "--config", "--overwrite",
+               "--workers"]
+
+
+def test_engine_only_fields_are_marked_in_the_config():
+    assert {"--num-ps", "--num-workers", "--cpus-per-worker", "--gpus-per-worker", "--cache-rows", "--macro-batch",
+            "--micro-batch", "--max-inflight-pushes", "--checkpoint-every", "--keep-checkpoints", "--max-restarts",
+            "--address", "--resume", "--shared-negatives", "--optimizer", "--kernel"} == set(_engine_only_flags())
+
+
+def test_baseline_help_lists_only_the_flags_gensim_uses(capsys):
+    from doc2vec_dist.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["baseline", "--help"])
+    assert exit_info.value.code == 0
+    listed = {word.strip(",[]") for word in capsys.readouterr().out.split() if word.strip("[").startswith("--")}
+    assert not listed & set(_engine_only_flags()), sorted(listed & set(_engine_only_flags()))
+    assert set(MODEL_FLAGS) <= listed, sorted(set(MODEL_FLAGS) - listed)
+
+
+@pytest.mark.parametrize("argv", [["--num-ps", "3"], ["--cache-rows", "100"], ["--address", "auto"], ["--resume"],
+                                  ["--shared-negatives", "16"], ["--optimizer", "adagrad"], ["--num-workers=4"]])
+def test_an_engine_flag_given_to_baseline_is_refused_in_one_line(sample_corpus, tmp_path, capsys, argv):
+    from doc2vec_dist.cli import main
+
+    code = main(["baseline", "--corpus", sample_corpus[0], "--out", str(tmp_path / "m"), *argv])
+    err = capsys.readouterr().err
+    flag = argv[0].split("=")[0]
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag} is a doc2vec-dist engine option"), err
+    assert "gensim's baseline does not use it" in lines[0]
+    assert not os.path.exists(tmp_path / "m")
+
+
+@pytest.mark.parametrize("name", ["gpu.yaml", "sample.yaml"])
+def test_a_config_shared_with_train_works_for_baseline(sample_corpus, tmp_path, capsys, name):
+    """Engine-only keys of a config written for train (num_ps, cache_rows, shared_negatives ...) are ignored."""
+    from doc2vec_dist.cli import main
+
+    config = os.path.join(ROOT, "jobs", "configs", name)
+    out = str(tmp_path / "m")
+    code = main(["baseline", "--corpus", sample_corpus[0], "--out", out, "--config", config, "--dim", "8",
+                 "--epochs", "1", "--workers", "2", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith("gensim (iterable mode): ")
+    with open(os.path.join(out, "config.json")) as fh:
+        saved = json.load(fh)
+    assert (saved["trainer"], saved["dim"], saved["epochs"]) == ("gensim", 8, 1)
+    assert (saved["gpus_per_worker"], saved["cache_rows"], saved["optimizer"]) == (0, None, "sgd")
+    # one note names the engine options the file set that gensim does not use (sample.yaml's are the defaults)
+    notes = [line for line in captured.err.splitlines() if "ignoring" in line]
+    expected = (["cache_rows, cpus_per_worker, gpus_per_worker, macro_batch, micro_batch"] if name == "gpu.yaml"
+                else [])
+    assert [line.split(": ")[-1] for line in notes] == expected
+
+
+def test_yaml_vector_size_sets_the_baselines_dim(sample_corpus, tmp_path, capsys):
+    from doc2vec_dist.cli import main
+
+    config = tmp_path / "gensim.yaml"
+    config.write_text("vector_size: 12\nepochs: 1\nsample: 0\n")
+    out = str(tmp_path / "m")
+    assert main(["baseline", "--corpus", sample_corpus[0], "--out", out, "--config", str(config), "--workers", "2",
+                 "--no-progress"]) == 0, capsys.readouterr().err
+    _, manifest = checkpoint.load_manifest(out)
+    assert manifest["tables"]["docs"]["dim"] == 12
+
+
+def test_a_baseline_that_fails_removes_what_it_wrote(sample_corpus, tmp_path, capsys):
+    """A fresh run that stops before its model is saved leaves nothing half-made (issue 13, item 2)."""
+    import shutil
+
+    from doc2vec_dist.corpus import CorpusError
+
+    corpus = shutil.copytree(sample_corpus[0], str(tmp_path / "corpus"))
+    os.truncate(os.path.join(corpus, "shards", "part-00000.arrow"), 100)  # damaged after prepare
+    out = tmp_path / "new" / "gensim"
+    with pytest.raises(CorpusError, match="part-00000.arrow: cannot read shard"):
+        train_gensim(corpus, str(out), TrainConfig(dim=8, epochs=1, progress=False))
+    assert not (tmp_path / "new").exists()
+    assert f"removed what this run wrote to {out}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gensim_mode", ["iterable", "corpus_file"])
+def test_both_gensim_modes_train_every_document_and_say_which_ran(sample_corpus, tmp_path, capsys, gensim_mode):
+    """iterable (the default, gensim's most accurate) and corpus_file (its fastest) both end in our layout,
+    each row at its doc id, and the summary, config.json and the CLI name the mode."""
+    from doc2vec_dist.cli import main
+
+    out = str(tmp_path / "m")
+    assert main(["baseline", "--corpus", sample_corpus[0], "--out", out, "--dim", "16", "--epochs", "3", "--sample",
+                 "0", "--workers", "2", "--gensim-mode", gensim_mode, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert f"gensim ({gensim_mode} mode): " in printed and f"model: {out} (checkpoint v1)" in printed
+    summary = checkpoint.read_json(out, "config.json")["summary"]
+    assert summary["gensim_mode"] == gensim_mode and summary["docs_cut"] == 0
+    docs = checkpoint.read_table(out, "docs")
+    assert docs.shape == (Corpus(sample_corpus[0]).num_docs, 16)
+    # every document was trained: none is left at its random start (gensim's init is tiny: |x| < 0.5/dim)
+    assert (np.abs(docs).max(axis=1) > 0.5 / 16).mean() > 0.99
+
+
+def test_iterable_mode_says_it_cuts_documents_longer_than_10000_tokens(tmp_path, capsys):
+    from doc2vec_dist.corpus import prepare
+
+    lines = [" ".join(f"w{i % 50}" for i in range(12_000))] + ["w1 w2 w3 w4"] * 20
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), format="text", progress=False)
+    summary = train_gensim(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, progress=False), workers=1)
+    assert summary["docs_cut"] == 1
+    assert "cuts 1 document(s) longer than 10,000 tokens" in capsys.readouterr().err

@@ -22,7 +22,9 @@ CONTRACT_FLAGS = {
     "neighbors": "--model --key --table --against --k",
     "evaluate": "--model --heldout --k --pairs",
 }
-CONTRACT_FLAGS["baseline"] = CONTRACT_FLAGS["train"]  # "same training flags"
+# "same training flags": the model's; the engine's own (--num-ps, --cache-rows, ...) are train's only (issue 13, item 13)
+CONTRACT_FLAGS["baseline"] = ("--corpus --out --config --dim --epochs --mode --dbow-words --window --negative --sample "
+                              "--alpha --min-alpha --ns-exponent --seed")
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -116,10 +118,11 @@ def test_neighbors_prints_ranked_lines(trained_model, capsys):
     key = keys_of(trained_model, "docs")[0].as_py()
     code, out, _ = run(capsys, "neighbors", "--model", trained_model, "--key", key, "--k", "5")
     assert code == 0
-    rows = [line.split("\t") for line in out.strip().splitlines()]
-    assert [r[1] for r in rows] == ["1", "2", "3", "4", "5"]
-    assert all(r[0] == key and r[2] != key for r in rows)
-    scores = [float(r[3]) for r in rows]
+    header, *lines = out.strip().splitlines()
+    rows = [dict(zip(header.split("\t"), line.split("\t"))) for line in lines]
+    assert [r["rank"] for r in rows] == ["1", "2", "3", "4", "5"]
+    assert all(r["key"] == key and r["neighbor"] != key for r in rows)
+    scores = [float(r["score"]) for r in rows]
     assert scores == sorted(scores, reverse=True)
 
 
@@ -177,3 +180,198 @@ def test_every_shipped_config_loads_and_validates(name):
 
     path = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs", name)
     build(TrainConfig, load_yaml(path)).validate()
+
+
+# --- issue 13, item 11: every flag has a help line that shows its default once -----------------------------
+
+def _subparsers():
+    import argparse
+
+    from doc2vec_dist.cli import make_parser
+
+    parser = make_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+def _config_defaults(command: str) -> dict:
+    """--flag → the config field's own default (the flag itself defaults to None so that YAML is not overridden)."""
+    import dataclasses
+
+    from doc2vec_dist.config import PrepareConfig, TrainConfig
+
+    out = {}
+    for cls in {"prepare": [PrepareConfig], "train": [TrainConfig], "baseline": [TrainConfig],
+                "plan": [TrainConfig]}.get(command, []):
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("flag", True) and f.default is not dataclasses.MISSING:
+                for name in (f.name, *f.metadata.get("aliases", ())):
+                    out["--" + name.replace("_", "-")] = f.default
+    return out
+
+
+def _help_problems(command: str, parser) -> list[str]:
+    import argparse
+    import re
+
+    defaults = _config_defaults(command)
+    problems = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        text = " ".join(parser._get_formatter()._expand_help(action).split()) if action.help else ""
+        if not text:
+            problems.append(f"{name}: no help")
+            continue
+        if action.option_strings and action.required:
+            if "(required)" not in text:
+                problems.append(f"{name}: does not say it is required: {text!r}")
+        elif action.option_strings and not isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            default = defaults.get(action.option_strings[0], action.default) if action.default is None \
+                else action.default
+            if default is not None and f"(default: {default})" not in text:
+                problems.append(f"{name}: default {default} not shown: {text!r}")
+        parens = re.findall(r"\([^()]*\)", text)
+        if len(parens) != len(set(parens)) or text.count("default:") > 1 or "(default: None)" in text:
+            problems.append(f"{name}: a parenthetical repeated or empty: {text!r}")
+    return problems
+
+
+def test_every_flag_of_every_subcommand_has_help_showing_its_default_once():
+    subparsers = _subparsers()
+    problems = [f"{command} {p}" for command, sp in sorted(subparsers.items()) for p in _help_problems(command, sp)]
+    assert not problems, "\n".join(problems)
+    # the ones the issue names, checked by hand as well
+    for command, flag in [("train", "--corpus"), ("export", "--model"), ("generate", "--users"),
+                          ("export", "--table"), ("neighbors", "--k"), ("neighbors", "--key")]:
+        action = next(a for a in subparsers[command]._actions if flag in a.option_strings)
+        assert action.help, (command, flag)
+    assert "(required)" in subparsers["generate"].format_help()
+
+
+@pytest.mark.parametrize("command", ["generate", "prepare", "train", "baseline", "plan"])
+def test_help_output_has_no_default_none_and_no_doubled_parenthetical(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in out
+    assert "(optional) (default" not in out
+    assert {"generate": "(default: 8)"}.get(command, "(default: 1)") in out  # --communities, --seed, --min-count
+
+
+def test_the_job_script_help_still_runs_and_reads_well():
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "jobs", "train.py"), "--help"],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "--vector-size" in out and "--num-ps" in out and "--min-count" in out
+    assert "(default: None)" not in out
+    assert "(default: 100)" in out  # --dim shows the field's default, not argparse's None
+
+
+# --- issue 13, item 12: gensim's names are understood or pointed to ----------------------------------------
+
+@pytest.mark.parametrize("command", ["train", "baseline", "plan"])
+def test_vector_size_is_an_alias_of_dim(capsys, command):
+    from doc2vec_dist.cli import make_parser
+
+    argv = [command, "--corpus", "c"] + ([] if command == "plan" else ["--out", "o"])
+    assert make_parser().parse_args(argv + ["--vector-size", "48"]).dim == 48
+    assert make_parser().parse_args(argv + ["--dim", "48", "--vector-size", "48"]).dim == 48
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "--vector-size" in capsys.readouterr().out
+
+
+def test_dim_and_vector_size_that_disagree_are_one_clear_error(tmp_path, capsys):
+    code, _, err = run(capsys, "train", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "m"),
+                       "--dim", "50", "--vector-size", "60")
+    assert_clean_error(code, err, "--dim", "--vector-size", "50", "60")
+    config = tmp_path / "both.yaml"
+    config.write_text("dim: 50\nvector_size: 60\n")
+    code, _, err = run(capsys, "train", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "m"),
+                       "--config", str(config))
+    assert_clean_error(code, err, str(config), "dim", "vector_size")
+    assert not os.path.exists(tmp_path / "m")
+
+
+def test_yaml_vector_size_is_read_as_dim(tmp_path):
+    from doc2vec_dist.config import TrainConfig, build, load_yaml
+
+    config = tmp_path / "gensim.yaml"
+    config.write_text("vector_size: 48\nepochs: 3\n")
+    assert load_yaml(str(config)) == {"dim": 48, "epochs": 3}
+    assert build(TrainConfig, load_yaml(str(config))).dim == 48
+    config.write_text("vector-size: 48\ndim: 48\n")  # the same value twice is not a conflict
+    assert load_yaml(str(config)) == {"dim": 48}
+
+
+@pytest.mark.parametrize("command", ["train", "baseline", "plan"])
+@pytest.mark.parametrize("flag, value", [("--min-count", "2"), ("--max-vocab", "1000"), ("--holdout", "0.2"),
+                                         ("--time-col", "ts"), ("--min_count", "2")])
+def test_a_prepare_flag_given_to_a_trainer_points_to_prepare(tmp_path, capsys, command, flag, value):
+    out = [] if command == "plan" else ["--out", str(tmp_path / "m")]
+    argv = [command, "--corpus", str(tmp_path / "c"), *out, flag, value]
+    code, _, err = run(capsys, *argv)
+    dashed = flag.replace("_", "-")
+    assert_clean_error(code, err, f"{dashed} is a prepare option", "doc2vec-dist prepare", f"{dashed} {value}")
+    assert not os.path.exists(tmp_path / "m")
+
+
+def test_min_count_on_train_says_the_vocabulary_is_fixed_by_prepare_even_without_corpus(capsys):
+    code, _, err = run(capsys, "train", "--min-count", "2")
+    assert_clean_error(code, err, "--min-count is a prepare option", "vocabulary", "prepare", "--min-count 2")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["train", "--workers", "4"], ["--workers", "--num-workers"]),
+    (["plan", "--workers=4"], ["--workers", "--num-workers"]),
+    (["train", "--vector_size", "50"], ["--vector_size", "--vector-size"]),
+    (["baseline", "--ns_exponent", "0.5"], ["--ns_exponent", "--ns-exponent"]),
+    (["train", "--iter", "5"], ["--iter", "--epochs"]),
+    (["prepare", "events", "--out", "c", "--dim", "50"], ["--dim", "train"]),
+])
+def test_gensim_habits_get_one_line_that_names_our_flag(tmp_path, capsys, argv, needles):
+    code, _, err = run(capsys, *argv, "--corpus" if argv[0] != "prepare" else "--seed",
+                       str(tmp_path / "c") if argv[0] != "prepare" else "1")
+    assert_clean_error(code, err, *needles)
+
+
+def test_neighbors_prints_a_header_then_the_rows_of_model_neighbors(trained_model, capsys):
+    from doc2vec_dist import Model
+    from doc2vec_dist.export import keys_of
+
+    key = keys_of(trained_model, "docs")[3].as_py()
+    for extra in ([], ["--against", "words_out"]):
+        code, out, _ = run(capsys, "neighbors", "--model", trained_model, "--key", key, "--k", "4", *extra)
+        assert code == 0
+        table = Model.load(trained_model).neighbors(key, k=4, against=extra[1] if extra else None)
+        lines = out.strip().splitlines()
+        assert lines[0] == "key\tneighbor\tscore\trank" == "\t".join(table.column_names)
+        assert lines[1:] == [f"{r['key']}\t{r['neighbor']}\t{r['score']:.4f}\t{r['rank']}" for r in table.to_pylist()]
+
+
+def test_prepare_reads_the_directory_that_generate_wrote(tmp_path, capsys):
+    gen = str(tmp_path / "gen")
+    assert main(["generate", "--users", "200", "--urls", "100", "--out", gen, "--seed", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    code, _, err = run(capsys, "prepare", gen, "--out", str(tmp_path / "corpus"), "--no-progress")
+    assert code == 0, err
+    assert f"{gen}: a `generate` output; reading its events in {os.path.join(gen, 'events')}" in err.splitlines()
+    # the same corpus as from its events directory: generate.json and truth/ were not read
+    assert run(capsys, "prepare", os.path.join(gen, "events"), "--out", str(tmp_path / "direct"), "--no-progress")[0] == 0
+    from doc2vec_dist.corpus import Corpus
+
+    made, direct = Corpus(str(tmp_path / "corpus")), Corpus(str(tmp_path / "direct"))
+    assert made.docs().equals(direct.docs()) and made.vocab().equals(direct.vocab())
+    assert made.num_docs == pq.read_table(os.path.join(gen, "truth", "users.parquet")).num_rows
+
+    # a directory that holds no events is still one clear line, naming the file and the column
+    code, _, err = run(capsys, "prepare", os.path.join(gen, "truth"), "--out", str(tmp_path / "wrong"), "--no-progress")
+    assert_clean_error(code, err, os.path.join(gen, "truth", "urls.parquet"), "column 'user_id' not found")
+    assert not os.path.exists(tmp_path / "wrong")

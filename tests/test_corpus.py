@@ -419,7 +419,7 @@ def test_overwrite(tmp_path):
     b = _write_events(tmp_path / "b.parquet", [("z", "q", 0)])
     out = tmp_path / "out"
     _prepare([a], out)
-    with pytest.raises(CorpusError, match=f"{out}: already exists"):
+    with pytest.raises(UserError, match=f"{out}: already holds a corpus; pass --overwrite to replace it"):
         _prepare([b], out)
     assert Corpus(str(out)).num_docs == 4  # untouched
     # A failing overwrite keeps the old corpus.
@@ -546,13 +546,53 @@ def test_integer_and_float_ids_are_cast_but_lists_and_structs_are_errors(tmp_pat
 
 
 def test_json_column_changing_type_names_the_file_row(tmp_path, monkeypatch):
+    # ids may change JSON type (next test); a time column may not
     monkeypatch.setattr(corpus_mod, "CSV_JSON_BLOCK_BYTES", 1000)  # the change lies in a later block
-    rows = [{"user_id": i, "url": "a"} for i in range(200)] + [{"user_id": "x", "url": "a"}]
+    rows = [{"user_id": "u", "url": "a", "ts": i} for i in range(200)] + [{"user_id": "u", "url": "a", "ts": "x"}]
     (tmp_path / "e.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(CorpusError, match=r"e\.jsonl: cannot read: JSON parse error: Column\(/user_id\) changed "
+    with pytest.raises(CorpusError, match=r"e\.jsonl: cannot read: JSON parse error: Column\(/ts\) changed "
                                           r"from number to string in row 200 \(a column must hold one JSON type"):
-        _prepare([tmp_path / "e.jsonl"], tmp_path / "out")
+        _prepare([tmp_path / "e.jsonl"], tmp_path / "out", time_col="ts")
     assert _leftovers(tmp_path) == []
+
+
+def test_json_ids_that_are_strings_in_some_rows_and_numbers_in_others(tmp_path, monkeypatch):
+    rows = [{"user_id": "u1", "url": "a"}, {"user_id": 100000, "url": "b"}, {"user_id": "100000", "url": 7},
+            {"user_id": 7.0, "url": "a"}, {"user_id": 2.5, "url": True}, {"user_id": "u1", "url": 7.0}]
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = _prepare([tmp_path / "mixed.jsonl"], tmp_path / "out")
+    # as prepare makes strings of numeric Parquet/CSV ids: 100000 → "100000" (not "100000.0"), 7.0 → "7"
+    assert _documents(c) == {"u1": ["a", "7"], "100000": ["b", "7"], "7": ["a"], "2.5": ["true"]}
+
+    # the change in a later block, after Arrow has read 200 rows of numbers; a blank line is no row
+    monkeypatch.setattr(corpus_mod, "CSV_JSON_BLOCK_BYTES", 1000)
+    rows = [{"user_id": i, "url": "a", "ts": i} for i in range(200)] + [{"user_id": "x", "url": "b", "ts": 5},
+                                                                         {"user_id": 2**70, "url": "c", "ts": 6}]
+    (tmp_path / "later.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:100]) + "\n"
+                                          + "".join(json.dumps(r) + "\n" for r in rows[100:]))
+    c = _prepare([tmp_path / "later.jsonl"], tmp_path / "out2", time_col="ts")
+    docs = _documents(c)
+    assert len(docs) == 202 and docs["0"] == ["a"] and docs["199"] == ["a"]
+    assert docs["x"] == ["b"] and docs[str(2**70)] == ["c"]
+
+    # --format lists: a token list may mix strings and numbers too
+    (tmp_path / "l.jsonl").write_text('{"user_id": "d", "url": ["a", 1]}\n{"user_id": 5, "url": [2.0, "b"]}\n')
+    assert _documents(_prepare([tmp_path / "l.jsonl"], tmp_path / "out3", format="lists")) == {
+        "d": ["a", "1"], "5": ["2", "b"]}
+
+    # what was an error stays one: a list where an id belongs, a missing column, a malformed row
+    (tmp_path / "k.jsonl").write_text('{"user_id": "a", "url": "x"}\n{"user_id": 1, "url": "x"}\n'
+                                      '{"user_id": ["b"], "url": "y"}\n')
+    with pytest.raises(CorpusError, match=r"k\.jsonl: column 'user_id' row 2 holds a JSON array, expected strings or "
+                                          r"numbers \(a list of tokens per row is --format lists\)"):
+        _prepare([tmp_path / "k.jsonl"], tmp_path / "out4")
+    (tmp_path / "m.jsonl").write_text('{"user_id": "a", "link": "x"}\n{"user_id": 1, "link": "x"}\n')
+    with pytest.raises(CorpusError, match=r"m\.jsonl: column 'url' not found \(columns: user_id, link\)"):
+        _prepare([tmp_path / "m.jsonl"], tmp_path / "out4")
+    (tmp_path / "b.jsonl").write_text('{"user_id": "a", "url": "x"}\n{"user_id": 1, "url": "x"}\n{"user_id": 2,\n')
+    with pytest.raises(CorpusError, match=r"b\.jsonl: cannot read: JSON parse error in row 2: .*one object per line"):
+        _prepare([tmp_path / "b.jsonl"], tmp_path / "out4")
+    assert not os.path.exists(tmp_path / "out4")
 
 
 def test_empty_files_among_good_ones_are_counted_skips(tmp_path, capsys):

@@ -61,6 +61,8 @@ def test_parquet_directory_holds_part_files_with_the_same_rows(trained_model, do
 
     assert os.path.isdir(out)
     parts = sorted(os.listdir(out))
+    assert parts[0] == ".doc2vec-dist.json"  # the marker: pyarrow, Spark and pandas skip dot files
+    parts = parts[1:]
     assert parts and all(p.startswith("part-") and p.endswith(".parquet") for p in parts)
     table, keys, vectors = read_key_vector(out)
     assert table.schema.field("vector").type == pa.list_(pa.float32(), DIM)
@@ -82,7 +84,7 @@ def test_a_directory_with_other_files_is_not_replaced(trained_model, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    with pytest.raises(UserError, match="holds other files"):
+    with pytest.raises(UserError, match=r"mine: exists and is not an export made by doc2vec-dist \(it holds notes"):
         export(trained_model, "docs", str(out), progress=False)
     assert (out / "notes.txt").read_text() == "keep me"
 
@@ -120,7 +122,7 @@ def test_npy_vectors_are_aligned_with_keys_parquet(trained_model, doc_keys, doc_
     out = str(tmp_path / "npy")
     export(trained_model, "docs", out, format="npy", progress=False)
 
-    assert sorted(os.listdir(out)) == ["keys.parquet", "vectors.npy"]
+    assert sorted(os.listdir(out)) == [".doc2vec-dist.json", "keys.parquet", "vectors.npy"]
     vectors = np.load(os.path.join(out, "vectors.npy"))
     keys = pq.read_table(os.path.join(out, "keys.parquet")).column("key").to_pylist()
     assert vectors.dtype == np.float32 and vectors.shape == (len(doc_keys), DIM)
@@ -196,7 +198,8 @@ def test_directory_export_writes_one_file_per_checkpoint_part(three_part_model, 
     out = str(tmp_path / "users")
     result = export(model, "docs", out, progress=False)
 
-    assert sorted(os.listdir(out)) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert sorted(os.listdir(out)) == [".doc2vec-dist.json", "part-00000.parquet", "part-00001.parquet",
+                                       "part-00002.parquet"]
     assert [t["part"] for t in result["tasks"]] == [0, 1, 2] and sum(t["rows"] for t in result["tasks"]) == 50
     assert result["rows_per_second"] > 0 and result["peak_rss_bytes"] > 0
     for part in range(3):  # part p holds rows p, p+3, p+6, … with their own keys and vectors

@@ -50,7 +50,7 @@ def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_c
     killed: list = []
     killer = threading.Thread(target=kill_one_when_checkpointed, args=(model, victim, killed), daemon=True)
     killer.start()
-    summary = train(corpus, model, TrainConfig(dim=32, epochs=12, sample=0, num_ps=2, num_workers=2,
+    summary = train(corpus, model, TrainConfig(dim=32, epochs=12, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1,
                                                checkpoint_every=0.5, progress=False))
     killer.join(timeout=5)
     assert killed, f"no {victim} was killed: the run ended before a checkpoint"

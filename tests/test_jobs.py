@@ -40,13 +40,13 @@ def job_config(tmp_path, **overrides) -> str:
     return str(path)
 
 
-def check_outputs(tmp_path, dim=16):
-    users = pq.read_table(tmp_path / "exports" / "users.parquet")
+def check_outputs(base, dim=16):
+    users = pq.read_table(base / "exports" / "users.parquet")
     assert users.num_rows == 5000 - users.num_rows % 5000 or users.num_rows > 4900
     assert users.schema.field("vector").type.list_size == dim
-    assert (tmp_path / "exports" / "users.index" / "index.faiss").exists()
-    assert pq.read_table(tmp_path / "exports" / "urls.parquet").num_rows > 4000
-    result = json.loads((tmp_path / "exports" / "job.json").read_text())
+    assert (base / "exports" / "users.index" / "index.faiss").exists()
+    assert pq.read_table(base / "exports" / "urls.parquet").num_rows > 4000
+    result = json.loads((base / "exports" / "job.json").read_text())
     assert set(result["stages"]) >= {"prepare", "train", "export", "index"}
     assert len(result["example"]["similar_users"]) == 5
     return result
@@ -76,6 +76,43 @@ def test_job_reports_a_bad_config_in_one_line(tmp_path, capsys):
     assert "unknown config key(s): epochz" in err and str(bad) in err
 
 
+def test_a_config_of_training_keys_only_runs_on_the_sample(capsys):
+    """`python jobs/train.py --config jobs/configs/fast.yaml` (then a recipe of training keys) crashed with a
+    TypeError on the unset corpus; a config with no input, corpus or out now runs on the bundled sample,
+    with its own model."""
+    job, prep, cfg, _ = load_job().parse(["--config", os.path.join(ROOT, "jobs", "configs", "gpu.yaml")])
+    assert job.input == [os.path.join(ROOT, "data", "sample", "events")]
+    assert job.corpus == os.path.join(ROOT, "runs", "sample", "corpus")  # shared with the sample's run
+    assert job.out == os.path.join(ROOT, "runs", "gpu", "model")  # but a model of its own
+    assert job.exports == os.path.join(ROOT, "runs", "gpu", "exports")
+    assert prep.holdout_out == os.path.join(ROOT, "runs", "sample", "heldout.parquet") and prep.time_col == "ts"
+    assert (cfg.gpus_per_worker, cfg.cache_rows, cfg.dim) == (1, 20000, 100)  # gpu.yaml's own keys win
+    assert "gpu.yaml sets no input, corpus or out: running it on the bundled sample" in capsys.readouterr().err
+
+
+def test_relative_outputs_inside_a_submitted_job_need_a_root(tmp_path, monkeypatch):
+    """Under `ray job submit --working-dir`, the working dir is a temporary copy: a relative output there
+    vanishes with the job, so it is refused, and --root puts relative outputs where they last."""
+    job_mod = load_job()
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip"}}))
+    with pytest.raises(job_mod.UserError, match=r"sample.yaml: 'corpus' is the relative path runs/sample/corpus, "
+                                                r"which inside `ray job submit --working-dir` lands in Ray's temporary"):
+        job_mod.parse(["--config", SAMPLE_CONFIG])
+    with pytest.raises(job_mod.UserError, match="--root rel: give an absolute path"):
+        job_mod.parse(["--config", SAMPLE_CONFIG, "--root", "rel"])
+    job, prep, _, _ = job_mod.parse(["--config", SAMPLE_CONFIG, "--root", str(tmp_path)])
+    assert (job.corpus, job.out, job.exports, prep.holdout_out) == tuple(
+        str(tmp_path / "runs" / "sample" / name) for name in ("corpus", "model", "exports", "heldout.parquet"))
+    assert job.input == [os.path.join(ROOT, "data", "sample", "events")]  # inputs come with the upload
+    # absolute paths need no root; outside a submitted job nothing changes
+    job, _, _, _ = job_mod.parse(["--config", SAMPLE_CONFIG, "--corpus", "/data/c", "--out", "/data/m",
+                                  "--exports", "/data/e", "--holdout-out", "/data/h.parquet"])
+    assert (job.corpus, job.out) == ("/data/c", "/data/m")
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    job, _, _, _ = job_mod.parse(["--config", SAMPLE_CONFIG])
+    assert job.out == os.path.join(ROOT, "runs", "sample", "model")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,17 +120,25 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_ray_job_submit_with_token_auth(tmp_path):
-    """A real head (token auth on, dashboard on loopback) and `ray job submit --working-dir .`."""
+def test_ray_job_submit_with_token_auth_and_a_leftover_ray_start(tmp_path, sample_corpus):
+    """A real head (token auth on, dashboard on loopback), started the way a user's leftover `ray start`
+    is: it records itself as this machine's current cluster. Then, as the README does:
+    - a local run with no address starts a Ray of its own and never joins that head (it died with
+      'object_store_memory must not be provided' when it did);
+    - `ray job submit --working-dir . ... --config jobs/configs/sample.yaml` refuses its relative
+      outputs, which would land in Ray's temporary copy of the working dir, in one line;
+    - with --root, the job writes the model and exports under that root, where they last.
+    """
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    tmp_root = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    # RAY_TMPDIR, not --temp-dir: the head then writes ray_current_cluster where a plain ray.init() of a
+    # process with the same environment looks for a running cluster, as with a default `ray start`
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": tmp_root}
     env.pop("RAY_ADDRESS", None)
     dash = _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     head = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", "--port", str(_free_port()), "--num-cpus", "2",
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
-         "--temp-dir", temp_dir,
          # own ports for the agents: the session's local Ray already holds the default ones
          "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
          "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
@@ -102,34 +147,55 @@ def test_ray_job_submit_with_token_auth(tmp_path):
     address = f"http://127.0.0.1:{dash}"
     try:
         deadline = time.time() + 90
-        while subprocess.run([ray_bin, "job", "list", "--address", address], env=env,
-                             capture_output=True, check=False).returncode != 0:
+        current = os.path.join(tmp_root, "ray", "ray_current_cluster")
+        # `ray start` records the cluster only after the node is up, so the dashboard can answer first
+        while not os.path.exists(current) or subprocess.run(
+                [ray_bin, "job", "list", "--address", address], env=env, capture_output=True,
+                check=False).returncode != 0:
             assert time.time() < deadline and head.poll() is None, "Ray head did not come up"
             time.sleep(2)
         no_token = {**env, "RAY_AUTH_TOKEN": "wrong-token"}
         refused = subprocess.run([ray_bin, "job", "list", "--address", address], env=no_token,
                                  capture_output=True, text=True, check=False)
         assert refused.returncode != 0  # token auth is really on
-        config = job_config(tmp_path)
-        for _ in range(15):  # the job API answers before the node's agent can take a job: retry that
-            done = subprocess.run(
-                [ray_bin, "job", "submit", "--address", address, "--working-dir", ROOT, "--",
-                 sys.executable, "jobs/train.py", "--config", config, "--no-progress"],
-                env=env, capture_output=True, text=True, timeout=300, check=False)
-            if "No available agent" not in done.stdout + done.stderr:
-                break
-            time.sleep(2)
+
+        local = subprocess.run([sys.executable, "-m", "doc2vec_dist", "train", "--corpus", sample_corpus[0],
+                                "--out", str(tmp_path / "local"), "--epochs", "1", "--dim", "8", "--no-progress"],
+                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+        assert local.returncode == 0, local.stderr[-3000:]
+        assert f"model: {tmp_path / 'local'} (checkpoint v1)" in local.stdout
+        actors = subprocess.run([ray_bin, "list", "actors", "--address", address, "--format", "json"], env=env,
+                                capture_output=True, text=True, check=False)
+        assert "ParameterServer" not in actors.stdout and "Worker" not in actors.stdout  # never joined the head
+
+        def submit(*args: str) -> subprocess.CompletedProcess:
+            for _ in range(15):  # the job API answers before the node's agent can take a job: retry that
+                done = subprocess.run(
+                    [ray_bin, "job", "submit", "--address", address, "--working-dir", ROOT, "--",
+                     sys.executable, "jobs/train.py", "--config", SAMPLE_CONFIG, "--no-progress", *args],
+                    env=env, capture_output=True, text=True, timeout=300, check=False)
+                if "No available agent" not in done.stdout + done.stderr:
+                    return done
+                time.sleep(2)
+            return done
+
+        done = submit()
+        assert done.returncode != 0
+        assert "error: " + SAMPLE_CONFIG + ": 'corpus' is the relative path runs/sample/corpus, which inside " \
+               "`ray job submit --working-dir` lands in Ray's temporary copy" in done.stdout + done.stderr
+        done = submit("--root", str(tmp_path), "--epochs", "3", "--dim", "16")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "succeeded" in done.stdout + done.stderr
-        check_outputs(tmp_path)
+        check_outputs(tmp_path / "runs" / "sample")
+        assert f"outputs: model {tmp_path / 'runs' / 'sample' / 'model'}" in done.stdout + done.stderr
     finally:
         # the head and everything it started share its process group; a graceful SIGTERM drains for
-        # 30 s, so stop them hard, then sweep anything that left the group (its command names temp_dir)
+        # 30 s, so stop them hard, then sweep anything that left the group (its command names tmp_root)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)
         head.wait(timeout=60)
-        subprocess.run(["pkill", "-9", "-f", temp_dir], check=False)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        subprocess.run(["pkill", "-9", "-f", tmp_root], check=False)
+        shutil.rmtree(tmp_root, ignore_errors=True)
 
 
 def test_feed_rate_times_one_worker_with_and_without_the_kernel(ray_cluster, sample_corpus, tmp_path, capsys):

@@ -30,7 +30,7 @@ def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, tra
 
     printed = capsys.readouterr().out
     assert re.search(r"exported 5,000 rows of docs to .* rows/s\) by 2 tasks on ", printed), printed
-    assert sorted(os.listdir(out)) == ["part-00000.parquet", "part-00001.parquet"]
+    assert sorted(os.listdir(out)) == [".doc2vec-dist.json", "part-00000.parquet", "part-00001.parquet"]
     table = pq.read_table(out)
     assert table.num_rows == 5000 and sorted(table.column("key").to_pylist()) == sorted(
         keys_of(trained_model, "docs").to_pylist())
@@ -75,7 +75,7 @@ def test_index_job_builds_ivfpq_with_ray_tasks_and_reports_recall(ray_cluster, t
     assert [(t["step"], t["unit"]) for t in params["tasks"]] == [("stage", 0), ("stage", 1), ("encode", 0),
                                                                  ("encode", 1)]
     assert all(t["pid"] != os.getpid() for t in params["tasks"])
-    assert sorted(os.listdir(out)) == ["index.faiss", "keys.parquet", "params.json", "vectors.npy"]
+    assert sorted(os.listdir(out)) == [".doc2vec-dist.json", "index.faiss", "keys.parquet", "params.json", "vectors.npy"]
 
 
 def test_index_job_from_a_parquet_of_vectors(ray_cluster, trained_model, tmp_path, capsys):

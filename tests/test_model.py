@@ -1,6 +1,11 @@
 """The Python API: Model.load(path).vector / .neighbors, the same answers as the command line's."""
 
+import os
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import Model, checkpoint
@@ -101,3 +106,85 @@ def test_neighbors_on_a_saved_ivfpq_index(trained_model, tmp_path):
         model.neighbors(keys[0], against="words_out", index=index)
     with pytest.raises(UserError, match="not an index directory"):
         model.neighbors(keys[0], index=str(tmp_path))
+
+
+# ------------------------------------------------------- numeric keys, and neighbours of a vector
+
+@pytest.fixture(scope="module")
+def numeric_model(tmp_path_factory):
+    """A real gensim (baseline) model of 400 sample users whose ids were numbers (100000, 100001, …)."""
+    from doc2vec_dist.baseline import train_gensim
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.corpus import prepare
+
+    root = tmp_path_factory.mktemp("numeric")
+    sample = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sample", "events")
+    events = pq.read_table(sample, columns=["user_id", "url"])
+    number = pc.index_in(events["user_id"], value_set=pc.unique(events["user_id"]))
+    events = pa.table({"user_id": pc.add(number.cast(pa.int64()), 100000), "url": events["url"]})
+    events = events.filter(pc.less(events["user_id"], 100400))
+    pq.write_table(events, str(root / "events.parquet"))
+    prepare([str(root / "events.parquet")], str(root / "corpus"), progress=False)
+    model = str(root / "model")
+    train_gensim(str(root / "corpus"), model, TrainConfig(dim=16, epochs=5, sample=0, progress=False), workers=1)
+    return model
+
+
+def test_integer_keys_are_the_strings_prepare_made_of_them(numeric_model):
+    model = Model.load(numeric_model)
+    keys = keys_of(numeric_model, "docs").to_pylist()
+    assert "100000" in keys  # prepare made the number a string
+    docs = checkpoint.read_table(numeric_model, "docs")
+    np.testing.assert_array_equal(model.vector(100000), docs[keys.index("100000")])
+    np.testing.assert_array_equal(model.vectors([np.int64(100007), "100003"]),
+                                  docs[[keys.index("100007"), keys.index("100003")]])
+    result = model.neighbors(100000, k=3)
+    assert result.column("key").to_pylist() == ["100000"] * 3
+    assert result.column("neighbor").to_pylist() == model.neighbors("100000", k=3).column("neighbor").to_pylist()
+    with pytest.raises(UserError, match="unknown docs key '99'"):
+        model.vector(99)
+
+
+def test_neighbors_of_vectors_score_as_those_of_keys(numeric_model):
+    model = Model.load(numeric_model)
+    keys = ["100001", "100002"]
+    by_vector = model.neighbors(vectors=model.vectors(keys), k=5)
+    by_key = model.neighbors(keys, k=4)
+    assert by_vector.column_names == by_key.column_names == ["key", "neighbor", "score", "rank"]
+    assert by_vector.column("key").to_pylist() == ["0"] * 5 + ["1"] * 5  # the vector's position
+    for i, key in enumerate(keys):
+        mine = by_vector.filter(pc.equal(by_vector["key"], str(i))).to_pylist()
+        theirs = by_key.filter(pc.equal(by_key["key"], key)).to_pylist()
+        # a vector is no key: nothing is left out, so the user's own row comes first at cosine 1
+        assert mine[0]["neighbor"] == key and mine[0]["score"] == pytest.approx(1.0, abs=1e-5)
+        assert [r["neighbor"] for r in mine[1:]] == [r["neighbor"] for r in theirs]
+        np.testing.assert_allclose([r["score"] for r in mine[1:]], [r["score"] for r in theirs], atol=1e-6)
+    # URLs for a user: the same d·o + ns_exponent·log count as for its key
+    urls_by_vector = model.neighbors(vectors=model.vector(keys[0]), k=5, against="words_out")
+    urls_by_key = model.neighbors(keys[0], k=5, against="words_out")
+    assert urls_by_vector.column("neighbor").to_pylist() == urls_by_key.column("neighbor").to_pylist()
+    np.testing.assert_allclose(urls_by_vector.column("score").to_numpy(), urls_by_key.column("score").to_numpy(),
+                               rtol=1e-6)
+
+
+def test_neighbors_of_a_user_just_inferred(numeric_model, tmp_path):
+    from doc2vec_dist.index import build_index
+
+    model = Model.load(numeric_model)
+    urls = keys_of(numeric_model, "words_out").to_pylist()
+    inferred = model.infer({"alice": urls[:6]}, progress=False)
+    found = model.neighbors(vectors=inferred[0], k=5).to_pylist()
+    docs, keys = checkpoint.read_table(numeric_model, "docs"), keys_of(numeric_model, "docs").to_pylist()
+    cosine = docs @ inferred[0] / np.linalg.norm(docs, axis=1) / np.linalg.norm(inferred[0])
+    best = np.argsort(-cosine)[:5]
+    assert [r["neighbor"] for r in found] == [keys[i] for i in best]
+    np.testing.assert_allclose([r["score"] for r in found], cosine[best], atol=1e-5)
+    # a saved index answers a vector too, with the same neighbours (flat: exact)
+    index = str(tmp_path / "users.index")
+    build_index(index, kind="flat", model=numeric_model, progress=False)
+    served = model.neighbors(vectors=inferred, k=5, index=index).to_pylist()
+    assert [r["neighbor"] for r in served] == [keys[i] for i in best]
+    with pytest.raises(UserError, match="16-dim vectors"):
+        model.neighbors(vectors=np.zeros(15, np.float32))
+    with pytest.raises(UserError, match="keys or vectors"):
+        model.neighbors("100000", vectors=inferred)

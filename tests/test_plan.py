@@ -100,7 +100,7 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     """The trained_model fixture's run (dim 32, 10 epochs, 2 PS, 2 workers) is what the plan predicts."""
     with open(os.path.join(trained_model, "config.json")) as fh:
         run = json.load(fh)
-    cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, progress=False)
+    cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False)
     result = planmod.plan(sample_corpus[0], cfg, calibrate_seconds=0.5, workdir=str(tmp_path))
     mem, t = result["memory"], result["time"]
 

@@ -23,7 +23,8 @@ from doc2vec_dist.worker import Unit, Worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the trained_model fixture's settings (tests/conftest.py): a resumed run must end as good as it
-SAMPLE = {"dim": 32, "epochs": 10, "sample": 0, "num_ps": 2, "num_workers": 2, "progress": False}
+SAMPLE = {"dim": 32, "epochs": 10, "sample": 0, "num_ps": 2, "num_workers": 2, "cpus_per_worker": 1,
+          "progress": False}
 
 
 def manifest_of(model: str, version: int) -> dict:
@@ -77,7 +78,7 @@ def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cl
     model = str(tmp_path / "model")
     address = ray_cluster.get_runtime_context().gcs_address
     flags = ["--dim", "32", "--epochs", "10", "--sample", "0", "--num-ps", "2", "--num-workers", "2",
-             "--address", address, "--no-progress"]
+             "--cpus-per-worker", "1", "--address", address, "--no-progress"]
     cmd = [sys.executable, "-m", "doc2vec_dist", "train", "--corpus", corpus, "--out", model]
     driver = subprocess.Popen(cmd + flags + ["--checkpoint-every", "0.5"], cwd=ROOT)
     try:
@@ -133,11 +134,45 @@ def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 1}))
     good = latest(model)
     docs = checkpoint.read_table(model, "docs")
-    # go on with a learning rate that overflows float32 within a step (halfway down from 1e30 to 1e29)
-    with pytest.raises(TrainingStopped, match=r"non-finite values in the push of epoch 1 step \d+ .*alpha 5.4\d*e\+29"):
+    # go on with a learning rate that overflows float32 within a step or two (halfway down from 1e30 to
+    # 1e29: 5.5e29 at the start of the second epoch, a little less at the step that overflows)
+    with pytest.raises(TrainingStopped, match=r"non-finite values in the push of epoch 1 step \d+ .*alpha 5\.\d*e\+29"):
         train(sample_corpus[0], model, resumed_config(model, {"epochs": 2, "alpha": 1e30, "min_alpha": 1e29}))
     assert latest(model) == good
     np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), docs)  # checksums verified too
     # and the run goes on from there with a sane learning rate
     summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 2}))
     assert summary["resumed_from_epoch"] == 1 and np.isfinite(checkpoint.read_table(model, "docs")).all()
+
+
+def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_cluster, sample_corpus, tmp_path):
+    corpus = sample_corpus[0]
+    model = str(tmp_path / "model")
+    address = ray_cluster.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "doc2vec_dist", "train", "--corpus", corpus, "--out", model]
+    driver = subprocess.Popen(cmd + ["--dim", "8", "--epochs", "20", "--sample", "0", "--checkpoint-every", "0.3",
+                                     "--address", address, "--no-progress"],
+                              cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(model, "LATEST")):
+            assert driver.poll() is None, driver.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 130, err
+    kept = latest(model)
+    assert (f"interrupted: the model at {model} is kept up to checkpoint v" in err
+            and f"resume with `doc2vec-dist train --corpus {corpus} --out {model} --resume`" in err), err
+    assert kept >= 1 and "Traceback" not in err
+    at = manifest_of(model, kept)
+    tokens = at["epoch"] * Corpus(corpus).num_tokens + sum(p["tokens"] for p in at["positions"] or [])
+    done = subprocess.run(cmd + ["--resume", "--epochs", str(at["epoch"] + 1), "--address", address, "--no-progress"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"resumed from v{kept} (epoch {at['epoch']}, {tokens:,} tokens)" in done.stderr
+    assert f"model: {model} (checkpoint v" in done.stdout

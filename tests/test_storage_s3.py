@@ -161,7 +161,7 @@ def test_a_model_on_s3_is_loaded_and_exported(s3, key_files, tmp_path, monkeypat
     checkpoint.write_json(model, "config.json", {"dim": DIM, "ns_exponent": 0.75})
     write_version(model, 5)
     assert checkpoint.exists(model, "config.json") and checkpoint.read_json(model, "config.json")["dim"] == DIM
-    with pytest.raises(UserError, match="a model already exists"):
+    with pytest.raises(UserError, match="already holds a model; pass --overwrite to replace it"):
         checkpoint.refuse_existing_model(model, overwrite=False)
 
     loaded = Model(model)
@@ -181,7 +181,7 @@ def test_a_model_on_s3_is_loaded_and_exported(s3, key_files, tmp_path, monkeypat
 
     # overwrite empties the model directory before the key tables are copied again
     checkpoint.start_model_dir(model, key_files, overwrite=True)
-    assert objects(s3, "served") == ["docs.arrow", "vocab.arrow"]
+    assert objects(s3, "served") == [".doc2vec-dist.json", "docs.arrow", "vocab.arrow"]
 
 
 def test_training_checkpoints_to_s3_and_resumes_from_it(s3, ray_cluster, sample_corpus):

@@ -68,7 +68,7 @@ def test_summary_and_layout(data):
         info = json.load(f)
     assert info["parameters"] == {"users": USERS, "urls": URLS, "seed": 11, "communities": COMMUNITIES,
                                   "events_per_user": MEAN_EVENTS, "general_fraction": 0.3, "zipf_s": 1.0,
-                                  "users_per_file": 1000}
+                                  "hub_share": 0.0, "users_per_file": 1000}
     assert info["summary"]["events"] == s["events"]
 
 
@@ -229,3 +229,38 @@ def test_refuses_non_empty_output_and_accepts_empty_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     assert generate(str(tmp_path / "empty"), 10, 10, progress=False)["users"] == 10
     assert sorted(os.listdir(tmp_path)) == ["empty", "full"]
+
+
+def test_events_dir_recognises_a_generate_output_by_its_generate_json(tmp_path):
+    from doc2vec_dist.synthetic import events_dir
+
+    out = str(tmp_path / "gen")
+    generate(out, 20, 30, seed=2, progress=False)
+    assert events_dir(out) == os.path.join(out, "events")
+    # anything else is no generate output: no generate.json, or someone's own file of that name
+    assert events_dir(os.path.join(out, "events")) is None
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "events").mkdir()
+    (tmp_path / "mine" / "generate.json").write_text('{"model": "mine"}')
+    assert events_dir(str(tmp_path / "mine")) is None
+
+
+def test_hub_share_puts_the_most_popular_url_in_that_share_of_users(tmp_path):
+    """Skewed data like a real catalogue (issue 14): one URL in ~80% of short documents; without the
+    option the data set is byte for byte what it was."""
+    kw = {"seed": 3, "communities": 4, "events_per_user": 5.0, "users_per_file": 1000, "progress": False}
+    generate(str(tmp_path / "hub"), 2000, 500, hub_share=0.8, **kw)
+    generate(str(tmp_path / "plain"), 2000, 500, **kw)
+    generate(str(tmp_path / "plain0"), 2000, 500, hub_share=0.0, **kw)
+    ev = pq.read_table(str(tmp_path / "hub" / "events"))
+    top = pq.read_table(str(tmp_path / "hub" / "truth" / "urls.parquet"))["url"][0].as_py()  # sorted by rank
+    with_top = set(ev.filter(pc.equal(ev["url"], top))["user_id"].to_pylist())
+    plain = pq.read_table(str(tmp_path / "plain" / "events"))
+    plain_top = set(plain.filter(pc.equal(plain["url"], top))["user_id"].to_pylist())
+    natural = len(plain_top) / 2000  # users who visit the top URL anyway
+    assert natural < 0.4
+    assert abs(len(with_top) / 2000 - (0.8 + 0.2 * natural)) < 0.04
+    assert 4.5 < ev.num_rows / 2000 - 0.8 < 5.5  # the hub adds one event to its visitors
+    a, b = _files(str(tmp_path / "plain")), _files(str(tmp_path / "plain0"))
+    assert all(a[p] == b[p] for p in a if p.startswith(("events", "truth")))
+    assert json.loads(a["generate.json"])["parameters"]["hub_share"] == 0.0

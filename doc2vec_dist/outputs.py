@@ -1,0 +1,245 @@
+"""What a command may write over: only an output of its own kind, which it recognises by its marker.
+
+Every directory doc2vec-dist writes (a corpus, a model, an export or npy directory, an index) holds
+a small JSON marker, `.doc2vec-dist.json`, naming its kind; every Parquet file it writes carries the
+kind in its schema metadata (key `doc2vec_dist`), and a JSON report in a top-level `doc2vec_dist`
+field. A command that finds something at its `--out`:
+
+  * nothing, or an empty directory: writes there;
+  * an output of its own kind: replaces it (`prepare` and `train` only with `--overwrite`), deleting
+    only the entries that kind writes; a file or folder someone added inside is refused, by name;
+  * anything else (a folder of the user's, a file another tool wrote, another kind of ours): refuses
+    with one line naming what it found, and touches nothing.
+
+Outputs written before markers existed are recognised where that is certain: a model directory by
+its LATEST file or checkpoints folder, a corpus by its corpus.json, an export or index directory by
+holding nothing but the files that kind writes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import UserError
+
+MARKER = ".doc2vec-dist.json"
+PARQUET_KEY = b"doc2vec_dist"
+JSON_KEY = "doc2vec_dist"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of directory output: what it is called in messages, who makes it, the entries it writes."""
+
+    name: str
+    what: str            # "a model", for messages
+    made_by: str         # "train or baseline"
+    own: tuple[str, ...]  # fnmatch patterns of the entries it writes (the marker is always its own)
+    legacy: tuple[str, ...] = ()  # an entry that marks this kind in a directory written before markers
+
+
+DIR_KINDS = {k.name: k for k in (
+    Kind("corpus", "a corpus", "prepare", ("corpus.json", "vocab.arrow", "docs.arrow", "shards"),
+         legacy=("corpus.json",)),
+    # exports/: jobs/train.py's default place for a model's exports (kept when the model is replaced;
+    # each export in it is replaced by its own kind); *.tmp-*: a file being written (checkpoint._write_file);
+    # gensim-corpus-*: the baseline's corpus text while gensim trains
+    Kind("model", "a model", "train or baseline",
+         ("config.json", "LATEST", "checkpoints", "docs.arrow", "vocab.arrow", "eval-*.json", "exports", "*.tmp-*",
+          "gensim-corpus-*"),
+         legacy=("LATEST", "checkpoints")),
+    Kind("export", "an export", "export", ("part-*.parquet", "vectors.npy", "keys.parquet")),
+    Kind("index", "a faiss index", "index", ("index.faiss", "keys.parquet", "params.json", "vectors.npy")),
+)}
+FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
+              "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file"}
+
+
+def owned(kind: str, name: str) -> bool:
+    """Whether an entry called `name` is one that an output of `kind` writes in its directory."""
+    return name == MARKER or any(fnmatch.fnmatch(name, p) for p in DIR_KINDS[kind].own)
+
+
+def _describe_entries(names: list[str]) -> str:
+    shown = ", ".join(sorted(names)[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def marker_text(kind: str) -> str:
+    return json.dumps({"kind": kind, "tool": "doc2vec-dist",
+                       "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n"
+
+
+def read_marker_kind(text: bytes | str | None) -> str | None:
+    """The kind a marker's text names, or None when it is missing or not one of ours."""
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data.get("kind") if isinstance(data, dict) and data.get("tool") == "doc2vec-dist" else None
+
+
+def judge_dir(shown: str, kind: str, names: list[str], marker: str | None, overwrite: bool | None,
+              flag: str = "--overwrite") -> bool:
+    """Whether a directory holding `names` (its entries) may become an output of `kind`.
+
+    False: it is empty, write into it. True: it is an output of `kind`, to be replaced (its own
+    entries only). Otherwise a UserError naming what was found. overwrite None: replacing one's own
+    kind needs no flag (export, index); False: it needs `flag`.
+    """
+    k = DIR_KINDS[kind]
+    if not names:
+        return False
+    if marker is not None and marker != kind:
+        other = DIR_KINDS.get(marker)
+        found = f"{other.what} (made by doc2vec-dist {other.made_by})" if other else f"a doc2vec-dist {marker}"
+        raise UserError(f"{shown}: holds {found}, not {k.what}; choose another --out")
+    entries = [n for n in names if n != MARKER]
+    foreign = [n for n in entries if not owned(kind, n)]
+    ours = marker == kind or (any(n in k.legacy for n in entries) if k.legacy else not foreign)
+    if not ours:
+        raise UserError(f"{shown}: exists and is not {k.what} made by doc2vec-dist (it holds "
+                        f"{_describe_entries(entries)}); {k.made_by} writes only into a new or empty directory "
+                        "or over its own output: choose another --out")
+    if foreign:
+        raise UserError(f"{shown}: holds {k.what}, and also {_describe_entries(foreign)}, which doc2vec-dist did "
+                        "not write; move them out or choose another --out")
+    if overwrite is False:
+        raise UserError(f"{shown}: already holds {k.what}; pass {flag} to replace it, or choose another --out")
+    return True
+
+
+def check_dir(path: str, kind: str, overwrite: bool | None, flag: str = "--overwrite") -> bool:
+    """judge_dir for a local path: False when `path` is absent or an empty directory, True when it
+    holds an output of `kind` that may be replaced; a UserError otherwise (a file, someone's folder)."""
+    if not os.path.lexists(path):
+        return False
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise UserError(f"{path}: exists and is a file; --out takes a directory for {DIR_KINDS[kind].what}")
+    names = os.listdir(path)
+    marker = None
+    if MARKER in names:
+        with open(os.path.join(path, MARKER), "rb") as fh:
+            marker = read_marker_kind(fh.read(4096)) or "unknown"
+    return judge_dir(path, kind, names, marker, overwrite, flag)
+
+
+def commit_dir(tmp: str, path: str, kind: str, overwrite: bool | None) -> None:
+    """Move a finished output directory `tmp` (beside `path`, same file system) into place with its
+    marker, after checking again what is at `path` (check_dir): nothing or an empty folder, or an
+    earlier output of `kind`, which is swapped out and only then deleted, so a failure at any point
+    leaves either the old output or the new one."""
+    write_marker(tmp, kind)
+    if not check_dir(path, kind, overwrite):
+        if os.path.isdir(path):
+            os.rmdir(path)  # empty (checked); rename cannot replace it portably
+        os.replace(tmp, path)
+        return
+    old = f"{path.rstrip('/')}.old-{os.getpid()}"
+    os.replace(path, old)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.replace(old, path)
+        raise
+    shutil.rmtree(old)  # our own output's entries only: check_dir refused anything else
+
+
+def write_marker(directory: str, kind: str) -> None:
+    with open(os.path.join(directory, MARKER), "w") as fh:
+        fh.write(marker_text(kind))
+
+
+# -- single files ------------------------------------------------------------------------------------
+
+def parquet_metadata(kind: str) -> dict[bytes, bytes]:
+    """Schema metadata that marks a Parquet file as `kind` (readers that do not know it ignore it)."""
+    return {PARQUET_KEY: kind.encode()}
+
+
+def file_kind(path: str) -> str | None:
+    """The kind of a file doc2vec-dist wrote, from its marker; None for anything else."""
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    if head[:4] == b"PAR1":
+        try:
+            value = (pq.read_schema(path).metadata or {}).get(PARQUET_KEY)
+        except (OSError, ValueError):
+            return None
+        return value.decode(errors="replace") if value else None
+    if head.lstrip()[:1] == b"{":
+        try:
+            with open(path, "rb") as fh:
+                data = json.loads(fh.read(64 << 20))  # a report, not data: anything bigger is not ours
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return data.get(JSON_KEY) if isinstance(data, dict) else None
+    first = head.split(b"\n", 1)[0].split()
+    if len(first) == 2 and all(x.isdigit() for x in first):
+        return "word2vec"  # gensim's text format: a 'rows dim' header line
+    return None
+
+
+def check_file(path: str, kind: str, overwrite: bool | None = None, flag: str = "--overwrite") -> bool:
+    """Whether a file output of `kind` may be written at `path`: False when nothing is there, True
+    when it replaces a file of the same kind; a UserError naming what is there otherwise."""
+    if not os.path.lexists(path):
+        return False
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory; --out takes a file path here")
+    found = file_kind(path)
+    if found != kind:
+        what = FILE_KINDS.get(found, f"a doc2vec-dist {found}") if found else "not a file doc2vec-dist wrote"
+        raise UserError(f"{path}: exists and is {what} (no doc2vec-dist marker for {FILE_KINDS[kind]}); "
+                        "it is not replaced: remove it or choose another --out")
+    if overwrite is False:
+        raise UserError(f"{path}: already exists; pass {flag} to replace it, or choose another path")
+    return True
+
+
+def write_parquet_file(table: pa.Table, path: str, kind: str) -> None:
+    """Write a table as one Parquet file marked as `kind`, replacing only an earlier file of that kind
+    (check_file); a reader never sees half of it (temporary name, then rename)."""
+    check_file(path, kind)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **parquet_metadata(kind)}), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def make_dirs(directory: str) -> list[str]:
+    """os.makedirs, returning the directories it created, outermost first (to remove on failure)."""
+    missing = []
+    directory = os.path.abspath(directory or ".")
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    missing.reverse()
+    for d in missing:
+        os.makedirs(d, exist_ok=True)
+    return missing
+
+
+def remove_dirs(made: list[str]) -> None:
+    """Remove directories make_dirs created, innermost first, each only if still empty."""
+    for directory in reversed(made):
+        try:
+            os.rmdir(directory)  # only if still empty: never what someone else put there
+        except OSError:
+            pass

@@ -1,0 +1,231 @@
+"""Bad input, as a table: what a user may give us, and what they get.
+
+Each row is one input through the real console script (`doc2vec_dist.cli.main`, or a fresh process
+where the outcome depends on no Ray running yet) and one outcome:
+
+  error    exit 2 and exactly one line, `error: ` followed by the words given, naming the file,
+           column, row or flag; no traceback; the output path named by the row does not exist
+           (nothing half-written) or, for a file or folder of the user's, is byte for byte as it was
+  skipped  exit 0; the corpus counts the skipped rows under the reason given (corpus.json "skipped")
+  works    exit 0: an input shape that was once refused and is now read (the row says why)
+
+README.md ("what prepare refuses") points here. `{t}` in a row is the test's temporary directory,
+`{model}` a copy of the trained sample model, `{corpus}` the prepared sample corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from doc2vec_dist.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
+
+
+@dataclass
+class Case:
+    name: str
+    argv: str                      # the command line, {t} {model} {corpus} filled in
+    outcome: str                   # "error", "skipped" or "works"
+    expect: str = ""               # error: the first words after "error: "; skipped: the reason counted
+    files: dict = field(default_factory=dict)  # name → bytes (or a callable of the tmp dir) made first
+    untouched: str | None = None   # a path that must not exist, or stay as it was, after an error
+    fresh_process: bool = False    # run `python -m doc2vec_dist` in a new process (no Ray started in it)
+
+
+def _truncated_parquet(t: str) -> bytes:
+    source = os.path.join(SAMPLE_EVENTS, min(os.listdir(SAMPLE_EVENTS)))
+    with open(source, "rb") as fh:
+        return fh.read()[:300]
+
+
+def _users_parquet(t: str) -> bytes:
+    path = os.path.join(t, "_made.parquet")
+    pq.write_table(pa.table({"note": ["not ours"]}), path)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    os.remove(path)
+    return data
+
+
+def _generate_output(t: str) -> None:
+    assert main(["generate", "--users", "60", "--urls", "40", "--out", os.path.join(t, "gen"), "--no-progress"]) == 0
+
+
+GOOD_CSV = b"user_id,url\nu1,a\nu1,b\nu2,a\nu2,c\n"
+CASES = [
+    # --- prepare: input it cannot trust (the README's "what prepare refuses") --------------------------
+    Case("missing path", "prepare {t}/nope.parquet --out {t}/c", "error", "{t}/nope.parquet: no such file or directory",
+         untouched="{t}/c"),
+    Case("wrong column", "prepare {t}/e.csv --out {t}/c", "error",
+         "{t}/e.csv: column 'user_id' not found (columns: uid, url)", {"e.csv": b"uid,url\nu1,a\n"}, "{t}/c"),
+    Case("corrupt Parquet", "prepare {t}/e.parquet --out {t}/c", "error", "{t}/e.parquet: cannot read: Parquet magic",
+         {"e.parquet": b"garbage, not parquet\n"}, "{t}/c"),
+    Case("truncated Parquet", "prepare {t}/e.parquet --out {t}/c", "error", "{t}/e.parquet: cannot read: ",
+         {"e.parquet": _truncated_parquet}, "{t}/c"),
+    Case("empty file only", "prepare {t}/e.csv --out {t}/c", "error", "{t}/e.csv: the inputs hold no rows",
+         {"e.csv": b""}, "{t}/c"),
+    Case("header-only file only", "prepare {t}/e.csv --out {t}/c", "error", "{t}/e.csv: the inputs hold no rows",
+         {"e.csv": b"user_id,url\n"}, "{t}/c"),
+    Case("empty file among good ones", "prepare {t}/good.csv {t}/e.csv --out {t}/c", "skipped", "empty_files",
+         {"good.csv": GOOD_CSV, "e.csv": b""}),
+    Case("invalid UTF-8 in a used column", "prepare {t}/e.csv --out {t}/c", "error",
+         "{t}/e.csv: column 'user_id' row 0 is not valid UTF-8", {"e.csv": b"user_id,url\n\xff\xfe,a\n"}, "{t}/c"),
+    Case("null user ids", "prepare {t}/e.csv --out {t}/c", "skipped", "null_keys",
+         {"e.csv": GOOD_CSV + b",a\n"}),
+    Case("holdout >= 1", "prepare {t}/good.csv --out {t}/c --holdout 1 --holdout-out {t}/h.parquet", "error",
+         "holdout must lie in [0, 1), not 1.0", {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("min-count 0", "prepare {t}/good.csv --out {t}/c --min-count 0", "error", "min_count must be >= 1, not 0",
+         {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("a training flag given to prepare", "prepare {t}/good.csv --out {t}/c --dim 50", "error",
+         "--dim is a training option", {"good.csv": GOOD_CSV}, "{t}/c"),
+    # item 7: the directory `generate` wrote
+    Case("prepare the directory generate wrote", "prepare {t}/gen --out {t}/c", "works",
+         files={"gen": _generate_output}),
+    # item 8: ids that are strings in some JSON rows and numbers in others
+    Case("JSON ids of mixed type", "prepare {t}/e.jsonl --out {t}/c", "works",
+         files={"e.jsonl": b'{"user_id": "a1", "url": "x"}\n{"user_id": 100000, "url": 7}\n'}),
+    # --- where outputs go (item 1) ----------------------------------------------------------------------
+    Case("prepare into a folder of the user's", "prepare {t}/good.csv --out {t}/mine --overwrite", "error",
+         "{t}/mine: exists and is not a corpus made by doc2vec-dist (it holds keep.txt)",
+         {"good.csv": GOOD_CSV, "mine/keep.txt": b"mine"}, "{t}/mine"),
+    Case("prepare into a model", "prepare {t}/good.csv --out {model} --overwrite", "error",
+         "{model}: holds a model (made by doc2vec-dist train or baseline), not a corpus", {"good.csv": GOOD_CSV},
+         "{model}"),
+    Case("prepare over a corpus without --overwrite", "prepare {t}/good.csv --out {corpus}", "error",
+         "{corpus}: already holds a corpus; pass --overwrite to replace it", {"good.csv": GOOD_CSV}, "{corpus}"),
+    Case("train into a folder of the user's", "train --corpus {corpus} --out {t}/mine --overwrite", "error",
+         "{t}/mine: exists and is not a model made by doc2vec-dist (it holds notes.txt)",
+         {"mine/notes.txt": b"mine"}, "{t}/mine"),
+    Case("train into a non-empty folder, no --overwrite", "train --corpus {corpus} --out {t}/mine", "error",
+         "{t}/mine: exists and is not a model made by doc2vec-dist (it holds notes.txt)",
+         {"mine/notes.txt": b"mine"}, "{t}/mine"),
+    Case("train over a model without --overwrite", "train --corpus {corpus} --out {model}", "error",
+         "{model}: already holds a model; pass --overwrite to replace it", untouched="{model}"),
+    Case("export over a Parquet file of the user's", "export --model {model} --out {t}/mynotes.parquet", "error",
+         "{t}/mynotes.parquet: exists and is not a file doc2vec-dist wrote",
+         {"mynotes.parquet": _users_parquet}, "{t}/mynotes.parquet"),
+    Case("export word2vec over a text file of the user's", "export --model {model} --format word2vec --out {t}/n.txt",
+         "error", "{t}/n.txt: exists and is not a file doc2vec-dist wrote", {"n.txt": b"my notes\n"}, "{t}/n.txt"),
+    Case("index into a folder of the user's", "index --model {model} --out {t}/mine", "error",
+         "{t}/mine: exists and is not a faiss index made by doc2vec-dist (it holds keep.txt)",
+         {"mine/keep.txt": b"mine"}, "{t}/mine"),
+    Case("neighbors --out over a file of the user's", "neighbors --model {model} --key u54e266157a4c --out {t}/n.parquet",
+         "error", "{t}/n.parquet: exists and is not a file doc2vec-dist wrote", {"n.parquet": _users_parquet},
+         "{t}/n.parquet"),
+    # --- training flags and configs ---------------------------------------------------------------------
+    Case("dim 0", "train --corpus {corpus} --out {t}/m --dim 0", "error", "bad training config: dim must be > 0",
+         untouched="{t}/m"),
+    Case("epochs 0", "train --corpus {corpus} --out {t}/m --epochs 0", "error",
+         "bad training config: epochs must be > 0", untouched="{t}/m"),
+    Case("negative < 0", "train --corpus {corpus} --out {t}/m --negative -1", "error",
+         "bad training config: negative must be > 0", untouched="{t}/m"),
+    Case("dim and vector-size disagree", "train --corpus {corpus} --out {t}/m --dim 60 --vector-size 50", "error",
+         "--dim and --vector-size (gensim's name) are one setting", untouched="{t}/m"),
+    Case("min-count given to train", "train --corpus {corpus} --out {t}/m --min-count 2", "error",
+         "--min-count is a prepare option (the vocabulary is fixed when the corpus is made)", untouched="{t}/m"),
+    Case("an engine flag given to baseline", "baseline --corpus {corpus} --out {t}/m --num-ps 2", "error",
+         "--num-ps is a doc2vec-dist engine option; gensim's baseline does not use it", untouched="{t}/m"),
+    Case("config YAML with an unknown key", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
+         "{t}/c.yaml: unknown config key(s): epochz", {"c.yaml": b"epochz: 3\n"}, "{t}/m"),
+    Case("config YAML with a wrong type", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
+         "bad value for dim: 'abc' (int expected)", {"c.yaml": b"dim: abc\n"}, "{t}/m"),
+    Case("corpus that is not one", "train --corpus {t} --out {t}/m", "error",
+         "{t}: not a corpus (no corpus.json; make one with `prepare`)", untouched="{t}/m"),
+    Case("resume where nothing was trained", "train --corpus {corpus} --out {t}/e --resume", "error",
+         "{t}/e: not a trained model (no LATEST file)", {"e/.keep": b""}),
+    # --- resources, refused before Ray starts (item 5): a fresh process, as a user runs it ---------------
+    Case("more servers than the machine holds", "train --corpus {corpus} --out {t}/m --num-ps 50", "error",
+         "50 parameter servers x 0.50 GiB", untouched="{t}/m", fresh_process=True),
+    Case("more workers than CPUs", "train --corpus {corpus} --out {t}/m --num-workers 100", "error",
+         "100 workers need 200 CPU but the Ray cluster has", untouched="{t}/m", fresh_process=True),
+    # --- damaged models ---------------------------------------------------------------------------------
+    Case("a part file truncated (export)", "export --model {model} --out {t}/u.parquet", "error",
+         "{model}/checkpoints/v10/docs/part-00000-of-00002.arrow: checksum mismatch; the checkpoint is damaged",
+         {"@truncate": "docs"}, "{t}/u.parquet"),
+    Case("a part file truncated (neighbors)", "neighbors --model {model} --key u54e266157a4c", "error",
+         "{model}/checkpoints/v10/docs/part-00000-of-00002.arrow: 1000 bytes, the manifest says",
+         {"@truncate": "docs"}),
+    Case("a corpus shard truncated (train)", "train --corpus {corpus} --out {t}/m", "error",
+         "training stopped in epoch 0: {corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1},
+         "{t}/m"),
+    Case("a corpus shard truncated (baseline)", "baseline --corpus {corpus} --out {t}/m", "error",
+         "{corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1}, "{t}/m"),
+    Case("LATEST naming a missing version", "export --model {model} --out {t}/u.parquet", "error",
+         "{model}/checkpoints/v99/manifest.json: missing; v99 is not a committed checkpoint",
+         {"@latest": "v99"}, "{t}/u.parquet"),
+]
+
+
+def _damage(model: str, files: dict) -> None:
+    if "@truncate" in files:
+        with open(os.path.join(model, "LATEST")) as fh:
+            version = fh.read().strip()
+        part = os.path.join(model, "checkpoints", version, files["@truncate"], "part-00000-of-00002.arrow")
+        os.truncate(part, 1000)
+    if "@latest" in files:
+        with open(os.path.join(model, "LATEST"), "w") as fh:
+            fh.write(files["@latest"] + "\n")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot):
+    t = str(tmp_path / "w")
+    os.makedirs(t)
+    model = shutil.copytree(trained_model, str(tmp_path / "model"))
+    with open(os.path.join(model, "LATEST")) as fh:
+        assert fh.read().strip() == "v10"  # the damage rows name this version
+    corpus = shutil.copytree(sample_corpus[0], str(tmp_path / "corpus"))
+    fill = {"t": t, "model": model, "corpus": corpus}
+    for name, content in case.files.items():
+        if name.startswith("@"):
+            continue
+        if callable(content):
+            content = content(t)
+            if content is None:
+                continue
+        path = os.path.join(t, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(content)
+    _damage(model, case.files)
+    if "@shard" in case.files:
+        os.truncate(os.path.join(corpus, "shards", "part-00000.arrow"), 100)
+    untouched = case.untouched.format(**fill) if case.untouched else None
+    before = snapshot(untouched) if untouched else None
+    argv = [a.format(**fill) for a in case.argv.split()] + ["--no-progress"] * (case.argv.split()[0] in (
+        "prepare", "train", "baseline", "export", "index", "generate"))
+
+    if case.fresh_process:
+        done = subprocess.run([sys.executable, "-m", "doc2vec_dist", *argv], capture_output=True, text=True,
+                              cwd=ROOT, timeout=120, check=False)
+        code, err = done.returncode, done.stderr
+    else:
+        code = main(argv)
+        err = capsys.readouterr().err
+
+    assert "Traceback" not in err, err
+    if case.outcome == "error":
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert code == 2 and len(errors) == 1, err
+        assert errors[0].startswith("error: " + case.expect.format(**fill)), errors[0]
+        if untouched:
+            assert snapshot(untouched) == before, f"{untouched} changed"
+    else:
+        assert code == 0, err
+        with open(os.path.join(t, "c", "corpus.json")) as fh:
+            meta = json.load(fh)
+        if case.outcome == "skipped":
+            assert meta["skipped"][case.expect] > 0
+        else:
+            assert meta["num_docs"] > 0 and not any(meta["skipped"].values()), meta["skipped"]

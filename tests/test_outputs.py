@@ -1,0 +1,248 @@
+"""Every command replaces only an output of its own kind, recognised by its marker (doc2vec_dist/outputs.py).
+
+Each case is a folder or file a user could point --out at by mistake; the command must refuse it with
+one line naming what it found, and leave every byte of it as it was.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from doc2vec_dist import checkpoint, outputs
+from doc2vec_dist.cli import main
+from doc2vec_dist.errors import UserError
+
+
+def _user_folder(tmp_path, name="mine", file="keep.txt"):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / file).write_text("the user's own notes\n")
+    return folder
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: "), err
+    return err[-1]
+
+
+# -- judge_dir: the rule itself ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("names, marker, overwrite, expected", [
+    ([], None, False, False),                                            # empty: write into it
+    (["corpus.json", "vocab.arrow", "docs.arrow", "shards"], None, True, True),  # a corpus from before markers
+    ([outputs.MARKER, "corpus.json", "shards"], "corpus", True, True),
+    ([outputs.MARKER, "part-00000.parquet"], "export", None, True),     # export replaces its own, no flag
+    (["part-00000.parquet", "part-00001.parquet"], None, None, True),    # an export from before markers
+])
+def test_judge_dir_accepts_empty_and_own(names, marker, overwrite, expected):
+    kind = "corpus" if "corpus.json" in names or marker == "corpus" or not names else "export"
+    assert outputs.judge_dir("D", kind, names, marker, overwrite) is expected
+
+
+@pytest.mark.parametrize("kind, names, marker, overwrite, first_words", [
+    ("corpus", ["keep.txt"], None, True, "D: exists and is not a corpus made by doc2vec-dist (it holds keep.txt)"),
+    ("model", ["notes.txt"], None, True, "D: exists and is not a model made by doc2vec-dist (it holds notes.txt)"),
+    ("model", [outputs.MARKER, "corpus.json"], "corpus", True, ("D: holds a corpus (made by doc2vec-dist prepare), "
+                                                                "not a model")),
+    ("model", [outputs.MARKER, "LATEST", "notes.txt"], "model", True, "D: holds a model, and also notes.txt, which"),
+    ("model", [outputs.MARKER, "LATEST", "checkpoints"], "model", False, "D: already holds a model; pass --overwrite"),
+    ("export", ["part-00000.parquet", "keep.txt"], None, None, "D: exists and is not an export made by"),
+    ("index", [outputs.MARKER, "index.faiss"], "export", None, ("D: holds an export (made by doc2vec-dist export), "
+                                                                "not a faiss index")),
+])
+def test_judge_dir_refuses_everything_else_naming_it(kind, names, marker, overwrite, first_words):
+    with pytest.raises(UserError) as info:
+        outputs.judge_dir("D", kind, names, marker, overwrite)
+    assert str(info.value).startswith(first_words), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_file_kind_reads_the_markers(tmp_path):
+    ours = tmp_path / "ours.parquet"
+    pq.write_table(pa.table({"key": ["a"]}, metadata=outputs.parquet_metadata("vectors")), ours)
+    theirs = tmp_path / "theirs.parquet"
+    pq.write_table(pa.table({"key": ["a"], "vector": [[1.0]]}), theirs)
+    text = tmp_path / "notes.txt"
+    text.write_text("12 monkeys\n")
+    w2v = tmp_path / "vectors.txt"
+    w2v.write_text("2 3\na 1 2 3\nb 4 5 6\n")
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"doc2vec_dist": "plan", "x": 1}')
+    assert [outputs.file_kind(str(p)) for p in (ours, theirs, text, w2v, plan)] == [
+        "vectors", None, None, "word2vec", "plan"]
+    outputs.check_file(str(ours), "vectors")
+    with pytest.raises(UserError, match="theirs.parquet: exists and is not a file doc2vec-dist wrote"):
+        outputs.check_file(str(theirs), "vectors")
+    with pytest.raises(UserError, match="is a word2vec text file"):
+        outputs.check_file(str(w2v), "vectors")
+
+
+# -- through the real commands -----------------------------------------------------------------------
+
+def test_prepare_overwrite_refuses_a_folder_of_the_users(tmp_path, capsys, sample_corpus, snapshot):
+    folder = _user_folder(tmp_path)
+    before = snapshot(folder)
+    events = os.path.join(os.path.dirname(sample_corpus[0]), "..")  # any input: refused before it is read
+    assert main(["prepare", events, "--out", str(folder), "--overwrite", "--no-progress"]) == 2
+    assert _error(capsys).startswith(f"error: {folder}: exists and is not a corpus made by doc2vec-dist "
+                                     "(it holds keep.txt)")
+    assert snapshot(folder) == before
+
+
+def test_prepare_overwrite_replaces_its_own_corpus_only(tmp_path, capsys):
+    events = tmp_path / "events.csv"
+    events.write_text("user_id,url\nu1,a\nu1,b\nu2,a\n")
+    out = tmp_path / "corpus"
+    assert main(["prepare", str(events), "--out", str(out), "--no-progress"]) == 0
+    assert outputs.read_marker_kind((out / outputs.MARKER).read_bytes()) == "corpus"
+    assert main(["prepare", str(events), "--out", str(out), "--no-progress"]) == 2
+    assert _error(capsys) == f"error: {out}: already holds a corpus; pass --overwrite to replace it, or choose " \
+                             "another --out"
+    (out / "keep.txt").write_text("mine")  # something of the user's inside our corpus: never deleted
+    assert main(["prepare", str(events), "--out", str(out), "--overwrite", "--no-progress"]) == 2
+    assert "also keep.txt, which doc2vec-dist did not write" in _error(capsys)
+    os.remove(out / "keep.txt")
+    assert main(["prepare", str(events), "--out", str(out), "--overwrite", "--no-progress"]) == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()  # an empty folder is fine
+    assert main(["prepare", str(events), "--out", str(empty), "--no-progress"]) == 0
+    assert (empty / "corpus.json").exists()
+
+
+def test_prepare_refuses_a_heldout_file_it_did_not_write(tmp_path, capsys):
+    events = tmp_path / "events.csv"
+    events.write_text("user_id,url\nu1,a\nu1,b\nu2,a\nu2,c\n")
+    mine = tmp_path / "heldout.parquet"
+    pq.write_table(pa.table({"x": [1]}), mine)
+    before = mine.read_bytes()
+    assert main(["prepare", str(events), "--out", str(tmp_path / "c"), "--holdout", "0.5", "--holdout-out",
+                 str(mine), "--overwrite", "--no-progress"]) == 2
+    assert _error(capsys).startswith(f"error: {mine}: exists and is not a file doc2vec-dist wrote")
+    assert mine.read_bytes() == before and not (tmp_path / "c").exists()
+
+
+def test_train_refuses_a_folder_of_the_users_before_starting_ray(tmp_path, capsys, sample_corpus, snapshot):
+    import ray
+
+    for flags in ([], ["--overwrite"]):
+        folder = _user_folder(tmp_path, f"m{len(flags)}", "notes.txt")
+        before = snapshot(folder)
+        started = ray.is_initialized()
+        assert main(["train", "--corpus", sample_corpus[0], "--out", str(folder), "--no-progress", *flags]) == 2
+        assert _error(capsys).startswith(f"error: {folder}: exists and is not a model made by doc2vec-dist "
+                                         "(it holds notes.txt)")
+        assert snapshot(folder) == before
+        assert ray.is_initialized() == started  # refused before Ray
+
+
+def test_baseline_refuses_a_folder_of_the_users(tmp_path, capsys, sample_corpus, snapshot):
+    folder = _user_folder(tmp_path, "g", "notes.txt")
+    before = snapshot(folder)
+    assert main(["baseline", "--corpus", sample_corpus[0], "--out", str(folder), "--overwrite", "--no-progress"]) == 2
+    assert "is not a model made by doc2vec-dist" in _error(capsys)
+    assert snapshot(folder) == before
+
+
+def test_export_and_index_replace_only_their_own(trained_model, tmp_path, capsys):
+    notes = tmp_path / "mynotes.parquet"
+    pq.write_table(pa.table({"note": ["do not lose me"]}), notes)
+    text = tmp_path / "notes.txt"
+    text.write_text("my notes\n")
+    before = notes.read_bytes()
+    assert main(["export", "--model", trained_model, "--out", str(notes), "--no-progress"]) == 2
+    assert _error(capsys).startswith(f"error: {notes}: exists and is not a file doc2vec-dist wrote")
+    assert notes.read_bytes() == before
+    assert main(["export", "--model", trained_model, "--out", str(text), "--format", "word2vec", "--no-progress"]) == 2
+    assert text.read_text() == "my notes\n"
+    # its own outputs are replaced, files and directories alike
+    for out, fmt in ((tmp_path / "users.parquet", "parquet"), (tmp_path / "users", "parquet"),
+                     (tmp_path / "users.txt", "word2vec"), (tmp_path / "npy", "npy")):
+        for _ in range(2):
+            assert main(["export", "--model", trained_model, "--out", str(out), "--format", fmt, "--no-progress"]) == 0
+    assert outputs.file_kind(str(tmp_path / "users.parquet")) == "vectors"
+    assert outputs.read_marker_kind((tmp_path / "npy" / outputs.MARKER).read_bytes()) == "export"
+    folder = _user_folder(tmp_path, "idx")
+    assert main(["index", "--model", trained_model, "--out", str(folder), "--no-progress"]) == 2
+    assert "is not a faiss index made by doc2vec-dist (it holds keep.txt)" in _error(capsys)
+    assert main(["index", "--model", trained_model, "--out", str(tmp_path / "npy"), "--no-progress"]) == 2
+    assert "holds an export (made by doc2vec-dist export), not a faiss index" in _error(capsys)
+
+
+def test_infer_replaces_only_a_vectors_file(trained_model, tmp_path, capsys, sample_corpus):
+    events = tmp_path / "new.csv"
+    events.write_text("user_id,url\nnew1," + _some_url(trained_model) + "\n")
+    theirs = tmp_path / "users.parquet"
+    pq.write_table(pa.table({"key": ["x"], "vector": [[0.0]]}), theirs)
+    before = theirs.read_bytes()
+    assert main(["infer", "--model", trained_model, str(events), "--out", str(theirs), "--no-progress"]) == 2
+    assert _error(capsys).startswith(f"error: {theirs}: exists and is not a file doc2vec-dist wrote")
+    assert theirs.read_bytes() == before
+    ours = tmp_path / "ours.parquet"
+    for _ in range(2):
+        assert main(["infer", "--model", trained_model, str(events), "--out", str(ours), "--no-progress"]) == 0
+    assert pq.read_table(ours).column("key").to_pylist() == ["new1"]
+
+
+def _some_url(model: str) -> str:
+    from doc2vec_dist.export import keys_of
+
+    return keys_of(model, "words_out")[0].as_py()
+
+
+def test_plan_json_replaces_only_a_plan(tmp_path):
+    from doc2vec_dist.plan import save_json
+
+    path = str(tmp_path / "plan.json")
+    save_json(path, {"a": 1})
+    save_json(path, {"a": 2})
+    assert outputs.file_kind(path) == "plan"
+    mine = tmp_path / "settings.json"
+    mine.write_text('{"mine": true}')
+    with pytest.raises(UserError, match="settings.json: exists and is not a file doc2vec-dist wrote"):
+        save_json(str(mine), {"a": 1})
+    assert mine.read_text() == '{"mine": true}'
+
+
+def test_start_model_dir_replaces_a_model_but_keeps_what_is_not_its_own(tmp_path, sample_corpus):
+    out = str(tmp_path / "model")
+    made = checkpoint.start_model_dir(out, sample_corpus[0], overwrite=False)
+    assert made == [out]
+    os.makedirs(os.path.join(out, "exports"))  # jobs/train.py's default exports folder
+    (tmp_path / "model" / "exports" / "job.json").write_text("{}")
+    os.makedirs(os.path.join(out, "checkpoints", "v1"))
+    checkpoint.write_json(out, "LATEST", "v1")  # a committed model, as far as the check goes
+    with pytest.raises(UserError, match="already holds a model; pass --overwrite"):
+        checkpoint.start_model_dir(out, sample_corpus[0], overwrite=False)
+    assert checkpoint.start_model_dir(out, sample_corpus[0], overwrite=True) == []
+    assert sorted(os.listdir(out)) == sorted([outputs.MARKER, "docs.arrow", "vocab.arrow", "exports"])
+    assert os.path.exists(os.path.join(out, "exports", "job.json"))
+
+
+def test_discard_unfinished_removes_a_fresh_model_and_keeps_a_committed_one(tmp_path, sample_corpus):
+    parent = tmp_path / "new" / "deeper"
+    out = str(parent / "model")
+    made = checkpoint.start_model_dir(out, sample_corpus[0], overwrite=False)
+    assert made == [str(tmp_path / "new"), str(parent), out]
+    assert checkpoint.discard_unfinished(out, made)
+    assert not (tmp_path / "new").exists()  # and the folders it made for it
+    # into an existing empty folder: the folder stays, empty again
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    made = checkpoint.start_model_dir(str(empty), sample_corpus[0], overwrite=False)
+    assert made == [] and checkpoint.discard_unfinished(str(empty), made)
+    assert empty.exists() and os.listdir(empty) == []
+    # a model with a committed checkpoint is whole and resumable: it stays
+    out = str(tmp_path / "kept")
+    made = checkpoint.start_model_dir(out, sample_corpus[0], overwrite=False)
+    version = checkpoint.next_version(out)
+    part = checkpoint.write_slice(out, version, "docs", 0, 1, np.arange(2, dtype=np.int64),
+                                  np.zeros((2, 4), np.float32))
+    checkpoint.commit(out, version, {"docs": [part]}, {"docs": 4}, {"epoch": 1}, keep=2)
+    assert not checkpoint.discard_unfinished(out, made)
+    assert checkpoint.latest_version(out) == version
