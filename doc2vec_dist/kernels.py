@@ -142,8 +142,13 @@ def _apply(table: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha,
 
 
 def micro_batch_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,
-                       planned_tokens: int, n_micro: int) -> torch.Tensor:
-    """Linear decay from alpha0 to min_alpha over the planned tokens, at each micro-batch's midpoint."""
-    mids = done_before + (torch.arange(n_micro, dtype=torch.float64) + 0.5) / max(n_micro, 1) * batch_tokens
-    progress = (mids / max(planned_tokens, 1)).clamp(0.0, 1.0)
+                       planned_tokens: int, n_micro: int, ends: bool = False) -> torch.Tensor:
+    """Linear decay from alpha0 to min_alpha over the planned tokens, at each micro-batch's midpoint;
+    with ends, the n_micro + 1 rates at the micro-batches' boundaries instead (first and last: the
+    batch's start and end)."""
+    if ends:
+        points = done_before + torch.arange(n_micro + 1, dtype=torch.float64) / max(n_micro, 1) * batch_tokens
+    else:
+        points = done_before + (torch.arange(n_micro, dtype=torch.float64) + 0.5) / max(n_micro, 1) * batch_tokens
+    progress = (points / max(planned_tokens, 1)).clamp(0.0, 1.0)
     return (alpha0 - (alpha0 - min_alpha) * progress).clamp(min=min_alpha).to(torch.float32)

@@ -19,7 +19,8 @@ import numpy as np
 import ray
 import torch
 
-from . import kernels
+from . import cpu_kernel, kernels
+from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities, unique_rows
 from .sharding import Routing
@@ -117,6 +118,9 @@ class Worker:
         self.num_shards = len(servers)
         self.table_rows = table_rows
         torch.set_num_threads(int(config["cpus_per_worker"]))
+        # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
+        typed = TrainConfig(**config)
+        self.exact = typed.exact_kernel()
         use_cuda = config["gpus_per_worker"] > 0
         if use_cuda and not torch.cuda.is_available():
             raise RuntimeError(f"worker {index}: gpus_per_worker > 0 but torch sees no CUDA device")
@@ -135,7 +139,7 @@ class Worker:
         self.stats = self._zero_stats()
         # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
         # here, at the head of the `outputs` matrix, between macro-batches; see _sync_cache
-        self.cached = min(int(config["cache_rows"]), table_rows["words_out"])
+        self.cached = typed.resident_rows(table_rows["words_out"])
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)  # staged only
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
@@ -239,7 +243,8 @@ class Worker:
         doc_ids, offsets, tokens = chunk
         ex = build_examples(offsets, tokens, self.keep_prob, self.negatives, cfg["negative"], rng,
                             mode=cfg["mode"], dbow_words=cfg["dbow_words"], window=cfg["window"],
-                            shared_negatives=cfg["shared_negatives"], micro_batch=cfg["micro_batch"])
+                            shared_negatives=cfg["shared_negatives"], micro_batch=cfg["micro_batch"],
+                            interleave=not self.exact)
         routes = {"docs": Routing.of(doc_ids.astype(np.int64), self.num_shards)}  # sorted, unique
         push_weights: dict[str, np.ndarray | None] = {}
         flat = ex.ctx.reshape(-1)
@@ -259,7 +264,8 @@ class Worker:
         compact = place[inverse]
         n = len(ex)
         return Batch(examples=ex, routes=routes, ctx_pos=ctx_pos.reshape(ex.ctx.shape), target_pos=compact[:n],
-                     neg_pos=compact[n:].reshape(ex.neg.shape), scale=doc_step_scale(ex.ctx[:, 0], ex.micro_batch),
+                     neg_pos=compact[n:].reshape(ex.neg.shape),
+                     scale=None if self.exact else doc_step_scale(ex.ctx[:, 0], ex.micro_batch),
                      push_weights=push_weights, pulls=[], start=start, cached=self.cached)
 
     def _push_weights(self, route: Routing, inverse: np.ndarray, n_unique: int) -> np.ndarray | None:
@@ -345,9 +351,11 @@ class Worker:
                 seconds["wait"] += t1 - t0
 
                 ex = batch.examples
-                n_micro = max(1, -(-len(ex) // ex.micro_batch))  # ≥ 1: subsampling may keep nothing
+                # the exact kernel decays alpha from the batch's start to its end; the batched one takes
+                # one rate per micro-batch (≥ 1: subsampling may keep nothing)
+                n_micro = 1 if self.exact else max(1, -(-len(ex) // ex.micro_batch))
                 alphas = kernels.micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, ex.raw_tokens,
-                                                    self.planned_tokens, n_micro)
+                                                    self.planned_tokens, n_micro, ends=self.exact)
                 local = self._assemble(batch, pulled)
                 loss = self._compute(batch, local, alphas)
                 t2 = time.perf_counter()
@@ -435,6 +443,13 @@ class Worker:
             t = torch.from_numpy(a)
             return t.pin_memory().to(dev, non_blocking=True) if cuda else t.to(dev)
 
+        if self.exact:  # the host matrices, trained in place on this worker's threads
+            loss = cpu_kernel.train(local["inputs"], local["outputs"], batch.ctx_pos, batch.target_pos,
+                                    batch.neg_pos, ex.neg_mask, float(alphas[0]), float(alphas[1]),
+                                    ctx_mask=ex.ctx_mask, adagrad=cfg["optimizer"] == "adagrad",
+                                    threads=int(cfg["cpus_per_worker"]))
+            self._count_resident_uses(batch)
+            return loss
         if self.staged:  # only the pulled rows travel: the resident ones are already on the device
             host = {name: self._host[name][:len(local[name])] for name in ("inputs", "outputs")}  # `local`, pinned
             self._inputs = self._grown(self._inputs, len(host["inputs"]))
@@ -453,11 +468,15 @@ class Worker:
             host["outputs"][head:].copy_(outputs[head:], non_blocking=True)
             if cuda:
                 torch.cuda.current_stream(dev).synchronize()
-        if self.cached and cfg["num_workers"] > RESIDENT_OVERSHOOT:  # for the weights of their next push
+        self._count_resident_uses(batch)
+        return loss
+
+    def _count_resident_uses(self, batch: Batch) -> None:
+        head = batch.cached
+        if head and self.config["num_workers"] > RESIDENT_OVERSHOOT:  # for the weights of their next push
             used = np.concatenate([batch.target_pos, batch.neg_pos.reshape(-1)])
             self._cache_uses += np.bincount(used[used < head], minlength=head)
         self._batches_since_sync += 1
-        return loss
 
     def _sync_cache(self, label: str, push: bool = True, pull: bool = True) -> None:
         """Exchange the resident rows with the servers: push what they learned since the last pull

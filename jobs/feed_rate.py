@@ -8,7 +8,7 @@ a device could be fed, however fast), then with the real kernel on the config's 
 trains --epochs epochs and is timed on the last: the first pays for starting the servers and the
 first pulls.
 
-    python jobs/feed_rate.py --corpus CORPUS --config jobs/configs/fast.yaml
+    python jobs/feed_rate.py --corpus CORPUS                                      # the defaults: exact CPU kernel
     python jobs/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml       # on a GPU machine
 """
 
@@ -46,9 +46,9 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
     servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed)
                for s in range(config.num_ps)]
     rows = {name: spec["rows"] for name, spec in tables.items()}
-    train = worker_mod.kernels.train
+    trains = (worker_mod.kernels.train, worker_mod.cpu_kernel.train)  # batched and exact
     if not kernel:
-        worker_mod.kernels.train = lambda *args, **kwargs: 0.0
+        worker_mod.kernels.train = worker_mod.cpu_kernel.train = lambda *args, **kwargs: 0.0
     try:
         worker = worker_mod.Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
                                    rows)
@@ -58,7 +58,7 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
         stats = worker.run_epoch(config.epochs - 1)
         seconds = time.perf_counter() - t0
     finally:
-        worker_mod.kernels.train = train
+        worker_mod.kernels.train, worker_mod.cpu_kernel.train = trains
         for server in servers:
             ray.kill(server)
     tokens = stats["tokens"]
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=max(os.cpu_count() or 1, config.num_ps + 1), include_dashboard=False,
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, config.num_ps + 1), include_dashboard=False,
                  logging_level="ERROR", log_to_driver=False)
     try:
         runs = [feed(args.corpus, config, kernel) for kernel in ((False,) if args.no_kernel_only else (False, True))]

@@ -46,7 +46,7 @@ def write_lee_text(path: str) -> str:
 
 
 def run(work: str, seeds: list[int], epochs: int = 40, dim: int = 100, min_count: int = 2,
-        progress: bool = False, num_workers: int = 2, mode: str = "dbow", dbow_words: bool = False) -> dict:
+        progress: bool = False, num_workers: int = 1, mode: str = "dbow", dbow_words: bool = False) -> dict:
     os.makedirs(work, exist_ok=True)
     text = write_lee_text(os.path.join(work, "lee.txt"))
     corpus = os.path.join(work, "corpus")

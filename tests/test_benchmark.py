@@ -55,12 +55,17 @@ def test_one_small_run_prints_the_table_and_writes_json_and_png(sample_corpus, t
         check=False, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
-    for needle in ("tokens/s", "recall@10 (held out)", "wall: train", "wall: checkpoint", "wall: export",
+    for needle in ("tokens/s", "recall@10 (held out; gensim iterable)", "wall: train", "wall: checkpoint", "wall: export",
                    "ps0", "ps1", "worker0", "gensim driver", "where the workers' time went", "macro-batch 4,096"):
         assert needle in text, needle
     with open(work / "benchmark.json") as fh:
         result = json.load(fh)
     ours, gensim = result["ours"], result["gensim"]
+    modes = {m: result[f"gensim_{m}"] for m in ("iterable", "corpus_file")}  # both of gensim's modes ran
+    assert gensim == max(modes.values(), key=lambda r: r["tokens_per_second"])  # speed: against the faster
+    assert result["gensim_quality"] == modes["iterable"]  # recall: against the most accurate
+    assert "gensim's modes: iterable " in text and "; corpus_file " in text
+    assert all(r["summary"]["gensim_mode"] == m for m, r in modes.items())
     assert ours["tokens_per_second"] > 0 and gensim["tokens_per_second"] > 0
     assert result["speed_ratio"] == pytest.approx(ours["tokens_per_second"] / gensim["tokens_per_second"])
     assert 0 < ours["recall"] <= 1 and 0 < gensim["recall"] <= 1

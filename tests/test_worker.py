@@ -52,8 +52,9 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool) -
     {"mode": "dm", "window": 3},
 ], ids=["dbow-resident-shared", "dbow-adagrad", "dm"])
 def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluster, sample_corpus, settings):
+    # the staged path is the batched kernel's (GPU workers'); the exact kernel trains the host matrices
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=8192,
-                         progress=False, **settings)
+                         kernel="batched", progress=False, **settings)
     in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False)
     staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True)
     assert info_b["host"].keys() == {"inputs", "outputs"} and info_a["host"].keys() == {"inputs"}

@@ -1,0 +1,139 @@
+"""cpu_kernel: gensim's per-example update, each applied before the next, checked against plain Python."""
+
+import numpy as np
+import pytest
+import torch
+
+from doc2vec_dist import cpu_kernel, kernels
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.errors import UserError
+
+
+def reference(inputs, outputs, ctx, ctx_mask, target, neg, neg_mask, a0, a1, adagrad=False, learn_outputs=True,
+              learn_context_words=True):
+    """The update of kernels.py's docstring, one example after another, in float64 numpy."""
+    inputs, outputs = inputs.astype(np.float64), outputs.astype(np.float64)
+    dim = outputs.shape[1] - int(adagrad)
+    n = len(target)
+
+    def step(table, row, grad, alpha):
+        if not adagrad:
+            table[row, :dim] += grad
+            return
+        table[row, dim] += (grad ** 2).mean()
+        table[row, :dim] += alpha * grad / (np.sqrt(table[row, dim]) + 1e-10)
+
+    for e in range(n):
+        alpha = a0 + (a1 - a0) * e / n
+        rate = 1.0 if adagrad else alpha
+        rows = [r for j, r in enumerate(ctx[e]) if ctx_mask is None or ctx_mask[e, j]]
+        h = inputs[rows, :dim].mean(0)
+        work = np.zeros(dim)
+        for j in range(neg.shape[1] + 1):
+            if j and not neg_mask[e, j - 1]:
+                continue
+            row, label = (target[e], 1.0) if j == 0 else (neg[e, j - 1], 0.0)
+            o = outputs[row, :dim].copy()
+            g = (label - 1.0 / (1.0 + np.exp(-h @ o))) * rate
+            work += g * o
+            if learn_outputs:
+                step(outputs, row, g * h, alpha)
+        for r in (rows if learn_context_words else rows[:1]):
+            step(inputs, r, work, alpha)
+    return inputs, outputs
+
+
+def problem(seed, n=60, width=1, dim=8, adagrad=False, hot=False):
+    rng = np.random.default_rng(seed)
+    inputs = ((rng.random((12, dim + int(adagrad))) - 0.5) / 2).astype(np.float32)
+    outputs = ((rng.random((9, dim + int(adagrad))) - 0.5) / 2).astype(np.float32)
+    if adagrad:
+        inputs[:, dim] = outputs[:, dim] = 0
+    ctx = rng.integers(0, 12, (n, width))
+    mask = rng.random((n, width)) < 0.7 if width > 1 else None
+    if mask is not None:
+        mask[:, 0] = True
+    target = np.zeros(n, np.int64) if hot else rng.integers(0, 9, n)  # hot: one row is every target
+    neg = rng.integers(0, 9, (n, 3))
+    return inputs, outputs, ctx, mask, target, neg, neg != target[:, None]
+
+
+@pytest.mark.parametrize("width, adagrad, learn_outputs, learn_context_words", [
+    (1, False, True, True), (4, False, True, True), (1, True, True, True), (4, True, True, True),
+    (4, False, False, False)])
+def test_each_update_is_applied_before_the_next_example(width, adagrad, learn_outputs, learn_context_words):
+    inputs, outputs, ctx, mask, target, neg, neg_mask = problem(1, width=width, adagrad=adagrad)
+    want_in, want_out = reference(inputs, outputs, ctx, mask, target, neg, neg_mask, 0.5, 0.1, adagrad,
+                                  learn_outputs, learn_context_words)
+    before_out = outputs.copy()
+    loss = cpu_kernel.train(inputs, outputs, ctx, target, neg, neg_mask, 0.5, 0.1, ctx_mask=mask, adagrad=adagrad,
+                            learn_outputs=learn_outputs, learn_context_words=learn_context_words, threads=1)
+    np.testing.assert_allclose(inputs, want_in, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(outputs, want_out, rtol=1e-4, atol=1e-5)
+    assert (outputs == before_out).all() == (not learn_outputs)
+    assert np.isfinite(loss) and loss > 0
+
+
+def test_a_hot_row_takes_its_updates_in_sequence_not_summed():
+    """Every example has the same target: the batched kernel with one micro-batch sums 60 updates of that
+    row computed from one starting value; this kernel applies them one after another, as gensim does."""
+    inputs, outputs, ctx, _, target, neg, neg_mask = problem(2, hot=True)
+    exact_in, exact_out = inputs.copy(), outputs.copy()
+    cpu_kernel.train(exact_in, exact_out, ctx, target, neg, neg_mask, 0.5, 0.5, threads=1)
+    _, want_out = reference(inputs, outputs, ctx, None, target, neg, neg_mask, 0.5, 0.5)
+    summed_in, summed_out = torch.from_numpy(inputs.copy()), torch.from_numpy(outputs.copy())
+    kernels.train(summed_in, summed_out, torch.from_numpy(ctx), torch.from_numpy(target), torch.from_numpy(neg),
+                  torch.from_numpy(neg_mask), torch.tensor([0.5]), micro_batch=len(target))
+    exact_err = np.abs(exact_out[0] - want_out[0]).max()
+    summed_err = np.abs(summed_out[0].numpy() - want_out[0]).max()
+    assert exact_err < 1e-5 < summed_err
+
+
+def test_threads_share_the_matrices_and_train_every_example():
+    """Two threads (Hogwild, as gensim's): not bit-exact, but every example is trained: the same
+    loss fall as one thread."""
+    rng = np.random.default_rng(3)
+    docs, vocab, dim, n = 200, 50, 16, 20000
+    ctx = rng.integers(0, docs, (n, 1))
+    target = (ctx[:, 0] % vocab).astype(np.int64)  # each document predicts its own word: learnable
+    neg = rng.integers(0, vocab, (n, 5))
+    losses = {}
+    for threads in (1, 2):
+        inputs = ((rng.random((docs, dim)) - 0.5) / dim).astype(np.float32)
+        outputs = np.zeros((vocab, dim), np.float32)
+        first = cpu_kernel.train(inputs, outputs, ctx, target, neg, neg != target[:, None], 0.1, 0.1,
+                                 threads=threads)
+        last = cpu_kernel.train(inputs, outputs, ctx, target, neg, neg != target[:, None], 0.1, 0.1,
+                                threads=threads)
+        losses[threads] = (first, last)
+    for first, last in losses.values():
+        assert last < 0.6 * first
+    assert losses[2][1] == pytest.approx(losses[1][1], rel=0.1)
+
+
+def test_empty_batch_trains_nothing():
+    inputs, outputs = np.ones((2, 4), np.float32), np.ones((2, 4), np.float32)
+    empty = np.zeros((0, 1), np.int64)
+    assert cpu_kernel.train(inputs, outputs, empty, empty[:, 0], np.zeros((0, 5), np.int64),
+                            np.zeros((0, 5), bool), 0.1, 0.1) == 0.0
+    assert (inputs == 1).all() and (outputs == 1).all()
+
+
+def test_the_kernel_follows_the_device_and_the_negatives():
+    assert TrainConfig().exact_kernel()
+    assert not TrainConfig(gpus_per_worker=1).exact_kernel()
+    assert not TrainConfig(shared_negatives=16).exact_kernel()
+    assert not TrainConfig(kernel="batched").exact_kernel()
+    for bad, words in (({"kernel": "exact", "gpus_per_worker": 1}, "runs on CPU workers"),
+                       ({"kernel": "exact", "shared_negatives": 16}, "needs the batched kernel"),
+                       ({"kernel": "fast"}, "kernel")):
+        with pytest.raises(UserError, match=words):
+            TrainConfig(**bad).validate()
+
+
+def test_one_worker_keeps_every_url_row_resident_by_default():
+    assert TrainConfig().resident_rows(100_000) == 100_000
+    assert TrainConfig(num_workers=2).resident_rows(100_000) == 0
+    assert TrainConfig(cache_rows=500).resident_rows(100_000) == 500
+    assert TrainConfig(cache_rows=500).resident_rows(300) == 300
+    assert TrainConfig(dim=100).resident_rows(10**9) == (2 << 30) // 400  # what fits 2 GiB, hottest first

@@ -1,0 +1,102 @@
+"""jobs/quality.py: the real and skewed sets it scores, and one short run of it end to end.
+
+The figures themselves come from running the job (README, "Quality"); here it is checked that the sets
+are what they claim, that gensim runs in its iterable mode, and that the tables and JSON come out.
+"""
+
+import importlib.util
+import json
+import os
+import pickle
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+from doc2vec_dist.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_quality():
+    spec = importlib.util.spec_from_file_location("quality_job", os.path.join(ROOT, "jobs", "quality.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_newsgroups_are_read_without_running_anything_from_the_pickle(monkeypatch, tmp_path):
+    quality = load_quality()
+    texts, groups = quality.newsgroup_documents()
+    assert len(texts) == len(groups) == 200 and sorted(set(groups)) == ["alt.atheism", "sci.space"]
+    assert all(isinstance(t, str) and t for t in texts)
+    # a pickle that would call a function is refused, not run
+    evil = tmp_path / "evil"
+    evil.write_bytes(zlib.compress(pickle.dumps(os.system, protocol=0)))  # GLOBAL posix system
+    import gensim.test.utils
+
+    monkeypatch.setattr(gensim.test.utils, "datapath", lambda name: str(evil))
+    with pytest.raises(UserError, match="refusing to load"):
+        quality.newsgroup_documents()
+
+
+def test_lee_pairs_follow_the_test_documents_in_either_order(tmp_path):
+    import pyarrow.parquet as pq
+
+    quality = load_quality()
+    first, reversed_ = (quality.make_set(name, str(tmp_path), quick=True) for name in ("lee", "lee-reversed"))
+    a = pq.read_table(os.path.join(tmp_path, "lee", "pairs.parquet")).to_pydict()
+    b = pq.read_table(os.path.join(tmp_path, "lee-reversed", "pairs.parquet")).to_pydict()
+    assert len(a["score"]) == len(b["score"]) == 50 * 49 // 2 and a["score"] == b["score"]
+    assert (a["key1"][0], a["key2"][0], b["key1"][0], b["key2"][0]) == ("0", "1", "300", "301")
+    lines = {}
+    for name in ("lee", "lee-reversed"):
+        with open(os.path.join(tmp_path, name, "lee.txt")) as fh:
+            lines[name] = fh.read().splitlines()
+    assert lines["lee"][:50] == lines["lee-reversed"][300:] and len(lines["lee"]) == 350
+    assert first.metric == reversed_.metric == "pearson" and first.settings["epochs"] == 10  # quick
+
+
+def test_a_short_run_prints_both_trainers_and_saves_json(ray_cluster, tmp_path, capsys):
+    quality = load_quality()
+    out = tmp_path / "q.json"
+    assert quality.main(["--sets", "newsgroups", "--seeds", "1", "2", "--quick", "--work", str(tmp_path),
+                         "--json", str(out), "--gensim-workers", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "doc2vec-dist" in printed and "gensim (iterable)" in printed and "ours − gensim:" in printed
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["set"] == "newsgroups" and result["metric"] == "knn_accuracy@10"
+    for who in ("doc2vec-dist", "gensim"):
+        figures = [r["figure"] for r in result["runs"][who]]
+        assert len(figures) == 2 and all(0.5 < f <= 1.0 for f in figures), result  # 2 groups: chance is 0.5
+        assert result[who]["spread"] == pytest.approx(max(figures) - min(figures))
+    assert result["difference"] == pytest.approx(result["doc2vec-dist"]["mean"] - result["gensim"]["mean"])
+    gensim_model = os.path.join(tmp_path, "models", "newsgroups-dbow-gensim-seed1")
+    with open(os.path.join(gensim_model, "config.json")) as fh:
+        assert json.load(fh)["summary"]["gensim_mode"] == "iterable"
+
+
+def test_leave_one_out_accuracy_counts_every_document(tmp_path):
+    """Two tight clusters with their own labels: every document's neighbours share its label; labels
+    unrelated to the clusters score near chance."""
+    from doc2vec_dist import checkpoint
+    from doc2vec_dist.corpus import prepare
+
+    quality = load_quality()
+    (tmp_path / "t.txt").write_text("".join(f"w{i % 2} w{i % 2 + 2}\n" for i in range(24)))
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), format="text", progress=False)
+    model = str(tmp_path / "m")
+    checkpoint.start_model_dir(model, corpus.path, overwrite=False)
+    rng = np.random.default_rng(0)
+    line = np.array([int(k) for k in corpus.docs()["key"].to_pylist()])  # row id -> line number (the key)
+    vectors = np.where(line[:, None] % 2 == 0, 1.0, -1.0) + 0.01 * rng.standard_normal((24, 4))
+    version = checkpoint.next_version(model)
+    part = checkpoint.write_slice(model, version, "docs", 0, 1, np.arange(24, dtype=np.int64),
+                                  vectors.astype(np.float32))
+    checkpoint.commit(model, version, {"docs": [part]}, {"docs": 4}, {"epoch": 1}, keep=1)
+    labels = ["even" if i % 2 == 0 else "odd" for i in range(24)]
+    assert quality.leave_one_out_accuracy(model, labels, k=5) == 1.0
+    halves = ["first" if i < 12 else "second" for i in range(24)]  # labels the vectors know nothing of
+    assert 0.2 < quality.leave_one_out_accuracy(model, halves, k=5) < 0.8
