@@ -104,6 +104,12 @@ class TrainConfig:
         row_bytes = 4 * (self.dim + int(self.optimizer == "adagrad"))
         return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
 
+    def token_path(self, words_out_rows: int) -> bool:
+        """Whether a worker trains PV-DBOW straight from the tokens (cpu_kernel.train_tokens): the exact
+        kernel, one worker (nothing else writes the URL rows) and every words_out row resident in it."""
+        return (self.exact_kernel() and self.mode == "dbow" and not self.dbow_words and self.num_workers == 1
+                and self.resident_rows(words_out_rows) == words_out_rows)
+
     def exact_kernel(self) -> bool:
         """Whether workers use cpu_kernel (each update applied at once) rather than kernels.train."""
         if self.kernel == "auto":

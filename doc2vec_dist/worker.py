@@ -75,7 +75,7 @@ class Batch:
     pull fills, and a push reads, one contiguous slice per server.
     """
 
-    examples: Examples
+    examples: Examples | None    # None on the token path (cpu_kernel.train_tokens draws its own)
     routes: dict[str, Routing]   # table → its unique rows' routing, in pull order
     ctx_pos: np.ndarray          # [n, c] compact positions in `inputs`
     target_pos: np.ndarray       # [n] compact positions in `outputs`
@@ -85,6 +85,9 @@ class Batch:
     pulls: list                  # one ObjectRef per shard
     start: tuple[int, int]       # (unit index, shard-file row) of its first document: a data position
     cached: int = 0              # `outputs` begins with the worker's resident rows 0..cached-1 of words_out
+    raw_tokens: int = 0          # tokens read before subsampling (what the learning-rate schedule counts)
+    tokens: np.ndarray | None = None  # the token path: the chunk's tokens (ctx_pos: each one's document row)
+    seed: int = 0                # the token path: the seed of its draws
 
     def request(self, shard: int) -> dict[str, np.ndarray]:
         """Local rows of every table on one server: what is pulled from it and pushed back to it."""
@@ -140,6 +143,11 @@ class Worker:
         # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
         # here, at the head of the `outputs` matrix, between macro-batches; see _sync_cache
         self.cached = typed.resident_rows(table_rows["words_out"])
+        # The token path: plain PV-DBOW with every words_out row resident here and no other worker: the
+        # exact kernel reads the tokens and draws the subsampling and negatives itself
+        # (cpu_kernel.train_tokens); the host only routes the documents' rows.
+        self.token_path = typed.token_path(table_rows["words_out"]) and not self.staged
+        self._accept = self.negatives.accept.astype(np.float32)
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)  # staged only
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
@@ -241,6 +249,14 @@ class Worker:
         """Examples, unique rows and their routing for one chunk (pulls not yet issued)."""
         cfg = self.config
         doc_ids, offsets, tokens = chunk
+        if self.token_path:
+            routes = {"docs": Routing.of(doc_ids.astype(np.int64), self.num_shards),  # sorted, unique
+                      "words_out": Routing.of(np.zeros(0, np.int64), self.num_shards)}  # all resident
+            doc_of_token = np.repeat(routes["docs"].position, np.diff(offsets))
+            return Batch(examples=None, routes=routes, ctx_pos=doc_of_token, target_pos=tokens,
+                         neg_pos=np.zeros(0, np.int64), scale=None, push_weights={}, pulls=[], start=start,
+                         cached=self.cached, raw_tokens=len(tokens), tokens=tokens,
+                         seed=int(rng.integers(1 << 63)))
         ex = build_examples(offsets, tokens, self.keep_prob, self.negatives, cfg["negative"], rng,
                             mode=cfg["mode"], dbow_words=cfg["dbow_words"], window=cfg["window"],
                             shared_negatives=cfg["shared_negatives"], micro_batch=cfg["micro_batch"],
@@ -266,7 +282,8 @@ class Worker:
         return Batch(examples=ex, routes=routes, ctx_pos=ctx_pos.reshape(ex.ctx.shape), target_pos=compact[:n],
                      neg_pos=compact[n:].reshape(ex.neg.shape),
                      scale=None if self.exact else doc_step_scale(ex.ctx[:, 0], ex.micro_batch),
-                     push_weights=push_weights, pulls=[], start=start, cached=self.cached)
+                     push_weights=push_weights, pulls=[], start=start, cached=self.cached,
+                     raw_tokens=ex.raw_tokens)
 
     def _push_weights(self, route: Routing, inverse: np.ndarray, n_unique: int) -> np.ndarray | None:
         """Weight of each shared row's pushed delta, in compact order: 1 / the workers expected to
@@ -354,10 +371,10 @@ class Worker:
                 # the exact kernel decays alpha from the batch's start to its end; the batched one takes
                 # one rate per micro-batch (≥ 1: subsampling may keep nothing)
                 n_micro = 1 if self.exact else max(1, -(-len(ex) // ex.micro_batch))
-                alphas = kernels.micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, ex.raw_tokens,
+                alphas = kernels.micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.raw_tokens,
                                                     self.planned_tokens, n_micro, ends=self.exact)
                 local = self._assemble(batch, pulled)
-                loss = self._compute(batch, local, alphas)
+                loss, pairs = self._compute(batch, local, alphas)
                 t2 = time.perf_counter()
                 seconds["compute"] += t2 - t1
 
@@ -369,9 +386,9 @@ class Worker:
                     ray.get(ready)  # raises a refused (non-finite) push here, naming the step
                 seconds["push"] += time.perf_counter() - t2
 
-                done_before += ex.raw_tokens
-                self.stats["tokens"] += ex.raw_tokens
-                self.stats["pairs"] += len(ex)
+                done_before += batch.raw_tokens
+                self.stats["tokens"] += batch.raw_tokens
+                self.stats["pairs"] += pairs
                 self.stats["loss"] += loss
                 batch, step = upcoming, step + 1
 
@@ -431,7 +448,8 @@ class Worker:
         self._host[name] = self._grown(self._host.get(name, empty), rows, pin=self.device.type == "cuda")
         return self._host[name][:rows].numpy()
 
-    def _compute(self, batch: Batch, local: dict[str, np.ndarray], alphas: torch.Tensor) -> float:
+    def _compute(self, batch: Batch, local: dict[str, np.ndarray], alphas: torch.Tensor) -> tuple[float, int]:
+        """Train the batch on its compact matrices; returns (summed loss, examples trained)."""
         cfg, ex = self.config, batch.examples
         dev = self.device
         cuda = dev.type == "cuda"
@@ -443,13 +461,19 @@ class Worker:
             t = torch.from_numpy(a)
             return t.pin_memory().to(dev, non_blocking=True) if cuda else t.to(dev)
 
+        if batch.tokens is not None:  # the token path: the kernel draws the examples itself
+            self._batches_since_sync += 1
+            return cpu_kernel.train_tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
+                                           self.keep_prob, self._accept, self.negatives.alias, cfg["negative"],
+                                           float(alphas[0]), float(alphas[1]), batch.seed,
+                                           adagrad=cfg["optimizer"] == "adagrad", threads=int(cfg["cpus_per_worker"]))
         if self.exact:  # the host matrices, trained in place on this worker's threads
             loss = cpu_kernel.train(local["inputs"], local["outputs"], batch.ctx_pos, batch.target_pos,
                                     batch.neg_pos, ex.neg_mask, float(alphas[0]), float(alphas[1]),
                                     ctx_mask=ex.ctx_mask, adagrad=cfg["optimizer"] == "adagrad",
                                     threads=int(cfg["cpus_per_worker"]))
             self._count_resident_uses(batch)
-            return loss
+            return loss, len(ex)
         if self.staged:  # only the pulled rows travel: the resident ones are already on the device
             host = {name: self._host[name][:len(local[name])] for name in ("inputs", "outputs")}  # `local`, pinned
             self._inputs = self._grown(self._inputs, len(host["inputs"]))
@@ -469,7 +493,7 @@ class Worker:
             if cuda:
                 torch.cuda.current_stream(dev).synchronize()
         self._count_resident_uses(batch)
-        return loss
+        return loss, len(ex)
 
     def _count_resident_uses(self, batch: Batch) -> None:
         head = batch.cached

@@ -137,3 +137,85 @@ def test_one_worker_keeps_every_url_row_resident_by_default():
     assert TrainConfig(cache_rows=500).resident_rows(100_000) == 500
     assert TrainConfig(cache_rows=500).resident_rows(300) == 300
     assert TrainConfig(dim=100).resident_rows(10**9) == (2 << 30) // 400  # what fits 2 GiB, hottest first
+
+
+def token_problem(seed=0, vocab=50, docs=400, per_doc=50, sample=1e-2, dim=16, adagrad=False):
+    """A Zipf-like corpus over a small vocabulary (the top words drawn often, as negatives too) and
+    the tables, subsampling and alias table a worker would hold for it."""
+    from doc2vec_dist.sampling import NegativeTable, keep_probabilities
+
+    rng = np.random.default_rng(seed)
+    counts = (1e5 / np.arange(1, vocab + 1) ** 2).astype(np.int64) + 1
+    negatives = NegativeTable(counts)
+    tokens = rng.choice(vocab, docs * per_doc, p=counts / counts.sum()).astype(np.int32)
+    doc_of_token = np.repeat(np.arange(docs), per_doc)
+    width = dim + int(adagrad)
+    inputs = ((rng.random((docs, width), dtype=np.float32) - 0.5) / dim).astype(np.float32)
+    if adagrad:
+        inputs[:, dim] = 0
+    outputs = np.zeros((vocab, width), np.float32)
+    return (inputs, outputs, doc_of_token, tokens, keep_probabilities(counts, sample),
+            negatives.accept.astype(np.float32), negatives.alias, negatives)
+
+
+@pytest.mark.parametrize("adagrad", [False, True])
+def test_the_token_path_trains_exactly_the_examples_it_draws(adagrad):
+    """train_tokens draws subsampling and negatives itself; on one thread it must train exactly what
+    train() (checked above against the reference) trains on the same draws, hot rows drawn twice in
+    one example included."""
+    inputs, outputs, doc_of_token, tokens, keep, accept, alias, _ = token_problem(adagrad=adagrad)
+    ref_in, ref_out = inputs.copy(), outputs.copy()
+    loss, trained = cpu_kernel.train_tokens(inputs, outputs, doc_of_token, tokens, keep, accept, alias, 5, 0.05,
+                                            0.05, seed=7, adagrad=adagrad, threads=1)
+    ctx, target, neg, neg_mask = cpu_kernel.draw_examples(doc_of_token, tokens, keep, accept, alias, 5, seed=7)
+    assert trained == len(target) and (~neg_mask).any()  # some draws hit the target, and were skipped
+    assert (np.sort(neg, axis=1)[:, 1:] == np.sort(neg, axis=1)[:, :-1]).any()  # a row twice in one example
+    ref_loss = cpu_kernel.train(ref_in, ref_out, ctx, target, neg, neg_mask, 0.05, 0.05, adagrad=adagrad, threads=1)
+    np.testing.assert_array_equal(inputs, ref_in)
+    np.testing.assert_array_equal(outputs, ref_out)
+    assert loss == pytest.approx(ref_loss, rel=0.05)
+
+
+def test_the_token_path_subsamples_and_draws_negatives_as_gensim_does():
+    _, _, doc_of_token, tokens, keep, accept, alias, negatives = token_problem(per_doc=500)
+    ctx, target, neg, neg_mask = cpu_kernel.draw_examples(doc_of_token, tokens, keep, accept, alias, 5, seed=3)
+    # each word kept with its subsampling probability
+    kept = np.bincount(target, minlength=len(keep)) / np.maximum(np.bincount(tokens, minlength=len(keep)), 1)
+    seen = np.bincount(tokens, minlength=len(keep)) > 2000
+    np.testing.assert_allclose(kept[seen], keep[seen], atol=0.02)
+    # negatives follow unigram^0.75, and a draw equal to the target is masked
+    drawn = np.bincount(neg.ravel(), minlength=len(keep)) / neg.size
+    np.testing.assert_allclose(drawn, negatives.p, atol=0.003)
+    assert (neg_mask == (neg != target[:, None])).all()
+    # documents keep their tokens' order
+    assert (np.diff(ctx[:, 0]) >= 0).all()
+    # another seed, other draws; the same seed, the same draws whatever the threads
+    assert not np.array_equal(cpu_kernel.draw_examples(doc_of_token, tokens, keep, accept, alias, 5, seed=4)[2][:100],
+                              neg[:100])
+
+
+def test_the_token_path_learns_on_two_threads():
+    inputs, outputs, doc_of_token, tokens, keep, accept, alias, _ = token_problem(sample=0)
+    # each document uses 5 words of its own group of 50 / 10: learnable, unlike the Zipf draws
+    tokens = ((doc_of_token % 10) * 5 + np.random.default_rng(1).integers(0, 5, len(tokens))).astype(np.int32)
+    first = cpu_kernel.train_tokens(inputs, outputs, doc_of_token, tokens, keep, accept, alias, 5, 0.05, 0.05, 1,
+                                    threads=2)
+    for seed in range(2, 6):
+        last = cpu_kernel.train_tokens(inputs, outputs, doc_of_token, tokens, keep, accept, alias, 5, 0.05, 0.05,
+                                       seed, threads=2)
+    assert first[1] == last[1] == len(tokens)  # sample 0: every token trained
+    assert last[0] < 0.8 * first[0] and np.isfinite(inputs).all()
+    assert cpu_kernel.train_tokens(inputs, outputs, doc_of_token[:0], tokens[:0], keep, accept, alias, 5, 0.05,
+                                   0.05, 1) == (0.0, 0)
+
+
+def test_the_token_path_is_taken_where_every_url_row_is_the_workers_alone():
+    from doc2vec_dist.trainer import engine_line
+
+    assert TrainConfig().token_path(100_000)
+    assert TrainConfig(optimizer="adagrad").token_path(100_000)
+    for other in ({"cache_rows": 0}, {"cache_rows": 500}, {"num_workers": 2, "cache_rows": 10**6},
+                  {"dbow_words": True}, {"mode": "dm"}, {"kernel": "batched"}, {"gpus_per_worker": 1}):
+        assert not TrainConfig(**other).token_path(100_000), other
+    assert "examples drawn in the kernel" in engine_line(TrainConfig(), 100_000)
+    assert "examples drawn" not in engine_line(TrainConfig(cache_rows=0), 100_000)

@@ -165,6 +165,8 @@ def test_a_flag_error_comes_back_in_under_a_second(sample_corpus, tmp_path, caps
 
 
 @pytest.mark.parametrize("flags, tables", [
+    ({}, {"docs", "words_out"}),  # the defaults: the token path
+    ({"cache_rows": 0}, {"docs", "words_out"}),  # the exact kernel on examples the host built
     ({"mode": "dm"}, {"docs", "words", "words_out"}),
     ({"dbow_words": True}, {"docs", "words", "words_out"}),
     ({"optimizer": "adagrad", "alpha": 0.05}, {"docs", "words_out"}),
