@@ -46,9 +46,11 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
     servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed)
                for s in range(config.num_ps)]
     rows = {name: spec["rows"] for name, spec in tables.items()}
-    trains = (worker_mod.kernels.train, worker_mod.cpu_kernel.train)  # batched and exact
+    # batched, exact, and exact drawing its own examples (the token path)
+    trains = (worker_mod.kernels.train, worker_mod.cpu_kernel.train, worker_mod.cpu_kernel.train_tokens)
     if not kernel:
         worker_mod.kernels.train = worker_mod.cpu_kernel.train = lambda *args, **kwargs: 0.0
+        worker_mod.cpu_kernel.train_tokens = lambda *args, **kwargs: (0.0, 0)
     try:
         worker = worker_mod.Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
                                    rows)
@@ -58,7 +60,7 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
         stats = worker.run_epoch(config.epochs - 1)
         seconds = time.perf_counter() - t0
     finally:
-        worker_mod.kernels.train, worker_mod.cpu_kernel.train = trains
+        worker_mod.kernels.train, worker_mod.cpu_kernel.train, worker_mod.cpu_kernel.train_tokens = trains
         for server in servers:
             ray.kill(server)
     tokens = stats["tokens"]
