@@ -76,7 +76,9 @@ class TrainConfig:
                                       "between macro-batches: neither pulled nor pushed every step; synced every "
                                       "few batches (default: every row that fits 2 GiB with one worker, none with "
                                       "several)", engine=True)
-    macro_batch: int = _f(65536, "tokens read per pull/compute/push cycle of a worker", engine=True)
+    macro_batch: int | None = _f(None, "tokens read per pull/compute/push cycle of a worker (default: 262,144 "
+                                       "for one worker with every words_out row resident, else 65,536)",
+                                 engine=True)
     micro_batch: int = _f(1024, "(doc, word) pairs per in-cache update step inside a macro-batch (batched "
                                 "kernel)", engine=True)
     kernel: str = _f("auto", "exact: each example's update applied before the next, gensim's order, compiled "
@@ -132,7 +134,8 @@ class TrainConfig:
             (self.num_workers > 0, "num_workers must be > 0"),
             (self.cpus_per_worker > 0, "cpus_per_worker must be > 0"),
             (self.gpus_per_worker >= 0, "gpus_per_worker must be >= 0"),
-            (self.macro_batch > 0 and self.micro_batch > 0, "macro_batch and micro_batch must be > 0"),
+            ((self.macro_batch is None or self.macro_batch > 0) and self.micro_batch > 0,
+             "macro_batch and micro_batch must be > 0"),
             (self.max_inflight_pushes > 0, "max_inflight_pushes must be > 0"),
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be > 0"),

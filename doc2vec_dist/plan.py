@@ -96,9 +96,10 @@ def shard_table_bytes(tables: dict[str, dict], num_ps: int) -> list[dict[str, in
              for name, spec in tables.items()} for s in range(num_ps)]
 
 
-def effective_macro_batch(config: TrainConfig, epoch_tokens: int) -> int:
+def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows: int) -> int:
     """The tokens a worker reads per macro-batch (worker.macro_batch_for)."""
-    return macro_batch_for(config.macro_batch, epoch_tokens // config.num_workers)
+    return macro_batch_for(config.macro_batch, epoch_tokens // config.num_workers,
+                           sole_writer=config.token_path(words_out_rows))
 
 
 def worker_batch_bytes(profile: dict, width: int) -> int:
@@ -132,7 +133,7 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     counts = corpus.counts()
     keep = keep_probabilities(counts, config.sample)
     negatives = NegativeTable(counts, config.ns_exponent)
-    macro = effective_macro_batch(config, corpus.num_tokens)
+    macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
     rng = np.random.default_rng(config.seed)
     trains_words = config.mode == "dm" or config.dbow_words
     seen = []
@@ -248,7 +249,7 @@ def calibration_tokens(corpus: Corpus, config: TrainConfig, seconds: float) -> t
     """(tokens of the slice, epochs) for a calibration of about `seconds`: the full run's macro-batch
     needs ROUNDS_PER_EPOCH × macro-batch tokens per worker; a smaller corpus is trained whole."""
     want = int(seconds * GUESS_TOKENS_PER_SECOND_PER_WORKER * config.num_workers)
-    floor = ROUNDS_PER_EPOCH * effective_macro_batch(config, corpus.num_tokens) * config.num_workers
+    floor = ROUNDS_PER_EPOCH * effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size) * config.num_workers
     want = max(want, floor)
     if want >= corpus.num_tokens:
         return corpus.num_tokens, int(min(MAX_CALIBRATION_EPOCHS, max(1, want // max(corpus.num_tokens, 1))))
@@ -301,7 +302,7 @@ def _calibrate_once(corpus: Corpus, config: TrainConfig, tokens: int, epochs: in
         return {"corpus_tokens": target.num_tokens, "corpus_docs": target.num_docs, "epochs": epochs,
                 "sliced": target is not corpus, "summary": summary, "processes": procs,
                 "table_bytes": [sum(t.values()) for t in cal_tables],
-                "macro_batch": effective_macro_batch(config, target.num_tokens)}
+                "macro_batch": effective_macro_batch(config, target.num_tokens, target.vocab_size)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -149,7 +149,8 @@ SHARED_ROW_UPDATES = 640
 def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     """Warnings for settings measured to lose quality, each naming the flags to change."""
     found = []
-    macro = macro_batch_for(config.macro_batch, corpus.num_tokens // config.num_workers)  # as workers cap it
+    macro = macro_batch_for(config.macro_batch, corpus.num_tokens // config.num_workers,  # as workers take it
+                            sole_writer=config.token_path(corpus.vocab_size))
     stale = (config.num_workers - 1) * macro
     if stale > STALE_TOKENS:
         found.append(f"{config.num_workers} workers x {macro:,}-token macro-batches: each worker trains rows "

@@ -184,8 +184,9 @@ def report(result: dict) -> str:
     sweep = result.get("sweep") or []
     if sweep:
         lines += ["", f"sweep, ours only, {result['sweep_epochs']} epoch(s) each:"]
-        rows = [[f"macro-batch {p['macro_batch']:,}" + (f" (cut to {p['effective_macro_batch']:,})"
-                 if p.get("effective_macro_batch", p["macro_batch"]) != p["macro_batch"] else "")
+        rows = [[(f"macro-batch {p['macro_batch']:,}" if p["macro_batch"] else "macro-batch default")
+                 + (f" ({'cut to' if p['macro_batch'] else 'is'} {p['effective_macro_batch']:,})"
+                    if p.get("effective_macro_batch", p["macro_batch"]) != p["macro_batch"] else "")
                  + f", {p['num_workers']} workers", _fmt(p["tokens_per_second"], "M"),
                  _fmt(p["train_seconds"], "s"),
                  " ".join(f"{k} {100 * v / (sum(p['worker_seconds'].values()) or 1):.0f}%"
@@ -225,7 +226,7 @@ def plot(result: dict, path: str) -> None:
         if key == "macro_batch":
             ax.set_xscale("log", base=2)
         ax.set_xlabel(label)
-        ax.set_title(f"{fixed_name} {cfg[fixed]:,}")
+        ax.set_title(f"{fixed_name} {cfg[fixed]:,}" if cfg[fixed] else f"{fixed_name}: default")
         if key == "num_workers":
             ax.set_xticks([x for x, _ in points] or [cfg["num_workers"]])
         ax.grid(alpha=0.3)
@@ -250,16 +251,16 @@ def run_sweep(corpus: str, config: TrainConfig, points: list[dict], epochs: int,
     from doc2vec_dist.plan import effective_macro_batch
     from doc2vec_dist.trainer import train
 
-    tokens = Corpus(corpus).num_tokens
+    data = Corpus(corpus)
     out = []
     for i, p in enumerate(points):
         cfg = dataclasses.replace(config, epochs=epochs, macro_batch=p["macro_batch"], num_workers=p["num_workers"],
                                   progress=False, checkpoint_every=0, keep_checkpoints=1)
-        print(f"[benchmark] sweep {i + 1}/{len(points)}: macro-batch {p['macro_batch']}, "
+        print(f"[benchmark] sweep {i + 1}/{len(points)}: macro-batch {p['macro_batch'] or 'default'}, "
               f"{p['num_workers']} workers", file=sys.stderr, flush=True)
         s = train(corpus, os.path.join(work, "sweep-model"), cfg, overwrite=True)
         # a worker makes at least 16 rounds an epoch: on a small corpus a large macro-batch is cut
-        p = {**p, "effective_macro_batch": effective_macro_batch(cfg, tokens)}
+        p = {**p, "effective_macro_batch": effective_macro_batch(cfg, data.num_tokens, data.vocab_size)}
         out.append({**p, "tokens_per_second": s["tokens_per_second"], "train_seconds": s["train_seconds"],
                     "worker_seconds": s.get("worker_seconds", {})})
     return out

@@ -50,9 +50,16 @@ def test_memory_plan_adds_up_for_known_sizes():
 
 def test_macro_batch_is_the_workers():
     cfg = TrainConfig(macro_batch=65536, num_workers=2)
-    assert planmod.effective_macro_batch(cfg, 600_000_000) == 65536
-    assert planmod.effective_macro_batch(cfg, 16 * 2 * 10_000) == 10_000  # ≥ 16 rounds per epoch
-    assert planmod.effective_macro_batch(cfg, 1000) == 4096  # never below the floor
+    assert planmod.effective_macro_batch(cfg, 600_000_000, 1000) == 65536
+    assert planmod.effective_macro_batch(cfg, 16 * 2 * 10_000, 1000) == 10_000  # ≥ 16 rounds per epoch
+    assert planmod.effective_macro_batch(cfg, 1000, 1000) == 4096  # never below the floor
+    # rows shared by several workers: 65,536 by default; one worker writing every row it trains
+    # (every words_out row resident) takes 262,144, and a small corpus's epoch in one round
+    assert planmod.effective_macro_batch(TrainConfig(num_workers=2), 600_000_000, 1000) == 65536
+    alone = TrainConfig(num_workers=1)
+    assert planmod.effective_macro_batch(alone, 600_000_000, 1000) == 262144
+    assert planmod.effective_macro_batch(alone, 60_000, 1000) == 262144
+    assert planmod.effective_macro_batch(TrainConfig(num_workers=1, macro_batch=8192), 60_000, 1000) == 8192
 
 
 def test_warnings_name_what_does_not_fit():
