@@ -232,17 +232,11 @@ def empty_ps_bytes() -> int | None:
 
 def ps_init_seconds_per_row(dim: int, rows: int = 100_000) -> float:
     """Seconds a parameter server takes to initialise one uniform row, timed here on its own code."""
-    import torch
-
     from .ps import ParameterServer
 
-    threads = torch.get_num_threads()
-    try:
-        t0 = time.perf_counter()
-        ParameterServer(0, 1, {"docs": {"rows": rows, "dim": dim, "init": "uniform", "state": 0}}, 0)
-        return (time.perf_counter() - t0) / rows
-    finally:
-        torch.set_num_threads(threads)  # the server sets its own count; this process keeps its
+    t0 = time.perf_counter()
+    ParameterServer(0, 1, {"docs": {"rows": rows, "dim": dim, "init": "uniform", "state": 0}}, 0)
+    return (time.perf_counter() - t0) / rows
 
 
 def calibration_tokens(corpus: Corpus, config: TrainConfig, seconds: float) -> tuple[int, int]:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 
+import numba
 import numpy as np
-import torch
 
 from . import checkpoint
 from .sharding import global_rows, rows_on_shard
@@ -21,6 +20,18 @@ from .sharding import global_rows, rows_on_shard
 
 class NonFiniteUpdate(RuntimeError):
     pass
+
+
+@numba.njit(nogil=True, cache=True)
+def _add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray) -> None:
+    """table[ids[i]] += delta[i] for every i, in order (a repeated id gets every delta). Compiled and
+    without the GIL, so a threaded server applies pushes to different tables at once; numpy's
+    table[ids] += delta is a gather, an add and a scatter (35 ms for 75k rows x 100), and this server
+    needs no torch (0.85 s of a process's start-up) for torch's index_add_."""
+    for i in range(len(ids)):
+        row = ids[i]
+        for j in range(delta.shape[1]):
+            table[row, j] += delta[i, j]
 
 
 def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 16) -> None:
@@ -48,9 +59,7 @@ class ParameterServer:
         of servers; this one takes the rows that are its own under the current count.
         """
         self.shard, self.num_shards = shard, num_shards
-        torch.set_num_threads(1)  # a server uses no CPU of its own reservation; it must not spread out
         self.tables: dict[str, np.ndarray] = {}
-        self.views: dict[str, torch.Tensor] = {}
         self.rows: dict[str, int] = {}  # global row count of each table
         self.dims: dict[str, int] = {}
         self.locks: dict[str, threading.Lock] = {}
@@ -70,7 +79,6 @@ class ParameterServer:
             self.tables[name] = table
             self.rows[name] = spec["rows"]
             self.dims[name] = dim
-            self.views[name] = torch.from_numpy(table)  # shares the memory
             self.locks[name] = threading.Lock()
         self.pushes = 0
 
@@ -110,16 +118,10 @@ class ParameterServer:
         if not np.isfinite(delta.sum()):
             raise NonFiniteUpdate(f"shard {self.shard}: non-finite values in the push of {step}; "
                                   "the learning rate is probably too high")
-        with warnings.catch_warnings():
-            # a push arrives read-only from the object store; torch warns, but it is only read here
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            delta_t = torch.from_numpy(delta)
         at = 0
         for name, ids in request.items():
             with self.locks[name]:
-                # torch's index_add_ on a view of the numpy table: ~7× faster than numpy's
-                # table[ids] += delta (measured: 5 ms vs 35 ms for 75k rows × 100)
-                self.views[name].index_add_(0, torch.from_numpy(ids), delta_t[at:at + len(ids)])
+                _add_rows(self.tables[name], np.asarray(ids, dtype=np.int64), delta[at:at + len(ids)])
             at += len(ids)
         self.pushes += 1
         return self.pushes

@@ -50,3 +50,16 @@ def test_concurrent_pushes_to_the_same_rows_all_land(ray_cluster):
     table = ray.get(server.pull.remote({"words_out": np.arange(50)}))
     np.testing.assert_array_equal(table, np.full((50, 8), 300.0, np.float32))
     ray.kill(server)
+
+
+def test_a_push_adds_each_delta_row_to_its_row_repeated_ids_included():
+    ps = ParameterServer(0, 1, TABLES, seed=1)
+    before = ps.tables["docs"].copy()
+    ids = np.array([5, 2, 5], dtype=np.int64)  # row 5 twice: both deltas land
+    delta = np.arange(24, dtype=np.float32).reshape(3, 8)
+    delta.flags.writeable = False  # as a push arrives from the object store
+    ps.push({"docs": ids}, delta)
+    expected = before.copy()
+    expected[2] += delta[1]
+    expected[5] += delta[0] + delta[2]
+    np.testing.assert_allclose(ps.tables["docs"], expected, rtol=1e-6)
