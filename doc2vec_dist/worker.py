@@ -7,6 +7,9 @@ they touch, pulls them with one call per parameter server into compact local mat
 micro-batches over them (kernels.py), and pushes back new − pulled with one call per server. The pull
 of the next macro-batch is in flight while the current one computes, and up to
 `max_inflight_pushes` pushes are outstanding.
+
+torch (and kernels.py, which needs it) is imported where a worker first uses it, not here: the driver
+imports this module to start the actors, and torch's import is 0.8 s of train's start-up.
 """
 
 from __future__ import annotations
@@ -14,16 +17,19 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
-import torch
 
-from . import cpu_kernel, kernels
+from . import cpu_kernel
 from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities, unique_rows
 from .sharding import Routing
+
+if TYPE_CHECKING:
+    import torch
 
 MIN_MACRO_BATCH = 4096
 ROUNDS_PER_EPOCH = 16  # pull/push rounds a worker makes at least per epoch where rows are shared (macro_batch_for)
@@ -126,6 +132,8 @@ class Worker:
                  servers: list, table_rows: dict[str, int]):
         """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it)."""
+        import torch
+
         servers = [ray.get_actor(s) if isinstance(s, str) else s for s in servers]
         self.index, self.units, self.config, self.servers = index, units, config, servers
         self.num_shards = len(servers)
@@ -329,6 +337,8 @@ class Worker:
     def run_epoch(self, epoch: int, start: dict | None = None) -> dict:
         """Train this worker's data for one epoch, from the beginning or from a checkpointed position
         (`start`, as pause() reported it); returns the epoch's counters."""
+        from .kernels import micro_batch_alphas
+
         cfg = self.config
         start = start or self.start_of(epoch)
         self.stats = self._zero_stats()
@@ -381,7 +391,7 @@ class Worker:
                 # the exact kernel decays alpha from the batch's start to its end; the batched one takes
                 # one rate per micro-batch (≥ 1: subsampling may keep nothing)
                 n_micro = 1 if self.exact else max(1, -(-len(ex) // ex.micro_batch))
-                alphas = kernels.micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.raw_tokens,
+                alphas = micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.raw_tokens,
                                                     self.planned_tokens, n_micro, ends=self.exact)
                 local = self._assemble(batch, pulled)
                 loss, pairs = self._compute(batch, local, alphas)
@@ -437,6 +447,8 @@ class Worker:
     def _grown(buffer: torch.Tensor, rows: int, keep: int = 0, pin: bool = False) -> torch.Tensor:
         """`buffer` if it has `rows` rows, else a bigger one (by 1/4 at least, so growth is rare) with
         its first `keep` rows carried over."""
+        import torch
+
         if len(buffer) >= rows:
             return buffer
         grown = torch.empty((max(rows, len(buffer) * 5 // 4), buffer.shape[1]), dtype=buffer.dtype,
@@ -454,12 +466,18 @@ class Worker:
     def _host_buffer(self, name: str, rows: int) -> np.ndarray:
         """The persistent host matrix `name` as a numpy view of `rows` rows; pinned on CUDA, so that
         copies to and from the device run asynchronously."""
+        import torch
+
         empty = torch.empty((0, self.width), dtype=torch.float32)
         self._host[name] = self._grown(self._host.get(name, empty), rows, pin=self.device.type == "cuda")
         return self._host[name][:rows].numpy()
 
     def _compute(self, batch: Batch, local: dict[str, np.ndarray], alphas: torch.Tensor) -> tuple[float, int]:
         """Train the batch on its compact matrices; returns (summed loss, examples trained)."""
+        import torch
+
+        from . import kernels
+
         cfg, ex = self.config, batch.examples
         dev = self.device
         cuda = dev.type == "cuda"
@@ -547,6 +565,8 @@ class Worker:
             pulled = ray.get([server.pull.remote({"words_out": route.local[s]}) for s, server in enumerate(self.servers)])
             fresh = np.empty((self.cached, self.width), dtype=np.float32)
             fresh[compact] = np.concatenate(pulled)
+            import torch
+
             self._outputs_buffer(self.cached)[:] = torch.from_numpy(fresh).to(self.device)
             self._cache_base = fresh
         self._batches_since_sync = 0

@@ -35,6 +35,7 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
     """One worker's last epoch of `config.epochs`, with the real kernel or with none."""
     import ray
 
+    from doc2vec_dist import cpu_kernel, kernels
     from doc2vec_dist import worker as worker_mod
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.ps import ParameterServer
@@ -47,10 +48,10 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
                for s in range(config.num_ps)]
     rows = {name: spec["rows"] for name, spec in tables.items()}
     # batched, exact, and exact drawing its own examples (the token path)
-    trains = (worker_mod.kernels.train, worker_mod.cpu_kernel.train, worker_mod.cpu_kernel.train_tokens)
+    trains = (kernels.train, cpu_kernel.train, cpu_kernel.train_tokens)
     if not kernel:
-        worker_mod.kernels.train = worker_mod.cpu_kernel.train = lambda *args, **kwargs: 0.0
-        worker_mod.cpu_kernel.train_tokens = lambda *args, **kwargs: (0.0, 0)
+        kernels.train = cpu_kernel.train = lambda *args, **kwargs: 0.0
+        cpu_kernel.train_tokens = lambda *args, **kwargs: (0.0, 0)
     try:
         worker = worker_mod.Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
                                    rows)
@@ -60,7 +61,7 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
         stats = worker.run_epoch(config.epochs - 1)
         seconds = time.perf_counter() - t0
     finally:
-        worker_mod.kernels.train, worker_mod.cpu_kernel.train, worker_mod.cpu_kernel.train_tokens = trains
+        kernels.train, cpu_kernel.train, cpu_kernel.train_tokens = trains
         for server in servers:
             ray.kill(server)
     tokens = stats["tokens"]
