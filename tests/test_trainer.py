@@ -164,6 +164,17 @@ def test_a_flag_error_comes_back_in_under_a_second(sample_corpus, tmp_path, caps
     assert not (tmp_path / "m").exists()
 
 
+def test_the_driver_trains_without_importing_torch():
+    """torch's import is ~0.8 s of `train`'s start-up, paid before Ray starts; only workers need it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, doc2vec_dist.cli, doc2vec_dist.trainer, doc2vec_dist.placement as p; "
+             "p.local_resources(1 << 30); print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize("flags, tables", [
     ({}, {"docs", "words_out"}),  # the defaults: the token path
     ({"cache_rows": 0}, {"docs", "words_out"}),  # the exact kernel on examples the host built
