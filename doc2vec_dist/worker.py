@@ -128,6 +128,17 @@ class Batch:
                 "outputs": outputs}
 
 
+def send_pushes(pushes: list[tuple], inflight: list, limit: int) -> list:
+    """Send (server, request, delta, label) pushes, then wait until at most `limit` are in flight, the
+    oldest first; returns those still in flight. A push a server refused (non-finite values) raises
+    here, naming its step."""
+    inflight = inflight + [server.push.remote(request, delta, label) for server, request, delta, label in pushes]
+    if len(inflight) > limit:
+        ready, inflight = ray.wait(inflight, num_returns=len(inflight) - limit)
+        ray.get(ready)
+    return inflight
+
+
 class Pusher:
     """A worker's pushes, sent from a thread of their own while the next macro-batch computes.
 
@@ -172,10 +183,7 @@ class Pusher:
                     ray.get(inflight)
                     inflight = []
                     continue
-                inflight += [server.push.remote(request, delta, label) for server, request, delta, label in item]
-                if len(inflight) > self.limit:
-                    ready, inflight = ray.wait(inflight, num_returns=len(inflight) - self.limit)
-                    ray.get(ready)
+                inflight = send_pushes(item, inflight, self.limit)
             except Exception as exc:  # noqa: BLE001 (kept for the worker's thread, which raises it)
                 self.error, inflight = exc, []
             finally:
@@ -448,7 +456,7 @@ class Worker:
                 # one rate per micro-batch (≥ 1: subsampling may keep nothing)
                 n_micro = 1 if self.exact else max(1, -(-len(ex) // ex.micro_batch))
                 alphas = micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.raw_tokens,
-                                                    self.planned_tokens, n_micro, ends=self.exact)
+                                            self.planned_tokens, n_micro, ends=self.exact)
                 local = self._assemble(batch, pulled)
                 loss, pairs = self._compute(batch, local, alphas)
                 t2 = time.perf_counter()
@@ -459,11 +467,7 @@ class Worker:
                 if self.pusher is not None:  # sent from its own thread while the next batch computes
                     self.pusher.submit(pushes)
                 else:
-                    inflight += [server.push.remote(request, delta, label) for server, request, delta, label in pushes]
-                    while len(inflight) > cfg["max_inflight_pushes"] * self.num_shards:
-                        ready, inflight = ray.wait(inflight, num_returns=len(inflight) - cfg["max_inflight_pushes"]
-                                                   * self.num_shards)
-                        ray.get(ready)  # raises a refused (non-finite) push here, naming the step
+                    inflight = send_pushes(pushes, inflight, cfg["max_inflight_pushes"] * self.num_shards)
                 seconds["push"] += time.perf_counter() - t2
 
                 done_before += batch.raw_tokens
