@@ -63,8 +63,8 @@ from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
 from .sampling import NegativeTable, build_examples, keep_probabilities
 from .sharding import rows_on_shard
-from .trainer import quality_warnings, table_specs
-from .worker import ROUNDS_PER_EPOCH, macro_batch_for
+from .trainer import effective_macro_batch, quality_warnings, table_specs
+from .worker import ROUNDS_PER_EPOCH
 
 FLOAT_BYTES = 4
 GiB = 1 << 30
@@ -94,12 +94,6 @@ def shard_table_bytes(tables: dict[str, dict], num_ps: int) -> list[dict[str, in
     trains it, words_out; each with its rows, dim and optimiser columns "state")."""
     return [{name: rows_on_shard(s, num_ps, spec["rows"]) * (spec["dim"] + spec.get("state", 0)) * FLOAT_BYTES
              for name, spec in tables.items()} for s in range(num_ps)]
-
-
-def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows: int) -> int:
-    """The tokens a worker reads per macro-batch (worker.macro_batch_for)."""
-    return macro_batch_for(config.macro_batch, epoch_tokens // config.num_workers,
-                           sole_writer=config.token_path(words_out_rows))
 
 
 def worker_batch_bytes(profile: dict, width: int) -> int:

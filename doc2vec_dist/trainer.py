@@ -146,11 +146,16 @@ STALE_TOKENS = 163840
 SHARED_ROW_UPDATES = 640
 
 
+def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows: int) -> int:
+    """The tokens each worker reads per macro-batch, as the workers take it (worker.macro_batch_for)."""
+    return macro_batch_for(config.macro_batch, epoch_tokens // config.num_workers,
+                           sole_writer=config.token_path(words_out_rows))
+
+
 def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     """Warnings for settings measured to lose quality, each naming the flags to change."""
     found = []
-    macro = macro_batch_for(config.macro_batch, corpus.num_tokens // config.num_workers,  # as workers take it
-                            sole_writer=config.token_path(corpus.vocab_size))
+    macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
     stale = (config.num_workers - 1) * macro
     if stale > STALE_TOKENS:
         found.append(f"{config.num_workers} workers x {macro:,}-token macro-batches: each worker trains rows "
