@@ -178,9 +178,11 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
 def engine_line(config: TrainConfig, words_out_rows: int) -> str:
     """How the run trains, in one line: workers and threads, kernel, resident rows of words_out."""
     resident = config.resident_rows(words_out_rows)
+    token_path = config.token_path(words_out_rows)
     kernel = ("exact (each update applied at once, gensim's order"
-              + ("; examples drawn in the kernel)" if config.token_path(words_out_rows) else ")")
-              if config.exact_kernel() else f"batched ({config.micro_batch:,}-example micro-batches)")
+              + ("; examples drawn in the kernel)" if token_path else ")")
+              if config.exact_kernel() else f"batched ({config.micro_batch:,}-example micro-batches"
+              + ("; examples drawn on its device)" if token_path else ")"))
     where = (f"all {words_out_rows:,} rows" if resident == words_out_rows else f"the {resident:,} hottest rows"
              if resident else "none")
     return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,7 +93,7 @@ class Batch:
     pull fills, and a push reads, one contiguous slice per server.
     """
 
-    examples: Examples | None    # None on the token path (cpu_kernel.train_tokens draws its own)
+    examples: Examples | None    # None on the token path (the examples are drawn where the kernel runs)
     routes: dict[str, Routing]   # table → its unique rows' routing, in pull order
     ctx_pos: np.ndarray          # [n, c] compact positions in `inputs`
     target_pos: np.ndarray       # [n] compact positions in `outputs`
@@ -103,7 +104,8 @@ class Batch:
     start: tuple[int, int]       # (unit index, shard-file row) of its first document: a data position
     cached: int = 0              # `outputs` begins with the worker's resident rows 0..cached-1 of words_out
     raw_tokens: int = 0          # tokens read before subsampling (what the learning-rate schedule counts)
-    tokens: np.ndarray | None = None  # the token path: the chunk's tokens (ctx_pos: each one's document row)
+    tokens: np.ndarray | None = None  # the token path: the chunk's tokens (ctx_pos: each one's document row,
+    offsets: np.ndarray | None = None  # exact kernel only; the device gets the offsets and expands them)
     seed: int = 0                # the token path: the seed of its draws
 
     def request(self, shard: int) -> dict[str, np.ndarray]:
@@ -225,9 +227,11 @@ class Worker:
         # here, at the head of the `outputs` matrix, between macro-batches; see _sync_cache
         self.cached = typed.resident_rows(table_rows["words_out"])
         # The token path: plain PV-DBOW with every words_out row resident here and no other worker: the
-        # exact kernel reads the tokens and draws the subsampling and negatives itself
-        # (cpu_kernel.train_tokens); the host only routes the documents' rows.
-        self.token_path = typed.token_path(table_rows["words_out"]) and not self.staged
+        # host only reads the tokens and routes the documents' rows. The exact kernel draws the
+        # subsampling and negatives itself (cpu_kernel.train_tokens); for the batched one they are drawn
+        # on its device (device_examples), where the URL table already is.
+        self.token_path = typed.token_path(table_rows["words_out"])
+        self._device_tables = None  # device_examples.DeviceTables, made at the first device token batch
         self.macro_batch = macro_batch_for(config["macro_batch"], self.tokens_per_epoch, sole_writer=self.token_path)
         self.pusher = Pusher(config["max_inflight_pushes"] * self.num_shards) if self.token_path else None
         self._accept = self.negatives.accept.astype(np.float32)
@@ -334,10 +338,11 @@ class Worker:
         if self.token_path:
             routes = {"docs": Routing.of(doc_ids.astype(np.int64), self.num_shards),  # sorted, unique
                       "words_out": Routing.of(np.zeros(0, np.int64), self.num_shards)}  # all resident
-            doc_of_token = np.repeat(routes["docs"].position, np.diff(offsets))
-            return Batch(examples=None, routes=routes, ctx_pos=doc_of_token, target_pos=tokens,
+            ctx_pos = (np.repeat(routes["docs"].position, np.diff(offsets)) if self.exact
+                       else routes["docs"].position)  # each token's document row, or each document's
+            return Batch(examples=None, routes=routes, ctx_pos=ctx_pos, target_pos=tokens,
                          neg_pos=np.zeros(0, np.int64), scale=None, push_weights={}, pulls=[], start=start,
-                         cached=self.cached, raw_tokens=len(tokens), tokens=tokens,
+                         cached=self.cached, raw_tokens=len(tokens), tokens=tokens, offsets=offsets,
                          seed=int(rng.integers(1 << 63)))
         ex = build_examples(offsets, tokens, self.keep_prob, self.negatives, cfg["negative"], rng,
                             mode=cfg["mode"], dbow_words=cfg["dbow_words"], window=cfg["window"],
@@ -453,10 +458,12 @@ class Worker:
 
                 ex = batch.examples
                 # the exact kernel decays alpha from the batch's start to its end; the batched one takes
-                # one rate per micro-batch (≥ 1: subsampling may keep nothing)
-                n_micro = 1 if self.exact else max(1, -(-len(ex) // ex.micro_batch))
+                # one rate per micro-batch (≥ 1: subsampling may keep nothing), which on the token path
+                # it interpolates between the two ends once its examples are drawn
+                ends = self.exact or ex is None
+                n_micro = 1 if ends else max(1, -(-len(ex) // ex.micro_batch))
                 alphas = micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.raw_tokens,
-                                            self.planned_tokens, n_micro, ends=self.exact)
+                                            self.planned_tokens, n_micro, ends=ends)
                 local = self._assemble(batch, pulled)
                 loss, pairs = self._compute(batch, local, alphas)
                 t2 = time.perf_counter()
@@ -550,10 +557,12 @@ class Worker:
         def to_dev(a):
             if a is None:
                 return None
-            t = torch.from_numpy(a)
+            with warnings.catch_warnings():  # read-only arrays (zero-copy from Arrow) are read here, never written
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.from_numpy(a)
             return t.pin_memory().to(dev, non_blocking=True) if cuda else t.to(dev)
 
-        if batch.tokens is not None:  # the token path: the kernel draws the examples itself
+        if batch.tokens is not None and self.exact:  # the token path: the kernel draws the examples itself
             self._batches_since_sync += 1
             return cpu_kernel.train_tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
                                            self.keep_prob, self._accept, self.negatives.alias, cfg["negative"],
@@ -575,21 +584,44 @@ class Worker:
             outputs[head:].copy_(host["outputs"][head:], non_blocking=True)
         else:  # the host matrices themselves, trained in place
             inputs, outputs = torch.from_numpy(local["inputs"]), torch.from_numpy(local["outputs"])
-        loss = kernels.train(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos), to_dev(batch.neg_pos),
-                             to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch, ctx_mask=to_dev(ex.ctx_mask),
-                             scale=to_dev(batch.scale), adagrad=cfg["optimizer"] == "adagrad",
-                             shared_negatives=cfg["negative"] if cfg["shared_negatives"] else 0)
+        shared = cfg["shared_negatives"]
+        if batch.tokens is not None:  # the token path: the examples are drawn here, on the device
+            ex = self._draw_on_device(batch, to_dev)
+            pairs = len(ex)
+            n_micro = max(1, -(-pairs // ex.micro_batch))
+            mid = (torch.arange(n_micro, dtype=torch.float32) + 0.5) / n_micro
+            alphas = alphas[0] + (alphas[1] - alphas[0]) * mid  # the rate at each micro-batch's midpoint
+            loss = kernels.train(inputs, outputs, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas.to(dev),
+                                 ex.micro_batch, adagrad=cfg["optimizer"] == "adagrad")
+        else:
+            pairs = len(ex)
+            loss = kernels.train(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos),
+                                 to_dev(batch.neg_pos), to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch,
+                                 ctx_mask=to_dev(ex.ctx_mask), scale=to_dev(batch.scale),
+                                 adagrad=cfg["optimizer"] == "adagrad", shared_negatives=cfg["negative"] if shared else 0)
         if self.staged:  # bring the rows to push home, into the (pinned) host matrices
             host["inputs"].copy_(inputs, non_blocking=True)
             host["outputs"][head:].copy_(outputs[head:], non_blocking=True)
             if cuda:
                 torch.cuda.current_stream(dev).synchronize()
         self._count_resident_uses(batch)
-        return loss, len(ex)
+        return loss, pairs
+
+    def _draw_on_device(self, batch: Batch, to_dev):
+        """The token path's PV-DBOW examples, drawn on the worker's device (device_examples)."""
+        from . import device_examples
+
+        cfg = self.config
+        if self._device_tables is None:
+            self._device_tables = device_examples.DeviceTables(self.keep_prob, self.negatives, self.device)
+        ex = device_examples.dbow_examples(
+            to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, cfg["negative"],
+            device_examples.generator(batch.seed, self.device), cfg["micro_batch"])
+        return ex
 
     def _count_resident_uses(self, batch: Batch) -> None:
         head = batch.cached
-        if head and self.config["num_workers"] > RESIDENT_OVERSHOOT:  # for the weights of their next push
+        if head and self.config["num_workers"] > RESIDENT_OVERSHOOT and batch.tokens is None:  # for the weights of their next push
             used = np.concatenate([batch.target_pos, batch.neg_pos.reshape(-1)])
             self._cache_uses += np.bincount(used[used < head], minlength=head)
         self._batches_since_sync += 1

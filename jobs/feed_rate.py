@@ -35,7 +35,7 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
     """One worker's last epoch of `config.epochs`, with the real kernel or with none."""
     import ray
 
-    from doc2vec_dist import cpu_kernel, kernels
+    from doc2vec_dist import cpu_kernel, device_examples, kernels
     from doc2vec_dist import worker as worker_mod
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.ps import ParameterServer
@@ -47,11 +47,12 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
     servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed)
                for s in range(config.num_ps)]
     rows = {name: spec["rows"] for name, spec in tables.items()}
-    # batched, exact, and exact drawing its own examples (the token path)
-    trains = (kernels.train, cpu_kernel.train, cpu_kernel.train_tokens)
+    # batched, exact, exact drawing its own examples and batched drawing them on its device (the token path)
+    trains = (kernels.train, cpu_kernel.train, cpu_kernel.train_tokens, device_examples.dbow_examples)
     if not kernel:
         kernels.train = cpu_kernel.train = lambda *args, **kwargs: 0.0
         cpu_kernel.train_tokens = lambda *args, **kwargs: (0.0, 0)
+        device_examples.dbow_examples = _no_examples
     try:
         worker = worker_mod.Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
                                    rows)
@@ -61,13 +62,22 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
         stats = worker.run_epoch(config.epochs - 1)
         seconds = time.perf_counter() - t0
     finally:
-        kernels.train, cpu_kernel.train, cpu_kernel.train_tokens = trains
+        kernels.train, cpu_kernel.train, cpu_kernel.train_tokens, device_examples.dbow_examples = trains
         for server in servers:
             ray.kill(server)
     tokens = stats["tokens"]
     return {"kernel": kernel, "device": str(worker.device), "tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_second": tokens / seconds, "macro_batch": worker.macro_batch,
             "worker_seconds": {k: round(v, 3) for k, v in stats["seconds"].items()}}
+
+
+def _no_examples(doc_rows, offsets, tokens, tables, negative, gen, micro_batch):
+    """device_examples.dbow_examples replaced by nothing: drawing examples is the device's work."""
+    from doc2vec_dist.device_examples import DeviceExamples
+
+    empty = tokens[:0].long()
+    return DeviceExamples(ctx=empty[:, None], target=empty, neg=empty.view(0, 0), neg_mask=empty.view(0, 0) > 0,
+                          micro_batch=1)
 
 
 def line(r: dict) -> str:

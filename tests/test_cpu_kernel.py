@@ -214,8 +214,12 @@ def test_the_token_path_is_taken_where_every_url_row_is_the_workers_alone():
 
     assert TrainConfig().token_path(100_000)
     assert TrainConfig(optimizer="adagrad").token_path(100_000)
+    for batched in ({"kernel": "batched"}, {"gpus_per_worker": 1}):  # drawn on the device
+        assert TrainConfig(**batched).token_path(100_000), batched
+        assert "examples drawn on its device" in engine_line(TrainConfig(**batched), 100_000)
     for other in ({"cache_rows": 0}, {"cache_rows": 500}, {"num_workers": 2, "cache_rows": 10**6},
-                  {"dbow_words": True}, {"mode": "dm"}, {"kernel": "batched"}, {"gpus_per_worker": 1}):
+                  {"dbow_words": True}, {"mode": "dm"}, {"kernel": "batched", "cache_rows": 0},
+                  {"shared_negatives": 16}):
         assert not TrainConfig(**other).token_path(100_000), other
     assert "examples drawn in the kernel" in engine_line(TrainConfig(), 100_000)
     assert "examples drawn" not in engine_line(TrainConfig(cache_rows=0), 100_000)

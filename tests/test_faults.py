@@ -43,15 +43,21 @@ def kill_one_when_checkpointed(model: str, name: str, killed: list, min_epoch: i
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("victim", ["ParameterServer", "Worker"])
-def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_corpus, tmp_path, victim):
+@pytest.mark.parametrize("victim, engine", [
+    ("ParameterServer", {}),
+    ("Worker", {}),
+    # one worker holding the whole URL table, its examples drawn on its device (the token path)
+    ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched"}),
+], ids=["server", "worker", "worker-tokens-on-device"])
+def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_corpus, tmp_path, victim, engine):
     corpus, heldout = sample_corpus
     model = str(tmp_path / "model")
     killed: list = []
     killer = threading.Thread(target=kill_one_when_checkpointed, args=(model, victim, killed), daemon=True)
     killer.start()
-    summary = train(corpus, model, TrainConfig(dim=32, epochs=12, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1,
-                                               checkpoint_every=0.5, progress=False))
+    summary = train(corpus, model, TrainConfig(**{"dim": 32, "epochs": 12, "sample": 0, "num_ps": 2, "num_workers": 2,
+                                                  "cpus_per_worker": 1, "checkpoint_every": 0.5, "progress": False,
+                                                  **engine}))
     killer.join(timeout=5)
     assert killed, f"no {victim} was killed: the run ended before a checkpoint"
     _, manifest = checkpoint.load_manifest(model)

@@ -106,9 +106,11 @@ def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cl
     assert resumed["model_recall@10"] > 1.15 * resumed["popularity_recall@10"]
 
 
-def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster, sample_corpus, tmp_path):
+@pytest.mark.parametrize("engine", [{}, {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched"}],
+                         ids=["two-workers", "tokens-on-device"])
+def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster, sample_corpus, tmp_path, engine):
     model = str(tmp_path / "model")
-    train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 2}, optimizer="adagrad", alpha=0.05))
+    train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 2, **engine}, optimizer="adagrad", alpha=0.05))
     before = {t: checkpoint.read_table(model, t) for t in ("docs", "words_out")}
     # nothing left to train: the rows go through 3 servers' load and save unchanged
     summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3}))

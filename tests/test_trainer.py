@@ -177,6 +177,7 @@ def test_the_driver_trains_without_importing_torch():
 
 @pytest.mark.parametrize("flags, tables", [
     ({}, {"docs", "words_out"}),  # the defaults: the token path
+    ({"kernel": "batched"}, {"docs", "words_out"}),  # the token path, its examples drawn on the device
     ({"cache_rows": 0}, {"docs", "words_out"}),  # the exact kernel on examples the host built
     ({"mode": "dm"}, {"docs", "words", "words_out"}),
     ({"dbow_words": True}, {"docs", "words", "words_out"}),

@@ -47,10 +47,11 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool) -
 
 
 @pytest.mark.parametrize("settings", [
+    {"mode": "dbow"},  # every words_out row resident: the token path, examples drawn on the device
     {"mode": "dbow", "cache_rows": 300, "shared_negatives": 16},
     {"mode": "dbow", "cache_rows": 0, "optimizer": "adagrad", "alpha": 0.1},
     {"mode": "dm", "window": 3},
-], ids=["dbow-resident-shared", "dbow-adagrad", "dm"])
+], ids=["dbow-tokens-on-device", "dbow-resident-shared", "dbow-adagrad", "dm"])
 def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluster, sample_corpus, settings):
     # the staged path is the batched kernel's (GPU workers'); the exact kernel trains the host matrices
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=8192,
@@ -65,6 +66,7 @@ def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluste
     assert [s["loss"] for s in info_b["stats"]] == [s["loss"] for s in info_a["stats"]]
     # and it trained: words_out starts at zero, and every resident row's updates reached the servers
     assert np.abs(in_place["words_out"][:max(settings.get("cache_rows", 0), 1)]).sum(1).min() > 0
+    assert info_a["stats"][-1]["pairs"] > 0
 
 
 def test_overlap_weights_count_rare_rows_whole_and_hot_rows_once_among_workers():
