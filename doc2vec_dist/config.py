@@ -77,7 +77,8 @@ class TrainConfig:
                                       "few batches (default: every row that fits 2 GiB with one worker, none with "
                                       "several)", engine=True)
     macro_batch: int | None = _f(None, "tokens read per pull/compute/push cycle of a worker (default: 262,144 "
-                                       "for one worker with every words_out row resident, else 65,536)",
+                                       "for one worker with every words_out row resident, 1,048,576 if its "
+                                       "examples are drawn on its device, else 65,536)",
                                  engine=True)
     micro_batch: int = _f(1024, "(doc, word) pairs per in-cache update step inside a macro-batch (batched "
                                 "kernel)", engine=True)

@@ -34,6 +34,13 @@ def _add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray) -> None:
             table[row, j] += delta[i, j]
 
 
+@numba.njit(nogil=True, cache=True)
+def _set_rows(table: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
+    """table[ids[i]] = rows[i] for every i (compiled, without the GIL, as _add_rows)."""
+    for i in range(len(ids)):
+        table[ids[i]] = rows[i]
+
+
 def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 16) -> None:
     """out[:] = U[-1, 1) / dim, a block of rows at a time: a 10M-row table needs no second copy."""
     dim = out.shape[1]
@@ -108,8 +115,10 @@ class ParameterServer:
             at += len(ids)
         return out
 
-    def push(self, request: dict[str, np.ndarray], delta: np.ndarray, step: str = "") -> int:
-        """Add delta rows (stacked in request order, as pull returns them) to the tables, in place.
+    def push(self, request: dict[str, np.ndarray], delta: np.ndarray, step: str = "", assign: bool = False) -> int:
+        """Add delta rows (stacked in request order, as pull returns them) to the tables, in place; with
+        assign, write them over the rows instead (from a worker that is the only writer of those rows:
+        their new values, no delta to compute, and a retried call lands the same).
 
         A non-finite delta is refused before anything is applied.
         """
@@ -121,7 +130,8 @@ class ParameterServer:
         at = 0
         for name, ids in request.items():
             with self.locks[name]:
-                _add_rows(self.tables[name], np.asarray(ids, dtype=np.int64), delta[at:at + len(ids)])
+                (_set_rows if assign else _add_rows)(self.tables[name], np.asarray(ids, dtype=np.int64),
+                                                     delta[at:at + len(ids)])
             at += len(ids)
         self.pushes += 1
         return self.pushes

@@ -149,7 +149,7 @@ SHARED_ROW_UPDATES = 640
 def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows: int) -> int:
     """The tokens each worker reads per macro-batch, as the workers take it (worker.macro_batch_for)."""
     return macro_batch_for(config.macro_batch, epoch_tokens // config.num_workers,
-                           sole_writer=config.token_path(words_out_rows))
+                           sole_writer=config.token_path(words_out_rows), on_device=not config.exact_kernel())
 
 
 def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:

@@ -37,6 +37,7 @@ MIN_MACRO_BATCH = 4096
 ROUNDS_PER_EPOCH = 16  # pull/push rounds a worker makes at least per epoch where rows are shared (macro_batch_for)
 SHARED_MACRO_BATCH = 65536  # the default macro-batch where workers share rows (macro_batch_for)
 SOLE_WRITER_MACRO_BATCH = 262144  # ... and where one worker writes every row it trains
+DEVICE_MACRO_BATCH = 1048576  # ... and where it does with the examples drawn on its device
 # With several workers, each trains its own copy of the resident (--cache-rows) rows; they meet at the
 # servers this often (in macro-batches), as well as at checkpoints and epoch ends
 CACHE_SYNC_BATCHES = 8
@@ -45,19 +46,24 @@ RESIDENT_OVERSHOOT = 2.0
 STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
 
 
-def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer: bool = False) -> int:
+def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer: bool = False,
+                    on_device: bool = False) -> int:
     """A worker's macro-batch: `macro_batch` tokens (None: SOLE_WRITER_MACRO_BATCH for a sole writer,
-    else SHARED_MACRO_BATCH), and, where workers share rows, at least ROUNDS_PER_EPOCH pull/push rounds.
+    DEVICE_MACRO_BATCH if its examples are drawn on its device, else SHARED_MACRO_BATCH), and, where
+    workers share rows, at least ROUNDS_PER_EPOCH pull/push rounds.
 
     Where rows are shared, on a small corpus one huge macro-batch would leave every worker training on
     a copy of words_out that is an epoch old (Lee corpus: -0.02 Pearson). A sole writer (one worker
     holding every words_out row resident, and its documents' rows its own) trains nothing another
     writes, so its rounds only cost calls: on the 200k corpus 262,144-token macro-batches trained at
     2.07-2.84M tokens/s against 1.68-1.97M at 65,536 (the push of a batch's document rows is a fixed
-    cost per round); Lee trains an epoch in one round.
+    cost per round); Lee trains an epoch in one round. With the examples drawn on the device the host
+    only moves the documents' rows, and the rounds' fixed costs are most of its work: 1,048,576-token
+    macro-batches fed 21.6-27.4M tokens/s on the 200k corpus against 13.6-21.6M at 262,144
+    (jobs/feed_rate.py, no kernel).
     """
     if sole_writer:
-        return int(macro_batch or SOLE_WRITER_MACRO_BATCH)
+        return int(macro_batch or (DEVICE_MACRO_BATCH if on_device else SOLE_WRITER_MACRO_BATCH))
     macro_batch = macro_batch or SHARED_MACRO_BATCH
     return int(min(macro_batch, max(MIN_MACRO_BATCH, tokens_per_epoch // ROUNDS_PER_EPOCH)))
 
@@ -131,10 +137,11 @@ class Batch:
 
 
 def send_pushes(pushes: list[tuple], inflight: list, limit: int) -> list:
-    """Send (server, request, delta, label) pushes, then wait until at most `limit` are in flight, the
-    oldest first; returns those still in flight. A push a server refused (non-finite values) raises
-    here, naming its step."""
-    inflight = inflight + [server.push.remote(request, delta, label) for server, request, delta, label in pushes]
+    """Send (server, request, rows, label, assign) pushes, then wait until at most `limit` are in
+    flight, the oldest first; returns those still in flight. A push a server refused (non-finite
+    values) raises here, naming its step."""
+    inflight = inflight + [server.push.remote(request, rows, label, assign)
+                           for server, request, rows, label, assign in pushes]
     if len(inflight) > limit:
         ready, inflight = ray.wait(inflight, num_returns=len(inflight) - limit)
         ray.get(ready)
@@ -160,7 +167,7 @@ class Pusher:
         self.thread.start()
 
     def submit(self, calls: list[tuple]) -> None:
-        """Send (server, request, delta, label) pushes; blocks while two batches' wait to be sent."""
+        """Send (server, request, rows, label, assign) pushes; blocks while two batches' wait to be sent."""
         self._raise()
         self.queue.put(calls)
 
@@ -232,13 +239,15 @@ class Worker:
         # on its device (device_examples), where the URL table already is.
         self.token_path = typed.token_path(table_rows["words_out"])
         self._device_tables = None  # device_examples.DeviceTables, made at the first device token batch
-        self.macro_batch = macro_batch_for(config["macro_batch"], self.tokens_per_epoch, sole_writer=self.token_path)
+        self.macro_batch = macro_batch_for(config["macro_batch"], self.tokens_per_epoch, sole_writer=self.token_path,
+                                           on_device=not self.exact)
         self.pusher = Pusher(config["max_inflight_pushes"] * self.num_shards) if self.token_path else None
         self._accept = self.negatives.accept.astype(np.float32)
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)  # staged only
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
         self._cache_base: np.ndarray | None = None  # the resident rows as last pulled
+        self._cache_held = False  # the token path: whether the resident rows were pulled (see _sync_sole_writer)
         self._cache_uses = np.zeros(self.cached, dtype=np.int64)  # times each was used since then
         self._cache_route = Routing.of(np.arange(self.cached, dtype=np.int64), max(self.num_shards, 1))
         self._cache_order = np.empty(self.cached, dtype=np.int64)  # resident row at each place, by server
@@ -645,6 +654,9 @@ class Worker:
         """
         if not self.cached:
             return
+        if self.token_path:  # the only writer of these rows: they go as they are, and need no pull again
+            self._sync_sole_writer(label, push, pull)
+            return
         route, compact = self._cache_route, self._cache_order
         if push and self._cache_base is not None:
             delta = self._outputs[:self.cached].cpu().numpy() - self._cache_base
@@ -658,14 +670,36 @@ class Worker:
         self._cache_base = None
         self._cache_uses[:] = 0
         if pull:
-            pulled = ray.get([server.pull.remote({"words_out": route.local[s]}) for s, server in enumerate(self.servers)])
-            fresh = np.empty((self.cached, self.width), dtype=np.float32)
-            fresh[compact] = np.concatenate(pulled)
-            import torch
-
-            self._outputs_buffer(self.cached)[:] = torch.from_numpy(fresh).to(self.device)
-            self._cache_base = fresh
+            self._cache_base = self._pull_resident()
         self._batches_since_sync = 0
+
+    def _pull_resident(self) -> np.ndarray:
+        """Pull the resident rows from the servers into the head of `outputs`; returns them as pulled."""
+        import torch
+
+        route = self._cache_route
+        pulled = ray.get([server.pull.remote({"words_out": route.local[s]}) for s, server in enumerate(self.servers)])
+        fresh = np.empty((self.cached, self.width), dtype=np.float32)
+        fresh[self._cache_order] = np.concatenate(pulled)
+        self._outputs_buffer(self.cached)[:] = torch.from_numpy(fresh).to(self.device)
+        return fresh
+
+    def _sync_sole_writer(self, label: str, push: bool, pull: bool) -> None:
+        """_sync_cache for the token path, whose worker alone writes every words_out row: the push
+        writes the rows over the servers' (no delta, no copy of the rows as pulled), and once pulled
+        they are never pulled again: nothing else changes them. A restarted worker starts without them
+        and pulls. (On the 200k corpus the epoch's pull of the 100k rows was ~15% of a device worker's
+        host time.)"""
+        route = self._cache_route
+        if push and self._cache_held and self._batches_since_sync:  # trained since the last push
+            rows = self._outputs[:self.cached].cpu().numpy()[self._cache_order]  # a copy, by server
+            ray.get([server.push.remote({"words_out": route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
+                                        f"{label} (resident rows)", True)
+                     for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
+            self._batches_since_sync = 0
+        if pull and not self._cache_held:
+            self._pull_resident()
+            self._cache_held = True
 
     def _drain(self, inflight: list) -> None:
         """Wait until every push of this worker is applied (a refused one raises here)."""
@@ -675,8 +709,9 @@ class Worker:
         inflight.clear()
 
     def _pushes(self, batch: Batch, pulled: list[np.ndarray], local: dict[str, np.ndarray], label: str) -> list:
-        """(server, request, delta, label) for each server the batch pulled rows from: new − pulled,
-        weighted where several workers' deltas of a row overlap."""
+        """(server, request, rows, label, assign) for each server the batch pulled rows from: new −
+        pulled, weighted where several workers' deltas of a row overlap; on the token path, whose
+        worker alone writes the rows it pulls, the new rows themselves, written over the servers'."""
         pushes = []
         for s, (server, rows) in enumerate(zip(self.servers, pulled)):
             if len(rows) == 0:
@@ -685,10 +720,14 @@ class Worker:
             at = 0
             for table, name, where, own in batch.blocks(s):
                 n = where.stop - where.start
+                if self.token_path:  # a copy: the buffer is the next batch's while this push is sent
+                    delta[at:at + n] = local[name][where]
+                    at += n
+                    continue
                 np.subtract(local[name][where], rows[at:at + n], out=delta[at:at + n])
                 weights = batch.push_weights.get(table)
                 if weights is not None:
                     delta[at:at + n] *= weights[own, None]
                 at += n
-            pushes.append((server, batch.request(s), delta, label))
+            pushes.append((server, batch.request(s), delta, label, self.token_path))
         return pushes

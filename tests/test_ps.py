@@ -63,3 +63,20 @@ def test_a_push_adds_each_delta_row_to_its_row_repeated_ids_included():
     expected[2] += delta[1]
     expected[5] += delta[0] + delta[2]
     np.testing.assert_allclose(ps.tables["docs"], expected, rtol=1e-6)
+
+
+def test_an_assigning_push_writes_its_rows_over_and_refuses_non_finite_values():
+    ps = ParameterServer(0, 1, TABLES, seed=1)
+    before = ps.tables["docs"].copy()
+    ids = np.array([7, 3], dtype=np.int64)
+    rows = np.arange(16, dtype=np.float32).reshape(2, 8)
+    for _ in range(2):  # a retried call lands the same
+        ps.push({"docs": ids}, rows, "step 1", assign=True)
+    np.testing.assert_array_equal(ps.tables["docs"][ids], rows)
+    untouched = np.setdiff1d(np.arange(len(before)), ids)
+    np.testing.assert_array_equal(ps.tables["docs"][untouched], before[untouched])
+    bad = rows.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(NonFiniteUpdate, match="step 2"):
+        ps.push({"docs": ids}, bad, "step 2", assign=True)
+    np.testing.assert_array_equal(ps.tables["docs"][ids], rows)

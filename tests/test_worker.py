@@ -102,3 +102,31 @@ def test_resident_rows_pushed_by_several_workers_are_weighted_by_their_uses(ray_
     np.testing.assert_allclose(pushed, np.repeat(expected[:, None], 8, axis=1), rtol=1e-6)
     for server in servers:
         ray_cluster.kill(server)
+
+
+@pytest.mark.parametrize("kernel", ["exact", "batched"])
+def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers(ray_cluster, sample_corpus, kernel):
+    """One worker holding every words_out row is their only writer: it pulls them once, and each
+    push writes them (and its documents' rows) over the servers' instead of adding a delta."""
+    config = TrainConfig(dim=16, epochs=3, sample=0, num_ps=NUM_PS, num_workers=1, kernel=kernel, progress=False)
+    corpus = Corpus(sample_corpus[0])
+    tables = table_specs(config, corpus)
+    server_cls = ray_cluster.remote(ParameterServer)
+    servers = [server_cls.remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
+    rows = {name: spec["rows"] for name, spec in tables.items()}
+    worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers, rows)
+    assert worker.token_path and worker.cached == rows["words_out"]
+    pulls = []
+    pull = worker._pull_resident
+    worker._pull_resident = lambda: pulls.append(1) or pull()
+    for epoch in range(config.epochs):
+        worker.run_epoch(epoch)
+    assert len(pulls) == 1
+    held = worker._outputs[:worker.cached].numpy()
+    served = np.empty_like(held)
+    for s, server in enumerate(servers):
+        served[s::NUM_PS] = ray_cluster.get(server.pull.remote({"words_out": np.arange(len(range(s, len(held), NUM_PS)))}))
+    np.testing.assert_array_equal(served, held)  # exactly: written over, not summed
+    assert (np.abs(held).sum(1) > 0).mean() > 0.9  # and trained (words_out starts at zero)
+    for s in servers:
+        ray_cluster.kill(s)
