@@ -61,9 +61,10 @@ from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
+from .ps import table_specs
 from .sampling import NegativeTable, build_examples, keep_probabilities
 from .sharding import rows_on_shard
-from .trainer import effective_macro_batch, quality_warnings, table_specs
+from .trainer import effective_macro_batch, quality_warnings
 from .worker import ROUNDS_PER_EPOCH
 
 FLOAT_BYTES = 4

@@ -1,7 +1,8 @@
 """ParameterServer: one shard's slice of every table, in this process's memory (numpy, not the object store).
 
 Runs as a threaded Ray actor (the trainer wraps it), so pulls and pushes from many workers are served
-at once; numpy releases the GIL while it copies. Pushes carry deltas (new − pulled) and are added
+at once; numpy releases the GIL while it copies (client.LocalServer runs it in a process without Ray).
+Pushes carry deltas (new − pulled) and are added
 under the table's lock, so two workers updating the same row both land. Pulls take no lock: a pull
 racing a push may see part of it, which only adds the staleness that asynchronous SGD already has.
 """
@@ -10,12 +11,17 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
 
 from . import checkpoint
 from .sharding import global_rows, rows_on_shard
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .corpus import Corpus
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -149,3 +155,17 @@ class ParameterServer:
 
     def memory(self) -> dict:
         return {name: int(t.nbytes) for name, t in self.tables.items()}
+
+
+def table_specs(config: TrainConfig, corpus: Corpus) -> dict[str, dict]:
+    """The tables a run trains: `words` only when something trains it (dbow_words or PV-DM).
+
+    Inputs start uniform in [-1, 1)/dim, outputs at zero (gensim's initialisation); with adagrad each
+    row carries one accumulator column.
+    """
+    state = int(config.optimizer == "adagrad")
+    tables = {"docs": {"rows": corpus.num_docs, "dim": config.dim, "init": "uniform", "state": state}}
+    if config.mode == "dm" or config.dbow_words:
+        tables["words"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "uniform", "state": state}
+    tables["words_out"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "zeros", "state": state}
+    return tables

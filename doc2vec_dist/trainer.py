@@ -9,23 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import os
 import sys
 import time
 import uuid
 
-import numpy as np
 import ray
 from tqdm import tqdm
 
 from . import checkpoint
 from .config import TrainConfig, build, coerce
-from .corpus import Corpus, iter_shard
+from .corpus import Corpus
 from .errors import UserError
 from .placement import fit_problems, local_resources, ps_options, worker_options
-from .ps import ParameterServer
-from .worker import Unit, Worker, macro_batch_for
+from .ps import ParameterServer, table_specs
+from .worker import Worker, macro_batch_for, plan_units
 
 
 class TrainingStopped(UserError):
@@ -70,50 +68,6 @@ def local_object_store_bytes() -> int:
     """
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(min(max(0.15 * ram, 1 << 30), 4 << 30))
-
-
-def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
-    """Divide the corpus among workers with balanced token counts.
-
-    With at least as many shard files as workers, whole files are dealt out, largest first to the
-    least loaded worker. With fewer, each file is cut into row ranges of about equal tokens.
-    """
-    shards = [(path, info["docs"], info["tokens"]) for path, info in zip(corpus.shard_paths, corpus.meta["shards"])]
-    if len(shards) >= num_workers:
-        loads = [0] * num_workers
-        plan: list[list[Unit]] = [[] for _ in range(num_workers)]
-        for path, docs, tokens in sorted(shards, key=lambda s: -s[2]):
-            w = int(np.argmin(loads))
-            plan[w].append(Unit(path, 0, docs, tokens))
-            loads[w] += tokens
-        return plan
-    pieces = -(-num_workers // len(shards))
-    units: list[Unit] = []
-    for path, docs, tokens in shards:
-        lengths = np.concatenate([np.diff(offsets) for _, offsets, _ in iter_shard(path)] or [np.zeros(0)])
-        cum = np.concatenate([[0], np.cumsum(lengths)])
-        cuts = np.searchsorted(cum, np.linspace(0, cum[-1], pieces + 1), side="left")
-        cuts[0], cuts[-1] = 0, len(lengths)
-        for a, b in itertools.pairwise(cuts):
-            units.append(Unit(path, int(a), int(b), int(cum[b] - cum[a])))
-    plan = [[] for _ in range(num_workers)]
-    for i, unit in enumerate(units):
-        plan[i % num_workers].append(unit)
-    return plan
-
-
-def table_specs(config: TrainConfig, corpus: Corpus) -> dict[str, dict]:
-    """The tables a run trains: `words` only when something trains it (dbow_words or PV-DM).
-
-    Inputs start uniform in [-1, 1)/dim, outputs at zero (gensim's initialisation); with adagrad each
-    row carries one accumulator column.
-    """
-    state = int(config.optimizer == "adagrad")
-    tables = {"docs": {"rows": corpus.num_docs, "dim": config.dim, "init": "uniform", "state": state}}
-    if config.mode == "dm" or config.dbow_words:
-        tables["words"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "uniform", "state": state}
-    tables["words_out"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "zeros", "state": state}
-    return tables
 
 
 def check_fit(config: TrainConfig, tables: dict[str, dict], started_here: bool | None) -> None:

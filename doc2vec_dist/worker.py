@@ -14,6 +14,7 @@ imports this module to start the actors, and torch's import is 0.8 s of train's 
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -22,9 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import ray
 
-from . import cpu_kernel
+from . import client, cpu_kernel
 from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities, unique_rows
@@ -90,6 +90,36 @@ class Unit:
     tokens: int
 
 
+def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
+    """Divide the corpus among workers with balanced token counts.
+
+    With at least as many shard files as workers, whole files are dealt out, largest first to the
+    least loaded worker. With fewer, each file is cut into row ranges of about equal tokens.
+    """
+    shards = [(path, info["docs"], info["tokens"]) for path, info in zip(corpus.shard_paths, corpus.meta["shards"])]
+    if len(shards) >= num_workers:
+        loads = [0] * num_workers
+        plan: list[list[Unit]] = [[] for _ in range(num_workers)]
+        for path, docs, tokens in sorted(shards, key=lambda s: -s[2]):
+            w = int(np.argmin(loads))
+            plan[w].append(Unit(path, 0, docs, tokens))
+            loads[w] += tokens
+        return plan
+    pieces = -(-num_workers // len(shards))
+    units: list[Unit] = []
+    for path, docs, tokens in shards:
+        lengths = np.concatenate([np.diff(offsets) for _, offsets, _ in iter_shard(path)] or [np.zeros(0)])
+        cum = np.concatenate([[0], np.cumsum(lengths)])
+        cuts = np.searchsorted(cum, np.linspace(0, cum[-1], pieces + 1), side="left")
+        cuts[0], cuts[-1] = 0, len(lengths)
+        for a, b in itertools.pairwise(cuts):
+            units.append(Unit(path, int(a), int(b), int(cum[b] - cum[a])))
+    plan = [[] for _ in range(num_workers)]
+    for i, unit in enumerate(units):
+        plan[i % num_workers].append(unit)
+    return plan
+
+
 @dataclass
 class Batch:
     """One macro-batch: its examples, the rows of each table it touches, and where they sit locally.
@@ -142,10 +172,7 @@ def send_pushes(pushes: list[tuple], inflight: list, limit: int) -> list:
     values) raises here, naming its step."""
     inflight = inflight + [server.push.remote(request, rows, label, assign)
                            for server, request, rows, label, assign in pushes]
-    if len(inflight) > limit:
-        ready, inflight = ray.wait(inflight, num_returns=len(inflight) - limit)
-        ray.get(ready)
-    return inflight
+    return client.wait_oldest(inflight, limit)
 
 
 class Pusher:
@@ -189,7 +216,7 @@ class Pusher:
             item = self.queue.get()
             try:
                 if isinstance(item, threading.Event):
-                    ray.get(inflight)
+                    client.get(inflight)
                     inflight = []
                     continue
                 inflight = send_pushes(item, inflight, self.limit)
@@ -204,10 +231,11 @@ class Worker:
     def __init__(self, index: int, units: list[Unit], corpus_path: str, config: dict,
                  servers: list, table_rows: dict[str, int]):
         """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
-        restarted worker looks them up again, and Ray keeps no object-store argument alive for it)."""
+        restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
+        client.LocalServers (no Ray at all)."""
         import torch
 
-        servers = [ray.get_actor(s) if isinstance(s, str) else s for s in servers]
+        servers = client.connect(servers)
         self.index, self.units, self.config, self.servers = index, units, config, servers
         self.num_shards = len(servers)
         self.table_rows = table_rows
@@ -461,7 +489,7 @@ class Worker:
                 upcoming = next_batch()  # its pull flies while this batch computes
 
                 t0 = time.perf_counter()
-                pulled = ray.get(batch.pulls)
+                pulled = client.get(batch.pulls)
                 t1 = time.perf_counter()
                 seconds["wait"] += t1 - t0
 
@@ -664,7 +692,7 @@ class Worker:
                 delta *= np.minimum(1.0, RESIDENT_OVERSHOOT * overlap_weights(self._cache_uses,
                                                                               self.config["num_workers"]))[:, None]
             delta = delta[compact]
-            ray.get([server.push.remote({"words_out": route.local[s]}, delta[route.bounds[s]:route.bounds[s + 1]],
+            client.get([server.push.remote({"words_out": route.local[s]}, delta[route.bounds[s]:route.bounds[s + 1]],
                                         f"{label} (resident rows)")
                      for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
         self._cache_base = None
@@ -678,7 +706,8 @@ class Worker:
         import torch
 
         route = self._cache_route
-        pulled = ray.get([server.pull.remote({"words_out": route.local[s]}) for s, server in enumerate(self.servers)])
+        pulled = client.get([server.pull.remote({"words_out": route.local[s]})
+                             for s, server in enumerate(self.servers)])
         fresh = np.empty((self.cached, self.width), dtype=np.float32)
         fresh[self._cache_order] = np.concatenate(pulled)
         self._outputs_buffer(self.cached)[:] = torch.from_numpy(fresh).to(self.device)
@@ -693,7 +722,7 @@ class Worker:
         route = self._cache_route
         if push and self._cache_held and self._batches_since_sync:  # trained since the last push
             rows = self._outputs[:self.cached].cpu().numpy()[self._cache_order]  # a copy, by server
-            ray.get([server.push.remote({"words_out": route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
+            client.get([server.push.remote({"words_out": route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
                                         f"{label} (resident rows)", True)
                      for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
             self._batches_since_sync = 0
@@ -705,7 +734,7 @@ class Worker:
         """Wait until every push of this worker is applied (a refused one raises here)."""
         if self.pusher is not None:
             self.pusher.drain()
-        ray.get(inflight)
+        client.get(inflight)
         inflight.clear()
 
     def _pushes(self, batch: Batch, pulled: list[np.ndarray], local: dict[str, np.ndarray], label: str) -> list:

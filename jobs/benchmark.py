@@ -50,7 +50,7 @@ def ps_raw_bytes(config: TrainConfig, num_docs: int, vocab_size: int) -> list[in
     from types import SimpleNamespace
 
     from doc2vec_dist.plan import shard_table_bytes
-    from doc2vec_dist.trainer import table_specs
+    from doc2vec_dist.ps import table_specs
 
     tables = table_specs(config, SimpleNamespace(num_docs=num_docs, vocab_size=vocab_size))
     return [sum(t.values()) for t in shard_table_bytes(tables, config.num_ps)]

@@ -31,21 +31,26 @@ from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
 
 
-def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
-    """One worker's last epoch of `config.epochs`, with the real kernel or with none."""
-    import ray
-
-    from doc2vec_dist import cpu_kernel, device_examples, kernels
+def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True) -> dict:
+    """One worker's last epoch of `config.epochs`, with the real kernel or with none; its servers Ray
+    actors, or (use_ray False) ParameterServer objects in this process, each on a thread of its own."""
+    from doc2vec_dist import client, cpu_kernel, device_examples, kernels
     from doc2vec_dist import worker as worker_mod
     from doc2vec_dist.corpus import Corpus
-    from doc2vec_dist.ps import ParameterServer
-    from doc2vec_dist.trainer import plan_units, table_specs
+    from doc2vec_dist.ps import ParameterServer, table_specs
+    from doc2vec_dist.worker import plan_units
 
     corpus = Corpus(corpus_path)
     tables = table_specs(config, corpus)
-    server_cls = ray.remote(ParameterServer)
-    servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed)
-               for s in range(config.num_ps)]
+    if use_ray:
+        import ray
+
+        server_cls = ray.remote(ParameterServer)
+        servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed)
+                   for s in range(config.num_ps)]
+    else:
+        servers = [client.LocalServer(ParameterServer(s, config.num_ps, tables, config.seed))
+                   for s in range(config.num_ps)]
     rows = {name: spec["rows"] for name, spec in tables.items()}
     # batched, exact, exact drawing its own examples and batched drawing them on its device (the token path)
     trains = (kernels.train, cpu_kernel.train, cpu_kernel.train_tokens, device_examples.dbow_examples)
@@ -64,9 +69,13 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool) -> dict:
     finally:
         kernels.train, cpu_kernel.train, cpu_kernel.train_tokens, device_examples.dbow_examples = trains
         for server in servers:
-            ray.kill(server)
+            if use_ray:
+                ray.kill(server)
+            else:
+                server.close()
     tokens = stats["tokens"]
-    return {"kernel": kernel, "device": str(worker.device), "tokens": tokens, "seconds": round(seconds, 3),
+    return {"kernel": kernel, "servers": "Ray actors" if use_ray else "in this process", "device": str(worker.device),
+            "tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_second": tokens / seconds, "macro_batch": worker.macro_batch,
             "worker_seconds": {k: round(v, 3) for k, v in stats["seconds"].items()}}
 
@@ -94,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=2, help="epochs per run, timed on the last (default 2)")
     ap.add_argument("--num-ps", type=int, help="parameter servers (default: the config's)")
     ap.add_argument("--no-kernel-only", action="store_true", help="only the run without the kernel")
+    ap.add_argument("--no-ray", action="store_true",
+                    help="servers as objects in this process, each on a thread of its own: no Ray needed")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
     try:
@@ -105,14 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    import ray
+    if args.no_ray:
+        ray = None
+        started_here = False
+    else:
+        import ray
 
-    started_here = not ray.is_initialized()
+        started_here = not ray.is_initialized()
     if started_here:
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, config.num_ps + 1), include_dashboard=False,
                  logging_level="ERROR", log_to_driver=False)
     try:
-        runs = [feed(args.corpus, config, kernel) for kernel in ((False,) if args.no_kernel_only else (False, True))]
+        runs = [feed(args.corpus, config, kernel, use_ray=not args.no_ray)
+                for kernel in ((False,) if args.no_kernel_only else (False, True))]
     except RuntimeError as exc:  # e.g. --gpus-per-worker on a machine without CUDA
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -120,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if started_here:
             ray.shutdown()
     print(f"feed rate of one worker: {args.corpus}, macro-batch {runs[0]['macro_batch']:,} tokens, "
-          f"{config.num_ps} PS, epoch {config.epochs} of {config.epochs}")
+          f"{config.num_ps} PS ({runs[0]['servers']}), epoch {config.epochs} of {config.epochs}")
     for r in runs:
         print(line(r))
     if args.json:

@@ -86,7 +86,7 @@ def test_a_config_of_training_keys_only_runs_on_the_sample(capsys):
     assert job.out == os.path.join(ROOT, "runs", "gpu", "model")  # but a model of its own
     assert job.exports == os.path.join(ROOT, "runs", "gpu", "exports")
     assert prep.holdout_out == os.path.join(ROOT, "runs", "sample", "heldout.parquet") and prep.time_col == "ts"
-    assert (cfg.gpus_per_worker, cfg.cache_rows, cfg.dim) == (1, 20000, 100)  # gpu.yaml's own keys win
+    assert (cfg.gpus_per_worker, cfg.micro_batch, cfg.dim) == (1, 8192, 100)  # gpu.yaml's own keys win
     assert "gpu.yaml sets no input, corpus or out: running it on the bundled sample" in capsys.readouterr().err
 
 

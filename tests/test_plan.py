@@ -12,7 +12,7 @@ import pytest
 from doc2vec_dist import plan as planmod
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
-from doc2vec_dist.trainer import table_specs
+from doc2vec_dist.ps import table_specs
 
 
 def _tables(config, docs, vocab):

@@ -13,7 +13,8 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, prepare
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.trainer import plan_units, quality_warnings, train
+from doc2vec_dist.trainer import quality_warnings, train
+from doc2vec_dist.worker import plan_units
 
 
 def read_config(model: str) -> dict:

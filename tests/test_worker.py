@@ -9,17 +9,22 @@ it trains exactly what the in-place path trains: same pulls, same pushes, same t
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
-from doc2vec_dist.ps import ParameterServer
-from doc2vec_dist.trainer import plan_units, table_specs
-from doc2vec_dist.worker import Worker
+from doc2vec_dist.ps import ParameterServer, table_specs
+from doc2vec_dist.worker import Worker, plan_units
 
 NUM_PS = 2
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool) -> tuple[dict, dict]:
@@ -130,3 +135,43 @@ def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers
     assert (np.abs(held).sum(1) > 0).mean() > 0.9  # and trained (words_out starts at zero)
     for s in servers:
         ray_cluster.kill(s)
+
+
+def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_corpus):
+    """jobs/feed_rate.py --no-ray (a GPU machine without Ray): the real worker against ParameterServer
+    objects in its process, run where any import of Ray fails; the token paths and the host's examples."""
+    probe = textwrap.dedent(f"""
+        import sys, dataclasses, json
+        sys.modules["ray"] = None  # any import of Ray fails
+        import numpy as np
+        from doc2vec_dist.client import LocalServer
+        from doc2vec_dist.config import TrainConfig
+        from doc2vec_dist.corpus import Corpus
+        from doc2vec_dist.ps import ParameterServer, table_specs
+        from doc2vec_dist.worker import Worker, plan_units
+        corpus = Corpus({sample_corpus[0]!r})
+        out = {{}}
+        for name, engine in {{"exact": {{}}, "batched": {{"kernel": "batched"}}, "host": {{"cache_rows": 0}}}}.items():
+            config = TrainConfig(dim=16, epochs=3, sample=0, num_ps=2, num_workers=1, progress=False, **engine)
+            tables = table_specs(config, corpus)
+            servers = [LocalServer(ParameterServer(s, 2, tables, 1)) for s in range(2)]
+            start = servers[0].server.tables["docs"].copy()
+            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
+                            {{n: t["rows"] for n, t in tables.items()}})
+            stats = [worker.run_epoch(e) for e in range(config.epochs)]
+            moved = float(np.abs(servers[0].server.tables["docs"] - start).mean())
+            for s in servers:
+                s.close()
+            out[name] = {{"token_path": worker.token_path, "tokens": [s["tokens"] for s in stats],
+                         "loss": [s["loss"] / s["pairs"] for s in stats], "moved": moved}}
+        print(json.dumps(out))
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [runs[k]["token_path"] for k in ("exact", "batched", "host")] == [True, True, False]
+    total = Corpus(sample_corpus[0]).num_tokens
+    for name, run in runs.items():
+        assert run["tokens"] == [total] * 3, name
+        assert run["loss"][2] < run["loss"][1] < 0.98 * run["loss"][0], (name, run["loss"])
+        assert run["moved"] > 1e-3, name  # the servers hold what the worker trained
