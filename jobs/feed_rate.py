@@ -10,6 +10,11 @@ first pulls.
 
     python jobs/feed_rate.py --corpus CORPUS                                      # the defaults: exact CPU kernel
     python jobs/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml       # on a GPU machine
+    python jobs/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml --no-ray   # ... without Ray
+
+With --no-ray the servers are ParameterServer objects in this process, each on a thread of its own
+(client.LocalServer): what the host side costs without Ray's object store, and a run on a machine
+that has no Ray. On the token path "nothing" also replaces drawing the examples on the device.
 """
 
 from __future__ import annotations

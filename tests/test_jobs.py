@@ -218,3 +218,21 @@ def test_feed_rate_times_one_worker_with_and_without_the_kernel(ray_cluster, sam
         assert feed_rate.main(["--corpus", sample_corpus[0], "--config", os.path.join(ROOT, "jobs/configs/gpu.yaml"),
                                "--no-kernel-only"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_feed_rate_without_ray_runs_the_device_token_path_against_servers_in_the_process(sample_corpus, tmp_path,
+                                                                                        capsys):
+    from doc2vec_dist.corpus import Corpus
+
+    feed_rate = load_job("feed_rate")
+    config = tmp_path / "batched.yaml"
+    config.write_text("kernel: batched\n")
+    out = tmp_path / "feed.json"
+    assert feed_rate.main(["--corpus", sample_corpus[0], "--config", str(config), "--no-ray", "--json", str(out)]) == 0
+    assert "2 PS (in this process)" in capsys.readouterr().out
+    with open(out) as fh:
+        bare, real = json.load(fh)["runs"]
+    tokens = Corpus(sample_corpus[0]).num_tokens
+    assert bare["tokens"] == real["tokens"] == tokens and bare["servers"] == "in this process"
+    assert bare["macro_batch"] == 1_048_576  # the device token path's default
+    assert bare["worker_seconds"]["compute"] < real["worker_seconds"]["compute"]
