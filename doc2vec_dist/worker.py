@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -118,6 +119,24 @@ def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
     for i, unit in enumerate(units):
         plan[i % num_workers].append(unit)
     return plan
+
+
+@dataclass(frozen=True)
+class Compute:
+    """What a worker runs on each macro-batch's examples, as arguments rather than module globals:
+    jobs/feed_rate.py swaps them for nothing to time the host side alone."""
+
+    batched: Callable          # kernels.train: micro-batches of summed updates, torch (CPU or CUDA)
+    exact: Callable            # cpu_kernel.train: each update applied at once, on examples the host built
+    tokens: Callable           # cpu_kernel.train_tokens: the exact kernel drawing its own examples
+    device_examples: Callable  # device_examples.dbow_examples: the token path's examples, on the device
+
+    @staticmethod
+    def default() -> Compute:
+        from . import device_examples, kernels  # torch: imported in the worker, never in the driver
+
+        return Compute(batched=kernels.train, exact=cpu_kernel.train, tokens=cpu_kernel.train_tokens,
+                       device_examples=device_examples.dbow_examples)
 
 
 @dataclass
@@ -229,14 +248,15 @@ class Pusher:
 
 class Worker:
     def __init__(self, index: int, units: list[Unit], corpus_path: str, config: dict,
-                 servers: list, table_rows: dict[str, int]):
+                 servers: list, table_rows: dict[str, int], compute: Compute | None = None):
         """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
-        client.LocalServers (no Ray at all)."""
+        client.LocalServers (no Ray at all). compute: what trains the examples (Compute.default())."""
         import torch
 
         servers = client.connect(servers)
         self.index, self.units, self.config, self.servers = index, units, config, servers
+        self.compute = compute or Compute.default()
         self.num_shards = len(servers)
         self.table_rows = table_rows
         torch.set_num_threads(int(config["cpus_per_worker"]))
@@ -584,8 +604,6 @@ class Worker:
         """Train the batch on its compact matrices; returns (summed loss, examples trained)."""
         import torch
 
-        from . import kernels
-
         cfg, ex = self.config, batch.examples
         dev = self.device
         cuda = dev.type == "cuda"
@@ -601,12 +619,12 @@ class Worker:
 
         if batch.tokens is not None and self.exact:  # the token path: the kernel draws the examples itself
             self._batches_since_sync += 1
-            return cpu_kernel.train_tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
+            return self.compute.tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
                                            self.keep_prob, self._accept, self.negatives.alias, cfg["negative"],
                                            float(alphas[0]), float(alphas[1]), batch.seed,
                                            adagrad=cfg["optimizer"] == "adagrad", threads=int(cfg["cpus_per_worker"]))
         if self.exact:  # the host matrices, trained in place on this worker's threads
-            loss = cpu_kernel.train(local["inputs"], local["outputs"], batch.ctx_pos, batch.target_pos,
+            loss = self.compute.exact(local["inputs"], local["outputs"], batch.ctx_pos, batch.target_pos,
                                     batch.neg_pos, ex.neg_mask, float(alphas[0]), float(alphas[1]),
                                     ctx_mask=ex.ctx_mask, adagrad=cfg["optimizer"] == "adagrad",
                                     threads=int(cfg["cpus_per_worker"]))
@@ -628,11 +646,11 @@ class Worker:
             n_micro = max(1, -(-pairs // ex.micro_batch))
             mid = (torch.arange(n_micro, dtype=torch.float32) + 0.5) / n_micro
             alphas = alphas[0] + (alphas[1] - alphas[0]) * mid  # the rate at each micro-batch's midpoint
-            loss = kernels.train(inputs, outputs, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas.to(dev),
+            loss = self.compute.batched(inputs, outputs, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas.to(dev),
                                  ex.micro_batch, adagrad=cfg["optimizer"] == "adagrad")
         else:
             pairs = len(ex)
-            loss = kernels.train(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos),
+            loss = self.compute.batched(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos),
                                  to_dev(batch.neg_pos), to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch,
                                  ctx_mask=to_dev(ex.ctx_mask), scale=to_dev(batch.scale),
                                  adagrad=cfg["optimizer"] == "adagrad", shared_negatives=cfg["negative"] if shared else 0)
@@ -651,7 +669,7 @@ class Worker:
         cfg = self.config
         if self._device_tables is None:
             self._device_tables = device_examples.DeviceTables(self.keep_prob, self.negatives, self.device)
-        ex = device_examples.dbow_examples(
+        ex = self.compute.device_examples(
             to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, cfg["negative"],
             device_examples.generator(batch.seed, self.device), cfg["micro_batch"])
         return ex

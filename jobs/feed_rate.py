@@ -39,7 +39,7 @@ from doc2vec_dist.errors import UserError
 def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True) -> dict:
     """One worker's last epoch of `config.epochs`, with the real kernel or with none; its servers Ray
     actors, or (use_ray False) ParameterServer objects in this process, each on a thread of its own."""
-    from doc2vec_dist import client, cpu_kernel, device_examples, kernels
+    from doc2vec_dist import client
     from doc2vec_dist import worker as worker_mod
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.ps import ParameterServer, table_specs
@@ -57,22 +57,18 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = Tr
         servers = [client.LocalServer(ParameterServer(s, config.num_ps, tables, config.seed))
                    for s in range(config.num_ps)]
     rows = {name: spec["rows"] for name, spec in tables.items()}
-    # batched, exact, exact drawing its own examples and batched drawing them on its device (the token path)
-    trains = (kernels.train, cpu_kernel.train, cpu_kernel.train_tokens, device_examples.dbow_examples)
-    if not kernel:
-        kernels.train = cpu_kernel.train = lambda *args, **kwargs: 0.0
-        cpu_kernel.train_tokens = lambda *args, **kwargs: (0.0, 0)
-        device_examples.dbow_examples = _no_examples
+    # every kernel (batched, exact, exact drawing its own examples) and the device's example drawing
+    nothing = worker_mod.Compute(batched=lambda *args, **kwargs: 0.0, exact=lambda *args, **kwargs: 0.0,
+                                 tokens=lambda *args, **kwargs: (0.0, 0), device_examples=_no_examples)
     try:
         worker = worker_mod.Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
-                                   rows)
+                                   rows, compute=None if kernel else nothing)
         for epoch in range(config.epochs - 1):
             worker.run_epoch(epoch)
         t0 = time.perf_counter()
         stats = worker.run_epoch(config.epochs - 1)
         seconds = time.perf_counter() - t0
     finally:
-        kernels.train, cpu_kernel.train, cpu_kernel.train_tokens, device_examples.dbow_examples = trains
         for server in servers:
             if use_ray:
                 ray.kill(server)
@@ -86,7 +82,7 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = Tr
 
 
 def _no_examples(doc_rows, offsets, tokens, tables, negative, gen, micro_batch):
-    """device_examples.dbow_examples replaced by nothing: drawing examples is the device's work."""
+    """device_examples.dbow_examples, by nothing: drawing the token path's examples is the device's work."""
     from doc2vec_dist.device_examples import DeviceExamples
 
     empty = tokens[:0].long()
