@@ -123,14 +123,16 @@ def memory_plan(tables: dict[str, dict], config: TrainConfig, profile: dict, *, 
 # -- the corpus's macro-batches -------------------------------------------------------------------------
 
 def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -> dict:
-    """Unique rows and example bytes of a real macro-batch, built with the worker's sampling code
-    (subsampling, negatives, windows) on the first chunks of the corpus; means over `batches`."""
+    """Unique rows pulled and example bytes of a real macro-batch, built with the worker's sampling code
+    (subsampling, negatives, windows) on the first chunks of the corpus; means over `batches`. The
+    resident words_out rows (--cache-rows; every row with one worker, the token path) are not pulled."""
     counts = corpus.counts()
     keep = keep_probabilities(counts, config.sample)
     negatives = NegativeTable(counts, config.ns_exponent)
     macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
     rng = np.random.default_rng(config.seed)
     trains_words = config.mode == "dm" or config.dbow_words
+    resident = config.resident_rows(corpus.vocab_size)  # words_out rows 0..resident-1 stay in the worker
     seen = []
     for path in corpus.shard_paths:
         for doc_ids, offsets, tokens in iter_shard(path, max_tokens=macro):
@@ -139,7 +141,7 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
                                 shared_negatives=config.shared_negatives, micro_batch=config.micro_batch)
             ctx = ex.ctx.reshape(-1)
             words = len(np.unique(ctx[ctx >= ex.n_docs])) if trains_words else 0
-            words_out = len(np.unique(np.concatenate([ex.target, ex.neg.reshape(-1)])))
+            words_out = int(np.count_nonzero(np.unique(np.concatenate([ex.target, ex.neg.reshape(-1)])) >= resident))
             arrays = [ex.ctx, ex.ctx_mask, ex.target, ex.neg, ex.neg_mask]
             example_bytes = sum(a.nbytes for a in arrays if a is not None)
             example_bytes += (ex.ctx.size + ex.target.size + ex.neg.size) * 8  # compact positions (int64)

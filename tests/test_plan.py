@@ -60,6 +60,8 @@ def test_macro_batch_is_the_workers():
     assert planmod.effective_macro_batch(alone, 600_000_000, 1000) == 262144
     assert planmod.effective_macro_batch(alone, 60_000, 1000) == 262144
     assert planmod.effective_macro_batch(TrainConfig(num_workers=1, macro_batch=8192), 60_000, 1000) == 8192
+    # ... and 1,048,576 when its examples are drawn on its device (the batched kernel's token path)
+    assert planmod.effective_macro_batch(TrainConfig(num_workers=1, kernel="batched"), 60_000, 1000) == 1_048_576
 
 
 def test_warnings_name_what_does_not_fit():
@@ -100,6 +102,10 @@ def test_macro_batch_profile_counts_real_rows(sample_corpus):
     assert 0.5 * corpus.vocab_size < prof["words_out"] <= corpus.vocab_size
     assert prof["unique_rows"] == prof["docs"] + prof["words_out"] and prof["words"] == 0
     assert prof["example_bytes"] > prof["examples"] * (8 + 8 + 5 * 8)
+    # resident words_out rows are not pulled: none with one worker holding them all, the rest past 1,000
+    assert planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=1))["words_out"] == 0
+    some = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, cache_rows=1000))
+    assert 0 < some["words_out"] <= corpus.vocab_size - 1000
 
 
 @pytest.mark.slow
