@@ -61,3 +61,13 @@ def wait_oldest(inflight: list, limit: int) -> list:
         return inflight
     get(inflight[:len(inflight) - limit])
     return inflight[len(inflight) - limit:]
+
+
+def stage(rows, servers: list):
+    """A copy of `rows` that a later call may carry while the worker reuses its buffer: in Ray's
+    object store (one copy, which the call then passes by reference), or a plain copy for LocalServers."""
+    if servers and isinstance(servers[0], LocalServer):
+        return rows.copy()
+    import ray
+
+    return ray.put(rows)

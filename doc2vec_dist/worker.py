@@ -763,18 +763,18 @@ class Worker:
         for s, (server, rows) in enumerate(zip(self.servers, pulled)):
             if len(rows) == 0:
                 continue
+            if self.token_path:  # its document rows, one block per server, copied once where the call takes them
+                (_, name, where, _), = (b for b in batch.blocks(s) if b[2].stop > b[2].start)
+                pushes.append((server, batch.request(s), client.stage(local[name][where], self.servers), label, True))
+                continue
             delta = np.empty_like(rows)
             at = 0
             for table, name, where, own in batch.blocks(s):
                 n = where.stop - where.start
-                if self.token_path:  # a copy: the buffer is the next batch's while this push is sent
-                    delta[at:at + n] = local[name][where]
-                    at += n
-                    continue
                 np.subtract(local[name][where], rows[at:at + n], out=delta[at:at + n])
                 weights = batch.push_weights.get(table)
                 if weights is not None:
                     delta[at:at + n] *= weights[own, None]
                 at += n
-            pushes.append((server, batch.request(s), delta, label, self.token_path))
+            pushes.append((server, batch.request(s), delta, label, False))
         return pushes
