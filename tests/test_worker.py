@@ -27,25 +27,34 @@ NUM_PS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool) -> tuple[dict, dict]:
-    """Two epochs of one in-process worker against real servers (one call at a time each, so the run
-    is deterministic); returns every table's rows and the worker's counters."""
+def start_worker(ray, corpus_path: str, config: TrainConfig, **server_options) -> tuple[list, dict, Worker]:
+    """Real servers (actors) and worker 0 of config.num_workers, in this process: (servers, rows, worker)."""
     corpus = Corpus(corpus_path)
     tables = table_specs(config, corpus)
     server_cls = ray.remote(ParameterServer)
-    servers = [server_cls.options(max_concurrency=1).remote(s, NUM_PS, tables, config.seed)
-               for s in range(NUM_PS)]
+    servers = [server_cls.options(**server_options).remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
     rows = {name: spec["rows"] for name, spec in tables.items()}
-    worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers, rows)
+    worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, dataclasses.asdict(config), servers,
+                    rows)
+    return servers, rows, worker
+
+
+def served(ray, servers: list, name: str, n: int) -> np.ndarray:
+    """Rows 0..n-1 of table `name` as the servers hold them (row r on server r % NUM_PS)."""
+    slices = ray.get([s.pull.remote({name: np.arange(len(range(i, n, NUM_PS)))}) for i, s in enumerate(servers)])
+    full = np.empty((n, slices[0].shape[1]), dtype=np.float32)
+    for i, part in enumerate(slices):
+        full[i::NUM_PS] = part
+    return full
+
+
+def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool) -> tuple[dict, dict]:
+    """Two epochs of one in-process worker against real servers (one call at a time each, so the run
+    is deterministic); returns every table's rows and the worker's counters."""
+    servers, rows, worker = start_worker(ray, corpus_path, config, max_concurrency=1)
     worker.staged = staged
     stats = [worker.run_epoch(epoch) for epoch in range(config.epochs)]
-    out = {}
-    for name, n in rows.items():
-        slices = ray.get([s.pull.remote({name: np.arange(len(range(i, n, NUM_PS)))}) for i, s in enumerate(servers)])
-        full = np.empty((n, slices[0].shape[1]), dtype=np.float32)
-        for i, part in enumerate(slices):
-            full[i::NUM_PS] = part
-        out[name] = full
+    out = {name: served(ray, servers, name, n) for name, n in rows.items()}
     for s in servers:
         ray.kill(s)
     return out, {"host": {k: len(v) for k, v in worker._host.items()}, "stats": stats}
@@ -87,21 +96,14 @@ def test_resident_rows_pushed_by_several_workers_are_weighted_by_their_uses(ray_
     """Each of W workers trains its own copy of the resident rows from the same pull; summed whole,
     their deltas overshot (4 workers: recall@10 0.101 against 0.166 weighted, README)."""
     config = TrainConfig(dim=8, epochs=1, sample=0, num_ps=NUM_PS, num_workers=3, cache_rows=4, progress=False)
-    corpus = Corpus(sample_corpus[0])
-    tables = table_specs(config, corpus)
-    server_cls = ray_cluster.remote(ParameterServer)
-    servers = [server_cls.remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
-    rows = {name: spec["rows"] for name, spec in tables.items()}
-    worker = Worker(0, plan_units(corpus, 3)[0], corpus.path, dataclasses.asdict(config), servers, rows)
+    servers, _, worker = start_worker(ray_cluster, sample_corpus[0], config)
     worker._sync_cache("test", push=False)  # pull the 4 resident rows (zeros: words_out starts at zero)
     np.testing.assert_array_equal(worker._cache_base, 0)
     worker._outputs[:4] = 1.0  # what training moved them by
     worker._cache_uses[:] = [0, 1, 2, 10_000]
     worker._sync_cache("test", pull=False)
     assert not worker._cache_uses.any()  # counted afresh from the next pull
-    pushed = np.empty((4, 8), dtype=np.float32)
-    for s, server in enumerate(servers):
-        pushed[s::NUM_PS] = ray_cluster.get(server.pull.remote({"words_out": np.arange(len(range(s, 4, NUM_PS)))}))
+    pushed = served(ray_cluster, servers, "words_out", 4)
     overlap = 1.0 / (1.0 + 2 * (1.0 - np.exp(-np.array([0.0, 1.0, 2.0, 10_000.0]))))
     expected = np.minimum(1.0, 2 * overlap)  # at most two workers' worth: 1, 0.88, 0.73, 0.67
     np.testing.assert_allclose(pushed, np.repeat(expected[:, None], 8, axis=1), rtol=1e-6)
@@ -114,12 +116,7 @@ def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers
     """One worker holding every words_out row is their only writer: it pulls them once, and each
     push writes them (and its documents' rows) over the servers' instead of adding a delta."""
     config = TrainConfig(dim=16, epochs=3, sample=0, num_ps=NUM_PS, num_workers=1, kernel=kernel, progress=False)
-    corpus = Corpus(sample_corpus[0])
-    tables = table_specs(config, corpus)
-    server_cls = ray_cluster.remote(ParameterServer)
-    servers = [server_cls.remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
-    rows = {name: spec["rows"] for name, spec in tables.items()}
-    worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers, rows)
+    servers, rows, worker = start_worker(ray_cluster, sample_corpus[0], config)
     assert worker.token_path and worker.cached == rows["words_out"]
     pulls = []
     pull = worker._pull_resident
@@ -128,10 +125,7 @@ def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers
         worker.run_epoch(epoch)
     assert len(pulls) == 1
     held = worker._outputs[:worker.cached].numpy()
-    served = np.empty_like(held)
-    for s, server in enumerate(servers):
-        served[s::NUM_PS] = ray_cluster.get(server.pull.remote({"words_out": np.arange(len(range(s, len(held), NUM_PS)))}))
-    np.testing.assert_array_equal(served, held)  # exactly: written over, not summed
+    np.testing.assert_array_equal(served(ray_cluster, servers, "words_out", len(held)), held)  # written over, not summed
     assert (np.abs(held).sum(1) > 0).mean() > 0.9  # and trained (words_out starts at zero)
     for s in servers:
         ray_cluster.kill(s)
