@@ -36,6 +36,25 @@ def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:
     return seen
 
 
+SCORES_BYTES = 1 << 30  # the score matrices of one batch of users, at most
+
+
+def rows_of(model: str, table: str, ids: np.ndarray) -> np.ndarray:
+    """Rows `ids` (sorted, unique) of a model table, read batch by batch from its memory-mapped, verified
+    parts, in ids' order."""
+    out, found = None, np.zeros(len(ids), dtype=bool)
+    for part_ids, vectors in (batch for part in checkpoint.part_batches(model, table) for batch in part):
+        if out is None:
+            out = np.empty((len(ids), vectors.shape[1]), dtype=np.float32)
+        at = np.minimum(np.searchsorted(ids, part_ids), max(len(ids) - 1, 0))
+        hit = ids[at] == part_ids if len(ids) else np.zeros(len(part_ids), dtype=bool)
+        out[at[hit]] = vectors[hit]
+        found[at[hit]] = True
+    if out is None or not found.all():
+        raise UserError(f"{model}: table {table} lacks {int((~found).sum())} of the rows asked for")
+    return out
+
+
 def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_000, seed: int = 0,
                     corpus_path: str | None = None, batch: int = 512) -> dict:
     """recall@k and MRR of the model and of the popularity baseline on held-out (key, token) pairs.
@@ -62,9 +81,12 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
         with open(os.path.join(model, "config.json")) as fh:
             corpus_path = json.load(fh)["corpus"]
     seen = seen_tokens(corpus_path, users)
-    doc_matrix, out_matrix = with_prior(checkpoint.read_table(model, "docs"),
-                                        checkpoint.read_table(model, "words_out"), url_log_prior(model))
+    # only the evaluated users' rows: the whole table of 20M users is 8 GB, and with its prior column
+    # a second copy (the benchmark's 20M run ran out of 24 GiB here)
+    doc_matrix, out_matrix = with_prior(rows_of(model, "docs", users), checkpoint.read_table(model, "words_out"),
+                                        url_log_prior(model))
     popularity = Corpus(corpus_path).counts().astype(np.float32)
+    batch = max(1, min(batch, SCORES_BYTES // (8 * max(len(popularity), 1))))  # two [batch, URLs] float32 matrices
 
     order = np.argsort(docs, kind="stable")
     docs, words = docs[order], words[order]
@@ -73,7 +95,7 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
     results = {"model": _Ranker(k), "popularity": _Ranker(k)}
     for b in range(0, len(users), batch):
         u = users[b:b + batch]
-        scores = {"model": doc_matrix[u] @ out_matrix.T, "popularity": np.tile(popularity, (len(u), 1))}
+        scores = {"model": doc_matrix[b:b + len(u)] @ out_matrix.T, "popularity": np.tile(popularity, (len(u), 1))}
         for name, s in scores.items():
             for row, user in enumerate(u):
                 s[row, seen.get(int(user), [])] = -np.inf  # seen URLs are not predictions
