@@ -159,8 +159,10 @@ class Batch:
     start: tuple[int, int]       # (unit index, shard-file row) of its first document: a data position
     cached: int = 0              # `outputs` begins with the worker's resident rows 0..cached-1 of words_out
     raw_tokens: int = 0          # tokens read before subsampling (what the learning-rate schedule counts)
-    tokens: np.ndarray | None = None  # the token path: the chunk's tokens (ctx_pos: each one's document row,
-    offsets: np.ndarray | None = None  # exact kernel only; the device gets the offsets and expands them)
+    # the token path: the chunk's tokens and offsets; ctx_pos then holds each token's document row (exact
+    # kernel) or each document's (the device expands the offsets itself)
+    tokens: np.ndarray | None = None
+    offsets: np.ndarray | None = None
     seed: int = 0                # the token path: the seed of its draws
 
     def request(self, shard: int) -> dict[str, np.ndarray]:
@@ -620,14 +622,14 @@ class Worker:
         if batch.tokens is not None and self.exact:  # the token path: the kernel draws the examples itself
             self._batches_since_sync += 1
             return self.compute.tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
-                                           self.keep_prob, self._accept, self.negatives.alias, cfg["negative"],
-                                           float(alphas[0]), float(alphas[1]), batch.seed,
-                                           adagrad=cfg["optimizer"] == "adagrad", threads=int(cfg["cpus_per_worker"]))
+                                       self.keep_prob, self._accept, self.negatives.alias, cfg["negative"],
+                                       float(alphas[0]), float(alphas[1]), batch.seed,
+                                       adagrad=cfg["optimizer"] == "adagrad", threads=int(cfg["cpus_per_worker"]))
         if self.exact:  # the host matrices, trained in place on this worker's threads
             loss = self.compute.exact(local["inputs"], local["outputs"], batch.ctx_pos, batch.target_pos,
-                                    batch.neg_pos, ex.neg_mask, float(alphas[0]), float(alphas[1]),
-                                    ctx_mask=ex.ctx_mask, adagrad=cfg["optimizer"] == "adagrad",
-                                    threads=int(cfg["cpus_per_worker"]))
+                                      batch.neg_pos, ex.neg_mask, float(alphas[0]), float(alphas[1]),
+                                      ctx_mask=ex.ctx_mask, adagrad=cfg["optimizer"] == "adagrad",
+                                      threads=int(cfg["cpus_per_worker"]))
             self._count_resident_uses(batch)
             return loss, len(ex)
         if self.staged:  # only the pulled rows travel: the resident ones are already on the device
@@ -647,13 +649,14 @@ class Worker:
             mid = (torch.arange(n_micro, dtype=torch.float32) + 0.5) / n_micro
             alphas = alphas[0] + (alphas[1] - alphas[0]) * mid  # the rate at each micro-batch's midpoint
             loss = self.compute.batched(inputs, outputs, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas.to(dev),
-                                 ex.micro_batch, adagrad=cfg["optimizer"] == "adagrad")
+                                        ex.micro_batch, adagrad=cfg["optimizer"] == "adagrad")
         else:
             pairs = len(ex)
             loss = self.compute.batched(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos),
-                                 to_dev(batch.neg_pos), to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch,
-                                 ctx_mask=to_dev(ex.ctx_mask), scale=to_dev(batch.scale),
-                                 adagrad=cfg["optimizer"] == "adagrad", shared_negatives=cfg["negative"] if shared else 0)
+                                        to_dev(batch.neg_pos), to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch,
+                                        ctx_mask=to_dev(ex.ctx_mask), scale=to_dev(batch.scale),
+                                        adagrad=cfg["optimizer"] == "adagrad",
+                                        shared_negatives=cfg["negative"] if shared else 0)
         if self.staged:  # bring the rows to push home, into the (pinned) host matrices
             host["inputs"].copy_(inputs, non_blocking=True)
             host["outputs"][head:].copy_(outputs[head:], non_blocking=True)
@@ -669,14 +672,14 @@ class Worker:
         cfg = self.config
         if self._device_tables is None:
             self._device_tables = device_examples.DeviceTables(self.keep_prob, self.negatives, self.device)
-        ex = self.compute.device_examples(
+        return self.compute.device_examples(
             to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, cfg["negative"],
             device_examples.generator(batch.seed, self.device), cfg["micro_batch"])
-        return ex
 
     def _count_resident_uses(self, batch: Batch) -> None:
         head = batch.cached
-        if head and self.config["num_workers"] > RESIDENT_OVERSHOOT and batch.tokens is None:  # for the weights of their next push
+        # for the weights of their next push (the token path has one worker: no weights)
+        if head and self.config["num_workers"] > RESIDENT_OVERSHOOT and batch.tokens is None:
             used = np.concatenate([batch.target_pos, batch.neg_pos.reshape(-1)])
             self._cache_uses += np.bincount(used[used < head], minlength=head)
         self._batches_since_sync += 1
@@ -711,8 +714,8 @@ class Worker:
                                                                               self.config["num_workers"]))[:, None]
             delta = delta[compact]
             client.get([server.push.remote({"words_out": route.local[s]}, delta[route.bounds[s]:route.bounds[s + 1]],
-                                        f"{label} (resident rows)")
-                     for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
+                                           f"{label} (resident rows)")
+                        for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
         self._cache_base = None
         self._cache_uses[:] = 0
         if pull:
@@ -741,8 +744,8 @@ class Worker:
         if push and self._cache_held and self._batches_since_sync:  # trained since the last push
             rows = self._outputs[:self.cached].cpu().numpy()[self._cache_order]  # a copy, by server
             client.get([server.push.remote({"words_out": route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
-                                        f"{label} (resident rows)", True)
-                     for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
+                                           f"{label} (resident rows)", True)
+                        for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
             self._batches_since_sync = 0
         if pull and not self._cache_held:
             self._pull_resident()
