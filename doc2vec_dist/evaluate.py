@@ -22,6 +22,7 @@ from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .export import keys_of, unit_rows
 from .index import lookup, url_log_prior, with_prior
+from .model import Model
 
 
 def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:
@@ -37,22 +38,6 @@ def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:
 
 
 SCORES_BYTES = 1 << 30  # the score matrices of one batch of users, at most
-
-
-def rows_of(model: str, table: str, ids: np.ndarray) -> np.ndarray:
-    """Rows `ids` (sorted, unique) of a model table, read batch by batch from its memory-mapped, verified
-    parts, in ids' order."""
-    out, found = None, np.zeros(len(ids), dtype=bool)
-    for part_ids, vectors in (batch for part in checkpoint.part_batches(model, table) for batch in part):
-        if out is None:
-            out = np.empty((len(ids), vectors.shape[1]), dtype=np.float32)
-        at = np.minimum(np.searchsorted(ids, part_ids), max(len(ids) - 1, 0))
-        hit = ids[at] == part_ids if len(ids) else np.zeros(len(part_ids), dtype=bool)
-        out[at[hit]] = vectors[hit]
-        found[at[hit]] = True
-    if out is None or not found.all():
-        raise UserError(f"{model}: table {table} lacks {int((~found).sum())} of the rows asked for")
-    return out
 
 
 def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_000, seed: int = 0,
@@ -81,9 +66,9 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
         with open(os.path.join(model, "config.json")) as fh:
             corpus_path = json.load(fh)["corpus"]
     seen = seen_tokens(corpus_path, users)
-    # only the evaluated users' rows: the whole table of 20M users is 8 GB, and with its prior column
-    # a second copy (the benchmark's 20M run ran out of 24 GiB here)
-    doc_matrix, out_matrix = with_prior(rows_of(model, "docs", users), checkpoint.read_table(model, "words_out"),
+    # only the evaluated users' rows, from the verified memory-mapped parts: the whole table of 20M
+    # users is 8 GB, and with its prior column a second copy (the benchmark's 20M run ran out of 24 GiB)
+    doc_matrix, out_matrix = with_prior(Model(model).gather("docs", users), checkpoint.read_table(model, "words_out"),
                                         url_log_prior(model))
     popularity = Corpus(corpus_path).counts().astype(np.float32)
     batch = max(1, min(batch, SCORES_BYTES // (8 * max(len(popularity), 1))))  # two [batch, URLs] float32 matrices

@@ -89,9 +89,9 @@ class Model:
 
     def vectors(self, keys: str | int | list, table: str = "docs") -> np.ndarray:
         """[len(keys), dim] float32 rows of these keys."""
-        return self._gather(table, self.rows(keys, table))
+        return self.gather(table, self.rows(keys, table))
 
-    def _gather(self, table: str, rows: np.ndarray) -> np.ndarray:
+    def gather(self, table: str, rows: np.ndarray) -> np.ndarray:
         """Rows by id: from the loaded table if there is one, else from the memory-mapped parts, so
         only the pages of the wanted rows are read."""
         if table in self._tables:
@@ -156,7 +156,7 @@ class Model:
         if vectors is None:
             names = key_strings(keys)
             rows = self.rows(names, table)
-            queries = self._gather(table, rows)
+            queries = self.gather(table, rows)
         else:
             queries = self._query_vectors(vectors, table)
             names, rows = [str(i) for i in range(len(queries))], None

@@ -158,13 +158,17 @@ def test_labels_file_without_the_label_column_names_it(trained_model, tmp_path):
         labels_metrics(trained_model, str(path))
 
 
-def test_rows_of_reads_only_the_asked_rows_in_order_and_refuses_missing_ones(trained_model):
-    """heldout_metrics reads the evaluated users' rows only (a 20M-user table is 8 GB, twice with its prior)."""
+def test_heldout_metrics_reads_only_the_evaluated_users_rows(trained_model, sample_corpus, monkeypatch):
+    """A 20M-user table is 8 GB, twice with its prior: the evaluated users' rows are gathered from the
+    memory-mapped parts, and the whole docs table is never read."""
     from doc2vec_dist import checkpoint
-    from doc2vec_dist.evaluate import rows_of
+    from doc2vec_dist.model import Model
 
     full = checkpoint.read_table(trained_model, "docs")
     ids = np.array([0, 7, 123, len(full) - 1], dtype=np.int64)
-    np.testing.assert_array_equal(rows_of(trained_model, "docs", ids), full[ids])
-    with pytest.raises(UserError, match="lacks 1 of the rows"):
-        rows_of(trained_model, "docs", np.array([3, len(full) + 5], dtype=np.int64))
+    np.testing.assert_array_equal(Model(trained_model).gather("docs", ids), full[ids])
+    read = checkpoint.read_table
+    tables = []
+    monkeypatch.setattr(checkpoint, "read_table", lambda model, table, *a, **k: tables.append(table) or read(model, table, *a, **k))
+    m = heldout_metrics(trained_model, sample_corpus[1], max_users=100)
+    assert tables == ["words_out"] and m["users"] == 100 and 0 < m["model_recall@10"] <= 1
