@@ -2,9 +2,10 @@
 
 Runs as a threaded Ray actor (the trainer wraps it), so pulls and pushes from many workers are served
 at once; numpy releases the GIL while it copies (client.LocalServer runs it in a process without Ray).
-Pushes carry deltas (new − pulled) and are added
-under the table's lock, so two workers updating the same row both land. Pulls take no lock: a pull
-racing a push may see part of it, which only adds the staleness that asynchronous SGD already has.
+Pushes carry deltas (new − pulled) and are added under the table's lock, so two workers updating the
+same row both land; a worker that is the only writer of its rows pushes the rows themselves, written
+over. Pulls take no lock: a pull racing a push may see part of it, which only adds the staleness that
+asynchronous SGD already has.
 """
 
 from __future__ import annotations

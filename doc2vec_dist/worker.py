@@ -706,21 +706,25 @@ class Worker:
         if self.token_path:  # the only writer of these rows: they go as they are, and need no pull again
             self._sync_sole_writer(label, push, pull)
             return
-        route, compact = self._cache_route, self._cache_order
         if push and self._cache_base is not None:
             delta = self._outputs[:self.cached].cpu().numpy() - self._cache_base
             if self.config["num_workers"] > RESIDENT_OVERSHOOT:  # else every weight is 1: the plain sum
                 delta *= np.minimum(1.0, RESIDENT_OVERSHOOT * overlap_weights(self._cache_uses,
                                                                               self.config["num_workers"]))[:, None]
-            delta = delta[compact]
-            client.get([server.push.remote({"words_out": route.local[s]}, delta[route.bounds[s]:route.bounds[s + 1]],
-                                           f"{label} (resident rows)")
-                        for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
+            self._push_resident(delta[self._cache_order], label, assign=False)
         self._cache_base = None
         self._cache_uses[:] = 0
         if pull:
             self._cache_base = self._pull_resident()
         self._batches_since_sync = 0
+
+    def _push_resident(self, rows: np.ndarray, label: str, assign: bool) -> None:
+        """Send the resident rows' push (deltas, or with assign the rows themselves), ordered by server
+        as _cache_order places them, and wait until every server has applied its part."""
+        route = self._cache_route
+        client.get([server.push.remote({"words_out": route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
+                                       f"{label} (resident rows)", assign)
+                    for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
 
     def _pull_resident(self) -> np.ndarray:
         """Pull the resident rows from the servers into the head of `outputs`; returns them as pulled."""
@@ -740,12 +744,8 @@ class Worker:
         they are never pulled again: nothing else changes them. A restarted worker starts without them
         and pulls. (On the 200k corpus the epoch's pull of the 100k rows was ~15% of a device worker's
         host time.)"""
-        route = self._cache_route
         if push and self._cache_held and self._batches_since_sync:  # trained since the last push
-            rows = self._outputs[:self.cached].cpu().numpy()[self._cache_order]  # a copy, by server
-            client.get([server.push.remote({"words_out": route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
-                                           f"{label} (resident rows)", True)
-                        for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
+            self._push_resident(self._outputs[:self.cached].cpu().numpy()[self._cache_order], label, assign=True)
             self._batches_since_sync = 0
         if pull and not self._cache_held:
             self._pull_resident()
