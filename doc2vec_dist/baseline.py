@@ -137,7 +137,7 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
     # gensim orders its vocabulary by its own rule; put rows back at our word ids
     word_ids = np.array([int(k) for k in model.wv.index_to_key], dtype=np.int64)
     tables = {"docs": model.dv.vectors, "words_out": _by_id(model.syn1neg, word_ids, corpus.vocab_size)}
-    if config.dbow_words or config.mode == "dm":
+    if config.trains_words():
         tables["words"] = _by_id(model.wv.vectors, word_ids, corpus.vocab_size)
     t1 = time.perf_counter()
     version = checkpoint.next_version(out)

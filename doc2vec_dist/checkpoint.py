@@ -42,6 +42,7 @@ model it works on local_copy(), a verified copy of LATEST in a cache directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -547,6 +548,26 @@ def commit(model: str, version: int, tables: dict[str, list[dict]], dims: dict[s
     _write_bytes(store, "LATEST", f"v{version}\n".encode())
     _prune_store(store, keep)
     return version_dir(model, version)
+
+
+def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]], epoch: int, positions: list | None,
+                    epoch_stats: list[dict]) -> None:
+    """Write a checkpoint version: `save(version)` writes every server's slice (returning each
+    server's entries), then the manifest says the epochs done, where each worker's data stands (None:
+    at the start of epoch `epoch`) and the learning rate there. config: the run's TrainConfig; corpus:
+    its corpus.Corpus."""
+    version = next_version(out)
+    entries = save(version)
+    tables = {name: [e[name] for e in entries] for name in entries[0]}
+    done = epoch * corpus.num_tokens + sum(p["tokens"] for p in positions or [])
+    planned = config.epochs * corpus.num_tokens
+    lr = max(config.min_alpha, config.alpha - (config.alpha - config.min_alpha) * done / max(planned, 1))
+    commit(out, version, tables, {name: config.dim for name in tables},
+           {"epoch": epoch, "positions": positions, "lr": lr, "num_ps": config.num_ps,
+            "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
+            "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
+            "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats]},
+           keep=config.keep_checkpoints)
 
 
 def _check_parts_written(store: _Store, version: int, manifest: dict) -> None:

@@ -1,4 +1,5 @@
-"""How a worker calls the parameter servers: Ray actors, or ParameterServer objects in this process.
+"""How a worker calls the parameter servers: Ray actors, or ParameterServer objects in this process;
+and ParameterClient, a worker's whole side of them (routing, compact layout, pulls, pushes, resident rows).
 
 A worker calls `server.pull.remote(request)` and `server.push.remote(...)` and waits with `get`. On a
 cluster the servers are Ray actor handles (or their names, looked up here). Without Ray, e.g. to
@@ -10,7 +11,15 @@ where a Ray handle is met.
 
 from __future__ import annotations
 
+import queue
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sampling import unique_rows
+from .sharding import Routing
 
 
 class _Method:
@@ -71,3 +80,341 @@ def stage(rows, servers: list):
     import ray
 
     return ray.put(rows)
+
+
+# -- a worker's side of the servers: routing, the compact layout, pulls, pushes, resident rows ----------------
+
+# With several workers, each trains its own copy of the resident (--cache-rows) rows; they meet at the
+# servers this often (in macro-batches), as well as at checkpoints and epoch ends
+CACHE_SYNC_BATCHES = 8
+# ... where the deltas of a resident row add up to at most this many workers' worth (ParameterClient.sync)
+RESIDENT_OVERSHOOT = 2.0
+
+
+def overlap_weights(uses: np.ndarray, workers: int) -> np.ndarray:
+    """Weight of the delta of each row a worker used `uses` times, when `workers` workers train the
+    same rows from the same start: 1 / (1 + (W − 1)(1 − e^(−uses))).
+
+    A row used c times by this worker is, with the others drawing from the same distribution, also
+    in each of their deltas with probability ≈ 1 − e^(−c). Hot rows are in all W, whose deltas point
+    the same way: summed, they overshoot W-fold, so each counts 1/W. Rare rows (c ≈ 0, one worker)
+    count whole. See ParameterClient.push_weights and ParameterClient.sync for where this was measured.
+    """
+    return 1.0 / (1.0 + (workers - 1) * -np.expm1(-np.asarray(uses, dtype=np.float32)))
+
+
+@dataclass
+class Layout:
+    """Where one macro-batch's rows sit in the worker's compact matrices, and which server holds each.
+
+    The compact local matrices are `inputs` (the resident `words` rows, if any, then the batch's `docs`
+    rows, then its `words` rows) and `outputs` (the resident `words_out` rows, then the batch's);
+    within each table's block, rows are grouped by server so a pull fills, and a push reads, one
+    contiguous slice per server.
+    """
+
+    routes: dict[str, Routing]   # table → its unique pulled rows' routing, in pull order
+    cached: int = 0              # `outputs` begins with the worker's resident rows 0..cached-1 of words_out
+    inputs_head: int = 0         # `inputs` begins with its resident `words` rows (the token path, words trained)
+    push_weights: dict = field(default_factory=dict)  # table → weight of each compact row's delta, or None
+
+    def request(self, shard: int) -> dict[str, np.ndarray]:
+        """Local rows of every table on one server: what is pulled from it and pushed back to it."""
+        return {name: route.local[shard] for name, route in self.routes.items()}
+
+    def blocks(self, shard: int):
+        """(table, compact matrix name, slice of it, slice of the table's own compact rows) for each
+        table's rows on one server, in request order."""
+        base = self.inputs_head
+        for name, route in self.routes.items():
+            own = slice(int(route.bounds[shard]), int(route.bounds[shard + 1]))
+            if name == "words_out":  # after the resident rows, which are neither pulled nor pushed
+                yield name, "outputs", slice(self.cached + own.start, self.cached + own.stop), own
+            else:  # docs then words share `inputs`
+                yield name, "inputs", slice(base + own.start, base + own.stop), own
+                base += int(route.bounds[-1])
+
+    def sizes(self) -> dict[str, int]:
+        return {"inputs": self.inputs_head + sum(int(r.bounds[-1]) for n, r in self.routes.items()
+                                                 if n != "words_out"),
+                "outputs": self.cached + int(self.routes["words_out"].bounds[-1])}
+
+
+def send_pushes(pushes: list[tuple], inflight: list, limit: int) -> list:
+    """Send (server, request, rows, label, assign) pushes, then wait until at most `limit` are in
+    flight, the oldest first; returns those still in flight. A push a server refused (non-finite
+    values) raises here, naming its step."""
+    inflight = inflight + [server.push.remote(request, rows, label, assign)
+                           for server, request, rows, label, assign in pushes]
+    return wait_oldest(inflight, limit)
+
+
+class Pusher:
+    """A worker's pushes, sent from a thread of their own while the next macro-batch computes.
+
+    Used where a worker writes every row it trains alone (the token path: one worker, every URL row
+    resident, and each macro-batch's document rows its own): no later pull of this epoch reads the
+    rows a push carries, so sending it late changes nothing but the time. At most `limit` pushes are
+    in flight, the oldest awaited first; a push a server refused (non-finite values) is raised on the
+    worker's own thread at its next submit or drain. On the 200k corpus the pushes' Ray calls and
+    waits were 11% of the worker's time, with both kernel threads idle meanwhile.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.queue: queue.Queue = queue.Queue(maxsize=2)  # macro-batches' pushes not yet sent
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, name="pusher", daemon=True)
+        self.thread.start()
+
+    def submit(self, calls: list[tuple]) -> None:
+        """Send (server, request, rows, label, assign) pushes; blocks while two batches' wait to be sent."""
+        self._raise()
+        self.queue.put(calls)
+
+    def drain(self) -> None:
+        """Return once every push submitted so far is applied by its server."""
+        done = threading.Event()
+        self.queue.put(done)
+        done.wait()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def _run(self) -> None:
+        inflight: list = []
+        while True:
+            item = self.queue.get()
+            try:
+                if isinstance(item, threading.Event):
+                    get(inflight)
+                    inflight = []
+                    continue
+                inflight = send_pushes(item, inflight, self.limit)
+            except Exception as exc:  # noqa: BLE001 (kept for the worker's thread, which raises it)
+                self.error, inflight = exc, []
+            finally:
+                if isinstance(item, threading.Event):
+                    item.set()
+
+
+class ParameterClient:
+    """One worker's side of the parameter servers: it routes a macro-batch's rows to the servers and
+    lays them out compactly, pulls and pushes them, weights the pushed deltas, and keeps the resident
+    rows in step with the servers. The worker owns the matrices (on its device) and the math; this
+    owns every call to a server.
+
+    Resident rows are rows 0..resident-1 of words_out (ids are by frequency, so the hottest; --cache-rows)
+    and, on the token path where words are trained, of words too. They live in the worker's matrices
+    between macro-batches, which `read(table)` and `write(table, rows)` give in id order.
+    """
+
+    def __init__(self, servers: list, table_rows: dict[str, int], *, workers: int, resident: int,
+                 resident_tables: tuple[str, ...] = ("words_out",), sole_writer: bool = False,
+                 max_inflight_pushes: int = 2):
+        self.servers = connect(servers)
+        self.num_shards = len(self.servers)
+        self.table_rows, self.workers = table_rows, workers
+        # a sole writer (the token path) pushes each batch's rows as they are, from a thread of its own
+        self.sole_writer = sole_writer
+        self.limit = max_inflight_pushes * self.num_shards
+        self.pusher = Pusher(self.limit) if sole_writer else None
+        self.inflight: list = []
+        self.resident, self.resident_tables = resident, resident_tables
+        self.resident_route = Routing.of(np.arange(resident, dtype=np.int64), max(self.num_shards, 1))
+        self.resident_order = np.empty(resident, dtype=np.int64)  # resident row at each place, by server
+        self.resident_order[self.resident_route.position] = np.arange(resident)
+        self.base: np.ndarray | None = None  # the resident words_out rows as last pulled (shared rows)
+        self.held = False  # the sole writer: whether the resident rows were pulled (see sync)
+        self.uses = np.zeros(resident, dtype=np.int64)  # times each was used since then
+        self.batches_since_sync = 0
+
+    # -- the compact layout -----------------------------------------------------------------------------
+    def token_layout(self, doc_ids: np.ndarray) -> Layout:
+        """The token path's layout: the chunk's documents' rows, every URL row resident."""
+        words_head = self.resident if "words" in self.resident_tables else 0
+        return Layout(routes={"docs": Routing.of(doc_ids.astype(np.int64), self.num_shards),  # sorted, unique
+                              "words_out": Routing.of(np.zeros(0, np.int64), self.num_shards)},
+                      cached=self.resident, inputs_head=words_head)
+
+    def example_layout(self, doc_ids: np.ndarray, ex) -> tuple[Layout, np.ndarray, np.ndarray, np.ndarray]:
+        """The layout of a host-built macro-batch (sampling.Examples) and its examples' compact positions:
+        (layout, ctx_pos [n, c] in `inputs`, target_pos [n] and neg_pos in `outputs`)."""
+        routes = {"docs": Routing.of(doc_ids.astype(np.int64), self.num_shards)}  # sorted, unique
+        weights: dict[str, np.ndarray | None] = {}
+        flat = ex.ctx.reshape(-1)
+        ctx_pos = routes["docs"].position[np.minimum(flat, ex.n_docs - 1)]
+        if "words" in self.table_rows:  # words used as inputs: ids past n_docs in the examples
+            is_word = flat >= ex.n_docs
+            uniq, inverse = unique_rows(flat[is_word] - ex.n_docs, self.table_rows["words"])
+            routes["words"] = Routing.of(uniq, self.num_shards)
+            ctx_pos[is_word] = len(doc_ids) + routes["words"].position[inverse]
+            weights["words"] = self.push_weights(routes["words"], inverse, len(uniq))
+        uniq, inverse = unique_rows(np.concatenate([ex.target, ex.neg.reshape(-1)]), self.table_rows["words_out"])
+        hot = int(np.searchsorted(uniq, self.resident))  # uniq is sorted: its resident rows come first
+        routes["words_out"] = Routing.of(uniq[hot:], self.num_shards)
+        weights["words_out"] = self.push_weights(routes["words_out"], inverse, len(uniq))
+        # compact place of each unique row: resident row r at r, the others after the resident rows
+        place = np.concatenate([uniq[:hot], self.resident + routes["words_out"].position])
+        compact = place[inverse]
+        n = len(ex)
+        layout = Layout(routes=routes, cached=self.resident, push_weights=weights)
+        return layout, ctx_pos.reshape(ex.ctx.shape), compact[:n], compact[n:].reshape(ex.neg.shape)
+
+    def push_weights(self, route: Routing, inverse: np.ndarray, n_unique: int) -> np.ndarray | None:
+        """Weight of each shared row's pushed delta, in compact order: 1 / the workers expected to
+        push the same row from the same stale start.
+
+        A row of `words`/`words_out` that this macro-batch uses c times is, with W workers drawing
+        from the same distribution, also in each other worker's concurrent macro-batch with
+        probability ≈ 1 − e^(−c). Hot rows are in all of them: each worker trains its copy from the
+        same pulled value close to where the batch's data pulls it, and W such deltas summed overshoot
+        W-fold. Measured on 200k users with dbow_words and 2 workers: plain sums diverged (loss 10⁴
+        → 10¹³ in 5 epochs) while one worker trained stably; weighting 1/(1 + (W−1)(1 − e^(−c)))
+        keeps the sum near one full step for hot rows and leaves rare rows (c ≈ 0, one worker) whole.
+        `docs` rows belong to one worker's data and are never weighted.
+
+        Only when `words` is trained (dbow_words, PV-DM), i.e. when both sides of an example's dot
+        product are shared rows. In plain PV-DBOW only `words_out` is shared, summed deltas were
+        stable, and weighting them cost fit for nothing (200k users, 5 epochs: last-epoch loss 2.54
+        summed vs 2.88 weighted; recall@10 0.163 vs 0.162; gensim 0.164). Weighting `words` alone
+        was not enough either (dbow_words epoch-1 loss 5.1 against 3.2 with both).
+        """
+        if self.workers <= 1 or "words" not in self.table_rows:
+            return None
+        weights = np.empty(n_unique, dtype=np.float32)
+        weights[route.position] = overlap_weights(np.bincount(inverse, minlength=n_unique), self.workers)
+        return weights
+
+    # -- pull and push ----------------------------------------------------------------------------------
+    def pull(self, layout: Layout) -> list:
+        """One pull per server for the batch's rows of every table; the results arrive later (get)."""
+        return [server.pull.remote(layout.request(s)) for s, server in enumerate(self.servers)]
+
+    @staticmethod
+    def fill(layout: Layout, pulled: list[np.ndarray], local: dict[str, np.ndarray]) -> None:
+        """Copy the pulled rows (read-only, zero-copy from the object store) into the compact matrices."""
+        for s, rows in enumerate(pulled):
+            at = 0
+            for _, name, where, _ in layout.blocks(s):
+                n = where.stop - where.start
+                local[name][where] = rows[at:at + n]
+                at += n
+
+    def push(self, layout: Layout, pulled: list[np.ndarray], local: dict[str, np.ndarray], label: str) -> None:
+        """Push what the batch trained, one call per server it pulled from: new − pulled, weighted
+        where several workers' deltas of a row overlap; a sole writer, whose rows no one else writes,
+        the new rows themselves, written over the servers', from its pushing thread."""
+        pushes = []
+        for s, (server, rows) in enumerate(zip(self.servers, pulled)):
+            if len(rows) == 0:
+                continue
+            if self.sole_writer:  # its document rows, one block per server, copied once where the call takes them
+                (_, name, where, _), = (b for b in layout.blocks(s) if b[2].stop > b[2].start)
+                pushes.append((server, layout.request(s), stage(local[name][where], self.servers), label, True))
+                continue
+            delta = np.empty_like(rows)
+            at = 0
+            for table, name, where, own in layout.blocks(s):
+                n = where.stop - where.start
+                np.subtract(local[name][where], rows[at:at + n], out=delta[at:at + n])
+                weights = layout.push_weights.get(table)
+                if weights is not None:
+                    delta[at:at + n] *= weights[own, None]
+                at += n
+            pushes.append((server, layout.request(s), delta, label, False))
+        if self.pusher is not None:  # sent from its own thread while the next batch computes
+            self.pusher.submit(pushes)
+        else:
+            self.inflight = send_pushes(pushes, self.inflight, self.limit)
+
+    def drain(self) -> None:
+        """Wait until every push is applied (a refused one raises here)."""
+        if self.pusher is not None:
+            self.pusher.drain()
+        inflight, self.inflight = self.inflight, []
+        get(inflight)
+
+    # -- resident rows ----------------------------------------------------------------------------------
+    def count_uses(self, target_pos: np.ndarray, neg_pos: np.ndarray) -> None:
+        """Count a batch's uses of the resident rows (for the weights of their next push; none is
+        needed while their deltas sum to at most RESIDENT_OVERSHOOT workers' worth)."""
+        if self.resident and self.workers > RESIDENT_OVERSHOOT:
+            used = np.concatenate([target_pos, neg_pos.reshape(-1)])
+            self.uses += np.bincount(used[used < self.resident], minlength=self.resident)
+
+    def trained(self) -> None:
+        """One more macro-batch trained the resident rows."""
+        self.batches_since_sync += 1
+
+    def sync_due(self) -> bool:
+        """Whether several workers' resident rows are due to meet at the servers (CACHE_SYNC_BATCHES)."""
+        return bool(self.resident) and self.workers > 1 and self.batches_since_sync >= CACHE_SYNC_BATCHES
+
+    def sync(self, read, write, label: str, push: bool = True, pull: bool = True) -> None:
+        """Exchange the resident rows with the servers: push what they learned since the last pull
+        (new − pulled, like any push), then pull them afresh (other workers' updates included).
+        `read(table)` gives the worker's resident rows in id order, `write(table, rows)` replaces them.
+
+        Called at the start of an epoch (pull), every CACHE_SYNC_BATCHES macro-batches when several
+        workers share the rows, before a checkpoint and at the end of an epoch (push only: the
+        servers then hold every update, and the next use pulls first).
+
+        With several workers each trains its own copy of these rows from the same pull, and their
+        deltas point the same way. Each is weighted by overlap_weights of its uses since the pull,
+        times RESIDENT_OVERSHOOT, at most 1: a hot row's deltas add up to two workers' worth. 4
+        workers at 75k-token macro-batches (200k users, own negatives, 8,192-example micro-batches):
+        summed whole, recall@10 0.101, under the popularity baseline (0.127); weighted 1/4 (one
+        worker's worth) 0.1607; two workers' worth 0.1661. With 2 workers the sum was as good (200k:
+        0.1655 summed, 0.1671 at 1/2) or better (the bundled sample: 0.22 against 0.20 at 1/2), and
+        two workers' worth is the sum.
+        """
+        if not self.resident:
+            return
+        if self.sole_writer:
+            self._sync_sole_writer(read, write, label, push, pull)
+            return
+        if push and self.base is not None:
+            delta = read("words_out") - self.base
+            if self.workers > RESIDENT_OVERSHOOT:  # else every weight is 1: the plain sum
+                delta *= np.minimum(1.0, RESIDENT_OVERSHOOT * overlap_weights(self.uses, self.workers))[:, None]
+            self.push_resident(delta, label, assign=False)
+        self.base = None
+        self.uses[:] = 0
+        if pull:
+            self.base = self.pull_resident("words_out")
+            write("words_out", self.base)
+        self.batches_since_sync = 0
+
+    def _sync_sole_writer(self, read, write, label: str, push: bool, pull: bool) -> None:
+        """sync for the token path, whose worker alone writes every URL row: the push writes the rows
+        over the servers' (no delta, no copy of the rows as pulled), and once pulled they are never
+        pulled again: nothing else changes them. A restarted worker starts without them and pulls. (On
+        the 200k corpus the epoch's pull of the 100k rows was ~15% of a device worker's host time.)"""
+        if push and self.held and self.batches_since_sync:  # trained since the last push
+            for table in self.resident_tables:
+                self.push_resident(read(table), label, assign=True, table=table)
+            self.batches_since_sync = 0
+        if pull and not self.held:
+            for table in self.resident_tables:
+                write(table, self.pull_resident(table))
+            self.held = True
+
+    def push_resident(self, rows: np.ndarray, label: str, assign: bool, table: str = "words_out") -> None:
+        """Push a table's resident rows (deltas, or with assign the rows themselves; in id order) and
+        wait until every server has applied its part."""
+        route, rows = self.resident_route, rows[self.resident_order]
+        get([server.push.remote({table: route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
+                                f"{label} (resident rows)", assign)
+             for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
+
+    def pull_resident(self, table: str = "words_out") -> np.ndarray:
+        """A table's resident rows as the servers hold them, in id order."""
+        route = self.resident_route
+        pulled = get([server.pull.remote({table: route.local[s]}) for s, server in enumerate(self.servers)])
+        fresh = np.empty((self.resident, pulled[0].shape[1] if pulled else 0), dtype=np.float32)
+        fresh[self.resident_order] = np.concatenate(pulled)
+        return fresh

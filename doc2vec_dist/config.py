@@ -108,13 +108,19 @@ class TrainConfig:
         return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
 
     def token_path(self, words_out_rows: int) -> bool:
-        """Whether a worker trains PV-DBOW straight from the tokens, its examples drawn where the kernel
-        runs (cpu_kernel.train_tokens, or device_examples for the batched kernel): one worker (nothing
-        else writes the URL rows), every words_out row resident in it, and each example's own negatives.
-        Shared negatives keep the host's examples: drawn for a device group's micro-batches (1,024
-        examples) they fell below popularity on the sample's MRR (0.279 against 0.291)."""
-        return (self.mode == "dbow" and not self.dbow_words and self.num_workers == 1 and not self.shared_negatives
+        """Whether a worker trains straight from the tokens, its examples drawn where the kernel runs
+        (cpu_kernel.train_tokens for plain PV-DBOW, device_examples for the batched kernel in every
+        mode): one worker (nothing else writes the URL rows), every URL row resident in it (words_out,
+        and words where trained), and each example's own negatives. Shared negatives keep the host's
+        examples: drawn for a device group's micro-batches (1,024 examples) they fell below popularity
+        on the sample's MRR (0.279 against 0.291)."""
+        plain = self.mode == "dbow" and not self.dbow_words
+        return ((plain or not self.exact_kernel()) and self.num_workers == 1 and not self.shared_negatives
                 and self.resident_rows(words_out_rows) == words_out_rows)
+
+    def trains_words(self) -> bool:
+        """Whether the `words` table (input vectors of URLs) is trained: PV-DM, and dbow_words."""
+        return self.mode == "dm" or self.dbow_words
 
     def exact_kernel(self) -> bool:
         """Whether workers use cpu_kernel (each update applied at once) rather than kernels.train."""
@@ -156,9 +162,9 @@ class TrainConfig:
                             "kernel (--kernel auto or batched)")
         if self.kernel == "exact" and self.shared_negatives:
             raise UserError("bad training config: shared_negatives needs the batched kernel (--kernel batched)")
-        if self.cache_rows and self.num_workers > 1 and (self.mode == "dm" or self.dbow_words):
+        if self.cache_rows and self.num_workers > 1 and self.trains_words():
             # with `words` trained too, the hot rows' deltas of several workers need the weighting of
-            # worker._push_weights, which resident rows do not get yet: refuse rather than diverge
+            # client.ParameterClient.push_weights, which resident rows do not get yet: refuse rather than diverge
             raise UserError("--cache-rows applies to PV-DBOW without --dbow-words for now")
         return self
 

@@ -21,11 +21,13 @@ The steps, in the order of the data flow:
    a stream seeded by (seed, blake2b of the user key): a user starts from the same point whatever
    else is in the batch, in any process.
 3. Train. Batches of `batch_users` users run `epochs` passes each. A pass builds PV-DBOW or PV-DM
-   examples with `sampling.build_examples` (the model's subsampling and its unigram^ns_exponent
-   negatives, fresh draws every pass; never skip-gram steps: they would only train frozen words)
-   and runs `kernels.train` with learn_outputs=False and learn_context_words=False, so `words_out`
-   (and PV-DM's `words`) stay frozen and only the new users' rows move. The learning rate decays
-   linearly from alpha to min_alpha over the passes, as gensim's infer_vector does.
+   examples as a training worker's token path does (`device_examples.build`: the model's subsampling,
+   reduced windows and unigram^ns_exponent negatives, fresh draws every pass; never skip-gram steps:
+   they would only train frozen words), on the same compact layout: every `words` row (PV-DM) at the
+   head of `inputs`, a word's row its id, the batch's users after them. `kernels.train` runs with
+   learn_outputs=False and learn_context_words=False, so `words_out` (and PV-DM's `words`) stay frozen
+   and only the new users' rows move. The learning rate decays linearly from alpha to min_alpha over
+   the passes, as gensim's infer_vector does.
 
 Inference is always plain SGD (gensim's update) with the model's alpha, also for a model trained
 with row-wise Adagrad: a new row has no accumulator history worth continuing, and a handful of
@@ -55,10 +57,10 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from . import checkpoint, kernels
+from . import checkpoint, device_examples, kernels
 from .corpus import Corpus, _mix64, iter_shard, prepare
 from .errors import UserError
-from .sampling import NegativeTable, build_examples, doc_step_scale, keep_probabilities, unique_rows
+from .sampling import NegativeTable, keep_probabilities
 
 DEFAULT_BATCH_USERS = 4096
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
@@ -161,11 +163,15 @@ class Inferrer:
         self.vocab_tokens = vocab.column("token").combine_chunks()
         counts = vocab.column("count").to_numpy().astype(np.int64)
         self.words_out = torch.from_numpy(np.ascontiguousarray(load("words_out"), dtype=np.float32))
-        self.words = load("words") if settings.mode == "dm" else None
+        words = load("words") if settings.mode == "dm" else np.zeros((0, settings.dim), np.float32)
         if len(counts) != self.words_out.shape[0]:
             raise UserError(f"{vocab_path}: {len(counts)} URLs but words_out has {self.words_out.shape[0]} rows")
         self.keep_prob = keep_probabilities(counts, settings.sample)
         self.negatives = NegativeTable(counts, settings.ns_exponent)
+        self.tables = device_examples.DeviceTables(self.keep_prob, self.negatives, torch.device("cpu"))
+        # `inputs` as a worker's token path lays it out: the frozen words rows first (PV-DM), then a batch's users
+        self.head = len(words)
+        self._inputs = torch.from_numpy(np.ascontiguousarray(words, dtype=np.float32))
 
     def model_ids(self, tokens: pa.Array) -> np.ndarray:
         """int64 model word id of each token string, -1 for a URL the model never saw."""
@@ -181,31 +187,28 @@ class Inferrer:
     def _vectors(self, keys: list[str], offsets: np.ndarray, tokens: np.ndarray, batch: int) -> np.ndarray:
         s = self.s
         n = len(offsets) - 1
-        docs = torch.from_numpy(initial_vectors(keys, s.dim, s.seed))
-        rng = np.random.default_rng([s.seed, batch])
+        if len(self._inputs) < self.head + n:  # grown once for the largest batch; the words rows carried over
+            grown = torch.empty((self.head + n, s.dim), dtype=torch.float32)
+            grown[:self.head] = self._inputs[:self.head]
+            self._inputs = grown
+        inputs = self._inputs[:self.head + n]
+        docs = inputs[self.head:]
+        docs.copy_(torch.from_numpy(initial_vectors(keys, s.dim, s.seed)))
+        gen = device_examples.generator(int(np.random.default_rng([s.seed, batch]).integers(1 << 63)), self.tables.device)
+        shape = device_examples.Shape(mode=s.mode, window=s.window)
+        rows = self.head + torch.arange(n)
+        offsets_t, tokens_t = torch.from_numpy(offsets.astype(np.int64)), torch.from_numpy(tokens)
         raw = len(tokens)
         for epoch in range(s.epochs):
-            ex = build_examples(offsets, tokens, self.keep_prob, self.negatives, s.negative, rng, mode=s.mode,
-                                dbow_words=False, window=s.window, micro_batch=s.micro_batch)
+            ex = device_examples.build(rows, offsets_t, tokens_t, self.tables, s.negative, gen, s.micro_batch, shape)
             if len(ex) == 0:
                 continue
             n_micro = -(-len(ex) // ex.micro_batch)
             alphas = kernels.micro_batch_alphas(s.alpha, s.min_alpha, epoch * raw, raw, s.epochs * raw, n_micro)
-            ctx, inputs = ex.ctx, docs
-            if s.mode == "dm":  # rows past n are words: a compact copy of the ones this pass uses
-                ctx = ctx.copy()
-                is_word = ctx >= n
-                uniq, position = unique_rows(ctx[is_word] - n, len(self.words))
-                ctx[is_word] = n + position
-                inputs = torch.cat([docs, torch.from_numpy(self.words[uniq])])
-            kernels.train(inputs, self.words_out, torch.from_numpy(ctx), torch.from_numpy(ex.target),
-                          torch.from_numpy(ex.neg), torch.from_numpy(ex.neg_mask), alphas, ex.micro_batch,
-                          ctx_mask=None if ex.ctx_mask is None else torch.from_numpy(ex.ctx_mask),
-                          scale=_tensor(doc_step_scale(ex.ctx[:, 0], ex.micro_batch)), adagrad=False,
-                          learn_outputs=False, learn_context_words=False)
-            if inputs is not docs:
-                docs.copy_(inputs[:n])
-        return docs.numpy()
+            kernels.train(inputs, self.words_out, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas, ex.micro_batch,
+                          ctx_mask=ex.ctx_mask, scale=ex.scale, adagrad=False, learn_outputs=False,
+                          learn_context_words=False)
+        return docs.numpy().copy()
 
 
 @contextlib.contextmanager
@@ -219,10 +222,6 @@ def _torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _tensor(a: np.ndarray | None) -> torch.Tensor | None:
-    return None if a is None else torch.from_numpy(a)
 
 
 @dataclass

@@ -125,13 +125,15 @@ def memory_plan(tables: dict[str, dict], config: TrainConfig, profile: dict, *, 
 def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -> dict:
     """Unique rows pulled and example bytes of a real macro-batch, built with the worker's sampling code
     (subsampling, negatives, windows) on the first chunks of the corpus; means over `batches`. The
-    resident words_out rows (--cache-rows; every row with one worker, the token path) are not pulled."""
+    resident words_out rows (--cache-rows; every row with one worker, the token path) are not pulled,
+    nor the token path's words rows."""
     counts = corpus.counts()
     keep = keep_probabilities(counts, config.sample)
     negatives = NegativeTable(counts, config.ns_exponent)
     macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
     rng = np.random.default_rng(config.seed)
-    trains_words = config.mode == "dm" or config.dbow_words
+    # the token path holds every words row resident too, where words are trained: none is pulled
+    trains_words = config.trains_words() and not config.token_path(corpus.vocab_size)
     resident = config.resident_rows(corpus.vocab_size)  # words_out rows 0..resident-1 stay in the worker
     seen = []
     for path in corpus.shard_paths:

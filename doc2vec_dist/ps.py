@@ -166,7 +166,7 @@ def table_specs(config: TrainConfig, corpus: Corpus) -> dict[str, dict]:
     """
     state = int(config.optimizer == "adagrad")
     tables = {"docs": {"rows": corpus.num_docs, "dim": config.dim, "init": "uniform", "state": state}}
-    if config.mode == "dm" or config.dbow_words:
+    if config.trains_words():
         tables["words"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "uniform", "state": state}
     tables["words_out"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "zeros", "state": state}
     return tables

@@ -130,7 +130,8 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
 
 
 def engine_line(config: TrainConfig, words_out_rows: int) -> str:
-    """How the run trains, in one line: workers and threads, kernel, resident rows of words_out."""
+    """How the run trains, in one line: workers and threads, kernel, resident rows of words_out (and of
+    words, which the token path holds too where they are trained)."""
     resident = config.resident_rows(words_out_rows)
     token_path = config.token_path(words_out_rows)
     kernel = ("exact (each update applied at once, gensim's order"
@@ -141,7 +142,8 @@ def engine_line(config: TrainConfig, words_out_rows: int) -> str:
              if resident else "none")
     return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"
             + (f" + {config.gpus_per_worker:g} GPU(s)" if config.gpus_per_worker else "")
-            + f", {config.num_ps} parameter server(s); kernel {kernel}; words_out resident in each worker: {where}")
+            + f", {config.num_ps} parameter server(s); kernel {kernel}; words_out resident in each worker: {where}"
+            + ("; words too" if token_path and config.trains_words() else ""))
 
 
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
@@ -439,21 +441,9 @@ class _Run:
         """Write a version: every server's slice, then the manifest with the epochs done and where
         each worker's data stands (None: at the start of epoch `epoch`)."""
         t0 = time.perf_counter()
-        config = self.config
-        version = checkpoint.next_version(self.out)
-        entries = ray.get([server.save.remote(self.out, version) for server in self.servers])
-        tables = {name: [e[name] for e in entries] for name in entries[0]}
-        done = epoch * self.corpus.num_tokens + sum(p["tokens"] for p in positions or [])
-        planned = config.epochs * self.corpus.num_tokens
-        lr = max(config.min_alpha, config.alpha - (config.alpha - config.min_alpha) * done / max(planned, 1))
-        checkpoint.commit(self.out, version, tables, {name: config.dim for name in tables},
-                          {"epoch": epoch, "positions": positions, "lr": lr, "num_ps": config.num_ps,
-                           "num_workers": config.num_workers, "config": dataclasses.asdict(config),
-                           "corpus": self.corpus.path,
-                           "corpus_stats": {k: getattr(self.corpus, k)
-                                            for k in ("num_docs", "num_tokens", "vocab_size")},
-                           "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats]},
-                          keep=config.keep_checkpoints)
+        checkpoint.commit_training(self.out, self.config, self.corpus,
+                       lambda version: ray.get([server.save.remote(self.out, version) for server in self.servers]),
+                       epoch, positions, epoch_stats)
         self.last_positions, self.last_epoch = positions, epoch
         self.ckpt_seconds += time.perf_counter() - t0
         self.last_ckpt = time.perf_counter()

@@ -36,14 +36,15 @@ from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
 
 
-def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True) -> dict:
-    """One worker's last epoch of `config.epochs`, with the real kernel or with none; its servers Ray
-    actors, or (use_ray False) ParameterServer objects in this process, each on a thread of its own."""
+def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, compute=None):
+    """Parameter servers for `corpus_path` and the real worker 0 of a one-worker run against them:
+    (servers, worker, close). The servers are Ray actors, or (use_ray False) ParameterServer objects
+    in this process, each on a thread of its own (client.LocalServer). compute: worker.Compute (None:
+    the real kernels)."""
     from doc2vec_dist import client
     from doc2vec_dist import worker as worker_mod
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.ps import ParameterServer, table_specs
-    from doc2vec_dist.worker import plan_units
 
     corpus = Corpus(corpus_path)
     tables = table_specs(config, corpus)
@@ -56,24 +57,41 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = Tr
     else:
         servers = [client.LocalServer(ParameterServer(s, config.num_ps, tables, config.seed))
                    for s in range(config.num_ps)]
+
+    def close():
+        for server in servers:
+            if use_ray:
+                ray.kill(server)
+            else:
+                server.close()
+
     rows = {name: spec["rows"] for name, spec in tables.items()}
+    try:
+        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config),
+                                   servers, rows, compute=compute)
+    except BaseException:
+        close()
+        raise
+    return servers, worker, close
+
+
+def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True) -> dict:
+    """One worker's last epoch of `config.epochs`, with the real kernel or with none; its servers Ray
+    actors, or (use_ray False) ParameterServer objects in this process, each on a thread of its own."""
+    from doc2vec_dist import worker as worker_mod
+
     # every kernel (batched, exact, exact drawing its own examples) and the device's example drawing
     nothing = worker_mod.Compute(batched=lambda *args, **kwargs: 0.0, exact=lambda *args, **kwargs: 0.0,
                                  tokens=lambda *args, **kwargs: (0.0, 0), device_examples=_no_examples)
+    _, worker, close = one_worker(corpus_path, config, use_ray, compute=None if kernel else nothing)
     try:
-        worker = worker_mod.Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
-                                   rows, compute=None if kernel else nothing)
         for epoch in range(config.epochs - 1):
             worker.run_epoch(epoch)
         t0 = time.perf_counter()
         stats = worker.run_epoch(config.epochs - 1)
         seconds = time.perf_counter() - t0
     finally:
-        for server in servers:
-            if use_ray:
-                ray.kill(server)
-            else:
-                server.close()
+        close()
     tokens = stats["tokens"]
     return {"kernel": kernel, "servers": "Ray actors" if use_ray else "in this process", "device": str(worker.device),
             "tokens": tokens, "seconds": round(seconds, 3),
@@ -81,8 +99,8 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = Tr
             "worker_seconds": {k: round(v, 3) for k, v in stats["seconds"].items()}}
 
 
-def _no_examples(doc_rows, offsets, tokens, tables, negative, gen, micro_batch):
-    """device_examples.dbow_examples, by nothing: drawing the token path's examples is the device's work."""
+def _no_examples(doc_rows, offsets, tokens, tables, negative, gen, micro_batch, shape=None):
+    """device_examples.build, by nothing: drawing the token path's examples is the device's work."""
     from doc2vec_dist.device_examples import DeviceExamples
 
     empty = tokens[:0].long()

@@ -217,9 +217,14 @@ def test_the_token_path_is_taken_where_every_url_row_is_the_workers_alone():
     for batched in ({"kernel": "batched"}, {"gpus_per_worker": 1}):  # drawn on the device
         assert TrainConfig(**batched).token_path(100_000), batched
         assert "examples drawn on its device" in engine_line(TrainConfig(**batched), 100_000)
+    # the windows of dbow_words and PV-DM are drawn on the device only: the exact kernel takes the host's examples
+    for windows in ({"dbow_words": True}, {"mode": "dm"}):
+        assert TrainConfig(kernel="batched", **windows).token_path(100_000), windows
+        assert engine_line(TrainConfig(kernel="batched", **windows), 100_000).endswith("; words too")
     for other in ({"cache_rows": 0}, {"cache_rows": 500}, {"num_workers": 2, "cache_rows": 10**6},
                   {"dbow_words": True}, {"mode": "dm"}, {"kernel": "batched", "cache_rows": 0},
-                  {"shared_negatives": 16}):
+                  {"shared_negatives": 16}, {"kernel": "batched", "mode": "dm", "num_workers": 2}):
         assert not TrainConfig(**other).token_path(100_000), other
+        assert "words too" not in engine_line(TrainConfig(**other), 100_000)
     assert "examples drawn in the kernel" in engine_line(TrainConfig(), 100_000)
     assert "examples drawn" not in engine_line(TrainConfig(cache_rows=0), 100_000)

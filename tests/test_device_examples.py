@@ -3,10 +3,12 @@ distributions, the grouped interleaved order, and determinism by seed."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
-from doc2vec_dist.device_examples import INTERLEAVE_GROUPS, DeviceTables, dbow_examples, generator
+from doc2vec_dist.device_examples import INTERLEAVE_GROUPS, DeviceTables, Shape, build, generator
 from doc2vec_dist.sampling import MIN_MICRO_BATCH, NegativeTable, keep_probabilities
 
 CPU = torch.device("cpu")
@@ -27,9 +29,9 @@ def problem(vocab=50, docs=400, lengths=(50,), sample=1e-2, seed=0):
             DeviceTables(keep, negatives, CPU), keep, negatives)
 
 
-def draw(seed=3, micro_batch=1024, **kw):
+def draw(seed=3, micro_batch=1024, shape=None, **kw):
     rows, offsets, tokens, tables, keep, negatives = problem(**kw)
-    ex = dbow_examples(rows, offsets, tokens, tables, 5, generator(seed, CPU), micro_batch)
+    ex = build(rows, offsets, tokens, tables, 5, generator(seed, CPU), micro_batch, shape)
     return ex, rows, offsets, tokens, keep, negatives
 
 
@@ -87,5 +89,99 @@ def test_the_same_seed_draws_the_same_examples_and_another_seed_others():
 def test_a_chunk_whose_tokens_are_all_subsampled_away_gives_no_examples():
     rows, offsets, tokens, tables, *_ = problem()
     tables.keep.zero_()
-    ex = dbow_examples(rows, offsets, tokens, tables, 5, generator(1, CPU), 1024)
+    ex = build(rows, offsets, tokens, tables, 5, generator(1, CPU), 1024)
     assert len(ex) == 0 and ex.ctx.shape == (0, 1) and ex.neg.shape == ex.neg_mask.shape == (0, 5)
+
+
+# -- dbow_words and PV-DM: reduced windows, built on the device ----------------------------------------------
+
+VOCAB = 50
+
+
+def by_document(ex, rows, offsets, tokens):
+    """For each example whose first context row is a document (rows are offset past the VOCAB word
+    rows, as the worker places them), (document, position of its token in the document)."""
+    doc_of_row = {int(r) + VOCAB: d for d, r in enumerate(rows)}
+    seen = np.zeros(len(rows), dtype=np.int64)
+    places = []
+    for i, row in enumerate(ex.ctx[:, 0].tolist()):
+        if row in doc_of_row:
+            d = doc_of_row[row]
+            places.append((i, d, int(seen[d])))
+            seen[d] += 1
+    return places
+
+
+def windowed(shape, docs=300, window=5, seed=7):
+    rows, offsets, tokens, tables, *_ = problem(vocab=VOCAB, docs=docs, lengths=(40, 13, 25), sample=0)
+    ex = build(rows + VOCAB, offsets, tokens, tables, 5, generator(seed, CPU), 4096,
+               Shape(shape, shape == "dbow_words", window) if shape == "dm" else Shape("dbow", True, window))
+    return ex, rows, offsets.numpy(), tokens.numpy()
+
+
+def test_dbow_words_gives_each_token_its_reduced_window_then_its_document_with_gensims_window_sizes():
+    window = 5
+    ex, rows, offsets, tokens = windowed("dbow_words", window=window)
+    places = by_document(ex, rows, offsets, tokens)
+    assert len(places) == len(tokens)  # sample 0: one document example per token
+    ctx, target = ex.ctx[:, 0].numpy(), ex.target.numpy()
+    reaches = []
+    start = 0
+    for i, d, p in places:  # the examples before a token's document example are its skip-gram ones
+        doc = tokens[offsets[d]:offsets[d + 1]]
+        assert target[i] == doc[p] and (target[start:i] == doc[p]).all()
+        words = sorted(ctx[start:i].tolist())
+        assert all(w < VOCAB for w in words)  # word rows: a word's id
+        fits = [r for r in range(1, window + 1)
+                if sorted(doc[max(0, p - r):p].tolist() + doc[p + 1:p + 1 + r].tolist()) == words]
+        assert fits, (d, p)
+        if window <= p < len(doc) - window:  # an inner token: its window is not cut by the document's ends
+            reaches.append((i - start) // 2)
+        start = i + 1
+    assert start == len(ex)
+    share = np.bincount(reaches, minlength=window + 1)[1:] / len(reaches)
+    np.testing.assert_allclose(share, 1 / window, atol=0.02)  # reach uniform in 1..window, as gensim's
+    assert ex.ctx_mask is None
+
+
+def test_pv_dm_context_is_the_document_and_its_reduced_window_masked_where_missing():
+    window = 4
+    ex, rows, offsets, tokens = windowed("dm", window=window)
+    assert ex.ctx.shape == (len(tokens), 1 + 2 * window) and ex.ctx_mask.shape == ex.ctx.shape
+    places = by_document(ex, rows, offsets, tokens)
+    assert len(places) == len(tokens)
+    offsets_of = [*range(-window, 0), *range(1, window + 1)]
+    reaches = []
+    for i, d, p in places:
+        doc = tokens[offsets[d]:offsets[d + 1]]
+        assert ex.target[i] == doc[p] and ex.ctx_mask[i, 0]
+        valid = ex.ctx_mask[i, 1:].numpy()
+        reach = max(abs(o) for o, v in zip(offsets_of, valid) if v) if valid.any() else 0
+        for o, v, w in zip(offsets_of, valid, ex.ctx[i, 1:].tolist()):
+            assert v == (abs(o) <= reach and 0 <= p + o < len(doc))
+            if v:
+                assert w == doc[p + o]
+        if window <= p < len(doc) - window:
+            reaches.append(reach)
+    share = np.bincount(reaches, minlength=window + 1)[1:] / len(reaches)
+    np.testing.assert_allclose(share, 1 / window, atol=0.02)
+
+
+def test_a_window_micro_batch_holds_one_round_of_a_group_and_hot_input_rows_are_scaled():
+    ex, rows, offsets, tokens = windowed("dbow_words", docs=300)
+    per_token = len(ex) / len(tokens)  # examples per token: its document's and its window's (~1 + 5.5)
+    group = 300 // INTERLEAVE_GROUPS
+    assert ex.micro_batch == math.ceil(group * per_token)
+    first_round = by_document(ex, rows, offsets, tokens)[:group]  # one token of each of a group's documents
+    assert all(p == 0 for _, _, p in first_round) and len({d for _, d, _ in first_round}) == group
+    assert first_round[-1][0] < ex.micro_batch + 2 * 5  # ... which fill about one micro-batch
+    # the device's scale is sampling.doc_step_scale's
+    from doc2vec_dist.device_examples import step_scale
+    from doc2vec_dist.sampling import doc_step_scale
+
+    hot = torch.tensor([3] * 300 + list(range(10, 310)), dtype=torch.int64)[torch.randperm(600)]
+    want = doc_step_scale(hot.numpy(), 256)
+    got = step_scale(hot, 256)
+    assert want is not None and got is not None
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+    assert step_scale(torch.arange(600), 256) is None

@@ -221,20 +221,20 @@ def test_documents_longer_than_10000_tokens_are_used_whole(ray_cluster, tmp_path
 
 
 def test_shared_rows_pushed_by_several_workers_are_weighted_hot_ones_most():
+    from doc2vec_dist.client import ParameterClient
     from doc2vec_dist.sharding import Routing
-    from doc2vec_dist.worker import Worker
 
-    worker = Worker.__new__(Worker)  # only the weighting rule, no actor
+    def client(workers, tables):  # only the weighting rule: no server is called
+        return ParameterClient([object(), object()], dict.fromkeys(tables, 10), workers=workers, resident=0)
+
     uniq = np.array([0, 5, 9])
     inverse = np.array([0] * 500 + [1] * 2 + [2])   # row 0 hot, row 5 seen twice, row 9 once
     route = Routing.of(uniq, 2)
-    worker.config, worker.table_rows = {"num_workers": 2}, {"docs": 10, "words": 10, "words_out": 10}
-    w = worker._push_weights(route, inverse, 3)[route.position]
+    w = client(2, ("docs", "words", "words_out")).push_weights(route, inverse, 3)[route.position]
     np.testing.assert_allclose(w, [0.5, 1 / (1 + (1 - np.exp(-2))), 1 / (1 + (1 - np.exp(-1)))], rtol=1e-5)
-    worker.table_rows = {"docs": 10, "words_out": 10}  # plain PV-DBOW: summed deltas were stable
-    assert worker._push_weights(route, inverse, 3) is None
-    worker.config, worker.table_rows = {"num_workers": 1}, {"docs": 10, "words": 10, "words_out": 10}
-    assert worker._push_weights(route, inverse, 3) is None
+    # plain PV-DBOW: summed deltas were stable
+    assert client(2, ("docs", "words_out")).push_weights(route, inverse, 3) is None
+    assert client(1, ("docs", "words", "words_out")).push_weights(route, inverse, 3) is None
 
 
 def test_resident_rows_train_as_well_and_reach_the_servers(ray_cluster, sample_corpus, tmp_path, trained_model):

@@ -64,15 +64,18 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool) -
     {"mode": "dbow"},  # every words_out row resident: the token path, examples drawn on the device
     {"mode": "dbow", "cache_rows": 300, "shared_negatives": 16},
     {"mode": "dbow", "cache_rows": 0, "optimizer": "adagrad", "alpha": 0.1},
-    {"mode": "dm", "window": 3},
-], ids=["dbow-tokens-on-device", "dbow-resident-shared", "dbow-adagrad", "dm"])
+    {"mode": "dm", "window": 3},  # the token path too: words resident beside words_out
+    {"mode": "dbow", "dbow_words": True, "window": 3, "cache_rows": 300},  # host examples, some rows resident
+    {"mode": "dbow", "dbow_words": True, "window": 3},  # the token path, skip-gram windows drawn on the device
+], ids=["dbow-tokens-on-device", "dbow-resident-shared", "dbow-adagrad", "dm-tokens-on-device", "dbow-words-host",
+        "dbow-words-tokens-on-device"])
 def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluster, sample_corpus, settings):
     # the staged path is the batched kernel's (GPU workers'); the exact kernel trains the host matrices
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=8192,
                          kernel="batched", progress=False, **settings)
     in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False)
     staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True)
-    assert info_b["host"].keys() == {"inputs", "outputs"} and info_a["host"].keys() == {"inputs"}
+    assert info_b["host"].keys() == {"inputs", "outputs"} and not info_a["host"]  # in place: nothing staged
     for name, table in in_place.items():
         assert np.isfinite(table).all()
         np.testing.assert_array_equal(staged[name], table, err_msg=name)
@@ -84,7 +87,7 @@ def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluste
 
 
 def test_overlap_weights_count_rare_rows_whole_and_hot_rows_once_among_workers():
-    from doc2vec_dist.worker import overlap_weights
+    from doc2vec_dist.client import overlap_weights
 
     w = overlap_weights(np.array([0, 1, 3, 1000]), 4)
     assert w[0] == 1.0 and abs(w[-1] - 0.25) < 1e-6
@@ -97,12 +100,12 @@ def test_resident_rows_pushed_by_several_workers_are_weighted_by_their_uses(ray_
     their deltas overshot (4 workers: recall@10 0.101 against 0.166 weighted, README)."""
     config = TrainConfig(dim=8, epochs=1, sample=0, num_ps=NUM_PS, num_workers=3, cache_rows=4, progress=False)
     servers, _, worker = start_worker(ray_cluster, sample_corpus[0], config)
-    worker._sync_cache("test", push=False)  # pull the 4 resident rows (zeros: words_out starts at zero)
-    np.testing.assert_array_equal(worker._cache_base, 0)
+    worker._sync("test", push=False)  # pull the 4 resident rows (zeros: words_out starts at zero)
+    np.testing.assert_array_equal(worker.client.base, 0)
     worker._outputs[:4] = 1.0  # what training moved them by
-    worker._cache_uses[:] = [0, 1, 2, 10_000]
-    worker._sync_cache("test", pull=False)
-    assert not worker._cache_uses.any()  # counted afresh from the next pull
+    worker.client.uses[:] = [0, 1, 2, 10_000]
+    worker._sync("test", pull=False)
+    assert not worker.client.uses.any()  # counted afresh from the next pull
     pushed = served(ray_cluster, servers, "words_out", 4)
     overlap = 1.0 / (1.0 + 2 * (1.0 - np.exp(-np.array([0.0, 1.0, 2.0, 10_000.0]))))
     expected = np.minimum(1.0, 2 * overlap)  # at most two workers' worth: 1, 0.88, 0.73, 0.67
@@ -111,22 +114,32 @@ def test_resident_rows_pushed_by_several_workers_are_weighted_by_their_uses(ray_
         ray_cluster.kill(server)
 
 
-@pytest.mark.parametrize("kernel", ["exact", "batched"])
-def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers(ray_cluster, sample_corpus, kernel):
-    """One worker holding every words_out row is their only writer: it pulls them once, and each
-    push writes them (and its documents' rows) over the servers' instead of adding a delta."""
-    config = TrainConfig(dim=16, epochs=3, sample=0, num_ps=NUM_PS, num_workers=1, kernel=kernel, progress=False)
+@pytest.mark.parametrize("kernel, words", [("exact", False), ("batched", False), ("batched", True)],
+                         ids=["exact", "batched", "batched-dbow-words"])
+def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers(ray_cluster, sample_corpus, kernel,
+                                                                                 words):
+    """One worker holding every URL row is their only writer: it pulls them once, and each push writes
+    them (and its documents' rows) over the servers' instead of adding a delta. With dbow_words the
+    words rows are resident too, at the head of `inputs`."""
+    config = TrainConfig(dim=16, epochs=3, sample=0, num_ps=NUM_PS, num_workers=1, kernel=kernel, dbow_words=words,
+                         window=3, progress=False)
     servers, rows, worker = start_worker(ray_cluster, sample_corpus[0], config)
     assert worker.token_path and worker.cached == rows["words_out"]
+    assert worker.words_head == (rows["words"] if words else 0)
+    start = served(ray_cluster, servers, "words", rows["words"]) if words else None
     pulls = []
-    pull = worker._pull_resident
-    worker._pull_resident = lambda: pulls.append(1) or pull()
+    pull = worker.client.pull_resident
+    worker.client.pull_resident = lambda table="words_out": pulls.append(table) or pull(table)
     for epoch in range(config.epochs):
         worker.run_epoch(epoch)
-    assert len(pulls) == 1
-    held = worker._outputs[:worker.cached].numpy()
-    np.testing.assert_array_equal(served(ray_cluster, servers, "words_out", len(held)), held)  # written over, not summed
-    assert (np.abs(held).sum(1) > 0).mean() > 0.9  # and trained (words_out starts at zero)
+    assert pulls == (["words_out", "words"] if words else ["words_out"])
+    held = {"words_out": worker._outputs[:worker.cached].numpy()}
+    if words:
+        held["words"] = worker._inputs[:worker.words_head].numpy()
+        assert (np.abs(held["words"] - start).sum(1) > 0).mean() > 0.9  # trained (a word alone in its documents is not)
+    for name, rows_held in held.items():  # written over, not summed
+        np.testing.assert_array_equal(served(ray_cluster, servers, name, len(rows_held)), rows_held, err_msg=name)
+    assert (np.abs(held["words_out"]).sum(1) > 0).mean() > 0.9  # and trained (words_out starts at zero)
     for s in servers:
         ray_cluster.kill(s)
 
