@@ -236,3 +236,29 @@ def test_feed_rate_without_ray_runs_the_device_token_path_against_servers_in_the
     assert bare["tokens"] == real["tokens"] == tokens and bare["servers"] == "in this process"
     assert bare["macro_batch"] == 1_048_576  # the device token path's default
     assert bare["worker_seconds"]["compute"] < real["worker_seconds"]["compute"]
+
+
+def test_gpu_bench_trains_one_device_worker_without_ray_and_scores_the_model_it_wrote(sample_corpus, tmp_path, capsys):
+    """jobs/gpu_bench.py with the CPU as the device: the token path's worker against servers in the
+    process, a model directory the library reads, and held-out recall above popularity."""
+    from doc2vec_dist import Model
+
+    gpu_bench = load_job("gpu_bench")
+    config = tmp_path / "small.yaml"
+    config.write_text("dim: 32\nsample: 0\n")
+    out, model = tmp_path / "bench.json", tmp_path / "model"
+    assert gpu_bench.main(["--corpus", sample_corpus[0], "--heldout", sample_corpus[1], "--config", str(config),
+                           "--device", "cpu", "--epochs", "10", "--out", str(model), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "one worker on cpu (the token path: examples drawn on the device)" in printed
+    with open(out) as fh:
+        result = json.load(fh)
+    assert len(result["epochs"]) == 10 and result["tokens_per_second"] > 0
+    assert result["config"]["kernel"] == "batched" and result["config"]["gpus_per_worker"] == 0
+    held = result["heldout"]
+    assert held["model_recall@10"] > held["popularity_recall@10"] + 0.03, held
+    assert Model(str(model)).table("docs").shape[1] == 32  # a whole model directory, verified as any other
+    # an existing model directory is refused unless --overwrite
+    assert gpu_bench.main(["--corpus", sample_corpus[0], "--heldout", sample_corpus[1], "--config", str(config),
+                           "--device", "cpu", "--epochs", "1", "--out", str(model)]) == 2
+    assert "error:" in capsys.readouterr().err
