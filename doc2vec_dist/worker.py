@@ -7,7 +7,9 @@ draws them from the tokens: cpu_kernel.train_tokens, or device_examples on its d
 client.ParameterClient routes the rows they touch, pulls them with one call per parameter server into
 compact local matrices, and after the kernel has trained micro-batches over them pushes back what
 changed with one call per server. The pull of the next macro-batch is in flight while the current one
-computes, and up to `max_inflight_pushes` pushes are outstanding. The client owns every call to a
+computes (staged on a device, the next batch's rows are also assembled and copied there meanwhile, on
+a thread and a CUDA stream of their own: _arrive), and up to `max_inflight_pushes` pushes are
+outstanding. The client owns every call to a
 server (routing, layout, resident rows, push weights); the worker owns the matrices and the math.
 
 torch (and kernels.py, which needs it) is imported where a worker first uses it, not here: the driver
@@ -16,11 +18,13 @@ imports this module to start the actors, and torch's import is 0.8 s of train's 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -142,6 +146,19 @@ class Batch:
     seed: int = 0                # the token path: the seed of its draws
 
 
+@dataclass
+class Arrival:
+    """A macro-batch's pulled rows once they have arrived: as pulled (read-only), in the writable
+    compact host matrices `local`, and, staged, already copied (or being copied, until `event`) into
+    the device matrices of its slot."""
+
+    pulled: list
+    local: dict                  # name → numpy view of the compact host matrix
+    device: dict | None = None   # staged: name → the device copy of its pulled rows (the resident heads excluded)
+    event: object = None         # CUDA: the copy stream's event after those copies
+    slot: int = 0
+
+
 class Worker:
     def __init__(self, index: int, units: list[Unit], corpus_path: str, config: dict,
                  servers: list, table_rows: dict[str, int], compute: Compute | None = None):
@@ -194,6 +211,12 @@ class Worker:
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
+        # Staged workers double-buffer the users' rows: while batch t trains, a thread of their own waits
+        # for batch t+1's pull, assembles it in the other slot's pinned host matrices and copies them to
+        # the other slot's device matrices, on a CUDA stream of its own (_arrive)
+        self._arrivals: ThreadPoolExecutor | None = None  # made at the first staged batch
+        self._copy_stream = torch.cuda.Stream(self.device) if use_cuda else None
+        self._incoming: list[dict[str, torch.Tensor]] = [{}, {}]  # per slot: device matrices of pulled rows
         # Checkpoints pause every worker between two macro-batches (pause/resume, served from a second
         # thread while run_epoch works): its pushes drained, it reports the position of the next batch.
         self._cv = threading.Condition()
@@ -339,12 +362,17 @@ class Worker:
             seconds["pull"] += time.perf_counter() - t2
             return batch
 
+        arriving = None  # staged: the current batch's Arrival, coming on the arrivals thread
+        slot = 0
         try:
             batch = next_batch()
             step = start["step"]
             self._sync(f"epoch {epoch} start of worker {self.index}")
             while batch is not None:
                 if self._hold_if_paused(epoch, batch, step):
+                    if arriving is not None:  # rows pulled before the pause are stale
+                        arriving.result()
+                        arriving = None
                     batch.pulls = self.client.pull(batch.layout)
                     self._sync(f"epoch {epoch} step {step} of worker {self.index}")
                 elif self.client.sync_due():
@@ -352,7 +380,15 @@ class Worker:
                 upcoming = next_batch()  # read → examples → pull of the next batch, in flight while this one computes
 
                 t0 = time.perf_counter()
-                pulled = client.get(batch.pulls)
+                if self.staged:
+                    if self._arrivals is None:
+                        self._arrivals = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrival")
+                    arrival = (arriving or self._arrivals.submit(self._arrive, batch, slot)).result()
+                    slot = 1 - slot
+                    arriving = self._arrivals.submit(self._arrive, upcoming, slot) if upcoming is not None else None
+                else:
+                    arrival = self._arrive(batch, 0)
+                pulled, local = arrival.pulled, arrival.local
                 t1 = time.perf_counter()
                 seconds["wait"] += t1 - t0
 
@@ -364,8 +400,7 @@ class Worker:
                 n_micro = 1 if ends else max(1, -(-len(ex) // ex.micro_batch))
                 alphas = micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.raw_tokens,
                                             self.planned_tokens, n_micro, ends=ends)
-                local = self._assemble(batch, pulled)
-                loss, pairs = self._compute(batch, local, alphas)
+                loss, pairs = self._compute(batch, arrival, alphas)
                 t2 = time.perf_counter()
                 seconds["compute"] += t2 - t1
 
@@ -390,7 +425,33 @@ class Worker:
                 self._cv.notify_all()
         return self.progress()
 
-    def _assemble(self, batch: Batch, pulled: list[np.ndarray]) -> dict[str, np.ndarray]:
+    def _arrive(self, batch: Batch, slot: int) -> Arrival:
+        """Wait for the batch's pulled rows and put them where it trains: the compact host matrices
+        (_assemble), and, staged, the device matrices of `slot` (on CUDA on the copy stream, whose
+        event the compute waits for). Staged workers run this on their arrivals thread."""
+        import torch
+
+        pulled = client.get(batch.pulls)
+        local = self._assemble(batch, pulled, slot)
+        if not self.staged:
+            return Arrival(pulled, local)
+        heads = {"inputs": batch.layout.inputs_head, "outputs": batch.layout.cached}
+        empty = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
+        device = {}
+        with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else contextlib.nullcontext():
+            for name, head in heads.items():
+                rows = len(local[name]) - head
+                incoming = self._incoming[slot]
+                incoming[name] = self._grown(incoming.get(name, empty), rows)
+                device[name] = incoming[name][:rows]
+                device[name].copy_(self._host[f"{name}{slot}"][head:head + rows], non_blocking=True)
+            event = None
+            if self._copy_stream is not None:
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+        return Arrival(pulled, local, device, event, slot)
+
+    def _assemble(self, batch: Batch, pulled: list[np.ndarray], slot: int = 0) -> dict[str, np.ndarray]:
         """Copy the pulled rows (read-only, zero-copy from the object store) into writable compact matrices.
 
         Both are persistent (a macro-batch's are done with once its push is sent). Unstaged (CPU), they
@@ -398,8 +459,8 @@ class Worker:
         matrices, pinned on CUDA, and their resident heads are unused: those rows live on the device.
         """
         sizes = batch.layout.sizes()
-        if self.staged:
-            local = {name: self._host_buffer(name, sizes[name]) for name in ("inputs", "outputs")}
+        if self.staged:  # one pair per slot: the next batch's arrive while this one's are trained and pushed
+            local = {name: self._host_buffer(f"{name}{slot}", sizes[name]) for name in ("inputs", "outputs")}
         else:
             local = {"inputs": self._inputs_buffer(sizes["inputs"]).numpy(),
                      "outputs": self._outputs_buffer(sizes["outputs"]).numpy()}
@@ -441,11 +502,11 @@ class Worker:
         self._host[name] = self._grown(self._host.get(name, empty), rows, pin=self.device.type == "cuda")
         return self._host[name][:rows].numpy()
 
-    def _compute(self, batch: Batch, local: dict[str, np.ndarray], alphas: torch.Tensor) -> tuple[float, int]:
+    def _compute(self, batch: Batch, arrival: Arrival, alphas: torch.Tensor) -> tuple[float, int]:
         """Train the batch on its compact matrices; returns (summed loss, examples trained)."""
         import torch
 
-        cfg, ex = self.config, batch.examples
+        cfg, ex, local = self.config, batch.examples, arrival.local
         dev = self.device
         cuda = dev.type == "cuda"
         head, in_head = batch.layout.cached, batch.layout.inputs_head
@@ -472,11 +533,14 @@ class Worker:
             self._count_resident_uses(batch)
             return loss, len(ex)
         if self.staged:  # only the pulled rows travel: the resident ones are already on the device
-            host = {name: self._host[name][:len(local[name])] for name in ("inputs", "outputs")}  # `local`, pinned
+            # `local`, pinned
+            host = {name: self._host[f"{name}{arrival.slot}"][:len(local[name])] for name in ("inputs", "outputs")}
+            if arrival.event is not None:  # the copy stream has brought them to the slot's device matrices
+                torch.cuda.current_stream(dev).wait_event(arrival.event)
             inputs = self._inputs_buffer(len(host["inputs"]))
-            inputs[in_head:].copy_(host["inputs"][in_head:], non_blocking=True)
+            inputs[in_head:].copy_(arrival.device["inputs"])
             outputs = self._outputs_buffer(len(host["outputs"]))
-            outputs[head:].copy_(host["outputs"][head:], non_blocking=True)
+            outputs[head:].copy_(arrival.device["outputs"])
         else:  # the host matrices themselves, trained in place
             inputs, outputs = torch.from_numpy(local["inputs"]), torch.from_numpy(local["outputs"])
         shared = cfg["shared_negatives"]

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -48,16 +49,38 @@ def served(ray, servers: list, name: str, n: int) -> np.ndarray:
     return full
 
 
-def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool) -> tuple[dict, dict]:
+def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
+                     pause_at: int | None = None) -> tuple[dict, dict]:
     """Two epochs of one in-process worker against real servers (one call at a time each, so the run
-    is deterministic); returns every table's rows and the worker's counters."""
+    is deterministic); returns every table's rows and the worker's counters. pause_at: a checkpoint's
+    pause is asked for as the worker prepares its pause_at-th batch (so it pauses at the next batch
+    boundary, the same one in every run), and resumed once the worker has paused."""
     servers, rows, worker = start_worker(ray, corpus_path, config, max_concurrency=1)
     worker.staged = staged
+    paused = []
+    if pause_at is not None:
+        prepare, prepared = worker._prepare, []
+
+        def resume_when_paused():
+            with worker._cv:
+                while worker._paused_at is None:
+                    worker._cv.wait()
+                paused.append(dict(worker._paused_at))
+            worker.resume()
+
+        def prepare_and_ask(*args):
+            prepared.append(1)
+            if len(prepared) == pause_at:
+                worker._pause_requested = True
+                threading.Thread(target=resume_when_paused, daemon=True).start()
+            return prepare(*args)
+
+        worker._prepare = prepare_and_ask
     stats = [worker.run_epoch(epoch) for epoch in range(config.epochs)]
     out = {name: served(ray, servers, name, n) for name, n in rows.items()}
     for s in servers:
         ray.kill(s)
-    return out, {"host": {k: len(v) for k, v in worker._host.items()}, "stats": stats}
+    return out, {"host": {k: len(v) for k, v in worker._host.items()}, "stats": stats, "paused": paused}
 
 
 @pytest.mark.parametrize("settings", [
@@ -75,7 +98,8 @@ def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluste
                          kernel="batched", progress=False, **settings)
     in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False)
     staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True)
-    assert info_b["host"].keys() == {"inputs", "outputs"} and not info_a["host"]  # in place: nothing staged
+    # staged: two slots of host matrices, one batch's arriving while the other's trains; in place: nothing staged
+    assert info_b["host"].keys() == {"inputs0", "outputs0", "inputs1", "outputs1"} and not info_a["host"]
     for name, table in in_place.items():
         assert np.isfinite(table).all()
         np.testing.assert_array_equal(staged[name], table, err_msg=name)
@@ -84,6 +108,25 @@ def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluste
     # and it trained: words_out starts at zero, and every resident row's updates reached the servers
     assert np.abs(in_place["words_out"][:max(settings.get("cache_rows", 0), 1)]).sum(1).min() > 0
     assert info_a["stats"][-1]["pairs"] > 0
+
+
+@pytest.mark.parametrize("settings", [
+    {"mode": "dbow", "cache_rows": 300},  # host examples, users' and URLs' rows pulled
+    {"mode": "dbow", "macro_batch": 8192},  # the token path
+], ids=["host-examples", "tokens-on-device"])
+def test_a_checkpoint_pause_between_staged_batches_trains_what_the_in_place_path_trains(ray_cluster, sample_corpus,
+                                                                                        settings):
+    """The staged worker's next batch is already arriving (pulled, assembled, copied to its device
+    slot) when a checkpoint pauses it: after the pause it is pulled and staged again, as the in-place
+    worker pulls it again, so both train the same thing bit for bit."""
+    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, kernel="batched", progress=False,
+                         **{"macro_batch": 4096, **settings})
+    in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False, pause_at=3)
+    staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True, pause_at=3)
+    assert info_a["paused"] and info_a["paused"] == info_b["paused"] and info_a["paused"][0]["step"] >= 1
+    for name, table in in_place.items():
+        np.testing.assert_array_equal(staged[name], table, err_msg=name)
+    assert [s["loss"] for s in info_b["stats"]] == [s["loss"] for s in info_a["stats"]]
 
 
 def test_overlap_weights_count_rare_rows_whole_and_hot_rows_once_among_workers():
