@@ -103,6 +103,19 @@ def worker_batch_bytes(profile: dict, width: int) -> int:
     return int(2 * profile["example_bytes"] + 2 * profile["unique_rows"] * width * FLOAT_BYTES)
 
 
+def resident_plan(config: TrainConfig, vocab: int) -> dict:
+    """The URL rows each worker keeps resident between macro-batches, and where: words_out's hottest
+    (all of them with one worker, within 2 GiB), and on the token path words' too where they are
+    trained; in the worker's host memory, or on its GPU."""
+    width = config.dim + int(config.optimizer == "adagrad")
+    rows = config.resident_rows(vocab)
+    tables = {"words_out": rows}
+    if config.token_path(vocab) and config.trains_words():
+        tables["words"] = rows
+    return {"tables": tables, "bytes": sum(tables.values()) * width * FLOAT_BYTES, "all": rows == vocab,
+            "on": "device" if config.gpus_per_worker > 0 else "host"}
+
+
 def memory_plan(tables: dict[str, dict], config: TrainConfig, profile: dict, *, ps_overhead: int,
                 worker_fixed: int, driver: int, ray_system: int, object_store: int) -> dict:
     """Memory per process and for the node, from table sizes, macro-batch sizes and fixed costs (bytes)."""
@@ -111,11 +124,13 @@ def memory_plan(tables: dict[str, dict], config: TrainConfig, profile: dict, *, 
     ps = [{"shard": s, "tables": t, "table_bytes": sum(t.values()), "overhead": ps_overhead,
            "total": sum(t.values()) + ps_overhead} for s, t in enumerate(per_ps)]
     batch = worker_batch_bytes(profile, width)
-    worker = {"batch": batch, "fixed": worker_fixed, "total": batch + worker_fixed}
+    resident = resident_plan(config, tables["words_out"]["rows"])
+    on_host = resident["bytes"] if resident["on"] == "host" else 0  # on a GPU, its memory holds them
+    worker = {"batch": batch, "fixed": worker_fixed, "resident": on_host, "total": batch + worker_fixed + on_host}
     row_bytes = profile["unique_rows"] * width * FLOAT_BYTES
     in_flight = config.num_workers * (2 + config.max_inflight_pushes) * row_bytes
     processes = sum(p["total"] for p in ps) + config.num_workers * worker["total"] + driver + ray_system
-    return {"ps": ps, "worker": worker, "driver": driver, "ray_system": ray_system,
+    return {"ps": ps, "worker": worker, "resident": resident, "driver": driver, "ray_system": ray_system,
             "object_store": {"capacity": object_store, "in_flight": in_flight, "macro_batch_rows_bytes": row_bytes},
             "processes_total": processes, "node_total": processes + object_store}
 
@@ -359,8 +374,10 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
         result["ps_overhead_measured"] = seen
     batch = worker_batch_bytes(profile, width)
     if len(workers) >= config.num_workers and cal:
-        worker_fixed = max(0, max(p["private"] for p in workers) - batch)
-        sources["worker_fixed"] = "measured in calibration (peak private − batch)"
+        resident = resident_plan(config, corpus.vocab_size)
+        on_host = resident["bytes"] if resident["on"] == "host" else 0
+        worker_fixed = max(0, max(p["private"] for p in workers) - batch - on_host)
+        sources["worker_fixed"] = "measured in calibration (peak private − batch − resident rows)"
     else:
         worker_fixed = PROCESS_BYTES + VOCAB_BYTES_PER_WORD * corpus.vocab_size
         sources["worker_fixed"] = "modelled (process + vocabulary arrays)"
@@ -459,6 +476,10 @@ def format_plan(p: dict) -> str:
     lines.append(f"  macro-batch {prof['macro_batch']:,} tokens: {prof['examples']:,} examples, unique rows "
                  f"{prof['docs']:,} docs + {prof['words']:,} words + {prof['words_out']:,} words_out "
                  f"= {_gb(prof['unique_rows'] * width * FLOAT_BYTES)} pulled and pushed")
+    res = mem["resident"]
+    held = " + ".join(f"{n} {'all ' if res['all'] else ''}{r:,} rows" for n, r in res["tables"].items() if r)
+    lines.append(f"  resident in each worker (its {res['on']} memory): "
+                 + (f"{held} = {_gb(res['bytes'])}" if held else "none"))
 
     def row(label: str, value: str, how: str) -> None:
         lines.append(f"  {label:<34}{value:>14}   {how}")
@@ -472,7 +493,7 @@ def format_plan(p: dict) -> str:
         f"[{src['ps_overhead']}]")
     w = mem["worker"]
     row("worker (each)", _gb(w["total"]), f"batches {_gb(w['batch'])} (2 × examples + 2 × {prof['unique_rows']:,} "
-        f"rows × {width} × 4 B) + fixed {_gb(w['fixed'])} [{src['worker_fixed']}]")
+        f"rows × {width} × 4 B) + resident {_gb(w['resident'])} + fixed {_gb(w['fixed'])} [{src['worker_fixed']}]")
     row("driver", _gb(mem["driver"]), f"[{src['driver']}]")
     row("Ray processes (raylet, GCS, …)", _gb(mem["ray_system"]), f"[{src['ray_system']}]")
     st = mem["object_store"]

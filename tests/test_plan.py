@@ -31,6 +31,19 @@ def test_rows_of_each_server_are_counted_exactly():
     assert per_ps[2] == {"docs": 6_666_666 * 400, "words": 333_333 * 400, "words_out": 333_333 * 400}
 
 
+def test_the_plan_counts_each_workers_resident_url_rows_where_they_live():
+    profile = {"unique_rows": 1000, "example_bytes": 8000}
+    sizes = {"ps_overhead": 0, "worker_fixed": 0, "driver": 0, "ray_system": 0, "object_store": 0}
+    cpu = TrainConfig(dim=100, num_workers=1)  # one worker: every words_out row, in its host memory
+    mem = planmod.memory_plan(_tables(cpu, 50_000, 10_000), cpu, profile, **sizes)
+    assert mem["resident"] == {"tables": {"words_out": 10_000}, "bytes": 10_000 * 400, "all": True, "on": "host"}
+    assert mem["worker"]["total"] == mem["worker"]["batch"] + 10_000 * 400
+    gpu = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm")  # the token path: words too, on the GPU
+    mem = planmod.memory_plan(_tables(gpu, 50_000, 10_000), gpu, profile, **sizes)
+    assert mem["resident"]["tables"] == {"words_out": 10_000, "words": 10_000} and mem["resident"]["on"] == "device"
+    assert mem["resident"]["bytes"] == 2 * 10_000 * 400 and mem["worker"]["resident"] == 0
+
+
 def test_memory_plan_adds_up_for_known_sizes():
     cfg = TrainConfig(dim=100, num_ps=2, num_workers=3, max_inflight_pushes=2)
     profile = {"unique_rows": 1000, "example_bytes": 8000}
@@ -39,8 +52,8 @@ def test_memory_plan_adds_up_for_known_sizes():
     rows = 10_000_000 + 500_000  # each server: half the docs, half the words_out
     assert [p["table_bytes"] for p in mem["ps"]] == [rows * 400, rows * 400]
     assert mem["ps"][0]["total"] == rows * 400 + (200 << 20)
-    assert mem["worker"] == {"batch": 2 * 8000 + 2 * 1000 * 100 * 4, "fixed": 250 << 20,
-                             "total": 2 * 8000 + 2 * 1000 * 100 * 4 + (250 << 20)}
+    assert mem["worker"] == {"batch": 2 * 8000 + 2 * 1000 * 100 * 4, "fixed": 250 << 20, "resident": 0,
+                             "total": 2 * 8000 + 2 * 1000 * 100 * 4 + (250 << 20)}  # 3 workers: none resident
     assert mem["object_store"]["in_flight"] == 3 * (2 + 2) * 1000 * 100 * 4
     processes = 2 * (rows * 400 + (200 << 20)) + 3 * mem["worker"]["total"] + (300 << 20) + (600 << 20)
     assert mem["processes_total"] == processes and mem["node_total"] == processes + (4 << 30)
@@ -143,6 +156,8 @@ def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus,
                  "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "parameter server (largest of 3)" in text and "worker (each)" in text and "per epoch" not in text
+    # one worker: the whole URL table resident in it, said with its size
+    assert "resident in each worker (its host memory): words_out all 4,989 rows = " in text
     with open(out) as fh:
         result = json.load(fh)
     mem = result["memory"]
