@@ -48,7 +48,9 @@ def kill_one_when_checkpointed(model: str, name: str, killed: list, min_epoch: i
     ("Worker", {}),
     # one worker holding the whole URL table, its examples drawn on its device (the token path)
     ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched"}),
-], ids=["server", "worker", "worker-tokens-on-device"])
+    # ... and PV-DM's words rows resident beside the URL table: a restarted worker pulls both again
+    ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "mode": "dm", "window": 3}),
+], ids=["server", "worker", "worker-tokens-on-device", "worker-dm-words-resident"])
 def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_corpus, tmp_path, victim, engine):
     corpus, heldout = sample_corpus
     model = str(tmp_path / "model")

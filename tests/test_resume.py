@@ -106,12 +106,17 @@ def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cl
     assert resumed["model_recall@10"] > 1.15 * resumed["popularity_recall@10"]
 
 
-@pytest.mark.parametrize("engine", [{}, {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched"}],
-                         ids=["two-workers", "tokens-on-device"])
+@pytest.mark.parametrize("engine", [
+    {},
+    {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched"},
+    # PV-DM on the token path: the words rows resident in the worker too, and written back
+    {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "mode": "dm", "window": 3},
+], ids=["two-workers", "tokens-on-device", "dm-words-resident"])
 def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster, sample_corpus, tmp_path, engine):
     model = str(tmp_path / "model")
     train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 2, **engine}, optimizer="adagrad", alpha=0.05))
-    before = {t: checkpoint.read_table(model, t) for t in ("docs", "words_out")}
+    tables = ("docs", "words_out") + (("words",) if engine.get("mode") == "dm" else ())
+    before = {t: checkpoint.read_table(model, t) for t in tables}
     # nothing left to train: the rows go through 3 servers' load and save unchanged
     summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3}))
     assert summary["tokens"] == 0
@@ -122,7 +127,8 @@ def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster
     # and training goes on from there with 3 servers (one more epoch)
     summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3, "epochs": 3}))
     assert summary["tokens"] == Corpus(sample_corpus[0]).num_tokens and summary["resumed_from_epoch"] == 2
-    assert not np.array_equal(checkpoint.read_table(model, "docs"), before["docs"])
+    for table in tables:  # every table trained on, the resident ones included
+        assert not np.array_equal(checkpoint.read_table(model, table), before[table]), table
 
 
 def test_resume_refuses_a_change_to_the_model_and_names_it(ray_cluster, trained_model):
