@@ -584,11 +584,6 @@ def _check_parts_written(store: _Store, version: int, manifest: dict) -> None:
                                            f"{part['bytes']} were written; v{version} is not committed")
 
 
-def _prune(model: str, keep: int, *, fs: pafs.FileSystem | None = None) -> None:
-    """Delete old versions beyond `keep` and partial versions older than LATEST (see _prune_store)."""
-    _prune_store(_store(model, fs), keep)
-
-
 def _prune_store(store: _Store, keep: int) -> None:
     """Keep the `keep` newest committed versions up to LATEST; delete older committed versions and
     partial versions (no manifest) older than LATEST. LATEST and anything newer are never touched:

@@ -168,19 +168,3 @@ def fit_problems(config: Any, tables: dict[str, dict], resources: dict[str, floa
                         f"{have / 2**30:.1f} GiB of memory; lower --num-ps or --num-workers (each is a process of "
                         "its own), or run `doc2vec-dist plan` for the details")
     return problems
-
-
-# -- where did it run ------------------------------------------------------------------------------
-def current_node() -> dict:
-    """The Ray node this process runs on (call it inside an actor or task)."""
-    ctx = ray.get_runtime_context()
-    return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
-
-
-def _where(_actor_instance) -> dict:
-    return current_node()
-
-
-def actor_nodes(actors: list) -> list[dict]:
-    """current_node() of each actor handle, asked inside the actor; needs no method on its class."""
-    return ray.get([a.__ray_call__.remote(_where) for a in actors])

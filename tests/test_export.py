@@ -148,11 +148,10 @@ def test_exporting_onto_the_model_directory_is_refused_and_keeps_the_model(train
     import shutil
 
     model = shutil.copytree(trained_model, str(tmp_path / "model"))
-    try:
+    with pytest.raises(UserError, match="model"):
         export(model, "docs", model, progress=False)
-    except UserError:
-        pass
     assert os.path.isfile(os.path.join(model, "LATEST"))
+    assert checkpoint.read_table(model, "docs").shape == checkpoint.read_table(trained_model, "docs").shape
 
 
 def test_normalize_and_float16_export(trained_model, doc_keys, doc_matrix, tmp_path):

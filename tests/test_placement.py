@@ -68,17 +68,3 @@ def test_a_sizing_that_no_live_ps_node_can_hold_is_named(capsys):
     placement.ps_options(config, {"docs": {"rows": 10**9, "dim": 100}}, resources={"ps": 8},
                          nodes=[node(64 * GiB, ps=8)])
     assert "warning: 64 parameter servers need" in capsys.readouterr().err
-
-
-def test_current_node_is_reported_from_inside_an_actor(ray_cluster):
-    @ray.remote(num_cpus=0)
-    class Probe:
-        pass
-
-    probe = Probe.remote()
-    try:
-        [where] = placement.actor_nodes([probe])
-    finally:
-        ray.kill(probe)
-    assert where["node_id"] == ray.get_runtime_context().get_node_id()
-    assert where["ip"] and where["pid"] != os.getpid()

@@ -16,9 +16,13 @@ def test_every_row_has_one_home_and_round_trips():
 
 
 def test_hot_rows_spread_evenly():
-    # ids are by descending frequency; the 1,000 hottest rows must spread evenly over the shards
-    counts = np.bincount(shard_of(np.arange(1000), 8), minlength=8)
-    assert counts.max() - counts.min() <= 1
+    # ids are by descending frequency: a batch's 1,000 hottest rows go to every server in equal shares,
+    # and each server's local rows are the ones it holds
+    r = Routing.of(np.arange(1000), 8)
+    assert np.diff(r.bounds).max() - np.diff(r.bounds).min() <= 1
+    for s in range(8):
+        held = global_rows(s, 8, 10_000)
+        np.testing.assert_array_equal(held[r.local[s]], np.arange(s, 1000, 8))
 
 
 def test_routing_groups_by_shard_and_positions_point_back():
