@@ -97,6 +97,19 @@ class TrainConfig:
     address: str | None = _f(None, "Ray address (default: RAY_ADDRESS, else a local Ray started here)", engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
 
+    @property
+    def row_width(self) -> int:
+        """Floats in a row of every table: dim, and row-wise Adagrad's accumulator column."""
+        return self.dim + int(self.optimizer == "adagrad")
+
+    def resident_tables(self, vocab: int) -> dict[str, int]:
+        """Rows of each URL table a worker keeps resident: words_out's (resident_rows), and on the
+        token path, where words are trained, every words row too."""
+        rows = self.resident_rows(vocab)
+        if self.token_path(vocab) and self.trains_words():
+            return {"words_out": rows, "words": rows}
+        return {"words_out": rows}
+
     def resident_rows(self, words_out_rows: int) -> int:
         """Rows of words_out each worker keeps resident: --cache-rows, or by default, with one worker
         (nothing else writes them, so they are never stale), every row within RESIDENT_AUTO_BYTES."""
@@ -104,7 +117,7 @@ class TrainConfig:
             return min(self.cache_rows, words_out_rows)
         if self.num_workers > 1:
             return 0
-        row_bytes = 4 * (self.dim + int(self.optimizer == "adagrad"))
+        row_bytes = 4 * self.row_width
         return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
 
     def token_path(self, words_out_rows: int) -> bool:

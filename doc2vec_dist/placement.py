@@ -110,9 +110,10 @@ WORKER_PROCESS_BYTES = PS_PROCESS_BYTES
 
 def run_memory_bytes(config: Any, tables: dict[str, dict]) -> tuple[int, int]:
     """(bytes per parameter server, bytes per worker) a run needs at least: each server its slice and
-    the process (ps_memory_bytes), each worker its process and resident rows."""
-    resident = config.resident_rows(tables["words_out"]["rows"]) * (config.dim + int(config.optimizer == "adagrad")) \
-        * FLOAT_BYTES
+    the process (ps_memory_bytes), each worker its process and resident rows (a GPU worker's are on
+    its GPU)."""
+    resident = 0 if config.gpus_per_worker else \
+        sum(config.resident_tables(tables["words_out"]["rows"]).values()) * config.row_width * FLOAT_BYTES
     return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), WORKER_PROCESS_BYTES + resident
 
 

@@ -107,19 +107,15 @@ def resident_plan(config: TrainConfig, vocab: int) -> dict:
     """The URL rows each worker keeps resident between macro-batches, and where: words_out's hottest
     (all of them with one worker, within 2 GiB), and on the token path words' too where they are
     trained; in the worker's host memory, or on its GPU."""
-    width = config.dim + int(config.optimizer == "adagrad")
-    rows = config.resident_rows(vocab)
-    tables = {"words_out": rows}
-    if config.token_path(vocab) and config.trains_words():
-        tables["words"] = rows
-    return {"tables": tables, "bytes": sum(tables.values()) * width * FLOAT_BYTES, "all": rows == vocab,
-            "on": "device" if config.gpus_per_worker > 0 else "host"}
+    tables = config.resident_tables(vocab)
+    return {"tables": tables, "bytes": sum(tables.values()) * config.row_width * FLOAT_BYTES,
+            "all": tables["words_out"] == vocab, "on": "device" if config.gpus_per_worker > 0 else "host"}
 
 
 def memory_plan(tables: dict[str, dict], config: TrainConfig, profile: dict, *, ps_overhead: int,
                 worker_fixed: int, driver: int, ray_system: int, object_store: int) -> dict:
     """Memory per process and for the node, from table sizes, macro-batch sizes and fixed costs (bytes)."""
-    width = config.dim + int(config.optimizer == "adagrad")
+    width = config.row_width
     per_ps = shard_table_bytes(tables, config.num_ps)
     ps = [{"shard": s, "tables": t, "table_bytes": sum(t.values()), "overhead": ps_overhead,
            "total": sum(t.values()) + ps_overhead} for s, t in enumerate(per_ps)]
@@ -334,7 +330,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     corpus = Corpus(corpus_path)
     tables = table_specs(config, corpus)
     profile = macro_batch_profile(corpus, config)
-    width = config.dim + int(config.optimizer == "adagrad")
+    width = config.row_width
     sources = {}
     result: dict = {"corpus": {"path": corpus.path, "docs": corpus.num_docs, "tokens": corpus.num_tokens,
                                "vocab": corpus.vocab_size, "shards": corpus.num_shards,

@@ -19,6 +19,7 @@ imports this module to start the actors, and torch's import is 0.8 s of train's 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import time
@@ -153,6 +154,7 @@ class Arrival:
     the device matrices of its slot."""
 
     pulled: list
+    layout: client.Layout        # where its rows sit in `local` (staged: without the resident heads)
     local: dict                  # name → numpy view of the compact host matrix
     device: dict | None = None   # staged: name → the device copy of its pulled rows (the resident heads excluded)
     event: object = None         # CUDA: the copy stream's event after those copies
@@ -187,7 +189,7 @@ class Worker:
         self.negatives = NegativeTable(counts, config["ns_exponent"])
         self.tokens_per_epoch = sum(u.tokens for u in units)
         self.planned_tokens = self.tokens_per_epoch * config["epochs"]
-        self.width = config["dim"] + int(config["optimizer"] == "adagrad")  # adagrad's accumulator rides along
+        self.width = typed.row_width  # adagrad's accumulator rides along
         self.stats = self._zero_stats()
         # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
         # here, at the head of the `outputs` matrix, between macro-batches; see client.ParameterClient.sync
@@ -405,7 +407,7 @@ class Worker:
                 seconds["compute"] += t2 - t1
 
                 label = f"epoch {epoch} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
-                self.client.push(batch.layout, pulled, local, label)
+                self.client.push(arrival.layout, pulled, local, label)
                 seconds["push"] += time.perf_counter() - t2
 
                 done_before += batch.raw_tokens
@@ -432,39 +434,41 @@ class Worker:
         import torch
 
         pulled = client.get(batch.pulls)
-        local = self._assemble(batch, pulled, slot)
+        # staged, the host matrices hold only the pulled rows: the resident heads live on the device
+        layout = dataclasses.replace(batch.layout, cached=0, inputs_head=0) if self.staged else batch.layout
+        local = self._assemble(layout, pulled, slot)
         if not self.staged:
-            return Arrival(pulled, local)
-        heads = {"inputs": batch.layout.inputs_head, "outputs": batch.layout.cached}
+            return Arrival(pulled, layout, local)
         empty = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         device = {}
         with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else contextlib.nullcontext():
-            for name, head in heads.items():
-                rows = len(local[name]) - head
+            for name in ("inputs", "outputs"):
+                rows = len(local[name])
                 incoming = self._incoming[slot]
                 incoming[name] = self._grown(incoming.get(name, empty), rows)
                 device[name] = incoming[name][:rows]
-                device[name].copy_(self._host[f"{name}{slot}"][head:head + rows], non_blocking=True)
+                device[name].copy_(self._host[f"{name}{slot}"][:rows], non_blocking=True)
             event = None
             if self._copy_stream is not None:
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
-        return Arrival(pulled, local, device, event, slot)
+        return Arrival(pulled, layout, local, device, event, slot)
 
-    def _assemble(self, batch: Batch, pulled: list[np.ndarray], slot: int = 0) -> dict[str, np.ndarray]:
+    def _assemble(self, layout: client.Layout, pulled: list[np.ndarray], slot: int = 0) -> dict[str, np.ndarray]:
         """Copy the pulled rows (read-only, zero-copy from the object store) into writable compact matrices.
 
         Both are persistent (a macro-batch's are done with once its push is sent). Unstaged (CPU), they
         are the buffers trained in place, whose heads hold the resident rows. Staged, both are host
-        matrices, pinned on CUDA, and their resident heads are unused: those rows live on the device.
+        matrices, pinned on CUDA, of the pulled rows only (`layout` has no resident heads there): the
+        resident rows live on the device and take no host memory.
         """
-        sizes = batch.layout.sizes()
+        sizes = layout.sizes()
         if self.staged:  # one pair per slot: the next batch's arrive while this one's are trained and pushed
             local = {name: self._host_buffer(f"{name}{slot}", sizes[name]) for name in ("inputs", "outputs")}
         else:
             local = {"inputs": self._inputs_buffer(sizes["inputs"]).numpy(),
                      "outputs": self._outputs_buffer(sizes["outputs"]).numpy()}
-        self.client.fill(batch.layout, pulled, local)
+        self.client.fill(layout, pulled, local)
         return local
 
     @staticmethod
@@ -537,9 +541,9 @@ class Worker:
             host = {name: self._host[f"{name}{arrival.slot}"][:len(local[name])] for name in ("inputs", "outputs")}
             if arrival.event is not None:  # the copy stream has brought them to the slot's device matrices
                 torch.cuda.current_stream(dev).wait_event(arrival.event)
-            inputs = self._inputs_buffer(len(host["inputs"]))
+            inputs = self._inputs_buffer(in_head + len(host["inputs"]))
             inputs[in_head:].copy_(arrival.device["inputs"])
-            outputs = self._outputs_buffer(len(host["outputs"]))
+            outputs = self._outputs_buffer(head + len(host["outputs"]))
             outputs[head:].copy_(arrival.device["outputs"])
         else:  # the host matrices themselves, trained in place
             inputs, outputs = torch.from_numpy(local["inputs"]), torch.from_numpy(local["outputs"])
@@ -561,8 +565,8 @@ class Worker:
                                         adagrad=cfg["optimizer"] == "adagrad",
                                         shared_negatives=cfg["negative"] if shared else 0)
         if self.staged:  # bring the rows to push home, into the (pinned) host matrices
-            host["inputs"][in_head:].copy_(inputs[in_head:], non_blocking=True)
-            host["outputs"][head:].copy_(outputs[head:], non_blocking=True)
+            host["inputs"].copy_(inputs[in_head:], non_blocking=True)
+            host["outputs"].copy_(outputs[head:], non_blocking=True)
             if cuda:
                 torch.cuda.current_stream(dev).synchronize()
         self._count_resident_uses(batch)

@@ -68,3 +68,16 @@ def test_a_sizing_that_no_live_ps_node_can_hold_is_named(capsys):
     placement.ps_options(config, {"docs": {"rows": 10**9, "dim": 100}}, resources={"ps": 8},
                          nodes=[node(64 * GiB, ps=8)])
     assert "warning: 64 parameter servers need" in capsys.readouterr().err
+
+
+def test_a_workers_memory_need_counts_its_resident_url_rows_where_they_live():
+    tables = {"docs": {"rows": 1000, "dim": 100}, "words": {"rows": 500, "dim": 100},
+              "words_out": {"rows": 500, "dim": 100}}
+    _, base = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=2), tables)  # several workers: none
+    _, cpu = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1), tables)  # every words_out row
+    assert cpu - base == 500 * 100 * 4
+    # PV-DM on the token path holds the words rows too; on a GPU worker they are in the GPU's memory
+    _, dm = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1, mode="dm", kernel="batched"), tables)
+    assert dm - base == 2 * 500 * 100 * 4
+    _, gpu = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1, mode="dm", gpus_per_worker=1), tables)
+    assert gpu == base

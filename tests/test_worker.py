@@ -100,6 +100,8 @@ def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluste
     staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True)
     # staged: two slots of host matrices, one batch's arriving while the other's trains; in place: nothing staged
     assert info_b["host"].keys() == {"inputs0", "outputs0", "inputs1", "outputs1"} and not info_a["host"]
+    if "cache_rows" not in settings:  # the token path: every URL row resident on the device, none in host memory
+        assert info_b["host"]["outputs0"] == info_b["host"]["outputs1"] == 0
     for name, table in in_place.items():
         assert np.isfinite(table).all()
         np.testing.assert_array_equal(staged[name], table, err_msg=name)
