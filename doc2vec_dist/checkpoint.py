@@ -64,6 +64,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from . import outputs
+from .config import lr_at
 from .errors import UserError
 
 FORMAT_VERSION = 1
@@ -561,7 +562,7 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
     tables = {name: [e[name] for e in entries] for name in entries[0]}
     done = epoch * corpus.num_tokens + sum(p["tokens"] for p in positions or [])
     planned = config.epochs * corpus.num_tokens
-    lr = max(config.min_alpha, config.alpha - (config.alpha - config.min_alpha) * done / max(planned, 1))
+    lr = lr_at(config.alpha, config.min_alpha, done, planned)
     commit(out, version, tables, {name: config.dim for name in tables},
            {"epoch": epoch, "positions": positions, "lr": lr, "num_ps": config.num_ps,
             "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,

@@ -198,6 +198,16 @@ class JobConfig:
                                 "sample config, else the current directory)")
 
 
+def lr_at(alpha: float, min_alpha: float, done, planned: int):
+    """The learning rate after `done` of the `planned` tokens: gensim's linear decay from alpha to
+    min_alpha, never below min_alpha. `done` is a number (a checkpoint's rate) or a torch tensor of
+    them (kernels.micro_batch_alphas: each micro-batch's)."""
+    progress = done / max(planned, 1)
+    if hasattr(progress, "clamp"):
+        return (alpha - (alpha - min_alpha) * progress.clamp(0.0, 1.0)).clamp(min=min_alpha)
+    return max(min_alpha, alpha - (alpha - min_alpha) * min(max(progress, 0.0), 1.0))
+
+
 def _check_choice(obj: Any, name: str) -> None:
     f = {f.name: f for f in dataclasses.fields(obj)}[name]
     choices = f.metadata.get("choices")

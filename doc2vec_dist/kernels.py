@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .config import lr_at
+
 ADAGRAD_EPS = 1e-10
 # The loss is only shown (progress, summaries), and its softplus over every score costs ~10% of a
 # micro-batch on CPU: it is taken on one micro-batch in LOSS_EVERY and scaled to all examples.
@@ -150,5 +152,4 @@ def micro_batch_alphas(alpha0: float, min_alpha: float, done_before: int, batch_
         points = done_before + torch.arange(n_micro + 1, dtype=torch.float64) / max(n_micro, 1) * batch_tokens
     else:
         points = done_before + (torch.arange(n_micro, dtype=torch.float64) + 0.5) / max(n_micro, 1) * batch_tokens
-    progress = (points / max(planned_tokens, 1)).clamp(0.0, 1.0)
-    return (alpha0 - (alpha0 - min_alpha) * progress).clamp(min=min_alpha).to(torch.float32)
+    return lr_at(alpha0, min_alpha, points, planned_tokens).to(torch.float32)
