@@ -143,8 +143,8 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     negatives = NegativeTable(counts, config.ns_exponent)
     macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
     rng = np.random.default_rng(config.seed)
-    # the token path holds every words row resident too, where words are trained: none is pulled
-    trains_words = config.trains_words() and not config.token_path(corpus.vocab_size)
+    # words rows are pulled where trained, unless resident (the token path holds every one)
+    trains_words = config.trains_words() and "words" not in config.resident_tables(corpus.vocab_size)
     resident = config.resident_rows(corpus.vocab_size)  # words_out rows 0..resident-1 stay in the worker
     seen = []
     for path in corpus.shard_paths:

@@ -143,7 +143,7 @@ def engine_line(config: TrainConfig, words_out_rows: int) -> str:
     return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"
             + (f" + {config.gpus_per_worker:g} GPU(s)" if config.gpus_per_worker else "")
             + f", {config.num_ps} parameter server(s); kernel {kernel}; words_out resident in each worker: {where}"
-            + ("; words too" if token_path and config.trains_words() else ""))
+            + ("; words too" if "words" in config.resident_tables(words_out_rows) else ""))
 
 
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
@@ -441,9 +441,10 @@ class _Run:
         """Write a version: every server's slice, then the manifest with the epochs done and where
         each worker's data stands (None: at the start of epoch `epoch`)."""
         t0 = time.perf_counter()
-        checkpoint.commit_training(self.out, self.config, self.corpus,
-                       lambda version: ray.get([server.save.remote(self.out, version) for server in self.servers]),
-                       epoch, positions, epoch_stats)
+        checkpoint.commit_training(
+            self.out, self.config, self.corpus,
+            lambda version: ray.get([server.save.remote(self.out, version) for server in self.servers]),
+            epoch, positions, epoch_stats)
         self.last_positions, self.last_epoch = positions, epoch
         self.ckpt_seconds += time.perf_counter() - t0
         self.last_ckpt = time.perf_counter()

@@ -9,8 +9,8 @@ compact local matrices, and after the kernel has trained micro-batches over them
 changed with one call per server. The pull of the next macro-batch is in flight while the current one
 computes (staged on a device, the next batch's rows are also assembled and copied there meanwhile, on
 a thread and a CUDA stream of their own: _arrive), and up to `max_inflight_pushes` pushes are
-outstanding. The client owns every call to a
-server (routing, layout, resident rows, push weights); the worker owns the matrices and the math.
+outstanding. The client owns every call to a server (routing, layout, resident rows, push weights);
+the worker owns the matrices and the math.
 
 torch (and kernels.py, which needs it) is imported where a worker first uses it, not here: the driver
 imports this module to start the actors, and torch's import is 0.8 s of train's start-up.
@@ -193,21 +193,22 @@ class Worker:
         self.stats = self._zero_stats()
         # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
         # here, at the head of the `outputs` matrix, between macro-batches; see client.ParameterClient.sync
-        self.cached = typed.resident_rows(table_rows["words_out"])
-        # The token path: plain PV-DBOW with every words_out row resident here and no other worker: the
-        # host only reads the tokens and routes the documents' rows. The exact kernel draws the
-        # subsampling and negatives itself (cpu_kernel.train_tokens); for the batched one they are drawn
-        # on its device (device_examples), where the URL table already is.
+        resident = typed.resident_tables(table_rows["words_out"])
+        self.cached = resident["words_out"]
+        # The token path: every URL row resident here and no other worker: the host only reads the
+        # tokens and routes the documents' rows. The exact kernel draws the subsampling and negatives
+        # itself (cpu_kernel.train_tokens, plain PV-DBOW); for the batched one they are drawn on its
+        # device (device_examples, every mode), where the URL tables already are.
         self.token_path = typed.token_path(table_rows["words_out"])
-        # ... where `words` is trained too (dbow_words, PV-DM: the batched kernel only), every words row is
-        # resident as well, at the head of `inputs`: a word's input row is its id, the documents' follow
-        self.words_head = table_rows["words"] if self.token_path and typed.trains_words() else 0
+        # ... where `words` is trained too (dbow_words, PV-DM), every words row is resident as well, at
+        # the head of `inputs`: a word's input row is its id, the documents' follow
+        self.words_head = resident.get("words", 0)
         self._device_tables = None  # device_examples.DeviceTables, made at the first device token batch
         self.macro_batch = macro_batch_for(config["macro_batch"], self.tokens_per_epoch, sole_writer=self.token_path,
                                            on_device=not self.exact)
         self.client = client.ParameterClient(
-            servers, table_rows, workers=config["num_workers"], resident=self.cached,
-            resident_tables=("words_out", "words") if self.words_head else ("words_out",), sole_writer=self.token_path,
+            servers, table_rows, workers=config["num_workers"], resident=self.cached, resident_tables=tuple(resident),
+            sole_writer=self.token_path,
             max_inflight_pushes=config["max_inflight_pushes"])
         self._accept = self.negatives.accept.astype(np.float32)
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
