@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, storage
 from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
@@ -84,7 +84,7 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
         if bad:
             raise UserError(f"gensim has no {what}; the baseline trains gensim's own SGD with per-example negatives")
     corpus = Corpus(corpus_path)
-    out = checkpoint.model_path(out)
+    out = storage.location(out)
     made = checkpoint.start_model_dir(out, corpus.path, overwrite)
     try:
         return _train(corpus, out, config, workers or os.cpu_count() or 1, gensim_mode)
@@ -123,7 +123,7 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
         train_seconds = time.perf_counter() - t0
     else:
         # gensim reads a local text file: beside the model when it is local, else in the temp dir
-        with tempfile.TemporaryDirectory(prefix="gensim-corpus-", dir=None if checkpoint.is_uri(out) else out) as tmp:
+        with tempfile.TemporaryDirectory(prefix="gensim-corpus-", dir=None if storage.is_uri(out) else out) as tmp:
             text = os.path.join(tmp, "corpus.txt")
             write_corpus_file(corpus, text)
             model.build_vocab(corpus_file=text)
@@ -151,8 +151,7 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
                "model": out, "version": version, "tokens": tokens, "epochs": config.epochs,
                "train_seconds": round(train_seconds, 3), "checkpoint_seconds": round(time.perf_counter() - t1, 3),
                "tokens_per_second": tokens / train_seconds if train_seconds else 0.0}
-    checkpoint.write_json(out, "config.json", {**dataclasses.asdict(config), "corpus": corpus.path,
-                                               "trainer": "gensim", "summary": summary})
+    checkpoint.write_config(out, config, corpus.path, trainer="gensim", summary=summary)
     return summary
 
 

@@ -1,4 +1,7 @@
-"""Model directories: Arrow slices of each table, versions, the manifest and the atomic commit.
+"""Model directories: their layout, versions, the manifest, the atomic commit, pruning and resharding.
+
+Changes when what a model directory holds, or how its versions are committed and read, changes;
+talking to the storage underneath belongs to `storage`.
 
     MODEL/config.json                 resolved config
     MODEL/docs.arrow, vocab.arrow     the corpus's key tables (row id → user key / URL), so a model
@@ -7,25 +10,15 @@
     MODEL/checkpoints/vN/manifest.json
     MODEL/checkpoints/vN/{docs,words,words_out}/part-SSSSS-of-TTTTT.arrow   columns id, vector[, adagrad]
 
-MODEL is a local path or a URI that pyarrow.fs opens: s3://bucket/prefix, gs://…, hdfs://…, file://….
-An S3 endpoint other than AWS comes from the URI's query (s3://b/m?endpoint_override=host:port&scheme=http)
-or from the standard variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION).
-Every read, write, listing and delete of a model directory goes through one pyarrow FileSystem (see
-`resolve`); tests pass their own with `fs=`.
-
-Why a reader never sees a partial version, whatever the storage:
-  * Local disks and HDFS have an atomic rename: every file is written under a temporary name and
-    renamed into place (on a local disk, after an fsync of the file, and the directory is synced
-    after the rename, so a machine crash cannot leave LATEST naming a version whose bytes were lost).
-  * Object stores (S3, GCS, Azure) have no rename, but a PUT is atomic: the object appears whole or
-    not at all (a multipart upload only appears when it is completed). Parts are written directly
-    under their final names; a part that a failure may have left behind sits in a version that has
-    no manifest yet, and is deleted.
-  * On both, the order does the rest: all parts, then the manifest (it lists every part with its
-    row count, byte size and sha256), then LATEST. LATEST only ever names a version whose manifest
-    exists, and a manifest only exists once every part it lists is whole. A version directory
-    without a manifest is partial: it is never loaded, its number is never reused, and it is deleted
-    by the next commit's pruning.
+MODEL is a local path or a URI (see `storage`). Every file is written with `storage.Store.write_file`,
+so a file appears whole or not at all. Why a reader never sees a partial version:
+  * On an object store, parts are written directly under their final names; a part that a failure
+    may have left behind sits in a version that has no manifest yet, and is deleted.
+  * On every store, the order does the rest: all parts, then the manifest (it lists every part with
+    its row count, byte size and sha256), then LATEST. LATEST only ever names a version whose
+    manifest exists, and a manifest only exists once every part it lists is whole. A version
+    directory without a manifest is partial: it is never loaded, its number is never reused, and it
+    is deleted by the next commit's pruning.
 
 Checksums are computed on the bytes as they are written (no second read of a part from S3), and
 checked on load together with row counts and dims. Loading memory-maps local Arrow files; a remote
@@ -34,27 +27,25 @@ memory stays bounded by a record batch, not a part. Only Arrow and JSON are ever
 here unpickles. A manifest is validated field by field before anything in it is used, and its part
 paths are plain relative names inside the version directory.
 
-A parameter server loads its own rows with read_shard, whatever number of servers wrote the version
-(row r lives on shard r % S). The serving side (Model, export) is local-file code: for a remote
-model it works on local_copy(), a verified copy of LATEST in a cache directory.
+Readers: a parameter server loads its own rows with read_shard, whatever number of servers wrote the
+version (row r lives on shard r % S). The serving side (Model, export, index, evaluate, infer) opens
+a model with `ModelDir`: its config, keys and vocab, and one verified part reader (`ModelDir.parts`)
+that checks each part's size, sha256, schema, nulls and row count the same way for every caller. A
+remote model is used through local_copy(), a verified copy of LATEST in a cache directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import hashlib
 import json
 import math
 import mmap
 import os
-import posixpath
 import re
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -63,279 +54,44 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from . import outputs
+from . import outputs, storage
 from .config import lr_at
 from .errors import UserError
+from .storage import (
+    CheckpointWriteError,
+    HashingSink,
+    Store,
+    copy_stream,
+    is_uri,
+    sha256_file,
+    strip_query,
+    write_local,
+)
 
 FORMAT_VERSION = 1
 TABLES = ("docs", "words", "words_out")
 _VERSION_RE = re.compile(r"^v(\d+)$")
 _PART_RE = re.compile(r"^(docs|words|words_out)/part-(\d{5})-of-(\d{5})\.arrow$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-_URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_OBJECT_STORES = {"s3", "gcs", "abfs"}  # pyarrow FileSystem.type_name of stores without an atomic rename
-_MAX_JSON_BYTES = 64 << 20  # a manifest lists parts, not rows: anything this big is not one of ours
-_COPY_BLOCK = 8 << 20
-_UPLOAD_WINDOW = 64 << 20  # bytes an object-store upload may have in flight (see _HashingSink)
 
 KEY_FILES = ("docs.arrow", "vocab.arrow")
-
-
-class CheckpointWriteError(UserError):
-    """Writing a checkpoint file failed (a full disk, a lost connection); the last committed version is intact."""
-
-    def __init__(self, message: str, errno: int | None = None):
-        super().__init__(message)
-        self.errno = errno
-
-
-# ---------------------------------------------------------------------------------------------------
-# storage: one pyarrow FileSystem and a root path per model directory
-# ---------------------------------------------------------------------------------------------------
-
-def is_uri(path: str) -> bool:
-    return bool(_URI_RE.match(path))
-
-
-def model_path(out: str) -> str:
-    """The form of a model location to hand to other processes: an absolute local path, or the URI unchanged."""
-    return out if is_uri(out) else os.path.abspath(out)
-
-
-@functools.lru_cache(maxsize=16)
-def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
-    # cached: an S3 client is costly to build, and every call of this module resolves the model again
-    try:
-        return pafs.FileSystem.from_uri(uri)
-    except (pa.ArrowException, ValueError, OSError) as exc:
-        detail = str(exc).replace(uri, _strip_query(uri))  # the query may hold a secret key
-        raise UserError(f"{_strip_query(uri)}: cannot open this storage location ({detail})") from None
-
-
-def _strip_query(uri: str) -> str:
-    """A URI without its query string, which may hold credentials: the form error messages show."""
-    return uri.split("?", 1)[0]
-
-
-def resolve(model: str, fs: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) of a model location.
-
-    With `fs`, `model` is a path inside that filesystem, taken as it is. Otherwise a URI is opened
-    with pyarrow's FileSystem.from_uri (its query string configures it), and a plain path is an
-    absolute path on the LocalFileSystem.
-    """
-    if fs is not None:
-        return fs, model.rstrip("/") or "/"
-    if is_uri(model):
-        found, path = _from_uri(model)
-        return found, path.rstrip("/") or "/"
-    return pafs.LocalFileSystem(), os.path.abspath(model)
-
-
-@dataclass(frozen=True)
-class _Store:
-    """A model directory: where its files live, how to write them safely, and how to name them in errors."""
-
-    fs: pafs.FileSystem
-    root: str
-    name: str            # how messages name the directory: the path as given, or the URI without its query
-    uri: bool
-    atomic_rename: bool  # local disks, HDFS: temp name + rename; object stores: one PUT per file
-    local: bool          # files can be memory-mapped in place
-
-    def path(self, rel: str = "") -> str:
-        return posixpath.join(self.root, rel) if rel else self.root
-
-    def show(self, rel: str = "") -> str:
-        if not rel:
-            return self.name
-        return f"{self.name.rstrip('/')}/{rel}" if self.uri else os.path.join(self.name, rel)
-
-
-def _store(model: str, fs: pafs.FileSystem | None = None) -> _Store:
-    found, root = resolve(model, fs)
-    kind = found.type_name
-    if kind == "subtree":
-        kind = found.base_fs.type_name
-    uri = fs is None and is_uri(model)
-    return _Store(found, root, _strip_query(model) if uri else model, uri,
-                  atomic_rename=kind not in _OBJECT_STORES, local=isinstance(found, pafs.LocalFileSystem))
-
-
-def _check_rel(rel: str, what: str = "path") -> str:
-    """A relative path that stays inside the model directory: no absolute path, '..', or scheme."""
-    parts = rel.split("/")
-    if (not rel or rel.startswith("/") or "\\" in rel or is_uri(rel) or ":" in parts[0]
-            or any(p in ("", ".", "..") for p in parts)):
-        raise UserError(f"{what} {rel!r} escapes the model directory (a plain relative path is required)")
-    return rel
-
-
-def _info(store: _Store, rel: str) -> pafs.FileInfo:
-    try:
-        return store.fs.get_file_info(store.path(rel))
-    except OSError as exc:  # unreachable endpoint, refused credentials, …
-        raise UserError(f"{store.show(rel)}: cannot reach it ({exc})") from None
-
-
-def _is_file(store: _Store, rel: str) -> bool:
-    return _info(store, rel).type == pafs.FileType.File
-
-
-def _list(store: _Store, rel: str, recursive: bool = False) -> list[pafs.FileInfo]:
-    selector = pafs.FileSelector(store.path(rel), allow_not_found=True, recursive=recursive)
-    try:
-        return store.fs.get_file_info(selector)
-    except OSError as exc:
-        raise UserError(f"{store.show(rel)}: cannot list it ({exc})") from None
-
-
-def _delete_dir(store: _Store, rel: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        store.fs.delete_dir(store.path(rel))
-
-
-def _delete_file(store: _Store, path: str) -> None:
-    with contextlib.suppress(OSError):
-        store.fs.delete_file(path)
-
-
-class _HashingSink:
-    """A write-only file object that hashes and counts what passes through it to `sink`.
-
-    With `flush_every`, the sink is flushed after that many bytes: an S3 output stream uploads its
-    parts in the background without a bound on how many wait, so a part written faster than the
-    network takes would otherwise pile up in memory; its flush waits for the uploads in flight.
-    Measured writing a 400 MB part to a local S3 server (moto): +320 MB of memory without flushes,
-    +166 MB with a 64 MB window, +109 MB with 16 MB; 64 MB leaves real S3 several parts in flight.
-    """
-
-    def __init__(self, sink, flush_every: int = 0):
-        self.sink, self.sha, self.size = sink, hashlib.sha256(), 0
-        self.flush_every, self.unflushed = flush_every, 0
-
-    def write(self, data) -> int:
-        view = memoryview(data)
-        self.sha.update(view)  # hashlib releases the GIL on large buffers
-        self.sink.write(view)
-        self.size += view.nbytes
-        self.unflushed += view.nbytes
-        if self.flush_every and self.unflushed >= self.flush_every:
-            self.sink.flush()
-            self.unflushed = 0
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    @property
-    def closed(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
-
-
-def _write_file(store: _Store, rel: str, produce: Callable[[_HashingSink], None]) -> tuple[int, str]:
-    """Write one file of the model with produce(sink); returns (bytes, sha256) of what was written.
-
-    Where rename is atomic the file is written under a temporary name and renamed; on an object
-    store it is written under its final name (one object PUT or completed multipart upload). On
-    failure nothing is left under a temporary name, and a CheckpointWriteError names the file.
-    """
-    final = store.path(rel)
-    target = f"{final}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if store.atomic_rename else final
-    try:
-        if store.atomic_rename:
-            store.fs.create_dir(posixpath.dirname(final), recursive=True)
-        with store.fs.open_output_stream(target) as raw:
-            sink = _HashingSink(raw, flush_every=0 if store.atomic_rename else _UPLOAD_WINDOW)
-            produce(sink)
-        if store.local:
-            _fsync(target)  # the bytes reach the disk before the name does (measured: 0.01-0.2 s per 400 MB)
-        if target != final:
-            store.fs.move(target, final)
-            if store.local:
-                _fsync(posixpath.dirname(final))  # and the rename itself survives a crash of the machine
-    except BaseException as exc:
-        # a temporary file, or on an object store what a failed stream may have left under the
-        # final name: in both cases an unreferenced file of this write, never a committed one
-        _delete_file(store, target)
-        if isinstance(exc, OSError):
-            raise CheckpointWriteError(f"{store.show(rel)}: could not write ({exc}); the last committed "
-                                       "checkpoint is intact", getattr(exc, "errno", None)) from exc
-        raise
-    return sink.size, sink.sha.hexdigest()
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_bytes(store: _Store, rel: str, data: bytes) -> None:
-    # the whole content in one write: on an object store, a single atomic PUT
-    _write_file(store, rel, lambda sink: sink.write(data))
-
-
-def _read_bytes(store: _Store, rel: str, limit: int = _MAX_JSON_BYTES) -> bytes:
-    info = _info(store, rel)
-    if info.type != pafs.FileType.File:
-        raise UserError(f"{store.show(rel)}: missing")
-    if info.size is not None and info.size > limit:
-        raise UserError(f"{store.show(rel)}: {info.size} bytes, more than the {limit} this file can have")
-    try:
-        with store.fs.open_input_stream(store.path(rel)) as fh:
-            return fh.read()
-    except OSError as exc:
-        raise UserError(f"{store.show(rel)}: unreadable ({exc})") from None
-
-
-def exists(model: str, relpath: str, *, fs: pafs.FileSystem | None = None) -> bool:
-    """Whether the model directory holds the file `relpath` (e.g. "LATEST", "config.json")."""
-    return _is_file(_store(model, fs), _check_rel(relpath))
-
-
-def write_json(model: str, relpath: str, data: Any, *, fs: pafs.FileSystem | None = None) -> None:
-    """Write JSON into the model directory so a reader never sees half of it (rename, or one PUT)."""
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    _write_bytes(_store(model, fs), _check_rel(relpath), text.encode())
-
-
-def read_json(model: str, relpath: str, *, fs: pafs.FileSystem | None = None) -> Any:
-    """JSON from the model directory; a UserError naming the file if it is missing or not JSON."""
-    store = _store(model, fs)
-    raw = _read_bytes(store, _check_rel(relpath))
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{store.show(relpath)}: not valid JSON ({exc})") from None
 
 
 # ---------------------------------------------------------------------------------------------------
 # the model directory
 # ---------------------------------------------------------------------------------------------------
 
-def _model_dir_state(store: _Store) -> tuple[bool, list[str], str | None]:
+def _model_dir_state(store: Store) -> tuple[bool, list[str], str | None]:
     """(exists, entry names, the kind its marker names) of a model location."""
-    info = _info(store, "")
+    info = store.info("")
     if info.type == pafs.FileType.NotFound:
         return False, [], None
     if info.type != pafs.FileType.Directory:
         raise UserError(f"{store.name}: exists and is a file; --out takes a directory for a model")
-    names = [i.base_name for i in _list(store, "")]
+    names = [i.base_name for i in store.list("")]
     marker = None
     if outputs.MARKER in names:
-        marker = outputs.read_marker_kind(_read_bytes(store, outputs.MARKER, limit=4096)) or "unknown"
+        marker = outputs.read_marker_kind(store.read_bytes(outputs.MARKER, limit=4096)) or "unknown"
     return True, names, marker
 
 
@@ -344,7 +100,7 @@ def refuse_existing_model(out: str, overwrite: bool, *, fs: pafs.FileSystem | No
     else is refused with one line naming what is there (outputs.judge_dir). A model is replaced
     only with `overwrite`, since its checkpoints may be days of training; one that never committed
     a checkpoint (a fresh run killed before its first) needs no flag."""
-    store = _store(out, fs)
+    store = Store.of(out, fs)
     _, names, marker = _model_dir_state(store)
     unfinished = "LATEST" not in names and marker == "model"
     return outputs.judge_dir(store.name, "model", names, marker, None if unfinished else overwrite)
@@ -355,35 +111,35 @@ def start_model_dir(out: str, corpus_path: str, overwrite: bool, *, fs: pafs.Fil
     tables, so export and neighbors later need only the model directory. The corpus is a local
     directory. Returns the local directories this created (the model directory among them when it
     did not exist), for discard_unfinished."""
-    store = _store(out, fs)
+    store = Store.of(out, fs)
     if refuse_existing_model(out, overwrite, fs=fs):
         _, names, _ = _model_dir_state(store)
         _delete_own(store, names)
     made = outputs.make_dirs(store.root) if store.local else []
     if store.atomic_rename and not store.local:
         store.fs.create_dir(store.path(), recursive=True)
-    _write_bytes(store, outputs.MARKER, outputs.marker_text("model").encode())
+    store.write_bytes(outputs.MARKER, outputs.marker_text("model").encode())
     for name in KEY_FILES:
         with open(os.path.join(corpus_path, name), "rb") as src:
-            _write_file(store, name, lambda sink, src=src: _copy_stream(src, sink))
+            store.write_file(name, lambda sink, src=src: copy_stream(src, sink))
     return made
 
 
-def _delete_own(store: _Store, names: list[str]) -> None:
+def _delete_own(store: Store, names: list[str]) -> None:
     """Delete the entries of a model directory that a model writes; the marker last, so that a
     directory half cleared still reads as ours. Anything else in it stays."""
     own = [n for n in names if n not in (outputs.MARKER, "exports") and outputs.owned("model", n)]
     for name in own + ([outputs.MARKER] if outputs.MARKER in names else []):
-        if _info(store, name).type == pafs.FileType.Directory:
-            _delete_dir(store, name)
+        if store.info(name).type == pafs.FileType.Directory:
+            store.delete_dir(name)
         else:
-            _delete_file(store, store.path(name))
+            store.delete_file(store.path(name))
 
 
 def discard_unfinished(out: str, made: list[str], *, fs: pafs.FileSystem | None = None) -> bool:
     """After a fresh run that did not finish: remove what it wrote, unless it committed a checkpoint
     (then the model is whole and resumable, and stays). True when something was removed."""
-    store = _store(out, fs)
+    store = Store.of(out, fs)
     exists_, names, marker = _model_dir_state(store)
     if not exists_ or "LATEST" in names or marker != "model":
         return False
@@ -392,25 +148,12 @@ def discard_unfinished(out: str, made: list[str], *, fs: pafs.FileSystem | None 
     return True
 
 
-def _copy_stream(src, sink) -> None:
-    for block in iter(lambda: src.read(_COPY_BLOCK), b""):
-        sink.write(block)
-
-
 def part_name(shard: int, num_shards: int) -> str:
     return f"part-{shard:05d}-of-{num_shards:05d}.arrow"
 
 
-def _join(model: str, *rel: str) -> str:
-    """`model`/rel…, keeping a URI's query string at the end where it belongs."""
-    if is_uri(model):
-        base, sep, query = model.partition("?")
-        return "/".join([base.rstrip("/"), *rel]) + sep + query
-    return os.path.join(model, *rel)
-
-
 def version_dir(model: str, version: int) -> str:
-    return _join(model, "checkpoints", f"v{version}")
+    return storage.join(model, "checkpoints", f"v{version}")
 
 
 def _vrel(version: int, rel: str = "") -> str:
@@ -429,14 +172,6 @@ def matrix_of(vectors: pa.Array | pa.ChunkedArray, dim: int) -> np.ndarray:
         vectors = vectors.combine_chunks() if vectors.num_chunks != 1 else vectors.chunk(0)
     flat = vectors.flatten().to_numpy(zero_copy_only=False)
     return flat.reshape(-1, dim)
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -470,7 +205,7 @@ def write_slice(model: str, version: int, table: str, shard: int, num_shards: in
         fields.append(("adagrad", pa.float32()))
     schema = pa.schema(fields)
 
-    def produce(sink: _HashingSink) -> None:
+    def produce(sink: HashingSink) -> None:
         with pa.PythonFile(sink, mode="w") as out, pa.ipc.new_file(out, schema) as writer:
             for start in range(0, max(len(ids), 1), rows_per_batch):
                 end = min(start + rows_per_batch, len(ids))
@@ -479,37 +214,37 @@ def write_slice(model: str, version: int, table: str, shard: int, num_shards: in
                     columns.append(pa.array(np.ascontiguousarray(state[start:end, 0], dtype=np.float32)))
                 writer.write_batch(pa.record_batch(columns, schema=schema))
 
-    size, sha = _write_file(_store(model, fs), _vrel(version, rel), produce)
+    size, sha = Store.of(model, fs).write_file(_vrel(version, rel), produce)
     return {"path": rel, "rows": len(ids), "bytes": size, "sha256": sha}
 
 
-def _version_dirs(store: _Store) -> list[int]:
+def _version_dirs(store: Store) -> list[int]:
     """Every vN under checkpoints/, committed or partial."""
-    return sorted(int(m.group(1)) for info in _list(store, "checkpoints")
+    return sorted(int(m.group(1)) for info in store.list("checkpoints")
                   if info.type == pafs.FileType.Directory and (m := _VERSION_RE.match(info.base_name)))
 
 
-def _committed(store: _Store, version: int) -> bool:
-    return _is_file(store, _vrel(version, "manifest.json"))
+def _committed(store: Store, version: int) -> bool:
+    return store.is_file(_vrel(version, "manifest.json"))
 
 
 def next_version(model: str, *, fs: pafs.FileSystem | None = None) -> int:
     """A version number never used in this model: past every version directory, partial ones included
     (a partial one may still hold stale files), and past LATEST."""
-    store = _store(model, fs)
+    store = Store.of(model, fs)
     latest = _latest(store, strict=False) or 0
     return max([latest, *_version_dirs(store)]) + 1
 
 
 def latest_version(model: str, *, fs: pafs.FileSystem | None = None) -> int | None:
     """The version LATEST names, or None for a model directory that has no committed version."""
-    return _latest(_store(model, fs), strict=True)
+    return _latest(Store.of(model, fs), strict=True)
 
 
-def _latest(store: _Store, strict: bool) -> int | None:
-    if not _is_file(store, "LATEST"):
+def _latest(store: Store, strict: bool) -> int | None:
+    if not store.is_file("LATEST"):
         return None
-    name = _read_bytes(store, "LATEST", limit=64).decode(errors="replace").strip()
+    name = store.read_bytes("LATEST", limit=64).decode(errors="replace").strip()
     m = _VERSION_RE.match(name)
     if not m:
         if strict:
@@ -525,7 +260,7 @@ def commit(model: str, version: int, tables: dict[str, list[dict]], dims: dict[s
     The manifest is validated as a reader would, and every part it lists must be there with its
     size, before anything is written: LATEST moves only to a whole version.
     """
-    store = _store(model, fs)
+    store = Store.of(model, fs)
     latest = _latest(store, strict=False)
     if latest is not None and version < latest:
         raise ValueError(f"{store.name}: cannot commit v{version}, LATEST is already v{latest}")
@@ -545,8 +280,8 @@ def commit(model: str, version: int, tables: dict[str, list[dict]], dims: dict[s
     rel = _vrel(version, "manifest.json")
     validate_manifest(manifest, store.show(rel), version)
     _check_parts_written(store, version, manifest)
-    _write_bytes(store, rel, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-    _write_bytes(store, "LATEST", f"v{version}\n".encode())
+    store.write_bytes(rel, storage.json_bytes(manifest))
+    store.write_bytes("LATEST", f"v{version}\n".encode())
     _prune_store(store, keep)
     return version_dir(model, version)
 
@@ -571,8 +306,14 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
            keep=config.keep_checkpoints)
 
 
-def _check_parts_written(store: _Store, version: int, manifest: dict) -> None:
-    found = {info.path: info.size for info in _list(store, _vrel(version), recursive=True)
+def write_config(out: str, config, corpus_path: str, **extra) -> None:
+    """MODEL/config.json: the resolved TrainConfig, the corpus it was trained on, and `extra` (the
+    run's summary, the trainer); what ModelDir.config and ModelDir.corpus_path read back."""
+    Store.of(out).write_json("config.json", {**dataclasses.asdict(config), "corpus": corpus_path, **extra})
+
+
+def _check_parts_written(store: Store, version: int, manifest: dict) -> None:
+    found = {info.path: info.size for info in store.list(_vrel(version), recursive=True)
              if info.type == pafs.FileType.File}
     for spec in manifest["tables"].values():
         for part in spec["parts"]:
@@ -585,7 +326,7 @@ def _check_parts_written(store: _Store, version: int, manifest: dict) -> None:
                                            f"{part['bytes']} were written; v{version} is not committed")
 
 
-def _prune_store(store: _Store, keep: int) -> None:
+def _prune_store(store: Store, keep: int) -> None:
     """Keep the `keep` newest committed versions up to LATEST; delete older committed versions and
     partial versions (no manifest) older than LATEST. LATEST and anything newer are never touched:
     a newer directory may be a version being written right now."""
@@ -597,7 +338,7 @@ def _prune_store(store: _Store, keep: int) -> None:
     kept = set(committed[-(keep - 1):]) if keep > 1 else set()  # LATEST is the keep-th
     for v in older:
         if v not in kept:
-            _delete_dir(store, _vrel(v))
+            store.delete_dir(_vrel(v))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -709,16 +450,16 @@ def _validate_parts(parts: list, table: str, f: str, where: str, bad) -> None:
                   sorted(p["path"] for p in parts)[:3])
 
 
-def _read_manifest(store: _Store, version: int | None) -> tuple[int, dict]:
+def _read_manifest(store: Store, version: int | None) -> tuple[int, dict]:
     if version is None:
         version = _latest(store, strict=True)
         if version is None:
             raise UserError(f"{store.name}: not a trained model (no LATEST file)")
     rel = _vrel(version, "manifest.json")
-    if not _is_file(store, rel):
+    if not store.is_file(rel):
         raise UserError(f"{store.show(rel)}: missing; v{version} is not a committed checkpoint")
     try:
-        manifest = json.loads(_read_bytes(store, rel))
+        manifest = json.loads(store.read_bytes(rel))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{store.show(rel)}: unreadable manifest ({exc})") from None
     return version, validate_manifest(manifest, store.show(rel), version)
@@ -727,20 +468,14 @@ def _read_manifest(store: _Store, version: int | None) -> tuple[int, dict]:
 def load_manifest(model: str, *, version: int | None = None,
                   fs: pafs.FileSystem | None = None) -> tuple[str, dict]:
     """The directory and validated manifest of the version LATEST points at (or of `version`)."""
-    version, manifest = _read_manifest(_store(model, fs), version)
+    version, manifest = _read_manifest(Store.of(model, fs), version)
     return version_dir(model, version), manifest
-
-
-def table_spec(model: str, table: str, *, version: int | None = None,
-               fs: pafs.FileSystem | None = None) -> tuple[str, dict]:
-    vdir, manifest = load_manifest(model, version=version, fs=fs)
-    return vdir, _table_of(manifest, table, model)
 
 
 def _table_of(manifest: dict, table: str, model: str) -> dict:
     if table not in manifest["tables"]:
         have = ", ".join(sorted(manifest["tables"]))
-        raise UserError(f"{_strip_query(model)}: table {table!r} was not trained in this model (it has: {have})")
+        raise UserError(f"{strip_query(model)}: table {table!r} was not trained in this model (it has: {have})")
     return manifest["tables"][table]
 
 
@@ -799,7 +534,7 @@ class _Part:
                 self.mapped.madvise(mmap.MADV_DONTNEED, 0, min(max(ends) - self.base, len(self.mapped)))
 
 
-def _open_part(store: _Store, version: int, part: dict, verify: bool) -> _Part:
+def _open_part(store: Store, version: int, part: dict, verify: bool) -> _Part:
     """Open one part for reading: checked against its manifest entry (size, sha256), memory-mapped.
 
     A local file is mapped in place; a remote one is streamed into a local temporary file, hashed on
@@ -807,23 +542,23 @@ def _open_part(store: _Store, version: int, part: dict, verify: bool) -> _Part:
     """
     rel = _vrel(version, part["path"])
     shown = store.show(rel)
-    info = _info(store, rel)
+    info = store.info(rel)
     if info.type != pafs.FileType.File:
         raise UserError(f"{shown}: part file missing; the checkpoint is damaged")
     if "bytes" in part and info.size is not None and info.size != part["bytes"]:
         raise UserError(f"{shown}: {info.size} bytes, the manifest says {part['bytes']}; the checkpoint is damaged")
     if store.local:
         path = store.path(rel)
-        if verify and _sha256(path) != part["sha256"]:
+        if verify and sha256_file(path) != part["sha256"]:
             raise UserError(f"{shown}: checksum mismatch; the checkpoint is damaged")
         with open(path, "rb") as fh:
             mapped = _map(fh, shown)
     else:
         with tempfile.TemporaryFile(prefix="doc2vec-part-") as fh:
-            sink = _HashingSink(fh)
+            sink = HashingSink(fh)
             try:
                 with store.fs.open_input_stream(store.path(rel)) as src:
-                    _copy_stream(src, sink)
+                    copy_stream(src, sink)
             except OSError as exc:
                 raise UserError(f"{shown}: could not read ({exc})") from None
             if verify and sink.sha.hexdigest() != part["sha256"]:
@@ -846,50 +581,141 @@ def _map(fh, shown: str) -> mmap.mmap:
         raise UserError(f"{shown}: empty file; the checkpoint is damaged") from None
 
 
-def _parts_of(model: str, table: str, version: int | None, fs) -> tuple[_Store, int, dict]:
-    store = _store(model, fs)
-    version, manifest = _read_manifest(store, version)
-    return store, version, _table_of(manifest, table, model)
+# ---------------------------------------------------------------------------------------------------
+# a trained model, for reading: config, keys, vocab and the one verified part reader
+# ---------------------------------------------------------------------------------------------------
+
+KEY_TABLES = {"docs": ("docs.arrow", "key"), "words": ("vocab.arrow", "token"), "words_out": ("vocab.arrow", "token")}
 
 
-def iter_parts(model: str, table: str, verify: bool = True, *, version: int | None = None,
-               fs: pafs.FileSystem | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield (ids int64[n], vectors float32[n, dim]) for each part file of a table, memory-mapped."""
-    store, version, spec = _parts_of(model, table, version, fs)
-    for part in spec["parts"]:
-        batches = list(_open_part(store, version, part, verify).batches(spec["dim"], part["rows"]))
-        if len(batches) == 1:
-            yield batches[0][0], batches[0][1]
-        elif not batches:
-            yield np.zeros(0, np.int64), np.zeros((0, spec["dim"]), np.float32)
-        else:
-            yield np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+class ModelDir:
+    """A trained model directory at one committed version (LATEST unless `version` is given).
 
+    Everything that reads a model goes through it: the resolved config (`config`, from config.json
+    or else the manifest's copy), the key tables (`keys`, `vocab`), each table's manifest entry
+    (`spec`), and the parts, read by one reader (`batches`, `parts`, `read_table`) that checks a
+    part's size, sha256, Arrow schema, nulls and row count, so a truncated or altered part is
+    refused the same way by export, Model, index, evaluate and infer. Opening one reads and
+    validates the manifest, so a directory that is not a trained model fails at once, named.
+    """
 
-def part_batches(model: str, table: str, verify: bool = True, *, version: int | None = None,
-                 fs: pafs.FileSystem | None = None) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
-    """For each part file of a table, its record batches as (ids, vectors) zero-copy views of the
-    memory map, checked as every read is (size, sha256, schema, nulls, row count)."""
-    store, version, spec = _parts_of(model, table, version, fs)
-    for part in spec["parts"]:
-        opened = _open_part(store, version, part, verify)
-        yield [(ids, vectors) for ids, vectors, _ in opened.batches(spec["dim"], part["rows"])]
+    def __init__(self, path: str, *, version: int | None = None, fs: pafs.FileSystem | None = None):
+        self.path = path
+        self.store = Store.of(path, fs)
+        self.version, self.manifest = _read_manifest(self.store, version)
+        self._settings: dict | None = None
+
+    @classmethod
+    def served(cls, path: str) -> ModelDir:
+        """A model for the serving side, which works on local files: a remote model (s3://…) is used
+        from a verified local copy of its LATEST version (local_copy)."""
+        return cls(local_copy(path))
+
+    # -- what it was trained with --------------------------------------------------------------------
+
+    def settings(self) -> dict:
+        """config.json as saved (the TrainConfig, the corpus path, the run's summary), else the
+        manifest's copy of the config; a UserError naming config.json when neither is there."""
+        if self._settings is None:
+            if self.store.is_file("config.json"):
+                found = self.store.read_json("config.json")
+            else:
+                found = self.manifest.get("config")
+            if not isinstance(found, dict):
+                raise UserError(f"{self.store.show('config.json')}: missing; the model's training settings are "
+                                "needed here")
+            self._settings = found
+        return self._settings
+
+    def config(self):
+        """The TrainConfig the model was trained with (fields a model predates take their defaults)."""
+        from .config import TrainConfig, build
+
+        try:
+            return build(TrainConfig, self.settings())
+        except UserError as exc:
+            raise UserError(f"{self.store.show('config.json')}: {exc}") from None
+
+    def corpus_path(self) -> str:
+        corpus = self.settings().get("corpus")
+        if not isinstance(corpus, str):
+            raise UserError(f"{self.store.show('config.json')}: no corpus path; pass the corpus explicitly")
+        return corpus
+
+    def spec(self, table: str) -> dict:
+        """The table's manifest entry (rows, dim, parts)."""
+        return _table_of(self.manifest, table, self.path)
+
+    # -- keys ----------------------------------------------------------------------------------------
+
+    def _key_file(self, table: str) -> tuple[str, str]:
+        if table not in KEY_TABLES:
+            raise UserError(f"unknown table {table!r} (choose from {', '.join(KEY_TABLES)})")
+        name, column = KEY_TABLES[table]
+        if not self.store.local:
+            raise UserError(f"{self.store.show(name)}: keys are read from a local model; use ModelDir.served")
+        if not self.store.is_file(name):
+            raise UserError(f"{self.store.show(name)}: missing; {self.store.name} is not a complete model directory")
+        return self.store.path(name), column
+
+    def keys(self, table: str) -> pa.Array:
+        """Row id → original key (user id or URL) of a table; the key files are sorted by id."""
+        path, column = self._key_file(table)
+        with pa.memory_map(path) as source:
+            return pa.ipc.open_file(source).read_all().column(column).combine_chunks()
+
+    def key_count(self, table: str) -> int:
+        """Rows of a table's key file, without reading the keys (the file is memory-mapped)."""
+        path, _ = self._key_file(table)
+        with pa.memory_map(path) as source:
+            return pa.ipc.open_file(source).read_all().num_rows
+
+    def vocab(self) -> pa.Table:
+        """The training vocabulary: token, count, id (sorted by id)."""
+        path, _ = self._key_file("words")
+        with pa.memory_map(path) as source:
+            return pa.ipc.open_file(source).read_all()
+
+    # -- the parts, verified -------------------------------------------------------------------------
+
+    def _open(self, table: str, part: int, verify: bool) -> tuple[_Part, dict, int]:
+        spec = self.spec(table)
+        entry = spec["parts"][part]
+        return _open_part(self.store, self.version, entry, verify), entry, spec["dim"]
+
+    def batches(self, table: str, part: int, verify: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, float32 vectors) of part `part` of a table, a record batch at a time, as zero-copy
+        views of the memory map whose pages are dropped once the next batch is asked for (a 5 GB part
+        does not become 5 GB resident)."""
+        opened, entry, dim = self._open(table, part, verify)
+        for ids, vectors, _ in opened.batches(dim, entry["rows"]):
+            yield ids, vectors
+
+    def parts(self, table: str, verify: bool = True) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+        """For each part of a table, its record batches as (ids, vectors) views of the memory map, kept."""
+        for part in range(len(self.spec(table)["parts"])):
+            opened, entry, dim = self._open(table, part, verify)
+            yield [(ids, vectors) for ids, vectors, _ in opened.batches(dim, entry["rows"])]
+
+    def read_table(self, table: str, verify: bool = True) -> np.ndarray:
+        """The whole table as one [rows, dim] float32 matrix, row i = id i; every row must be in exactly one part."""
+        spec = self.spec(table)
+        matrix = np.empty((spec["rows"], spec["dim"]), dtype=np.float32)
+        seen = np.zeros(spec["rows"], dtype=bool)
+        for part in range(len(spec["parts"])):
+            opened, entry, dim = self._open(table, part, verify)
+            for ids, vectors, _ in opened.batches(dim, entry["rows"]):
+                _scatter(matrix, seen, ids, vectors, opened.shown, spec["rows"])
+        if not seen.all():
+            raise UserError(f"{self.store.show(_vrel(self.version))}: table {table} lacks {int((~seen).sum())} of "
+                            "its rows; the checkpoint is damaged")
+        return matrix
 
 
 def read_table(model: str, table: str, verify: bool = True, *, version: int | None = None,
                fs: pafs.FileSystem | None = None) -> np.ndarray:
-    """The whole table as one [rows, dim] float32 matrix, row i = id i; every row must be in exactly one part."""
-    store, version, spec = _parts_of(model, table, version, fs)
-    matrix = np.empty((spec["rows"], spec["dim"]), dtype=np.float32)
-    seen = np.zeros(spec["rows"], dtype=bool)
-    for part in spec["parts"]:
-        opened = _open_part(store, version, part, verify)
-        for ids, vectors, _ in opened.batches(spec["dim"], part["rows"]):
-            _scatter(matrix, seen, ids, vectors, opened.shown, spec["rows"])
-    if not seen.all():
-        raise UserError(f"{store.show(_vrel(version))}: table {table} lacks {int((~seen).sum())} of its rows; "
-                        "the checkpoint is damaged")
-    return matrix
+    """ModelDir(model).read_table(table): the whole table, row i = id i."""
+    return ModelDir(model, version=version, fs=fs).read_table(table, verify)
 
 
 def _scatter(out: np.ndarray, seen: np.ndarray, local: np.ndarray, rows: np.ndarray, shown: str,
@@ -929,7 +755,8 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
     """
     if not 0 <= shard < num_shards:
         raise ValueError(f"shard {shard} of {num_shards} is out of range")
-    store, version, spec = _parts_of(model, table, version, fs)
+    found = ModelDir(model, version=version, fs=fs)
+    store, version, spec = found.store, found.version, found.spec(table)
     dim = spec["dim"]
     n = len(range(shard, spec["rows"], num_shards))
     if out is None:
@@ -970,69 +797,23 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
 # remote models, used locally
 # ---------------------------------------------------------------------------------------------------
 
-def cache_root() -> str:
-    """Where local copies of remote models go: $DOC2VEC_DIST_CACHE, else $XDG_CACHE_HOME or ~/.cache."""
-    if os.environ.get("DOC2VEC_DIST_CACHE"):
-        return os.environ["DOC2VEC_DIST_CACHE"]
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "doc2vec-dist")
-
-
 def local_copy(model: str, cache: str | None = None) -> str:
     """A local directory holding the LATEST version of a remote model (a local path is returned as is).
 
-    Downloads config.json, the key tables, the manifest and the parts of LATEST into
-    cache/<hash of the URI>/, verifying every part's sha256 on the way; files already there from an
-    earlier call (same size and modification time remotely) are not fetched again. LATEST is
-    written last, so an interrupted copy is never taken for a whole one; other versions are removed.
+    Downloads config.json, the key tables, the manifest and the parts of LATEST into a cache
+    directory (storage.mirror), verifying every part's sha256 on the way. LATEST is written last, so
+    an interrupted copy is never taken for a whole one; other versions are removed.
     """
     if not is_uri(model):
         return model
-    store = _store(model)
+    store = Store.of(model)
     version, manifest = _read_manifest(store, None)
-    local = os.path.join(cache or cache_root(), hashlib.sha256(model.encode()).hexdigest()[:20])
-    os.makedirs(local, exist_ok=True)
-    sources_path = os.path.join(local, ".sources.json")
-    try:
-        with open(sources_path) as fh:
-            sources = json.load(fh)
-    except (OSError, json.JSONDecodeError):
-        sources = {}
-    wanted = [name for name in ("config.json", *KEY_FILES) if _is_file(store, name)]
-    wanted.append(_vrel(version, "manifest.json"))
-    sha = {_vrel(version, p["path"]): p["sha256"] for spec in manifest["tables"].values() for p in spec["parts"]}
-    for rel in [*wanted, *sha]:
-        info = _info(store, rel)
-        stamp = [info.size, info.mtime_ns]
-        target = os.path.join(local, *rel.split("/"))
-        if sources.get(rel) == stamp and os.path.isfile(target) and os.path.getsize(target) == info.size:
-            continue
-        _download(store, rel, target, sha.get(rel))
-        sources[rel] = stamp
-        with open(f"{sources_path}.tmp-{os.getpid()}", "w") as fh:
-            json.dump(sources, fh)
-        os.replace(f"{sources_path}.tmp-{os.getpid()}", sources_path)
-    tmp = os.path.join(local, f"LATEST.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(f"v{version}\n")
-    os.replace(tmp, os.path.join(local, "LATEST"))
+    files: dict[str, str | None] = {name: None for name in ("config.json", *KEY_FILES) if store.is_file(name)}
+    files[_vrel(version, "manifest.json")] = None
+    files.update({_vrel(version, p["path"]): p["sha256"] for spec in manifest["tables"].values() for p in spec["parts"]})
+    local = storage.mirror(store, model, files, cache)
+    write_local(os.path.join(local, "LATEST"), f"v{version}\n")
     for name in os.listdir(os.path.join(local, "checkpoints")):
         if name != f"v{version}":
             shutil.rmtree(os.path.join(local, "checkpoints", name), ignore_errors=True)
     return local
-
-
-def _download(store: _Store, rel: str, target: str, sha256: str | None) -> None:
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = f"{target}.tmp-{os.getpid()}"
-    try:
-        with store.fs.open_input_stream(store.path(rel)) as src, open(tmp, "wb") as dst:
-            sink = _HashingSink(dst)
-            _copy_stream(src, sink)
-        if sha256 is not None and sink.sha.hexdigest() != sha256:
-            raise UserError(f"{store.show(rel)}: checksum mismatch; the checkpoint is damaged")
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise UserError(f"{store.show(rel)}: could not download ({exc})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

@@ -17,10 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import checkpoint
+from . import storage
+from .checkpoint import ModelDir
 from .corpus import Corpus, iter_shard
 from .errors import UserError
-from .export import keys_of, unit_rows
+from .export import unit_rows
 from .index import lookup, url_log_prior, with_prior
 from .model import Model
 
@@ -48,7 +49,8 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
     reciprocal rank of each user's best-ranked hidden URL. Seen URLs are excluded from the ranking.
     """
     table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
-    doc_keys, vocab = keys_of(model, "docs"), keys_of(model, "words_out")
+    found = ModelDir.served(model)
+    doc_keys, vocab = found.keys("docs"), found.keys("words_out")
     doc_ids = pc.index_in(table.column("key").cast(pa.string()), value_set=doc_keys.cast(pa.string()))
     word_ids = pc.index_in(table.column("token").cast(pa.string()), value_set=vocab.cast(pa.string()))
     valid = pc.and_(pc.is_valid(doc_ids), pc.is_valid(word_ids))
@@ -63,13 +65,12 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
         keep = np.isin(docs, users)
         docs, words = docs[keep], words[keep]
     if corpus_path is None:
-        with open(os.path.join(model, "config.json")) as fh:
-            corpus_path = json.load(fh)["corpus"]
+        corpus_path = found.corpus_path()
     seen = seen_tokens(corpus_path, users)
     # only the evaluated users' rows, from the verified memory-mapped parts: the whole table of 20M
     # users is 8 GB, and with its prior column a second copy (the benchmark's 20M run ran out of 24 GiB)
-    doc_matrix, out_matrix = with_prior(Model(model).gather("docs", users), checkpoint.read_table(model, "words_out"),
-                                        url_log_prior(model))
+    doc_matrix, out_matrix = with_prior(Model(found.path).gather("docs", users), found.read_table("words_out"),
+                                        url_log_prior(found))
     popularity = Corpus(corpus_path).counts().astype(np.float32)
     batch = max(1, min(batch, SCORES_BYTES // (8 * max(len(popularity), 1))))  # two [batch, URLs] float32 matrices
 
@@ -125,8 +126,9 @@ def pairs_metrics(model: str, path: str, table: str = "docs") -> dict:
     from scipy.stats import pearsonr, spearmanr
 
     keys1, keys2, human = read_pairs(path)
-    keys = keys_of(model, table)
-    vectors = checkpoint.read_table(model, table)
+    found = ModelDir.served(model)
+    keys = found.keys(table)
+    vectors = found.read_table(table)
     a = unit_rows(vectors[lookup(keys, keys1, table)])
     b = unit_rows(vectors[lookup(keys, keys2, table)])
     cosine = (a * b).sum(1)
@@ -166,7 +168,8 @@ def labels_metrics(model: str, path: str, k: int = 10, key_col: str = "key", lab
 
     data = read_table_file(path, "labels", (key_col, label_col), string_cols=(key_col,))
     keys = data.column(key_col).cast(pa.string())
-    rows = pc.index_in(keys, value_set=keys_of(model, table).cast(pa.string()))
+    found = ModelDir.served(model)
+    rows = pc.index_in(keys, value_set=found.keys(table).cast(pa.string()))
     known = pc.is_valid(rows)
     rows = rows.filter(known).to_numpy(zero_copy_only=False).astype(np.int64)
     labels = data.column(label_col).filter(known).cast(pa.string()).to_numpy(zero_copy_only=False)
@@ -175,7 +178,7 @@ def labels_metrics(model: str, path: str, k: int = 10, key_col: str = "key", lab
     order = np.argsort(keys.filter(known).to_numpy(zero_copy_only=False), kind="stable")
     test = np.zeros(len(rows), bool)
     test[order[np.random.default_rng(seed).permutation(len(rows))[:max(1, int(test_fraction * len(rows)))]]] = True
-    vectors = unit_rows(checkpoint.read_table(model, table))
+    vectors = unit_rows(found.read_table(table))
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(np.ascontiguousarray(vectors[rows[~test]]))
     _, found = index.search(np.ascontiguousarray(vectors[rows[test]]), min(k, int((~test).sum())))
@@ -193,8 +196,7 @@ def labels_metrics(model: str, path: str, k: int = 10, key_col: str = "key", lab
 
 def save_and_print(model: str, name: str, metrics: dict) -> str:
     path = os.path.join(model, f"eval-{name}.json")
-    with open(path, "w") as fh:
-        json.dump(metrics, fh, indent=2)
+    storage.write_local(path, json.dumps(metrics, indent=2))
     width = max(len(k) for k in metrics)
     for key, value in metrics.items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -2,7 +2,7 @@
 
 Each checkpoint part (one parameter-server slice) is exported by its own task, and the tasks run in
 parallel: a thread pool here, Ray tasks under jobs/export.py (`runner=run_on_ray`). A task streams
-its part one record batch at a time (see iter_part_batches), so a process holds about one batch per
+its part one record batch at a time (checkpoint.ModelDir.batches), so a process holds about one batch per
 task and never the table: nothing gathers the table in one place.
 
     parquet, --out DIR             one part-SSSSS.parquet per checkpoint part, written in parallel
@@ -15,7 +15,6 @@ task and never the table: nothing gathers the table in one place.
 from __future__ import annotations
 
 import itertools
-import mmap
 import os
 import shutil
 import socket
@@ -31,10 +30,10 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import checkpoint, outputs
+from .checkpoint import ModelDir
 from .errors import UserError
 from .memwatch import peak_rss_bytes
 
-KEY_TABLES = {"docs": ("docs.arrow", "key"), "words": ("vocab.arrow", "token"), "words_out": ("vocab.arrow", "token")}
 FORMATS = ("parquet", "word2vec", "npy")
 # Unique keys and float vectors gain nothing from dictionary pages or vector statistics, and
 # computing them halves the write speed (measured: 0.6M vs 1.4M rows/s per writer at dim 100).
@@ -44,19 +43,6 @@ PARQUET_OPTIONS = {"compression": {"key": "snappy", "vector": "none"}, "use_dict
 
 # A runner calls fn(*args) for every args tuple and yields (position, result) as each finishes.
 Runner = Callable[[Callable, list[tuple]], Iterator[tuple[int, object]]]
-
-
-def keys_of(model: str, table: str) -> pa.Array:
-    """Row id → original key (user id or URL) for a table; the key files are sorted by id."""
-    if table not in KEY_TABLES:
-        raise UserError(f"unknown table {table!r} (choose from {', '.join(KEY_TABLES)})")
-    name, column = KEY_TABLES[table]
-    path = os.path.join(model, name)
-    if not os.path.exists(path):
-        raise UserError(f"{path}: missing; {model} is not a complete model directory")
-    with pa.memory_map(path) as source:
-        keys = pa.ipc.open_file(source).read_all().column(column)
-    return keys.combine_chunks()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -119,40 +105,6 @@ def where() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
-# ---------------------------------------------------------------------------------------------------
-# reading checkpoint parts in bounded memory
-# ---------------------------------------------------------------------------------------------------
-
-def iter_part_batches(vdir: str, part: dict, dim: int, verify: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(ids, float32 vectors) of one checkpoint part, a record batch at a time, without copying.
-
-    The part is memory-mapped, so a batch is a view of the file (reading it with plain reads cost
-    10× the CPU: allocating and faulting in every batch). Once the consumer is done with a batch,
-    its pages are dropped from this process (madvise DONTNEED; they stay in the page cache), so
-    the memory held is about one batch, not the part: a 5 GB part does not become 5 GB resident.
-    """
-    path = os.path.join(vdir, part["path"])
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: part file missing; the checkpoint is damaged")
-    if verify and checkpoint._sha256(path) != part["sha256"]:  # the same check iter_parts makes
-        raise UserError(f"{path}: checksum mismatch; the checkpoint is damaged")
-    with open(path, "rb") as fh:
-        # not closed explicitly: the mapping lives as long as any array viewing it, then unmaps
-        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    data = pa.py_buffer(mapped)
-    reader = pa.ipc.open_file(data)
-    rows = 0
-    for b in range(reader.num_record_batches):
-        batch = reader.get_batch(b)
-        rows += batch.num_rows
-        if batch.num_rows:
-            yield batch.column("id").to_numpy(), checkpoint.matrix_of(batch.column("vector"), dim)
-        end = max(buf.address + buf.size for column in batch.columns for buf in column.buffers() if buf) - data.address
-        mapped.madvise(mmap.MADV_DONTNEED, 0, min(end, len(mapped)))
-    if rows != part["rows"]:
-        raise UserError(f"{path}: {rows} rows, manifest says {part['rows']}")
-
-
 def unit_rows(matrix: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length; all-zero rows (never trained) stay zero."""
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
@@ -160,12 +112,12 @@ def unit_rows(matrix: np.ndarray) -> np.ndarray:
     return (matrix / norms).astype(np.float32)
 
 
-def part_chunks(model: str, table: str, part: int, normalize: bool, dtype: str,
+def part_chunks(model: str, version: int, table: str, part: int, normalize: bool, dtype: str,
                 keys: pa.Array | None = None) -> Iterator[tuple[np.ndarray, pa.Array, np.ndarray]]:
-    """(ids, keys, vectors) of one part, batch by batch, in the exported dtype."""
-    vdir, spec = checkpoint.table_spec(model, table)
-    keys = keys_of(model, table) if keys is None else keys
-    for ids, vectors in iter_part_batches(vdir, spec["parts"][part], spec["dim"]):
+    """(ids, keys, vectors) of one part of the model's `version`, batch by batch, in the exported dtype."""
+    found = ModelDir(model, version=version)
+    keys = found.keys(table) if keys is None else keys
+    for ids, vectors in found.batches(table, part):
         if normalize:
             vectors = unit_rows(vectors)
         yield ids, keys.take(pa.array(ids)).cast(pa.string()), vectors.astype(dtype, copy=False)
@@ -175,13 +127,13 @@ def part_chunks(model: str, table: str, part: int, normalize: bool, dtype: str,
 # one part → one piece of output (runs in a thread or a Ray task)
 # ---------------------------------------------------------------------------------------------------
 
-def export_part(model: str, table: str, part: int, format: str, piece: str, normalize: bool = False,
+def export_part(model: str, version: int, table: str, part: int, format: str, piece: str, normalize: bool = False,
                 dtype: str = "float32", keys: pa.Array | None = None,
                 on_rows: Callable[[int], object] | None = None) -> dict:
-    """Write part `part` of `table` to `piece` (its Parquet file, its word2vec text, or the shared
+    """Write part `part` of `table` (of the model's `version`) to `piece` (its Parquet file, its word2vec text, or the shared
     vectors.npy); returns the rows written and where it ran."""
     writers = {"parquet": write_parquet, "word2vec": write_word2vec_lines, "npy": write_npy_rows}
-    rows = writers[format](piece, part_chunks(model, table, part, normalize, dtype, keys), on_rows)
+    rows = writers[format](piece, part_chunks(model, version, table, part, normalize, dtype, keys), on_rows)
     return {"part": part, "rows": rows, **where()}
 
 
@@ -286,9 +238,9 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r} (choose from {', '.join(FORMATS)})")
     t0 = time.perf_counter()
-    model = checkpoint.local_copy(model)  # a remote model (s3://…) is exported from a verified local copy
-    _, spec = checkpoint.table_spec(model, table)
-    keys = keys_of(model, table)
+    found = ModelDir.served(model)  # a remote model (s3://…) is exported from a verified local copy
+    model, version, spec = found.path, found.version, found.spec(table)
+    keys = found.keys(table)
     if len(keys) != spec["rows"]:
         raise UserError(f"{model}: {len(keys)} keys but table {table} has {spec['rows']} rows")
     kind = output_kind(out, format)
@@ -300,13 +252,13 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
                file=sys.stderr)
     try:
         if format == "parquet" and out.endswith(".parquet"):
-            chunks = itertools.chain.from_iterable(part_chunks(model, table, p, normalize, dtype, keys)
+            chunks = itertools.chain.from_iterable(part_chunks(model, version, table, p, normalize, dtype, keys)
                                                    for p in range(len(spec["parts"])))
             write_parquet(tmp, chunks, bar.update)
             tasks = [{"part": p, "rows": part["rows"], **where()} for p, part in enumerate(spec["parts"])]
         else:
             targets = _start_output(format, tmp, pieces, keys, spec, dtype)
-            tasks = _run_parts(model, table, format, targets, normalize, dtype, keys, runner, bar)
+            tasks = _run_parts(model, version, table, format, targets, normalize, dtype, keys, runner, bar)
             if format == "word2vec":
                 _join_text(tmp, f"{spec['rows']} {spec['dim']}\n", targets)
         remove_path(pieces)
@@ -342,14 +294,14 @@ def _start_output(format: str, tmp: str, pieces: str, keys: pa.Array, spec: dict
     return [vectors for _ in parts]
 
 
-def _run_parts(model, table, format, targets, normalize, dtype, keys, runner, bar) -> list[dict]:
+def _run_parts(model, version, table, format, targets, normalize, dtype, keys, runner, bar) -> list[dict]:
     """One task per part. Threads share this process's key array and update the bar batch by batch;
     Ray tasks load the keys themselves and the bar moves as each part finishes."""
     if runner is None:
-        calls = [(model, table, p, format, target, normalize, dtype, keys, bar.update)
+        calls = [(model, version, table, p, format, target, normalize, dtype, keys, bar.update)
                  for p, target in enumerate(targets)]
         return sorted((r for _, r in run_local(export_part, calls)), key=lambda r: r["part"])
-    calls = [(model, table, p, format, target, normalize, dtype) for p, target in enumerate(targets)]
+    calls = [(model, version, table, p, format, target, normalize, dtype) for p, target in enumerate(targets)]
     done = []
     for _, result in runner(export_part, calls):
         bar.update(result["rows"])

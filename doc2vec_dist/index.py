@@ -51,13 +51,11 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import checkpoint, outputs
+from .checkpoint import ModelDir
 from .errors import UserError
 from .export import (
-    KEY_TABLES,
     Runner,
     check_replaceable,
-    iter_part_batches,
-    keys_of,
     npy_data_offset,
     remove_path,
     replace_output,
@@ -80,14 +78,11 @@ K_FACTOR = 5                  # ivfpq: candidates re-ranked per result wanted (1
 KEY_SCHEMA = pa.schema([("key", pa.string())])
 
 
-def url_log_prior(model: str) -> np.ndarray:
+def url_log_prior(model: ModelDir) -> np.ndarray:
     """ns_exponent · log count(w) per word id; -inf for words never seen in training."""
-    with open(os.path.join(model, "config.json")) as fh:
-        ns_exponent = json.load(fh)["ns_exponent"]
-    with pa.memory_map(os.path.join(model, "vocab.arrow")) as source:
-        counts = pa.ipc.open_file(source).read_all().column("count").to_numpy().astype(np.float64)
+    counts = model.vocab().column("count").to_numpy().astype(np.float64)
     with np.errstate(divide="ignore"):
-        return (ns_exponent * np.log(counts)).astype(np.float32)
+        return (model.config().ns_exponent * np.log(counts)).astype(np.float32)
 
 
 def prior_queries(doc_vectors: np.ndarray) -> np.ndarray:
@@ -115,7 +110,7 @@ class Unit:
     path: str
     rows: int
     offset: int              # faiss id of its first row
-    part: dict | None = None  # the manifest entry, for a checkpoint part
+    part: int | None = None  # its position in the table's manifest entry, for a checkpoint part
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,26 +121,20 @@ class Source:
     units: tuple[Unit, ...]
     model: str | None = None
     table: str | None = None
+    version: int | None = None  # the model's version every task reads
 
 
 def model_source(model: str, table: str) -> Source:
-    vdir, spec = checkpoint.table_spec(model, table)
-    if (count := key_count(model, table)) != spec["rows"]:
+    found = ModelDir(model)
+    spec = found.spec(table)
+    if (count := found.key_count(table)) != spec["rows"]:
         raise UserError(f"{model}: {count} keys but table {table} has {spec['rows']} rows")
+    vdir = checkpoint.version_dir(model, found.version)
     units, offset = [], 0
-    for part in spec["parts"]:
-        units.append(Unit(os.path.join(vdir, part["path"]), part["rows"], offset, part))
+    for i, part in enumerate(spec["parts"]):
+        units.append(Unit(os.path.join(vdir, part["path"]), part["rows"], offset, i))
         offset += part["rows"]
-    return Source(f"{model}:{table}", spec["dim"], offset, tuple(units), model, table)
-
-
-def key_count(model: str, table: str) -> int:
-    """Rows of a table's key file, without reading the keys (the file is memory-mapped)."""
-    path = os.path.join(model, KEY_TABLES[table][0])
-    if not os.path.exists(path):
-        raise UserError(f"{path}: missing; {model} is not a complete model directory")
-    with pa.memory_map(path) as source:
-        return pa.ipc.open_file(source).read_all().num_rows
+    return Source(f"{model}:{table}", spec["dim"], offset, tuple(units), model, table, found.version)
 
 
 def parquet_source(path: str) -> Source:
@@ -176,8 +165,9 @@ def parquet_source(path: str) -> Source:
 def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
     """(keys, float32 vectors) of one unit, a batch at a time."""
     if source.model is not None:
-        keys = keys_of(source.model, source.table) if keys is None else keys
-        for ids, vectors in iter_part_batches(os.path.dirname(os.path.dirname(unit.path)), unit.part, source.dim):
+        found = ModelDir(source.model, version=source.version)
+        keys = found.keys(source.table) if keys is None else keys
+        for ids, vectors in found.batches(source.table, unit.part):
             yield keys.take(pa.array(ids)), vectors
         return
     for batch in pq.ParquetFile(unit.path).iter_batches(batch_size=1 << 16, columns=["key", "vector"]):
@@ -576,7 +566,7 @@ def _stage(tmp: str, source: Source, vectors_path: str, train_rows: int, seed: i
     calls = [(source, unit, vectors_path, piece, round(train_rows * unit.rows / source.rows), seed)
              for unit, piece in zip(source.units, pieces)]
     bar = _bar(progress, source.rows, "stage vectors")
-    shared = (keys_of(source.model, source.table) if source.model is not None else None, bar.update)
+    shared = (ModelDir(source.model).keys(source.table) if source.model is not None else None, bar.update)
     samples, tasks = {}, []
     for i, result in _runner_calls(runner, stage_unit, calls, shared):
         samples[i] = result.pop("sample")

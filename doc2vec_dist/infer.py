@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import sys
 import tempfile
@@ -82,7 +81,7 @@ def initial_vectors(keys: list[str], dim: int, seed: int) -> np.ndarray:
 
 @dataclass
 class Settings:
-    """What inference needs from the model's config.json, with the overrides applied."""
+    """What inference needs from the model's TrainConfig (ModelDir.config), with the overrides applied."""
 
     mode: str
     dim: int
@@ -101,34 +100,18 @@ class Settings:
 
 def model_settings(model: str, epochs: int | None = None, alpha: float | None = None,
                    min_alpha: float | None = None, seed: int = 1, batch_users: int = DEFAULT_BATCH_USERS) -> Settings:
-    """The model's training settings (MODEL/config.json, else the manifest's copy) and the overrides."""
+    """The model's training settings (ModelDir.config: config.json, else the manifest's copy) and the overrides."""
     if not os.path.isdir(model):
         raise UserError(f"{model}: no such model directory")
-    _, manifest = checkpoint.load_manifest(model)  # names the directory if it is not a trained model
-    path = os.path.join(model, "config.json")
-    if os.path.isfile(path):
-        try:
-            with open(path) as fh:
-                cfg = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{path}: cannot read ({exc})") from None
-    elif isinstance(manifest.get("config"), dict):
-        cfg = manifest["config"]
-    else:
-        raise UserError(f"{path}: missing; the model's training settings are needed to infer with it")
-    missing = [k for k in ("mode", "dim", "negative", "sample", "alpha", "min_alpha", "ns_exponent", "epochs")
-               if k not in cfg]
-    if missing:
-        raise UserError(f"{path}: missing settings: {', '.join(missing)}")
-    s = Settings(mode=cfg["mode"], dim=int(cfg["dim"]), negative=int(cfg["negative"]), sample=float(cfg["sample"]),
-                 ns_exponent=float(cfg["ns_exponent"]), window=int(cfg.get("window", 5)),
-                 micro_batch=int(cfg.get("micro_batch", 1024)),
-                 alpha=float(cfg["alpha"] if alpha is None else alpha),
-                 min_alpha=float(cfg["min_alpha"] if min_alpha is None else min_alpha),
-                 epochs=int(cfg["epochs"] if epochs is None else epochs), seed=int(seed), batch_users=int(batch_users),
-                 optimizer=str(cfg.get("optimizer", "sgd")))
-    checks = [(s.mode in ("dbow", "dm"), f"{path}: mode {s.mode!r} is not dbow or dm"),
-              (s.epochs > 0, f"epochs must be > 0, not {s.epochs}"),
+    found = checkpoint.ModelDir(model)  # names the directory if it is not a trained model
+    cfg = found.config()
+    s = Settings(mode=cfg.mode, dim=cfg.dim, negative=cfg.negative, sample=cfg.sample, ns_exponent=cfg.ns_exponent,
+                 window=cfg.window, micro_batch=cfg.micro_batch,
+                 alpha=float(cfg.alpha if alpha is None else alpha),
+                 min_alpha=float(cfg.min_alpha if min_alpha is None else min_alpha),
+                 epochs=int(cfg.epochs if epochs is None else epochs), seed=int(seed), batch_users=int(batch_users),
+                 optimizer=cfg.optimizer)
+    checks = [(s.epochs > 0, f"epochs must be > 0, not {s.epochs}"),
               (s.alpha > 0, f"alpha must be > 0, not {s.alpha}"),
               (0 <= s.min_alpha <= s.alpha, f"min_alpha ({s.min_alpha}) must lie in [0, alpha={s.alpha}]"),
               (s.seed >= 0, f"seed must be >= 0, not {s.seed}"),
@@ -136,13 +119,12 @@ def model_settings(model: str, epochs: int | None = None, alpha: float | None = 
     for ok, message in checks:
         if not ok:
             raise UserError(message)
-    tables = manifest["tables"]
     needed = ("words_out", "words") if s.mode == "dm" else ("words_out",)
     for name in needed:
-        if name not in tables:
+        if name not in found.manifest["tables"]:
             raise UserError(f"{model}: table {name!r} is missing from the checkpoint; cannot infer {s.mode} vectors")
-        if int(tables[name]["dim"]) != s.dim:
-            raise UserError(f"{model}: table {name} has {tables[name]['dim']} dims, config.json says {s.dim}")
+        if found.spec(name)["dim"] != s.dim:
+            raise UserError(f"{model}: table {name} has {found.spec(name)['dim']} dims, config.json says {s.dim}")
     return s
 
 
@@ -154,12 +136,10 @@ class Inferrer:
         """table(name) gives a whole table as [rows, dim] float32 (default: read from the checkpoint);
         Model.infer passes its cached loader so repeated calls read the tables once."""
         self.model, self.s = model, settings
-        load = table or (lambda name: checkpoint.read_table(model, name))
-        vocab_path = os.path.join(model, "vocab.arrow")
-        if not os.path.isfile(vocab_path):
-            raise UserError(f"{vocab_path}: missing; {model} is not a complete model directory")
-        with pa.memory_map(vocab_path) as source:
-            vocab = pa.ipc.open_file(source).read_all()
+        found = checkpoint.ModelDir(model)
+        load = table or found.read_table
+        vocab = found.vocab()
+        vocab_path = found.store.show("vocab.arrow")
         self.vocab_tokens = vocab.column("token").combine_chunks()
         counts = vocab.column("count").to_numpy().astype(np.int64)
         self.words_out = torch.from_numpy(np.ascontiguousarray(load("words_out"), dtype=np.float32))

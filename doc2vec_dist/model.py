@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from . import checkpoint
 from .corpus import id_string
 from .errors import UserError
-from .export import keys_of, unit_rows
+from .export import unit_rows
 from .index import ServedIndex, lookup, neighbor_table, prior_queries, prior_targets, url_log_prior
 
 
@@ -55,9 +55,10 @@ class _MappedPart:
 
 class Model:
     def __init__(self, path: str):
-        path = checkpoint.local_copy(path)  # a remote model (s3://…) is used from a verified local copy
-        checkpoint.load_manifest(path)  # fails early, naming the directory, if it is not a model
-        self.path = path
+        # fails early, naming the directory, if it is not a model; a remote model (s3://…) is used
+        # from a verified local copy
+        self.dir = checkpoint.ModelDir.served(path)
+        self.path = self.dir.path
         self._keys: dict[str, pa.Array] = {}
         self._tables: dict[str, np.ndarray] = {}
         self._parts: dict[str, list[_MappedPart]] = {}
@@ -70,13 +71,13 @@ class Model:
 
     def keys(self, table: str = "docs") -> pa.Array:
         if table not in self._keys:
-            self._keys[table] = keys_of(self.path, table).cast(pa.string())
+            self._keys[table] = self.dir.keys(table).cast(pa.string())
         return self._keys[table]
 
     def table(self, name: str = "docs") -> np.ndarray:
         """The whole table in memory (what an exact scan needs)."""
         if name not in self._tables:
-            self._tables[name] = checkpoint.read_table(self.path, name)
+            self._tables[name] = self.dir.read_table(name)
         return self._tables[name]
 
     def rows(self, keys: str | int | list, table: str = "docs") -> np.ndarray:
@@ -96,8 +97,7 @@ class Model:
         only the pages of the wanted rows are read."""
         if table in self._tables:
             return self._tables[table][rows]
-        _, spec = checkpoint.table_spec(self.path, table)
-        out = np.zeros((len(rows), spec["dim"]), np.float32)
+        out = np.zeros((len(rows), self.dir.spec(table)["dim"]), np.float32)
         for part in self._mapped_parts(table):
             if not len(part.ids):
                 continue
@@ -114,8 +114,8 @@ class Model:
 
     def _mapped_parts(self, table: str) -> list[_MappedPart]:
         if table not in self._parts:
-            # each part checked as every reader checks it (checkpoint._open_part), then used in place
-            self._parts[table] = [_MappedPart.of(batches) for batches in checkpoint.part_batches(self.path, table)]
+            # each part checked as every reader checks it (ModelDir), then used in place
+            self._parts[table] = [_MappedPart.of(batches) for batches in self.dir.parts(table)]
         return self._parts[table]
 
     def _index(self, table: str, against: str) -> faiss.Index:
@@ -123,7 +123,7 @@ class Model:
         if (table, against) not in self._indexes:
             targets = self.table(against)
             if table == "docs" and against == "words_out":
-                targets = prior_targets(targets, url_log_prior(self.path))
+                targets = prior_targets(targets, url_log_prior(self.dir))
             else:
                 targets = unit_rows(targets)
             index = faiss.IndexFlatIP(targets.shape[1])
@@ -172,7 +172,7 @@ class Model:
 
     def _query_vectors(self, vectors, table: str) -> np.ndarray:
         """[n, dim] float32 from a [dim] or [n, dim] array-like, checked against the table's dim."""
-        _, spec = checkpoint.table_spec(self.path, table)
+        spec = self.dir.spec(table)
         try:
             queries = np.asarray(vectors, dtype=np.float32)
         except (TypeError, ValueError):

@@ -79,7 +79,7 @@ class ParameterServer:
         self.locks: dict[str, threading.Lock] = {}
         self.restored_version: int | None = None
         manifest = None
-        if model is not None and checkpoint.exists(model, "LATEST"):
+        if model is not None and checkpoint.latest_version(model) is not None:
             _, manifest = checkpoint.load_manifest(model)
             self.restored_version = int(manifest["version"])
         for i, (name, spec) in enumerate(sorted(tables.items())):

@@ -17,7 +17,7 @@ import uuid
 import ray
 from tqdm import tqdm
 
-from . import checkpoint
+from . import checkpoint, storage
 from .config import TrainConfig, build, coerce
 from .corpus import Corpus
 from .errors import UserError
@@ -224,7 +224,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     """
     config.validate()
     corpus = Corpus(corpus_path)
-    out = checkpoint.model_path(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
+    out = storage.location(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
     if config.resume:
         resume = _Resume.of(out, config, corpus)
         print(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)", file=sys.stderr)
@@ -255,8 +255,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         summary["warnings"] = warned
         summary["model"] = out
         summary["version"] = checkpoint.latest_version(out)
-        checkpoint.write_json(out, "config.json", {**dataclasses.asdict(config), "corpus": corpus.path,
-                                                   "summary": summary})
+        checkpoint.write_config(out, config, corpus.path, summary=summary)
         made = None  # finished: nothing to undo
         return summary
     except BaseException as exc:
@@ -281,7 +280,7 @@ def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool
     """What became of `out` after a run that wrote to it and stopped, on one line: removed (a fresh
     run with no checkpoint yet) or kept, with the command that resumes it."""
     what = "interrupted" if interrupted else "training stopped"
-    version = checkpoint.latest_version(out) if checkpoint.exists(out, "LATEST") else None
+    version = checkpoint.latest_version(out)
     if version is None:
         removed = made is not None and checkpoint.discard_unfinished(out, made)
         return f"{what} before the first checkpoint: " + (f"removed what this run wrote to {out}" if removed

@@ -19,8 +19,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
+from doc2vec_dist.checkpoint import KEY_TABLES
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import FORMATS, KEY_TABLES, export, run_on_ray
+from doc2vec_dist.export import FORMATS, export, run_on_ray
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -61,7 +61,7 @@ def bench(corpus_path: str, config: TrainConfig, out: str | None, heldout: str |
         if out:
             checkpoint.commit_training(out, config, corpus, lambda v: [s.server.save(out, v) for s in servers],
                                        config.epochs, None, stats_of)
-            checkpoint.write_json(out, "config.json", {**dataclasses.asdict(config), "corpus": corpus.path})
+            checkpoint.write_config(out, config, corpus.path)
             made = None
     finally:
         close()

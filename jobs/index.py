@@ -21,8 +21,9 @@ from doc2vec_dist.export import calm_openmp
 
 calm_openmp()  # before faiss is imported
 
+from doc2vec_dist.checkpoint import KEY_TABLES
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import KEY_TABLES, run_on_ray
+from doc2vec_dist.export import run_on_ray
 from doc2vec_dist.index import KINDS, build_index, summary_line
 
 

@@ -174,11 +174,12 @@ def _newsgroups(work: str, quick: bool) -> Set:
 def leave_one_out_accuracy(model: str, labels: list[str], k: int = 10) -> float:
     """Share of documents whose k nearest others (cosine) carry their label by majority. With 200
     posts, evaluate --labels' fixed 80/20 split would score 40 (steps of 0.025); this scores all 200."""
-    from doc2vec_dist import checkpoint
-    from doc2vec_dist.export import keys_of, unit_rows
+    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.export import unit_rows
 
-    vectors = unit_rows(checkpoint.read_table(model, "docs"))
-    keys = keys_of(model, "docs").to_pylist()
+    found = ModelDir(model)
+    vectors = unit_rows(found.read_table("docs"))
+    keys = found.keys("docs").to_pylist()
     truth = np.array([labels[int(key)] for key in keys])  # text keys are line numbers
     similarity = vectors @ vectors.T
     np.fill_diagonal(similarity, -np.inf)

@@ -57,7 +57,7 @@ def write_model(model: str, rows: int, dim: int = 100, parts: int = 4, clusters:
                 seed: int = 0, chunk: int = 1 << 20) -> str:
     """A model directory with a `docs` table only, written with checkpoint.write_slice and commit."""
     if os.path.exists(os.path.join(model, "LATEST")):
-        _, spec = checkpoint.table_spec(model, "docs")
+        spec = checkpoint.ModelDir(model).spec("docs")
         if (spec["rows"], spec["dim"], len(spec["parts"])) == (rows, dim, parts):
             print(f"model: reusing {model}", file=sys.stderr)
             return model

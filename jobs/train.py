@@ -176,9 +176,9 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
 
 
 def _first_key(model: str) -> str:
-    from doc2vec_dist.export import keys_of
+    from doc2vec_dist.checkpoint import ModelDir
 
-    return keys_of(model, "docs")[0].as_py()
+    return ModelDir(model).keys("docs")[0].as_py()
 
 
 def report(result: dict, job: JobConfig) -> None:

@@ -10,12 +10,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint
+from doc2vec_dist import checkpoint, storage
 from doc2vec_dist.baseline import train_gensim
+from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import export, keys_of
+from doc2vec_dist.export import export
 from doc2vec_dist.index import neighbors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,7 +94,7 @@ def test_neighbors_on_the_gensim_model_find_the_planted_communities(gensim_run):
     model, _, _ = gensim_run
     truth = pq.read_table(TRUTH_USERS, columns=["user_id", "community"])
     community = dict(zip(truth.column("user_id").to_pylist(), truth.column("community").to_pylist()))
-    users = keys_of(model, "docs").to_pylist()[::100][:50]
+    users = ModelDir(model).keys("docs").to_pylist()[::100][:50]
     result = neighbors(model, users, k=10).to_pydict()
     assert result["rank"][:10] == list(range(1, 11))
     share = np.mean([community[q] == community[n] for q, n in zip(result["key"], result["neighbor"])])
@@ -249,7 +250,7 @@ def test_both_gensim_modes_train_every_document_and_say_which_ran(sample_corpus,
                  "0", "--workers", "2", "--gensim-mode", gensim_mode, "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert f"gensim ({gensim_mode} mode): " in printed and f"model: {out} (checkpoint v1)" in printed
-    summary = checkpoint.read_json(out, "config.json")["summary"]
+    summary = storage.read_json(out, "config.json")["summary"]
     assert summary["gensim_mode"] == gensim_mode and summary["docs_cut"] == 0
     docs = checkpoint.read_table(out, "docs")
     assert docs.shape == (Corpus(sample_corpus[0]).num_docs, 16)

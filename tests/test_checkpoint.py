@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from doc2vec_dist import checkpoint
+from doc2vec_dist import checkpoint, storage
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.sharding import global_rows, rows_on_shard
 
@@ -61,7 +61,8 @@ def test_two_shard_round_trip_gives_back_the_exact_matrix(tmp_path):
                                                   for s in range(SHARDS)]
     assert manifest["epoch"] == 1  # extra keys are kept in the manifest
 
-    parts = list(checkpoint.iter_parts(model, "docs"))
+    parts = [(np.concatenate([b[0] for b in part]), np.concatenate([b[1] for b in part]))
+             for part in checkpoint.ModelDir(model).parts("docs")]
     assert len(parts) == SHARDS
     for shard, (ids, vectors) in enumerate(parts):
         np.testing.assert_array_equal(ids, np.arange(shard, ROWS, SHARDS))
@@ -360,7 +361,7 @@ def test_commit_refuses_a_manifest_it_could_not_read_back(tmp_path):
         checkpoint.commit(model, 1, {"docs": parts}, {"docs": DIM}, {"lr": "high"}, keep=2)
     with pytest.raises(ValueError, match="version"):
         checkpoint.commit(model, 1, {"docs": parts}, {"docs": DIM}, {"version": 9}, keep=2)
-    assert not checkpoint.exists(model, "LATEST")
+    assert not storage.exists(model, "LATEST")
 
 
 def test_commit_refuses_a_version_whose_part_is_missing(tmp_path):
@@ -392,27 +393,27 @@ def test_relative_paths_cannot_leave_the_model_directory(tmp_path):
     model = str(tmp_path / "m")
     for bad in ("../x.json", "/etc/passwd", "a/../../b", "s3://b/k", "", "a//b"):
         with pytest.raises(UserError, match="escapes the model directory"):
-            checkpoint.write_json(model, bad, {})
+            storage.write_json(model, bad, {})
         with pytest.raises(UserError, match="escapes the model directory"):
-            checkpoint.read_json(model, bad)
+            storage.read_json(model, bad)
     assert not os.path.exists(tmp_path / "x.json")
 
 
 def test_json_helpers_round_trip_atomically(tmp_path):
     model = str(tmp_path / "m")
-    assert not checkpoint.exists(model, "config.json")
-    checkpoint.write_json(model, "config.json", {"dim": 4, "alpha": 0.025})
-    assert checkpoint.exists(model, "config.json")
-    assert checkpoint.read_json(model, "config.json") == {"dim": 4, "alpha": 0.025}
+    assert not storage.exists(model, "config.json")
+    storage.write_json(model, "config.json", {"dim": 4, "alpha": 0.025})
+    assert storage.exists(model, "config.json")
+    assert storage.read_json(model, "config.json") == {"dim": 4, "alpha": 0.025}
     assert os.listdir(model) == ["config.json"]  # no temporary file left beside it
     with open(os.path.join(model, "broken.json"), "w") as fh:
         fh.write("{")
     with pytest.raises(UserError, match="broken.json: not valid JSON"):
-        checkpoint.read_json(model, "broken.json")
+        storage.read_json(model, "broken.json")
     with pytest.raises(UserError, match="nothing.json: missing"):
-        checkpoint.read_json(model, "nothing.json")
-    assert checkpoint.model_path("rel/model") == os.path.abspath("rel/model")
-    assert checkpoint.model_path("s3://b/m?scheme=http") == "s3://b/m?scheme=http"
+        storage.read_json(model, "nothing.json")
+    assert storage.location("rel/model") == os.path.abspath("rel/model")
+    assert storage.location("s3://b/m?scheme=http") == "s3://b/m?scheme=http"
     assert checkpoint.local_copy(model) == model  # a local model is used where it is
 
 
@@ -428,7 +429,7 @@ def test_a_partial_version_is_skipped_then_pruned_once_a_newer_one_is_committed(
     assert checkpoint.next_version(model) == 4  # a partial version's number is never reused
     assert checkpoint.latest_version(model) == 1
 
-    checkpoint._prune_store(checkpoint._store(model), keep=1)  # what each commit runs after moving LATEST
+    checkpoint._prune_store(storage.Store.of(model), keep=1)  # what each commit runs after moving LATEST
     assert versions_on_disk(model) == ["v1", "v2", "v3"]  # nothing newer than LATEST is touched
 
     parts = [checkpoint.write_slice(model, 4, "docs", 0, 1, np.arange(ROWS), full_matrix(4))]
@@ -561,7 +562,7 @@ def test_a_full_disk_during_a_checkpoint_leaves_the_previous_version_loadable(tm
     full = pafs.PyFileSystem(handler)
 
     root = os.path.abspath(model)
-    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left on device") as err:
+    with pytest.raises(storage.CheckpointWriteError, match="No space left on device") as err:
         version = checkpoint.next_version(root, fs=full)
         assert version == 2
         parts = [checkpoint.write_slice(root, version, "docs", s, SHARDS, np.arange(s, ROWS, SHARDS),

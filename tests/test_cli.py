@@ -113,9 +113,9 @@ def test_prepare_of_a_missing_path_exits_2(tmp_path, capsys):
 
 
 def test_neighbors_prints_ranked_lines(trained_model, capsys):
-    from doc2vec_dist.export import keys_of
+    from doc2vec_dist.checkpoint import ModelDir
 
-    key = keys_of(trained_model, "docs")[0].as_py()
+    key = ModelDir(trained_model).keys("docs")[0].as_py()
     code, out, _ = run(capsys, "neighbors", "--model", trained_model, "--key", key, "--k", "5")
     assert code == 0
     header, *lines = out.strip().splitlines()
@@ -344,9 +344,9 @@ def test_gensim_habits_get_one_line_that_names_our_flag(tmp_path, capsys, argv, 
 
 def test_neighbors_prints_a_header_then_the_rows_of_model_neighbors(trained_model, capsys):
     from doc2vec_dist import Model
-    from doc2vec_dist.export import keys_of
+    from doc2vec_dist.checkpoint import ModelDir
 
-    key = keys_of(trained_model, "docs")[3].as_py()
+    key = ModelDir(trained_model).keys("docs")[3].as_py()
     for extra in ([], ["--against", "words_out"]):
         code, out, _ = run(capsys, "neighbors", "--model", trained_model, "--key", key, "--k", "4", *extra)
         assert code == 0

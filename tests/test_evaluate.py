@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics, pairs_metrics, read_pairs
-from doc2vec_dist.export import keys_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRUTH_USERS = os.path.join(ROOT, "data", "sample", "truth", "users.parquet")
@@ -108,7 +108,7 @@ def test_a_missing_matrix_pairs_file_is_a_user_error(tmp_path):
 def test_same_community_pairs_are_more_similar_than_different_community_pairs(trained_model, tmp_path):
     truth = pq.read_table(TRUTH_USERS, columns=["user_id", "community"])
     community = dict(zip(truth.column("user_id").to_pylist(), truth.column("community").to_pylist()))
-    users = keys_of(trained_model, "docs").to_pylist()
+    users = ModelDir(trained_model).keys("docs").to_pylist()
     rng = np.random.default_rng(0)
     same, different = [], []  # 100 random pairs of each kind
     while len(same) < 100 or len(different) < 100:
@@ -127,7 +127,7 @@ def test_same_community_pairs_are_more_similar_than_different_community_pairs(tr
 
 
 def test_pairs_with_an_unknown_key_are_a_user_error(trained_model, tmp_path):
-    user = keys_of(trained_model, "docs")[0].as_py()
+    user = ModelDir(trained_model).keys("docs")[0].as_py()
     path = str(tmp_path / "pairs.csv")
     with open(path, "w") as fh:
         fh.write(f"key1,key2,score\n{user},nobody,1\n{user},{user},0\n")
@@ -167,8 +167,9 @@ def test_heldout_metrics_reads_only_the_evaluated_users_rows(trained_model, samp
     full = checkpoint.read_table(trained_model, "docs")
     ids = np.array([0, 7, 123, len(full) - 1], dtype=np.int64)
     np.testing.assert_array_equal(Model(trained_model).gather("docs", ids), full[ids])
-    read = checkpoint.read_table
+    read = checkpoint.ModelDir.read_table  # every whole-table read of a model goes through ModelDir
     tables = []
-    monkeypatch.setattr(checkpoint, "read_table", lambda model, table, *a, **k: tables.append(table) or read(model, table, *a, **k))
+    monkeypatch.setattr(checkpoint.ModelDir, "read_table",
+                        lambda self, table, *a, **k: tables.append(table) or read(self, table, *a, **k))
     m = heldout_metrics(trained_model, sample_corpus[1], max_users=100)
     assert tables == ["words_out"] and m["users"] == 100 and 0 < m["model_recall@10"] <= 1

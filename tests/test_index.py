@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import checkpoint
+from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import export, keys_of, unit_rows
+from doc2vec_dist.export import export, unit_rows
 from doc2vec_dist.index import ServedIndex, build_index, ivfpq_shape, neighbors, resolve_kind
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,7 @@ def url_community() -> dict[str, int]:
 @pytest.fixture(scope="module")
 def query_users(trained_model) -> list[str]:
     """50 users spread over the id range (ids are in order of first appearance, not by community)."""
-    return keys_of(trained_model, "docs").to_pylist()[::100][:50]
+    return ModelDir(trained_model).keys("docs").to_pylist()[::100][:50]
 
 
 def read_index_dir(out: str, kind: str = "flat") -> tuple[faiss.Index, list[str], dict]:
@@ -52,8 +53,8 @@ def read_index_dir(out: str, kind: str = "flat") -> tuple[faiss.Index, list[str]
 
 def export_order(model: str) -> list[str]:
     """Keys part by part, as export writes them and as faiss ids are given."""
-    keys = keys_of(model, "docs")
-    return [k for ids, _ in checkpoint.iter_parts(model, "docs") for k in keys.take(ids).to_pylist()]
+    keys = ModelDir(model).keys("docs")
+    return [k for part in ModelDir(model).parts("docs") for ids, _ in part for k in keys.take(ids).to_pylist()]
 
 
 # the build tunes its search to recall 0.96 on one query sample; on 5,000 rows the figure measured on
@@ -74,7 +75,7 @@ def test_build_index_writes_index_keys_and_params(trained_model, tmp_path, kind,
 
     # the index searches cosine: a user's own normalised vector finds that user first
     served = ServedIndex.load(out)
-    all_keys = keys_of(trained_model, "docs").to_pylist()
+    all_keys = ModelDir(trained_model).keys("docs").to_pylist()
     matrix = checkpoint.read_table(trained_model, "docs")
     picked = [keys[i] for i in range(0, 5000, 1000)]
     v = matrix[[all_keys.index(k) for k in picked]]
@@ -95,7 +96,7 @@ def test_ivfpq_is_trained_on_a_sample_and_reranks_with_exact_scores(trained_mode
     # recall checked here independently of the build: 200 users against numpy's exact cosine
     keys = pq.read_table(os.path.join(out, "keys.parquet")).column("key").to_pylist()
     matrix = checkpoint.read_table(trained_model, "docs")
-    row_of = {k: i for i, k in enumerate(keys_of(trained_model, "docs").to_pylist())}
+    row_of = {k: i for i, k in enumerate(ModelDir(trained_model).keys("docs").to_pylist())}
     unit = matrix[[row_of[k] for k in keys]]
     unit /= np.linalg.norm(unit, axis=1, keepdims=True)
     queries = unit[::25]
@@ -200,7 +201,7 @@ def test_neighbors_are_ranked_without_the_query_and_scores_descend(trained_model
     assert all(-1.0 - 1e-5 <= s <= 1.0 + 1e-5 for s in scores)  # cosine
 
     # the scores are the cosine of the checkpoint rows
-    keys = keys_of(trained_model, "docs").to_pylist()
+    keys = ModelDir(trained_model).keys("docs").to_pylist()
     matrix = checkpoint.read_table(trained_model, "docs")
     a, b = matrix[keys.index(query)], matrix[keys.index(result["neighbor"][0])]
     assert scores[0] == pytest.approx(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), abs=1e-4)
@@ -235,7 +236,7 @@ def test_an_unknown_key_suggests_the_near_miss(trained_model, query_users):
 
 
 def test_similar_urls_for_a_url_by_cosine_of_words_out(trained_model, sample_corpus):
-    urls = keys_of(trained_model, "words_out").to_pylist()
+    urls = ModelDir(trained_model).keys("words_out").to_pylist()
     result = neighbors(trained_model, [urls[4]], k=5, table="words_out").to_pydict()
     assert result["rank"] == [1, 2, 3, 4, 5] and urls[4] not in result["neighbor"]
     unit = unit_rows(checkpoint.read_table(trained_model, "words_out"))  # a never-trained URL stays zero

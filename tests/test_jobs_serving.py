@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from doc2vec_dist import checkpoint
-from doc2vec_dist.export import keys_of
+from doc2vec_dist.checkpoint import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, tra
     assert sorted(os.listdir(out)) == [".doc2vec-dist.json", "part-00000.parquet", "part-00001.parquet"]
     table = pq.read_table(out)
     assert table.num_rows == 5000 and sorted(table.column("key").to_pylist()) == sorted(
-        keys_of(trained_model, "docs").to_pylist())
+        ModelDir(trained_model).keys("docs").to_pylist())
     vectors = checkpoint.matrix_of(table.column("vector"), 32)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 

@@ -9,22 +9,22 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import Model, checkpoint
+from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import keys_of
 
 
 def test_vector_is_the_checkpoint_row_of_that_key(trained_model):
     model = Model.load(trained_model)
-    keys = keys_of(trained_model, "docs").to_pylist()
+    keys = ModelDir(trained_model).keys("docs").to_pylist()
     docs = checkpoint.read_table(trained_model, "docs")
     np.testing.assert_array_equal(model.vector(keys[17]), docs[17])
-    url = keys_of(trained_model, "words_out")[3].as_py()
+    url = ModelDir(trained_model).keys("words_out")[3].as_py()
     np.testing.assert_array_equal(model.vector(url, table="words_out"), checkpoint.read_table(trained_model, "words_out")[3])
 
 
 def test_neighbors_of_many_keys_at_once_and_cosine_scores(trained_model):
     model = Model.load(trained_model)
-    keys = keys_of(trained_model, "docs").to_pylist()[:3]
+    keys = ModelDir(trained_model).keys("docs").to_pylist()[:3]
     result = model.neighbors(keys, k=5)
     assert result.num_rows == 15
     assert result.column("key").to_pylist() == [k for k in keys for _ in range(5)]
@@ -36,13 +36,13 @@ def test_neighbors_of_many_keys_at_once_and_cosine_scores(trained_model):
 
 def test_urls_for_a_user_are_scored_by_log_probability(trained_model):
     model = Model.load(trained_model)
-    user = keys_of(trained_model, "docs")[5].as_py()
+    user = ModelDir(trained_model).keys("docs")[5].as_py()
     top = model.neighbors(user, k=3, against="words_out").to_pylist()
     d = model.vector(user)
     from doc2vec_dist.index import url_log_prior
 
-    prior = url_log_prior(trained_model)
-    urls = keys_of(trained_model, "words_out").to_pylist()
+    prior = url_log_prior(ModelDir(trained_model))
+    urls = ModelDir(trained_model).keys("words_out").to_pylist()
     expected = checkpoint.read_table(trained_model, "words_out") @ d + prior
     best = np.argsort(-expected)[:3]
     assert [r["neighbor"] for r in top] == [urls[i] for i in best]
@@ -51,7 +51,7 @@ def test_urls_for_a_user_are_scored_by_log_probability(trained_model):
 
 def test_indexes_are_built_once_per_table_pair(trained_model):
     model = Model.load(trained_model)
-    key = keys_of(trained_model, "docs")[0].as_py()
+    key = ModelDir(trained_model).keys("docs")[0].as_py()
     model.neighbors(key)
     index = model._index("docs", "docs")
     model.neighbors(key, k=3)
@@ -60,14 +60,14 @@ def test_indexes_are_built_once_per_table_pair(trained_model):
 
 def test_unknown_key_and_non_model_are_clear_errors(trained_model, tmp_path):
     with pytest.raises(UserError, match="did you mean"):
-        Model.load(trained_model).vector(keys_of(trained_model, "docs")[0].as_py()[:-1])
+        Model.load(trained_model).vector(ModelDir(trained_model).keys("docs")[0].as_py()[:-1])
     with pytest.raises(UserError, match="not a trained model"):
         Model.load(str(tmp_path))
 
 
 def test_a_vector_is_read_from_the_parts_without_loading_the_table(trained_model):
     model = Model.load(trained_model)
-    keys = keys_of(trained_model, "docs").to_pylist()
+    keys = ModelDir(trained_model).keys("docs").to_pylist()
     docs = checkpoint.read_table(trained_model, "docs")
     picked = [keys[i] for i in (4999, 0, 2501, 2)]  # rows from both parts, out of order
     np.testing.assert_array_equal(model.vectors(picked), docs[[4999, 0, 2501, 2]])
@@ -76,7 +76,7 @@ def test_a_vector_is_read_from_the_parts_without_loading_the_table(trained_model
 
 def test_similar_urls_for_a_url(trained_model):
     model = Model.load(trained_model)
-    url = keys_of(trained_model, "words_out")[0].as_py()
+    url = ModelDir(trained_model).keys("words_out")[0].as_py()
     result = model.neighbors(url, k=4, table="words_out").to_pylist()
     assert [r["rank"] for r in result] == [1, 2, 3, 4] and all(r["neighbor"] != url for r in result)
     a, b = model.vector(url, "words_out"), model.vector(result[0]["neighbor"], "words_out")
@@ -89,7 +89,7 @@ def test_neighbors_on_a_saved_ivfpq_index(trained_model, tmp_path):
     index = str(tmp_path / "users.index")
     build_index(index, kind="ivfpq", model=trained_model, progress=False)
     model = Model.load(trained_model)
-    keys = keys_of(trained_model, "docs").to_pylist()[:20]
+    keys = ModelDir(trained_model).keys("docs").to_pylist()[:20]
     served = model.neighbors(keys, k=5, index=index)
     exact = model.neighbors(keys, k=5)
     assert served.num_rows == 100 and all(r["key"] != r["neighbor"] for r in served.to_pylist())
@@ -132,7 +132,7 @@ def numeric_model(tmp_path_factory):
 
 def test_integer_keys_are_the_strings_prepare_made_of_them(numeric_model):
     model = Model.load(numeric_model)
-    keys = keys_of(numeric_model, "docs").to_pylist()
+    keys = ModelDir(numeric_model).keys("docs").to_pylist()
     assert "100000" in keys  # prepare made the number a string
     docs = checkpoint.read_table(numeric_model, "docs")
     np.testing.assert_array_equal(model.vector(100000), docs[keys.index("100000")])
@@ -171,10 +171,10 @@ def test_neighbors_of_a_user_just_inferred(numeric_model, tmp_path):
     from doc2vec_dist.index import build_index
 
     model = Model.load(numeric_model)
-    urls = keys_of(numeric_model, "words_out").to_pylist()
+    urls = ModelDir(numeric_model).keys("words_out").to_pylist()
     inferred = model.infer({"alice": urls[:6]}, progress=False)
     found = model.neighbors(vectors=inferred[0], k=5).to_pylist()
-    docs, keys = checkpoint.read_table(numeric_model, "docs"), keys_of(numeric_model, "docs").to_pylist()
+    docs, keys = checkpoint.read_table(numeric_model, "docs"), ModelDir(numeric_model).keys("docs").to_pylist()
     cosine = docs @ inferred[0] / np.linalg.norm(docs, axis=1) / np.linalg.norm(inferred[0])
     best = np.argsort(-cosine)[:5]
     assert [r["neighbor"] for r in found] == [keys[i] for i in best]

@@ -226,8 +226,8 @@ def _check_model_and_exports(out: dict, dim: int, num_ps: int) -> dict:
     for table in ("docs", "words_out"):
         parts = manifest["tables"][table]["parts"]
         assert len(parts) == num_ps, (table, parts)
-        rows = sum(len(ids) for ids, vectors in checkpoint.iter_parts(out["model"], table, verify=True)
-                   if vectors.shape[1] == dim)
+        rows = sum(len(ids) for part in checkpoint.ModelDir(out["model"]).parts(table, verify=True)
+                   for ids, vectors in part if vectors.shape[1] == dim)
         assert rows == sum(p["rows"] for p in parts) > 0
     summary = read_json(out["model"], "config.json")["summary"]
     assert summary["epochs"] == 3 and summary["tokens"] > 0

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint, outputs
+from doc2vec_dist import checkpoint, outputs, storage
 from doc2vec_dist.cli import main
 from doc2vec_dist.errors import UserError
 
@@ -190,9 +190,9 @@ def test_infer_replaces_only_a_vectors_file(trained_model, tmp_path, capsys, sam
 
 
 def _some_url(model: str) -> str:
-    from doc2vec_dist.export import keys_of
+    from doc2vec_dist.checkpoint import ModelDir
 
-    return keys_of(model, "words_out")[0].as_py()
+    return ModelDir(model).keys("words_out")[0].as_py()
 
 
 def test_plan_json_replaces_only_a_plan(tmp_path):
@@ -216,7 +216,7 @@ def test_start_model_dir_replaces_a_model_but_keeps_what_is_not_its_own(tmp_path
     os.makedirs(os.path.join(out, "exports"))  # jobs/train.py's default exports folder
     (tmp_path / "model" / "exports" / "job.json").write_text("{}")
     os.makedirs(os.path.join(out, "checkpoints", "v1"))
-    checkpoint.write_json(out, "LATEST", "v1")  # a committed model, as far as the check goes
+    storage.write_json(out, "LATEST", "v1")  # a committed model, as far as the check goes
     with pytest.raises(UserError, match="already holds a model; pass --overwrite"):
         checkpoint.start_model_dir(out, sample_corpus[0], overwrite=False)
     assert checkpoint.start_model_dir(out, sample_corpus[0], overwrite=True) == []

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from moto import server as moto_server  # a dev dependency: moto[s3] and flask
 
-from doc2vec_dist import checkpoint
+from doc2vec_dist import checkpoint, storage
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.sharding import global_rows
 
@@ -86,7 +86,7 @@ def test_two_versions_written_and_read_back_through_s3(s3):
     assert vdir == checkpoint.version_dir(model, 2) and manifest["epoch"] == 2
     np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), matrix(1))
     np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=1), matrix(0))
-    ids = np.concatenate([ids for ids, _ in checkpoint.iter_parts(model, "docs")])
+    ids = np.concatenate([ids for part in checkpoint.ModelDir(model).parts("docs") for ids, _ in part])
     assert sorted(ids) == list(range(ROWS))
     for shard in range(2):
         vectors, state = checkpoint.read_shard(model, "docs", shard, 2)
@@ -158,9 +158,9 @@ def test_a_model_on_s3_is_loaded_and_exported(s3, key_files, tmp_path, monkeypat
     monkeypatch.setenv("DOC2VEC_DIST_CACHE", str(tmp_path / "cache"))
     model = uri(s3, "served")
     checkpoint.start_model_dir(model, key_files, overwrite=False)
-    checkpoint.write_json(model, "config.json", {"dim": DIM, "ns_exponent": 0.75})
+    storage.write_json(model, "config.json", {"dim": DIM, "ns_exponent": 0.75})
     write_version(model, 5)
-    assert checkpoint.exists(model, "config.json") and checkpoint.read_json(model, "config.json")["dim"] == DIM
+    assert storage.exists(model, "config.json") and storage.read_json(model, "config.json")["dim"] == DIM
     with pytest.raises(UserError, match="already holds a model; pass --overwrite to replace it"):
         checkpoint.refuse_existing_model(model, overwrite=False)
 

@@ -199,7 +199,8 @@ def test_every_mode_learns_and_beats_most_popular_urls(ray_cluster, sample_corpu
         words = checkpoint.read_table(model, "words")
         assert np.isfinite(words).all() and np.abs(words).max() > 5.0 / 32
     if flags.get("optimizer") == "adagrad":  # the accumulator is checkpointed with its row
-        vdir, spec = checkpoint.table_spec(model, "docs")
+        found = checkpoint.ModelDir(model)
+        vdir, spec = checkpoint.version_dir(model, found.version), found.spec("docs")
         with pa.memory_map(os.path.join(vdir, spec["parts"][0]["path"])) as src:
             state = pa.ipc.open_file(src).read_all().column("adagrad").to_numpy()
         assert (state > 0).mean() > 0.99
