@@ -212,7 +212,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_index(args) -> None:
-    from .export import calm_openmp
+    from .runners import calm_openmp
 
     calm_openmp()  # before faiss is imported
     from .index import build_index, summary_line
@@ -223,10 +223,10 @@ def cmd_index(args) -> None:
 
 
 def cmd_neighbors(args) -> None:
-    from .export import calm_openmp
+    from .runners import calm_openmp
 
     calm_openmp()  # before faiss is imported
-    from .index import neighbors
+    from .model import neighbors
 
     keys = list(args.key or [])
     if args.keys_file:

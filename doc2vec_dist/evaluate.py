@@ -21,9 +21,8 @@ from . import storage
 from .checkpoint import ModelDir
 from .corpus import Corpus, iter_shard
 from .errors import UserError
-from .export import unit_rows
-from .index import lookup, url_log_prior, with_prior
 from .model import Model
+from .scoring import lookup, unit_rows, url_log_prior, with_prior
 
 
 def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:

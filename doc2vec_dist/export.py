@@ -17,11 +17,9 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +31,8 @@ from . import checkpoint, outputs
 from .checkpoint import ModelDir
 from .errors import UserError
 from .memwatch import peak_rss_bytes
+from .runners import Runner, run_local, where
+from .scoring import unit_rows
 
 FORMATS = ("parquet", "word2vec", "npy")
 # Unique keys and float vectors gain nothing from dictionary pages or vector statistics, and
@@ -41,75 +41,6 @@ FORMATS = ("parquet", "word2vec", "npy")
 PARQUET_OPTIONS = {"compression": {"key": "snappy", "vector": "none"}, "use_dictionary": False,
                    "write_statistics": ["key"]}
 
-# A runner calls fn(*args) for every args tuple and yields (position, result) as each finishes.
-Runner = Callable[[Callable, list[tuple]], Iterator[tuple[int, object]]]
-
-
-# ---------------------------------------------------------------------------------------------------
-# runners: where the per-part tasks execute
-# ---------------------------------------------------------------------------------------------------
-
-def run_local(fn: Callable, calls: list[tuple], threads: int | None = None) -> Iterator[tuple[int, object]]:
-    """Run the calls on a thread pool of one thread per core; Arrow, Parquet and numpy release the GIL."""
-    threads = max(1, min(len(calls), threads or os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        futures = {pool.submit(fn, *args): i for i, args in enumerate(calls)}
-        try:
-            for future in as_completed(futures):
-                yield futures[future], future.result()
-        finally:
-            for future in futures:  # after a failure, start nothing more
-                future.cancel()
-
-
-def run_on_ray(fn: Callable, calls: list[tuple]) -> Iterator[tuple[int, object]]:
-    """Run each call as a Ray task (one CPU), so on a cluster the work happens where Ray places it.
-
-    The tasks read and write paths themselves (storage every node sees), and return only small results.
-    A UserError raised in a task is raised again here as itself, so the job prints its one line.
-    """
-    import ray
-
-    remote = ray.remote(num_cpus=1)(fn)
-    refs = {remote.remote(*args): i for i, args in enumerate(calls)}
-    pending = list(refs)
-    try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                result = ray.get(done[0])
-            except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, UserError):
-                    raise UserError(str(exc.cause)) from None
-                raise
-            yield refs[done[0]], result
-    finally:
-        for ref in pending:
-            ray.cancel(ref)
-
-
-def calm_openmp() -> None:
-    """Have OpenMP threads sleep rather than spin while they wait, unless the user chose otherwise.
-
-    Call it before faiss is first imported (faiss loads its own OpenMP runtime, which reads this
-    once). By default a waiting thread spins for a while; next to other busy processes (Ray workers,
-    other jobs) that turns every parallel step into a fight for the cores. Measured on this 2-core
-    machine at load ~10: PQ training took 28 s spinning, 4.4 s sleeping. At load ~1.5 the two are
-    within noise (PQ 1.42 vs 1.48 s; IVF-PQ search 13.7k vs 13.6k queries/s).
-    """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def where() -> dict:
-    """Which process ran a task: shown in job summaries, so a user sees the work was spread."""
-    return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def unit_rows(matrix: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length; all-zero rows (never trained) stay zero."""
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    norms[norms == 0] = 1.0
-    return (matrix / norms).astype(np.float32)
 
 
 def part_chunks(model: str, version: int, table: str, part: int, normalize: bool, dtype: str,
@@ -244,31 +175,26 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     if len(keys) != spec["rows"]:
         raise UserError(f"{model}: {len(keys)} keys but table {table} has {spec['rows']} rows")
     kind = output_kind(out, format)
-    if check_replaceable(out, kind):  # an earlier export of ours; anything else is refused
-        print(f"replacing the earlier export at {out}", file=sys.stderr)
-    tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
-    pieces = f"{tmp}.pieces"
-    bar = tqdm(total=spec["rows"], unit="row", unit_scale=True, desc=f"export {table}", disable=not progress,
-               file=sys.stderr)
-    try:
-        if format == "parquet" and out.endswith(".parquet"):
-            chunks = itertools.chain.from_iterable(part_chunks(model, version, table, p, normalize, dtype, keys)
-                                                   for p in range(len(spec["parts"])))
-            write_parquet(tmp, chunks, bar.update)
-            tasks = [{"part": p, "rows": part["rows"], **where()} for p, part in enumerate(spec["parts"])]
-        else:
-            targets = _start_output(format, tmp, pieces, keys, spec, dtype)
-            tasks = _run_parts(model, version, table, format, targets, normalize, dtype, keys, runner, bar)
-            if format == "word2vec":
-                _join_text(tmp, f"{spec['rows']} {spec['dim']}\n", targets)
-        remove_path(pieces)
-        replace_output(tmp, out, kind)
-    except BaseException:
-        remove_path(tmp)
-        remove_path(pieces)
-        raise
-    finally:
-        bar.close()
+    with outputs.replacing(out, kind) as staged:  # an earlier export of ours is replaced; anything else refused
+        if staged.replaces:
+            print(f"replacing the earlier export at {out}", file=sys.stderr)
+        tmp, pieces = staged.path, f"{staged.path}.pieces"
+        bar = tqdm(total=spec["rows"], unit="row", unit_scale=True, desc=f"export {table}", disable=not progress,
+                   file=sys.stderr)
+        try:
+            if format == "parquet" and out.endswith(".parquet"):
+                chunks = itertools.chain.from_iterable(part_chunks(model, version, table, p, normalize, dtype, keys)
+                                                       for p in range(len(spec["parts"])))
+                write_parquet(tmp, chunks, bar.update)
+                tasks = [{"part": p, "rows": part["rows"], **where()} for p, part in enumerate(spec["parts"])]
+            else:
+                targets = _start_output(format, tmp, pieces, keys, spec, dtype)
+                tasks = _run_parts(model, version, table, format, targets, normalize, dtype, keys, runner, bar)
+                if format == "word2vec":
+                    _join_text(tmp, f"{spec['rows']} {spec['dim']}\n", targets)
+        finally:
+            outputs.remove_path(pieces)
+            bar.close()
     seconds = time.perf_counter() - t0
     return {"table": table, "rows": spec["rows"], "dim": spec["dim"], "path": out, "format": format, "dtype": dtype,
             "normalized": normalize, "parts": len(spec["parts"]), "tasks": tasks,
@@ -279,13 +205,11 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
 def _start_output(format: str, tmp: str, pieces: str, keys: pa.Array, spec: dict, dtype: str) -> list[str]:
     """Create the output's skeleton; returns the path each part task writes to."""
     parts = range(len(spec["parts"]))
-    if format == "parquet":
-        os.makedirs(tmp)
+    if format == "parquet":  # `tmp` is a directory, made by outputs.replacing
         return [os.path.join(tmp, f"part-{p:05d}.parquet") for p in parts]
     if format == "word2vec":
         os.makedirs(pieces)
         return [os.path.join(pieces, f"part-{p:05d}.txt") for p in parts]
-    os.makedirs(tmp)
     vectors = os.path.join(tmp, "vectors.npy")
     # the header and a file of the full size; part tasks fill their rows in place
     np.lib.format.open_memmap(vectors, mode="w+", dtype=dtype, shape=(spec["rows"], spec["dim"])).flush()
@@ -317,34 +241,8 @@ def _join_text(path: str, header: str, pieces: list[str]) -> None:
                 shutil.copyfileobj(fh, out, 1 << 22)
 
 
-def check_replaceable(out: str, kind: str) -> bool:
-    """Whether `out` may receive an output of `kind`: False when nothing is there (or an empty
-    directory), True when it replaces an earlier output of the same kind; anything else (a file or
-    folder doc2vec-dist did not write) is refused with one line naming it (see outputs)."""
-    if kind in outputs.DIR_KINDS:
-        return outputs.check_dir(out, kind, None)
-    return outputs.check_file(out, kind)
-
-
-def replace_output(tmp: str, out: str, kind: str) -> None:
-    """Move a finished output into place, replacing an earlier output of the same kind, after
-    checking again that this is what is there."""
-    if kind in outputs.DIR_KINDS:
-        outputs.commit_dir(tmp, out, kind, None)
-        return
-    check_replaceable(out, kind)
-    os.replace(tmp, out)
-
-
 def output_kind(out: str, format: str) -> str:
     """The kind of output `export` writes at `out` in `format` (outputs.DIR_KINDS or FILE_KINDS)."""
     if format == "word2vec":
         return "word2vec"
     return "vectors" if format == "parquet" and out.endswith(".parquet") else "export"
-
-
-def remove_path(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.exists(path):
-        os.remove(path)

@@ -1,11 +1,7 @@
-"""faiss indexes over a table's vectors, and nearest-neighbour queries.
+"""Building a faiss index over a table's vectors, and serving it (ServedIndex).
 
-Similarity within one table (users like this user, URLs like this URL) is cosine: inner product of
-normalised vectors. Scoring URLs for a user uses the model's own estimate of P(url | user). Negative
-sampling's optimum is d·o = log[P(w|d) / (k·Pn(w))] with Pn(w) ∝ count(w)^ns_exponent, so
-    log P(w|d) = d·o + ns_exponent · log count(w) + const.
-d·o alone divides popularity out and ranks rare URLs first; adding the prior back ranks the URLs a
-user is most likely to visit. As one inner product: [d, 1] · [o, ns_exponent · log count].
+Changes when how an index is built, tuned or loaded changes; how vectors are scored is `scoring`'s,
+and exact queries on a loaded model are `model`'s.
 
 Building an index streams the source (a model's checkpoint parts, or the files of a key/vector
 Parquet dataset) in units of one file, each handled by a task (in this process, or a Ray task under
@@ -35,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import glob
 import json
 import math
@@ -46,24 +41,16 @@ import time
 import faiss
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import checkpoint, outputs
 from .checkpoint import ModelDir
 from .errors import UserError
-from .export import (
-    Runner,
-    check_replaceable,
-    npy_data_offset,
-    remove_path,
-    replace_output,
-    run_local,
-    unit_rows,
-    where,
-)
+from .export import npy_data_offset
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
+from .runners import Runner, run_local, where
+from .scoring import unit_rows
 
 KINDS = ("flat", "hnsw", "ivfpq", "auto")
 INDEX_FILES = outputs.DIR_KINDS["index"].own  # ("index.faiss", "keys.parquet", "params.json", "vectors.npy")
@@ -76,28 +63,6 @@ RECALL_QUERIES = 1000
 TUNE_QUERIES = 500
 K_FACTOR = 5                  # ivfpq: candidates re-ranked per result wanted (10 found no more at 1M)
 KEY_SCHEMA = pa.schema([("key", pa.string())])
-
-
-def url_log_prior(model: ModelDir) -> np.ndarray:
-    """ns_exponent · log count(w) per word id; -inf for words never seen in training."""
-    counts = model.vocab().column("count").to_numpy().astype(np.float64)
-    with np.errstate(divide="ignore"):
-        return (model.config().ns_exponent * np.log(counts)).astype(np.float32)
-
-
-def prior_queries(doc_vectors: np.ndarray) -> np.ndarray:
-    """[d, 1]: the user side of the model's log P(url | user) as one inner product."""
-    return np.ascontiguousarray(np.hstack([doc_vectors, np.ones((len(doc_vectors), 1), np.float32)]))
-
-
-def prior_targets(words_out: np.ndarray, log_prior: np.ndarray) -> np.ndarray:
-    """[o, ns_exponent · log count]: the URL side (never-seen URLs get a huge negative score)."""
-    return np.ascontiguousarray(np.hstack([words_out, np.maximum(log_prior, np.float32(-1e30))[:, None]]))
-
-
-def with_prior(doc_vectors: np.ndarray, words_out: np.ndarray, log_prior: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Augmented (queries, targets) whose inner product is d·o + log prior: the model's log P(w|d) + const."""
-    return prior_queries(doc_vectors), prior_targets(words_out, log_prior)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -437,22 +402,16 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
     if source.rows == 0:
         raise UserError(f"{source.name}: no rows to index")
     requested, kind = kind, resolve_kind(kind, source.rows)
-    if check_replaceable(out, "index"):  # an earlier index of ours; anything else is refused
-        print(f"replacing the index at {out}", file=sys.stderr)
-    tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
-    os.makedirs(tmp)
-    try:
+    with outputs.replacing(out, "index") as staged:  # an earlier index of ours is replaced; anything else refused
+        if staged.replaces:
+            print(f"replacing the index at {out}", file=sys.stderr)
         with PeakPrivateMemory() as private:
-            params = _build(tmp, source, kind, progress, runner, target_recall, recall_queries, seed)
+            params = _build(staged.path, source, kind, progress, runner, target_recall, recall_queries, seed)
         params.update(requested=requested, seconds=round(time.perf_counter() - t0, 3),
                       peak_private_bytes=private.peak)
         params["peak_rss_bytes"] = max(params["peak_rss_bytes"], peak_rss_bytes())
-        with open(os.path.join(tmp, "params.json"), "w") as fh:
+        with open(os.path.join(staged.path, "params.json"), "w") as fh:
             json.dump(params, fh, indent=2)
-        replace_output(tmp, out, "index")
-    except BaseException:
-        remove_path(tmp)
-        raise
     if progress if report is None else report:
         print(summary_line(params), file=sys.stderr)
     return params
@@ -627,53 +586,3 @@ def _measure(served: ServedIndex, vectors_path: str, rows: int, target: float, n
     search, tune_recall = tune_search(served, queries["tune"], ids["tune"], truth[:n_tune], target)
     recall = recall_at(served, queries["eval"], ids["eval"], truth[n_tune:])
     return search, recall, tune_recall, n_eval
-
-
-# ---------------------------------------------------------------------------------------------------
-# queries
-# ---------------------------------------------------------------------------------------------------
-
-def lookup(keys: pa.Array, wanted: list[str], what: str) -> np.ndarray:
-    """Row ids of `wanted` keys; an unknown key is an error with the closest known keys."""
-    found = pc.index_in(pa.array(wanted, pa.string()), value_set=keys.cast(pa.string()))
-    if found.null_count:
-        key = wanted[found.is_null().to_numpy(zero_copy_only=False).argmax()]
-        raise UserError(f"unknown {what} key {key!r}{_suggest(keys, key)}")
-    rows = found.to_numpy()
-    return rows.astype(np.int64)
-
-
-def _suggest(keys: pa.Array, key: str) -> str:
-    prefix = key[:3]
-    candidates = keys.filter(pc.starts_with(keys.cast(pa.string()), prefix)) if prefix else keys
-    pool = candidates.slice(0, 200_000).to_pylist()
-    close = difflib.get_close_matches(key, pool, n=3, cutoff=0.6)
-    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-
-
-def neighbor_table(keys: list[str], found: np.ndarray, scores: np.ndarray, names: pa.Array, k: int,
-                   is_self: np.ndarray | None) -> pa.Table:
-    """key, neighbor, score, rank (1-based) from search results, skipping -1 and the query itself."""
-    keep = found >= 0
-    if is_self is not None:
-        keep &= ~is_self
-    keep &= np.cumsum(keep, axis=1) <= k
-    query, _ = np.nonzero(keep)  # row-major: by query, then by rank
-    ranks = np.cumsum(keep, axis=1)[keep]
-    return pa.table({"key": pa.array(keys, pa.string()).take(pa.array(query)),
-                     "neighbor": names.take(pa.array(found[keep])).cast(pa.string()),
-                     "score": pa.array(scores[keep], pa.float32()),
-                     "rank": pa.array(ranks, pa.int32())})
-
-
-def neighbors(model: str, keys: list[str] | None = None, k: int = 10, table: str = "docs", against: str | None = None,
-              index: str | None = None, *, vectors: np.ndarray | None = None) -> pa.Table:
-    """Top-k rows of `against` (default: the same table) for each query key, excluding the query itself,
-    or for each of `vectors` ([dim] or [n, dim], say users from infer) instead of keys.
-
-    With `index`, a saved index (from build_index) is searched instead of an exact scan. Returns a
-    table of key, neighbor, score, rank (1-based). See model.Model for repeated queries.
-    """
-    from .model import Model
-
-    return Model.load(model).neighbors(keys, k=k, table=table, against=against, index=index, vectors=vectors)

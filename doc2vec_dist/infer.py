@@ -320,28 +320,18 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
         vectors = np.concatenate([v for _, v in pieces]) if pieces else np.zeros((0, dim), np.float32)
         return keys, vectors
     out = os.path.abspath(os.fspath(out))
-    from .export import PARQUET_OPTIONS, check_replaceable, key_vector_table, replace_output
+    from .export import PARQUET_OPTIONS, key_vector_table
+    from .outputs import replacing
 
-    check_replaceable(out, "vectors")  # nothing there, or a (key, vector) file of ours
-
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    tmp = f"{out}.tmp-{os.getpid()}"
-    rows, writer = 0, None
-    try:
+    rows = 0
+    with replacing(out, "vectors") as staged:  # nothing there, or a (key, vector) file of ours
+        os.makedirs(os.path.dirname(out), exist_ok=True)
         # one schema for every batch, and for an empty result
         schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32)).schema
-        writer = pq.ParquetWriter(tmp, schema, **PARQUET_OPTIONS)
-        for keys, vectors in batches:
-            writer.write_table(key_vector_table(keys, vectors))
-            rows += len(keys)
-        writer.close()
-        writer = None
-        replace_output(tmp, out, "vectors")
-    finally:
-        if writer is not None:
-            writer.close()
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        with pq.ParquetWriter(staged.path, schema, **PARQUET_OPTIONS) as writer:
+            for keys, vectors in batches:
+                writer.write_table(key_vector_table(keys, vectors))
+                rows += len(keys)
     _report(counts)
     seconds = time.perf_counter() - t0
     return {"path": out, "rows": rows, "dim": dim, "seconds": seconds,

@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 from . import checkpoint
 from .corpus import id_string
 from .errors import UserError
-from .export import unit_rows
-from .index import ServedIndex, lookup, neighbor_table, prior_queries, prior_targets, url_log_prior
+from .index import ServedIndex
+from .scoring import lookup, neighbor_table, prior_queries, prior_targets, unit_rows, url_log_prior
 
 
 @dataclasses.dataclass
@@ -220,6 +220,17 @@ class Model:
 
         return infer_events(self.path, events, doc_col=doc_col, token_col=token_col, time_col=time_col,
                             table=self.table, **options)
+
+
+def neighbors(model: str, keys: list[str] | None = None, k: int = 10, table: str = "docs", against: str | None = None,
+              index: str | None = None, *, vectors: np.ndarray | None = None) -> pa.Table:
+    """Top-k rows of `against` (default: the same table) for each query key, excluding the query itself,
+    or for each of `vectors` ([dim] or [n, dim], say users from infer) instead of keys.
+
+    With `index`, a saved index (from build_index) is searched instead of an exact scan. Returns a
+    table of key, neighbor, score, rank (1-based). Model.neighbors, for repeated queries, keeps what it loads.
+    """
+    return Model.load(model).neighbors(keys, k=k, table=table, against=against, index=index, vectors=vectors)
 
 
 def key_strings(keys) -> list[str]:

@@ -18,10 +18,12 @@ holding nothing but the files that kind writes.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -208,16 +210,65 @@ def check_file(path: str, kind: str, overwrite: bool | None = None, flag: str = 
 
 
 def write_parquet_file(table: pa.Table, path: str, kind: str) -> None:
-    """Write a table as one Parquet file marked as `kind`, replacing only an earlier file of that kind
-    (check_file); a reader never sees half of it (temporary name, then rename)."""
-    check_file(path, kind)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """Write a table as one Parquet file marked as `kind`, replacing only an earlier file of that kind;
+    a reader never sees half of it (`replacing`)."""
+    with replacing(path, kind) as staged:
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **parquet_metadata(kind)}),
+                       staged.path)
+
+
+# -- writing an output whole or not at all -----------------------------------------------------------
+
+def check_replaceable(out: str, kind: str) -> bool:
+    """Whether `out` may receive an output of `kind` (a DIR_KINDS or FILE_KINDS name): False when
+    nothing is there (or an empty directory), True when it replaces an earlier output of the same
+    kind; anything else is refused with one line naming it. Replacing one's own kind needs no flag."""
+    if kind in DIR_KINDS:
+        return check_dir(out, kind, None)
+    return check_file(out, kind)
+
+
+def replace_output(tmp: str, out: str, kind: str) -> None:
+    """Move a finished output into place, replacing an earlier output of the same kind, after
+    checking again that this is what is there."""
+    if kind in DIR_KINDS:
+        commit_dir(tmp, out, kind, None)
+        return
+    check_replaceable(out, kind)
+    os.replace(tmp, out)
+
+
+def remove_path(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+@dataclass(frozen=True)
+class Staged:
+    path: str        # where to write the output: a file path, or a directory to fill (directory kinds)
+    replaces: bool   # whether it replaces an earlier output of the same kind at `out`
+
+
+@contextlib.contextmanager
+def replacing(out: str, kind: str) -> Iterator[Staged]:
+    """Write an output of `kind` at `out` whole or not at all.
+
+    What is at `out` is judged first (nothing, or an earlier output of `kind`; anything else is
+    refused by name and left as it was). The body writes to `Staged.path` beside `out` (a directory
+    created for it, for directory kinds); when it ends, the output is moved into place after
+    judging `out` again. If the body fails, what it wrote is removed and `out` is untouched.
+    """
+    replaces = check_replaceable(out, kind)
+    tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
     try:
-        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **parquet_metadata(kind)}), tmp)
-        os.replace(tmp, path)
+        if kind in DIR_KINDS:
+            os.makedirs(tmp)
+        yield Staged(tmp, replaces)
+        replace_output(tmp, out, kind)
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        remove_path(tmp)
 
 
 def make_dirs(directory: str) -> list[str]:

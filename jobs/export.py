@@ -21,7 +21,8 @@ sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without in
 
 from doc2vec_dist.checkpoint import KEY_TABLES
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import FORMATS, export, run_on_ray
+from doc2vec_dist.export import FORMATS, export
+from doc2vec_dist.runners import run_on_ray
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

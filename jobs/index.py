@@ -17,14 +17,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
-from doc2vec_dist.export import calm_openmp
+from doc2vec_dist.runners import calm_openmp
 
 calm_openmp()  # before faiss is imported
 
 from doc2vec_dist.checkpoint import KEY_TABLES
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import run_on_ray
 from doc2vec_dist.index import KINDS, build_index, summary_line
+from doc2vec_dist.runners import run_on_ray
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

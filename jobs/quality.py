@@ -175,7 +175,7 @@ def leave_one_out_accuracy(model: str, labels: list[str], k: int = 10) -> float:
     """Share of documents whose k nearest others (cosine) carry their label by majority. With 200
     posts, evaluate --labels' fixed 80/20 split would score 40 (steps of 0.025); this scores all 200."""
     from doc2vec_dist.checkpoint import ModelDir
-    from doc2vec_dist.export import unit_rows
+    from doc2vec_dist.scoring import unit_rows
 
     found = ModelDir(model)
     vectors = unit_rows(found.read_table("docs"))

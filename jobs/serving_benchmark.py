@@ -171,12 +171,12 @@ def step_index(work: str, model: str, kind: str) -> dict:
 
 def step_query(model: str, index: str, queries: int, k: int = 10, seed: int = 5) -> dict:
     """In this (child) process: batch neighbour queries on a saved index, by vector and by key."""
-    from doc2vec_dist.export import calm_openmp
+    from doc2vec_dist.runners import calm_openmp
 
     calm_openmp()  # as the command line does, before faiss is imported
     from doc2vec_dist import Model
-    from doc2vec_dist.export import unit_rows
     from doc2vec_dist.index import exact_top_k, without_self
+    from doc2vec_dist.scoring import unit_rows
 
     m = Model.load(model)
     served = m.saved_index(index)

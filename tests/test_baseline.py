@@ -17,7 +17,7 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import export
-from doc2vec_dist.index import neighbors
+from doc2vec_dist.model import neighbors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRUTH_USERS = os.path.join(ROOT, "data", "sample", "truth", "users.parquet")

@@ -17,9 +17,9 @@ from doc2vec_dist import checkpoint
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics, labels_metrics
 from doc2vec_dist.export import export
-from doc2vec_dist.index import build_index, neighbors
+from doc2vec_dist.index import build_index
 from doc2vec_dist.infer import infer
-from doc2vec_dist.model import Model
+from doc2vec_dist.model import Model, neighbors
 
 
 def _first_key(m: str) -> str:

@@ -16,8 +16,10 @@ import pytest
 from doc2vec_dist import checkpoint
 from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import export, unit_rows
-from doc2vec_dist.index import ServedIndex, build_index, ivfpq_shape, neighbors, resolve_kind
+from doc2vec_dist.export import export
+from doc2vec_dist.index import ServedIndex, build_index, ivfpq_shape, resolve_kind
+from doc2vec_dist.model import neighbors
+from doc2vec_dist.scoring import unit_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRUTH = os.path.join(ROOT, "data", "sample", "truth")

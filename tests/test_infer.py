@@ -14,8 +14,8 @@ from doc2vec_dist import Model
 from doc2vec_dist.cli import main
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.export import unit_rows
 from doc2vec_dist.infer import infer, initial_vectors
+from doc2vec_dist.scoring import unit_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")

@@ -39,7 +39,8 @@ def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, tra
 
 
 def test_export_job_tasks_run_in_ray_worker_processes(ray_cluster, trained_model, tmp_path):
-    from doc2vec_dist.export import export, run_on_ray
+    from doc2vec_dist.export import export
+    from doc2vec_dist.runners import run_on_ray
 
     result = export(trained_model, "docs", str(tmp_path / "w2v.txt"), format="word2vec", progress=False,
                     runner=run_on_ray)

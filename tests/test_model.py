@@ -39,7 +39,7 @@ def test_urls_for_a_user_are_scored_by_log_probability(trained_model):
     user = ModelDir(trained_model).keys("docs")[5].as_py()
     top = model.neighbors(user, k=3, against="words_out").to_pylist()
     d = model.vector(user)
-    from doc2vec_dist.index import url_log_prior
+    from doc2vec_dist.scoring import url_log_prior
 
     prior = url_log_prior(ModelDir(trained_model))
     urls = ModelDir(trained_model).keys("words_out").to_pylist()

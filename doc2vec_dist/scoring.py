@@ -1,0 +1,85 @@
+"""How vectors are scored against each other, and how keys become rows: the serving side's arithmetic.
+
+Changes when what "similar" or "likely" means changes. Both `model` (exact queries) and `index` (faiss
+builds) use it; it imports neither.
+
+Similarity within one table (users like this user, URLs like this URL) is cosine: inner product of
+normalised vectors. Scoring URLs for a user uses the model's own estimate of P(url | user). Negative
+sampling's optimum is d·o = log[P(w|d) / (k·Pn(w))] with Pn(w) ∝ count(w)^ns_exponent, so
+    log P(w|d) = d·o + ns_exponent · log count(w) + const.
+d·o alone divides popularity out and ranks rare URLs first; adding the prior back ranks the URLs a
+user is most likely to visit. As one inner product: [d, 1] · [o, ns_exponent · log count].
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .checkpoint import ModelDir
+from .errors import UserError
+
+
+def unit_rows(matrix: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length; all-zero rows (never trained) stay zero."""
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (matrix / norms).astype(np.float32)
+
+
+def url_log_prior(model: ModelDir) -> np.ndarray:
+    """ns_exponent · log count(w) per word id; -inf for words never seen in training."""
+    counts = model.vocab().column("count").to_numpy().astype(np.float64)
+    with np.errstate(divide="ignore"):
+        return (model.config().ns_exponent * np.log(counts)).astype(np.float32)
+
+
+def prior_queries(doc_vectors: np.ndarray) -> np.ndarray:
+    """[d, 1]: the user side of the model's log P(url | user) as one inner product."""
+    return np.ascontiguousarray(np.hstack([doc_vectors, np.ones((len(doc_vectors), 1), np.float32)]))
+
+
+def prior_targets(words_out: np.ndarray, log_prior: np.ndarray) -> np.ndarray:
+    """[o, ns_exponent · log count]: the URL side (never-seen URLs get a huge negative score)."""
+    return np.ascontiguousarray(np.hstack([words_out, np.maximum(log_prior, np.float32(-1e30))[:, None]]))
+
+
+def with_prior(doc_vectors: np.ndarray, words_out: np.ndarray, log_prior: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Augmented (queries, targets) whose inner product is d·o + log prior: the model's log P(w|d) + const."""
+    return prior_queries(doc_vectors), prior_targets(words_out, log_prior)
+
+
+def lookup(keys: pa.Array, wanted: list[str], what: str) -> np.ndarray:
+    """Row ids of `wanted` keys; an unknown key is an error with the closest known keys."""
+    found = pc.index_in(pa.array(wanted, pa.string()), value_set=keys.cast(pa.string()))
+    if found.null_count:
+        key = wanted[found.is_null().to_numpy(zero_copy_only=False).argmax()]
+        raise UserError(f"unknown {what} key {key!r}{_suggest(keys, key)}")
+    rows = found.to_numpy()
+    return rows.astype(np.int64)
+
+
+def _suggest(keys: pa.Array, key: str) -> str:
+    prefix = key[:3]
+    candidates = keys.filter(pc.starts_with(keys.cast(pa.string()), prefix)) if prefix else keys
+    pool = candidates.slice(0, 200_000).to_pylist()
+    close = difflib.get_close_matches(key, pool, n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+def neighbor_table(keys: list[str], found: np.ndarray, scores: np.ndarray, names: pa.Array, k: int,
+                   is_self: np.ndarray | None) -> pa.Table:
+    """key, neighbor, score, rank (1-based) from search results, skipping -1 and the query itself."""
+    keep = found >= 0
+    if is_self is not None:
+        keep &= ~is_self
+    keep &= np.cumsum(keep, axis=1) <= k
+    query, _ = np.nonzero(keep)  # row-major: by query, then by rank
+    ranks = np.cumsum(keep, axis=1)[keep]
+    return pa.table({"key": pa.array(keys, pa.string()).take(pa.array(query)),
+                     "neighbor": names.take(pa.array(found[keep])).cast(pa.string()),
+                     "score": pa.array(scores[keep], pa.float32()),
+                     "rank": pa.array(ranks, pa.int32())})
