@@ -98,7 +98,7 @@ def overlap_weights(uses: np.ndarray, workers: int) -> np.ndarray:
     A row used c times by this worker is, with the others drawing from the same distribution, also
     in each of their deltas with probability ≈ 1 − e^(−c). Hot rows are in all W, whose deltas point
     the same way: summed, they overshoot W-fold, so each counts 1/W. Rare rows (c ≈ 0, one worker)
-    count whole. See ParameterClient.push_weights and ParameterClient.sync for where this was measured.
+    count whole. Measured in docs/shared-rows.md.
     """
     return 1.0 / (1.0 + (workers - 1) * -np.expm1(-np.asarray(uses, dtype=np.float32)))
 
@@ -265,24 +265,9 @@ class ParameterClient:
         return layout, ctx_pos.reshape(ex.ctx.shape), compact[:n], compact[n:].reshape(ex.neg.shape)
 
     def push_weights(self, route: Routing, inverse: np.ndarray, n_unique: int) -> np.ndarray | None:
-        """Weight of each shared row's pushed delta, in compact order: 1 / the workers expected to
-        push the same row from the same stale start.
-
-        A row of `words`/`words_out` that this macro-batch uses c times is, with W workers drawing
-        from the same distribution, also in each other worker's concurrent macro-batch with
-        probability ≈ 1 − e^(−c). Hot rows are in all of them: each worker trains its copy from the
-        same pulled value close to where the batch's data pulls it, and W such deltas summed overshoot
-        W-fold. Measured on 200k users with dbow_words and 2 workers: plain sums diverged (loss 10⁴
-        → 10¹³ in 5 epochs) while one worker trained stably; weighting 1/(1 + (W−1)(1 − e^(−c)))
-        keeps the sum near one full step for hot rows and leaves rare rows (c ≈ 0, one worker) whole.
-        `docs` rows belong to one worker's data and are never weighted.
-
-        Only when `words` is trained (dbow_words, PV-DM), i.e. when both sides of an example's dot
-        product are shared rows. In plain PV-DBOW only `words_out` is shared, summed deltas were
-        stable, and weighting them cost fit for nothing (200k users, 5 epochs: last-epoch loss 2.54
-        summed vs 2.88 weighted; recall@10 0.163 vs 0.162; gensim 0.164). Weighting `words` alone
-        was not enough either (dbow_words epoch-1 loss 5.1 against 3.2 with both).
-        """
+        """Weight of each shared row's pushed delta, in compact order: overlap_weights of its uses, so
+        W workers' deltas of a hot row sum to about one step, not W (docs/shared-rows.md#push-weights);
+        only when `words` is trained, since plain PV-DBOW's summed deltas were stable."""
         if self.workers <= 1 or "words" not in self.table_rows:
             return None
         weights = np.empty(n_unique, dtype=np.float32)
@@ -360,17 +345,9 @@ class ParameterClient:
         `read(table)` gives the worker's resident rows in id order, `write(table, rows)` replaces them.
 
         Called at the start of an epoch (pull), every CACHE_SYNC_BATCHES macro-batches when several
-        workers share the rows, before a checkpoint and at the end of an epoch (push only: the
-        servers then hold every update, and the next use pulls first).
-
-        With several workers each trains its own copy of these rows from the same pull, and their
-        deltas point the same way. Each is weighted by overlap_weights of its uses since the pull,
-        times RESIDENT_OVERSHOOT, at most 1: a hot row's deltas add up to two workers' worth. 4
-        workers at 75k-token macro-batches (200k users, own negatives, 8,192-example micro-batches):
-        summed whole, recall@10 0.101, under the popularity baseline (0.127); weighted 1/4 (one
-        worker's worth) 0.1607; two workers' worth 0.1661. With 2 workers the sum was as good (200k:
-        0.1655 summed, 0.1671 at 1/2) or better (the bundled sample: 0.22 against 0.20 at 1/2), and
-        two workers' worth is the sum.
+        workers share the rows, before a checkpoint and at the end of an epoch (push only). Each
+        worker's delta is weighted so a hot row's deltas add up to RESIDENT_OVERSHOOT workers' worth
+        (docs/shared-rows.md#resident-rows).
         """
         if not self.resident:
             return
