@@ -15,6 +15,7 @@ task and never the table: nothing gathers the table in one place.
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import os
 import shutil
@@ -33,6 +34,8 @@ from tqdm import tqdm
 from . import checkpoint, outputs
 from .errors import UserError
 from .memwatch import peak_rss_bytes
+
+log = logging.getLogger(__name__)
 
 KEY_TABLES = {"docs": ("docs.arrow", "key"), "words": ("vocab.arrow", "token"), "words_out": ("vocab.arrow", "token")}
 FORMATS = ("parquet", "word2vec", "npy")
@@ -293,7 +296,7 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
         raise UserError(f"{model}: {len(keys)} keys but table {table} has {spec['rows']} rows")
     kind = output_kind(out, format)
     if check_replaceable(out, kind):  # an earlier export of ours; anything else is refused
-        print(f"replacing the earlier export at {out}", file=sys.stderr)
+        log.info(f"replacing the earlier export at {out}")
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
     pieces = f"{tmp}.pieces"
     bar = tqdm(total=spec["rows"], unit="row", unit_scale=True, desc=f"export {table}", disable=not progress,

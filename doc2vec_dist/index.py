@@ -38,6 +38,7 @@ import dataclasses
 import difflib
 import glob
 import json
+import logging
 import math
 import os
 import sys
@@ -66,6 +67,8 @@ from .export import (
     where,
 )
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
+
+log = logging.getLogger(__name__)
 
 KINDS = ("flat", "hnsw", "ivfpq", "auto")
 INDEX_FILES = outputs.DIR_KINDS["index"].own  # ("index.faiss", "keys.parquet", "params.json", "vectors.npy")
@@ -448,7 +451,7 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
         raise UserError(f"{source.name}: no rows to index")
     requested, kind = kind, resolve_kind(kind, source.rows)
     if check_replaceable(out, "index"):  # an earlier index of ours; anything else is refused
-        print(f"replacing the index at {out}", file=sys.stderr)
+        log.info(f"replacing the index at {out}")
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
     os.makedirs(tmp)
     try:
@@ -464,7 +467,8 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
         remove_path(tmp)
         raise
     if progress if report is None else report:
-        print(summary_line(params), file=sys.stderr)
+        for line in summary_line(params).splitlines():  # its last line may be the build's warning
+            (log.warning if line.startswith("warning: ") else log.info)(line)
     return params
 
 

@@ -21,6 +21,7 @@ sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without in
 
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import FORMATS, KEY_TABLES, export, run_on_ray
+from doc2vec_dist.logs import to_terminal
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -37,6 +38,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()
     args = parse(argv)
     from doc2vec_dist.trainer import ray_connection
 
