@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -105,10 +104,6 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
                     hs=0, sample=config.sample, alpha=config.alpha, min_alpha=config.min_alpha,
                     ns_exponent=config.ns_exponent, min_count=1, seed=config.seed, workers=workers,
                     epochs=config.epochs)
-    # gensim logs its own progress at INFO; show it when the user wants progress
-    logger = logging.getLogger("gensim")
-    if config.progress and not logger.handlers:
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="gensim: %(message)s")
     cut = 0
     if gensim_mode == "iterable":
         lengths = np.concatenate([np.diff(offsets) for shard in corpus.shard_paths
