@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,6 +29,8 @@ from . import checkpoint, storage
 from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 GENSIM_MODES = ("iterable", "corpus_file")
 GENSIM_MAX_WORDS = 10_000  # gensim.models.word2vec_inner.MAX_WORDS_IN_BATCH: iterable mode cuts documents here
@@ -90,7 +91,7 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
         return _train(corpus, out, config, workers or os.cpu_count() or 1, gensim_mode)
     except BaseException:
         if checkpoint.discard_unfinished(out, made):  # a model that never committed is removed, as train does
-            print(f"gensim stopped before its model was saved: removed what this run wrote to {out}", file=sys.stderr)
+            log.warning(f"gensim stopped before its model was saved: removed what this run wrote to {out}")
         raise
 
 
@@ -103,18 +104,14 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
                     hs=0, sample=config.sample, alpha=config.alpha, min_alpha=config.min_alpha,
                     ns_exponent=config.ns_exponent, min_count=1, seed=config.seed, workers=workers,
                     epochs=config.epochs)
-    # gensim logs its own progress at INFO; show it when the user wants progress
-    logger = logging.getLogger("gensim")
-    if config.progress and not logger.handlers:
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="gensim: %(message)s")
     cut = 0
     if gensim_mode == "iterable":
         lengths = np.concatenate([np.diff(offsets) for shard in corpus.shard_paths
                                   for _, offsets, _ in iter_shard(shard)] or [np.zeros(0, np.int64)])
         cut = int((lengths > GENSIM_MAX_WORDS).sum())
         if cut:
-            print(f"baseline: gensim's iterable mode cuts {cut:,} document(s) longer than {GENSIM_MAX_WORDS:,} "
-                  "tokens at that length (gensim #2880); doc2vec-dist uses them whole", file=sys.stderr)
+            log.warning(f"baseline: gensim's iterable mode cuts {cut:,} document(s) longer than "
+                        f"{GENSIM_MAX_WORDS:,} tokens at that length (gensim #2880); doc2vec-dist uses them whole")
         documents_ = TaggedCorpus(corpus)
         model.build_vocab(documents_)
         t0 = time.perf_counter()

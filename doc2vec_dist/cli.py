@@ -10,6 +10,7 @@ import sys
 from . import outputs
 from .config import PrepareConfig, TrainConfig, build, engine_only, explicit_values, load_yaml
 from .errors import UserError
+from .logs import to_terminal
 
 
 def _help(text: str, default=None, required: bool = False) -> str:
@@ -397,6 +398,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()  # the library's lines, as the command's own
     try:
         args = _parse_args(argv)
         args.func(args)

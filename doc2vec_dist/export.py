@@ -15,6 +15,7 @@ task and never the table: nothing gathers the table in one place.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import sys
@@ -33,6 +34,8 @@ from .errors import UserError
 from .memwatch import peak_rss_bytes
 from .runners import Runner, run_local, where
 from .scoring import unit_rows
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("parquet", "word2vec", "npy")
 # Unique keys and float vectors gain nothing from dictionary pages or vector statistics, and
@@ -177,7 +180,7 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     kind = output_kind(out, format)
     with outputs.replacing(out, kind) as staged:  # an earlier export of ours is replaced; anything else refused
         if staged.replaces:
-            print(f"replacing the earlier export at {out}", file=sys.stderr)
+            log.info(f"replacing the earlier export at {out}")
         tmp, pieces = staged.path, f"{staged.path}.pieces"
         bar = tqdm(total=spec["rows"], unit="row", unit_scale=True, desc=f"export {table}", disable=not progress,
                    file=sys.stderr)

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import logging
 import math
 import os
 import sys
@@ -51,6 +52,8 @@ from .export import npy_data_offset
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
 from .runners import Runner, run_local, where
 from .scoring import unit_rows
+
+log = logging.getLogger(__name__)
 
 KINDS = ("flat", "hnsw", "ivfpq", "auto")
 INDEX_FILES = outputs.DIR_KINDS["index"].own  # ("index.faiss", "keys.parquet", "params.json", "vectors.npy")
@@ -404,7 +407,7 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
     requested, kind = kind, resolve_kind(kind, source.rows)
     with outputs.replacing(out, "index") as staged:  # an earlier index of ours is replaced; anything else refused
         if staged.replaces:
-            print(f"replacing the index at {out}", file=sys.stderr)
+            log.info(f"replacing the index at {out}")
         with PeakPrivateMemory() as private:
             params = _build(staged.path, source, kind, progress, runner, target_recall, recall_queries, seed)
         params.update(requested=requested, seconds=round(time.perf_counter() - t0, 3),
@@ -413,7 +416,8 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
         with open(os.path.join(staged.path, "params.json"), "w") as fh:
             json.dump(params, fh, indent=2)
     if progress if report is None else report:
-        print(summary_line(params), file=sys.stderr)
+        for line in summary_line(params).splitlines():  # its last line may be the build's warning
+            (log.warning if line.startswith("warning: ") else log.info)(line)
     return params
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import sys
 import tempfile
@@ -60,6 +61,8 @@ from . import checkpoint, device_examples, kernels
 from .corpus import Corpus, _mix64, iter_shard, prepare
 from .errors import UserError
 from .sampling import NegativeTable, keep_probabilities
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_USERS = 4096
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
@@ -344,7 +347,7 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
 
 def _report(counts: Counts) -> None:
     for line in counts.lines():
-        print(line, file=sys.stderr)
+        log.info(line)
 
 
 def events_table(events, doc_col: str = "user_id", token_col: str = "url") -> tuple[pa.Table, str, list[str]]:

@@ -17,11 +17,13 @@ The memory figure is the one deploy/README.md sizes nodes with:
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from typing import Any
 
 import ray
+
+log = logging.getLogger(__name__)
 
 PS_RESOURCE = "ps"  # custom resource of the nodes that host parameter servers (deploy/)
 TRAINER_RESOURCE = "trainer"  # custom resource of the nodes that host workers (deploy/)
@@ -71,7 +73,7 @@ def ps_options(config: Any, tables: dict[str, dict], resources: dict[str, float]
         opts["memory"] = need
         problem = ps_fit_problem(need, config.num_ps, ray.nodes() if nodes is None else nodes)
         if problem:
-            print(f"warning: {problem} (waiting for the autoscaler)", file=sys.stderr)
+            log.warning(f"warning: {problem} (waiting for the autoscaler)")
     return opts
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -24,6 +25,8 @@ from .errors import UserError
 from .placement import fit_problems, local_resources, ps_options, worker_options
 from .ps import ParameterServer, table_specs
 from .worker import Worker, macro_batch_for, plan_units
+
+log = logging.getLogger(__name__)
 
 
 class TrainingStopped(UserError):
@@ -84,7 +87,7 @@ def check_fit(config: TrainConfig, tables: dict[str, dict], started_here: bool |
     for message in fit_problems(config, tables, resources):
         if started_here is not False or " GPU " in message:
             raise UserError(message)
-        print(f"warning: {message} (waiting for the autoscaler)", file=sys.stderr)
+        log.warning(f"warning: {message} (waiting for the autoscaler)")
 
 
 # Settings measured to lose quality (200k users x 100k URLs, PV-DBOW, dim 100, 5 epochs, sample 0,
@@ -227,7 +230,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     out = storage.location(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
     if config.resume:
         resume = _Resume.of(out, config, corpus)
-        print(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)", file=sys.stderr)
+        log.info(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)")
     else:
         checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
         resume = _Resume()
@@ -237,8 +240,8 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         check_fit(config, tables, None)  # a local Ray's resources are known before starting it
     warned = quality_warnings(config, corpus)
     for message in warned:
-        print(f"warning: {message}", file=sys.stderr)
-    print(engine_line(config, corpus.vocab_size), file=sys.stderr)
+        log.warning(f"warning: {message}")
+    log.info(engine_line(config, corpus.vocab_size))
     made: list[str] | None = None  # what a fresh run created, to remove if it stops before a checkpoint
     run = None
     started_here = connect(config.address)
@@ -262,7 +265,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         _stop(run, started_here)
         run = started_here = None
         if made is not None or config.resume:  # this run wrote to `out`: say what became of it
-            print(_unfinished(out, corpus.path, made, isinstance(exc, KeyboardInterrupt)), file=sys.stderr)
+            log.warning(_unfinished(out, corpus.path, made, isinstance(exc, KeyboardInterrupt)))
         raise
     finally:
         _stop(run, started_here)
@@ -400,8 +403,7 @@ class _Run:
         if self.worker_restarts > self.config.max_restarts * len(self.workers):
             raise TrainingStopped(f"training stopped in epoch {epoch}: worker {i} failed too often "
                                   f"({_root_cause(exc)})")
-        print(f"worker {i} failed ({_root_cause(exc)}); restarting it from its last checkpointed position",
-              file=sys.stderr)
+        log.warning(f"worker {i} failed ({_root_cause(exc)}); restarting it from its last checkpointed position")
         deadline = time.monotonic() + 300
         while True:
             try:

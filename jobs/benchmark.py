@@ -37,6 +37,7 @@ from compare import run_trainer, synthetic, write_config
 
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
+from doc2vec_dist.logs import to_terminal
 
 TARGET_SPEED_RATIO = 1.5  # ours/gensim tokens/s, 200k users, dbow, dim 100, negative 5
 TARGET_PS_MEMORY_RATIO = 1.2  # a server's memory / the raw bytes of the rows it owns (optimiser state included)
@@ -285,6 +286,7 @@ def plan_vs_measured(planned: dict, ours: dict, epochs: int) -> list[dict]:
 # -- the job -----------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> dict:
+    to_terminal()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_argument_group("corpus (generated under --workdir and reused, or given)")
     src.add_argument("--users", type=int, default=200_000)

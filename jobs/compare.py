@@ -31,6 +31,7 @@ import yaml
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import TrainConfig, build
 from doc2vec_dist.evaluate import heldout_metrics, labels_metrics
+from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.memwatch import MemoryWatch
 
 MODES = {"dbow": {}, "dbow_words": {"dbow_words": True}, "dm": {"mode": "dm"},
@@ -167,6 +168,7 @@ def ratios(rows: list[dict], keys: list[str]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    to_terminal()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_argument_group("corpus")
     src.add_argument("--corpus", help="a prepared corpus")

@@ -22,6 +22,7 @@ sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without in
 from doc2vec_dist.checkpoint import KEY_TABLES
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import FORMATS, export
+from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.runners import run_on_ray
 
 
@@ -39,6 +40,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()
     args = parse(argv)
     from doc2vec_dist.trainer import ray_connection
 

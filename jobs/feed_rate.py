@@ -34,6 +34,7 @@ from benchmark import worker_split
 
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.logs import to_terminal
 
 
 def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, compute=None):
@@ -116,6 +117,7 @@ def line(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", required=True, help="a prepared corpus (doc2vec-dist prepare)")
     ap.add_argument("--config", help="YAML of training flags (one worker is used whatever it says)")

@@ -33,6 +33,7 @@ from feed_rate import one_worker
 
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.logs import to_terminal
 
 DEFAULT_CONFIG = os.path.join(ROOT, "jobs", "configs", "gpu.yaml")
 
@@ -80,6 +81,7 @@ def bench(corpus_path: str, config: TrainConfig, out: str | None, heldout: str |
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", required=True, help="a prepared corpus (doc2vec-dist prepare)")
     ap.add_argument("--heldout", help="held-out pairs (prepare --holdout-out): score recall@10 after training")

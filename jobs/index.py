@@ -24,6 +24,7 @@ calm_openmp()  # before faiss is imported
 from doc2vec_dist.checkpoint import KEY_TABLES
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.index import KINDS, build_index, summary_line
+from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.runners import run_on_ray
 
 
@@ -41,6 +42,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()
     args = parse(argv)
     from doc2vec_dist.trainer import ray_connection
 

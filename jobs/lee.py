@@ -23,6 +23,7 @@ from doc2vec_dist.baseline import train_gensim
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import prepare
 from doc2vec_dist.evaluate import pairs_metrics
+from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.trainer import train
 
 
@@ -67,6 +68,7 @@ def run(work: str, seeds: list[int], epochs: int = 40, dim: int = 100, min_count
 
 
 def main() -> None:
+    to_terminal()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--epochs", type=int, default=40)

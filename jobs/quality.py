@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.logs import to_terminal
 
 SETS = ("lee", "lee-reversed", "newsgroups", "skewed", "synth200k")
 MODES = {"dbow": {}, "dbow_words": {"dbow_words": True}, "dm": {"mode": "dm"}}
@@ -290,6 +291,7 @@ def format_result(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS, help="data sets (default: all)")
     ap.add_argument("--modes", nargs="+", default=["dbow"], choices=list(MODES), help="training modes (default: dbow)")

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from doc2vec_dist import checkpoint
+from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.memwatch import peak_rss_bytes, proc_status_bytes
 
 STEPS = ("export", "flat", "hnsw", "ivfpq", "auto", "query")
@@ -210,6 +211,7 @@ def step_query(model: str, index: str, queries: int, k: int = 10, seed: int = 5)
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=100)

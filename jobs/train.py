@@ -31,6 +31,7 @@ from doc2vec_dist.config import (
     save_json,
 )
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.logs import to_terminal
 
 DEFAULT_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
 
@@ -200,6 +201,7 @@ def report(result: dict, job: JobConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    to_terminal()
     try:
         job, prep, cfg, _ = parse(argv)
         report(run(job, prep, cfg), job)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -15,6 +16,16 @@ SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
 for _name, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                       "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
     os.environ.setdefault(_name, _value)
+
+
+@pytest.fixture
+def logged(caplog, monkeypatch):
+    """caplog holding what the library logged during the test, its information lines included. The
+    lines reach caplog (on the root logger) even after a command run in this session attached the
+    terminal handler, which stops them at the "doc2vec_dist" logger."""
+    monkeypatch.setattr(logging.getLogger("doc2vec_dist"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="doc2vec_dist")
+    return caplog
 
 
 @pytest.fixture(scope="session")

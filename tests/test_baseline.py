@@ -224,7 +224,7 @@ def test_yaml_vector_size_sets_the_baselines_dim(sample_corpus, tmp_path, capsys
     assert manifest["tables"]["docs"]["dim"] == 12
 
 
-def test_a_baseline_that_fails_removes_what_it_wrote(sample_corpus, tmp_path, capsys):
+def test_a_baseline_that_fails_removes_what_it_wrote(sample_corpus, tmp_path, logged):
     """A fresh run that stops before its model is saved leaves nothing half-made (issue 13, item 2)."""
     import shutil
 
@@ -236,7 +236,7 @@ def test_a_baseline_that_fails_removes_what_it_wrote(sample_corpus, tmp_path, ca
     with pytest.raises(CorpusError, match="part-00000.arrow: cannot read shard"):
         train_gensim(corpus, str(out), TrainConfig(dim=8, epochs=1, progress=False))
     assert not (tmp_path / "new").exists()
-    assert f"removed what this run wrote to {out}" in capsys.readouterr().err
+    assert f"removed what this run wrote to {out}" in logged.text
 
 
 @pytest.mark.parametrize("gensim_mode", ["iterable", "corpus_file"])
@@ -258,7 +258,7 @@ def test_both_gensim_modes_train_every_document_and_say_which_ran(sample_corpus,
     assert (np.abs(docs).max(axis=1) > 0.5 / 16).mean() > 0.99
 
 
-def test_iterable_mode_says_it_cuts_documents_longer_than_10000_tokens(tmp_path, capsys):
+def test_iterable_mode_says_it_cuts_documents_longer_than_10000_tokens(tmp_path, logged):
     from doc2vec_dist.corpus import prepare
 
     lines = [" ".join(f"w{i % 50}" for i in range(12_000))] + ["w1 w2 w3 w4"] * 20
@@ -266,4 +266,4 @@ def test_iterable_mode_says_it_cuts_documents_longer_than_10000_tokens(tmp_path,
     corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), format="text", progress=False)
     summary = train_gensim(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, progress=False), workers=1)
     assert summary["docs_cut"] == 1
-    assert "cuts 1 document(s) longer than 10,000 tokens" in capsys.readouterr().err
+    assert "cuts 1 document(s) longer than 10,000 tokens" in logged.text

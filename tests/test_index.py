@@ -125,9 +125,9 @@ def test_ivfpq_shape_fits_the_table():
     assert ivfpq_shape(100_000, 101)["pq_m"] == 101  # a prime dim: one dim per sub-quantizer
 
 
-def test_build_prints_recall_and_memory(trained_model, tmp_path, capsys):
+def test_build_logs_recall_and_memory(trained_model, tmp_path, logged):
     build_index(str(tmp_path / "idx"), kind="hnsw", model=trained_model, progress=False, report=True)
-    line = capsys.readouterr().err.strip().splitlines()[-1]
+    line = logged.messages[-1]
     assert re.search(r"recall@10 vs exact: 0\.9\d\d|recall@10 vs exact: 1\.000", line), line
     assert "peak memory" in line and "MiB on disk" in line
 
@@ -318,14 +318,14 @@ def _vectors_parquet(path: str, rows: int = 2000, dim: int = 16, tied: int = 2, 
     return path
 
 
-def test_an_hnsw_build_that_ends_below_its_target_warns(tmp_path, capsys):
+def test_an_hnsw_build_that_ends_below_its_target_warns(tmp_path, logged):
     vectors = _vectors_parquet(str(tmp_path / "tied.parquet"))
     params = build_index(str(tmp_path / "idx"), kind="hnsw", vectors_path=vectors, target_recall=1.0,
                          progress=False, report=True)
     # measured here: ~0.985 on the tuning queries at efSearch 1024, ~0.99 on the others
     assert params["search"] == 1024 and params["tuning_recall"] < 1.0
     assert params["warning"].startswith("recall stayed at ") and "below the target 1.0" in params["warning"]
-    assert f"warning: {params['warning']}" in capsys.readouterr().err.splitlines()
+    assert f"warning: {params['warning']}" in logged.messages
 
 
 def test_recall_below_the_target_by_more_than_sampling_noise_warns():
@@ -338,11 +338,12 @@ def test_recall_below_the_target_by_more_than_sampling_noise_warns():
     assert _search_warning("flat", None, None, 1.0, 0.96) is None
 
 
-def test_rebuilding_an_index_says_it_replaces_it(tmp_path, capsys):
+def test_rebuilding_an_index_says_it_replaces_it(tmp_path, logged):
     vectors = _vectors_parquet(str(tmp_path / "v.parquet"), rows=300, tied=0)
     out = str(tmp_path / "users.index")
     build_index(out, kind="flat", vectors_path=vectors, progress=False)
-    assert "replacing" not in capsys.readouterr().err
+    assert "replacing" not in logged.text
+    logged.clear()
     build_index(out, kind="flat", vectors_path=vectors, progress=False)
-    assert capsys.readouterr().err.splitlines() == [f"replacing the index at {out}"]
+    assert logged.messages == [f"replacing the index at {out}"]
     assert ServedIndex.load(out).index.ntotal == 300

@@ -106,7 +106,7 @@ def test_every_form_of_events_gives_the_same_vectors(trained_model, few_users_fi
     np.testing.assert_array_equal(vectors, model.infer({str(i): by_user[u] for i, u in enumerate(order[:5])}))
 
 
-def test_unknown_urls_are_counted_and_reported_not_silently_dropped(trained_model, few_users_file, tmp_path, capfd):
+def test_unknown_urls_are_counted_and_reported_not_silently_dropped(trained_model, few_users_file, tmp_path, logged):
     path, users = few_users_file
     events = pq.read_table(path, columns=["user_id", "url"])
     strangers = pa.table({"user_id": [users[0], users[0], users[1], "newcomer", "newcomer"],
@@ -114,9 +114,9 @@ def test_unknown_urls_are_counted_and_reported_not_silently_dropped(trained_mode
                                   "https://never.example/c", "https://never.example/c"]})
     mixed = str(tmp_path / "mixed.parquet")
     pq.write_table(pa.concat_tables([events, strangers]), mixed)
-    capfd.readouterr()
+    logged.clear()
     summary = infer(trained_model, [mixed], str(tmp_path / "out.parquet"), progress=False)
-    err = capfd.readouterr().err
+    err = logged.text
     assert (summary["unknown_events"], summary["unknown_urls"], summary["users_without_known_urls"]) == (5, 3, 1)
     assert "skipped 5 events with URLs the model never saw (3 distinct URLs)" in err
     assert "1 users have no URL the model knows" in err
@@ -124,10 +124,11 @@ def test_unknown_urls_are_counted_and_reported_not_silently_dropped(trained_mode
     assert summary["rows"] == written.num_rows == len(users)
     assert "newcomer" not in written.column("key").to_pylist()
     # Model.infer answers in the order asked: a row of zeros for the user it cannot place
+    logged.clear()
     vectors = Model.load(trained_model).infer({"newcomer": ["https://never.example/c"], users[0]: ["nope", *[
         u for u in events.filter(pc.equal(events.column("user_id"), users[0])).column("url").to_pylist()]]})
     assert not vectors[0].any() and vectors[1].any()
-    assert "skipped 2 events" in capfd.readouterr().err
+    assert "skipped 2 events" in logged.text
     # nobody left: still a valid, empty key/vector file
     summary = infer(trained_model, [_write(strangers, tmp_path)],
                     str(tmp_path / "empty.parquet"), progress=False)

@@ -30,7 +30,7 @@ def test_the_fallback_trains_on_the_session_cluster(trained_model):
     assert os.path.exists(os.path.join(trained_model, "LATEST"))
 
 
-def test_with_ps_and_trainer_resources_actors_ask_for_them_and_servers_for_memory(capsys):
+def test_with_ps_and_trainer_resources_actors_ask_for_them_and_servers_for_memory(logged):
     config = TrainConfig(num_ps=2, num_workers=4, cpus_per_worker=3, gpus_per_worker=1)
     have = {"CPU": 64, "GPU": 8, "ps": 16, "trainer": 8, "memory": 512 * GiB}
     ps = placement.ps_options(config, TABLES, resources=have, nodes=[node(200 * GiB, ps=8)] * 2)
@@ -39,7 +39,7 @@ def test_with_ps_and_trainer_resources_actors_ask_for_them_and_servers_for_memor
                   "memory": placement.ps_memory_bytes(per_ps)}
     assert placement.worker_options(config, resources=have) == {
         "num_cpus": 3, "num_gpus": 1, "scheduling_strategy": "SPREAD", "resources": {"trainer": 1}}
-    assert capsys.readouterr().err == ""  # it fits: no warning
+    assert logged.text == ""  # it fits: no warning
 
 
 def test_only_the_resources_that_exist_are_asked_for():
@@ -56,7 +56,7 @@ def test_table_bytes_count_the_largest_slice_and_the_optimizer_state():
     assert placement.ps_memory_bytes(1000) == 1250 + placement.PS_PROCESS_BYTES
 
 
-def test_a_sizing_that_no_live_ps_node_can_hold_is_named(capsys):
+def test_a_sizing_that_no_live_ps_node_can_hold_is_named(logged):
     need = 30 * GiB
     assert placement.ps_fit_problem(need, 4, [node(64 * GiB, ps=8), node(64 * GiB, ps=8)]) is None
     problem = placement.ps_fit_problem(need, 5, [node(64 * GiB, ps=8), node(64 * GiB, ps=8)])
@@ -67,7 +67,7 @@ def test_a_sizing_that_no_live_ps_node_can_hold_is_named(capsys):
     config = TrainConfig(num_ps=64)
     placement.ps_options(config, {"docs": {"rows": 10**9, "dim": 100}}, resources={"ps": 8},
                          nodes=[node(64 * GiB, ps=8)])
-    assert "warning: 64 parameter servers need" in capsys.readouterr().err
+    assert "warning: 64 parameter servers need" in logged.text
 
 
 def test_a_workers_memory_need_counts_its_resident_url_rows_where_they_live():

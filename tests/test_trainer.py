@@ -104,7 +104,7 @@ def test_chunks_whose_tokens_are_all_subsampled_away_still_train(ray_cluster, tm
     assert np.isfinite(checkpoint.read_table(str(tmp_path / "m"), "docs")).all()
 
 
-def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, sample_corpus, tmp_path, capsys):
+def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, sample_corpus, tmp_path, logged):
     from doc2vec_dist.trainer import TrainingStopped
 
     out = tmp_path / "new" / "m"
@@ -114,7 +114,7 @@ def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, samp
     # folders it created for its --out
     assert not (tmp_path / "new").exists()
     assert f"training stopped before the first checkpoint: removed what this run wrote to {out}" \
-        in capsys.readouterr().err
+        in logged.text
     # into a folder that was there already (empty): the folder stays, empty
     (tmp_path / "empty").mkdir()
     with pytest.raises(TrainingStopped):

@@ -1,0 +1,40 @@
+"""Where the library's log lines go when a command runs: the terminal, as plain lines.
+
+It changes when what a command shows of the "doc2vec_dist" loggers changes. The library modules only
+log (`logging.getLogger(__name__)`), so a program that uses them as a library decides what it sees
+(Python's default: warnings on stderr, information silent); the command line and the jobs call
+`to_terminal()` so that their users see every line as it is written, without logging's decorations.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER = "doc2vec_dist"
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes each line to whatever sys.stderr is at that moment, so a redirection made later
+    (pytest's capture, contextlib.redirect_stderr) still gets it: a plain StreamHandler keeps the
+    stream it was given when it was made."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr  # under the handler's lock, which handle() holds around emit
+        super().emit(record)
+
+
+def to_terminal(level: int = logging.INFO) -> None:
+    """Print the library's lines of `level` and above on stderr, each as its message alone.
+
+    Calling it again changes the level but adds no second handler. The lines stop at this logger
+    (propagate off): a root logger that the program configured does not print them a second time.
+    """
+    log = logging.getLogger(LOGGER)
+    handler = next((h for h in log.handlers if isinstance(h, _Stderr)), None)
+    if handler is None:
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False

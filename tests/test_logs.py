@@ -1,0 +1,86 @@
+"""The library logs, the command line prints: what each shows of the same lines (issue 16, item 5)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from doc2vec_dist.cli import main
+from doc2vec_dist.logs import LOGGER, to_terminal
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def untouched(monkeypatch):
+    """The "doc2vec_dist" logger as a program that never called to_terminal has it; put back after
+    (its level through setLevel, which also clears the children's cached levels)."""
+    log = logging.getLogger(LOGGER)
+    level = log.level
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(log, "propagate", True)
+    log.setLevel(logging.NOTSET)
+    yield log
+    log.setLevel(level)
+
+
+def _vectors(path: str) -> str:
+    vectors = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
+    pq.write_table(pa.table({"key": [f"k{i}" for i in range(50)],
+                             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 4)}), path)
+    return path
+
+
+def test_to_terminal_twice_prints_each_line_once(untouched, capsys):
+    to_terminal()
+    to_terminal()
+    logging.getLogger(f"{LOGGER}.index").info("replacing the index at somewhere")
+    logging.getLogger(f"{LOGGER}.trainer").warning("warning: something")
+    assert capsys.readouterr().err == "replacing the index at somewhere\nwarning: something\n"
+    assert len(untouched.handlers) == 1 and not untouched.propagate
+
+
+def test_a_library_call_logs_what_the_command_prints(untouched, tmp_path, capsys, caplog):
+    from doc2vec_dist.index import build_index
+
+    vectors, out = _vectors(str(tmp_path / "v.parquet")), str(tmp_path / "users.index")
+    build_index(out, kind="flat", vectors_path=vectors, progress=False)
+    to_terminal()  # as the command line does, then a program that wants errors only
+    caplog.set_level(logging.ERROR, logger=LOGGER)
+    build_index(out, kind="flat", vectors_path=vectors, progress=False)
+    assert capsys.readouterr().err == ""
+    assert main(["index", "--vectors", vectors, "--out", out, "--kind", "flat", "--no-progress"]) == 0
+    assert capsys.readouterr().err == f"replacing the index at {out}\n"
+
+
+def test_a_program_that_configures_no_logging_sees_the_warnings_only(tmp_path):
+    """Python's default for a library user: warnings on stderr as the command prints them (logging's
+    last resort handler), information lines silent, and the level of the "doc2vec_dist" logger
+    silences the rest."""
+    vectors, out = _vectors(str(tmp_path / "v.parquet")), str(tmp_path / "users.index")
+    script = f"""
+import logging
+from doc2vec_dist import placement
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.index import build_index
+
+build_index({out!r}, kind="flat", vectors_path={vectors!r}, progress=False)
+build_index({out!r}, kind="flat", vectors_path={vectors!r}, progress=False)  # "replacing ...": information
+args = TrainConfig(num_ps=64), {{"docs": {{"rows": 10**9, "dim": 100}}}}
+node = {{"Alive": True, "Resources": {{"memory": 64 << 30, "ps": 8}}}}
+placement.ps_options(*args, resources={{"ps": 8}}, nodes=[node])  # a warning
+logging.getLogger("doc2vec_dist").setLevel(logging.ERROR)
+placement.ps_options(*args, resources={{"ps": 8}}, nodes=[node])
+"""
+    done = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: 64 parameter servers need"), done.stderr
