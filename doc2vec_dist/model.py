@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import checkpoint
-from .corpus import id_string
 from .errors import UserError
 from .export import keys_of, unit_rows
+from .ids import id_string
 from .index import ServedIndex, lookup, neighbor_table, prior_queries, prior_targets, url_log_prior
 
 
