@@ -18,8 +18,9 @@ corpus (one shard) has doc id == line number unless lines were skipped.
 
 Bad input. Each kind either stops `prepare` with a one-line CorpusError naming the file (and the column
 and row where known), leaving nothing at the output, or is skipped, counted in corpus.json's "skipped"
-(where the first few were in "skipped_where") and reported on stderr one line per reason. Rows and
-lines in messages are counted from 0 within their file (a CSV header is not a row), as text keys are.
+(where the first few were in "skipped_where") and reported one line per reason (logged as warnings
+of the "doc2vec_dist.prepare" logger). Rows and lines in messages are counted from 0 within their
+file (a CSV header is not a row), as text keys are.
 
     errors   no input file; a missing column (the message lists the columns the file has); a key or
              token column holding lists or structs; a time column that is not a time; a file that is
@@ -49,6 +50,7 @@ events, not users); the counts in vocab.arrow are those of the training tokens.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -75,6 +77,8 @@ from .corpus import (
 )
 from .ids import TokenIds, hash_strings, mix64
 from .readers import FORMATS, Options, Skips, expand_inputs, iter_chunks
+
+log = logging.getLogger(__name__)
 
 
 def _compact(counts: dict) -> str:
@@ -397,7 +401,8 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     Raises CorpusError (naming the file, column or row) on bad input, and on an output that cannot be
     written; on any error nothing is left at `out` or `holdout_out`, nor directories made for them.
     What was skipped, and why, is in corpus.json ("skipped", "skipped_where"); with `report` (by
-    default: with `progress`) a summary and one line per reason go to stderr (`skip_report`).
+    default: with `progress`) a summary and one line per reason are logged (`skip_report`; the
+    dropped as warnings, the rest as information, on the "doc2vec_dist.prepare" logger).
     """
     if format not in FORMATS:
         raise CorpusError(f"format '{format}' is not one of {', '.join(FORMATS)}")
@@ -488,13 +493,12 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         report = progress
     if report:
         lines = skip_report(meta)
-        print(f"prepared {out}: {p3.num_docs:,} docs, {p3.num_tokens:,} tokens, vocabulary "
-              f"{len(vocab_tokens):,}, {buckets} shard(s)"
-              + ("" if any(line.startswith("skipped") for line in lines) else "; skipped: nothing")
-              + (f"; held out {p3.heldout:,} (key, token) pairs to {hold_final}" if hold_final else ""),
-              file=sys.stderr)
-        for line in lines:
-            print(line, file=sys.stderr)
+        log.info(f"prepared {out}: {p3.num_docs:,} docs, {p3.num_tokens:,} tokens, vocabulary "
+                 f"{len(vocab_tokens):,}, {buckets} shard(s)"
+                 + ("" if any(line.startswith("skipped") for line in lines) else "; skipped: nothing")
+                 + (f"; held out {p3.heldout:,} (key, token) pairs to {hold_final}" if hold_final else ""))
+        for line in lines:  # what was dropped is a warning; what was kept, information
+            (log.warning if line.startswith("skipped") else log.info)(line)
     return Corpus(out)
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -36,6 +36,8 @@ import pyarrow.parquet as pq
 
 from .corpus import CorpusError, one_line
 from .ids import id_string
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("events", "lists", "text")
 
@@ -111,7 +113,7 @@ def expand_inputs(inputs: list[str], format: str) -> list[str]:
             raise CorpusError(f"{given}: no such file or directory")
         for match in matches:
             if os.path.isdir(match) and (generated := events_dir(match)) is not None:
-                print(f"{match}: a `generate` output; reading its events in {generated}", file=sys.stderr)
+                log.info(f"{match}: a `generate` output; reading its events in {generated}")
                 match = generated
             if os.path.isdir(match):
                 inside = _walk(match)

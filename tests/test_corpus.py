@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import logging
 import os
 
 import numpy as np
@@ -449,13 +450,15 @@ def test_corpus_open_errors(tmp_path):
         Corpus(c.path)
 
 
-def test_summary_on_stderr(tmp_path, capsys):
+def test_summary_is_logged(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="doc2vec_dist")
     src = _write_events(tmp_path / "e.parquet", EVENTS)
     prepare([src], str(tmp_path / "out"), progress=True)
-    err = capsys.readouterr().err
-    assert "4 docs, 10 tokens, vocabulary 4, 1 shard(s); skipped: nothing" in err
+    assert "4 docs, 10 tokens, vocabulary 4, 1 shard(s); skipped: nothing" in caplog.text
+    caplog.clear()
+    capsys.readouterr()  # the progress bars
     prepare([src], str(tmp_path / "quiet"), progress=False)
-    assert capsys.readouterr().err == ""
+    assert caplog.text == "" and capsys.readouterr().err == ""
 
 
 def test_corpus_files_are_arrow_ipc_files_with_the_contract_schemas(tmp_path):
@@ -599,7 +602,7 @@ def test_json_ids_that_are_strings_in_some_rows_and_numbers_in_others(tmp_path, 
     assert not os.path.exists(tmp_path / "out4")
 
 
-def test_empty_files_among_good_ones_are_counted_skips(tmp_path, capsys):
+def test_empty_files_among_good_ones_are_counted_skips(tmp_path, caplog):
     good = _write_events(tmp_path / "good.parquet", EVENTS)
     (tmp_path / "zero.parquet").write_bytes(b"")
     pq.write_table(pa.table({"user_id": pa.array([], pa.string()), "url": pa.array([], pa.string())}),
@@ -616,7 +619,7 @@ def test_empty_files_among_good_ones_are_counted_skips(tmp_path, capsys):
     assert c.meta["skipped_where"]["empty_files"] == [str(tmp_path / "zero.parquet"), str(tmp_path / "norows.parquet"),
                                                      str(tmp_path / "zero.csv")]
     assert _documents(c) == _documents(_prepare([good], tmp_path / "alone"))
-    assert f"skipped 6 empty input file(s) (first: {tmp_path / 'zero.parquet'}, " in capsys.readouterr().err
+    assert f"skipped 6 empty input file(s) (first: {tmp_path / 'zero.parquet'}, " in caplog.text
 
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(CorpusError, match=r"zero\.parquet, .*zero\.csv and 1 more: the inputs hold no rows "
@@ -628,7 +631,7 @@ def test_empty_files_among_good_ones_are_counted_skips(tmp_path, capsys):
     assert _leftovers(tmp_path) == ["out"]
 
 
-def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, monkeypatch, capsys):
+def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(readers_mod, "TEXT_BLOCK_BYTES", 16)  # line numbers must hold across blocks
     lines = [b"good one", b"bad \xff line", b"caf\xc3\xa9 ok", b"\xc3 truncated", b"last good"]
     (tmp_path / "a.txt").write_bytes(b"\n".join(lines) + b"\n")
@@ -642,7 +645,7 @@ def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, mo
     assert c.meta["skipped_where"]["invalid_utf8_lines"] == [f"{tmp_path / 'a.txt'} line 1", f"{tmp_path / 'a.txt'} line 3",
                                                             f"{tmp_path / 'b.txt'} line 0"]
     assert c.meta["input_rows"] == 7
-    err = capsys.readouterr().err
+    err = caplog.text
     assert f"skipped 3 line(s) that are not valid UTF-8 (their keys are not reused) (first: {tmp_path / 'a.txt'} line 1" in err
 
 
@@ -670,7 +673,7 @@ def test_malformed_csv_row_is_an_error_with_a_hint(tmp_path):
         _prepare([tmp_path / "e.csv"], tmp_path / "out")
 
 
-def test_duplicate_events_are_dropped_only_with_a_time_column(tmp_path, capsys):
+def test_duplicate_events_are_dropped_only_with_a_time_column(tmp_path, caplog):
     rows = [("u1", "a", 1), ("u1", "b", 1), ("u1", "a", 1), ("u1", "a", 2), ("u2", "a", 1), ("u1", "a", None),
             (None, "a", 0), ("u1", "a", None)]
     a = _write_events(tmp_path / "a.parquet", rows)
@@ -680,7 +683,7 @@ def test_duplicate_events_are_dropped_only_with_a_time_column(tmp_path, capsys):
     # u1: a@1, b@1 (a@1 again and b@1 from b.csv dropped), a@2, then the two timeless a's (never duplicates).
     assert _documents(c) == {"u1": ["a", "b", "a", "a", "a"], "u2": ["a"], "u3": ["c"]}
     assert c.counts().tolist() == [5, 1, 1]  # training counts, after the drop
-    assert "skipped 3 duplicate event(s): the same 'user_id', 'url' and 'ts' as an earlier one" in capsys.readouterr().err
+    assert "skipped 3 duplicate event(s): the same 'user_id', 'url' and 'ts' as an earlier one" in caplog.text
     # Without a time column a repeated (user, URL) is another visit: kept.
     c = _prepare([a, b], tmp_path / "no-time")
     assert c.meta["skipped"]["duplicate_events"] == 0 and c.num_tokens == 10
