@@ -139,7 +139,7 @@ def cmd_generate(args) -> None:
 
 
 def cmd_prepare(args) -> None:
-    from .corpus import prepare
+    from .prepare import prepare
 
     yaml_values = load_yaml(args.config) if args.config else {}
     cfg = build(PrepareConfig, yaml_values, vars(args))

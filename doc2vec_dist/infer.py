@@ -58,8 +58,10 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint, device_examples, kernels
-from .corpus import Corpus, _mix64, iter_shard, prepare
+from .corpus import Corpus, iter_shard
 from .errors import UserError
+from .ids import mix64
+from .prepare import prepare
 from .sampling import NegativeTable, keep_probabilities
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ def initial_vectors(keys: list[str], dim: int, seed: int) -> np.ndarray:
     start = np.fromiter((int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8, key=secret).digest(), "little")
                          for k in keys), dtype=np.uint64, count=len(keys))
     state = start[:, None] + _GOLDEN * np.arange(1, dim + 1, dtype=np.uint64)[None, :]  # wraps mod 2**64
-    uniform = (_mix64(state) >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)  # [0, 1), exact
+    uniform = (mix64(state) >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)  # [0, 1), exact
     return (uniform * 2.0 - 1.0) / np.float32(dim)
 
 

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import checkpoint
-from .corpus import id_string
 from .errors import UserError
+from .ids import id_string
 from .index import ServedIndex
 from .scoring import lookup, neighbor_table, prior_queries, prior_targets, unit_rows, url_log_prior
 

@@ -58,7 +58,7 @@ import pyarrow as pa
 
 from . import outputs
 from .config import TrainConfig
-from .corpus import Corpus, iter_shard
+from .corpus import Corpus, iter_shard, write_shard
 from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
 from .ps import table_specs
@@ -178,38 +178,24 @@ def make_slice(corpus: Corpus, out: str, tokens: int, files: int) -> Corpus:
     """A corpus of the first documents of `corpus` (about `tokens` tokens, in `files` shard files)
     with its whole vocabulary and counts, so that subsampling, negatives and the rows a macro-batch
     touches are those of the full corpus. Doc ids stay 0..n-1 (shards hold consecutive ids)."""
-    tables, taken, schema = [], 0, None
-    for path in corpus.shard_paths:
-        reader = pa.ipc.open_file(pa.memory_map(path))
-        schema = reader.schema
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            offsets = batch.column(1).offsets.to_numpy()
-            lengths = np.diff(offsets)
-            need = tokens - taken
-            n = int(np.searchsorted(np.cumsum(lengths), need, side="left")) + 1
-            n = min(n, batch.num_rows)
-            tables.append(pa.Table.from_batches([batch.slice(0, n)]))
-            taken += int(lengths[:n].sum())
-            if taken >= tokens:
-                break
+    ids, sizes, words, taken = [], [], [], 0
+    for doc_ids, offsets, chunk in itertools.chain.from_iterable(map(iter_shard, corpus.shard_paths)):
+        n = min(int(np.searchsorted(offsets[1:], tokens - taken, side="left")) + 1, len(doc_ids))
+        ids.append(doc_ids[:n])
+        sizes.append(np.diff(offsets[:n + 1]))
+        words.append(chunk[:offsets[n]])
+        taken += int(offsets[n])
         if taken >= tokens:
             break
-    whole = pa.concat_tables(tables).combine_chunks()
-    n_docs = whole.num_rows
-    if not np.array_equal(whole.column(0).to_numpy(), np.arange(n_docs)):
+    doc_ids, lengths, words = np.concatenate(ids), np.concatenate(sizes), np.concatenate(words)
+    n_docs = len(doc_ids)
+    if not np.array_equal(doc_ids, np.arange(n_docs)):
         raise UserError(f"{corpus.path}: doc ids are not 0..n-1 in shard order; cannot slice it for calibration")
-    os.makedirs(os.path.join(out, "shards"), exist_ok=True)
-    lengths = np.diff(whole.column(1).combine_chunks().offsets.to_numpy()) if n_docs else np.zeros(0, np.int64)
     cum = np.concatenate([[0], np.cumsum(lengths)])
     cuts = np.unique(np.searchsorted(cum, np.linspace(0, cum[-1], max(1, files) + 1), side="left"))
     cuts[0], cuts[-1] = 0, n_docs
-    shards = []
-    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
-        rel = os.path.join("shards", f"part-{i:05d}.arrow")
-        with pa.OSFile(os.path.join(out, rel), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            writer.write_table(whole.slice(int(a), int(b - a)))
-        shards.append({"path": rel, "docs": int(b - a), "tokens": int(cum[b] - cum[a])})
+    shards = [write_shard(out, i, doc_ids[a:b], lengths[a:b], words[cum[a]:cum[b]])
+              for i, (a, b) in enumerate(itertools.pairwise(cuts))]
     docs = corpus.docs().slice(0, n_docs)
     with pa.OSFile(os.path.join(out, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, docs.schema) as writer:
         writer.write_table(docs)

@@ -45,7 +45,7 @@ def synthetic(work: str, users: int, urls: int, seed: int, events_per_user: floa
               progress: bool = True) -> tuple[str, str, str]:
     """Generate and prepare (once) a synthetic corpus with 20% of each user's URLs held out; a corpus
     already under `work` is reused. The seconds each step took are kept in timings.json beside it."""
-    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.prepare import prepare
     from doc2vec_dist.synthetic import generate
 
     name = f"synthetic-{users}x{urls}-s{seed}" + ("" if events_per_user == 30.0 else f"-e{events_per_user:g}")

@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from doc2vec_dist.baseline import train_gensim
 from doc2vec_dist.config import TrainConfig
-from doc2vec_dist.corpus import prepare
 from doc2vec_dist.evaluate import pairs_metrics
 from doc2vec_dist.logs import to_terminal
+from doc2vec_dist.prepare import prepare
 from doc2vec_dist.trainer import train
 
 

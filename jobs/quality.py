@@ -72,7 +72,7 @@ def _lee(work: str, reverse: bool, quick: bool) -> Set:
     from gensim.test.utils import datapath
     from gensim.utils import simple_preprocess
 
-    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.prepare import prepare
 
     name = "lee-reversed" if reverse else "lee"
     root = os.path.join(work, name)
@@ -153,7 +153,7 @@ def _np_reconstruct():
 def _newsgroups(work: str, quick: bool) -> Set:
     from gensim.utils import simple_preprocess
 
-    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.prepare import prepare
 
     root = os.path.join(work, "newsgroups")
     os.makedirs(root, exist_ok=True)
@@ -193,7 +193,7 @@ def leave_one_out_accuracy(model: str, labels: list[str], k: int = 10) -> float:
 
 
 def _generated(work: str, name: str, users: int, urls: int, epochs: int, about: str, **generate_args) -> Set:
-    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.prepare import prepare
     from doc2vec_dist.synthetic import generate
 
     root = os.path.join(work, name)

@@ -127,11 +127,11 @@ def _output_resolver(config: str, root: str | None, base: str):
 
 def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     from doc2vec_dist import checkpoint
-    from doc2vec_dist.corpus import prepare
     from doc2vec_dist.evaluate import heldout_metrics
     from doc2vec_dist.export import export
     from doc2vec_dist.index import build_index
     from doc2vec_dist.model import neighbors
+    from doc2vec_dist.prepare import prepare
     from doc2vec_dist.trainer import train
 
     stages: dict[str, float] = {}

@@ -43,7 +43,7 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def sample_corpus(tmp_path_factory):
     """The bundled sample prepared with 20% of each user's URLs held out: (corpus dir, held-out file)."""
-    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.prepare import prepare
 
     root = tmp_path_factory.mktemp("sample")
     heldout = str(root / "heldout.parquet")

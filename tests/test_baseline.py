@@ -259,7 +259,7 @@ def test_both_gensim_modes_train_every_document_and_say_which_ran(sample_corpus,
 
 
 def test_iterable_mode_says_it_cuts_documents_longer_than_10000_tokens(tmp_path, logged):
-    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.prepare import prepare
 
     lines = [" ".join(f"w{i % 50}" for i in range(12_000))] + ["w1 w2 w3 w4"] * 20
     (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")

@@ -1,5 +1,6 @@
-"""Tests of corpus.py: prepare (every input format, vocabulary, ordering, holdout, shards, errors) and
-the readers (Corpus, iter_shard). Small real files in tmp_path; the whole module runs in seconds."""
+"""Tests of corpus.py, readers.py, ids.py and prepare.py: prepare (every input format, vocabulary, ordering,
+holdout, shards, errors) and reading a corpus (Corpus, iter_shard). Small real files in tmp_path; the whole
+module runs in seconds."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import corpus as corpus_mod
-from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard, prepare
+from doc2vec_dist import prepare as prepare_mod
+from doc2vec_dist import readers as readers_mod
+from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.prepare import prepare
 
 # (user, url, ts): users interleaved, a tie in time for user "u1" (ts 5 twice)
 EVENTS = [
@@ -195,7 +199,7 @@ def test_text_keys_are_line_numbers_across_inputs(tmp_path):
 
 
 def test_text_gzip_and_many_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpus_mod, "TEXT_BLOCK_BYTES", 7)  # lines straddle blocks
+    monkeypatch.setattr(readers_mod, "TEXT_BLOCK_BYTES", 7)  # lines straddle blocks
     lines = [f"w{i} w{i % 3} common" for i in range(50)]
     with gzip.open(tmp_path / "t.txt.gz", "wt") as f:
         f.write("\n".join(lines) + "\n")
@@ -408,7 +412,7 @@ def test_failure_in_the_last_pass_leaves_nothing_behind(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(corpus_mod, "_write_shard", boom)
+    monkeypatch.setattr(prepare_mod, "write_shard", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         _prepare([src], tmp_path / "out", num_shards=2)
     assert _leftovers(tmp_path) == []
@@ -445,13 +449,15 @@ def test_corpus_open_errors(tmp_path):
         Corpus(c.path)
 
 
-def test_summary_on_stderr(tmp_path, capsys):
+def test_summary_is_logged(tmp_path, capsys, logged):
+    caplog = logged
     src = _write_events(tmp_path / "e.parquet", EVENTS)
     prepare([src], str(tmp_path / "out"), progress=True)
-    err = capsys.readouterr().err
-    assert "4 docs, 10 tokens, vocabulary 4, 1 shard(s); skipped: nothing" in err
+    assert "4 docs, 10 tokens, vocabulary 4, 1 shard(s); skipped: nothing" in caplog.text
+    caplog.clear()
+    capsys.readouterr()  # the progress bars
     prepare([src], str(tmp_path / "quiet"), progress=False)
-    assert capsys.readouterr().err == ""
+    assert caplog.text == "" and capsys.readouterr().err == ""
 
 
 def test_corpus_files_are_arrow_ipc_files_with_the_contract_schemas(tmp_path):
@@ -547,7 +553,7 @@ def test_integer_and_float_ids_are_cast_but_lists_and_structs_are_errors(tmp_pat
 
 def test_json_column_changing_type_names_the_file_row(tmp_path, monkeypatch):
     # ids may change JSON type (next test); a time column may not
-    monkeypatch.setattr(corpus_mod, "CSV_JSON_BLOCK_BYTES", 1000)  # the change lies in a later block
+    monkeypatch.setattr(readers_mod, "CSV_JSON_BLOCK_BYTES", 1000)  # the change lies in a later block
     rows = [{"user_id": "u", "url": "a", "ts": i} for i in range(200)] + [{"user_id": "u", "url": "a", "ts": "x"}]
     (tmp_path / "e.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(CorpusError, match=r"e\.jsonl: cannot read: JSON parse error: Column\(/ts\) changed "
@@ -565,7 +571,7 @@ def test_json_ids_that_are_strings_in_some_rows_and_numbers_in_others(tmp_path, 
     assert _documents(c) == {"u1": ["a", "7"], "100000": ["b", "7"], "7": ["a"], "2.5": ["true"]}
 
     # the change in a later block, after Arrow has read 200 rows of numbers; a blank line is no row
-    monkeypatch.setattr(corpus_mod, "CSV_JSON_BLOCK_BYTES", 1000)
+    monkeypatch.setattr(readers_mod, "CSV_JSON_BLOCK_BYTES", 1000)
     rows = [{"user_id": i, "url": "a", "ts": i} for i in range(200)] + [{"user_id": "x", "url": "b", "ts": 5},
                                                                          {"user_id": 2**70, "url": "c", "ts": 6}]
     (tmp_path / "later.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:100]) + "\n"
@@ -595,7 +601,7 @@ def test_json_ids_that_are_strings_in_some_rows_and_numbers_in_others(tmp_path, 
     assert not os.path.exists(tmp_path / "out4")
 
 
-def test_empty_files_among_good_ones_are_counted_skips(tmp_path, capsys):
+def test_empty_files_among_good_ones_are_counted_skips(tmp_path, logged):
     good = _write_events(tmp_path / "good.parquet", EVENTS)
     (tmp_path / "zero.parquet").write_bytes(b"")
     pq.write_table(pa.table({"user_id": pa.array([], pa.string()), "url": pa.array([], pa.string())}),
@@ -612,7 +618,7 @@ def test_empty_files_among_good_ones_are_counted_skips(tmp_path, capsys):
     assert c.meta["skipped_where"]["empty_files"] == [str(tmp_path / "zero.parquet"), str(tmp_path / "norows.parquet"),
                                                      str(tmp_path / "zero.csv")]
     assert _documents(c) == _documents(_prepare([good], tmp_path / "alone"))
-    assert f"skipped 6 empty input file(s) (first: {tmp_path / 'zero.parquet'}, " in capsys.readouterr().err
+    assert f"skipped 6 empty input file(s) (first: {tmp_path / 'zero.parquet'}, " in logged.text
 
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(CorpusError, match=r"zero\.parquet, .*zero\.csv and 1 more: the inputs hold no rows "
@@ -624,8 +630,8 @@ def test_empty_files_among_good_ones_are_counted_skips(tmp_path, capsys):
     assert _leftovers(tmp_path) == ["out"]
 
 
-def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(corpus_mod, "TEXT_BLOCK_BYTES", 16)  # line numbers must hold across blocks
+def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, monkeypatch, logged):
+    monkeypatch.setattr(readers_mod, "TEXT_BLOCK_BYTES", 16)  # line numbers must hold across blocks
     lines = [b"good one", b"bad \xff line", b"caf\xc3\xa9 ok", b"\xc3 truncated", b"last good"]
     (tmp_path / "a.txt").write_bytes(b"\n".join(lines) + b"\n")
     (tmp_path / "b.txt").write_bytes(b"\xfe\xfe\nmore text\n")
@@ -638,7 +644,7 @@ def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, mo
     assert c.meta["skipped_where"]["invalid_utf8_lines"] == [f"{tmp_path / 'a.txt'} line 1", f"{tmp_path / 'a.txt'} line 3",
                                                             f"{tmp_path / 'b.txt'} line 0"]
     assert c.meta["input_rows"] == 7
-    err = capsys.readouterr().err
+    err = logged.text
     assert f"skipped 3 line(s) that are not valid UTF-8 (their keys are not reused) (first: {tmp_path / 'a.txt'} line 1" in err
 
 
@@ -666,7 +672,7 @@ def test_malformed_csv_row_is_an_error_with_a_hint(tmp_path):
         _prepare([tmp_path / "e.csv"], tmp_path / "out")
 
 
-def test_duplicate_events_are_dropped_only_with_a_time_column(tmp_path, capsys):
+def test_duplicate_events_are_dropped_only_with_a_time_column(tmp_path, logged):
     rows = [("u1", "a", 1), ("u1", "b", 1), ("u1", "a", 1), ("u1", "a", 2), ("u2", "a", 1), ("u1", "a", None),
             (None, "a", 0), ("u1", "a", None)]
     a = _write_events(tmp_path / "a.parquet", rows)
@@ -676,7 +682,7 @@ def test_duplicate_events_are_dropped_only_with_a_time_column(tmp_path, capsys):
     # u1: a@1, b@1 (a@1 again and b@1 from b.csv dropped), a@2, then the two timeless a's (never duplicates).
     assert _documents(c) == {"u1": ["a", "b", "a", "a", "a"], "u2": ["a"], "u3": ["c"]}
     assert c.counts().tolist() == [5, 1, 1]  # training counts, after the drop
-    assert "skipped 3 duplicate event(s): the same 'user_id', 'url' and 'ts' as an earlier one" in capsys.readouterr().err
+    assert "skipped 3 duplicate event(s): the same 'user_id', 'url' and 'ts' as an earlier one" in logged.text
     # Without a time column a repeated (user, URL) is another visit: kept.
     c = _prepare([a, b], tmp_path / "no-time")
     assert c.meta["skipped"]["duplicate_events"] == 0 and c.num_tokens == 10

@@ -115,7 +115,7 @@ def numeric_model(tmp_path_factory):
     """A real gensim (baseline) model of 400 sample users whose ids were numbers (100000, 100001, …)."""
     from doc2vec_dist.baseline import train_gensim
     from doc2vec_dist.config import TrainConfig
-    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.prepare import prepare
 
     root = tmp_path_factory.mktemp("numeric")
     sample = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sample", "events")

@@ -82,7 +82,7 @@ def test_leave_one_out_accuracy_counts_every_document(tmp_path):
     """Two tight clusters with their own labels: every document's neighbours share its label; labels
     unrelated to the clusters score near chance."""
     from doc2vec_dist import checkpoint
-    from doc2vec_dist.corpus import prepare
+    from doc2vec_dist.prepare import prepare
 
     quality = load_quality()
     (tmp_path / "t.txt").write_text("".join(f"w{i % 2} w{i % 2 + 2}\n" for i in range(24)))

@@ -10,9 +10,10 @@ import pytest
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.config import TrainConfig
-from doc2vec_dist.corpus import Corpus, prepare
+from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
+from doc2vec_dist.prepare import prepare
 from doc2vec_dist.trainer import quality_warnings, train
 from doc2vec_dist.worker import plan_units
 

@@ -1,0 +1,698 @@
+"""Readers: input paths in, normalised chunks of (key, token, time) events out.
+
+Changes when an input format, a file kind or the handling of its bad rows changes. What `prepare`
+does with the events, and which bad input stops it and which is skipped, is in prepare.py.
+
+Input formats:
+
+    events  rows of (doc_col, token_col[, time_col]) in Parquet, CSV/TSV or JSON lines; a user's
+            events may be spread over many files. With time_col, each user's tokens are ordered by
+            time (ties keep input order); otherwise by input order.
+    lists   one row per document: doc_col and token_col holding a list of tokens (Parquet, JSON lines).
+    text    one document per line, tokens separated by whitespace. The key of a document is its line
+            number counted from 0 across the inputs concatenated in the order given (a directory's
+            files in sorted order); a file that does not end in a newline still ends its last line.
+
+Errors are one-line CorpusErrors naming the file (and the column and row where known); rows and
+lines in them are counted from 0 within their file (a CSV header is not a row), as text keys are.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+
+from .corpus import CorpusError, one_line
+from .ids import id_string
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("events", "lists", "text")
+
+# Sizes of what one read of an input hands us; a batch of events is transient, so these only bound
+# the working memory of passes 1 and 2, not correctness.
+PARQUET_BATCH_ROWS = 1 << 18
+TEXT_BLOCK_BYTES = 16 << 20
+CSV_JSON_BLOCK_BYTES = 16 << 20
+
+PARQUET_EXTS = (".parquet", ".pq")
+CSV_EXTS = (".csv", ".tsv")
+JSON_EXTS = (".jsonl", ".json", ".ndjson")
+# Outer compression pyarrow's CSV/JSON readers and input streams undo by themselves.
+COMPRESSION_EXTS = (".gz", ".bz2", ".zst", ".lz4", ".br")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs: paths → files → normalised chunks of events
+# ---------------------------------------------------------------------------------------------------
+
+def _strip_compression(name: str) -> str:
+    lower = name.lower()
+    for ext in COMPRESSION_EXTS:
+        if lower.endswith(ext):
+            return lower[: -len(ext)]
+    return lower
+
+
+def _file_kind(path: str) -> str | None:
+    """'parquet', 'csv', 'tsv' or 'json' from the file name, None when we do not know it."""
+    lower = path.lower()
+    if lower.endswith(PARQUET_EXTS):
+        return "parquet"
+    base = _strip_compression(lower)
+    if base.endswith(".tsv"):
+        return "tsv"
+    if base.endswith(".csv"):
+        return "csv"
+    if base.endswith(JSON_EXTS):
+        return "json"
+    return None
+
+
+def _walk(directory: str) -> list[str]:
+    """Files under a directory, recursively, sorted; hidden and _-prefixed files (Spark's _SUCCESS,
+    Parquet's _metadata) are bookkeeping, not data."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        found += [os.path.join(root, f) for f in files if not f.startswith((".", "_"))]
+    return sorted(found)
+
+
+def expand_inputs(inputs: list[str], format: str) -> list[str]:
+    """The input files, in order: each input is a file, a directory (its data files, recursively,
+    sorted) or a glob (its matches, sorted). A file listed twice is read once. The directory that
+    `generate` wrote stands for its events/ (not its generate.json and ground truth)."""
+    from .synthetic import events_dir
+
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    if not inputs:
+        raise CorpusError("no input given")
+    files: list[str] = []
+    for given in map(os.fspath, inputs):
+        if os.path.isdir(given) or os.path.exists(given):
+            matches = [given]
+        elif any(c in given for c in "*?["):
+            matches = sorted(glob.glob(given, recursive=True))
+            if not matches:
+                raise CorpusError(f"{given}: the pattern matches no file")
+        else:
+            raise CorpusError(f"{given}: no such file or directory")
+        for match in matches:
+            if os.path.isdir(match) and (generated := events_dir(match)) is not None:
+                log.info(f"{match}: a `generate` output; reading its events in {generated}")
+                match = generated
+            if os.path.isdir(match):
+                inside = _walk(match)
+                if format != "text":
+                    inside = [f for f in inside if _file_kind(f)]
+                if not inside and match == given:
+                    raise CorpusError(f"{given}: the directory holds no input files"
+                                      + ("" if format == "text" else " (.parquet, .csv, .jsonl, …)"))
+                files += inside
+            else:
+                if format != "text" and not _file_kind(match):
+                    raise CorpusError(f"{match}: unknown file type (expected .parquet/.pq, .csv, .tsv, "
+                                      ".jsonl/.json/.ndjson, optionally compressed)")
+                files.append(match)
+    seen, unique = set(), []
+    for f in files:
+        real = os.path.realpath(f)
+        if real not in seen:
+            seen.add(real)
+            unique.append(f)
+    if not unique:
+        raise CorpusError(f"{', '.join(map(str, inputs))}: no input files found")
+    return unique
+
+
+@dataclass
+class Chunk:
+    """A batch of events, whatever the input format: event i is (key[i], token[i], time[i])."""
+
+    key: pa.Array            # string, no nulls
+    token: pa.Array          # string; null where the input had no usable token
+    time: np.ndarray | None  # float64, NaN for a missing time; None without time_col
+    rows: int                # input rows (events, or documents for lists/text) this chunk covers
+    padding: int = 0         # null tokens we added so that a document with no token is still seen
+
+
+
+# Why prepare drops things, in the order it reports them (see prepare's docstring).
+SKIP_REASONS = ("empty_files", "null_keys", "empty_keys", "invalid_utf8_lines", "null_tokens",
+                "empty_tokens", "duplicate_events", "tokens_below_min_count", "tokens_beyond_max_vocab",
+                "docs_without_tokens")
+
+
+class Skips:
+    """What prepare dropped, by reason, and where the first few were, so the report can point at them."""
+
+    EXAMPLES = 3
+
+    def __init__(self):
+        self.counts = dict.fromkeys(SKIP_REASONS, 0)
+        self.where: dict[str, list[str]] = {}
+
+    def add(self, reason: str, count: int, path: str | None = None, unit: str = "row", base: int = 0,
+            at: np.ndarray | None = None) -> None:
+        """Count `count` skips; `at` are their positions (from `base`) in `path`, in `unit`s."""
+        if not count:
+            return
+        self.counts[reason] += int(count)
+        if path is None:
+            return
+        where = self.where.setdefault(reason, [])
+        room = self.EXAMPLES - len(where)
+        if room > 0:
+            where += [path] if at is None else [f"{path} {unit} {base + int(i)}" for i in at[:room]]
+
+
+
+def _missing_column(path: str, column: str, names: list[str]) -> CorpusError:
+    return CorpusError(f"{path}: column '{column}' not found (columns: {', '.join(names)})")
+
+
+def _check_columns(path: str, names: list[str], needed: list[str]) -> None:
+    for column in needed:
+        if column not in names:
+            raise _missing_column(path, column, names)
+
+
+def _parquet_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    pf = pq.ParquetFile(path)
+    _check_columns(path, pf.schema_arrow.names, columns)
+    yield from pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns)
+
+
+def _csv_batches(path: str, columns: list[str], kind: str) -> Iterator[pa.RecordBatch]:
+    read = pcsv.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
+    parse = pcsv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
+    # Everything as bytes: the key and token become strings anyway, the time is parsed by
+    # _time_seconds, and a column's type cannot then change from one block to the next. Bytes, not
+    # strings, so that invalid UTF-8 reaches _utf8_strings, which can say in which row it is (the CSV
+    # reader cannot). Only the empty field is null, so a URL or user called "NA" or "null" stays itself.
+    convert = pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.binary() for c in columns},
+                                  strings_can_be_null=True, null_values=[""])
+    try:
+        reader = pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+    except (pa.ArrowInvalid, KeyError) as e:
+        if "Empty CSV file" in str(e):  # not even a header (a compressed empty file, say)
+            return
+        if "include_columns" not in str(e):
+            raise
+        names = pcsv.open_csv(path, read_options=read, parse_options=parse).schema.names
+        _check_columns(path, names, columns)
+        raise
+    yield from reader
+
+
+def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterator[pa.RecordBatch]:
+    """JSON lines as record batches of `columns`: (doc_col, token_col[, time_col]), as iter_chunks asks
+    for them; the first two are ids, which may be strings in some rows and numbers in others."""
+    read = pjson.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
+    # The streaming reader fixes a column's type from the first block and cannot turn a number into a
+    # string. We want only our columns: learn their types from the first block, then read with an
+    # explicit schema that ignores every other field (an unrelated field changing type must not stop us).
+    try:
+        inferred = pjson.open_json(path, read_options=read).schema
+    except pa.ArrowInvalid as e:
+        if "Empty JSON" in str(e):  # nothing but whitespace
+            return
+        inferred = None
+    if inferred is not None:
+        _check_columns(path, inferred.names, columns)
+    fields = []
+    for column in columns:
+        typ = inferred.field(column).type if inferred is not None else _probe_json_type(path, read, column,
+                                                                                       column == list_col)
+        if pa.types.is_null(typ):  # all null in the first block: say what it should hold
+            typ = pa.list_(pa.string()) if column == list_col else pa.string()
+        fields.append((column, typ))
+    schema = pa.schema(fields)
+    parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    done = 0  # rows handed on
+    try:
+        for batch in pjson.open_json(path, read_options=read, parse_options=parse):
+            yield batch
+            done += batch.num_rows
+    except pa.ArrowInvalid as e:
+        if not _id_changed_type(e, schema, columns[:2]):
+            raise
+        # Ids that are strings in some rows and numbers in others (a common export shape): Arrow's
+        # reader cannot read a number as a string, so the rest of the file is parsed here.
+        yield from _json_rows(path, columns, list_col, skip=done, check_columns=inferred is None)
+
+
+def _id_changed_type(e: pa.ArrowInvalid, schema: pa.Schema, ids: list[str]) -> bool:
+    """Whether the reader stopped because an id column (or the tokens of a list column) changed JSON
+    type: "Column(/user_id) changed from string to number", or a number that does not fit the numeric
+    type of the rows before it (1.5 or 2**70 after integers)."""
+    text = str(e)
+    changed = re.search(r"Column\(/(.*?)(/\[\])?\) changed from", text)
+    if changed:
+        return changed.group(1) in ids
+    return text.startswith("Failed to convert JSON to") and any(not _is_text(schema.field(c).type) for c in ids)
+
+
+JSON_ROWS_PER_BATCH = 1 << 16
+
+
+def _json_rows(path: str, columns: list[str], list_col: str | None, skip: int,
+               check_columns: bool) -> Iterator[pa.RecordBatch]:
+    """Rows `skip` on of a JSON lines file, parsed with Python's json, as record batches whose ids are
+    strings whatever their JSON type (see _json_ids). Row numbers in errors count the file's objects,
+    as Arrow's do. check_columns: the first batch's fields were never checked (Arrow could not infer them)."""
+    row, values, seen = 0, {c: [] for c in columns}, {}
+    for lines, _ in _text_lines(path):
+        for line in lines.to_pylist():
+            if line is not None and not line.strip():
+                continue  # blank lines are no rows (nor are they to Arrow)
+            if row >= skip:
+                if line is None:  # _text_lines could not decode it
+                    raise CorpusError(f"{path}: row {row} is not valid UTF-8 (convert the file to UTF-8)")
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise CorpusError(f"{path}: cannot read: JSON parse error in row {row}: {e} (JSON input must "
+                                      "hold one object per line)") from None
+                if not isinstance(obj, dict):
+                    raise CorpusError(f"{path}: cannot read: row {row} is a JSON {_json_kind(obj)}, not an object "
+                                      "(JSON input must hold one object per line)")
+                if check_columns:
+                    seen.update(dict.fromkeys(obj))
+                for c in columns:
+                    values[c].append(obj.get(c))
+                if len(values[columns[0]]) == JSON_ROWS_PER_BATCH:
+                    yield _json_batch(path, columns, list_col, values, row + 1 - JSON_ROWS_PER_BATCH, check_columns,
+                                      seen)
+                    values, check_columns = {c: [] for c in columns}, False
+            row += 1
+    if values[columns[0]]:
+        yield _json_batch(path, columns, list_col, values, row - len(values[columns[0]]), check_columns, seen)
+
+
+def _json_batch(path: str, columns: list[str], list_col: str | None, values: dict[str, list], row_base: int,
+                check_columns: bool, seen: dict) -> pa.RecordBatch:
+    if check_columns:
+        _check_columns(path, list(seen), columns)
+    arrays = []
+    for i, c in enumerate(columns):
+        if c == list_col:
+            arrays.append(_json_token_lists(values[c], path, c, row_base))
+        elif i < 2:
+            arrays.append(_json_ids(values[c], path, c, row_base))
+        else:
+            arrays.append(_json_scalars(values[c], path, c, row_base))
+    return pa.RecordBatch.from_arrays(arrays, names=columns)
+
+
+def _json_kind(value) -> str:
+    """JSON's name for the type of a parsed value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+
+
+def _json_ids(values: list, path: str, column: str, row_base: int) -> pa.Array:
+    """An id column as strings, whatever JSON type each row holds; an array or object is an error."""
+    out = [id_string(v) for v in values]
+    bad = next((i for i, v in enumerate(out) if v is not None and not isinstance(v, str)), None)
+    if bad is not None:
+        hint = " (a list of tokens per row is --format lists)" if isinstance(out[bad], list) else ""
+        raise CorpusError(f"{path}: column '{column}' row {row_base + bad} holds a JSON {_json_kind(out[bad])}, "
+                          f"expected strings or numbers{hint}")
+    return _checked_strings(out, path, column, row_base)
+
+
+def _json_token_lists(values: list, path: str, column: str, row_base: int) -> pa.Array:
+    """A list column (--format lists) as list<string>, its tokens strings whatever their JSON type."""
+    out = []
+    for i, v in enumerate(values):
+        if v is not None and not isinstance(v, list):
+            raise CorpusError(f"{path}: column '{column}' row {row_base + i} holds a JSON {_json_kind(v)}, expected "
+                              "a list of tokens per row (use --format events for one token per row)")
+        tokens = None if v is None else [id_string(t) for t in v]
+        if tokens and any(t is not None and not isinstance(t, str) for t in tokens):
+            raise CorpusError(f"{path}: column '{column}' row {row_base + i} holds a list with a JSON array or "
+                              "object in it, expected a list of strings or numbers")
+        out.append(tokens)
+    try:
+        return pa.array(out, pa.list_(pa.string()))
+    except UnicodeError:  # a lone surrogate written as a \u escape
+        bad = next(i for i, v in enumerate(out) if v and not all(_encodes(t) for t in v))
+        raise CorpusError(f"{path}: column '{column}' row {row_base + bad} is not valid UTF-8") from None
+
+
+def _checked_strings(values: list, path: str, column: str, row_base: int) -> pa.Array:
+    try:
+        return pa.array(values, pa.string())
+    except UnicodeError:  # a lone surrogate written as a \u escape
+        bad = next(i for i, v in enumerate(values) if not _encodes(v))
+        raise CorpusError(f"{path}: column '{column}' row {row_base + bad} is not valid UTF-8") from None
+
+
+def _encodes(value: str | None) -> bool:
+    try:
+        if value is not None:
+            value.encode("utf-8")
+    except UnicodeError:
+        return False
+    return True
+
+
+def _json_scalars(values: list, path: str, column: str, row_base: int) -> pa.Array:
+    """Any other column (the time) as Arrow infers it from the values; one JSON type throughout, as
+    Arrow's reader asks."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeError):
+        kinds = [(i, _json_kind(v)) for i, v in enumerate(values) if v is not None]
+        first = kinds[0][1] if kinds else "null"
+        at, kind = next(((i, k) for i, k in kinds if k != first), (0, first))
+        raise CorpusError(f"{path}: cannot read: column '{column}' changed from {first} to {kind} in row "
+                          f"{row_base + at} (a column must hold one JSON type throughout a file: all strings or "
+                          "all numbers)") from None
+
+
+def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: bool) -> pa.DataType:
+    """The type of one column in the first block, found by trying the likely ones in turn (used when
+    inferring the whole first block fails because of some other field)."""
+    scalars = [pa.string(), pa.int64(), pa.float64(), pa.bool_()]
+    for typ in [pa.list_(t) for t in scalars] if is_list else scalars:
+        parse = pjson.ParseOptions(explicit_schema=pa.schema([(column, typ)]), unexpected_field_behavior="ignore")
+        try:
+            pjson.open_json(path, read_options=read, parse_options=parse)
+            return typ
+        except pa.ArrowInvalid:
+            continue
+    return pa.string()  # let the real read report what is wrong
+
+
+def _text_lines(path: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
+    """Lines of a text file as string arrays (newline removed), a block at a time, each with the
+    positions in it of the lines that are not valid UTF-8 (null in the array)."""
+    stream = pa.input_stream(path, compression="detect")
+    rest = b""
+    while True:
+        block = stream.read(TEXT_BLOCK_BYTES)
+        if not block:
+            break
+        data = rest + block
+        cut = data.rfind(b"\n")
+        if cut < 0:  # a line longer than a block: keep reading
+            rest = data
+            continue
+        rest = data[cut + 1:]
+        yield _split_lines(data[:cut])
+    if rest:
+        yield _split_lines(rest)
+
+
+def _split_lines(data: bytes) -> tuple[pa.Array, np.ndarray]:
+    """The lines of a block, and the positions of those that are not valid UTF-8 (null in the array).
+
+    One cast checks the whole block; only a block that fails it is decoded line by line. A newline
+    byte is never part of a multi-byte UTF-8 character, so splitting on it first is safe.
+    """
+    try:
+        text = pa.array([data], pa.large_binary()).cast(pa.large_string())
+    except pa.ArrowInvalid:
+        lines, bad = [], []
+        for i, raw in enumerate(data.split(b"\n")):
+            try:
+                lines.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                lines.append(None)
+                bad.append(i)
+        return pa.array(lines, pa.string()), np.array(bad, np.int64)
+    return pc.list_flatten(pc.split_pattern(text, "\n")).cast(pa.string()), np.zeros(0, np.int64)
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    return (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
+            or pa.types.is_large_binary(typ))
+
+
+def _utf8_strings(arr: pa.Array, path: str, column: str, row_base: int) -> pa.Array:
+    """A string or binary column as string, checked to be UTF-8: an invalid value is an error that
+    names its row (the JSON and Parquet readers pass bytes through unchecked, and a corpus key that
+    is not UTF-8 would break every later step)."""
+    try:
+        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+            arr.validate(full=True)
+        return arr.cast(pa.string())  # from binary this checks the UTF-8 itself
+    except pa.ArrowInvalid as e:
+        values = arr.cast(pa.large_binary()).to_pylist()
+        bad = next((i for i, v in enumerate(values) if v is not None and not _decodes(v)), None)
+        if bad is None:  # not an encoding problem after all
+            raise CorpusError(f"{path}: column '{column}': {one_line(e)}") from None
+        raise CorpusError(f"{path}: column '{column}' row {row_base + bad} is not valid UTF-8 (convert the "
+                          "file to UTF-8)") from None
+
+
+def _as_strings(arr: pa.Array, path: str, column: str, row_base: int = 0) -> pa.Array:
+    """Keys and tokens are strings in the corpus whatever the input held: integers (common for user
+    ids, and ints in one file with strings in another is common too), floats (7.0 → "7", so an id
+    column that a null turned into floats still matches the ints) and booleans are cast; lists,
+    structs, times and the like are an error naming the column."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if _is_text(arr.type):
+        return _utf8_strings(arr, path, column, row_base)
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_decimal(arr.type)
+            or pa.types.is_null(arr.type) or pa.types.is_boolean(arr.type)):
+        hint = (" (a list of tokens per row is --format lists)"
+                if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) else "")
+        raise CorpusError(f"{path}: column '{column}' holds {arr.type}, expected strings or numbers{hint}")
+    try:
+        return arr.cast(pa.string())
+    except pa.ArrowInvalid as e:
+        raise CorpusError(f"{path}: column '{column}': {one_line(e)}") from None
+
+
+def _as_string_lists(arr: pa.Array, path: str, column: str, row_base: int = 0) -> pa.Array:
+    """A list column as list<string>, its values checked to be UTF-8 like _utf8_strings's."""
+    typ = arr.type
+    if pa.types.is_null(typ):
+        return pa.nulls(len(arr), pa.list_(pa.string()))
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
+        raise CorpusError(f"{path}: column '{column}' holds {typ}, expected a list of tokens per row "
+                          "(use --format events for one token per row)")
+    if _is_text(typ.value_type):
+        lists = arr.cast(pa.list_(pa.large_binary()))
+        try:
+            _utf8_strings(lists.values, path, column, 0)
+        except CorpusError:
+            bad = next(i for i, v in enumerate(lists.to_pylist())
+                       if any(t is not None and not _decodes(t) for t in v or []))
+            raise CorpusError(f"{path}: column '{column}' row {row_base + bad} is not valid UTF-8 (convert "
+                              "the file to UTF-8)") from None
+    try:
+        return arr.cast(pa.list_(pa.string()))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise CorpusError(f"{path}: column '{column}': cannot read {typ} as a list of strings: "
+                          f"{one_line(e)}") from None
+
+
+def _decodes(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _time_seconds(arr: pa.Array, path: str, column: str, row_base: int = 0) -> np.ndarray:
+    """A time column as float64 seconds (NaN for nulls), only ever compared within one document.
+
+    Timestamps and dates become seconds since the epoch; numbers are taken as they are (epoch
+    seconds, milliseconds, a sequence number: anything that orders); strings are parsed as numbers or
+    ISO 8601. float64 keeps sub-microsecond resolution for present-day epoch seconds.
+    """
+    typ = arr.type
+    if pa.types.is_dictionary(typ):
+        arr = arr.dictionary_decode()
+        typ = arr.type
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):  # CSV hands us bytes
+        arr = _utf8_strings(arr, path, column, row_base)
+        typ = arr.type
+    if pa.types.is_timestamp(typ):
+        per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[typ.unit]
+        raw = arr.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        return raw.astype(np.float64) / per_second
+    if pa.types.is_date32(typ):
+        return arr.cast(pa.int32()).to_numpy(zero_copy_only=False).astype(np.float64) * 86400.0
+    if pa.types.is_date64(typ):
+        return arr.cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64) / 1000.0
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ) or pa.types.is_null(typ):
+        return arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        targets = (pa.float64(), pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
+        for target in targets:
+            try:
+                return _time_seconds(arr.cast(target), path, column)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue
+        # Only the error path looks at values one by one, to name the first that is no time at all.
+        for i, value in enumerate(arr.to_pylist()):
+            if value is not None and not any(_casts(value, target) for target in targets):
+                raise CorpusError(f"{path}: column '{column}' is not a time: cannot read {value!r} (row "
+                                  f"{row_base + i}) as a number or an ISO 8601 timestamp")
+        raise CorpusError(f"{path}: column '{column}' mixes numbers and ISO 8601 timestamps; use one "
+                          "kind of time in a file")
+    raise CorpusError(f"{path}: column '{column}' holds {typ}, expected timestamps, numbers or "
+                      "ISO 8601 strings")
+
+
+def _casts(value: str, target: pa.DataType) -> bool:
+    try:
+        pa.array([value]).cast(target)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+
+
+def _flatten_lists(keys: pa.Array, lists: pa.Array, drop_empty: bool) -> tuple[pa.Array, pa.Array, int]:
+    """One event per list element. A document with no element gets one null token, so that pass 3
+    sees it and counts it as a document without tokens."""
+    tokens = pc.list_flatten(lists)
+    parents = pc.list_parent_indices(lists).to_numpy()
+    if drop_empty:  # whitespace splitting leaves empty strings at the edges; they are not tokens
+        nonempty = pc.greater(pc.binary_length(tokens), 0).fill_null(True)
+        tokens = tokens.filter(nonempty)
+        parents = parents[nonempty.to_numpy(zero_copy_only=False)]
+    have = np.zeros(len(keys), bool)
+    have[parents] = True
+    missing = np.flatnonzero(~have)
+    if missing.size:
+        parents = np.concatenate([parents, missing])
+        order = np.argsort(parents, kind="stable")
+        parents = parents[order]
+        tokens = pa.concat_arrays([tokens, pa.nulls(missing.size, pa.string())]).take(pa.array(order))
+    return keys.take(pa.array(parents)), tokens, int(missing.size)
+
+
+@dataclass
+class Options:
+    format: str
+    doc_col: str
+    token_col: str
+    time_col: str | None
+
+
+def iter_chunks(files: list[str], opt: Options, skips: Skips | None = None) -> Iterator[tuple[str, Chunk]]:
+    """Every input file, in order, as normalised chunks of events. Errors name the file.
+
+    Rows with a null or empty key, text lines that are not UTF-8 and empty files are left out here
+    and, when `skips` is given (pass 1; pass 2 reads the same rows again), counted in it.
+    """
+    line_base = 0  # text: keys are line numbers across all inputs
+    for path in files:
+        row = 0  # rows (text: lines) of this file read so far
+        try:
+            if os.path.getsize(path) == 0:  # an empty Parquet file is not even Parquet: do not open it
+                if skips is not None:
+                    skips.add("empty_files", 1, path)
+                continue
+            if opt.format == "text":
+                for lines, bad in _text_lines(path):
+                    n = len(lines)
+                    keys = pa.array(np.arange(line_base, line_base + n, dtype=np.int64)).cast(pa.string())
+                    if bad.size:
+                        # The line keeps its number: the keys of the lines after it do not move.
+                        if skips is not None:
+                            skips.add("invalid_utf8_lines", bad.size, path, "line", row, bad)
+                        valid = lines.is_valid()
+                        keys, lines = keys.filter(valid), lines.filter(valid)
+                    words = pc.utf8_split_whitespace(lines)
+                    key, token, pad = _flatten_lists(keys, words, drop_empty=True)
+                    line_base += n
+                    row += n
+                    yield path, Chunk(key, token, None, n, pad)
+            else:
+                columns = [opt.doc_col, opt.token_col] + ([opt.time_col] if opt.time_col else [])
+                kind = _file_kind(path)
+                if opt.format == "lists" and kind not in ("parquet", "json"):
+                    raise CorpusError(f"{path}: --format lists reads Parquet or JSON lines, not {kind}")
+                if kind == "parquet":
+                    batches = _parquet_batches(path, columns)
+                elif kind in ("csv", "tsv"):
+                    batches = _csv_batches(path, columns, kind)
+                else:
+                    batches = _json_batches(path, columns, opt.token_col if opt.format == "lists" else None)
+                for batch in batches:
+                    # Every column is converted whole, before rows are dropped, so that the row
+                    # numbers in its errors are those of the file.
+                    n = batch.num_rows
+                    key = _as_strings(batch.column(opt.doc_col), path, opt.doc_col, row)
+                    time = None
+                    if opt.format == "lists":
+                        token = _as_string_lists(batch.column(opt.token_col), path, opt.token_col, row)
+                    else:
+                        token = _as_strings(batch.column(opt.token_col), path, opt.token_col, row)
+                        if opt.time_col:
+                            time = _time_seconds(batch.column(opt.time_col), path, opt.time_col, row)
+                    usable = _usable_keys(key, path, row, skips)
+                    if usable is not None:
+                        key, token = key.filter(usable), token.filter(usable)
+                        if time is not None:
+                            time = time[usable.to_numpy(zero_copy_only=False)]
+                    pad = 0
+                    if opt.format == "lists":
+                        key, token, pad = _flatten_lists(key, token, drop_empty=False)
+                    row += n
+                    yield path, Chunk(key, token, time, n, pad)
+        except CorpusError:
+            raise
+        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+            raise CorpusError(f"{path}: cannot read: {_read_error(e, path, row)}") from e
+        if row == 0 and skips is not None:  # a header, a schema, blank space: no rows
+            skips.add("empty_files", 1, path)
+
+
+def _usable_keys(key: pa.Array, path: str, row: int, skips: Skips | None) -> pa.Array | None:
+    """Mask of the rows whose key is neither null nor empty, None when all are; counts the others."""
+    empty = pc.equal(pc.binary_length(key), 0).fill_null(False)
+    n_null, n_empty = key.null_count, pc.sum(empty).as_py() or 0
+    if not n_null and not n_empty:
+        return None
+    if skips is not None:
+        skips.add("null_keys", n_null, path, "row", row,
+                  np.flatnonzero(key.is_null().to_numpy(zero_copy_only=False)) if n_null else None)
+        skips.add("empty_keys", n_empty, path, "row", row,
+                  np.flatnonzero(empty.to_numpy(zero_copy_only=False)) if n_empty else None)
+    return pc.invert(pc.or_(key.is_null(), empty))
+
+
+def _read_error(e: BaseException, path: str, row: int) -> str:
+    """A reader's exception as one line, with row numbers made file-wide and a hint where one helps."""
+    text = one_line(e)
+    if "JSON parse error" in text:
+        # pyarrow counts rows from the start of the block it was parsing; we know where that began.
+        text = re.sub(r"in row (\d+)", lambda m: f"in row {row + int(m.group(1))}", text)
+        if "changed from" in text:
+            text += " (a column must hold one JSON type throughout a file: all strings or all numbers)"
+        elif _file_kind(path) == "json":
+            text += " (JSON input must hold one object per line)"
+    elif "CSV parse error" in text and "columns, got" in text:
+        text += " (a field that holds the delimiter must be quoted)"
+    return text
