@@ -1,4 +1,4 @@
-"""doc2vec-dist: distributed doc2vec (PV-DBOW) training on Ray with sharded parameter servers."""
+"""doc2vec-dist: distributed doc2vec (PV-DBOW, dbow_words, PV-DM) on Ray with sharded parameter servers."""
 
 __version__ = "0.1.0"
 

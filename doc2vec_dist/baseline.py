@@ -1,5 +1,8 @@
 """gensim's Doc2Vec on the same prepared corpus, written in our model layout.
 
+Changes when how gensim is driven or compared changes (its corpus modes, its settings, writing its
+vectors into our layout).
+
 gensim takes a corpus two ways, and `--gensim-mode` picks one:
   iterable     (the default) a stream of TaggedDocument, re-read every epoch: gensim at its most
                accurate, the reference our quality is measured against. Its producer thread feeds

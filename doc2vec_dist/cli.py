@@ -1,4 +1,4 @@
-"""The `doc2vec-dist` console script: parses flags and calls the library. Nothing else lives here."""
+"""The `doc2vec-dist` console script: parses flags and calls the library; changes when a command or flag does."""
 
 from __future__ import annotations
 

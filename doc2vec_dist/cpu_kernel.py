@@ -1,5 +1,7 @@
 """The exact update on CPU: gensim's per-example SGD, compiled with numba, Hogwild over threads.
 
+Changes when the CPU update itself changes (its order, its compiled loop, its threads).
+
 kernels.train sums the updates of a micro-batch computed from the same starting values, which is what
 a GPU needs; on a CPU core nothing is gained by it. This kernel applies each example's update before
 the next example is computed, exactly as gensim's doc2vec_inner.pyx does (with a true sigmoid where

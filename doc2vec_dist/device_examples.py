@@ -1,5 +1,8 @@
 """Training examples built where the batched kernel runs (torch: CPU or CUDA).
 
+Changes when the examples a batched kernel trains on change (subsampling, windows, negatives) on the
+device side.
+
 The host hands the device a chunk as it reads it: each document's row in the worker's compact
 `inputs`, the chunk's offsets and its token ids. Everything per token happens here, on the device:
 gensim's frequent-word subsampling, the interleaved order, the reduced windows (dbow_words, PV-DM),

@@ -1,7 +1,9 @@
 """Quality figures for a model: held-out URL prediction and correlation with human similarity ratings.
 
+Changes when a quality figure is added or defined differently.
+
 Held-out prediction ranks every URL for a user by the model's estimate of P(url | user) (d·o plus
-the log of the negative-sampling prior, see index.py), leaving out the URLs the user was trained on,
+the log of the negative-sampling prior, see scoring.py), leaving out the URLs the user was trained on,
 and asks where the hidden URLs land.
 The same ranking by global popularity is reported beside it as the baseline to beat.
 """

@@ -1,5 +1,7 @@
 """Export a trained table as (key, vector): Parquet, word2vec text, or npy + keys.
 
+Changes when an export format or how its parts are written changes.
+
 Each checkpoint part (one parameter-server slice) is exported by its own task, and the tasks run in
 parallel: a thread pool here, Ray tasks under jobs/export.py (`runner=run_on_ray`). A task streams
 its part one record batch at a time (checkpoint.ModelDir.batches), so a process holds about one batch per

@@ -1,5 +1,7 @@
 """Vectors for users the model never saw: gensim's infer_vector, batched over many users at once.
 
+Changes when how vectors for unseen users are computed or streamed changes.
+
     doc2vec-dist infer --model MODEL new_events/ --out new_users.parquet --time-col ts
 
     from doc2vec_dist.infer import infer

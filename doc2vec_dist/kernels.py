@@ -1,5 +1,7 @@
 """The math of doc2vec with negative sampling, one micro-batch at a time, in torch (CPU or CUDA).
 
+Changes when the batched update (the math of a micro-batch, SGD or Adagrad) changes.
+
 Knows nothing of Ray or files: it updates two compact matrices in place, `inputs` (the rows of `docs`
 and `words` a macro-batch uses) and `outputs` (its rows of `words_out`). Every training example has
 a context of input rows and a target word. Its hidden vector h is the context row (PV-DBOW, and the

@@ -1,6 +1,8 @@
 """Peak memory: of a run's whole process tree (MemoryWatch), or of this process (PeakPrivateMemory,
 peak_rss_bytes).
 
+Changes when how memory is measured changes.
+
 For a run, a background thread samples the process and everything it starts (a local Ray's raylet,
 PS and worker actors). Each process is labelled by its role: the root is
 the driver, Ray names its actor processes after the class (`ray::ParameterServer`, `ray::Worker`),

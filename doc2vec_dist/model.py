@@ -1,5 +1,7 @@
 """A trained model as a Python object: vectors by key and nearest neighbours, loaded once.
 
+Changes when what a loaded model offers a Python user changes (lookups, exact neighbours, infer).
+
     from doc2vec_dist import Model
     m = Model.load("runs/sample/model")
     m.vector("u54e266157a4c")                        # the user's vector

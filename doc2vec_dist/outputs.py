@@ -1,5 +1,7 @@
 """What a command may write over: only an output of its own kind, which it recognises by its marker.
 
+Changes when the rule for what a command may write over changes, or how an output is put in place.
+
 Every directory doc2vec-dist writes (a corpus, a model, an export or npy directory, an index) holds
 a small JSON marker, `.doc2vec-dist.json`, naming its kind; every Parquet file it writes carries the
 kind in its schema metadata (key `doc2vec_dist`), and a JSON report in a top-level `doc2vec_dist`

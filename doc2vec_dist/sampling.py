@@ -1,5 +1,7 @@
 """From documents to training pairs: subsampling, the negative table, pair building.
 
+Changes when the host-side definitions of subsampling, negatives or pairs change (gensim's).
+
 All vectorised with numpy: one call handles a whole macro-batch, never a Python loop per token.
 The definitions follow gensim 4.4 (word2vec.py / doc2vec_inner.pyx) so models are comparable.
 """

@@ -1,5 +1,7 @@
 """Row → (shard, local row) routing.
 
+Changes when rows are placed on servers differently.
+
 Row r of a table lives on parameter server r % S at local row r // S. Ids are given by descending
 frequency, so the modulo spreads the hot rows evenly over the servers.
 """

@@ -1,5 +1,7 @@
 """Synthetic browsing logs with planted communities, streamed to Parquet.
 
+Changes when the synthetic data or its planted structure changes.
+
 Users are doc2vec's documents and URLs its words. The generator plants a structure we know, so a trained
 model can be checked against it (do users of one community end up close together, are held-out URLs
 predicted better than "the most popular URLs"):
