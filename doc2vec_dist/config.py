@@ -1,4 +1,4 @@
-"""Typed configuration: every field carries its default and one line of help.
+"""Typed configuration: every field carries its default, one line of help and its checks.
 
 The command line and the YAML files use the same names (`--min-alpha` on the command line is
 `min_alpha` in YAML). The command line builds its flags from these dataclasses, so a field added
@@ -45,6 +45,9 @@ class PrepareConfig:
     max_vocab: int | None = _f(None, "keep at most this many most frequent tokens (default: no limit)")
     holdout: float = _f(0.0, "fraction of each user's distinct URLs hidden for evaluation")
     holdout_out: str | None = _f(None, "Parquet file that receives the hidden (key, token) pairs")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
 
 
 RESIDENT_AUTO_BYTES = 2 << 30  # resident words_out rows a single worker keeps by default (cache_rows None)
@@ -97,6 +100,11 @@ class TrainConfig:
     address: str | None = _f(None, "Ray address (default: RAY_ADDRESS, else a local Ray started here)", engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
 
+    def __post_init__(self) -> None:
+        """Refuse a config no run could train, at construction: a library caller building one gets
+        the same one-line errors as the command line and YAML."""
+        self.validate()
+
     @property
     def row_width(self) -> int:
         """Floats in a row of every table: dim, and row-wise Adagrad's accumulator column."""
@@ -142,6 +150,8 @@ class TrainConfig:
         return self.kernel == "exact"
 
     def validate(self) -> TrainConfig:
+        """Check every field, and the fields against each other: what __post_init__ runs, and what
+        train() and plan() run again on a config whose fields were assigned since. Returns self."""
         checks = [
             (self.dim > 0, "dim must be > 0"),
             (self.epochs > 0, "epochs must be > 0"),
@@ -168,8 +178,7 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise UserError(f"bad training config: {message}")
-        for name in ("mode", "optimizer", "kernel"):
-            _check_choice(self, name)
+        _check_choices(self)
         if self.kernel == "exact" and self.gpus_per_worker > 0:
             raise UserError("bad training config: kernel exact runs on CPU workers; GPU workers use the batched "
                             "kernel (--kernel auto or batched)")
@@ -208,11 +217,12 @@ def lr_at(alpha: float, min_alpha: float, done, planned: int):
     return max(min_alpha, alpha - (alpha - min_alpha) * min(max(progress, 0.0), 1.0))
 
 
-def _check_choice(obj: Any, name: str) -> None:
-    f = {f.name: f for f in dataclasses.fields(obj)}[name]
-    choices = f.metadata.get("choices")
-    if choices and getattr(obj, name) not in choices:
-        raise UserError(f"bad value for {name}: {getattr(obj, name)!r} (choose from {', '.join(choices)})")
+def _check_choices(obj: Any) -> None:
+    """Every field of a config section declared with choices (_f) holds one of them."""
+    for f in dataclasses.fields(obj):
+        choices = f.metadata.get("choices")
+        if choices and getattr(obj, f.name) not in choices:
+            raise UserError(f"bad value for {f.name}: {getattr(obj, f.name)!r} (choose from {', '.join(choices)})")
 
 
 SECTIONS = (PrepareConfig, TrainConfig, JobConfig)

@@ -178,7 +178,7 @@ def _merge_resumed(model: str, saved: dict, given: dict) -> TrainConfig:
                             "may change on resume)")
         merged[name] = value
     merged["resume"] = True
-    return build(TrainConfig, merged).validate()
+    return build(TrainConfig, merged)
 
 
 @dataclasses.dataclass

@@ -127,8 +127,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
     try:
-        if args.epochs < 1:
-            raise UserError("--epochs must be >= 1")
         config = build(TrainConfig, load_yaml(args.config) if args.config else {},
                        {"num_ps": args.num_ps}).validate()
         config = dataclasses.replace(config, epochs=args.epochs, num_workers=1, progress=False, checkpoint_every=0)
