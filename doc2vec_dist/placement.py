@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
+
+if TYPE_CHECKING:
+    from .config import TableSpec
 
 PS_RESOURCE = "ps"  # custom resource of the nodes that host parameter servers (deploy/)
 TRAINER_RESOURCE = "trainer"  # custom resource of the nodes that host workers (deploy/)
@@ -35,15 +38,14 @@ PS_HEADROOM = 0.25
 FLOAT_BYTES = 4  # tables are float32
 
 
-def table_bytes_per_ps(tables: dict[str, dict], num_ps: int) -> int:
+def table_bytes_per_ps(tables: dict[str, TableSpec], num_ps: int) -> int:
     """Bytes of the largest server's slice of every table, optimizer state included.
 
-    tables: name → {"rows": global row count, "dim": d, "state": optimizer columns per row} (the
-    trainer's table spec; Adagrad keeps one float32 accumulator per row). Row r lives on server
-    r % num_ps, so server 0 holds ceil(rows / num_ps) rows of each table.
+    tables: the trainer's table specs (ps.table_specs; a row is TableSpec.width floats: Adagrad keeps
+    one float32 accumulator per row). Row r lives on server r % num_ps, so server 0 holds
+    ceil(rows / num_ps) rows of each table.
     """
-    return sum(-(-spec["rows"] // num_ps) * (spec["dim"] + spec.get("state", 0)) * FLOAT_BYTES
-               for spec in tables.values())
+    return sum(-(-spec.rows // num_ps) * spec.width * FLOAT_BYTES for spec in tables.values())
 
 
 def ps_memory_bytes(table_bytes: int) -> int:
@@ -56,7 +58,7 @@ def has_resource(name: str, resources: dict[str, float] | None = None) -> bool:
     return resources.get(name, 0) > 0
 
 
-def ps_options(config: Any, tables: dict[str, dict], resources: dict[str, float] | None = None,
+def ps_options(config: Any, tables: dict[str, TableSpec], resources: dict[str, float] | None = None,
                nodes: list[dict] | None = None) -> dict:
     """`.options(...)` for the ParameterServer actors.
 
@@ -108,12 +110,13 @@ def ps_fit_problem(need: int, num_ps: int, nodes: list[dict]) -> str | None:
 WORKER_PROCESS_BYTES = PS_PROCESS_BYTES
 
 
-def run_memory_bytes(config: Any, tables: dict[str, dict]) -> tuple[int, int]:
+def run_memory_bytes(config: Any, tables: dict[str, TableSpec]) -> tuple[int, int]:
     """(bytes per parameter server, bytes per worker) a run needs at least: each server its slice and
     the process (ps_memory_bytes), each worker its process and resident rows (a GPU worker's are on
     its GPU)."""
+    words_out = tables["words_out"]
     resident = 0 if config.gpus_per_worker else \
-        sum(config.resident_tables(tables["words_out"]["rows"]).values()) * config.row_width * FLOAT_BYTES
+        sum(config.resident_tables(words_out.rows).values()) * words_out.width * FLOAT_BYTES
     return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), WORKER_PROCESS_BYTES + resident
 
 
@@ -150,7 +153,7 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" + ("" if n == 1 else "s")
 
 
-def fit_problems(config: Any, tables: dict[str, dict], resources: dict[str, float]) -> list[str]:
+def fit_problems(config: Any, tables: dict[str, TableSpec], resources: dict[str, float]) -> list[str]:
     """Why the run's servers and workers cannot fit `resources` (a cluster's totals, or
     local_resources()), one line each naming the flag to change; empty when they fit."""
     problems = []

@@ -18,7 +18,7 @@ import ray
 from tqdm import tqdm
 
 from . import checkpoint
-from .config import TrainConfig, build, coerce
+from .config import TableSpec, TrainConfig, build, coerce
 from .corpus import Corpus
 from .errors import UserError
 from .placement import fit_problems, local_resources, ps_options, worker_options
@@ -70,7 +70,7 @@ def local_object_store_bytes() -> int:
     return int(min(max(0.15 * ram, 1 << 30), 4 << 30))
 
 
-def check_fit(config: TrainConfig, tables: dict[str, dict], started_here: bool | None) -> None:
+def check_fit(config: TrainConfig, tables: dict[str, TableSpec], started_here: bool | None) -> None:
     """Refuse a run whose servers and workers cannot fit, before any actor starts (placement.fit_problems).
 
     started_here None: before connecting, for a local Ray that connect() will start (its resources are
@@ -318,14 +318,12 @@ class _Run:
                                            max_task_retries=-1, **server_placement).remote(
             s, config.num_ps, tables, config.seed, self.out) for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
-        cfg = dataclasses.asdict(config)
-        rows = {name: spec["rows"] for name, spec in tables.items()}
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
                                            max_task_retries=0, **worker_placement).remote(
-            i, self.plan[i], os.path.abspath(corpus.path), cfg, names, rows)
+            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables)
             for i in range(config.num_workers)]
         ray.get([w.progress.remote() for w in self.workers])  # surfaces init errors before the clock starts
         self.server_info = ray.get([s.info.remote() for s in self.servers])

@@ -65,10 +65,9 @@ def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, comp
             else:
                 server.close()
 
-    rows = {name: spec["rows"] for name, spec in tables.items()}
     try:
-        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config),
-                                   servers, rows, compute=compute)
+        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, config, servers, tables,
+                                   compute=compute)
     except BaseException:
         close()
         raise

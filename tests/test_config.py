@@ -1,11 +1,13 @@
-"""config.py: every field with choices is checked where a config is made."""
+"""config.py: every field with choices is checked where a config is made, and one width for a table's rows."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
-from doc2vec_dist.config import SECTIONS, TrainConfig, build
+from doc2vec_dist.config import SECTIONS, TableSpec, TrainConfig, build
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.ps import table_specs
 
 CHOICE_FIELDS = [(cls, f.name, f.metadata["choices"]) for cls in SECTIONS for f in dataclasses.fields(cls)
                  if f.metadata.get("choices")]
@@ -47,3 +49,19 @@ def test_a_field_assigned_after_construction_is_checked_by_validate():
     with pytest.raises(UserError, match="epochs must be > 0"):
         config.validate()
 
+
+@pytest.mark.parametrize("optimizer, width", [("sgd", 16), ("adagrad", 17)])
+def test_a_tables_width_is_its_vector_and_the_optimisers_state(optimizer, width):
+    config = TrainConfig(dim=16, optimizer=optimizer, mode="dm")
+    tables = table_specs(config, SimpleNamespace(num_docs=10, vocab_size=7))
+    assert list(tables) == ["docs", "words", "words_out"]
+    assert {name: (t.name, t.rows, t.width) for name, t in tables.items()} == {
+        "docs": ("docs", 10, width), "words": ("words", 7, width), "words_out": ("words_out", 7, width)}
+    assert [t.init for t in tables.values()] == ["uniform", "uniform", "zeros"]
+    assert TableSpec("x", 5, 16).width == 16 and TableSpec("x", 5, 16, state=1).width == 17
+
+
+def test_a_table_spec_is_listed_in_a_plan_as_before():
+    spec = TrainConfig(dim=8, optimizer="adagrad").table("words_out", 3, init="zeros")
+    assert spec.to_json() == {"rows": 3, "dim": 8, "init": "zeros", "state": 1}
+    assert TableSpec.from_json("words_out", spec.to_json()) == spec

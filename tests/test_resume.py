@@ -18,6 +18,7 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
+from doc2vec_dist.ps import table_specs
 from doc2vec_dist.trainer import TrainingStopped, resumed_config, train
 from doc2vec_dist.worker import Unit, Worker
 
@@ -42,8 +43,8 @@ def test_worker_data_positions_cover_the_rest_of_its_units_exactly(sample_corpus
     path = corpus.shard_paths[0]
     docs = corpus.meta["shards"][0]["docs"]
     units = [Unit(path, 0, docs // 2, 0), Unit(path, docs // 2, docs, 0)]
-    config = {**TrainConfig(macro_batch=5000).__dict__, "epochs": 1}
-    worker = Worker(0, units, corpus.path, config, [], {"docs": corpus.num_docs, "words_out": corpus.vocab_size})
+    config = TrainConfig(macro_batch=5000, epochs=1)
+    worker = Worker(0, units, corpus.path, config, [], table_specs(config, corpus))
     every = [(start, ids) for start, (ids, _, _) in worker._chunks()]
     seen = np.concatenate([ids for _, ids in every])
     assert len(every) > 4 and len(np.unique(seen)) == docs == len(seen)
