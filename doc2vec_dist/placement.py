@@ -12,7 +12,10 @@ back to plain CPU placement: no custom resource, no memory request, no flag to s
 The memory figure is the one deploy/README.md sizes nodes with:
 
     per PS = ceil(rows / num_ps) × (dim × 4 bytes [+ 4 bytes of Adagrad state]) summed over the tables
-             × (1 + PS_HEADROOM) + PS_PROCESS_BYTES
+             × (1 + PS_HEADROOM) + PROCESS_BYTES
+
+PROCESS_BYTES, a process of ours before its data, is also what `plan` counts for a process it cannot
+measure: one figure for both.
 """
 
 from __future__ import annotations
@@ -29,9 +32,13 @@ if TYPE_CHECKING:
 PS_RESOURCE = "ps"  # custom resource of the nodes that host parameter servers (deploy/)
 TRAINER_RESOURCE = "trainer"  # custom resource of the nodes that host workers (deploy/)
 
-# A parameter server process before its tables: Python, numpy, torch and Ray's core worker
-# (320 MB resident measured on this project's machine), rounded up.
-PS_PROCESS_BYTES = 512 << 20
+# One of our processes (a parameter server, a worker, the driver) before its data: Python, numpy, Ray's
+# core worker, a worker's torch. Measured on this project's machine (Ray 2.60, torch 2.x), private
+# memory in runs: a server with tiny tables 211-222 MB, a worker 224-232 MB, the driver 226 MB; 320 MB
+# resident. The same order for each role, so one figure, rounded up so that what is asked for is never
+# short: what a server asks Ray for beside its rows, what the fit check counts for a server and a worker,
+# and what `plan` counts for a process it cannot measure.
+PROCESS_BYTES = 512 << 20
 # Above the tables: up to max_concurrency pull results being assembled, the id array a checkpoint
 # writes beside each slice (8 bytes a row), allocator slack.
 PS_HEADROOM = 0.25
@@ -50,7 +57,7 @@ def table_bytes_per_ps(tables: dict[str, TableSpec], num_ps: int) -> int:
 
 def ps_memory_bytes(table_bytes: int) -> int:
     """What one parameter server asks Ray for with `memory=`: its tables plus headroom and the process."""
-    return int(table_bytes * (1 + PS_HEADROOM)) + PS_PROCESS_BYTES
+    return int(table_bytes * (1 + PS_HEADROOM)) + PROCESS_BYTES
 
 
 def has_resource(name: str, resources: dict[str, float] | None = None) -> bool:
@@ -105,19 +112,15 @@ def ps_fit_problem(need: int, num_ps: int, nodes: list[dict]) -> str | None:
 
 
 # -- does the run fit -------------------------------------------------------------------------------
-# A worker process before its batches: the same order as a server's (python, torch, Ray's core worker),
-# rounded up the same way; its resident --cache-rows rows come on top.
-WORKER_PROCESS_BYTES = PS_PROCESS_BYTES
-
 
 def run_memory_bytes(config: Any, tables: dict[str, TableSpec]) -> tuple[int, int]:
     """(bytes per parameter server, bytes per worker) a run needs at least: each server its slice and
-    the process (ps_memory_bytes), each worker its process and resident rows (a GPU worker's are on
-    its GPU)."""
+    the process (ps_memory_bytes), each worker its process (PROCESS_BYTES) and resident rows (a GPU
+    worker's are on its GPU)."""
     words_out = tables["words_out"]
     resident = 0 if config.gpus_per_worker else \
         sum(config.resident_tables(words_out.rows).values()) * words_out.width * FLOAT_BYTES
-    return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), WORKER_PROCESS_BYTES + resident
+    return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), PROCESS_BYTES + resident
 
 
 def local_resources(object_store_bytes: int) -> dict[str, float]:

@@ -61,22 +61,19 @@ from .config import TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
+from .placement import FLOAT_BYTES, PROCESS_BYTES
 from .ps import table_specs
 from .sampling import NegativeTable, build_examples, keep_probabilities
 from .sharding import rows_on_shard
 from .trainer import effective_macro_batch, quality_warnings
 from .worker import ROUNDS_PER_EPOCH
 
-FLOAT_BYTES = 4
 GiB = 1 << 30
 # Sizes the calibration slice before anything is measured: tokens/s of one CPU worker on this
 # project's 2-core machine (0.43M with 2 workers at 200k users). The measured rate replaces it.
 GUESS_TOKENS_PER_SECOND_PER_WORKER = 200_000
 MAX_CALIBRATION_EPOCHS = 5
-# Fallbacks where a process cannot be observed (a remote cluster); private memory measured on this
-# project's machine (Ray 2.60, torch 2.x): a parameter server with tiny tables 211-222 MB, a worker
-# 224-232 MB, the driver 226 MB.
-PROCESS_BYTES = 230 << 20
+# Where a process cannot be observed (a remote cluster), it counts placement.PROCESS_BYTES.
 VOCAB_BYTES_PER_WORD = 40  # counts int64, keep probability, alias table (p, accept, alias), marker arrays
 # A server's private memory above an empty one grows with the size of the pulls it serves (the
 # allocator keeps freed pull results of its 4 threads): measured 110 MB over 7.5 MB pulls (50k users)

@@ -58,7 +58,7 @@ def test_table_bytes_count_the_largest_slice_and_the_optimizer_state():
     tables = specs(docs=(10, 8, 1), words_out=(3, 8))
     assert placement.table_bytes_per_ps(tables, 3) == 4 * 9 * 4 + 1 * 8 * 4
     assert placement.table_bytes_per_ps(tables, 1) == 10 * 9 * 4 + 3 * 8 * 4
-    assert placement.ps_memory_bytes(1000) == 1250 + placement.PS_PROCESS_BYTES
+    assert placement.ps_memory_bytes(1000) == 1250 + placement.PROCESS_BYTES
 
 
 def test_a_sizing_that_no_live_ps_node_can_hold_is_named(capsys):
