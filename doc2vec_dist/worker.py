@@ -69,6 +69,30 @@ def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer:
     return int(min(macro_batch, max(MIN_MACRO_BATCH, tokens_per_epoch // ROUNDS_PER_EPOCH)))
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where a worker's data stands in an epoch: the next macro-batch it trains, and what it trained
+    before it. Workers report it when a checkpoint pauses them (Worker.pause), the checkpoint's manifest
+    keeps one per worker (to_json, from_json), and a resumed or restarted worker starts from it
+    (Worker.run_epoch). Position(epoch) is the epoch's start."""
+
+    epoch: int
+    unit: int = 0             # index of its unit among the worker's units (len(units): the epoch is done)
+    row: int | None = None    # shard-file row of that unit to start at (None: the unit's start)
+    step: int = 0             # macro-batches trained before it this epoch (each one's draws are seeded by it)
+    tokens: int = 0           # this epoch's counters up to it
+    pairs: int = 0
+    loss: float = 0.0
+
+    def to_json(self) -> dict:
+        """The manifest's entry: every field, by name."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Position:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
 @dataclass
 class Unit:
     """Rows [start, end) of one shard file: the grain at which the corpus is divided among workers."""
@@ -225,9 +249,9 @@ class Worker:
         # thread while run_epoch works): its pushes drained, it reports the position of the next batch.
         self._cv = threading.Condition()
         self._pause_requested = False
-        self._paused_at: dict | None = None
+        self._paused_at: Position | None = None
         self._running = False
-        self._position = self.start_of(0)
+        self._position = Position(0)
 
     @staticmethod
     def _zero_stats() -> dict:
@@ -243,18 +267,13 @@ class Worker:
         return s
 
     # -- data positions and pausing for checkpoints --------------------------------------------
-    @staticmethod
-    def start_of(epoch: int) -> dict:
-        """The start of an epoch: unit 0, row of its start, nothing trained yet."""
-        return {"epoch": epoch, "unit": 0, "row": None, "step": 0, "tokens": 0, "pairs": 0, "loss": 0.0}
-
-    def _position_at(self, epoch: int, batch: Batch | None, step: int) -> dict:
+    def _position_at(self, epoch: int, batch: Batch | None, step: int) -> Position:
         """Where this worker's data stands: the next macro-batch to train (None: the epoch is done)."""
         unit, row = batch.start if batch is not None else (len(self.units), None)
-        return {"epoch": epoch, "unit": unit, "row": row, "step": step, "tokens": self.stats["tokens"],
-                "pairs": self.stats["pairs"], "loss": self.stats["loss"]}
+        return Position(epoch, unit, row, step, tokens=self.stats["tokens"], pairs=self.stats["pairs"],
+                        loss=self.stats["loss"])
 
-    def pause(self) -> dict:
+    def pause(self) -> Position:
         """Stop between two macro-batches with every push applied; returns the data position.
 
         Idle (between epochs) it returns at once, and the request stays set, so an epoch started
@@ -264,7 +283,7 @@ class Worker:
             self._pause_requested = True
             while self._running and self._paused_at is None:
                 self._cv.wait()
-            return dict(self._paused_at or self._position)
+            return self._paused_at or self._position
 
     def resume(self) -> None:
         with self._cv:
@@ -331,19 +350,19 @@ class Worker:
                      start=start, raw_tokens=ex.raw_tokens)
 
     # -- one epoch ---------------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, start: dict | None = None) -> dict:
+    def run_epoch(self, epoch: int, start: Position | None = None) -> dict:
         """Train this worker's data for one epoch, from the beginning or from a checkpointed position
         (`start`, as pause() reported it); returns the epoch's counters."""
         from .kernels import micro_batch_alphas
 
         cfg = self.config
-        start = start or self.start_of(epoch)
+        start = start or Position(epoch)
         self.stats = self._zero_stats()
-        self.stats.update(epoch=epoch, tokens=start["tokens"], pairs=start["pairs"], loss=start["loss"])
+        self.stats.update(epoch=epoch, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
         seconds = self.stats["seconds"]
-        done_before = epoch * self.tokens_per_epoch + start["tokens"]  # drives the learning rate
-        chunks = self._chunks(start["unit"], start["row"])
-        step_of_next = start["step"]
+        done_before = epoch * self.tokens_per_epoch + start.tokens  # drives the learning rate
+        chunks = self._chunks(start.unit, start.row)
+        step_of_next = start.step
         with self._cv:
             self._running = True
 
@@ -370,7 +389,7 @@ class Worker:
         slot = 0
         try:
             batch = next_batch()
-            step = start["step"]
+            step = start.step
             self._sync(f"epoch {epoch} start of worker {self.index}")
             while batch is not None:
                 if self._hold_if_paused(epoch, batch, step):

@@ -185,3 +185,14 @@ def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_clust
     assert done.returncode == 0, done.stderr
     assert f"resumed from v{kept} (epoch {at['epoch']}, {tokens:,} tokens)" in done.stderr
     assert f"model: {model} (checkpoint v" in done.stdout
+
+
+def test_a_worker_position_is_written_to_the_manifest_and_read_back_as_it_was():
+    from doc2vec_dist.worker import Position
+
+    saved = {"epoch": 2, "unit": 1, "row": 350, "step": 7, "tokens": 41_000, "pairs": 203_112, "loss": 1234.5}
+    position = Position.from_json(saved)
+    assert position == Position(2, 1, 350, 7, tokens=41_000, pairs=203_112, loss=1234.5)
+    assert json.dumps(position.to_json(), sort_keys=True) == json.dumps(saved, sort_keys=True)
+    assert Position(3).to_json() == {"epoch": 3, "unit": 0, "row": None, "step": 0, "tokens": 0, "pairs": 0,
+                                     "loss": 0.0}  # an epoch's start

@@ -63,7 +63,7 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
             with worker._cv:
                 while worker._paused_at is None:
                     worker._cv.wait()
-                paused.append(dict(worker._paused_at))
+                paused.append(worker._paused_at)
             worker.resume()
 
         def prepare_and_ask(*args):
@@ -123,7 +123,7 @@ def test_a_checkpoint_pause_between_staged_batches_trains_what_the_in_place_path
                          **{"macro_batch": 4096, **settings})
     in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False, pause_at=3)
     staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True, pause_at=3)
-    assert info_a["paused"] and info_a["paused"] == info_b["paused"] and info_a["paused"][0]["step"] >= 1
+    assert info_a["paused"] and info_a["paused"] == info_b["paused"] and info_a["paused"][0].step >= 1
     for name, table in in_place.items():
         np.testing.assert_array_equal(staged[name], table, err_msg=name)
     assert [s["loss"] for s in info_b["stats"]] == [s["loss"] for s in info_a["stats"]]
