@@ -291,15 +291,16 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
     """Write a checkpoint version: `save(version)` writes every server's slice (returning each
     server's entries), then the manifest says the epochs done, where each worker's data stands (None:
     at the start of epoch `epoch`) and the learning rate there. config: the run's TrainConfig; corpus:
-    its corpus.Corpus."""
+    its corpus.Corpus; positions: worker.Position each."""
     version = next_version(out)
     entries = save(version)
     tables = {name: [e[name] for e in entries] for name in entries[0]}
-    done = epoch * corpus.num_tokens + sum(p["tokens"] for p in positions or [])
+    done = epoch * corpus.num_tokens + sum(p.tokens for p in positions or [])
     planned = config.epochs * corpus.num_tokens
     lr = lr_at(config.alpha, config.min_alpha, done, planned)
     commit(out, version, tables, {name: config.dim for name in tables},
-           {"epoch": epoch, "positions": positions, "lr": lr, "num_ps": config.num_ps,
+           {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],
+            "lr": lr, "num_ps": config.num_ps,
             "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
             "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
             "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats]},

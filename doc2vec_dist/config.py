@@ -1,4 +1,5 @@
-"""Typed configuration: every field carries its default and one line of help.
+"""Typed configuration: every field carries its default, one line of help and its checks, and the
+tables a training config makes (TableSpec: their rows, and the width of a row).
 
 The command line and the YAML files use the same names (`--min-alpha` on the command line is
 `min_alpha` in YAML). The command line builds its flags from these dataclasses, so a field added
@@ -46,8 +47,44 @@ class PrepareConfig:
     holdout: float = _f(0.0, "fraction of each user's distinct URLs hidden for evaluation")
     holdout_out: str | None = _f(None, "Parquet file that receives the hidden (key, token) pairs")
 
+    def __post_init__(self) -> None:
+        _check_choices(self)
+
 
 RESIDENT_AUTO_BYTES = 2 << 30  # resident words_out rows a single worker keeps by default (cache_rows None)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table a run trains, as the parameter servers hold it, sizing counts it and workers lay out
+    its rows: `rows` global rows of `dim` floats, then `state` optimiser columns (row-wise Adagrad's
+    accumulator: TrainConfig.table). init: "uniform" is gensim 4's initialisation of input vectors,
+    U[-1, 1) / dim; "zeros" its initialisation of the output weights (syn1neg).
+
+    It lives here, not in ps.py: TrainConfig makes them (TrainConfig.table) and sizes resident rows by
+    their width, and ps.py imports checkpoint, which imports this module (lr_at), so config.py taking
+    it from ps.py would be an import cycle. config.py imports nothing of ours but errors: placement,
+    plan, worker and the trainer take a TableSpec from here without pulling in a server's imports.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    state: int = 0
+    init: str = "uniform"
+
+    @property
+    def width(self) -> int:
+        """Floats a row takes, in a server's table and in a worker's matrices: the vector and its state."""
+        return self.dim + self.state
+
+    def to_json(self) -> dict:
+        """What a plan's JSON lists under the table's name."""
+        return {"rows": self.rows, "dim": self.dim, "init": self.init, "state": self.state}
+
+    @classmethod
+    def from_json(cls, name: str, data: dict) -> TableSpec:
+        return cls(name, data["rows"], data["dim"], state=data.get("state", 0), init=data.get("init", "uniform"))
 
 
 @dataclass
@@ -97,10 +134,14 @@ class TrainConfig:
     address: str | None = _f(None, "Ray address (default: RAY_ADDRESS, else a local Ray started here)", engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
 
-    @property
-    def row_width(self) -> int:
-        """Floats in a row of every table: dim, and row-wise Adagrad's accumulator column."""
-        return self.dim + int(self.optimizer == "adagrad")
+    def __post_init__(self) -> None:
+        """Refuse a config no run could train, at construction: a library caller building one gets
+        the same one-line errors as the command line and YAML."""
+        self.validate()
+
+    def table(self, name: str, rows: int, init: str = "uniform") -> TableSpec:
+        """A table of this run: `rows` rows of dim floats, and row-wise Adagrad's accumulator column."""
+        return TableSpec(name, rows, self.dim, state=int(self.optimizer == "adagrad"), init=init)
 
     def resident_tables(self, vocab: int) -> dict[str, int]:
         """Rows of each URL table a worker keeps resident: words_out's (resident_rows), and on the
@@ -117,7 +158,7 @@ class TrainConfig:
             return min(self.cache_rows, words_out_rows)
         if self.num_workers > 1:
             return 0
-        row_bytes = 4 * self.row_width
+        row_bytes = 4 * self.table("words_out", words_out_rows).width
         return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
 
     def token_path(self, words_out_rows: int) -> bool:
@@ -142,6 +183,8 @@ class TrainConfig:
         return self.kernel == "exact"
 
     def validate(self) -> TrainConfig:
+        """Check every field, and the fields against each other: what __post_init__ runs, and what
+        train() and plan() run again on a config whose fields were assigned since. Returns self."""
         checks = [
             (self.dim > 0, "dim must be > 0"),
             (self.epochs > 0, "epochs must be > 0"),
@@ -168,8 +211,7 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise UserError(f"bad training config: {message}")
-        for name in ("mode", "optimizer", "kernel"):
-            _check_choice(self, name)
+        _check_choices(self)
         if self.kernel == "exact" and self.gpus_per_worker > 0:
             raise UserError("bad training config: kernel exact runs on CPU workers; GPU workers use the batched "
                             "kernel (--kernel auto or batched)")
@@ -208,11 +250,12 @@ def lr_at(alpha: float, min_alpha: float, done, planned: int):
     return max(min_alpha, alpha - (alpha - min_alpha) * min(max(progress, 0.0), 1.0))
 
 
-def _check_choice(obj: Any, name: str) -> None:
-    f = {f.name: f for f in dataclasses.fields(obj)}[name]
-    choices = f.metadata.get("choices")
-    if choices and getattr(obj, name) not in choices:
-        raise UserError(f"bad value for {name}: {getattr(obj, name)!r} (choose from {', '.join(choices)})")
+def _check_choices(obj: Any) -> None:
+    """Every field of a config section declared with choices (_f) holds one of them."""
+    for f in dataclasses.fields(obj):
+        choices = f.metadata.get("choices")
+        if choices and getattr(obj, f.name) not in choices:
+            raise UserError(f"bad value for {f.name}: {getattr(obj, f.name)!r} (choose from {', '.join(choices)})")
 
 
 SECTIONS = (PrepareConfig, TrainConfig, JobConfig)

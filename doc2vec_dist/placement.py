@@ -12,45 +12,54 @@ back to plain CPU placement: no custom resource, no memory request, no flag to s
 The memory figure is the one deploy/README.md sizes nodes with:
 
     per PS = ceil(rows / num_ps) × (dim × 4 bytes [+ 4 bytes of Adagrad state]) summed over the tables
-             × (1 + PS_HEADROOM) + PS_PROCESS_BYTES
+             × (1 + PS_HEADROOM) + PROCESS_BYTES
+
+PROCESS_BYTES, a process of ours before its data, is also what `plan` counts for a process it cannot
+measure: one figure for both.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
+
+if TYPE_CHECKING:
+    from .config import TableSpec
 
 log = logging.getLogger(__name__)
 
 PS_RESOURCE = "ps"  # custom resource of the nodes that host parameter servers (deploy/)
 TRAINER_RESOURCE = "trainer"  # custom resource of the nodes that host workers (deploy/)
 
-# A parameter server process before its tables: Python, numpy, torch and Ray's core worker
-# (320 MB resident measured on this project's machine), rounded up.
-PS_PROCESS_BYTES = 512 << 20
+# One of our processes (a parameter server, a worker, the driver) before its data: Python, numpy, Ray's
+# core worker, a worker's torch. Measured on this project's machine (Ray 2.60, torch 2.x), private
+# memory in runs: a server with tiny tables 211-222 MB, a worker 224-232 MB, the driver 226 MB; 320 MB
+# resident. The same order for each role, so one figure, rounded up so that what is asked for is never
+# short: what a server asks Ray for beside its rows, what the fit check counts for a server and a worker,
+# and what `plan` counts for a process it cannot measure.
+PROCESS_BYTES = 512 << 20
 # Above the tables: up to max_concurrency pull results being assembled, the id array a checkpoint
 # writes beside each slice (8 bytes a row), allocator slack.
 PS_HEADROOM = 0.25
 FLOAT_BYTES = 4  # tables are float32
 
 
-def table_bytes_per_ps(tables: dict[str, dict], num_ps: int) -> int:
+def table_bytes_per_ps(tables: dict[str, TableSpec], num_ps: int) -> int:
     """Bytes of the largest server's slice of every table, optimizer state included.
 
-    tables: name → {"rows": global row count, "dim": d, "state": optimizer columns per row} (the
-    trainer's table spec; Adagrad keeps one float32 accumulator per row). Row r lives on server
-    r % num_ps, so server 0 holds ceil(rows / num_ps) rows of each table.
+    tables: the trainer's table specs (ps.table_specs; a row is TableSpec.width floats: Adagrad keeps
+    one float32 accumulator per row). Row r lives on server r % num_ps, so server 0 holds
+    ceil(rows / num_ps) rows of each table.
     """
-    return sum(-(-spec["rows"] // num_ps) * (spec["dim"] + spec.get("state", 0)) * FLOAT_BYTES
-               for spec in tables.values())
+    return sum(-(-spec.rows // num_ps) * spec.width * FLOAT_BYTES for spec in tables.values())
 
 
 def ps_memory_bytes(table_bytes: int) -> int:
     """What one parameter server asks Ray for with `memory=`: its tables plus headroom and the process."""
-    return int(table_bytes * (1 + PS_HEADROOM)) + PS_PROCESS_BYTES
+    return int(table_bytes * (1 + PS_HEADROOM)) + PROCESS_BYTES
 
 
 def has_resource(name: str, resources: dict[str, float] | None = None) -> bool:
@@ -58,7 +67,7 @@ def has_resource(name: str, resources: dict[str, float] | None = None) -> bool:
     return resources.get(name, 0) > 0
 
 
-def ps_options(config: Any, tables: dict[str, dict], resources: dict[str, float] | None = None,
+def ps_options(config: Any, tables: dict[str, TableSpec], resources: dict[str, float] | None = None,
                nodes: list[dict] | None = None) -> dict:
     """`.options(...)` for the ParameterServer actors.
 
@@ -105,18 +114,15 @@ def ps_fit_problem(need: int, num_ps: int, nodes: list[dict]) -> str | None:
 
 
 # -- does the run fit -------------------------------------------------------------------------------
-# A worker process before its batches: the same order as a server's (python, torch, Ray's core worker),
-# rounded up the same way; its resident --cache-rows rows come on top.
-WORKER_PROCESS_BYTES = PS_PROCESS_BYTES
 
-
-def run_memory_bytes(config: Any, tables: dict[str, dict]) -> tuple[int, int]:
+def run_memory_bytes(config: Any, tables: dict[str, TableSpec]) -> tuple[int, int]:
     """(bytes per parameter server, bytes per worker) a run needs at least: each server its slice and
-    the process (ps_memory_bytes), each worker its process and resident rows (a GPU worker's are on
-    its GPU)."""
+    the process (ps_memory_bytes), each worker its process (PROCESS_BYTES) and resident rows (a GPU
+    worker's are on its GPU)."""
+    words_out = tables["words_out"]
     resident = 0 if config.gpus_per_worker else \
-        sum(config.resident_tables(tables["words_out"]["rows"]).values()) * config.row_width * FLOAT_BYTES
-    return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), WORKER_PROCESS_BYTES + resident
+        sum(config.resident_tables(words_out.rows).values()) * words_out.width * FLOAT_BYTES
+    return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), PROCESS_BYTES + resident
 
 
 def local_resources(object_store_bytes: int) -> dict[str, float]:
@@ -152,7 +158,7 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" + ("" if n == 1 else "s")
 
 
-def fit_problems(config: Any, tables: dict[str, dict], resources: dict[str, float]) -> list[str]:
+def fit_problems(config: Any, tables: dict[str, TableSpec], resources: dict[str, float]) -> list[str]:
     """Why the run's servers and workers cannot fit `resources` (a cluster's totals, or
     local_resources()), one line each naming the flag to change; empty when they fit."""
     problems = []

@@ -57,26 +57,23 @@ import psutil
 import pyarrow as pa
 
 from . import outputs
-from .config import TrainConfig
+from .config import TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard, write_shard
 from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
+from .placement import FLOAT_BYTES, PROCESS_BYTES
 from .ps import table_specs
 from .sampling import NegativeTable, build_examples, keep_probabilities
 from .sharding import rows_on_shard
 from .trainer import effective_macro_batch, quality_warnings
 from .worker import ROUNDS_PER_EPOCH
 
-FLOAT_BYTES = 4
 GiB = 1 << 30
 # Sizes the calibration slice before anything is measured: tokens/s of one CPU worker on this
 # project's 2-core machine (0.43M with 2 workers at 200k users). The measured rate replaces it.
 GUESS_TOKENS_PER_SECOND_PER_WORKER = 200_000
 MAX_CALIBRATION_EPOCHS = 5
-# Fallbacks where a process cannot be observed (a remote cluster); private memory measured on this
-# project's machine (Ray 2.60, torch 2.x): a parameter server with tiny tables 211-222 MB, a worker
-# 224-232 MB, the driver 226 MB.
-PROCESS_BYTES = 230 << 20
+# Where a process cannot be observed (a remote cluster), it counts placement.PROCESS_BYTES.
 VOCAB_BYTES_PER_WORD = 40  # counts int64, keep probability, alias table (p, accept, alias), marker arrays
 # A server's private memory above an empty one grows with the size of the pulls it serves (the
 # allocator keeps freed pull results of its 4 threads): measured 110 MB over 7.5 MB pulls (50k users)
@@ -88,12 +85,12 @@ OOM_FRACTION = 0.95  # Ray's OOM killer acts above this share of a node's memory
 
 # -- arithmetic -------------------------------------------------------------------------------------
 
-def shard_table_bytes(tables: dict[str, dict], num_ps: int) -> list[dict[str, int]]:
+def shard_table_bytes(tables: dict[str, TableSpec], num_ps: int) -> list[dict[str, int]]:
     """Per server: bytes of its rows of each table, optimiser columns included (exact row counts).
 
-    tables: the trainer's table specs (trainer.table_specs: docs, words when dbow_words or PV-DM
-    trains it, words_out; each with its rows, dim and optimiser columns "state")."""
-    return [{name: rows_on_shard(s, num_ps, spec["rows"]) * (spec["dim"] + spec.get("state", 0)) * FLOAT_BYTES
+    tables: the trainer's table specs (ps.table_specs: docs, words when dbow_words or PV-DM trains
+    it, words_out)."""
+    return [{name: rows_on_shard(s, num_ps, spec.rows) * spec.width * FLOAT_BYTES
              for name, spec in tables.items()} for s in range(num_ps)]
 
 
@@ -103,24 +100,24 @@ def worker_batch_bytes(profile: dict, width: int) -> int:
     return int(2 * profile["example_bytes"] + 2 * profile["unique_rows"] * width * FLOAT_BYTES)
 
 
-def resident_plan(config: TrainConfig, vocab: int) -> dict:
+def resident_plan(config: TrainConfig, words_out: TableSpec) -> dict:
     """The URL rows each worker keeps resident between macro-batches, and where: words_out's hottest
     (all of them with one worker, within 2 GiB), and on the token path words' too where they are
     trained; in the worker's host memory, or on its GPU."""
-    tables = config.resident_tables(vocab)
-    return {"tables": tables, "bytes": sum(tables.values()) * config.row_width * FLOAT_BYTES,
-            "all": tables["words_out"] == vocab, "on": "device" if config.gpus_per_worker > 0 else "host"}
+    tables = config.resident_tables(words_out.rows)
+    return {"tables": tables, "bytes": sum(tables.values()) * words_out.width * FLOAT_BYTES,
+            "all": tables["words_out"] == words_out.rows, "on": "device" if config.gpus_per_worker > 0 else "host"}
 
 
-def memory_plan(tables: dict[str, dict], config: TrainConfig, profile: dict, *, ps_overhead: int,
+def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict, *, ps_overhead: int,
                 worker_fixed: int, driver: int, ray_system: int, object_store: int) -> dict:
     """Memory per process and for the node, from table sizes, macro-batch sizes and fixed costs (bytes)."""
-    width = config.row_width
+    width = tables["words_out"].width
     per_ps = shard_table_bytes(tables, config.num_ps)
     ps = [{"shard": s, "tables": t, "table_bytes": sum(t.values()), "overhead": ps_overhead,
            "total": sum(t.values()) + ps_overhead} for s, t in enumerate(per_ps)]
     batch = worker_batch_bytes(profile, width)
-    resident = resident_plan(config, tables["words_out"]["rows"])
+    resident = resident_plan(config, tables["words_out"])
     on_host = resident["bytes"] if resident["on"] == "host" else 0  # on a GPU, its memory holds them
     worker = {"batch": batch, "fixed": worker_fixed, "resident": on_host, "total": batch + worker_fixed + on_host}
     row_bytes = profile["unique_rows"] * width * FLOAT_BYTES
@@ -231,7 +228,7 @@ def ps_init_seconds_per_row(dim: int, rows: int = 100_000) -> float:
     from .ps import ParameterServer
 
     t0 = time.perf_counter()
-    ParameterServer(0, 1, {"docs": {"rows": rows, "dim": dim, "init": "uniform", "state": 0}}, 0)
+    ParameterServer(0, 1, {"docs": TableSpec("docs", rows, dim, init="uniform")}, 0)
     return (time.perf_counter() - t0) / rows
 
 
@@ -316,12 +313,13 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     corpus = Corpus(corpus_path)
     tables = table_specs(config, corpus)
     profile = macro_batch_profile(corpus, config)
-    width = config.row_width
+    width = tables["words_out"].width
     sources = {}
     result: dict = {"corpus": {"path": corpus.path, "docs": corpus.num_docs, "tokens": corpus.num_tokens,
                                "vocab": corpus.vocab_size, "shards": corpus.num_shards,
                                "tokens_per_doc": corpus.num_tokens / max(corpus.num_docs, 1)},
-                    "config": dataclasses.asdict(config), "tables": tables, "macro_batch": profile}
+                    "config": dataclasses.asdict(config),
+                    "tables": {name: spec.to_json() for name, spec in tables.items()}, "macro_batch": profile}
     ps_fixed, cal, store = None, None, None
     if run_calibration:
         import ray
@@ -356,7 +354,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
         result["ps_overhead_measured"] = seen
     batch = worker_batch_bytes(profile, width)
     if len(workers) >= config.num_workers and cal:
-        resident = resident_plan(config, corpus.vocab_size)
+        resident = resident_plan(config, tables["words_out"])
         on_host = resident["bytes"] if resident["on"] == "host" else 0
         worker_fixed = max(0, max(p["private"] for p in workers) - batch - on_host)
         sources["worker_fixed"] = "measured in calibration (peak private − batch − resident rows)"
@@ -383,7 +381,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     return result
 
 
-def time_plan(corpus: Corpus, config: TrainConfig, tables: dict, cal: dict) -> dict:
+def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec], cal: dict) -> dict:
     """Time per epoch, startup, checkpoints and the whole run, scaled from the calibration."""
     s = cal["summary"]
     tps = s["tokens_per_second"]
@@ -448,7 +446,7 @@ def _s(x: float | None) -> str:
 def format_plan(p: dict) -> str:
     c, cfg, mem, prof = p["corpus"], p["config"], p["memory"], p["macro_batch"]
     src = mem["sources"]
-    width = cfg["dim"] + int(cfg["optimizer"] == "adagrad")
+    width = TableSpec.from_json("words_out", p["tables"]["words_out"]).width
     mode = cfg["mode"] + (" + dbow_words" if cfg["dbow_words"] else "")
     lines = [f"plan: {c['path']}"]
     lines.append(f"  corpus {c['docs']:,} docs, {c['tokens']:,} tokens ({c['tokens_per_doc']:.1f} a doc), "

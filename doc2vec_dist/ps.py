@@ -21,7 +21,7 @@ from . import checkpoint
 from .sharding import global_rows, rows_on_shard
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
+    from .config import TableSpec, TrainConfig
     from .corpus import Corpus
 
 
@@ -60,12 +60,13 @@ def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 1
 
 
 class ParameterServer:
-    def __init__(self, shard: int, num_shards: int, tables: dict[str, dict], seed: int, model: str | None = None):
-        """tables: name → {"rows": global row count, "dim": d, "init": "uniform" | "zeros", "state": 0 | 1}.
+    def __init__(self, shard: int, num_shards: int, tables: dict[str, TableSpec], seed: int, model: str | None = None):
+        """tables: name → its TableSpec (global row count, dim, init, optimiser state columns).
 
-        "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim (keyedvectors.prep_vectors);
-        "zeros" is its initialisation of the output weights (syn1neg). "state" adds that many optimiser
-        columns after the vector (row-wise Adagrad's accumulator), starting at zero, kept with the row.
+        init "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim
+        (keyedvectors.prep_vectors); "zeros" is its initialisation of the output weights (syn1neg). The
+        spec's state columns follow the vector (row-wise Adagrad's accumulator), start at zero and are
+        kept with the row.
 
         If `model` has a committed checkpoint (LATEST), the rows and their optimiser state are loaded
         from it instead: this is how a resumed run starts, and how a server that Ray restarts after
@@ -83,27 +84,27 @@ class ParameterServer:
             _, manifest = checkpoint.load_manifest(model)
             self.restored_version = int(manifest["version"])
         for i, (name, spec) in enumerate(sorted(tables.items())):
-            n, dim, state = rows_on_shard(shard, num_shards, spec["rows"]), spec["dim"], spec.get("state", 0)
+            n = rows_on_shard(shard, num_shards, spec.rows)
             if manifest is not None:
-                table = self._restore(model, manifest, name, spec, n)
+                table = self._restore(model, manifest, spec, n)
             else:
-                table = np.zeros((n, dim + state), dtype=np.float32)
-                if spec["init"] == "uniform":
-                    _fill_uniform(table[:, :dim], np.random.default_rng([seed, i, shard]))
+                table = np.zeros((n, spec.width), dtype=np.float32)
+                if spec.init == "uniform":
+                    _fill_uniform(table[:, :spec.dim], np.random.default_rng([seed, i, shard]))
             self.tables[name] = table
-            self.rows[name] = spec["rows"]
-            self.dims[name] = dim
+            self.rows[name] = spec.rows
+            self.dims[name] = spec.dim
             self.locks[name] = threading.Lock()
         self.pushes = 0
 
-    def _restore(self, model: str, manifest: dict, name: str, spec: dict, n: int) -> np.ndarray:
-        saved = manifest["tables"].get(name)
-        if saved is None or saved["rows"] != spec["rows"] or saved["dim"] != spec["dim"]:
+    def _restore(self, model: str, manifest: dict, spec: TableSpec, n: int) -> np.ndarray:
+        saved = manifest["tables"].get(spec.name)
+        if saved is None or saved["rows"] != spec.rows or saved["dim"] != spec.dim:
             have = "absent" if saved is None else f"{saved['rows']} × {saved['dim']}"
-            raise ValueError(f"{model}: checkpoint v{manifest['version']} table {name!r} is {have}; this run "
-                             f"needs {spec['rows']} × {spec['dim']}")
-        table = np.zeros((n, spec["dim"] + spec.get("state", 0)), dtype=np.float32)
-        checkpoint.read_shard(model, name, self.shard, self.num_shards, version=int(manifest["version"]),
+            raise ValueError(f"{model}: checkpoint v{manifest['version']} table {spec.name!r} is {have}; this run "
+                             f"needs {spec.rows} × {spec.dim}")
+        table = np.zeros((n, spec.width), dtype=np.float32)
+        checkpoint.read_shard(model, spec.name, self.shard, self.num_shards, version=int(manifest["version"]),
                               out=table)
         return table
 
@@ -158,15 +159,14 @@ class ParameterServer:
         return {name: int(t.nbytes) for name, t in self.tables.items()}
 
 
-def table_specs(config: TrainConfig, corpus: Corpus) -> dict[str, dict]:
-    """The tables a run trains: `words` only when something trains it (dbow_words or PV-DM).
+def table_specs(config: TrainConfig, corpus: Corpus) -> dict[str, TableSpec]:
+    """The tables a run trains, by name: `words` only when something trains it (dbow_words or PV-DM).
 
     Inputs start uniform in [-1, 1)/dim, outputs at zero (gensim's initialisation); with adagrad each
-    row carries one accumulator column.
+    row carries one accumulator column (TrainConfig.table).
     """
-    state = int(config.optimizer == "adagrad")
-    tables = {"docs": {"rows": corpus.num_docs, "dim": config.dim, "init": "uniform", "state": state}}
+    tables = [config.table("docs", corpus.num_docs)]
     if config.trains_words():
-        tables["words"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "uniform", "state": state}
-    tables["words_out"] = {"rows": corpus.vocab_size, "dim": config.dim, "init": "zeros", "state": state}
-    return tables
+        tables.append(config.table("words", corpus.vocab_size))
+    tables.append(config.table("words_out", corpus.vocab_size, init="zeros"))
+    return {t.name: t for t in tables}

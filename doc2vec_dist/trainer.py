@@ -19,12 +19,12 @@ import ray
 from tqdm import tqdm
 
 from . import checkpoint, storage
-from .config import TrainConfig, build, coerce
+from .config import TableSpec, TrainConfig, build, coerce
 from .corpus import Corpus
 from .errors import UserError
 from .placement import fit_problems, local_resources, ps_options, worker_options
 from .ps import ParameterServer, table_specs
-from .worker import Worker, macro_batch_for, plan_units
+from .worker import Position, Worker, macro_batch_for, plan_units
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def local_object_store_bytes() -> int:
     return int(min(max(0.15 * ram, 1 << 30), 4 << 30))
 
 
-def check_fit(config: TrainConfig, tables: dict[str, dict], started_here: bool | None) -> None:
+def check_fit(config: TrainConfig, tables: dict[str, TableSpec], started_here: bool | None) -> None:
     """Refuse a run whose servers and workers cannot fit, before any actor starts (placement.fit_problems).
 
     started_here None: before connecting, for a local Ray that connect() will start (its resources are
@@ -181,7 +181,7 @@ def _merge_resumed(model: str, saved: dict, given: dict) -> TrainConfig:
                             "may change on resume)")
         merged[name] = value
     merged["resume"] = True
-    return build(TrainConfig, merged).validate()
+    return build(TrainConfig, merged)
 
 
 @dataclasses.dataclass
@@ -189,7 +189,7 @@ class _Resume:
     """Where a run starts: epoch, and each worker's data position in it (None: the epoch's start)."""
 
     epoch: int = 0
-    positions: list | None = None
+    positions: list[Position] | None = None
     version: int | None = None  # the checkpoint resumed from
     tokens: int = 0  # tokens trained before it
 
@@ -202,13 +202,14 @@ class _Resume:
                 raise UserError(f"{out}: the checkpoint was trained on a corpus with {key}={saved}, "
                                 f"{corpus.path} has {getattr(corpus, key)}; resume on the same corpus")
         _merge_resumed(out, manifest.get("config") or {}, dataclasses.asdict(config))  # the checks, for library callers
-        epoch, positions = int(manifest.get("epoch", 0)), manifest.get("positions")
+        epoch, saved = int(manifest.get("epoch", 0)), manifest.get("positions")
+        positions = None if saved is None else [Position.from_json(p) for p in saved]
         if positions is not None and len(positions) != config.num_workers:
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with {len(positions)} workers; resume with "
                             f"--num-workers {len(positions)} (their data positions cannot be redistributed)")
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
-        tokens = epoch * corpus.num_tokens + sum(int(p.get("tokens", 0)) for p in positions or [])
+        tokens = epoch * corpus.num_tokens + sum(p.tokens for p in positions or [])
         return cls(epoch=epoch, positions=positions, version=checkpoint.latest_version(out), tokens=tokens)
 
 
@@ -320,14 +321,12 @@ class _Run:
                                            max_task_retries=-1, **server_placement).remote(
             s, config.num_ps, tables, config.seed, self.out) for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
-        cfg = dataclasses.asdict(config)
-        rows = {name: spec["rows"] for name, spec in tables.items()}
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
                                            max_task_retries=0, **worker_placement).remote(
-            i, self.plan[i], os.path.abspath(corpus.path), cfg, names, rows)
+            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables)
             for i in range(config.num_workers)]
         ray.get([w.progress.remote() for w in self.workers])  # surfaces init errors before the clock starts
         self.server_info = ray.get([s.info.remote() for s in self.servers])
@@ -358,14 +357,14 @@ class _Run:
         now = ray.get([s.info.remote() for s in self.servers])
         restarted = sum(a["pid"] != b["pid"] for a, b in zip(self.server_info, now))
         # tokens/s and pairs/s count what this run trained: a resumed epoch's first part was trained before
-        before = combine([{"seconds": {}, **p} for p in self.resume.positions or []])
+        before = combine([{"seconds": {}, **p.to_json()} for p in self.resume.positions or []])
         summary = _summary(config, corpus, epoch_stats, train_seconds, self.ckpt_seconds, trained_before=before)
         summary.update(resumed_from_epoch=self.resume.epoch if config.resume else None,
                        worker_restarts=self.worker_restarts, server_restarts=restarted,
                        servers_loaded_from=[info["restored_version"] for info in now])
         return summary
 
-    def _run_epoch(self, epoch: int, starts: list | None, bar: tqdm) -> dict:
+    def _run_epoch(self, epoch: int, starts: list[Position] | None, bar: tqdm) -> dict:
         config, workers = self.config, self.workers
         base = epoch * self.corpus.num_tokens
         self.starts = list(starts) if starts else [None] * len(workers)
@@ -430,7 +429,7 @@ class _Run:
                 return  # a worker is down: the restart path deals with it; checkpoint next time
             # A worker whose run_epoch has not begun reports where its last one ended: it will start
             # (and at once pause) where the driver sent it
-            positions = [p if p["epoch"] == epoch else (self.starts[i] or Worker.start_of(epoch))
+            positions = [p if p.epoch == epoch else (self.starts[i] or Position(epoch))
                          for i, p in enumerate(positions)]
             self._checkpoint(epoch, positions, self.epoch_stats)
         finally:
@@ -438,7 +437,7 @@ class _Run:
                 with contextlib.suppress(ray.exceptions.RayError):
                     ray.get(w.resume.remote(), timeout=60)
 
-    def _checkpoint(self, epoch: int, positions: list | None, epoch_stats: list) -> None:
+    def _checkpoint(self, epoch: int, positions: list[Position] | None, epoch_stats: list) -> None:
         """Write a version: every server's slice, then the manifest with the epochs done and where
         each worker's data stands (None: at the start of epoch `epoch`)."""
         t0 = time.perf_counter()

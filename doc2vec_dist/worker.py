@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import client, cpu_kernel
-from .config import TrainConfig
+from .config import TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 
@@ -67,6 +67,30 @@ def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer:
         return int(macro_batch or (DEVICE_MACRO_BATCH if on_device else SOLE_WRITER_MACRO_BATCH))
     macro_batch = macro_batch or SHARED_MACRO_BATCH
     return int(min(macro_batch, max(MIN_MACRO_BATCH, tokens_per_epoch // ROUNDS_PER_EPOCH)))
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a worker's data stands in an epoch: the next macro-batch it trains, and what it trained
+    before it. Workers report it when a checkpoint pauses them (Worker.pause), the checkpoint's manifest
+    keeps one per worker (to_json, from_json), and a resumed or restarted worker starts from it
+    (Worker.run_epoch). Position(epoch) is the epoch's start."""
+
+    epoch: int
+    unit: int = 0             # index of its unit among the worker's units (len(units): the epoch is done)
+    row: int | None = None    # shard-file row of that unit to start at (None: the unit's start)
+    step: int = 0             # macro-batches trained before it this epoch (each one's draws are seeded by it)
+    tokens: int = 0           # this epoch's counters up to it
+    pairs: int = 0
+    loss: float = 0.0
+
+    def to_json(self) -> dict:
+        """The manifest's entry: every field, by name."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Position:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
 @dataclass
@@ -162,21 +186,21 @@ class Arrival:
 
 
 class Worker:
-    def __init__(self, index: int, units: list[Unit], corpus_path: str, config: dict,
-                 servers: list, table_rows: dict[str, int], compute: Compute | None = None):
+    def __init__(self, index: int, units: list[Unit], corpus_path: str, config: TrainConfig,
+                 servers: list, tables: dict[str, TableSpec], compute: Compute | None = None):
         """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
-        client.LocalServers (no Ray at all). compute: what trains the examples (Compute.default())."""
+        client.LocalServers (no Ray at all). tables: the servers' table specs (ps.table_specs).
+        compute: what trains the examples (Compute.default())."""
         import torch
 
         self.index, self.units, self.config = index, units, config
         self.compute = compute or Compute.default()
-        self.table_rows = table_rows
-        torch.set_num_threads(int(config["cpus_per_worker"]))
+        torch.set_num_threads(int(config.cpus_per_worker))
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
-        typed = TrainConfig(**config)
-        self.exact = typed.exact_kernel()
-        use_cuda = config["gpus_per_worker"] > 0
+        self.exact = config.exact_kernel()
+        self.adagrad = config.optimizer == "adagrad"
+        use_cuda = config.gpus_per_worker > 0
         if use_cuda and not torch.cuda.is_available():
             raise RuntimeError(f"worker {index}: gpus_per_worker > 0 but torch sees no CUDA device")
         self.device = torch.device("cuda" if use_cuda else "cpu")
@@ -185,31 +209,32 @@ class Worker:
         # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
         self.staged = use_cuda
         counts = Corpus(corpus_path).counts()
-        self.keep_prob = keep_probabilities(counts, config["sample"])
-        self.negatives = NegativeTable(counts, config["ns_exponent"])
+        self.keep_prob = keep_probabilities(counts, config.sample)
+        self.negatives = NegativeTable(counts, config.ns_exponent)
         self.tokens_per_epoch = sum(u.tokens for u in units)
-        self.planned_tokens = self.tokens_per_epoch * config["epochs"]
-        self.width = typed.row_width  # adagrad's accumulator rides along
+        self.planned_tokens = self.tokens_per_epoch * config.epochs
+        words_out = tables["words_out"]
+        self.width = words_out.width  # adagrad's accumulator rides along
         self.stats = self._zero_stats()
         # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
         # here, at the head of the `outputs` matrix, between macro-batches; see client.ParameterClient.sync
-        resident = typed.resident_tables(table_rows["words_out"])
+        resident = config.resident_tables(words_out.rows)
         self.cached = resident["words_out"]
         # The token path: every URL row resident here and no other worker: the host only reads the
         # tokens and routes the documents' rows. The exact kernel draws the subsampling and negatives
         # itself (cpu_kernel.train_tokens, plain PV-DBOW); for the batched one they are drawn on its
         # device (device_examples, every mode), where the URL tables already are.
-        self.token_path = typed.token_path(table_rows["words_out"])
+        self.token_path = config.token_path(words_out.rows)
         # ... where `words` is trained too (dbow_words, PV-DM), every words row is resident as well, at
         # the head of `inputs`: a word's input row is its id, the documents' follow
         self.words_head = resident.get("words", 0)
         self._device_tables = None  # device_examples.DeviceTables, made at the first device token batch
-        self.macro_batch = macro_batch_for(config["macro_batch"], self.tokens_per_epoch, sole_writer=self.token_path,
+        self.macro_batch = macro_batch_for(config.macro_batch, self.tokens_per_epoch, sole_writer=self.token_path,
                                            on_device=not self.exact)
         self.client = client.ParameterClient(
-            servers, table_rows, workers=config["num_workers"], resident=self.cached, resident_tables=tuple(resident),
-            sole_writer=self.token_path,
-            max_inflight_pushes=config["max_inflight_pushes"])
+            servers, {name: spec.rows for name, spec in tables.items()}, workers=config.num_workers,
+            resident=self.cached, resident_tables=tuple(resident), sole_writer=self.token_path,
+            max_inflight_pushes=config.max_inflight_pushes)
         self._accept = self.negatives.accept.astype(np.float32)
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
@@ -224,9 +249,9 @@ class Worker:
         # thread while run_epoch works): its pushes drained, it reports the position of the next batch.
         self._cv = threading.Condition()
         self._pause_requested = False
-        self._paused_at: dict | None = None
+        self._paused_at: Position | None = None
         self._running = False
-        self._position = self.start_of(0)
+        self._position = Position(0)
 
     @staticmethod
     def _zero_stats() -> dict:
@@ -242,18 +267,13 @@ class Worker:
         return s
 
     # -- data positions and pausing for checkpoints --------------------------------------------
-    @staticmethod
-    def start_of(epoch: int) -> dict:
-        """The start of an epoch: unit 0, row of its start, nothing trained yet."""
-        return {"epoch": epoch, "unit": 0, "row": None, "step": 0, "tokens": 0, "pairs": 0, "loss": 0.0}
-
-    def _position_at(self, epoch: int, batch: Batch | None, step: int) -> dict:
+    def _position_at(self, epoch: int, batch: Batch | None, step: int) -> Position:
         """Where this worker's data stands: the next macro-batch to train (None: the epoch is done)."""
         unit, row = batch.start if batch is not None else (len(self.units), None)
-        return {"epoch": epoch, "unit": unit, "row": row, "step": step, "tokens": self.stats["tokens"],
-                "pairs": self.stats["pairs"], "loss": self.stats["loss"]}
+        return Position(epoch, unit, row, step, tokens=self.stats["tokens"], pairs=self.stats["pairs"],
+                        loss=self.stats["loss"])
 
-    def pause(self) -> dict:
+    def pause(self) -> Position:
         """Stop between two macro-batches with every push applied; returns the data position.
 
         Idle (between epochs) it returns at once, and the request stays set, so an epoch started
@@ -263,7 +283,7 @@ class Worker:
             self._pause_requested = True
             while self._running and self._paused_at is None:
                 self._cv.wait()
-            return dict(self._paused_at or self._position)
+            return self._paused_at or self._position
 
     def resume(self) -> None:
         with self._cv:
@@ -320,9 +340,9 @@ class Worker:
             return Batch(examples=None, layout=layout, ctx_pos=ctx_pos, target_pos=tokens,
                          neg_pos=np.zeros(0, np.int64), scale=None, pulls=[], start=start, raw_tokens=len(tokens),
                          tokens=tokens, offsets=offsets, seed=int(rng.integers(1 << 63)))
-        ex = build_examples(offsets, tokens, self.keep_prob, self.negatives, cfg["negative"], rng,
-                            mode=cfg["mode"], dbow_words=cfg["dbow_words"], window=cfg["window"],
-                            shared_negatives=cfg["shared_negatives"], micro_batch=cfg["micro_batch"],
+        ex = build_examples(offsets, tokens, self.keep_prob, self.negatives, cfg.negative, rng,
+                            mode=cfg.mode, dbow_words=cfg.dbow_words, window=cfg.window,
+                            shared_negatives=cfg.shared_negatives, micro_batch=cfg.micro_batch,
                             interleave=not self.exact)
         layout, ctx_pos, target_pos, neg_pos = self.client.example_layout(doc_ids, ex)
         return Batch(examples=ex, layout=layout, ctx_pos=ctx_pos, target_pos=target_pos, neg_pos=neg_pos,
@@ -330,19 +350,19 @@ class Worker:
                      start=start, raw_tokens=ex.raw_tokens)
 
     # -- one epoch ---------------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, start: dict | None = None) -> dict:
+    def run_epoch(self, epoch: int, start: Position | None = None) -> dict:
         """Train this worker's data for one epoch, from the beginning or from a checkpointed position
         (`start`, as pause() reported it); returns the epoch's counters."""
         from .kernels import micro_batch_alphas
 
         cfg = self.config
-        start = start or self.start_of(epoch)
+        start = start or Position(epoch)
         self.stats = self._zero_stats()
-        self.stats.update(epoch=epoch, tokens=start["tokens"], pairs=start["pairs"], loss=start["loss"])
+        self.stats.update(epoch=epoch, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
         seconds = self.stats["seconds"]
-        done_before = epoch * self.tokens_per_epoch + start["tokens"]  # drives the learning rate
-        chunks = self._chunks(start["unit"], start["row"])
-        step_of_next = start["step"]
+        done_before = epoch * self.tokens_per_epoch + start.tokens  # drives the learning rate
+        chunks = self._chunks(start.unit, start.row)
+        step_of_next = start.step
         with self._cv:
             self._running = True
 
@@ -356,7 +376,7 @@ class Worker:
                 return None
             # one generator per macro-batch, seeded by its place in the epoch: a run resumed from a
             # position draws the same subsampling and negatives as one that never stopped
-            rng = np.random.default_rng([cfg["seed"], self.index, epoch, step_of_next])
+            rng = np.random.default_rng([cfg.seed, self.index, epoch, step_of_next])
             step_of_next += 1
             batch = self._prepare(*item, rng)
             t2 = time.perf_counter()
@@ -369,7 +389,7 @@ class Worker:
         slot = 0
         try:
             batch = next_batch()
-            step = start["step"]
+            step = start.step
             self._sync(f"epoch {epoch} start of worker {self.index}")
             while batch is not None:
                 if self._hold_if_paused(epoch, batch, step):
@@ -401,7 +421,7 @@ class Worker:
                 # it interpolates between the two ends once its examples are drawn
                 ends = self.exact or ex is None
                 n_micro = 1 if ends else max(1, -(-len(ex) // ex.micro_batch))
-                alphas = micro_batch_alphas(cfg["alpha"], cfg["min_alpha"], done_before, batch.raw_tokens,
+                alphas = micro_batch_alphas(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens,
                                             self.planned_tokens, n_micro, ends=ends)
                 loss, pairs = self._compute(batch, arrival, alphas)
                 t2 = time.perf_counter()
@@ -527,14 +547,14 @@ class Worker:
         if batch.tokens is not None and self.exact:  # the token path: the kernel draws the examples itself
             self.client.trained()
             return self.compute.tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
-                                       self.keep_prob, self._accept, self.negatives.alias, cfg["negative"],
+                                       self.keep_prob, self._accept, self.negatives.alias, cfg.negative,
                                        float(alphas[0]), float(alphas[1]), batch.seed,
-                                       adagrad=cfg["optimizer"] == "adagrad", threads=int(cfg["cpus_per_worker"]))
+                                       adagrad=self.adagrad, threads=int(cfg.cpus_per_worker))
         if self.exact:  # the host matrices, trained in place on this worker's threads
             loss = self.compute.exact(local["inputs"], local["outputs"], batch.ctx_pos, batch.target_pos,
                                       batch.neg_pos, ex.neg_mask, float(alphas[0]), float(alphas[1]),
-                                      ctx_mask=ex.ctx_mask, adagrad=cfg["optimizer"] == "adagrad",
-                                      threads=int(cfg["cpus_per_worker"]))
+                                      ctx_mask=ex.ctx_mask, adagrad=self.adagrad,
+                                      threads=int(cfg.cpus_per_worker))
             self._count_resident_uses(batch)
             return loss, len(ex)
         if self.staged:  # only the pulled rows travel: the resident ones are already on the device
@@ -548,7 +568,7 @@ class Worker:
             outputs[head:].copy_(arrival.device["outputs"])
         else:  # the host matrices themselves, trained in place
             inputs, outputs = torch.from_numpy(local["inputs"]), torch.from_numpy(local["outputs"])
-        shared = cfg["shared_negatives"]
+        shared = cfg.shared_negatives
         if batch.tokens is not None:  # the token path: the examples are drawn here, on the device
             ex = self._draw_on_device(batch, to_dev)
             pairs = len(ex)
@@ -557,14 +577,14 @@ class Worker:
             alphas = alphas[0] + (alphas[1] - alphas[0]) * mid  # the rate at each micro-batch's midpoint
             loss = self.compute.batched(inputs, outputs, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas.to(dev),
                                         ex.micro_batch, ctx_mask=ex.ctx_mask, scale=ex.scale,
-                                        adagrad=cfg["optimizer"] == "adagrad")
+                                        adagrad=self.adagrad)
         else:
             pairs = len(ex)
             loss = self.compute.batched(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos),
                                         to_dev(batch.neg_pos), to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch,
                                         ctx_mask=to_dev(ex.ctx_mask), scale=to_dev(batch.scale),
-                                        adagrad=cfg["optimizer"] == "adagrad",
-                                        shared_negatives=cfg["negative"] if shared else 0)
+                                        adagrad=self.adagrad,
+                                        shared_negatives=cfg.negative if shared else 0)
         if self.staged:  # bring the rows to push home, into the (pinned) host matrices
             host["inputs"].copy_(inputs[in_head:], non_blocking=True)
             host["outputs"].copy_(outputs[head:], non_blocking=True)
@@ -581,9 +601,9 @@ class Worker:
         if self._device_tables is None:
             self._device_tables = device_examples.DeviceTables(self.keep_prob, self.negatives, self.device)
         return self.compute.device_examples(
-            to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, cfg["negative"],
-            device_examples.generator(batch.seed, self.device), cfg["micro_batch"],
-            device_examples.Shape(cfg["mode"], cfg["dbow_words"], cfg["window"]))
+            to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, cfg.negative,
+            device_examples.generator(batch.seed, self.device), cfg.micro_batch,
+            device_examples.Shape(cfg.mode, cfg.dbow_words, cfg.window))
 
     def _count_resident_uses(self, batch: Batch) -> None:
         if batch.tokens is None:  # the token path has one worker: its resident rows need no weights

@@ -66,10 +66,9 @@ def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, comp
             else:
                 server.close()
 
-    rows = {name: spec["rows"] for name, spec in tables.items()}
     try:
-        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config),
-                                   servers, rows, compute=compute)
+        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, config, servers, tables,
+                                   compute=compute)
     except BaseException:
         close()
         raise
@@ -129,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
     try:
-        if args.epochs < 1:
-            raise UserError("--epochs must be >= 1")
         config = build(TrainConfig, load_yaml(args.config) if args.config else {},
                        {"num_ps": args.num_ps}).validate()
         config = dataclasses.replace(config, epochs=args.epochs, num_workers=1, progress=False, checkpoint_every=0)

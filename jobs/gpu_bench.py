@@ -98,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     try:
-        if args.epochs < 1:
-            raise UserError("--epochs must be >= 1")
         if args.device == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: torch sees no CUDA device")
         cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())

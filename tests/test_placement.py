@@ -5,11 +5,16 @@ import os
 import ray
 
 from doc2vec_dist import placement
-from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.config import TableSpec, TrainConfig
 
 GiB = 1 << 30
-TABLES = {"docs": {"rows": 1001, "dim": 100, "init": "uniform", "state": 0},
-          "words_out": {"rows": 10, "dim": 100, "init": "zeros", "state": 0}}
+TABLES = {"docs": TableSpec("docs", 1001, 100, init="uniform"),
+          "words_out": TableSpec("words_out", 10, 100, init="zeros")}
+
+
+def specs(**rows_dims) -> dict[str, TableSpec]:
+    """Table specs by name from (rows, dim[, state]) tuples."""
+    return {name: TableSpec(name, *shape) for name, shape in rows_dims.items()}
 
 
 def node(memory, ps=0, alive=True, **extra):
@@ -50,10 +55,10 @@ def test_only_the_resources_that_exist_are_asked_for():
 
 
 def test_table_bytes_count_the_largest_slice_and_the_optimizer_state():
-    tables = {"docs": {"rows": 10, "dim": 8, "state": 1}, "words_out": {"rows": 3, "dim": 8}}
+    tables = specs(docs=(10, 8, 1), words_out=(3, 8))
     assert placement.table_bytes_per_ps(tables, 3) == 4 * 9 * 4 + 1 * 8 * 4
     assert placement.table_bytes_per_ps(tables, 1) == 10 * 9 * 4 + 3 * 8 * 4
-    assert placement.ps_memory_bytes(1000) == 1250 + placement.PS_PROCESS_BYTES
+    assert placement.ps_memory_bytes(1000) == 1250 + placement.PROCESS_BYTES
 
 
 def test_a_sizing_that_no_live_ps_node_can_hold_is_named(logged):
@@ -65,14 +70,13 @@ def test_a_sizing_that_no_live_ps_node_can_hold_is_named(logged):
     assert "none is alive" in placement.ps_fit_problem(need, 1, [node(64 * GiB, ps=8, alive=False)])
     # ps_options warns (the autoscaler may still add nodes) instead of refusing
     config = TrainConfig(num_ps=64)
-    placement.ps_options(config, {"docs": {"rows": 10**9, "dim": 100}}, resources={"ps": 8},
+    placement.ps_options(config, specs(docs=(10**9, 100)), resources={"ps": 8},
                          nodes=[node(64 * GiB, ps=8)])
     assert "warning: 64 parameter servers need" in logged.text
 
 
 def test_a_workers_memory_need_counts_its_resident_url_rows_where_they_live():
-    tables = {"docs": {"rows": 1000, "dim": 100}, "words": {"rows": 500, "dim": 100},
-              "words_out": {"rows": 500, "dim": 100}}
+    tables = specs(docs=(1000, 100), words=(500, 100), words_out=(500, 100))
     _, base = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=2), tables)  # several workers: none
     _, cpu = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1), tables)  # every words_out row
     assert cpu - base == 500 * 100 * 4

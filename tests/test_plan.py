@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from doc2vec_dist import placement
 from doc2vec_dist import plan as planmod
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
@@ -164,7 +165,7 @@ def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus,
     assert result["time"] is None and mem["sources"]["worker_fixed"].startswith("modelled")
     assert sum(p["table_bytes"] for p in mem["ps"]) == (5000 + 4989) * 16 * 4
     pull = result["macro_batch"]["unique_rows"] * 16 * 4 / 3  # one pull's bytes from one of 3 servers
-    assert mem["ps"][0]["overhead"] == planmod.PROCESS_BYTES + int(planmod.PS_RETAINED_PULLS * pull)
+    assert mem["ps"][0]["overhead"] == placement.PROCESS_BYTES + int(planmod.PS_RETAINED_PULLS * pull)
 
 
 def test_plan_warns_of_settings_measured_to_lose_quality(sample_corpus, capsys):

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
+from doc2vec_dist.config import TableSpec
 from doc2vec_dist.ps import NonFiniteUpdate, ParameterServer
 
-TABLES = {"docs": {"rows": 101, "dim": 8, "init": "uniform"}, "words_out": {"rows": 50, "dim": 8, "init": "zeros"}}
+TABLES = {"docs": TableSpec("docs", 101, 8, init="uniform"), "words_out": TableSpec("words_out", 50, 8, init="zeros")}
 
 
 def test_initialisation_matches_gensim():

@@ -18,6 +18,7 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
+from doc2vec_dist.ps import table_specs
 from doc2vec_dist.trainer import TrainingStopped, resumed_config, train
 from doc2vec_dist.worker import Unit, Worker
 
@@ -42,8 +43,8 @@ def test_worker_data_positions_cover_the_rest_of_its_units_exactly(sample_corpus
     path = corpus.shard_paths[0]
     docs = corpus.meta["shards"][0]["docs"]
     units = [Unit(path, 0, docs // 2, 0), Unit(path, docs // 2, docs, 0)]
-    config = {**TrainConfig(macro_batch=5000).__dict__, "epochs": 1}
-    worker = Worker(0, units, corpus.path, config, [], {"docs": corpus.num_docs, "words_out": corpus.vocab_size})
+    config = TrainConfig(macro_batch=5000, epochs=1)
+    worker = Worker(0, units, corpus.path, config, [], table_specs(config, corpus))
     every = [(start, ids) for start, (ids, _, _) in worker._chunks()]
     seen = np.concatenate([ids for _, ids in every])
     assert len(every) > 4 and len(np.unique(seen)) == docs == len(seen)
@@ -184,3 +185,14 @@ def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_clust
     assert done.returncode == 0, done.stderr
     assert f"resumed from v{kept} (epoch {at['epoch']}, {tokens:,} tokens)" in done.stderr
     assert f"model: {model} (checkpoint v" in done.stdout
+
+
+def test_a_worker_position_is_written_to_the_manifest_and_read_back_as_it_was():
+    from doc2vec_dist.worker import Position
+
+    saved = {"epoch": 2, "unit": 1, "row": 350, "step": 7, "tokens": 41_000, "pairs": 203_112, "loss": 1234.5}
+    position = Position.from_json(saved)
+    assert position == Position(2, 1, 350, 7, tokens=41_000, pairs=203_112, loss=1234.5)
+    assert json.dumps(position.to_json(), sort_keys=True) == json.dumps(saved, sort_keys=True)
+    assert Position(3).to_json() == {"epoch": 3, "unit": 0, "row": None, "step": 0, "tokens": 0, "pairs": 0,
+                                     "loss": 0.0}  # an epoch's start

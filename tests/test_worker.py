@@ -8,7 +8,6 @@ it trains exactly what the in-place path trains: same pulls, same pushes, same t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -34,9 +33,8 @@ def start_worker(ray, corpus_path: str, config: TrainConfig, **server_options) -
     tables = table_specs(config, corpus)
     server_cls = ray.remote(ParameterServer)
     servers = [server_cls.options(**server_options).remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
-    rows = {name: spec["rows"] for name, spec in tables.items()}
-    worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, dataclasses.asdict(config), servers,
-                    rows)
+    rows = {name: spec.rows for name, spec in tables.items()}
+    worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, config, servers, tables)
     return servers, rows, worker
 
 
@@ -65,7 +63,7 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
             with worker._cv:
                 while worker._paused_at is None:
                     worker._cv.wait()
-                paused.append(dict(worker._paused_at))
+                paused.append(worker._paused_at)
             worker.resume()
 
         def prepare_and_ask(*args):
@@ -125,7 +123,7 @@ def test_a_checkpoint_pause_between_staged_batches_trains_what_the_in_place_path
                          **{"macro_batch": 4096, **settings})
     in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False, pause_at=3)
     staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True, pause_at=3)
-    assert info_a["paused"] and info_a["paused"] == info_b["paused"] and info_a["paused"][0]["step"] >= 1
+    assert info_a["paused"] and info_a["paused"] == info_b["paused"] and info_a["paused"][0].step >= 1
     for name, table in in_place.items():
         np.testing.assert_array_equal(staged[name], table, err_msg=name)
     assert [s["loss"] for s in info_b["stats"]] == [s["loss"] for s in info_a["stats"]]
@@ -193,7 +191,7 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
     """jobs/feed_rate.py --no-ray (a GPU machine without Ray): the real worker against ParameterServer
     objects in its process, run where any import of Ray fails; the token paths and the host's examples."""
     probe = textwrap.dedent(f"""
-        import sys, dataclasses, json
+        import sys, json
         sys.modules["ray"] = None  # any import of Ray fails
         import numpy as np
         from doc2vec_dist.client import LocalServer
@@ -208,8 +206,7 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
             tables = table_specs(config, corpus)
             servers = [LocalServer(ParameterServer(s, 2, tables, 1)) for s in range(2)]
             start = servers[0].server.tables["docs"].copy()
-            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.asdict(config), servers,
-                            {{n: t["rows"] for n, t in tables.items()}})
+            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, tables)
             stats = [worker.run_epoch(e) for e in range(config.epochs)]
             moved = float(np.abs(servers[0].server.tables["docs"] - start).mean())
             for s in servers:
