@@ -9,8 +9,6 @@ here is a flag and a YAML key at once. Precedence: defaults < YAML file < flags.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,19 +334,3 @@ def coerce(name: str, value: Any, type_str: Any) -> Any:
     except (TypeError, ValueError):
         raise UserError(f"bad value for {name}: {value!r} ({t} expected)") from None
     return value
-
-
-def to_dict(*configs) -> dict:
-    out: dict[str, Any] = {}
-    for c in configs:
-        out.update(dataclasses.asdict(c))
-    return out
-
-
-def save_json(path: str, data: dict) -> None:
-    """Write JSON atomically (temp file, then rename) so a reader never sees half a file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)

@@ -56,7 +56,7 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-from . import outputs
+from . import outputs, storage
 from .config import TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard, write_shard
 from .errors import UserError
@@ -508,8 +508,6 @@ def format_plan(p: dict) -> str:
 
 
 def save_json(path: str, p: dict) -> None:
-    """Write the plan as JSON, marked as ours, replacing only an earlier plan (outputs.check_file)."""
-    from .config import save_json as save
-
-    outputs.check_file(path, "plan")
-    save(path, {outputs.JSON_KEY: "plan", **p})
+    """Write the plan as JSON, marked as ours, replacing only an earlier plan (outputs.replacing)."""
+    with outputs.replacing(path, "plan") as staged, open(staged.path, "wb") as fh:
+        fh.write(storage.json_bytes({outputs.JSON_KEY: "plan", **p}))

@@ -133,6 +133,30 @@ def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
     return plan
 
 
+def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_row: int | None = None):
+    """((unit index, first row), (doc_ids, offsets, tokens)) chunks of at most ~macro_batch tokens
+    from a worker's units, starting at a data position (a unit, and a row of its shard file): what
+    a worker reads, and where a restarted one resumes."""
+    for u in range(from_unit, len(units)):
+        unit = units[u]
+        first = unit.start if u != from_unit or from_row is None else max(unit.start, from_row)
+        row = 0
+        for doc_ids, offsets, tokens in iter_shard(unit.path, max_tokens=macro_batch):
+            n = len(doc_ids)
+            lo, hi = max(first - row, 0), min(unit.end - row, n)
+            at = row + lo
+            row += n
+            if lo >= hi:
+                if row >= unit.end:
+                    break
+                continue
+            if lo > 0 or hi < n:
+                doc_ids = doc_ids[lo:hi]
+                tokens = tokens[offsets[lo]:offsets[hi]]
+                offsets = offsets[lo:hi + 1] - offsets[lo]
+            yield (u, at), (doc_ids, offsets, tokens)
+
+
 @dataclass(frozen=True)
 class Compute:
     """What a worker runs on each macro-batch's examples, as arguments rather than module globals:
@@ -305,28 +329,6 @@ class Worker:
         return True
 
     # -- reading -------------------------------------------------------------------------------
-    def _chunks(self, from_unit: int = 0, from_row: int | None = None):
-        """((unit index, first row), (doc_ids, offsets, tokens)) chunks of at most ~macro_batch tokens
-        from this worker's units, starting at a data position (a unit, and a row of its shard file)."""
-        for u in range(from_unit, len(self.units)):
-            unit = self.units[u]
-            first = unit.start if u != from_unit or from_row is None else max(unit.start, from_row)
-            row = 0
-            for doc_ids, offsets, tokens in iter_shard(unit.path, max_tokens=self.macro_batch):
-                n = len(doc_ids)
-                lo, hi = max(first - row, 0), min(unit.end - row, n)
-                at = row + lo
-                row += n
-                if lo >= hi:
-                    if row >= unit.end:
-                        break
-                    continue
-                if lo > 0 or hi < n:
-                    doc_ids = doc_ids[lo:hi]
-                    tokens = tokens[offsets[lo]:offsets[hi]]
-                    offsets = offsets[lo:hi + 1] - offsets[lo]
-                yield (u, at), (doc_ids, offsets, tokens)
-
     def _prepare(self, start: tuple[int, int], chunk, rng) -> Batch:
         """A chunk's examples (on the token path: its tokens, for the kernel to draw them from) and where
         its rows sit (client.Layout); pulls not yet issued."""
@@ -361,7 +363,7 @@ class Worker:
         self.stats.update(epoch=epoch, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
         seconds = self.stats["seconds"]
         done_before = epoch * self.tokens_per_epoch + start.tokens  # drives the learning rate
-        chunks = self._chunks(start.unit, start.row)
+        chunks = read_chunks(self.units, self.macro_batch, start.unit, start.row)
         step_of_next = start.step
         with self._cv:
             self._running = True

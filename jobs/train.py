@@ -19,6 +19,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
+from doc2vec_dist import storage
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import (
     JobConfig,
@@ -28,7 +29,6 @@ from doc2vec_dist.config import (
     explicit_values,
     field_names,
     load_yaml,
-    save_json,
 )
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.logs import to_terminal
@@ -173,7 +173,7 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
                          "similar_users": neighbors(model, [first_user], k=5).column("neighbor").to_pylist(),
                          "likely_urls": neighbors(model, [first_user], k=5, against="words_out")
                          .column("neighbor").to_pylist()}
-    save_json(os.path.join(job.exports, "job.json"), result)
+    storage.write_local(os.path.join(job.exports, "job.json"), storage.json_bytes(result))
     return result
 
 

@@ -18,9 +18,8 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.ps import table_specs
 from doc2vec_dist.trainer import TrainingStopped, resumed_config, train
-from doc2vec_dist.worker import Unit, Worker
+from doc2vec_dist.worker import Unit, read_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the trained_model fixture's settings (tests/conftest.py): a resumed run must end as good as it
@@ -43,16 +42,15 @@ def test_worker_data_positions_cover_the_rest_of_its_units_exactly(sample_corpus
     path = corpus.shard_paths[0]
     docs = corpus.meta["shards"][0]["docs"]
     units = [Unit(path, 0, docs // 2, 0), Unit(path, docs // 2, docs, 0)]
-    config = TrainConfig(macro_batch=5000, epochs=1)
-    worker = Worker(0, units, corpus.path, config, [], table_specs(config, corpus))
-    every = [(start, ids) for start, (ids, _, _) in worker._chunks()]
+    macro_batch = 5000  # tokens a chunk holds at most
+    every = [(start, ids) for start, (ids, _, _) in read_chunks(units, macro_batch)]
     seen = np.concatenate([ids for _, ids in every])
     assert len(every) > 4 and len(np.unique(seen)) == docs == len(seen)
     # restart from the position of the 4th chunk: exactly the documents from it onwards
     (unit, row), _ = every[3]
-    rest = np.concatenate([ids for _, (ids, _, _) in worker._chunks(unit, row)])
+    rest = np.concatenate([ids for _, (ids, _, _) in read_chunks(units, macro_batch, unit, row)])
     np.testing.assert_array_equal(rest, seen[sum(len(ids) for _, ids in every[:3]):])
-    assert list(worker._chunks(len(units), None)) == []  # a finished worker reads nothing
+    assert list(read_chunks(units, macro_batch, len(units), None)) == []  # a finished worker reads nothing
 
 
 def test_checkpoints_are_taken_mid_epoch_with_each_workers_position(ray_cluster, sample_corpus, tmp_path):
