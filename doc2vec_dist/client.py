@@ -1,6 +1,8 @@
 """How a worker calls the parameter servers: Ray actors, or ParameterServer objects in this process;
 and ParameterClient, a worker's whole side of them (routing, compact layout, pulls, pushes, resident rows).
 
+Changes when how a worker talks to the servers changes (routing, layout, pulls, pushes, resident rows).
+
 A worker calls `server.pull.remote(request)` and `server.push.remote(...)` and waits with `get`. On a
 cluster the servers are Ray actor handles (or their names, looked up here). Without Ray, e.g. to
 measure one worker on a GPU machine that has no Ray (jobs/feed_rate.py --no-ray), they are

@@ -1,6 +1,8 @@
 """Typed configuration: every field carries its default, one line of help and its checks, and the
 tables a training config makes (TableSpec: their rows, and the width of a row).
 
+Changes when a setting is added, or its default, help or check changes.
+
 The command line and the YAML files use the same names (`--min-alpha` on the command line is
 `min_alpha` in YAML). The command line builds its flags from these dataclasses, so a field added
 here is a flag and a YAML key at once. Precedence: defaults < YAML file < flags.

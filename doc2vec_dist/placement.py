@@ -1,5 +1,7 @@
 """Where the actors run: parameter servers on `ps` nodes, workers on `trainer` (or GPU) nodes.
 
+Changes when where actors run, or how much memory they reserve, changes.
+
 A cluster built from deploy/ labels its node groups with custom resources: high-memory CPU nodes
 carry `ps`, training nodes (CPU or GPU) carry `trainer`, and the head carries neither, so it runs
 the driver and no training. When the cluster has those resources, parameter servers ask for `ps`

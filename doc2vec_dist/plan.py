@@ -1,6 +1,8 @@
 """Plan a run before training it: memory per parameter server, per worker, driver and object store,
 and time per epoch, from the corpus statistics and a short calibration run.
 
+Changes when how a run is sized or timed before it starts changes.
+
 gensim's `Doc2Vec.estimate_memory` adds up its arrays (vectors, syn1neg, doc vectors, ~500 bytes of
 vocabulary entry per word) and says nothing of time. Here the processes are separate and the time is
 what a deploy is sized by, so:

@@ -1,5 +1,7 @@
 """ParameterServer: one shard's slice of every table, in this process's memory (numpy, not the object store).
 
+Changes when how a server holds, serves or saves its rows changes.
+
 Runs as a threaded Ray actor (the trainer wraps it), so pulls and pushes from many workers are served
 at once; numpy releases the GIL while it copies (client.LocalServer runs it in a process without Ray).
 Pushes carry deltas (new − pulled) and are added under the table's lock, so two workers updating the

@@ -1,5 +1,7 @@
 """The driver: connects to Ray, starts the parameter servers and workers, runs the epochs, checkpoints.
 
+Changes when how a run is driven changes: starting actors, epochs, checkpoints, resume, restarts.
+
 The driver moves no training data: workers read their own units of the corpus and talk to the
 parameter servers directly. The driver only schedules epochs, shows progress, and asks each
 parameter server to write its slice when a checkpoint is due.

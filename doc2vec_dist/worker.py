@@ -1,5 +1,7 @@
 """Worker: read → examples → pull → kernel → push, one macro-batch after another, pipelined.
 
+Changes when a worker's loop changes: what it reads, how a macro-batch flows, where it computes.
+
 Each worker reads its own units of the corpus (row ranges of shard files) straight from shared
 storage; nothing goes through the driver. For each macro-batch it builds the examples of its mode
 (sampling.build_examples on the host; on the token path, where it holds every URL row, the kernel

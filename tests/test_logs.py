@@ -68,12 +68,12 @@ def test_a_program_that_configures_no_logging_sees_the_warnings_only(tmp_path):
     script = f"""
 import logging
 from doc2vec_dist import placement
-from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.config import TableSpec, TrainConfig
 from doc2vec_dist.index import build_index
 
 build_index({out!r}, kind="flat", vectors_path={vectors!r}, progress=False)
 build_index({out!r}, kind="flat", vectors_path={vectors!r}, progress=False)  # "replacing ...": information
-args = TrainConfig(num_ps=64), {{"docs": {{"rows": 10**9, "dim": 100}}}}
+args = TrainConfig(num_ps=64), {{"docs": TableSpec("docs", rows=10**9, dim=100)}}
 node = {{"Alive": True, "Resources": {{"memory": 64 << 30, "ps": 8}}}}
 placement.ps_options(*args, resources={{"ps": 8}}, nodes=[node])  # a warning
 logging.getLogger("doc2vec_dist").setLevel(logging.ERROR)
