@@ -221,29 +221,31 @@ def write_parquet_file(table: pa.Table, path: str, kind: str) -> None:
 
 # -- writing an output whole or not at all -----------------------------------------------------------
 
-def check_replaceable(out: str, kind: str) -> bool:
+def check_replaceable(out: str, kind: str, overwrite: bool | None = None) -> bool:
     """Whether `out` may receive an output of `kind` (a DIR_KINDS or FILE_KINDS name): False when
     nothing is there (or an empty directory), True when it replaces an earlier output of the same
-    kind; anything else is refused with one line naming it. Replacing one's own kind needs no flag."""
+    kind; anything else is refused with one line naming it. overwrite None: replacing one's own kind
+    needs no flag (export, index); False: it is refused without --overwrite (prepare, train)."""
     if kind in DIR_KINDS:
-        return check_dir(out, kind, None)
-    return check_file(out, kind)
+        return check_dir(out, kind, overwrite)
+    return check_file(out, kind, overwrite)
 
 
-def replace_output(tmp: str, out: str, kind: str) -> None:
+def replace_output(tmp: str, out: str, kind: str, overwrite: bool | None = None) -> None:
     """Move a finished output into place, replacing an earlier output of the same kind, after
     checking again that this is what is there."""
     if kind in DIR_KINDS:
-        commit_dir(tmp, out, kind, None)
+        commit_dir(tmp, out, kind, overwrite)
         return
-    check_replaceable(out, kind)
+    check_replaceable(out, kind, overwrite)
     os.replace(tmp, out)
 
 
 def remove_path(path: str) -> None:
-    if os.path.isdir(path):
+    """Remove a file or a directory tree that this process wrote (a link is removed, not followed)."""
+    if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
-    elif os.path.exists(path):
+    elif os.path.lexists(path):
         os.remove(path)
 
 
@@ -254,21 +256,23 @@ class Staged:
 
 
 @contextlib.contextmanager
-def replacing(out: str, kind: str) -> Iterator[Staged]:
+def replacing(out: str, kind: str, overwrite: bool | None = None) -> Iterator[Staged]:
     """Write an output of `kind` at `out` whole or not at all.
 
     What is at `out` is judged first (nothing, or an earlier output of `kind`; anything else is
     refused by name and left as it was). The body writes to `Staged.path` beside `out` (a directory
     created for it, for directory kinds); when it ends, the output is moved into place after
     judging `out` again. If the body fails, what it wrote is removed and `out` is untouched.
+    `overwrite` as in check_replaceable.
     """
-    replaces = check_replaceable(out, kind)
+    replaces = check_replaceable(out, kind, overwrite)
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
+    remove_path(tmp)  # a leftover of a killed run with this process id: only ours can have this name
     try:
         if kind in DIR_KINDS:
             os.makedirs(tmp)
         yield Staged(tmp, replaces)
-        replace_output(tmp, out, kind)
+        replace_output(tmp, out, kind, overwrite)
     finally:
         remove_path(tmp)
 

@@ -49,11 +49,11 @@ events, not users); the counts in vocab.arrow are those of the training tokens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -381,13 +381,6 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
 # prepare
 # ---------------------------------------------------------------------------------------------------
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
 def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str = "user_id",
             token_col: str = "url", time_col: str | None = None, min_count: int = 1,
             max_vocab: int | None = None, holdout: float = 0.0, holdout_out: str | None = None,
@@ -427,63 +420,55 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     files = expand_inputs(inputs, format)
     opt = Options(format, doc_col, token_col, time_col if format == "events" else None)
 
-    tmp = f"{out}.tmp-{os.getpid()}"
     hold_final = os.path.abspath(holdout_out) if holdout_out else None
-    hold_tmp = f"{hold_final}.tmp-{os.getpid()}" if hold_final else None
-    _remove(tmp)  # a leftover of a crashed run with our pid
     bars = {"file": sys.stderr, "disable": not progress, "dynamic_ncols": True}
     made: list[str] = []  # directories we create for the outputs, removed again on failure
     try:
         made += outputs.make_dirs(os.path.dirname(out))
-        os.makedirs(tmp)
-        if hold_tmp:
-            made += outputs.make_dirs(os.path.dirname(hold_tmp))
-        with tqdm(desc="prepare 1/3 count", unit=" rows", unit_scale=True, **bars) as bar:
-            p1 = _pass1(files, opt, min_count, max_vocab, bar)
-        buckets = num_shards or _choose_buckets(p1, time_col is not None, memory_budget_bytes)
-        vocab_tokens = p1.vocab["token"].combine_chunks()
-        spill_dir = os.path.join(tmp, "spill")
-        os.makedirs(spill_dir)
-        with tqdm(desc="prepare 2/3 partition", total=p1.rows, unit=" rows", unit_scale=True, **bars) as bar:
-            spills = _pass2(files, opt, TokenIds(vocab_tokens), buckets, spill_dir, bar)
-        with tqdm(desc="prepare 3/3 shards", total=buckets, unit=" shards", **bars) as bar:
-            p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar)
-        os.rmdir(spill_dir)
+        if hold_final:
+            made += outputs.make_dirs(os.path.dirname(hold_final))
+        # Both outputs appear whole or not at all, and replace only what was checked at the start (a
+        # corpus or held-out file of ours, or nothing): the corpus is committed first, then the file.
+        with (outputs.replacing(hold_final, "heldout", overwrite) if hold_final
+              else contextlib.nullcontext()) as held, outputs.replacing(out, "corpus", overwrite) as staged:
+            tmp, hold_tmp = staged.path, held.path if held else None
+            with tqdm(desc="prepare 1/3 count", unit=" rows", unit_scale=True, **bars) as bar:
+                p1 = _pass1(files, opt, min_count, max_vocab, bar)
+            buckets = num_shards or _choose_buckets(p1, time_col is not None, memory_budget_bytes)
+            vocab_tokens = p1.vocab["token"].combine_chunks()
+            spill_dir = os.path.join(tmp, "spill")
+            os.makedirs(spill_dir)
+            with tqdm(desc="prepare 2/3 partition", total=p1.rows, unit=" rows", unit_scale=True, **bars) as bar:
+                spills = _pass2(files, opt, TokenIds(vocab_tokens), buckets, spill_dir, bar)
+            with tqdm(desc="prepare 3/3 shards", total=buckets, unit=" shards", **bars) as bar:
+                p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar)
+            os.rmdir(spill_dir)
 
-        vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts),
-                          "id": p1.vocab["id"]}, schema=VOCAB_SCHEMA)
-        with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, \
-                pa.ipc.new_file(sink, VOCAB_SCHEMA) as writer:
-            writer.write_table(vocab, max_chunksize=1 << 20)
-        p1.skips.add("duplicate_events", p3.duplicate_events)
-        p1.skips.add("docs_without_tokens", p3.docs_without_tokens)
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
-            "num_shards": buckets, "shards": p3.shards,
-            "inputs": [os.fspath(i) for i in ([inputs] if isinstance(inputs, str) else inputs)],
-            "input_files": [os.path.abspath(f) for f in files], "input_rows": p1.rows,
-            "format": format, "doc_col": doc_col, "token_col": token_col, "time_col": opt.time_col,
-            "min_count": min_count, "max_vocab": max_vocab, "holdout": holdout,
-            "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": seed,
-            "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
-            "docs_with_one_token": p3.docs_with_one_token,
-            "docs_without_heldout": p3.docs_without_heldout if holdout > 0 else None,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        with open(os.path.join(tmp, "corpus.json"), "w") as f:
-            json.dump(meta, f, indent=2)
-            f.write("\n")
-        # Commit: the new corpus replaces the old one only now that it is complete, and only if what
-        # is there now is still what was checked at the start (a corpus of ours, or nothing).
-        outputs.commit_dir(tmp, out, "corpus", overwrite)
-        if hold_tmp:
-            outputs.check_file(hold_final, "heldout", overwrite)
-            os.replace(hold_tmp, hold_final)
+            vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts),
+                              "id": p1.vocab["id"]}, schema=VOCAB_SCHEMA)
+            with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, \
+                    pa.ipc.new_file(sink, VOCAB_SCHEMA) as writer:
+                writer.write_table(vocab, max_chunksize=1 << 20)
+            p1.skips.add("duplicate_events", p3.duplicate_events)
+            p1.skips.add("docs_without_tokens", p3.docs_without_tokens)
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
+                "num_shards": buckets, "shards": p3.shards,
+                "inputs": [os.fspath(i) for i in ([inputs] if isinstance(inputs, str) else inputs)],
+                "input_files": [os.path.abspath(f) for f in files], "input_rows": p1.rows,
+                "format": format, "doc_col": doc_col, "token_col": token_col, "time_col": opt.time_col,
+                "min_count": min_count, "max_vocab": max_vocab, "holdout": holdout,
+                "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": seed,
+                "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
+                "docs_with_one_token": p3.docs_with_one_token,
+                "docs_without_heldout": p3.docs_without_heldout if holdout > 0 else None,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+            with open(os.path.join(tmp, "corpus.json"), "w") as f:
+                json.dump(meta, f, indent=2)
+                f.write("\n")
     except BaseException as e:
-        _remove(tmp)
-        if hold_tmp:
-            _remove(hold_tmp)
         outputs.remove_dirs(made)
         if isinstance(e, OSError):  # reading errors are CorpusErrors already: this is the output
             raise CorpusError(f"{out}: cannot write the corpus: {one_line(e)}") from e
