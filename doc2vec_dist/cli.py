@@ -203,6 +203,15 @@ def cmd_plan(args) -> None:
         print(f"saved {args.json}")
 
 
+def cmd_tune(args) -> None:
+    from .tune import format_result, load_space, search
+
+    result = search(args.corpus, args.out, heldout=args.heldout, labels=args.labels, pairs=args.pairs,
+                    budget=args.budget, space=load_space(args.space) if args.space else None,
+                    base=_train_config(args), compare=not args.no_compare)
+    print(format_result(result, args.out))
+
+
 def cmd_export(args) -> None:
     from .export import export
 
@@ -336,6 +345,23 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--workdir", help="where the calibration slice and model go, removed after (default: the "
                                       "system's temp dir; on a cluster, storage every node sees)")
     pl.add_argument("--json", help="also write the plan as JSON to this file")
+
+    tu = add("tune", cmd_tune, "search the training settings for this corpus on Ray Tune (ASHA stops poor trials "
+                               "early); writes the trials' table, the best settings as YAML, a plot, and the best "
+                               "against the defaults and gensim")
+    tu.add_argument("--corpus", required=True, help="corpus directory made by prepare")
+    tu.add_argument("--out", required=True, help="directory for the search's files")
+    tu.add_argument("--heldout", help="held-out (key, token) Parquet from prepare --holdout: trials are measured on "
+                                      "a validation split of the corpus, this file only in the final comparison")
+    tu.add_argument("--labels", help="Parquet/CSV of key, label: trials are measured by k-NN label accuracy")
+    tu.add_argument("--pairs", help="human similarity pairs: trials are measured by Pearson correlation")
+    tu.add_argument("--budget", type=float, default=8.0, help="the search's cost in full trainings")
+    tu.add_argument("--space", help="YAML search space (default: optimizer and alpha, ns_exponent, negative, sample, "
+                                    "dim, epochs; window and dbow_words for text)")
+    tu.add_argument("--no-compare", action="store_true", help="skip training the best, the defaults and gensim on "
+                                                              "the whole corpus at the end")
+    tu.add_argument("--config", help="YAML file with the base settings every trial starts from")
+    _add_config_flags(tu, TrainConfig, engine=True)
 
     e = add("export", cmd_export, "write a table as Parquet (key, vector), word2vec text or npy")
     e.add_argument("--model", required=True, help="model directory")

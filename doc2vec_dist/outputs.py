@@ -62,6 +62,8 @@ DIR_KINDS = {k.name: k for k in (
          legacy=("LATEST", "checkpoints")),
     Kind("export", "an export", "export", ("part-*.parquet", "vectors.npy", "keys.parquet")),
     Kind("index", "a faiss index", "index", ("index.faiss", "keys.parquet", "params.json", "vectors.npy")),
+    Kind("tune", "a settings search", "tune", ("validation", "trials", "ray_tune", "compare", "trials.csv",
+                                              "best.yaml", "settings.png", "tune.json", "*.tmp-*")),
 )}
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
               "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file"}

@@ -77,7 +77,7 @@ def ps_options(config: Any, tables: dict[str, TableSpec], resources: dict[str, f
     cluster with `ps` nodes each one takes one unit of `ps` and `memory=` for its slice; elsewhere
     it goes wherever Ray puts it. `resources` and `nodes` default to the live cluster's.
     """
-    opts: dict[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+    opts: dict[str, Any] = {"num_cpus": 0, **_spread()}
     if has_resource(PS_RESOURCE, resources):
         need = ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps))
         opts["resources"] = {PS_RESOURCE: 1}
@@ -90,11 +90,34 @@ def ps_options(config: Any, tables: dict[str, TableSpec], resources: dict[str, f
 
 def worker_options(config: Any, resources: dict[str, float] | None = None) -> dict:
     """`.options(...)` for the Worker actors: their CPUs and GPUs, one `trainer` unit where that exists."""
-    opts: dict[str, Any] = {"num_cpus": config.cpus_per_worker, "num_gpus": config.gpus_per_worker,
-                            "scheduling_strategy": "SPREAD"}
+    opts: dict[str, Any] = {"num_cpus": config.cpus_per_worker, "num_gpus": config.gpus_per_worker, **_spread()}
     if has_resource(TRAINER_RESOURCE, resources):
         opts["resources"] = {TRAINER_RESOURCE: 1}
     return opts
+
+
+def _spread() -> dict:
+    """Spread the actors over the nodes; but inside a placement group (a `tune` trial's), leave them
+    to it: the group holds exactly their resources, and an explicit strategy would schedule them
+    outside it, on CPUs the group has reserved."""
+    from ray.util import get_current_placement_group
+
+    inside = ray.is_initialized() and get_current_placement_group() is not None  # (it starts a Ray if none runs)
+    return {} if inside else {"scheduling_strategy": "SPREAD"}
+
+
+def run_bundles(config: Any, tables: dict[str, TableSpec], resources: dict[str, float] | None = None) -> list[dict]:
+    """The resources of a run's actors as placement-group bundles: one per worker (its CPUs, GPUs and
+    `trainer` unit) and, on a cluster with `ps` nodes, one per server (its `ps` unit and memory).
+    A `tune` trial reserves these, so trials start only when all of a run fits."""
+    workers = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
+    if has_resource(TRAINER_RESOURCE, resources):
+        workers[TRAINER_RESOURCE] = 1
+    bundles = [{k: v for k, v in workers.items() if v} for _ in range(config.num_workers)]
+    if has_resource(PS_RESOURCE, resources):
+        need = ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps))
+        bundles += [{PS_RESOURCE: 1, "memory": need} for _ in range(config.num_ps)]
+    return bundles
 
 
 def ps_fit_problem(need: int, num_ps: int, nodes: list[dict]) -> str | None:

@@ -250,7 +250,7 @@ def _pass2(files: list[str], opt: Options, token_ids: TokenIds, buckets: int, sp
 # Pass 3: bucket → documents → shard
 # ---------------------------------------------------------------------------------------------------
 
-def _holdout(codes: np.ndarray, tokens: np.ndarray, key_hash: np.ndarray, vocab_size: int,
+def hold_out(codes: np.ndarray, tokens: np.ndarray, key_hash: np.ndarray, vocab_size: int,
              fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Pick each document's hidden distinct tokens; vectorised over the whole bucket.
 
@@ -348,7 +348,7 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
                     del times
                 single += int(np.count_nonzero(np.bincount(codes, minlength=len(uniq_keys)) == 1))
                 if holdout > 0 and len(codes):
-                    keep, hid_doc, hid_tok, kept_whole = _holdout(codes, tokens, hash_strings(uniq_keys),
+                    keep, hid_doc, hid_tok, kept_whole = hold_out(codes, tokens, hash_strings(uniq_keys),
                                                                   vocab_size, holdout, seed)
                     nothing_hidden += kept_whole
                     codes, tokens = codes[keep], tokens[keep]

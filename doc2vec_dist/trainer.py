@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 
 import ray
 from tqdm import tqdm
@@ -215,7 +216,8 @@ class _Resume:
         return cls(epoch=epoch, positions=positions, version=checkpoint.latest_version(out), tokens=tokens)
 
 
-def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False) -> dict:
+def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False,
+          on_epoch: Callable[[int, dict], None] | None = None) -> dict:
     """Train doc2vec (PV-DBOW or PV-DM) on a prepared corpus into the model directory `out`; returns the run's figures.
 
     With config.resume, continue the model in `out` from its LATEST checkpoint: tables and optimiser
@@ -227,6 +229,10 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     `overwrite`), and whether the servers and workers fit the cluster. A fresh run that stops before
     its first checkpoint removes what it wrote; once a checkpoint is committed the model stays,
     resumable, and the message says how.
+
+    on_epoch(epochs_done, stats), if given, is called after every epoch once that epoch's checkpoint
+    is committed (so the model directory can be evaluated there); stats: the epoch's tokens, pairs,
+    loss and wall seconds. `tune` reports each trial's metric this way.
     """
     config.validate()
     corpus = Corpus(corpus_path)
@@ -253,7 +259,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         check_fit(config, tables, started_here)  # before anything is written
         if not config.resume:
             made = checkpoint.start_model_dir(out, corpus.path, overwrite)
-        run = _Run(out, config, corpus, resume)
+        run = _Run(out, config, corpus, resume, on_epoch)
         run.start()
         t_ready = time.perf_counter()
         summary = run.train()
@@ -298,8 +304,10 @@ def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool
 class _Run:
     """One training run's actors and schedule: epochs, checkpoints, restarts of failed workers."""
 
-    def __init__(self, out: str, config: TrainConfig, corpus: Corpus, resume: _Resume):
+    def __init__(self, out: str, config: TrainConfig, corpus: Corpus, resume: _Resume,
+                 on_epoch: Callable[[int, dict], None] | None = None):
         self.out, self.config, self.corpus, self.resume = out, config, corpus, resume
+        self.on_epoch = on_epoch
         self.servers: list = []
         self.workers: list = []
         self.last_positions = resume.positions  # the workers' positions in the last committed checkpoint
@@ -350,12 +358,19 @@ class _Run:
             t0 = time.perf_counter()
             ckpt_before = self.ckpt_seconds
             stats = self._run_epoch(epoch, starts, bar)
-            train_seconds += time.perf_counter() - t0 - (self.ckpt_seconds - ckpt_before)
+            wall = time.perf_counter() - t0 - (self.ckpt_seconds - ckpt_before)
+            train_seconds += wall
             epoch_stats.append(stats)
-            if config.checkpoint_every > 0 and epoch < config.epochs - 1:
+            if epoch == config.epochs - 1:
+                break
+            if config.checkpoint_every > 0 or self.on_epoch:
                 self._checkpoint(epoch + 1, None, epoch_stats)  # every epoch end, when checkpointing
+            if self.on_epoch:
+                self.on_epoch(epoch + 1, {**stats, "wall_seconds": wall})
         bar.close()
         self._checkpoint(config.epochs, None, epoch_stats)
+        if self.on_epoch and epoch_stats and len(epoch_stats) + self.resume.epoch == config.epochs:
+            self.on_epoch(config.epochs, {**epoch_stats[-1], "wall_seconds": wall})
         now = ray.get([s.info.remote() for s in self.servers])
         restarted = sum(a["pid"] != b["pid"] for a, b in zip(self.server_info, now))
         # tokens/s and pairs/s count what this run trained: a resumed epoch's first part was trained before

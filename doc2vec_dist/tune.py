@@ -1,0 +1,533 @@
+"""`doc2vec-dist tune`: the settings searched per dataset on Ray Tune, with ASHA stopping poor trials early.
+
+Changes when how settings are searched changes: the space, the validation split, the scheduler, the
+trials' table and what is written at the end.
+
+    doc2vec-dist tune --corpus C --out DIR --heldout H [--budget 8] [--space FILE.yaml]
+
+1. **The metric never sees the user's test file.** With --heldout, a validation split is carved from
+   the training corpus (DIR/validation/) the way prepare --holdout made the test file: a fifth of
+   each user's distinct URLs is hidden, the rest is the corpus the trials train on, and a trial's
+   metric is held-out recall@10 on the hidden part (`evaluate.heldout_metrics`). With --labels or --pairs the
+   metric is k-NN label accuracy or Pearson correlation on that file, on the corpus as it is.
+2. **Each trial is a real training** (`trainer.train`) on the same Ray cluster, with its own
+   parameter servers and workers, and reports its metric after every epoch from the committed
+   checkpoint. ASHA (`ray.tune.schedulers.ASHAScheduler`) stops the poor ones at its rungs, so the
+   search costs a few full trainings: --budget counts full-training equivalents, and the number of
+   trials is chosen so that ASHA's expected epochs fit it (`trials_for_budget`).
+3. **Bounded resources.** A trial's placement group holds what its run's actors take
+   (`placement.run_bundles`: each worker's CPUs, on `ps` clusters each server's memory), and the
+   actors are placed inside it, so a trial starts only when all of it fits and trials never
+   oversubscribe the cluster. A trial that fails (a bad setting, no memory) is recorded as failed
+   and the search goes on.
+4. **Written as the search goes** (so Ctrl-C keeps them): DIR/trials.csv (every trial, sorted by its
+   metric: settings, metric, epochs, tokens/s, seconds, state) and DIR/best.yaml (the best settings,
+   a config `train --config` takes). At the end: DIR/settings.png (the metric against each setting)
+   and, unless --no-compare, the best, the defaults and gensim (the best's epochs) trained on the
+   whole corpus and measured on the user's file (DIR/compare.json).
+
+A space file maps setting names (TrainConfig fields) to a value or to one of
+    {choice: [a, b, ...]}  {uniform: [lo, hi]}  {loguniform: [lo, hi]}  {randint: [lo, hi]}
+    {grid: [a, b, ...]}    (every value, in every trial sample: the number of trials multiplies)
+and `alpha` may also be {by: optimizer, sgd: {...}, adagrad: {...}}: each optimizer's own range.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from . import outputs, storage
+from .config import TrainConfig, build
+from .corpus import HOLDOUT_SCHEMA, Corpus, iter_shard, write_shard
+from .errors import UserError
+from .ids import hash_strings
+from .prepare import hold_out
+
+log = logging.getLogger(__name__)
+
+METRICS = {"heldout": "recall@10", "labels": "knn_accuracy@10", "pairs": "pearson"}
+# optimizer and its alpha; the negative-sampling exponent; negatives; subsampling; size and epochs
+DEFAULT_SPACE = {
+    "optimizer": {"choice": ["sgd", "adagrad"]},
+    "alpha": {"by": "optimizer", "sgd": {"loguniform": [0.01, 0.05]}, "adagrad": {"loguniform": [0.02, 0.2]}},
+    "ns_exponent": {"uniform": [0.0, 1.0]},
+    "negative": {"choice": [5, 10, 20]},
+    "sample": {"choice": [0, 1e-5, 1e-4, 1e-3]},
+    "dim": {"choice": [64, 100, 128]},
+    "epochs": {"choice": [5, 10, 20]},
+}
+TEXT_SPACE = {"window": {"choice": [5, 8, 10]}, "dbow_words": {"choice": [False, True]}}  # for text corpora
+REDUCTION = 3  # ASHA keeps the best third at each rung
+VALIDATION_FRACTION = 0.2  # of each user's distinct URLs, hidden from the trials and measured on
+
+
+# ---------------------------------------------------------------------------------------------------
+# the space
+# ---------------------------------------------------------------------------------------------------
+
+def default_space(corpus: Corpus) -> dict:
+    """The default search space; a text corpus (prepare --format text) also searches window and dbow_words."""
+    space = dict(DEFAULT_SPACE)
+    if corpus.meta.get("format") == "text":
+        space.update(TEXT_SPACE)
+    return space
+
+
+def load_space(path: str) -> dict:
+    try:
+        with open(path) as fh:
+            space = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"{path}: cannot read the search space ({exc})") from None
+    if not isinstance(space, dict) or not space:
+        raise UserError(f"{path}: a search space maps setting names to values or ranges")
+    return space
+
+
+def tune_space(space: dict, where: str = "the search space") -> dict:
+    """The space as Ray Tune's param_space, checked: every name a TrainConfig field, every range well formed."""
+    from ray import tune
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = {}
+    for name, spec in space.items():
+        if name not in fields:
+            raise UserError(f"{where}: {name!r} is not a training setting (TrainConfig field)")
+        if isinstance(spec, dict) and "by" in spec:
+            by = spec["by"]
+            if by not in space:
+                raise UserError(f"{where}: {name} depends on {by!r}, which the space does not set")
+            ranges = {key: _domain(name, value, where) for key, value in spec.items() if key != "by"}
+            out[name] = tune.sample_from(lambda s, ranges=ranges, by=by, name=name: _by(ranges, s.config[by], by, name))
+        else:
+            out[name] = _domain(name, spec, where)
+    return out
+
+
+def _domain(name: str, spec, where: str):
+    from ray import tune
+
+    if not isinstance(spec, dict):
+        return spec  # a fixed value
+    if len(spec) != 1:
+        raise UserError(f"{where}: {name} must be a value or one of choice, grid, uniform, loguniform, randint")
+    (kind, args), = spec.items()
+    if kind == "choice" and isinstance(args, list) and args:
+        return tune.choice(args)
+    if kind == "grid" and isinstance(args, list) and args:
+        return tune.grid_search(args)
+    if kind in ("uniform", "loguniform", "randint") and isinstance(args, list) and len(args) == 2:
+        return getattr(tune, kind)(*args)
+    raise UserError(f"{where}: {name}: {kind} needs {'a list of values' if kind == 'choice' else '[low, high]'}")
+
+
+def _by(ranges: dict, key, by: str, name: str):
+    if key not in ranges:
+        raise UserError(f"the search space gives {name} no range for {by}={key}")
+    domain = ranges[key]
+    return domain.sample() if hasattr(domain, "sample") else domain
+
+
+def grace_epochs(max_epochs: int) -> int:
+    """Epochs every trial trains before ASHA may stop it: a third of the longest schedule.
+
+    Earlier is not a measurement: after one epoch every trained model is at or below the popularity
+    ranking, and one that barely moved (a learning rate 100x too small) sits exactly on it, so it
+    wins. Measured on the bundled sample's validation split, dim 16, 8 epochs (recall@10 per epoch):
+    popularity 0.168; alpha 0.025: 0.167, 0.167, 0.172, 0.178, …, 0.194; alpha 0.05: 0.170, 0.195,
+    0.212, …, 0.222."""
+    return max(1, math.ceil(max_epochs / REDUCTION))
+
+
+def trials_for_budget(budget: float, max_epochs: int, grace: int | None = None, reduction: int = REDUCTION) -> int:
+    """How many trials ASHA can start within `budget` full trainings of `max_epochs` epochs: each trial
+    runs `grace` epochs, and a share 1/reduction^k of them goes on to the k-th rung (grace·reduction^k)."""
+    grace = grace or grace_epochs(max_epochs)
+    rungs = [grace]
+    while rungs[-1] * reduction < max_epochs:
+        rungs.append(rungs[-1] * reduction)
+    rungs.append(max_epochs)
+    expected = sum((b - a) / reduction ** k for k, (a, b) in enumerate(zip([0, *rungs], rungs)) if b > a)
+    return max(1, int(budget * max_epochs / expected))
+
+
+def max_epochs_of(space: dict, base: TrainConfig) -> int:
+    spec = space.get("epochs", base.epochs)
+    if isinstance(spec, dict):
+        (_, args), = spec.items()
+        return int(max(args))
+    return int(spec)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the validation split
+# ---------------------------------------------------------------------------------------------------
+
+def split_validation(corpus: Corpus, out: str, fraction: float = VALIDATION_FRACTION,
+                     seed: int = 0) -> tuple[Corpus, str]:
+    """A copy of `corpus` at out/corpus with a share of each user's distinct URLs hidden, and those
+    (key, URL) pairs at out/heldout.parquet: the split `prepare --holdout` makes (prepare.hold_out:
+    max(1, round(fraction × distinct)) of a user's distinct URLs, never all, every event of them), so
+    a trial is measured the way the user's own held-out file measures the final model. The
+    vocabulary keeps its ids; its counts become those of what stays."""
+    docs, vocab = corpus.docs(), corpus.vocab()
+    keys = docs.column("key").combine_chunks()
+    path = os.path.join(out, "corpus")
+    os.makedirs(path)
+    shards, counts = [], np.zeros(corpus.vocab_size, dtype=np.int64)
+    lengths = docs.column("length").to_numpy().copy()
+    hidden_docs, hidden_words = [], []
+    for s, shard in enumerate(corpus.shard_paths):
+        ids, sizes, words = [], [], []
+        for doc_ids, offsets, tokens in iter_shard(shard):
+            codes = np.repeat(np.arange(len(doc_ids)), np.diff(offsets))
+            keep, hid_doc, hid_tok, _ = hold_out(codes, tokens, hash_strings(keys.take(pa.array(doc_ids))),
+                                                 corpus.vocab_size, fraction, seed)
+            ids.append(doc_ids)
+            sizes.append(np.bincount(codes[keep], minlength=len(doc_ids)))
+            words.append(tokens[keep])
+            hidden_docs.append(doc_ids[hid_doc])
+            hidden_words.append(hid_tok)
+        doc_ids, sizes = np.concatenate(ids), np.concatenate(sizes)
+        words = np.concatenate(words).astype(np.int32)
+        counts += np.bincount(words, minlength=corpus.vocab_size)
+        lengths[doc_ids] = sizes
+        shards.append(write_shard(path, s, doc_ids, sizes, words))
+    with pa.OSFile(os.path.join(path, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, docs.schema) as writer:
+        writer.write_table(docs.set_column(docs.schema.get_field_index("length"), "length", pa.array(lengths)))
+    new_vocab = vocab.set_column(vocab.schema.get_field_index("count"), "count", pa.array(counts))
+    with pa.OSFile(os.path.join(path, "vocab.arrow"), "wb") as sink, \
+            pa.ipc.new_file(sink, new_vocab.schema) as writer:
+        writer.write_table(new_vocab)
+    heldout = os.path.join(out, "heldout.parquet")
+    storage.write_local(os.path.join(path, "corpus.json"), json.dumps(
+        {**corpus.meta, "num_tokens": int(lengths.sum()), "num_shards": len(shards), "shards": shards,
+         "validation_of": corpus.path, "holdout": fraction, "holdout_out": heldout}, indent=2))
+    outputs.write_marker(path, "corpus")
+    doc_rows, word_rows = np.concatenate(hidden_docs), np.concatenate(hidden_words).astype(np.int64)
+    pq.write_table(pa.table({"key": keys.take(pa.array(doc_rows)), "token": vocab.column("token").take(
+        pa.array(word_rows))}, schema=HOLDOUT_SCHEMA), heldout)
+    return Corpus(path), heldout
+
+
+# ---------------------------------------------------------------------------------------------------
+# a trial
+# ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a trial is measured on: the metric's kind and its file, and the corpus it trains on."""
+
+    kind: str        # heldout | labels | pairs
+    path: str        # the validation pairs (heldout) or the user's labels / pairs file
+    corpus: str
+
+    def measure(self, model: str) -> float:
+        from .evaluate import heldout_metrics, labels_metrics, pairs_metrics
+
+        if self.kind == "heldout":
+            return float(heldout_metrics(model, self.path, corpus_path=self.corpus)["model_recall@10"])
+        if self.kind == "labels":
+            return float(labels_metrics(model, self.path)["knn_accuracy@10"])
+        return float(pairs_metrics(model, self.path)["pearson"])
+
+
+def run_trial(settings: dict, *, base: dict, target: Target, trials: str) -> None:
+    """One trial, in a Ray Tune actor: train `base` + `settings` on the target's corpus, reporting the
+    metric after each epoch (ASHA may stop it there)."""
+    from ray import tune
+
+    from .trainer import train
+
+    config = build(TrainConfig, base, settings)
+    out = os.path.join(trials, tune.get_context().get_trial_id())
+    t0 = time.perf_counter()
+
+    def report(epoch: int, stats: dict) -> None:
+        seconds = stats.get("wall_seconds") or 0.0
+        tune.report({"metric": target.measure(out), "epoch": epoch,
+                     "tokens_per_second": stats["tokens"] / seconds if seconds else 0.0,
+                     "seconds": time.perf_counter() - t0})
+
+    train(target.corpus, out, config, overwrite=True, on_epoch=report)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the search
+# ---------------------------------------------------------------------------------------------------
+
+def trial_resources(base: dict, corpus: Corpus) -> Callable[[dict], object]:
+    """Each trial's placement group: nothing for the trial's own process (it only drives), one bundle
+    per actor of its run (placement.run_bundles), so Ray Tune starts a trial only when all of it fits."""
+    import ray
+    from ray import tune
+
+    from .placement import run_bundles
+    from .ps import table_specs
+
+    resources = ray.cluster_resources()
+
+    def of(settings: dict):
+        try:
+            config = build(TrainConfig, base, settings)
+        except UserError:  # the trial fails at once in run_trial, and is recorded as failed
+            return tune.PlacementGroupFactory([{}, {"CPU": 0.001}])
+        return tune.PlacementGroupFactory([{}, *run_bundles(config, table_specs(config, corpus), resources)])
+
+    return of
+
+
+def concurrency(config: TrainConfig) -> int:
+    """How many trials of `config`'s workers the cluster's CPUs hold at once (what the log line says)."""
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 1)
+    return max(1, int(cpus // max(config.cpus_per_worker * config.num_workers, 1e-9)))
+
+
+class _Recorder:
+    """A Ray Tune callback that keeps trials.csv and best.yaml current as trials report and end."""
+
+    def __init__(self, out: str, names: list[str], base: dict, metric: str):
+        from ray.tune import Callback
+
+        recorder = self
+
+        class _Callback(Callback):
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                recorder.seen(trial, result)
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                recorder.ended(trial, "finished")
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                recorder.ended(trial, "failed")
+
+        self.callback = _Callback()
+        self.out, self.names, self.base, self.metric = out, names, base, metric
+        self.rows: dict[str, dict] = {}
+
+    def _row(self, trial) -> dict:
+        return self.rows.setdefault(trial.trial_id, {"trial": trial.trial_id, **{n: trial.config.get(n)
+                                                                                 for n in self.names},
+                                                     self.metric: None, "epochs_run": 0, "tokens_per_second": None,
+                                                     "seconds": None, "state": "running"})
+
+    def seen(self, trial, result: dict) -> None:
+        row = self._row(trial)
+        row.update({self.metric: result["metric"], "epochs_run": result["epoch"],
+                    "tokens_per_second": result["tokens_per_second"], "seconds": result["seconds"]})
+        self.write()
+
+    def ended(self, trial, how: str) -> None:
+        # its model is not needed again (compare trains the best on the whole corpus): at 20M users a
+        # trial's model is gigabytes, and a search runs dozens
+        outputs.remove_path(os.path.join(self.out, "trials", trial.trial_id))
+        row = self._row(trial)
+        error = getattr(trial, "error_file", None)
+        if how == "failed":
+            row["state"] = "failed"
+            row["error"] = _error_line(error)
+        else:
+            target = trial.config.get("epochs", self.base.get("epochs"))
+            row["state"] = "finished" if target is None or row["epochs_run"] >= target else "stopped early"
+        self.write()
+
+    def table(self) -> list[dict]:
+        done = [r for r in self.rows.values() if r[self.metric] is not None]
+        return sorted(done, key=lambda r: -r[self.metric]) + [r for r in self.rows.values()
+                                                              if r[self.metric] is None]
+
+    def best(self) -> dict | None:
+        rows = self.table()
+        return rows[0] if rows and rows[0][self.metric] is not None else None
+
+    def write(self) -> None:
+        rows = self.table()
+        columns = ["trial", *self.names, self.metric, "epochs_run", "tokens_per_second", "seconds", "state", "error"]
+        tmp = os.path.join(self.out, f"trials.csv.tmp-{os.getpid()}")
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, os.path.join(self.out, "trials.csv"))
+        best = self.best()
+        if best is not None:
+            settings = {n: _plain(best[n]) for n in self.names}
+            text = (f"# doc2vec-dist tune: the best of {len(rows)} trial(s) so far, {self.metric} "
+                    f"{best[self.metric]:.4f} after {best['epochs_run']} epoch(s) on the validation split\n"
+                    + yaml.safe_dump(settings, sort_keys=True))
+            storage.write_local(os.path.join(self.out, "best.yaml"), text)
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _error_line(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path) as fh:
+            lines = [line.strip() for line in fh if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: str | None = None,
+           pairs: str | None = None, budget: float = 8.0, space: dict | None = None,
+           base: TrainConfig | None = None, compare: bool = True) -> dict:
+    """Search the settings of `space` (default_space) on `corpus_path` within `budget` full trainings;
+    write the trials' table, the best settings, the plot and the comparison into `out` (module docstring)."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from .trainer import ray_connection
+
+    given = [(k, v) for k, v in (("heldout", heldout), ("labels", labels), ("pairs", pairs)) if v]
+    if len(given) != 1:
+        raise UserError("tune needs one of --heldout, --labels or --pairs to measure trials on")
+    (kind, user_file), = given
+    if not os.path.exists(user_file):
+        raise UserError(f"{user_file}: no such file")
+    if budget <= 0:
+        raise UserError(f"--budget must be > 0 full trainings, not {budget}")
+    corpus = Corpus(corpus_path)
+    base = base or TrainConfig()
+    space = space if space is not None else default_space(corpus)
+    param_space = tune_space(space)
+    out = os.path.abspath(out)
+    if outputs.check_dir(out, "tune", None):
+        log.info(f"replacing the earlier search at {out}")
+        for name in os.listdir(out):
+            outputs.remove_path(os.path.join(out, name))
+    os.makedirs(out, exist_ok=True)
+    outputs.write_marker(out, "tune")
+    if kind == "heldout":
+        val_corpus, val_pairs = split_validation(corpus, os.path.join(out, "validation"), seed=base.seed)
+        target = Target(kind, val_pairs, val_corpus.path)
+    else:
+        target = Target(kind, os.path.abspath(user_file), corpus.path)
+    # each trial: the base settings with the trial's own, quiet, checkpointed only at epoch ends (on_epoch)
+    base_fields = {**dataclasses.asdict(base), "progress": False, "checkpoint_every": 0.0, "keep_checkpoints": 1}
+    max_epochs = max_epochs_of(space, base)
+    grid = math.prod(len(v["grid"]) for v in space.values() if isinstance(v, dict) and "grid" in v)
+    samples = max(1, trials_for_budget(budget, max_epochs) // grid)  # each sample runs every grid point
+    metric = METRICS[kind]
+    names = list(space)
+    recorder = _Recorder(out, names, base_fields, metric)
+    with ray_connection(base.address):
+        at_once = concurrency(build(TrainConfig, base_fields))
+        log.info(f"tune: {samples * grid} trial(s) of up to {max_epochs} epochs, ASHA (every trial {grace_epochs(max_epochs)} "
+                 f"epoch(s), then the best 1/{REDUCTION} at each rung) ≈ {budget:g} full trainings, {at_once} at a time; metric {metric} on "
+                 + ("a validation split of the training corpus" if kind == "heldout" else user_file))
+        trainable = tune.with_resources(
+            tune.with_parameters(run_trial, base=base_fields, target=target, trials=os.path.join(out, "trials")),
+            trial_resources(base_fields, Corpus(target.corpus)))
+        tuner = tune.Tuner(
+            trainable, param_space=param_space,
+            tune_config=tune.TuneConfig(
+                metric="metric", mode="max", num_samples=samples, max_concurrent_trials=at_once,
+                scheduler=ASHAScheduler(time_attr="epoch", max_t=max_epochs, grace_period=grace_epochs(max_epochs),
+                                        reduction_factor=REDUCTION)),
+            run_config=tune.RunConfig(name="tune", storage_path=os.path.join(out, "ray_tune"), verbose=0,
+                                      callbacks=[recorder.callback],
+                                      failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)))
+        t0 = time.perf_counter()
+        tuner.fit()
+        seconds = time.perf_counter() - t0
+        recorder.write()
+        best = recorder.best()
+        if best is None:
+            raise UserError(f"{out}: every trial failed; see trials.csv")
+        settings = {n: _plain(best[n]) for n in names}
+        result = {"trials": len(recorder.rows), "failed": sum(r["state"] == "failed" for r in recorder.rows.values()),
+                  "seconds": round(seconds, 1), "metric": metric, "best": {**settings, metric: best[metric]}}
+        plot_settings(recorder.table(), names, metric, os.path.join(out, "settings.png"))
+        if compare:
+            result["compare"] = compare_on_test(corpus.path, out, settings, base, kind, user_file)
+    storage.write_local(os.path.join(out, "tune.json"), storage.json_bytes(result))
+    return result
+
+
+def plot_settings(rows: list[dict], names: list[str], metric: str, path: str) -> None:
+    """The metric of every trial against each setting, one panel per setting."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("warning: matplotlib is not installed: no settings.png (pip install matplotlib)")
+        return
+    done = [r for r in rows if r[metric] is not None]
+    cols = min(4, len(names))
+    fig, axes = plt.subplots(math.ceil(len(names) / cols), cols, figsize=(4 * cols, 3 * math.ceil(len(names) / cols)),
+                             squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        values = [r[name] for r in done]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        labels = sorted({str(v) for v in values})
+        xs = values if numeric else [labels.index(str(v)) for v in values]
+        ax.scatter(xs, [r[metric] for r in done], c=[r["epochs_run"] for r in done], cmap="viridis", s=18)
+        if not numeric:
+            ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel(name)
+        ax.set_ylabel(metric)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.suptitle(f"{len(done)} trials (colour: epochs reached)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def compare_on_test(corpus: str, out: str, settings: dict, base: TrainConfig, kind: str, user_file: str) -> dict:
+    """The best settings, the defaults and gensim (with the best's epochs), each trained on the whole
+    corpus and measured on the user's own file."""
+    from .baseline import train_gensim
+    from .trainer import train
+
+    target = Target(kind, os.path.abspath(user_file), corpus)
+    found: dict[str, dict] = {}
+    runs: list[tuple[str, Callable[[str], dict]]] = [
+        ("tuned", lambda m: train(corpus, m, build(TrainConfig, dataclasses.asdict(base), settings, {"progress": False}),
+                                  overwrite=True)),
+        ("defaults", lambda m: train(corpus, m, dataclasses.replace(base, progress=False), overwrite=True)),
+        ("gensim", lambda m: train_gensim(corpus, m, dataclasses.replace(
+            TrainConfig(), dim=base.dim, epochs=int(settings.get("epochs", base.epochs))), overwrite=True)),
+    ]
+    for name, run in runs:
+        model = os.path.join(out, "compare", name)
+        summary = run(model)
+        found[name] = {"metric": target.measure(model), "tokens_per_second": summary.get("tokens_per_second"),
+                       "epochs": summary.get("epochs")}
+        log.info(f"{name}: {METRICS[kind]} {found[name]['metric']:.4f} on {user_file}")
+    return found
+
+
+def format_result(result: dict, out: str) -> str:
+    """The search in a few lines: trials, the best settings, and the comparison on the user's file."""
+    metric = result["metric"]
+    best = result["best"]
+    lines = [f"tune: {result['trials']} trial(s), {result['failed']} failed, {result['seconds']:.0f} s; "
+             f"best {metric} {best[metric]:.4f} on the validation split with "
+             + ", ".join(f"{k} {v}" for k, v in best.items() if k != metric)]
+    for name, found in (result.get("compare") or {}).items():
+        lines.append(f"  {name:9s} {metric} {found['metric']:.4f} on the test file")
+    lines.append(f"trials: {os.path.join(out, 'trials.csv')}; best settings: {os.path.join(out, 'best.yaml')} "
+                 f"(train --config); plot: {os.path.join(out, 'settings.png')}")
+    return "\n".join(lines)

@@ -1,0 +1,24 @@
+"""Search the training settings of a corpus on Ray Tune, as a Ray job: `doc2vec-dist tune` with the
+same flags (see doc2vec_dist/tune.py).
+
+    python jobs/tune.py --corpus runs/synth/corpus --heldout runs/synth/heldout.parquet --out runs/synth/tune
+    ray job submit --working-dir . -- python jobs/tune.py --corpus /shared/corpus --heldout /shared/h.parquet \\
+        --out /shared/tune --budget 8
+
+Under `ray job submit` the job supervisor sets RAY_ADDRESS, so the search and every trial's servers
+and workers run on the cluster; without it a local Ray is started here. The corpus, the metric's
+file and --out must be on storage every node sees.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
+
+from doc2vec_dist.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["tune", *sys.argv[1:]]))

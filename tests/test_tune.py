@@ -1,0 +1,144 @@
+"""doc2vec-dist tune: a real search on Ray Tune over the bundled sample, on the session's local Ray."""
+
+import json
+import os
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from doc2vec_dist.cli import main
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.corpus import Corpus, iter_shard
+from doc2vec_dist.errors import UserError
+from doc2vec_dist.tune import search, split_validation, trials_for_budget, tune_space
+
+# a deliberately bad learning rate beside a good one, and a setting that cannot train
+SPACE = {"alpha": {"grid": [0.0002, 0.05]}, "negative": {"grid": [5, -1]}, "epochs": 8, "dim": 16}
+
+
+@pytest.fixture(scope="module")
+def searched(ray_cluster, sample_corpus, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("tune") / "search")
+    result = search(sample_corpus[0], out, heldout=sample_corpus[1], budget=1, space=SPACE,
+                    base=TrainConfig(sample=0, num_ps=1, cpus_per_worker=1, dim=16, epochs=4))
+    return out, result
+
+
+def _trials(out: str) -> list[dict]:
+    import csv
+
+    with open(os.path.join(out, "trials.csv")) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_a_tiny_search_finds_the_good_learning_rate(searched):
+    out, result = searched
+    rows = _trials(out)
+    assert len(rows) == 4 and result["trials"] == 4
+    trained = {float(r["alpha"]): float(r["recall@10"]) for r in rows if r["state"] != "failed"}
+    assert set(trained) == {0.0002, 0.05}
+    assert trained[0.05] > trained[0.0002] + 0.03, trained  # far above: the bad rate barely moves the vectors
+    with open(os.path.join(out, "best.yaml")) as fh:
+        best = yaml.safe_load(fh)
+    assert best == {"alpha": 0.05, "negative": 5, "epochs": 8, "dim": 16}
+    assert float(rows[0]["recall@10"]) == max(trained.values())  # the table is sorted by the metric
+    assert os.path.getsize(os.path.join(out, "settings.png")) > 1000
+    assert not os.listdir(os.path.join(out, "trials"))  # each trial's model is removed once it is measured
+
+
+def test_the_best_is_compared_with_the_defaults_and_gensim_on_the_users_file(searched, sample_corpus):
+    """Each trained on the whole corpus and measured on the held-out file the search never used."""
+    from doc2vec_dist.evaluate import heldout_metrics
+
+    out, result = searched
+    compare = result["compare"]
+    assert set(compare) == {"tuned", "defaults", "gensim"}
+    assert compare["tuned"]["epochs"] == 8 == compare["gensim"]["epochs"] and compare["defaults"]["epochs"] == 4
+    again = heldout_metrics(os.path.join(out, "compare", "tuned"), sample_corpus[1])["model_recall@10"]
+    assert compare["tuned"]["metric"] == pytest.approx(again)
+    popular = heldout_metrics(os.path.join(out, "compare", "gensim"), sample_corpus[1])["popularity_recall@10"]
+    assert min(c["metric"] for c in compare.values()) > popular  # all three trained: above popularity
+    with open(os.path.join(out, "tune.json")) as fh:
+        assert json.load(fh)["compare"] == compare
+
+
+def test_a_failing_trial_does_not_stop_the_search(searched):
+    out, result = searched
+    failed = [r for r in _trials(out) if r["state"] == "failed"]
+    assert len(failed) == 2 == result["failed"]
+    assert all(r["negative"] == "-1" and "negative must be > 0" in r["error"] for r in failed)
+
+
+def test_the_written_yaml_trains(searched, sample_corpus, tmp_path):
+    out, _ = searched
+    model = str(tmp_path / "model")
+    assert main(["train", "--corpus", sample_corpus[0], "--out", model, "--config", os.path.join(out, "best.yaml"),
+                 "--epochs", "1", "--no-progress"]) == 0
+    from doc2vec_dist.checkpoint import ModelDir
+
+    assert ModelDir(model).config().alpha == 0.05 and ModelDir(model).spec("docs")["dim"] == 16
+
+
+def test_the_validation_split_hides_what_prepare_holdout_hides(sample_corpus, tmp_path):
+    """A share of each user's distinct URLs, every event of them; the rest stays, in order."""
+    corpus = Corpus(sample_corpus[0])
+    val, pairs = split_validation(corpus, str(tmp_path / "v"), fraction=0.2, seed=3)
+    before = {int(d): t[a:b] for ids, off, t in _shards(corpus) for d, a, b in zip(ids, off, off[1:])}
+    after = {int(d): t[a:b] for ids, off, t in _shards(val) for d, a, b in zip(ids, off, off[1:])}
+    hidden = pq.read_table(pairs)
+    doc = pc.index_in(hidden.column("key"), value_set=corpus.docs().column("key")).to_numpy()
+    word = pc.index_in(hidden.column("token"), value_set=corpus.vocab().column("token")).to_numpy()
+    assert val.num_tokens + sum(int(np.isin(before[d], [w]).sum()) for d, w in zip(doc, word)) == corpus.num_tokens
+    by_doc: dict[int, set] = {}
+    for d, w in zip(doc, word):
+        by_doc.setdefault(int(d), set()).add(int(w))
+    for d, tokens in before.items():
+        gone = by_doc.get(d, set())
+        distinct = len(set(tokens.tolist()))
+        assert len(gone) == (0 if distinct < 2 else min(max(1, int(0.2 * distinct + 0.5)), distinct - 1))
+        np.testing.assert_array_equal(after[d], tokens[~np.isin(tokens, list(gone))])
+    np.testing.assert_array_equal(val.counts(), np.bincount(np.concatenate(list(after.values())),
+                                                            minlength=corpus.vocab_size))
+
+
+def _shards(corpus):
+    for path in corpus.shard_paths:
+        yield from iter_shard(path)
+
+
+def test_trials_for_budget_follows_ashas_rungs():
+    # every trial runs a third of the schedule (4 of 10 epochs), a third of them the remaining 6
+    assert trials_for_budget(8, 10) == int(8 * 10 / (4 + 6 / 3)) == 13
+    # with grace 1: rungs 1, 3, 9, then 10: 1 epoch each, a third 2 more, a ninth 6 more, a 27th 1 more
+    assert trials_for_budget(8, 10, grace=1) == int(8 * 10 / (1 + 2 / 3 + 6 / 9 + 1 / 27)) == 33
+    assert trials_for_budget(1, 1) == 1
+
+
+def test_a_bad_search_space_is_refused_by_name():
+    with pytest.raises(UserError, match="'widnow' is not a training setting"):
+        tune_space({"widnow": {"choice": [5, 10]}})
+    with pytest.raises(UserError, match="alpha: uniform needs \\[low, high\\]"):
+        tune_space({"alpha": {"uniform": [0.1]}})
+    with pytest.raises(UserError, match="depends on 'optimizer', which the space does not set"):
+        tune_space({"alpha": {"by": "optimizer", "sgd": {"uniform": [0.01, 0.05]}}})
+
+
+def test_tune_without_a_metric_is_refused_in_one_line_and_writes_nothing(sample_corpus, tmp_path, capsys):
+    out = tmp_path / "search"
+    assert main(["tune", "--corpus", sample_corpus[0], "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: tune needs one of --heldout, --labels or --pairs to measure trials on"]
+    assert not out.exists()
+
+
+def test_the_tune_job_takes_the_commands_flags():
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "jobs", "tune.py"), "--help"], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0 and "--budget" in done.stdout and "--heldout" in done.stdout
