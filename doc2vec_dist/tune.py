@@ -110,7 +110,8 @@ def tune_space(space: dict, where: str = "the search space") -> dict:
             if by not in space:
                 raise UserError(f"{where}: {name} depends on {by!r}, which the space does not set")
             ranges = {key: _domain(name, value, where) for key, value in spec.items() if key != "by"}
-            out[name] = tune.sample_from(lambda s, ranges=ranges, by=by, name=name: _by(ranges, s.config[by], by, name))
+            out[name] = tune.sample_from(lambda config, ranges=ranges, by=by, name=name:
+                                         _by(ranges, config[by], by, name))
         else:
             out[name] = _domain(name, spec, where)
     return out
@@ -251,6 +252,9 @@ def run_trial(settings: dict, *, base: dict, target: Target, trials: str) -> Non
 
     from .trainer import train
 
+    # the trial's own lines (engine line, a stopped run's note) are not the user's concern: Tune reports
+    # its metric and, for a failed trial, its error
+    logging.getLogger("doc2vec_dist").setLevel(logging.ERROR)
     config = build(TrainConfig, base, settings)
     out = os.path.join(trials, tune.get_context().get_trial_id())
     t0 = time.perf_counter()
@@ -450,21 +454,37 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
         tuner.fit()
         seconds = time.perf_counter() - t0
         recorder.write()
+        for name in os.listdir(os.path.join(out, "trials")) if os.path.isdir(os.path.join(out, "trials")) else []:
+            outputs.remove_path(os.path.join(out, "trials", name))  # a stopped trial may have written after its end
         best = recorder.best()
         if best is None:
             raise UserError(f"{out}: every trial failed; see trials.csv")
         settings = {n: _plain(best[n]) for n in names}
         result = {"trials": len(recorder.rows), "failed": sum(r["state"] == "failed" for r in recorder.rows.values()),
                   "seconds": round(seconds, 1), "metric": metric, "best": {**settings, metric: best[metric]}}
-        plot_settings(recorder.table(), names, metric, os.path.join(out, "settings.png"))
+        plot_settings(recorder.table(), names, metric, os.path.join(out, "settings.png"), space)
         if compare:
             result["compare"] = compare_on_test(corpus.path, out, settings, base, kind, user_file)
     storage.write_local(os.path.join(out, "tune.json"), storage.json_bytes(result))
     return result
 
 
-def plot_settings(rows: list[dict], names: list[str], metric: str, path: str) -> None:
+def _log_scale(spec) -> bool:
+    """Whether a setting's range is searched on a log scale: loguniform, by-optimizer ranges of it, or
+    choices spanning more than 20× (sample's 1e-5 … 1e-3)."""
+    if not isinstance(spec, dict):
+        return False
+    if "by" in spec:
+        return any(_log_scale(v) for k, v in spec.items() if k != "by")
+    (kind, args), = spec.items()
+    positive = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0]
+    return kind == "loguniform" or (kind in ("choice", "grid") and len(positive) > 1
+                                    and max(positive) > 20 * min(positive))
+
+
+def plot_settings(rows: list[dict], names: list[str], metric: str, path: str, space: dict | None = None) -> None:
     """The metric of every trial against each setting, one panel per setting."""
+    space = space or {}
     try:
         import matplotlib
 
@@ -485,6 +505,11 @@ def plot_settings(rows: list[dict], names: list[str], metric: str, path: str) ->
         ax.scatter(xs, [r[metric] for r in done], c=[r["epochs_run"] for r in done], cmap="viridis", s=18)
         if not numeric:
             ax.set_xticks(range(len(labels)), labels)
+        elif _log_scale(space.get(name)) and min(values) >= 0 and any(v > 0 for v in values):
+            if min(values) == 0:  # sample's 0 beside 1e-5 … 1e-3
+                ax.set_xscale("symlog", linthresh=min(v for v in values if v > 0))
+            else:
+                ax.set_xscale("log")
         ax.set_xlabel(name)
         ax.set_ylabel(metric)
     for ax in list(axes.flat)[len(names):]:
@@ -507,8 +532,10 @@ def compare_on_test(corpus: str, out: str, settings: dict, base: TrainConfig, ki
         ("tuned", lambda m: train(corpus, m, build(TrainConfig, dataclasses.asdict(base), settings, {"progress": False}),
                                   overwrite=True)),
         ("defaults", lambda m: train(corpus, m, dataclasses.replace(base, progress=False), overwrite=True)),
+        # gensim with the base settings (its own SGD and negatives) at the tuned run's epochs
         ("gensim", lambda m: train_gensim(corpus, m, dataclasses.replace(
-            TrainConfig(), dim=base.dim, epochs=int(settings.get("epochs", base.epochs))), overwrite=True)),
+            base, epochs=int(settings.get("epochs", base.epochs)), optimizer="sgd", shared_negatives=0,
+            progress=False), overwrite=True)),
     ]
     for name, run in runs:
         model = os.path.join(out, "compare", name)
