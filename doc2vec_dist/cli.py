@@ -208,7 +208,7 @@ def cmd_tune(args) -> None:
 
     result = search(args.corpus, args.out, heldout=args.heldout, labels=args.labels, pairs=args.pairs,
                     budget=args.budget, space=load_space(args.space) if args.space else None,
-                    base=_train_config(args), compare=not args.no_compare)
+                    base=_train_config(args), compare=not args.no_compare, calibrate_seconds=args.calibrate_seconds)
     print(format_result(result, args.out))
 
 
@@ -358,6 +358,8 @@ def make_parser() -> argparse.ArgumentParser:
     tu.add_argument("--budget", type=float, default=8.0, help="the search's cost in full trainings")
     tu.add_argument("--space", help="YAML search space (default: optimizer and alpha, ns_exponent, negative, sample, "
                                     "dim, epochs; window and dbow_words for text)")
+    tu.add_argument("--calibrate-seconds", type=float, default=10.0,
+                    help="how long plan's calibration run trains before the search, to estimate its time (0: none)")
     tu.add_argument("--no-compare", action="store_true", help="skip training the best, the defaults and gensim on "
                                                               "the whole corpus at the end")
     tu.add_argument("--config", help="YAML file with the base settings every trial starts from")

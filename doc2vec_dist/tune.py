@@ -293,6 +293,21 @@ def trial_resources(base: dict, corpus: Corpus) -> Callable[[dict], object]:
     return of
 
 
+def estimate_seconds(corpus: str, config: TrainConfig, trials: int, budget: float, at_once: int,
+                     calibrate_seconds: float) -> dict | None:
+    """The search's time from `plan`'s calibration of the longest trial (startup, seconds per epoch):
+    every trial starts once, and the budget's epochs run `at_once` at a time. None with no calibration."""
+    if calibrate_seconds <= 0:
+        return None
+    from .plan import plan
+
+    timing = plan(corpus, config, calibrate_seconds=calibrate_seconds)["time"]
+    epochs = budget * config.epochs
+    seconds = (trials * timing["startup_seconds"] + epochs * timing["epoch_seconds"]) / at_once
+    return {"seconds": seconds, "trials": trials, "startup_seconds": timing["startup_seconds"], "epochs": epochs,
+            "epoch_seconds": timing["epoch_seconds"]}
+
+
 def concurrency(config: TrainConfig) -> int:
     """How many trials of `config`'s workers the cluster's CPUs hold at once (what the log line says)."""
     import ray
@@ -393,7 +408,7 @@ def _error_line(path: str | None) -> str:
 
 def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: str | None = None,
            pairs: str | None = None, budget: float = 8.0, space: dict | None = None,
-           base: TrainConfig | None = None, compare: bool = True) -> dict:
+           base: TrainConfig | None = None, compare: bool = True, calibrate_seconds: float = 10.0) -> dict:
     """Search the settings of `space` (default_space) on `corpus_path` within `budget` full trainings;
     write the trials' table, the best settings, the plot and the comparison into `out` (module docstring)."""
     from ray import tune
@@ -435,6 +450,12 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     recorder = _Recorder(out, names, base_fields, metric)
     with ray_connection(base.address):
         at_once = concurrency(build(TrainConfig, base_fields))
+        estimate = estimate_seconds(target.corpus, build(TrainConfig, base_fields, {"epochs": max_epochs}),
+                                    samples * grid, budget, at_once, calibrate_seconds)
+        if estimate is not None:
+            log.info(f"tune: plan estimates {estimate['seconds'] / 60:,.1f} min for the search ({estimate['trials']} "
+                     f"startups of {estimate['startup_seconds']:.1f} s, {estimate['epochs']:,.0f} epochs of "
+                     f"{estimate['epoch_seconds']:.2f} s, {at_once} at a time), plus each epoch's evaluation")
         log.info(f"tune: {samples * grid} trial(s) of up to {max_epochs} epochs, ASHA (every trial {grace_epochs(max_epochs)} "
                  f"epoch(s), then the best 1/{REDUCTION} at each rung) ≈ {budget:g} full trainings, {at_once} at a time; metric {metric} on "
                  + ("a validation split of the training corpus" if kind == "heldout" else user_file))
@@ -460,7 +481,8 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
         if best is None:
             raise UserError(f"{out}: every trial failed; see trials.csv")
         settings = {n: _plain(best[n]) for n in names}
-        result = {"trials": len(recorder.rows), "failed": sum(r["state"] == "failed" for r in recorder.rows.values()),
+        result = {"estimated_seconds": None if estimate is None else round(estimate["seconds"], 1),
+                  "trials": len(recorder.rows), "failed": sum(r["state"] == "failed" for r in recorder.rows.values()),
                   "seconds": round(seconds, 1), "metric": metric, "best": {**settings, metric: best[metric]}}
         plot_settings(recorder.table(), names, metric, os.path.join(out, "settings.png"), space)
         if compare:

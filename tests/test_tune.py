@@ -23,7 +23,7 @@ SPACE = {"alpha": {"grid": [0.0002, 0.05]}, "negative": {"grid": [5, -1]}, "epoc
 def searched(ray_cluster, sample_corpus, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tune") / "search")
     result = search(sample_corpus[0], out, heldout=sample_corpus[1], budget=1, space=SPACE,
-                    base=TrainConfig(sample=0, num_ps=1, cpus_per_worker=1, dim=16, epochs=4))
+                    base=TrainConfig(sample=0, num_ps=1, cpus_per_worker=1, dim=16, epochs=4), calibrate_seconds=2)
     return out, result
 
 
@@ -38,6 +38,7 @@ def test_a_tiny_search_finds_the_good_learning_rate(searched):
     out, result = searched
     rows = _trials(out)
     assert len(rows) == 4 and result["trials"] == 4
+    assert result["estimated_seconds"] > 0  # plan's estimate, made before the search started
     trained = {float(r["alpha"]): float(r["recall@10"]) for r in rows if r["state"] != "failed"}
     assert set(trained) == {0.0002, 0.05}
     assert trained[0.05] > trained[0.0002] + 0.03, trained  # far above: the bad rate barely moves the vectors
