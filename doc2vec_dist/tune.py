@@ -20,7 +20,7 @@ trials' table and what is written at the end.
    actors are placed inside it, so a trial starts only when all of it fits and trials never
    oversubscribe the cluster. A trial that fails (a bad setting, no memory) is recorded as failed
    and the search goes on.
-4. **Written as the search goes** (so Ctrl-C keeps them): DIR/trials.csv (every trial, sorted by its
+4. **Written as the search goes** (so Ctrl-C keeps them, and ends the command there): DIR/trials.csv (every trial, sorted by its
    metric: settings, metric, epochs, tokens/s, seconds, state) and DIR/best.yaml (the best settings,
    a config `train --config` takes). At the end: DIR/settings.png (the metric against each setting)
    and, unless --no-compare, the best, the defaults and gensim (the best's epochs) trained on the
@@ -472,11 +472,21 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
                                       callbacks=[recorder.callback],
                                       failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)))
         t0 = time.perf_counter()
-        tuner.fit()
+        grid_of_results = tuner.fit()
         seconds = time.perf_counter() - t0
+        # Ray Tune catches a Ctrl-C, stops the running trials, starts no more and returns
+        unfinished = samples * grid - grid_of_results.num_terminated - grid_of_results.num_errors
+        if unfinished:
+            for row in recorder.rows.values():
+                if row["state"] == "running":
+                    row["state"] = "interrupted"
         recorder.write()
         for name in os.listdir(os.path.join(out, "trials")) if os.path.isdir(os.path.join(out, "trials")) else []:
             outputs.remove_path(os.path.join(out, "trials", name))  # a stopped trial may have written after its end
+        if unfinished:
+            log.warning(f"interrupted with {unfinished} trial(s) unfinished: the trials so far are in "
+                        f"{os.path.join(out, 'trials.csv')}, the best settings so far in {os.path.join(out, 'best.yaml')}")
+            raise KeyboardInterrupt
         best = recorder.best()
         if best is None:
             raise UserError(f"{out}: every trial failed; see trials.csv")
