@@ -157,7 +157,10 @@ def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_clust
     model = str(tmp_path / "model")
     address = ray_cluster.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "doc2vec_dist", "train", "--corpus", corpus, "--out", model]
-    driver = subprocess.Popen(cmd + ["--dim", "8", "--epochs", "20", "--sample", "0", "--checkpoint-every", "0.3",
+    # 200 epochs: long enough that the interrupt always lands mid-run (20 took ~1 s after the first
+    # checkpoint, and on a loaded machine the run once ended before the signal arrived); a run that
+    # ignored Ctrl-C would outlast communicate()'s timeout and fail
+    driver = subprocess.Popen(cmd + ["--dim", "8", "--epochs", "200", "--sample", "0", "--checkpoint-every", "0.3",
                                      "--address", address, "--no-progress"],
                               cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
