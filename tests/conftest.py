@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -85,3 +89,26 @@ def _snapshot(path: str):
 def snapshot():
     """_snapshot, for tests that check a refused command touched nothing."""
     return _snapshot
+
+
+def _interrupt_when(proc: subprocess.Popen, ready: Callable[[], bool], within: float = 120.0) -> str:
+    """Send SIGINT (what Ctrl-C sends) to `proc` once ready() holds, and return its stderr. Fails if the
+    process ends, or `within` seconds pass, before that; a process left running is killed."""
+    deadline = time.monotonic() + within
+    try:
+        while not ready():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"not ready within {within:.0f} s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return err
+
+
+@pytest.fixture
+def interrupt_when():
+    """_interrupt_when, for the tests of what Ctrl-C leaves behind."""
+    return _interrupt_when

@@ -152,7 +152,8 @@ def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     assert summary["resumed_from_epoch"] == 1 and np.isfinite(checkpoint.read_table(model, "docs")).all()
 
 
-def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_cluster, sample_corpus, tmp_path):
+def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_cluster, sample_corpus, tmp_path,
+                                                                      interrupt_when):
     corpus = sample_corpus[0]
     model = str(tmp_path / "model")
     address = ray_cluster.get_runtime_context().gcs_address
@@ -163,17 +164,7 @@ def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_clust
     driver = subprocess.Popen(cmd + ["--dim", "8", "--epochs", "200", "--sample", "0", "--checkpoint-every", "0.3",
                                      "--address", address, "--no-progress"],
                               cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(os.path.join(model, "LATEST")):
-            assert driver.poll() is None, driver.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        driver.send_signal(signal.SIGINT)
-        _, err = driver.communicate(timeout=120)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
+    err = interrupt_when(driver, lambda: os.path.exists(os.path.join(model, "LATEST")))
     assert driver.returncode == 130, err
     kept = latest(model)
     assert (f"interrupted: the model at {model} is kept up to checkpoint v" in err

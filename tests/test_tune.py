@@ -145,13 +145,11 @@ def test_the_tune_job_takes_the_commands_flags():
     assert done.returncode == 0 and "--budget" in done.stdout and "--heldout" in done.stdout
 
 
-def test_ctrl_c_keeps_the_trials_so_far_and_the_best_settings(sample_corpus, tmp_path):
+def test_ctrl_c_keeps_the_trials_so_far_and_the_best_settings(sample_corpus, tmp_path, interrupt_when):
     """A search told to stop (SIGINT, as Ctrl-C sends) ends the command there, with the table of the
     trials so far and the best settings so far, and trains nothing more."""
-    import signal
     import subprocess
     import sys
-    import time
 
     space, out = tmp_path / "space.yaml", tmp_path / "search"
     space.write_text(yaml.safe_dump({"alpha": {"choice": [0.0002, 0.05]}, "epochs": 6, "dim": 16}))
@@ -159,19 +157,12 @@ def test_ctrl_c_keeps_the_trials_so_far_and_the_best_settings(sample_corpus, tmp
            "--out", str(out), "--space", str(space), "--budget", "100", "--sample", "0", "--num-ps", "1",
            "--cpus-per-worker", "1", "--calibrate-seconds", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        def one_finished() -> bool:
-            table = out / "trials.csv"
-            return table.exists() and "finished" in table.read_text(errors="replace")
 
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not one_finished():
-            time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    def one_finished() -> bool:
+        table = out / "trials.csv"
+        return table.exists() and "finished" in table.read_text(errors="replace")
+
+    err = interrupt_when(proc, one_finished, within=240)
     assert proc.returncode == 130, err[-2000:]
     assert "trial(s) unfinished: the trials so far are in" in err
     rows = _trials(str(out))
