@@ -48,6 +48,7 @@ class Kind:
     made_by: str         # "train or baseline"
     own: tuple[str, ...]  # fnmatch patterns of the entries it writes (the marker is always its own)
     legacy: tuple[str, ...] = ()  # an entry that marks this kind in a directory written before markers
+    marked_only: bool = False  # a kind newer than markers: only its marker makes a directory one of ours
 
 
 DIR_KINDS = {k.name: k for k in (
@@ -62,8 +63,10 @@ DIR_KINDS = {k.name: k for k in (
          legacy=("LATEST", "checkpoints")),
     Kind("export", "an export", "export", ("part-*.parquet", "vectors.npy", "keys.parquet")),
     Kind("index", "a faiss index", "index", ("index.faiss", "keys.parquet", "params.json", "vectors.npy")),
+    # its entries have common names (validation/, compare/): a folder of the user's holding only such
+    # names is not taken for a search, only one with the marker
     Kind("tune", "a settings search", "tune", ("validation", "trials", "ray_tune", "compare", "trials.csv",
-                                              "best.yaml", "settings.png", "tune.json", "*.tmp-*")),
+                                              "best.yaml", "settings.png", "tune.json", "*.tmp-*"), marked_only=True),
 )}
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
               "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file"}
@@ -112,7 +115,8 @@ def judge_dir(shown: str, kind: str, names: list[str], marker: str | None, overw
         raise UserError(f"{shown}: holds {found}, not {k.what}; choose another --out")
     entries = [n for n in names if n != MARKER]
     foreign = [n for n in entries if not owned(kind, n)]
-    ours = marker == kind or (any(n in k.legacy for n in entries) if k.legacy else not foreign)
+    ours = marker == kind or (not k.marked_only and (any(n in k.legacy for n in entries) if k.legacy
+                                                     else not foreign))
     if not ours:
         raise UserError(f"{shown}: exists and is not {k.what} made by doc2vec-dist (it holds "
                         f"{_describe_entries(entries)}); {k.made_by} writes only into a new or empty directory "

@@ -45,6 +45,10 @@ def test_judge_dir_accepts_empty_and_own(names, marker, overwrite, expected):
     assert outputs.judge_dir("D", kind, names, marker, overwrite) is expected
 
 
+def test_a_settings_search_is_recognised_by_its_marker():
+    assert outputs.judge_dir("D", "tune", [outputs.MARKER, "validation", "trials.csv"], "tune", None) is True
+
+
 @pytest.mark.parametrize("kind, names, marker, overwrite, first_words", [
     ("corpus", ["keep.txt"], None, True, "D: exists and is not a corpus made by doc2vec-dist (it holds keep.txt)"),
     ("model", ["notes.txt"], None, True, "D: exists and is not a model made by doc2vec-dist (it holds notes.txt)"),
@@ -55,6 +59,8 @@ def test_judge_dir_accepts_empty_and_own(names, marker, overwrite, expected):
     ("export", ["part-00000.parquet", "keep.txt"], None, None, "D: exists and is not an export made by"),
     ("index", [outputs.MARKER, "index.faiss"], "export", None, ("D: holds an export (made by doc2vec-dist export), "
                                                                 "not a faiss index")),
+    # a folder of the user's whose entries happen to have a search's names is not taken for a search
+    ("tune", ["validation", "compare"], None, None, "D: exists and is not a settings search made by"),
 ])
 def test_judge_dir_refuses_everything_else_naming_it(kind, names, marker, overwrite, first_words):
     with pytest.raises(UserError) as info:
