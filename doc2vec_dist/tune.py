@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -131,7 +132,8 @@ def _domain(name: str, spec, where: str):
         return tune.grid_search(args)
     if kind in ("uniform", "loguniform", "randint") and isinstance(args, list) and len(args) == 2:
         return getattr(tune, kind)(*args)
-    raise UserError(f"{where}: {name}: {kind} needs {'a list of values' if kind == 'choice' else '[low, high]'}")
+    raise UserError(f"{where}: {name}: {kind} needs "
+                    f"{'a list of values' if kind in ('choice', 'grid') else '[low, high]'}")
 
 
 def _by(ranges: dict, key, by: str, name: str):
@@ -319,7 +321,7 @@ def concurrency(config: TrainConfig) -> int:
 class _Recorder:
     """A Ray Tune callback that keeps trials.csv and best.yaml current as trials report and end."""
 
-    def __init__(self, out: str, names: list[str], base: dict, metric: str):
+    def __init__(self, out: str, names: list[str], base: dict, metric: str, measured_on: str):
         from ray.tune import Callback
 
         recorder = self
@@ -335,7 +337,7 @@ class _Recorder:
                 recorder.ended(trial, "failed")
 
         self.callback = _Callback()
-        self.out, self.names, self.base, self.metric = out, names, base, metric
+        self.out, self.names, self.base, self.metric, self.measured_on = out, names, base, metric, measured_on
         self.rows: dict[str, dict] = {}
 
     def _row(self, trial) -> dict:
@@ -376,17 +378,16 @@ class _Recorder:
     def write(self) -> None:
         rows = self.table()
         columns = ["trial", *self.names, self.metric, "epochs_run", "tokens_per_second", "seconds", "state", "error"]
-        tmp = os.path.join(self.out, f"trials.csv.tmp-{os.getpid()}")
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, columns, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, os.path.join(self.out, "trials.csv"))
+        table = io.StringIO(newline="")
+        writer = csv.DictWriter(table, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        storage.write_local(os.path.join(self.out, "trials.csv"), table.getvalue())
         best = self.best()
         if best is not None:
             settings = {n: _plain(best[n]) for n in self.names}
             text = (f"# doc2vec-dist tune: the best of {len(rows)} trial(s) so far, {self.metric} "
-                    f"{best[self.metric]:.4f} after {best['epochs_run']} epoch(s) on the validation split\n"
+                    f"{best[self.metric]:.4f} after {best['epochs_run']} epoch(s) on {self.measured_on}\n"
                     + yaml.safe_dump(settings, sort_keys=True))
             storage.write_local(os.path.join(self.out, "best.yaml"), text)
 
@@ -446,8 +447,9 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     grid = math.prod(len(v["grid"]) for v in space.values() if isinstance(v, dict) and "grid" in v)
     samples = max(1, trials_for_budget(budget, max_epochs) // grid)  # each sample runs every grid point
     metric = METRICS[kind]
+    measured_on = "the validation split" if kind == "heldout" else user_file
     names = list(space)
-    recorder = _Recorder(out, names, base_fields, metric)
+    recorder = _Recorder(out, names, base_fields, metric, measured_on)
     with ray_connection(base.address):
         at_once = concurrency(build(TrainConfig, base_fields))
         estimate = estimate_seconds(target.corpus, build(TrainConfig, base_fields, {"epochs": max_epochs}),
@@ -458,7 +460,7 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
                      f"{estimate['epoch_seconds']:.2f} s, {at_once} at a time), plus each epoch's evaluation")
         log.info(f"tune: {samples * grid} trial(s) of up to {max_epochs} epochs, ASHA (every trial {grace_epochs(max_epochs)} "
                  f"epoch(s), then the best 1/{REDUCTION} at each rung) ≈ {budget:g} full trainings, {at_once} at a time; metric {metric} on "
-                 + ("a validation split of the training corpus" if kind == "heldout" else user_file))
+                 + ("a validation split of the training corpus" if kind == "heldout" else measured_on))
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, base=base_fields, target=target, trials=os.path.join(out, "trials")),
             trial_resources(base_fields, Corpus(target.corpus)))
@@ -481,8 +483,7 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
                 if row["state"] == "running":
                     row["state"] = "interrupted"
         recorder.write()
-        for name in os.listdir(os.path.join(out, "trials")) if os.path.isdir(os.path.join(out, "trials")) else []:
-            outputs.remove_path(os.path.join(out, "trials", name))  # a stopped trial may have written after its end
+        outputs.remove_path(os.path.join(out, "trials"))  # what a stopped trial wrote after its end
         if unfinished:
             log.warning(f"interrupted with {unfinished} trial(s) unfinished: the trials so far are in "
                         f"{os.path.join(out, 'trials.csv')}, the best settings so far in {os.path.join(out, 'best.yaml')}")
@@ -493,7 +494,8 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
         settings = {n: _plain(best[n]) for n in names}
         result = {"estimated_seconds": None if estimate is None else round(estimate["seconds"], 1),
                   "trials": len(recorder.rows), "failed": sum(r["state"] == "failed" for r in recorder.rows.values()),
-                  "seconds": round(seconds, 1), "metric": metric, "best": {**settings, metric: best[metric]}}
+                  "seconds": round(seconds, 1), "metric": metric, "measured_on": measured_on,
+                  "best": {**settings, metric: best[metric]}}
         plot_settings(recorder.table(), names, metric, os.path.join(out, "settings.png"), space)
         if compare:
             result["compare"] = compare_on_test(corpus.path, out, settings, base, kind, user_file)
@@ -583,7 +585,7 @@ def format_result(result: dict, out: str) -> str:
     metric = result["metric"]
     best = result["best"]
     lines = [f"tune: {result['trials']} trial(s), {result['failed']} failed, {result['seconds']:.0f} s; "
-             f"best {metric} {best[metric]:.4f} on the validation split with "
+             f"best {metric} {best[metric]:.4f} on {result['measured_on']} with "
              + ", ".join(f"{k} {v}" for k, v in best.items() if k != metric)]
     for name, found in (result.get("compare") or {}).items():
         lines.append(f"  {name:9s} {metric} {found['metric']:.4f} on the test file")

@@ -45,9 +45,11 @@ def test_a_tiny_search_finds_the_good_learning_rate(searched):
     with open(os.path.join(out, "best.yaml")) as fh:
         best = yaml.safe_load(fh)
     assert best == {"alpha": 0.05, "negative": 5, "epochs": 8, "dim": 16}
+    with open(os.path.join(out, "best.yaml")) as fh:
+        assert "on the validation split" in fh.readline()  # --heldout: never the user's own file
     assert float(rows[0]["recall@10"]) == max(trained.values())  # the table is sorted by the metric
     assert os.path.getsize(os.path.join(out, "settings.png")) > 1000
-    assert not os.listdir(os.path.join(out, "trials"))  # each trial's model is removed once it is measured
+    assert not os.path.exists(os.path.join(out, "trials"))  # the trials' models are removed once measured
 
 
 def test_the_best_is_compared_with_the_defaults_and_gensim_on_the_users_file(searched, sample_corpus):
