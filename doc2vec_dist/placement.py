@@ -77,15 +77,19 @@ def ps_options(config: Any, tables: dict[str, TableSpec], resources: dict[str, f
     cluster with `ps` nodes each one takes one unit of `ps` and `memory=` for its slice; elsewhere
     it goes wherever Ray puts it. `resources` and `nodes` default to the live cluster's.
     """
-    opts: dict[str, Any] = {"num_cpus": 0, **_spread()}
-    if has_resource(PS_RESOURCE, resources):
-        need = ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps))
-        opts["resources"] = {PS_RESOURCE: 1}
-        opts["memory"] = need
-        problem = ps_fit_problem(need, config.num_ps, ray.nodes() if nodes is None else nodes)
+    opts: dict[str, Any] = {"num_cpus": 0, **_spread(), **_ps_request(config, tables, resources)}
+    if "memory" in opts:
+        problem = ps_fit_problem(opts["memory"], config.num_ps, ray.nodes() if nodes is None else nodes)
         if problem:
             log.warning(f"warning: {problem} (waiting for the autoscaler)")
     return opts
+
+
+def _ps_request(config: Any, tables: dict[str, TableSpec], resources: dict[str, float] | None) -> dict:
+    """A server's `ps` unit and `memory=` for its slice, on a cluster with `ps` nodes; else nothing."""
+    if not has_resource(PS_RESOURCE, resources):
+        return {}
+    return {"resources": {PS_RESOURCE: 1}, "memory": ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps))}
 
 
 def worker_options(config: Any, resources: dict[str, float] | None = None) -> dict:
@@ -107,17 +111,19 @@ def _spread() -> dict:
 
 
 def run_bundles(config: Any, tables: dict[str, TableSpec], resources: dict[str, float] | None = None) -> list[dict]:
-    """The resources of a run's actors as placement-group bundles: one per worker (its CPUs, GPUs and
-    `trainer` unit) and, on a cluster with `ps` nodes, one per server (its `ps` unit and memory).
-    A `tune` trial reserves these, so trials start only when all of a run fits."""
-    workers = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
-    if has_resource(TRAINER_RESOURCE, resources):
-        workers[TRAINER_RESOURCE] = 1
-    bundles = [{k: v for k, v in workers.items() if v} for _ in range(config.num_workers)]
-    if has_resource(PS_RESOURCE, resources):
-        need = ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps))
-        bundles += [{PS_RESOURCE: 1, "memory": need} for _ in range(config.num_ps)]
-    return bundles
+    """The resources of a run's actors as placement-group bundles, from the same requests as their
+    options: one per worker (worker_options) and, where servers request anything (`ps` nodes), one per
+    server. A `tune` trial reserves these, so trials start only when all of a run fits."""
+    bundles = [_bundle(worker_options(config, resources))] * config.num_workers
+    server = _bundle(_ps_request(config, tables, resources))
+    return bundles + [server] * config.num_ps if server else bundles
+
+
+def _bundle(opts: dict) -> dict:
+    """An actor's `.options(...)` as a placement-group bundle: its nonzero resources."""
+    wanted = {"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), "memory": opts.get("memory", 0),
+              **opts.get("resources", {})}
+    return {name: amount for name, amount in wanted.items() if amount}
 
 
 def ps_fit_problem(need: int, num_ps: int, nodes: list[dict]) -> str | None:

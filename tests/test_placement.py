@@ -85,3 +85,14 @@ def test_a_workers_memory_need_counts_its_resident_url_rows_where_they_live():
     assert dm - base == 2 * 500 * 100 * 4
     _, gpu = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1, mode="dm", gpus_per_worker=1), tables)
     assert gpu == base
+
+
+def test_a_tune_trial_reserves_what_its_actors_request():
+    """run_bundles: one bundle per worker and, on a cluster with `ps` nodes, one per server, each
+    holding exactly what that actor's options ask Ray for."""
+    config, tables = TrainConfig(num_ps=2, num_workers=3, cpus_per_worker=2, gpus_per_worker=1), specs(docs=(10**6, 100))
+    cluster = {"CPU": 16, "GPU": 4, "ps": 2, "trainer": 4, "memory": 64 << 30}
+    need = placement.ps_memory_bytes(placement.table_bytes_per_ps(tables, 2))
+    assert placement.run_bundles(config, tables, cluster) == (
+        [{"CPU": 2, "GPU": 1, "trainer": 1}] * 3 + [{"ps": 1, "memory": need}] * 2)
+    assert placement.run_bundles(config, tables, {"CPU": 16, "GPU": 4}) == [{"CPU": 2, "GPU": 1}] * 3
