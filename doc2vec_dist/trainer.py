@@ -361,16 +361,13 @@ class _Run:
             wall = time.perf_counter() - t0 - (self.ckpt_seconds - ckpt_before)
             train_seconds += wall
             epoch_stats.append(stats)
-            if epoch == config.epochs - 1:
-                break
-            if config.checkpoint_every > 0 or self.on_epoch:
-                self._checkpoint(epoch + 1, None, epoch_stats)  # every epoch end, when checkpointing
+            if epoch == config.epochs - 1 or config.checkpoint_every > 0 or self.on_epoch:
+                self._checkpoint(epoch + 1, None, epoch_stats)  # the last epoch's end; every one, when checkpointing
             if self.on_epoch:
                 self.on_epoch(epoch + 1, {**stats, "wall_seconds": wall})
         bar.close()
-        self._checkpoint(config.epochs, None, epoch_stats)
-        if self.on_epoch and epoch_stats and len(epoch_stats) + self.resume.epoch == config.epochs:
-            self.on_epoch(config.epochs, {**epoch_stats[-1], "wall_seconds": wall})
+        if not epoch_stats:  # resumed with every epoch done: the final version still says so
+            self._checkpoint(config.epochs, None, epoch_stats)
         now = ray.get([s.info.remote() for s in self.servers])
         restarted = sum(a["pid"] != b["pid"] for a, b in zip(self.server_info, now))
         # tokens/s and pairs/s count what this run trained: a resumed epoch's first part was trained before
