@@ -713,12 +713,6 @@ class ModelDir:
         return matrix
 
 
-def read_table(model: str, table: str, verify: bool = True, *, version: int | None = None,
-               fs: pafs.FileSystem | None = None) -> np.ndarray:
-    """ModelDir(model).read_table(table): the whole table, row i = id i."""
-    return ModelDir(model, version=version, fs=fs).read_table(table, verify)
-
-
 def _scatter(out: np.ndarray, seen: np.ndarray, local: np.ndarray, rows: np.ndarray, shown: str,
              limit: int) -> slice | np.ndarray | None:
     """out[local] = rows, refusing rows out of range or already filled; a contiguous run is one copy.

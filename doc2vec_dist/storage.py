@@ -252,19 +252,6 @@ class Store:
                 os.remove(tmp)
 
 
-def exists(path: str, rel: str, *, fs: pafs.FileSystem | None = None) -> bool:
-    """Whether the directory at `path` holds the file `rel` (e.g. "LATEST", "config.json")."""
-    return Store.of(path, fs).is_file(check_rel(rel))
-
-
-def write_json(path: str, rel: str, data: Any, *, fs: pafs.FileSystem | None = None) -> None:
-    Store.of(path, fs).write_json(rel, data)
-
-
-def read_json(path: str, rel: str, *, fs: pafs.FileSystem | None = None) -> Any:
-    return Store.of(path, fs).read_json(rel)
-
-
 # ---------------------------------------------------------------------------------------------------
 # bytes: hashing, copying, whole local writes
 # ---------------------------------------------------------------------------------------------------

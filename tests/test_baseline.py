@@ -67,12 +67,12 @@ def test_writes_our_model_layout(gensim_run, sample_corpus):
 
 def test_docs_rows_are_gensims_doc_vectors_in_doc_id_order(gensim_run):
     model, _, gensim_model = gensim_run
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), gensim_model.dv.vectors)
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), gensim_model.dv.vectors)
 
 
 def test_words_out_rows_are_gensims_syn1neg_at_our_word_ids(gensim_run):
     model, _, gensim_model = gensim_run
-    words_out = checkpoint.read_table(model, "words_out")
+    words_out = checkpoint.ModelDir(model).read_table("words_out")
     for word_id in (0, 1, 17, 400):
         np.testing.assert_array_equal(words_out[word_id],
                                       gensim_model.syn1neg[gensim_model.wv.key_to_index[str(word_id)]])
@@ -130,7 +130,7 @@ def test_flags_map_to_gensim_parameters_and_word_vectors_are_written(sample_corp
     model = seen[0]
     for name, value in {**gensim_params, "negative": 3, "vector_size": 8}.items():
         assert getattr(model, name) == value, name
-    words = checkpoint.read_table(out, "words")
+    words = checkpoint.ModelDir(out).read_table("words")
     ids = np.array([int(k) for k in model.wv.index_to_key])
     np.testing.assert_array_equal(words[ids], model.wv.vectors)
 
@@ -250,9 +250,9 @@ def test_both_gensim_modes_train_every_document_and_say_which_ran(sample_corpus,
                  "0", "--workers", "2", "--gensim-mode", gensim_mode, "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert f"gensim ({gensim_mode} mode): " in printed and f"model: {out} (checkpoint v1)" in printed
-    summary = storage.read_json(out, "config.json")["summary"]
+    summary = storage.Store.of(out).read_json("config.json")["summary"]
     assert summary["gensim_mode"] == gensim_mode and summary["docs_cut"] == 0
-    docs = checkpoint.read_table(out, "docs")
+    docs = checkpoint.ModelDir(out).read_table("docs")
     assert docs.shape == (Corpus(sample_corpus[0]).num_docs, 16)
     # every document was trained: none is left at its random start (gensim's init is tiny: |x| < 0.5/dim)
     assert (np.abs(docs).max(axis=1) > 0.5 / 16).mean() > 0.99

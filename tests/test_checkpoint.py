@@ -53,7 +53,7 @@ def test_two_shard_round_trip_gives_back_the_exact_matrix(tmp_path):
     matrix = full_matrix()
     write_version(model, matrix)
 
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), matrix)
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix)
     _, manifest = checkpoint.load_manifest(model)
     spec = manifest["tables"]["docs"]
     assert (spec["rows"], spec["dim"], spec["dtype"]) == (ROWS, DIM, "float32")
@@ -79,7 +79,7 @@ def test_latest_points_at_the_newest_committed_version(tmp_path):
         assert fh.read().strip() == "v2"
     vdir, manifest = checkpoint.load_manifest(model)
     assert vdir == checkpoint.version_dir(model, 2) and manifest["version"] == 2
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), newest)
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), newest)
 
 
 def test_keep_prunes_older_versions_only_after_a_commit(tmp_path):
@@ -91,12 +91,12 @@ def test_keep_prunes_older_versions_only_after_a_commit(tmp_path):
     # v3's parts are written but not committed: nothing is pruned and LATEST still reads v2
     write_version(model, full_matrix(2), keep=2, commit=False)
     assert versions_on_disk(model) == ["v1", "v2", "v3"]
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), full_matrix(1))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(1))
 
     parts = [checkpoint.write_slice(model, 3, "docs", 0, 1, np.arange(ROWS), full_matrix(2))]
     checkpoint.commit(model, 3, {"docs": parts}, {"docs": DIM}, {}, keep=2)
     assert versions_on_disk(model) == ["v2", "v3"]
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), full_matrix(2))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(2))
 
 
 def test_a_flipped_byte_in_a_part_is_a_checksum_error(tmp_path):
@@ -110,7 +110,7 @@ def test_a_flipped_byte_in_a_part_is_a_checksum_error(tmp_path):
         fh.write(bytes([byte[0] ^ 0xFF]))
 
     with pytest.raises(UserError, match="checksum") as err:
-        checkpoint.read_table(model, "docs")
+        checkpoint.ModelDir(model).read_table("docs")
     assert path in str(err.value)
 
 
@@ -140,7 +140,7 @@ def test_asking_for_an_untrained_table_names_the_tables_there_are(tmp_path):
     model = str(tmp_path / "m")
     write_version(model, full_matrix())
     with pytest.raises(UserError, match=r"'words' was not trained.*docs"):
-        checkpoint.read_table(model, "words")
+        checkpoint.ModelDir(model).read_table("words")
 
 
 def test_a_missing_part_file_is_a_user_error_naming_it(tmp_path):
@@ -149,7 +149,7 @@ def test_a_missing_part_file_is_a_user_error_naming_it(tmp_path):
     path = part_path(model, 0)
     os.remove(path)
     with pytest.raises(UserError, match="part-00000-of-00002"):
-        checkpoint.read_table(model, "docs")
+        checkpoint.ModelDir(model).read_table("docs")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_written_by_three_servers_read_by_any_number(tmp_path, read_with):
     vectors, got_state = gather_shards(model, read_with, rows)
     np.testing.assert_array_equal(vectors, matrix)
     np.testing.assert_array_equal(got_state, state)
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), matrix)
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix)
 
 
 def test_read_shard_fills_a_given_table_with_vectors_then_state(tmp_path):
@@ -234,7 +234,7 @@ def test_read_shard_of_a_pinned_version(tmp_path):
     np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1)[0], full_matrix(1))
     np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1, version=1)[0], full_matrix(0))
     np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 1, 2, version=1)[0], full_matrix(0)[1::2])
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=1), full_matrix(0))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model, version=1).read_table("docs"), full_matrix(0))
 
 
 def test_read_shard_verifies_checksums(tmp_path):
@@ -361,7 +361,7 @@ def test_commit_refuses_a_manifest_it_could_not_read_back(tmp_path):
         checkpoint.commit(model, 1, {"docs": parts}, {"docs": DIM}, {"lr": "high"}, keep=2)
     with pytest.raises(ValueError, match="version"):
         checkpoint.commit(model, 1, {"docs": parts}, {"docs": DIM}, {"version": 9}, keep=2)
-    assert not storage.exists(model, "LATEST")
+    assert not storage.Store.of(model).is_file("LATEST")
 
 
 def test_commit_refuses_a_version_whose_part_is_missing(tmp_path):
@@ -393,25 +393,25 @@ def test_relative_paths_cannot_leave_the_model_directory(tmp_path):
     model = str(tmp_path / "m")
     for bad in ("../x.json", "/etc/passwd", "a/../../b", "s3://b/k", "", "a//b"):
         with pytest.raises(UserError, match="escapes the model directory"):
-            storage.write_json(model, bad, {})
+            storage.Store.of(model).write_json(bad, {})
         with pytest.raises(UserError, match="escapes the model directory"):
-            storage.read_json(model, bad)
+            storage.Store.of(model).read_json(bad)
     assert not os.path.exists(tmp_path / "x.json")
 
 
 def test_json_helpers_round_trip_atomically(tmp_path):
     model = str(tmp_path / "m")
-    assert not storage.exists(model, "config.json")
-    storage.write_json(model, "config.json", {"dim": 4, "alpha": 0.025})
-    assert storage.exists(model, "config.json")
-    assert storage.read_json(model, "config.json") == {"dim": 4, "alpha": 0.025}
+    assert not storage.Store.of(model).is_file("config.json")
+    storage.Store.of(model).write_json("config.json", {"dim": 4, "alpha": 0.025})
+    assert storage.Store.of(model).is_file("config.json")
+    assert storage.Store.of(model).read_json("config.json") == {"dim": 4, "alpha": 0.025}
     assert os.listdir(model) == ["config.json"]  # no temporary file left beside it
     with open(os.path.join(model, "broken.json"), "w") as fh:
         fh.write("{")
     with pytest.raises(UserError, match="broken.json: not valid JSON"):
-        storage.read_json(model, "broken.json")
+        storage.Store.of(model).read_json("broken.json")
     with pytest.raises(UserError, match="nothing.json: missing"):
-        storage.read_json(model, "nothing.json")
+        storage.Store.of(model).read_json("nothing.json")
     assert storage.location("rel/model") == os.path.abspath("rel/model")
     assert storage.location("s3://b/m?scheme=http") == "s3://b/m?scheme=http"
     assert checkpoint.local_copy(model) == model  # a local model is used where it is
@@ -435,7 +435,7 @@ def test_a_partial_version_is_skipped_then_pruned_once_a_newer_one_is_committed(
     parts = [checkpoint.write_slice(model, 4, "docs", 0, 1, np.arange(ROWS), full_matrix(4))]
     checkpoint.commit(model, 4, {"docs": parts}, {"docs": DIM}, {}, keep=2)
     assert versions_on_disk(model) == ["v1", "v4"]  # partial v2, v3 deleted; v1 is the 2nd kept
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=1), full_matrix(0))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model, version=1).read_table("docs"), full_matrix(0))
 
 
 @pytest.mark.parametrize("keep", [1, 2, 3])
@@ -445,7 +445,7 @@ def test_keep_k_keeps_the_k_newest_committed_versions(tmp_path, keep):
         write_version(model, full_matrix(i), keep=keep)
     assert versions_on_disk(model) == [f"v{v}" for v in range(5 - keep, 5)]
     for v in range(5 - keep, 5):
-        np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=v), full_matrix(v - 1))
+        np.testing.assert_array_equal(checkpoint.ModelDir(model, version=v).read_table("docs"), full_matrix(v - 1))
 
 
 def test_commit_never_moves_latest_backwards(tmp_path):
@@ -571,7 +571,7 @@ def test_a_full_disk_during_a_checkpoint_leaves_the_previous_version_loadable(tm
     assert err.value.errno == errno.ENOSPC and "intact" in str(err.value)
 
     assert checkpoint.latest_version(model) == 1
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), full_matrix(0))  # loads and verifies
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(0))  # loads and verifies
     assert os.path.exists(os.path.join(checkpoint.version_dir(model, 1), "manifest.json"))
     if fails_in != "LATEST":
         assert not os.path.exists(os.path.join(checkpoint.version_dir(model, 2), "manifest.json"))
@@ -580,7 +580,7 @@ def test_a_full_disk_during_a_checkpoint_leaves_the_previous_version_loadable(tm
     # the disk has room again: the next version does not reuse v2, and its commit clears v2 away
     assert write_version(model, full_matrix(2), keep=1) == 3
     assert versions_on_disk(model) == ["v3"]
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), full_matrix(2))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(2))
 
 
 KILLED_WRITER = """
@@ -613,7 +613,7 @@ def test_a_writer_killed_mid_checkpoint_leaves_the_previous_version_loadable(tmp
     assert os.path.isdir(checkpoint.version_dir(model, 2))
 
     assert checkpoint.latest_version(model) == 1
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), full_matrix(0))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(0))
     assert checkpoint.next_version(model) == 3
     write_version(model, full_matrix(1), keep=2)
     assert versions_on_disk(model) == ["v1", "v3"]  # the killed v2, stale files and all, is gone

@@ -164,7 +164,7 @@ def test_heldout_metrics_reads_only_the_evaluated_users_rows(trained_model, samp
     from doc2vec_dist import checkpoint
     from doc2vec_dist.model import Model
 
-    full = checkpoint.read_table(trained_model, "docs")
+    full = checkpoint.ModelDir(trained_model).read_table("docs")
     ids = np.array([0, 7, 123, len(full) - 1], dtype=np.int64)
     np.testing.assert_array_equal(Model(trained_model).gather("docs", ids), full[ids])
     read = checkpoint.ModelDir.read_table  # every whole-table read of a model goes through ModelDir

@@ -25,7 +25,7 @@ def doc_keys(sample_corpus) -> list[str]:
 
 @pytest.fixture(scope="module")
 def doc_matrix(trained_model) -> np.ndarray:
-    return checkpoint.read_table(trained_model, "docs")
+    return checkpoint.ModelDir(trained_model).read_table("docs")
 
 
 def assert_matches_checkpoint(keys: list[str], vectors: np.ndarray, doc_keys: list[str], doc_matrix: np.ndarray):
@@ -114,7 +114,7 @@ def test_word2vec_of_words_out_has_the_urls(trained_model, sample_corpus, tmp_pa
     assert sorted(kv.index_to_key) == sorted(vocab)
     # rows come part by part (one part per parameter server), each URL with its own word id's row
     id_of = {url: i for i, url in enumerate(vocab)}
-    words_out = checkpoint.read_table(trained_model, "words_out")
+    words_out = checkpoint.ModelDir(trained_model).read_table("words_out")
     np.testing.assert_allclose(kv.vectors, words_out[[id_of[u] for u in kv.index_to_key]], rtol=1e-5, atol=1e-6)
 
 
@@ -151,7 +151,7 @@ def test_exporting_onto_the_model_directory_is_refused_and_keeps_the_model(train
     with pytest.raises(UserError, match="model"):
         export(model, "docs", model, progress=False)
     assert os.path.isfile(os.path.join(model, "LATEST"))
-    assert checkpoint.read_table(model, "docs").shape == checkpoint.read_table(trained_model, "docs").shape
+    assert checkpoint.ModelDir(model).read_table("docs").shape == checkpoint.ModelDir(trained_model).read_table("docs").shape
 
 
 def test_normalize_and_float16_export(trained_model, doc_keys, doc_matrix, tmp_path):

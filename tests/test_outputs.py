@@ -222,7 +222,7 @@ def test_start_model_dir_replaces_a_model_but_keeps_what_is_not_its_own(tmp_path
     os.makedirs(os.path.join(out, "exports"))  # jobs/train.py's default exports folder
     (tmp_path / "model" / "exports" / "job.json").write_text("{}")
     os.makedirs(os.path.join(out, "checkpoints", "v1"))
-    storage.write_json(out, "LATEST", "v1")  # a committed model, as far as the check goes
+    storage.Store.of(out).write_json("LATEST", "v1")  # a committed model, as far as the check goes
     with pytest.raises(UserError, match="already holds a model; pass --overwrite"):
         checkpoint.start_model_dir(out, sample_corpus[0], overwrite=False)
     assert checkpoint.start_model_dir(out, sample_corpus[0], overwrite=True) == []

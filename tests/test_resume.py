@@ -115,19 +115,19 @@ def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster
     model = str(tmp_path / "model")
     train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 2, **engine}, optimizer="adagrad", alpha=0.05))
     tables = ("docs", "words_out") + (("words",) if engine.get("mode") == "dm" else ())
-    before = {t: checkpoint.read_table(model, t) for t in tables}
+    before = {t: checkpoint.ModelDir(model).read_table(t) for t in tables}
     # nothing left to train: the rows go through 3 servers' load and save unchanged
     summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3}))
     assert summary["tokens"] == 0
     _, manifest = checkpoint.load_manifest(model)
     assert manifest["num_ps"] == 3 and len(manifest["tables"]["docs"]["parts"]) == 3
     for table, matrix in before.items():
-        np.testing.assert_array_equal(checkpoint.read_table(model, table), matrix)
+        np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table(table), matrix)
     # and training goes on from there with 3 servers (one more epoch)
     summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3, "epochs": 3}))
     assert summary["tokens"] == Corpus(sample_corpus[0]).num_tokens and summary["resumed_from_epoch"] == 2
     for table in tables:  # every table trained on, the resident ones included
-        assert not np.array_equal(checkpoint.read_table(model, table), before[table]), table
+        assert not np.array_equal(checkpoint.ModelDir(model).read_table(table), before[table]), table
 
 
 def test_resume_refuses_a_change_to_the_model_and_names_it(ray_cluster, trained_model):
@@ -140,16 +140,16 @@ def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     model = str(tmp_path / "model")
     train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 1}))
     good = latest(model)
-    docs = checkpoint.read_table(model, "docs")
+    docs = checkpoint.ModelDir(model).read_table("docs")
     # go on with a learning rate that overflows float32 within a step or two (halfway down from 1e30 to
     # 1e29: 5.5e29 at the start of the second epoch, a little less at the step that overflows)
     with pytest.raises(TrainingStopped, match=r"non-finite values in the push of epoch 1 step \d+ .*alpha 5\.\d*e\+29"):
         train(sample_corpus[0], model, resumed_config(model, {"epochs": 2, "alpha": 1e30, "min_alpha": 1e29}))
     assert latest(model) == good
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), docs)  # checksums verified too
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), docs)  # checksums verified too
     # and the run goes on from there with a sane learning rate
     summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 2}))
-    assert summary["resumed_from_epoch"] == 1 and np.isfinite(checkpoint.read_table(model, "docs")).all()
+    assert summary["resumed_from_epoch"] == 1 and np.isfinite(checkpoint.ModelDir(model).read_table("docs")).all()
 
 
 def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_cluster, sample_corpus, tmp_path,

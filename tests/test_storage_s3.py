@@ -84,8 +84,8 @@ def test_two_versions_written_and_read_back_through_s3(s3):
     assert s3[1].open_input_stream(f"{BUCKET}/roundtrip/LATEST").read() == b"v2\n"
     vdir, manifest = checkpoint.load_manifest(model)
     assert vdir == checkpoint.version_dir(model, 2) and manifest["epoch"] == 2
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), matrix(1))
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=1), matrix(0))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix(1))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model, version=1).read_table("docs"), matrix(0))
     ids = np.concatenate([ids for part in checkpoint.ModelDir(model).parts("docs") for ids, _ in part])
     assert sorted(ids) == list(range(ROWS))
     for shard in range(2):
@@ -100,7 +100,7 @@ def test_endpoint_from_the_standard_aws_variables(s3, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{s3[0]}")
     model = f"s3://{BUCKET}/from-env"
     write_version(model, 3, num_shards=1)
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), matrix(3))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix(3))
     assert "LATEST" in objects(s3, "from-env")
 
 
@@ -114,7 +114,7 @@ def test_a_tampered_object_is_a_checksum_error_naming_it_without_the_query(s3, t
     with s3[1].open_output_stream(key) as out:
         out.write(bytes(data))
 
-    for read in (lambda: checkpoint.read_table(model, "docs"), lambda: checkpoint.read_shard(model, "docs", 0, 2),
+    for read in (lambda: checkpoint.ModelDir(model).read_table("docs"), lambda: checkpoint.read_shard(model, "docs", 0, 2),
                  lambda: checkpoint.local_copy(model, cache=str(tmp_path))):
         with pytest.raises(UserError, match="checksum mismatch") as err:
             read()
@@ -133,8 +133,8 @@ def test_prune_and_partial_versions_on_s3(s3):
     write_version(model, 3, keep=2)
     versions = {o.split("/")[1] for o in objects(s3, "pruned") if o.startswith("checkpoints/")}
     assert versions == {"v2", "v4"}
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs"), matrix(3))
-    np.testing.assert_array_equal(checkpoint.read_table(model, "docs", version=2), matrix(1))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix(3))
+    np.testing.assert_array_equal(checkpoint.ModelDir(model, version=2).read_table("docs"), matrix(1))
 
 
 @pytest.fixture
@@ -158,9 +158,9 @@ def test_a_model_on_s3_is_loaded_and_exported(s3, key_files, tmp_path, monkeypat
     monkeypatch.setenv("DOC2VEC_DIST_CACHE", str(tmp_path / "cache"))
     model = uri(s3, "served")
     checkpoint.start_model_dir(model, key_files, overwrite=False)
-    storage.write_json(model, "config.json", {"dim": DIM, "ns_exponent": 0.75})
+    storage.Store.of(model).write_json("config.json", {"dim": DIM, "ns_exponent": 0.75})
     write_version(model, 5)
-    assert storage.exists(model, "config.json") and storage.read_json(model, "config.json")["dim"] == DIM
+    assert storage.Store.of(model).is_file("config.json") and storage.Store.of(model).read_json("config.json")["dim"] == DIM
     with pytest.raises(UserError, match="already holds a model; pass --overwrite to replace it"):
         checkpoint.refuse_existing_model(model, overwrite=False)
 
@@ -193,12 +193,12 @@ def test_training_checkpoints_to_s3_and_resumes_from_it(s3, ray_cluster, sample_
     model = uri(s3, "trained")
     train(sample_corpus[0], model, TrainConfig(dim=16, epochs=2, sample=0, progress=False))
     assert checkpoint.latest_version(model) == 2  # one per epoch end
-    docs = checkpoint.read_table(model, "docs")
+    docs = checkpoint.ModelDir(model).read_table("docs")
     summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 3, "num_ps": 3}))
     assert summary["resumed_from_epoch"] == 2 and summary["servers_loaded_from"] == [2, 2, 2]
     _, manifest = checkpoint.load_manifest(model)
     assert manifest["epoch"] == 3 and manifest["num_ps"] == 3
-    final = checkpoint.read_table(model, "docs")
+    final = checkpoint.ModelDir(model).read_table("docs")
     assert not np.array_equal(final, docs)
     served = Model(model)  # from a verified local copy of LATEST
     first = served.keys("docs")[0].as_py()
