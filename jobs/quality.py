@@ -176,20 +176,14 @@ def leave_one_out_accuracy(model: str, labels: list[str], k: int = 10) -> float:
     """Share of documents whose k nearest others (cosine) carry their label by majority. With 200
     posts, evaluate --labels' fixed 80/20 split would score 40 (steps of 0.025); this scores all 200."""
     from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.evaluate import knn_vote
     from doc2vec_dist.scoring import unit_rows
 
     found = ModelDir(model)
     vectors = unit_rows(found.read_table("docs"))
-    keys = found.keys("docs").to_pylist()
-    truth = np.array([labels[int(key)] for key in keys])  # text keys are line numbers
-    similarity = vectors @ vectors.T
-    np.fill_diagonal(similarity, -np.inf)
-    nearest = np.argsort(-similarity, axis=1)[:, :k]
+    truth = np.array([labels[int(key)] for key in found.keys("docs").to_pylist()])  # text keys are line numbers
     names, codes = np.unique(truth, return_inverse=True)
-    votes = np.zeros((len(truth), len(names)))
-    for j in range(k):  # nearer neighbours break ties
-        np.add.at(votes, (np.arange(len(truth)), codes[nearest[:, j]]), 1.0 + 1e-3 * (k - j))
-    return float((names[votes.argmax(1)] == truth).mean())
+    return float((knn_vote(vectors, codes, vectors, k, len(names), leave_one_out=True) == codes).mean())
 
 
 def _generated(work: str, name: str, users: int, urls: int, epochs: int, about: str, **generate_args) -> Set:

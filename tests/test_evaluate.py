@@ -142,7 +142,8 @@ def test_knn_label_accuracy_recovers_the_planted_communities(trained_model, tmp_
                          "users.parquet")
     m = labels_metrics(trained_model, truth, k=10, key_col="user_id", label_col="community")
     assert m["test_users"] + m["reference_users"] == 5000 - m["skipped_keys"]
-    assert m["test_users"] == pytest.approx(0.2 * (5000 - m["skipped_keys"]), abs=1)
+    # each key's side comes from its own hash: binomial, sd sqrt(5000 x 0.2 x 0.8) = 28
+    assert m["test_users"] == pytest.approx(0.2 * (5000 - m["skipped_keys"]), abs=100)
     assert m["knn_accuracy@10"] > 0.5, m  # 8 planted communities
     assert m["majority_accuracy"] < 0.2, m
     again = labels_metrics(trained_model, truth, k=10, key_col="user_id", label_col="community")
@@ -173,3 +174,109 @@ def test_heldout_metrics_reads_only_the_evaluated_users_rows(trained_model, samp
                         lambda self, table, *a, **k: tables.append(table) or read(self, table, *a, **k))
     m = heldout_metrics(trained_model, sample_corpus[1], max_users=100)
     assert tables == ["words_out"] and m["users"] == 100 and 0 < m["model_recall@10"] <= 1
+
+
+def _brute_force_heldout(model: str, heldout: str, corpus: str, k: int = 10) -> dict:
+    """recall@k and MRR one user at a time, written the plain way: every URL scored, seen ones removed,
+    a full sort (popularity: by count, ties by id)."""
+    from doc2vec_dist.corpus import Corpus
+    from doc2vec_dist.evaluate import seen_tokens
+    from doc2vec_dist.scoring import url_log_prior, with_prior
+
+    found = ModelDir(model)
+    table = pq.read_table(heldout)
+    doc_index = {key: i for i, key in enumerate(found.keys("docs").to_pylist())}
+    word_index = {key: i for i, key in enumerate(found.keys("words_out").to_pylist())}
+    hidden: dict[int, list[int]] = {}
+    for key, token in zip(table.column("key").to_pylist(), table.column("token").to_pylist()):
+        hidden.setdefault(doc_index[key], []).append(word_index[token])
+    users = sorted(hidden)
+    seen = seen_tokens(corpus, np.array(users))
+    docs, outs = with_prior(found.read_table("docs"), found.read_table("words_out"), url_log_prior(found))
+    counts = Corpus(corpus).counts()
+    pop_order = sorted(range(len(counts)), key=lambda w: (-counts[w], w))
+    result = {"model": ([], []), "popularity": ([], [])}
+    for user in users:
+        excluded = set(seen.get(user, []).tolist())
+        scores = docs[user] @ outs.T
+        model_order = [w for w in np.argsort(-scores, kind="stable") if w not in excluded]
+        for name, order in (("model", model_order), ("popularity", [w for w in pop_order if w not in excluded])):
+            rank = {w: r for r, w in enumerate(order)}
+            result[name][0].append(np.mean([rank[w] < k for w in hidden[user]]))
+            result[name][1].append(1.0 / (1 + min(rank[w] for w in hidden[user])))
+    return {f"{name}_{m}": float(np.mean(v)) for name, (r, rr) in result.items() for m, v in (("recall@10", r), ("mrr", rr))}
+
+
+def test_heldout_metrics_equal_a_one_user_at_a_time_ranking(trained_model, sample_corpus, tmp_path):
+    """The whole-matrix ranking (torch topk, counts of higher scores) against a plain per-user sort, on
+    500 users of the sample: the same figures."""
+    table = pq.read_table(sample_corpus[1])
+    users = sorted(set(table.column("key").to_pylist()))[:500]
+    path = str(tmp_path / "h.parquet")
+    pq.write_table(table.filter(pa.compute.is_in(table.column("key"), value_set=pa.array(users))), path)
+    fast = heldout_metrics(trained_model, path, batch=64)  # several batches
+    slow = _brute_force_heldout(trained_model, path, sample_corpus[0])
+    assert fast["users"] == 500
+    for name, value in slow.items():
+        assert fast[name] == pytest.approx(value, abs=1e-9), name
+    assert "popularity_mrr" not in heldout_metrics(trained_model, path, baseline=False)
+
+
+def test_the_label_split_depends_on_each_key_alone(tmp_path):
+    """The same keys are in the test share whatever the file's order and whichever other keys it holds."""
+    from doc2vec_dist.evaluate import in_test_share
+
+    keys = pa.array([f"user{i}" for i in range(2000)])
+    test = in_test_share(keys, 0.2)
+    assert 300 < test.sum() < 500
+    reversed_test = in_test_share(keys[::-1], 0.2)[::-1]
+    np.testing.assert_array_equal(test, reversed_test)
+    np.testing.assert_array_equal(test[::3], in_test_share(keys.take(pa.array(range(0, 2000, 3))), 0.2))
+    assert not np.array_equal(test, in_test_share(keys, 0.2, seed=1))
+    with pytest.raises(UserError, match="between 0 and 1"):
+        in_test_share(keys, 1.0)
+
+
+def test_validation_side_of_labels_never_reads_a_test_users_label(trained_model, tmp_path):
+    """tune measures trials on part="validation": scrambling the test share's labels leaves that figure
+    exactly as it was, and moves the test side's."""
+    from doc2vec_dist.evaluate import in_test_share, labels_metrics
+
+    truth = pq.read_table(TRUTH_USERS, columns=["user_id", "community"])
+    test = in_test_share(truth.column("user_id"), 0.2)
+    scrambled = np.array(truth.column("community").to_pylist(), dtype=object)
+    scrambled[test] = "nonsense"
+    path = str(tmp_path / "scrambled.parquet")
+    pq.write_table(pa.table({"user_id": truth.column("user_id"), "community": pa.array(scrambled.astype(str))}), path)
+
+    def figures(labels: str, part: str) -> dict:
+        return labels_metrics(trained_model, labels, key_col="user_id", label_col="community", part=part)
+
+    val, val_scrambled = figures(TRUTH_USERS, "validation"), figures(path, "validation")
+    assert val == val_scrambled and val["validation_users"] == int((~test).sum())
+    assert val["knn_accuracy@10"] > 0.5  # the planted communities, voted on among the reference users
+    assert figures(TRUTH_USERS, "test")["knn_accuracy@10"] > 0.5 > figures(path, "test")["knn_accuracy@10"] == 0
+
+
+def test_a_split_of_pairs_scores_each_side_apart(trained_model, tmp_path):
+    """--test-fraction: the two sides together are every pair; the validation side's figure does not see
+    the test side's scores; either way round a pair is on the same side."""
+    from doc2vec_dist.evaluate import in_test_share
+
+    users = ModelDir(trained_model).keys("docs").to_pylist()[:40]
+    rng = np.random.default_rng(1)
+    rows = [(a, b, float(rng.random())) for i, a in enumerate(users) for b in users[i + 1:]]
+    path = str(tmp_path / "pairs.csv")
+
+    def write(rows):
+        with open(path, "w") as fh:
+            fh.write("key1,key2,score\n" + "".join(f"{a},{b},{s}\n" for a, b, s in rows))
+
+    write(rows)
+    val = pairs_metrics(trained_model, path, test_fraction=0.5, part="validation")
+    test = pairs_metrics(trained_model, path, test_fraction=0.5, part="test")
+    assert val["pairs"] + test["pairs"] == len(rows) == 780 and 300 < test["pairs"] < 480
+    in_test = in_test_share(pa.array([f"{a}\x1f{b}" if a <= b else f"{b}\x1f{a}" for a, b, _ in rows]), 0.5)
+    write([(b, a, 9.0 * s if t else s) for (a, b, s), t in zip(rows, in_test)])  # swapped, test scores changed
+    assert pairs_metrics(trained_model, path, test_fraction=0.5, part="validation") == val
+    assert pairs_metrics(trained_model, path, test_fraction=0.5, part="test")["pairs"] == test["pairs"]
