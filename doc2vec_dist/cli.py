@@ -208,7 +208,9 @@ def cmd_tune(args) -> None:
 
     result = search(args.corpus, args.out, heldout=args.heldout, labels=args.labels, pairs=args.pairs,
                     budget=args.budget, space=load_space(args.space) if args.space else None,
-                    base=_train_config(args), compare=not args.no_compare, calibrate_seconds=args.calibrate_seconds)
+                    base=_train_config(args), compare=not args.no_compare, calibrate_seconds=args.calibrate_seconds,
+                    test_fraction=args.test_fraction, key_col=args.key_col, label_col=args.label_col,
+                    progress=not args.no_progress)
     print(format_result(result, args.out))
 
 
@@ -270,10 +272,11 @@ def cmd_evaluate(args) -> None:
     if args.heldout:
         save_and_print(args.model, "heldout", heldout_metrics(args.model, args.heldout, k=args.k))
     elif args.pairs:
-        save_and_print(args.model, "pairs", pairs_metrics(args.model, args.pairs))
+        save_and_print(args.model, "pairs", pairs_metrics(args.model, args.pairs, test_fraction=args.test_fraction))
     elif args.labels:
         save_and_print(args.model, "labels", labels_metrics(args.model, args.labels, k=args.k, key_col=args.key_col,
-                                                            label_col=args.label_col))
+                                                            label_col=args.label_col,
+                                                            test_fraction=args.test_fraction or 0.2))
     else:
         raise UserError("give --heldout FILE, --pairs FILE or --labels FILE")
 
@@ -353,8 +356,15 @@ def make_parser() -> argparse.ArgumentParser:
     tu.add_argument("--out", required=True, help="directory for the search's files")
     tu.add_argument("--heldout", help="held-out (key, token) Parquet from prepare --holdout: trials are measured on "
                                       "a validation split of the corpus, this file only in the final comparison")
-    tu.add_argument("--labels", help="Parquet/CSV of key, label: trials are measured by k-NN label accuracy")
-    tu.add_argument("--pairs", help="human similarity pairs: trials are measured by Pearson correlation")
+    tu.add_argument("--labels", help="Parquet/CSV of key, label: trials are measured by k-NN label accuracy among "
+                                     "the keys outside evaluate's test share, the comparison on the test share")
+    tu.add_argument("--pairs", help="human similarity pairs: trials are measured by Pearson correlation on the pairs "
+                                    "outside the test share, the comparison on the test share")
+    tu.add_argument("--test-fraction", type=float, help="the share of --labels keys (default 0.2, evaluate's) or "
+                                                        "--pairs pairs (default 0.5) kept from the search for the "
+                                                        "comparison; evaluate --test-fraction scores the same share")
+    tu.add_argument("--key-col", default="key", help="key column of --labels")
+    tu.add_argument("--label-col", default="label", help="label column of --labels")
     tu.add_argument("--budget", type=float, default=8.0, help="the search's cost in full trainings")
     tu.add_argument("--space", help="YAML search space (default: optimizer and alpha, ns_exponent, negative, sample, "
                                     "dim, epochs; window and dbow_words for text)")
@@ -421,6 +431,9 @@ def make_parser() -> argparse.ArgumentParser:
     ev.add_argument("--labels", help="Parquet/CSV of key, label: k-NN label accuracy on a fixed split")
     ev.add_argument("--key-col", default="key", help="key column of --labels")
     ev.add_argument("--label-col", default="label", help="label column of --labels")
+    ev.add_argument("--test-fraction", type=float, help="--labels: the share of keys queried (default 0.2; the rest are "
+                                                        "the references); --pairs: score only this share of the "
+                                                        "pairs, as tune's comparison does (default: every pair)")
     ev.add_argument("--k", type=int, default=10, help="cut-off of recall@k and MRR, and neighbours of the k-NN vote")
     return p
 

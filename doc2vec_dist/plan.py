@@ -53,6 +53,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 import psutil
@@ -245,7 +246,8 @@ def calibration_tokens(corpus: Corpus, config: TrainConfig, seconds: float) -> t
     return want, 1
 
 
-def calibrate(corpus: Corpus, config: TrainConfig, seconds: float, workdir: str) -> dict:
+def calibrate(corpus: Corpus, config: TrainConfig, seconds: float, workdir: str,
+              measure: Callable[[str], dict] | None = None) -> dict:
     """Train on slices of the corpus through the real engine; tokens/s, stage times and each
     process's peak private memory (when its processes are children of this one: a local Ray).
 
@@ -256,14 +258,14 @@ def calibrate(corpus: Corpus, config: TrainConfig, seconds: float, workdir: str)
     slice sized from its rate to fill `seconds` is trained too, and tokens/s is taken from the
     difference of the two, (tokens₂ − tokens₁) / (time₂ − time₁), in which the fixed costs cancel.
     """
-    first = _calibrate_once(corpus, config, *calibration_tokens(corpus, config, seconds), workdir)
+    first = _calibrate_once(corpus, config, *calibration_tokens(corpus, config, seconds), workdir, measure)
     s1 = first["summary"]
     if not first["sliced"] or s1["train_seconds"] <= 0 or s1["train_seconds"] >= seconds / 2:
         return first
     tokens = int(min(corpus.num_tokens, first["corpus_tokens"] * seconds / s1["train_seconds"]))
     if tokens < 1.5 * first["corpus_tokens"]:
         return first
-    second = _calibrate_once(corpus, config, tokens, 1, workdir)
+    second = _calibrate_once(corpus, config, tokens, 1, workdir, measure)
     s2 = second["summary"]
     dt = s2["train_seconds"] - s1["train_seconds"]
     if dt > 0:
@@ -274,7 +276,8 @@ def calibrate(corpus: Corpus, config: TrainConfig, seconds: float, workdir: str)
     return second
 
 
-def _calibrate_once(corpus: Corpus, config: TrainConfig, tokens: int, epochs: int, workdir: str) -> dict:
+def _calibrate_once(corpus: Corpus, config: TrainConfig, tokens: int, epochs: int, workdir: str,
+                    measure: Callable[[str], dict] | None = None) -> dict:
     from .trainer import train
 
     os.makedirs(workdir, exist_ok=True)
@@ -287,9 +290,13 @@ def _calibrate_once(corpus: Corpus, config: TrainConfig, tokens: int, epochs: in
         with MemoryWatch(os.getpid(), interval=0.25) as watch:
             summary = train(target.path, os.path.join(work, "model"), cfg, overwrite=True)
         procs = watch.processes()
+        measured = None
+        if measure is not None:  # what the caller does with a trained model (tune: a trial's evaluation), timed
+            t0 = time.perf_counter()
+            measured = {"result": measure(os.path.join(work, "model")), "seconds": time.perf_counter() - t0}
         cal_tables = shard_table_bytes(table_specs(config, target), config.num_ps)
         return {"corpus_tokens": target.num_tokens, "corpus_docs": target.num_docs, "epochs": epochs,
-                "sliced": target is not corpus, "summary": summary, "processes": procs,
+                "sliced": target is not corpus, "summary": summary, "processes": procs, "measured": measured,
                 "table_bytes": [sum(t.values()) for t in cal_tables],
                 "macro_batch": effective_macro_batch(config, target.num_tokens, target.vocab_size)}
     finally:
@@ -309,7 +316,7 @@ def _object_store_bytes(started_here: bool) -> int:
 # -- the plan ------------------------------------------------------------------------------------------
 
 def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
-         run_calibration: bool = True) -> dict:
+         run_calibration: bool = True, measure: Callable[[str], dict] | None = None) -> dict:
     """Memory per process and time per epoch of training `config` on the corpus, before training it."""
     config.validate()
     corpus = Corpus(corpus_path)
@@ -332,7 +339,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
             ps_fixed = empty_ps_bytes()
             store = _object_store_bytes(started_here)
             local = started_here or len([n for n in ray.nodes() if n.get("Alive")]) == 1
-            cal = calibrate(corpus, config, calibrate_seconds, workdir or tempfile.gettempdir())
+            cal = calibrate(corpus, config, calibrate_seconds, workdir or tempfile.gettempdir(), measure)
         result["calibration"] = cal
     else:
         from .trainer import local_object_store_bytes

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import ray
 from tqdm import tqdm
@@ -217,7 +217,7 @@ class _Resume:
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False,
-          on_epoch: Callable[[int, dict], None] | None = None) -> dict:
+          on_epoch: Callable[[int, dict], None] | None = None, report_at: Collection[int] | None = None) -> dict:
     """Train doc2vec (PV-DBOW or PV-DM) on a prepared corpus into the model directory `out`; returns the run's figures.
 
     With config.resume, continue the model in `out` from its LATEST checkpoint: tables and optimiser
@@ -232,7 +232,8 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
 
     on_epoch(epochs_done, stats), if given, is called after every epoch once that epoch's checkpoint
     is committed (so the model directory can be evaluated there); stats: the epoch's tokens, pairs,
-    loss and wall seconds. `tune` reports each trial's metric this way.
+    loss and wall seconds. `tune` reports each trial's metric this way. With `report_at`, only after
+    those epochs and the last (the others commit no checkpoint for it).
     """
     config.validate()
     corpus = Corpus(corpus_path)
@@ -259,7 +260,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         check_fit(config, tables, started_here)  # before anything is written
         if not config.resume:
             made = checkpoint.start_model_dir(out, corpus.path, overwrite)
-        run = _Run(out, config, corpus, resume, on_epoch)
+        run = _Run(out, config, corpus, resume, on_epoch, report_at)
         run.start()
         t_ready = time.perf_counter()
         summary = run.train()
@@ -305,9 +306,9 @@ class _Run:
     """One training run's actors and schedule: epochs, checkpoints, restarts of failed workers."""
 
     def __init__(self, out: str, config: TrainConfig, corpus: Corpus, resume: _Resume,
-                 on_epoch: Callable[[int, dict], None] | None = None):
+                 on_epoch: Callable[[int, dict], None] | None = None, report_at: Collection[int] | None = None):
         self.out, self.config, self.corpus, self.resume = out, config, corpus, resume
-        self.on_epoch = on_epoch
+        self.on_epoch, self.report_at = on_epoch, report_at
         self.servers: list = []
         self.workers: list = []
         self.last_positions = resume.positions  # the workers' positions in the last committed checkpoint
@@ -361,9 +362,11 @@ class _Run:
             wall = time.perf_counter() - t0 - (self.ckpt_seconds - ckpt_before)
             train_seconds += wall
             epoch_stats.append(stats)
-            if epoch == config.epochs - 1 or config.checkpoint_every > 0 or self.on_epoch:
+            report = self.on_epoch and (self.report_at is None or epoch + 1 in self.report_at
+                                        or epoch == config.epochs - 1)
+            if epoch == config.epochs - 1 or config.checkpoint_every > 0 or report:
                 self._checkpoint(epoch + 1, None, epoch_stats)  # the last epoch's end; every one, when checkpointing
-            if self.on_epoch:
+            if report:
                 self.on_epoch(epoch + 1, {**stats, "wall_seconds": wall})
         bar.close()
         if not epoch_stats:  # resumed with every epoch done: the final version still says so

@@ -34,6 +34,7 @@ and `alpha` may also be {by: optimizer, sgd: {...}, adagrad: {...}}: each optimi
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
@@ -41,6 +42,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -72,6 +74,9 @@ DEFAULT_SPACE = {
 TEXT_SPACE = {"window": {"choice": [5, 8, 10]}, "dbow_words": {"choice": [False, True]}}  # for text corpora
 REDUCTION = 3  # ASHA keeps the best third at each rung
 VALIDATION_FRACTION = 0.2  # of each user's distinct URLs, hidden from the trials and measured on
+# the test share of a --labels file (evaluate --labels' own split) or of a --pairs file (half: Lee's
+# 1,225 pairs leave 600-odd to search on and as many to report)
+DEFAULT_TEST_FRACTION = {"labels": 0.2, "pairs": 0.5}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -231,25 +236,78 @@ def split_validation(corpus: Corpus, out: str, fraction: float = VALIDATION_FRAC
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """What a trial is measured on: the metric's kind and its file, and the corpus it trains on."""
+    """What the trials and the final comparison are measured on, and where each trains.
 
-    kind: str        # heldout | labels | pairs
-    path: str        # the validation pairs (heldout) or the user's labels / pairs file
-    corpus: str
+    --heldout: trials train on a validation copy of the corpus (split_validation) and are measured on
+    the (key, URL) pairs it hides; the comparison trains on the whole corpus, measured on the user's
+    file. --labels / --pairs: everything trains on the whole corpus (the vectors learn no label); the
+    trials are measured on the file's validation side, the comparison on its test side: the keys
+    (labels) or pairs that evaluate's fixed split (`evaluate.in_test_share`, `test_fraction`) puts in
+    its test share, which the search never looks at."""
 
-    def measure(self, model: str) -> float:
+    kind: str                          # heldout | labels | pairs
+    user_file: str
+    corpus: str                        # the whole corpus
+    validation_corpus: str | None = None
+    validation_pairs: str | None = None
+    test_fraction: float | None = None
+    key_col: str = "key"
+    label_col: str = "label"
+
+    @property
+    def trial_corpus(self) -> str:
+        return self.validation_corpus or self.corpus
+
+    def measure(self, model: str, part: str = "validation") -> dict:
+        """evaluate's figures of `model` on the validation side (a trial) or the test side (the comparison)."""
         from .evaluate import heldout_metrics, labels_metrics, pairs_metrics
 
         if self.kind == "heldout":
-            return float(heldout_metrics(model, self.path, corpus_path=self.corpus)["model_recall@10"])
+            if part == "validation":  # the same users for every trial: their differences are paired
+                return heldout_metrics(model, self.validation_pairs, corpus_path=self.validation_corpus,
+                                       max_users=TRIAL_USERS, baseline=False)
+            return heldout_metrics(model, self.user_file, corpus_path=self.corpus)
         if self.kind == "labels":
-            return float(labels_metrics(model, self.path)["knn_accuracy@10"])
-        return float(pairs_metrics(model, self.path)["pearson"])
+            return labels_metrics(model, self.user_file, key_col=self.key_col, label_col=self.label_col,
+                                  test_fraction=self.test_fraction, part=part)
+        return pairs_metrics(model, self.user_file, test_fraction=self.test_fraction, part=part)
+
+    def value(self, metrics: dict) -> float:
+        return float(metrics[{"heldout": "model_recall@10", "labels": "knn_accuracy@10", "pairs": "pearson"}[self.kind]])
+
+    def units(self, metrics: dict) -> int:
+        """How many users (heldout, labels) or pairs one measurement scored: its cost scales with them."""
+        return int(metrics.get("users") or metrics.get("validation_users") or metrics.get("pairs") or 0)
+
+    def where(self, part: str) -> str:
+        if self.kind == "heldout":
+            return "the validation split of the training corpus" if part == "validation" else self.user_file
+        what = "keys" if self.kind == "labels" else "pairs"
+        side = "outside" if part == "validation" else "in"
+        return f"{self.user_file}, the {what} {side} its test share ({self.test_fraction:g})"
 
 
-def run_trial(settings: dict, *, base: dict, target: Target, trials: str) -> None:
+TRIAL_USERS = 5_000  # held-out users a trial is measured on (evaluate's default is 20,000: 4x the time)
+
+
+def rung_epochs(max_epochs: int) -> list[int]:
+    """The epochs at which ASHA compares trials (its milestones: grace × 3^k below max_epochs, as
+    ray.tune's _Bracket computes them); a trial is measured there and at its last epoch only."""
+    grace = grace_epochs(max_epochs)
+    count = int(np.log(max_epochs / grace) / np.log(REDUCTION) + 1)
+    return [grace * REDUCTION ** k for k in range(count)]
+
+
+def expected_measurements(trials: int, max_epochs: int) -> float:
+    """Measurements of a search of `trials`: every trial at the first rung, a third of them at the next,
+    …, and the survivors once more at the end."""
+    below = [r for r in rung_epochs(max_epochs) if r < max_epochs]
+    return sum(trials / REDUCTION ** k for k in range(len(below))) + trials / REDUCTION ** len(below)
+
+
+def run_trial(settings: dict, *, base: dict, target: Target, trials: str, rungs: list[int]) -> None:
     """One trial, in a Ray Tune actor: train `base` + `settings` on the target's corpus, reporting the
-    metric after each epoch (ASHA may stop it there)."""
+    metric at ASHA's rungs and at the last epoch (ASHA may stop it there)."""
     from ray import tune
 
     from .trainer import train
@@ -263,11 +321,13 @@ def run_trial(settings: dict, *, base: dict, target: Target, trials: str) -> Non
 
     def report(epoch: int, stats: dict) -> None:
         seconds = stats.get("wall_seconds") or 0.0
-        tune.report({"metric": target.measure(out), "epoch": epoch,
+        m0 = time.perf_counter()
+        metric = target.value(target.measure(out))
+        tune.report({"metric": metric, "epoch": epoch, "measure_seconds": time.perf_counter() - m0,
                      "tokens_per_second": stats["tokens"] / seconds if seconds else 0.0,
                      "seconds": time.perf_counter() - t0})
 
-    train(target.corpus, out, config, overwrite=True, on_epoch=report)
+    train(target.trial_corpus, out, config, overwrite=True, on_epoch=report, report_at=set(rungs))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -295,19 +355,48 @@ def trial_resources(base: dict, corpus: Corpus) -> Callable[[dict], object]:
     return of
 
 
-def estimate_seconds(corpus: str, config: TrainConfig, trials: int, budget: float, at_once: int,
+# A trial's cost that plan's calibration does not see: Ray Tune starts its actor (a new Python process
+# importing torch and this package), its placement group and its bookkeeping. Measured on this 2-core
+# machine: PLACEHOLDER
+TRIAL_OVERHEAD_SECONDS = 5.0
+
+
+def estimate_seconds(target: Target, config: TrainConfig, trials: int, budget: float, at_once: int,
                      calibrate_seconds: float) -> dict | None:
-    """The search's time from `plan`'s calibration of the longest trial (startup, seconds per epoch):
-    every trial starts once, and the budget's epochs run `at_once` at a time. None with no calibration."""
+    """The search's time, before it starts: `plan`'s calibration of the longest trial (startup, seconds
+    per epoch) with one measurement of its model timed (scaled by users when the calibration trained
+    a slice), ASHA's expected measurements, Ray Tune's overhead per trial, and the comparison (the best
+    and the defaults trained on the whole corpus, each measured once; gensim's training is not
+    included). Trials run `at_once` at a time. None with no calibration."""
     if calibrate_seconds <= 0:
         return None
     from .plan import plan
 
-    timing = plan(corpus, config, calibrate_seconds=calibrate_seconds)["time"]
+    def measure(model: str) -> dict:
+        try:
+            return target.measure(model)
+        except UserError as exc:  # a slice's model lacks the file's keys: no timing, said so
+            return {"error": str(exc)}
+
+    found = plan(target.trial_corpus, config, calibrate_seconds=calibrate_seconds, measure=measure)
+    cal, timing = found["calibration"], found["time"]
+    epoch_seconds, startup = timing["epoch_seconds"], timing["startup_seconds"]
+    checkpoint = timing["checkpoint_seconds"] or 0.0  # each measurement reads a committed checkpoint
+    probe = cal.get("measured") or {}
+    measure_seconds = None
+    if probe and "error" not in probe["result"]:
+        measure_seconds = probe["seconds"]
+        if cal["sliced"] and target.kind == "heldout":
+            users = pq.read_table(target.validation_pairs, columns=["key"]).column("key").unique()
+            measure_seconds *= min(TRIAL_USERS, len(users)) / max(target.units(probe["result"]), 1)
+    measurements = expected_measurements(trials, config.epochs)
     epochs = budget * config.epochs
-    seconds = (trials * timing["startup_seconds"] + epochs * timing["epoch_seconds"]) / at_once
-    return {"seconds": seconds, "trials": trials, "startup_seconds": timing["startup_seconds"], "epochs": epochs,
-            "epoch_seconds": timing["epoch_seconds"]}
+    search = (trials * (startup + TRIAL_OVERHEAD_SECONDS) + epochs * epoch_seconds
+              + measurements * (checkpoint + (measure_seconds or 0.0))) / at_once
+    compare = 2 * startup + (config.epochs + config.epochs) * epoch_seconds + 2 * (measure_seconds or 0.0)
+    return {"seconds": search + compare, "search_seconds": search, "compare_seconds": compare, "trials": trials,
+            "startup_seconds": startup, "overhead_seconds": TRIAL_OVERHEAD_SECONDS, "epochs": epochs,
+            "epoch_seconds": epoch_seconds, "measurements": measurements, "measure_seconds": measure_seconds}
 
 
 def concurrency(config: TrainConfig) -> int:
@@ -321,8 +410,10 @@ def concurrency(config: TrainConfig) -> int:
 class _Recorder:
     """A Ray Tune callback that keeps trials.csv and best.yaml current as trials report and end."""
 
-    def __init__(self, out: str, names: list[str], base: dict, metric: str, measured_on: str):
+    def __init__(self, out: str, names: list[str], base: dict, metric: str, measured_on: str, total: int,
+                 progress: bool):
         from ray.tune import Callback
+        from tqdm import tqdm
 
         recorder = self
 
@@ -339,6 +430,18 @@ class _Recorder:
         self.callback = _Callback()
         self.out, self.names, self.base, self.metric, self.measured_on = out, names, base, metric, measured_on
         self.rows: dict[str, dict] = {}
+        # one line for the whole search, in place of Ray Tune's tables
+        self.bar = tqdm(total=total, unit=" trials", desc="tune", disable=not progress, file=sys.stderr,
+                        dynamic_ncols=True)
+
+    def __getstate__(self) -> dict:
+        # Ray Tune pickles its callbacks with the experiment's state; the bar writes to a terminal
+        return {k: v for k, v in self.__dict__.items() if k not in ("bar", "callback")}
+
+    def __setstate__(self, state: dict) -> None:
+        from tqdm import tqdm
+
+        self.__dict__.update(state, bar=tqdm(disable=True))
 
     def _row(self, trial) -> dict:
         return self.rows.setdefault(trial.trial_id, {"trial": trial.trial_id, **{n: trial.config.get(n)
@@ -351,6 +454,7 @@ class _Recorder:
         row.update({self.metric: result["metric"], "epochs_run": result["epoch"],
                     "tokens_per_second": result["tokens_per_second"], "seconds": result["seconds"]})
         self.write()
+        self.bar.set_postfix_str(f"best {self.metric} {self.best()[self.metric]:.4f}", refresh=True)
 
     def ended(self, trial, how: str) -> None:
         # its model is not needed again (compare trains the best on the whole corpus): at 20M users a
@@ -365,6 +469,7 @@ class _Recorder:
             target = trial.config.get("epochs", self.base.get("epochs"))
             row["state"] = "finished" if target is None or row["epochs_run"] >= target else "stopped early"
         self.write()
+        self.bar.update(1)
 
     def table(self) -> list[dict]:
         done = [r for r in self.rows.values() if r[self.metric] is not None]
@@ -409,7 +514,9 @@ def _error_line(path: str | None) -> str:
 
 def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: str | None = None,
            pairs: str | None = None, budget: float = 8.0, space: dict | None = None,
-           base: TrainConfig | None = None, compare: bool = True, calibrate_seconds: float = 10.0) -> dict:
+           base: TrainConfig | None = None, compare: bool = True, calibrate_seconds: float = 10.0,
+           test_fraction: float | None = None, key_col: str = "key", label_col: str = "label",
+           progress: bool = True) -> dict:
     """Search the settings of `space` (default_space) on `corpus_path` within `budget` full trainings;
     write the trials' table, the best settings, the plot and the comparison into `out` (module docstring)."""
     from ray import tune
@@ -438,32 +545,38 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     outputs.write_marker(out, "tune")
     if kind == "heldout":
         val_corpus, val_pairs = split_validation(corpus, os.path.join(out, "validation"), seed=base.seed)
-        target = Target(kind, val_pairs, val_corpus.path)
+        target = Target(kind, os.path.abspath(user_file), corpus.path, val_corpus.path, val_pairs)
     else:
-        target = Target(kind, os.path.abspath(user_file), corpus.path)
-    # each trial: the base settings with the trial's own, quiet, checkpointed only at epoch ends (on_epoch)
+        target = Target(kind, os.path.abspath(user_file), corpus.path,
+                        test_fraction=test_fraction or DEFAULT_TEST_FRACTION[kind], key_col=key_col, label_col=label_col)
+    # each trial: the base settings with the trial's own, quiet, checkpointed only where it is measured
     base_fields = {**dataclasses.asdict(base), "progress": False, "checkpoint_every": 0.0, "keep_checkpoints": 1}
     max_epochs = max_epochs_of(space, base)
     grid = math.prod(len(v["grid"]) for v in space.values() if isinstance(v, dict) and "grid" in v)
     samples = max(1, trials_for_budget(budget, max_epochs) // grid)  # each sample runs every grid point
     metric = METRICS[kind]
-    measured_on = "the validation split" if kind == "heldout" else user_file
+    measured_on = target.where("validation")
     names = list(space)
-    recorder = _Recorder(out, names, base_fields, metric, measured_on)
     with ray_connection(base.address):
         at_once = concurrency(build(TrainConfig, base_fields))
-        estimate = estimate_seconds(target.corpus, build(TrainConfig, base_fields, {"epochs": max_epochs}),
+        estimate = estimate_seconds(target, build(TrainConfig, base_fields, {"epochs": max_epochs}),
                                     samples * grid, budget, at_once, calibrate_seconds)
         if estimate is not None:
-            log.info(f"tune: plan estimates {estimate['seconds'] / 60:,.1f} min for the search ({estimate['trials']} "
-                     f"startups of {estimate['startup_seconds']:.1f} s, {estimate['epochs']:,.0f} epochs of "
-                     f"{estimate['epoch_seconds']:.2f} s, {at_once} at a time), plus each epoch's evaluation")
-        log.info(f"tune: {samples * grid} trial(s) of up to {max_epochs} epochs, ASHA (every trial {grace_epochs(max_epochs)} "
-                 f"epoch(s), then the best 1/{REDUCTION} at each rung) ≈ {budget:g} full trainings, {at_once} at a time; metric {metric} on "
-                 + ("a validation split of the training corpus" if kind == "heldout" else measured_on))
+            log.info(f"tune: plan estimates {estimate['seconds'] / 60:,.1f} min: the search "
+                     f"{estimate['search_seconds'] / 60:,.1f} min ({estimate['trials']} trials starting in "
+                     f"{estimate['startup_seconds'] + estimate['overhead_seconds']:.1f} s, {estimate['epochs']:,.0f} "
+                     f"epochs of {estimate['epoch_seconds']:.2f} s, {estimate['measurements']:,.0f} measurements of "
+                     + (f"{estimate['measure_seconds']:.1f} s" if estimate["measure_seconds"] is not None
+                        else "unknown time") + f", {at_once} at a time), then the comparison "
+                     f"{estimate['compare_seconds'] / 60:,.1f} min and gensim's training")
+        log.info(f"tune: {samples * grid} trial(s) of up to {max_epochs} epochs, ASHA (every trial "
+                 f"{grace_epochs(max_epochs)} epoch(s), then the best 1/{REDUCTION} at each rung) ≈ {budget:g} full "
+                 f"trainings, {at_once} at a time; metric {metric} on {measured_on}")
+        recorder = _Recorder(out, names, base_fields, metric, measured_on, samples * grid, progress)
         trainable = tune.with_resources(
-            tune.with_parameters(run_trial, base=base_fields, target=target, trials=os.path.join(out, "trials")),
-            trial_resources(base_fields, Corpus(target.corpus)))
+            tune.with_parameters(run_trial, base=base_fields, target=target, trials=os.path.join(out, "trials"),
+                                 rungs=rung_epochs(max_epochs)),
+            trial_resources(base_fields, Corpus(target.trial_corpus)))
         tuner = tune.Tuner(
             trainable, param_space=param_space,
             tune_config=tune.TuneConfig(
@@ -474,7 +587,9 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
                                       callbacks=[recorder.callback],
                                       failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)))
         t0 = time.perf_counter()
-        grid_of_results = tuner.fit()
+        with _quiet_tune():
+            grid_of_results = tuner.fit()
+        recorder.bar.close()
         seconds = time.perf_counter() - t0
         # Ray Tune catches a Ctrl-C, stops the running trials, starts no more and returns
         unfinished = samples * grid - grid_of_results.num_terminated - grid_of_results.num_errors
@@ -493,14 +608,32 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
             raise UserError(f"{out}: every trial failed; see trials.csv")
         settings = {n: _plain(best[n]) for n in names}
         result = {"estimated_seconds": None if estimate is None else round(estimate["seconds"], 1),
+                  "estimate": estimate,
                   "trials": len(recorder.rows), "failed": sum(r["state"] == "failed" for r in recorder.rows.values()),
                   "seconds": round(seconds, 1), "metric": metric, "measured_on": measured_on,
                   "best": {**settings, metric: best[metric]}}
         plot_settings(recorder.table(), names, metric, os.path.join(out, "settings.png"), space)
         if compare:
-            result["compare"] = compare_on_test(corpus.path, out, settings, base, kind, user_file)
+            result["compare"] = compare_on_test(target, out, settings, base)
+            result["compared_on"] = target.where("test")
     storage.write_local(os.path.join(out, "tune.json"), storage.json_bytes(result))
     return result
+
+
+@contextlib.contextmanager
+def _quiet_tune():
+    """Ray Tune's legacy output engine, which at verbose=0 prints nothing: its new engine prints an
+    experiment table and TensorBoard hints at every verbosity (ray/tune/experimental/output.py). The
+    recorder's progress bar and trials.csv say what matters."""
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
 
 
 def _log_scale(spec) -> bool:
@@ -554,13 +687,13 @@ def plot_settings(rows: list[dict], names: list[str], metric: str, path: str, sp
     plt.close(fig)
 
 
-def compare_on_test(corpus: str, out: str, settings: dict, base: TrainConfig, kind: str, user_file: str) -> dict:
+def compare_on_test(target: Target, out: str, settings: dict, base: TrainConfig) -> dict:
     """The best settings, the defaults and gensim (with the best's epochs), each trained on the whole
-    corpus and measured on the user's own file."""
+    corpus and measured on the test side of the user's file (Target.where("test"))."""
     from .baseline import train_gensim
     from .trainer import train
 
-    target = Target(kind, os.path.abspath(user_file), corpus)
+    corpus = target.corpus
     found: dict[str, dict] = {}
     runs: list[tuple[str, Callable[[str], dict]]] = [
         ("tuned", lambda m: train(corpus, m, build(TrainConfig, dataclasses.asdict(base), settings, {"progress": False}),
@@ -574,9 +707,9 @@ def compare_on_test(corpus: str, out: str, settings: dict, base: TrainConfig, ki
     for name, run in runs:
         model = os.path.join(out, "compare", name)
         summary = run(model)
-        found[name] = {"metric": target.measure(model), "tokens_per_second": summary.get("tokens_per_second"),
-                       "epochs": summary.get("epochs")}
-        log.info(f"{name}: {METRICS[kind]} {found[name]['metric']:.4f} on {user_file}")
+        found[name] = {"metric": target.value(target.measure(model, "test")),
+                       "tokens_per_second": summary.get("tokens_per_second"), "epochs": summary.get("epochs")}
+        log.info(f"{name}: {METRICS[target.kind]} {found[name]['metric']:.4f} on {target.where('test')}")
     return found
 
 
@@ -587,8 +720,10 @@ def format_result(result: dict, out: str) -> str:
     lines = [f"tune: {result['trials']} trial(s), {result['failed']} failed, {result['seconds']:.0f} s; "
              f"best {metric} {best[metric]:.4f} on {result['measured_on']} with "
              + ", ".join(f"{k} {v}" for k, v in best.items() if k != metric)]
+    if result.get("compare"):
+        lines.append(f"on {result['compared_on']}, trained on the whole corpus:")
     for name, found in (result.get("compare") or {}).items():
-        lines.append(f"  {name:9s} {metric} {found['metric']:.4f} on the test file")
+        lines.append(f"  {name:9s} {metric} {found['metric']:.4f} ({found['epochs']} epochs)")
     lines.append(f"trials: {os.path.join(out, 'trials.csv')}; best settings: {os.path.join(out, 'best.yaml')} "
                  f"(train --config); plot: {os.path.join(out, 'settings.png')}")
     return "\n".join(lines)

@@ -13,8 +13,9 @@ from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.tune import search, split_validation, trials_for_budget, tune_space
+from doc2vec_dist.tune import rung_epochs, search, split_validation, trials_for_budget, tune_space
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a deliberately bad learning rate beside a good one, and a setting that cannot train
 SPACE = {"alpha": {"grid": [0.0002, 0.05]}, "negative": {"grid": [5, -1]}, "epochs": 8, "dim": 16}
 
@@ -38,7 +39,11 @@ def test_a_tiny_search_finds_the_good_learning_rate(searched):
     out, result = searched
     rows = _trials(out)
     assert len(rows) == 4 and result["trials"] == 4
-    assert result["estimated_seconds"] > 0  # plan's estimate, made before the search started
+    # plan's estimate, made before the search started, of the search itself: within 3x either way (the
+    # estimate that left out measurements and Ray Tune's overhead said 7.6 s of a 23.0 s search)
+    estimate = result["estimate"]
+    assert result["estimated_seconds"] > estimate["search_seconds"] > 0 and estimate["measure_seconds"] > 0
+    assert result["seconds"] / 3 < estimate["search_seconds"] < 3 * result["seconds"], (estimate, result["seconds"])
     trained = {float(r["alpha"]): float(r["recall@10"]) for r in rows if r["state"] != "failed"}
     assert set(trained) == {0.0002, 0.05}
     assert trained[0.05] > trained[0.0002] + 0.03, trained  # far above: the bad rate barely moves the vectors
@@ -118,6 +123,40 @@ def test_trials_for_budget_follows_ashas_rungs():
     # with grace 1: rungs 1, 3, 9, then 10: 1 epoch each, a third 2 more, a ninth 6 more, a 27th 1 more
     assert trials_for_budget(8, 10, grace=1) == int(8 * 10 / (1 + 2 / 3 + 6 / 9 + 1 / 27)) == 33
     assert trials_for_budget(1, 1) == 1
+
+
+def test_trials_are_measured_at_ashas_milestones():
+    """A trial is measured (a checkpoint and an evaluation) only where ASHA compares it: Ray Tune's own
+    bracket has exactly these milestones."""
+    from ray.tune.schedulers.async_hyperband import _Bracket
+
+    from doc2vec_dist.tune import REDUCTION, grace_epochs
+
+    for max_epochs in (1, 4, 6, 8, 10, 20, 27, 40, 80):
+        bracket = _Bracket(grace_epochs(max_epochs), max_epochs, REDUCTION, 0)
+        assert rung_epochs(max_epochs) == sorted(int(m) for m, _ in bracket._rungs), max_epochs
+    assert rung_epochs(20) == [7] and rung_epochs(6) == [2, 6]
+
+
+def test_a_labels_search_never_measures_on_the_test_share(ray_cluster, sample_corpus, tmp_path):
+    """--labels: trials are scored among the keys outside evaluate's test share; the comparison on the
+    test share, exactly what evaluate --labels prints for those models."""
+    from doc2vec_dist.evaluate import labels_metrics
+
+    truth = os.path.join(ROOT, "data", "sample", "truth", "users.parquet")
+    out = str(tmp_path / "search")
+    result = search(sample_corpus[0], out, labels=truth, key_col="user_id", label_col="community", budget=1,
+                    space={"alpha": {"grid": [0.0002, 0.05]}, "epochs": 3, "dim": 16}, calibrate_seconds=0,
+                    base=TrainConfig(sample=0, num_ps=1, cpus_per_worker=1, dim=16, epochs=3), progress=False)
+    assert "keys outside its test share (0.2)" in result["measured_on"]
+    assert "keys in its test share (0.2)" in result["compared_on"]
+    rows = {float(r["alpha"]): float(r["knn_accuracy@10"]) for r in _trials(out)}
+    assert rows[0.05] > rows[0.0002]
+    tuned = os.path.join(out, "compare", "tuned")
+    test = labels_metrics(tuned, truth, key_col="user_id", label_col="community")
+    assert result["compare"]["tuned"]["metric"] == test["knn_accuracy@10"]
+    validation = labels_metrics(tuned, truth, key_col="user_id", label_col="community", part="validation")
+    assert validation["validation_users"] + test["test_users"] == 5000 - test["skipped_keys"]
 
 
 def test_a_bad_search_space_is_refused_by_name():
