@@ -3,6 +3,7 @@
     python jobs/quality.py                                  # every set, PV-DBOW, seeds 1 2 3, the defaults
     python jobs/quality.py --sets lee lee-reversed --modes dbow dbow_words --config my.yaml
     python jobs/quality.py --sets skewed --seeds 1 --quick  # a smoke run: smaller sets, fewer epochs
+    python jobs/quality.py --tune 8                         # tune each set, then tuned vs its settings vs gensim
 
 Each set is trained by ours (`train`, the defaults plus the set's own model settings plus --config)
 and by gensim (`baseline --gensim-mode iterable`, its most accurate mode, all cores) with the same
@@ -62,6 +63,8 @@ class Set:
     metric: str                      # the figure reported: pearson, knn_accuracy@10, recall@10
     score: Callable[[str], float]    # model dir -> the figure
     about: str
+    tune_target: dict = dataclasses.field(default_factory=dict)  # tune.search's metric file and its split
+    test_score: Callable[[str], float] | None = None  # --tune: the figure on what the search never saw
 
 
 # -- the sets ----------------------------------------------------------------------------------------
@@ -99,8 +102,14 @@ def _lee(work: str, reverse: bool, quick: bool) -> Set:
 
         return pairs_metrics(model, pairs)["pearson"]
 
+    def test_score(model: str) -> float:  # the half of the pairs tune --test-fraction 0.5 keeps from its search
+        from doc2vec_dist.evaluate import pairs_metrics
+
+        return pairs_metrics(model, pairs, test_fraction=TUNE_TEST_FRACTION)["pearson"]
+
     return Set(name, corpus, {"dim": 100, "epochs": 10 if quick else 40}, "pearson", score,
-               f"Lee, {order[0]} documents first; Pearson with human ratings of the 50 test documents")
+               f"Lee, {order[0]} documents first; Pearson with human ratings of the 50 test documents",
+               {"pairs": pairs, "test_fraction": TUNE_TEST_FRACTION}, test_score)
 
 
 def newsgroup_documents() -> tuple[list[str], list[str]]:
@@ -164,12 +173,20 @@ def _newsgroups(work: str, quick: bool) -> Set:
     corpus = _prepared(os.path.join(root, "corpus"), lambda out: prepare([text], out, format="text", min_count=2,
                                                                          overwrite=True, progress=False))
 
+    labels = os.path.join(root, "labels.parquet")  # for tune --labels: key (line number), label (group)
+    pq.write_table(pa.table({"key": [str(i) for i in range(len(groups))], "label": groups}), labels)
+
     def score(model: str) -> float:
         return leave_one_out_accuracy(model, groups, k=10)
 
+    def test_score(model: str) -> float:  # evaluate --labels --test-fraction 0.5: the posts tune never scored
+        from doc2vec_dist.evaluate import labels_metrics
+
+        return labels_metrics(model, labels, k=10, test_fraction=TUNE_TEST_FRACTION)["knn_accuracy@10"]
+
     return Set("newsgroups", corpus, {"dim": 100, "epochs": 5 if quick else 20}, "knn_accuracy@10", score,
                f"gensim's mini_newsgroup ({len(texts):,} posts, {len(set(groups))} groups); 10-NN label accuracy, "
-               "each post against all the others")
+               "each post against all the others", {"labels": labels, "test_fraction": TUNE_TEST_FRACTION}, test_score)
 
 
 def leave_one_out_accuracy(model: str, labels: list[str], k: int = 10) -> float:
@@ -203,7 +220,8 @@ def _generated(work: str, name: str, users: int, urls: int, epochs: int, about: 
 
         return heldout_metrics(model, heldout, k=10)["model_recall@10"]
 
-    return Set(name, corpus, {"dim": 100, "epochs": epochs, "sample": 0}, "recall@10", score, about)
+    return Set(name, corpus, {"dim": 100, "epochs": epochs, "sample": 0}, "recall@10", score, about,
+               {"heldout": heldout}, score)
 
 
 def _prepared(out: str, make) -> str:
@@ -265,6 +283,69 @@ def run_set(data: Set, mode: str, seeds: list[int], overrides: dict, work: str, 
     return result
 
 
+TUNE_TEST_FRACTION = 0.5  # --tune on Lee and newsgroups: half the pairs / posts kept from the search
+
+
+def tune_set(data: Set, mode: str, seeds: list[int], budget: float, work: str, gensim_workers: int) -> dict:
+    """--tune: `doc2vec-dist tune` on the set (its settings as the base, seed of the first run), then,
+    per seed, the tuned settings, the set's settings (ours and gensim's), and gensim at the tuned
+    epochs, each scored on what the search never measured (Set.test_score)."""
+    import yaml
+
+    from doc2vec_dist.baseline import train_gensim
+    from doc2vec_dist.trainer import train
+    from doc2vec_dist.tune import search
+
+    base = build(TrainConfig, {**data.settings, **MODES[mode], "seed": seeds[0], "progress": False})
+    out = os.path.join(work, "tune", f"{data.name}-{mode}")
+    found = search(data.corpus, out, budget=budget, base=base, compare=False, progress=False, **data.tune_target)
+    with open(os.path.join(out, "best.yaml")) as fh:
+        tuned = yaml.safe_load(fh)
+    recipes = {"tuned": ("ours", tuned), "defaults": ("ours", {}), "gensim": ("gensim", {}),
+               "gensim, tuned epochs": ("gensim", {"epochs": tuned.get("epochs", base.epochs)})}
+    runs: dict[str, list] = {name: [] for name in recipes}
+    for seed in seeds:
+        for name, (who, overrides) in recipes.items():
+            config = build(TrainConfig, dataclasses.asdict(base), overrides, {"seed": seed})
+            model = os.path.join(work, "models", f"tune-{data.name}-{mode}-{name.replace(', ', '-').replace(' ', '-')}-seed{seed}")
+            t0 = time.perf_counter()
+            summary = (train_gensim(data.corpus, model, config, workers=gensim_workers, overwrite=True,
+                                    gensim_mode="iterable") if who == "gensim" else train(data.corpus, model, config,
+                                                                                         overwrite=True))
+            runs[name].append({"seed": seed, "figure": data.test_score(model),
+                               "tokens_per_second": summary["tokens_per_second"],
+                               "wall_seconds": round(time.perf_counter() - t0, 2)})
+    result = {"set": data.name, "about": data.about, "mode": mode, "metric": data.metric, "budget": budget,
+              "search": {k: found[k] for k in ("trials", "failed", "seconds", "estimated_seconds", "estimate", "best",
+                                               "measured_on", "overhead_seconds_per_trial")},
+              "settings": tuned, "runs": runs, "summary": {}}
+    for name, rows in runs.items():
+        figures = [r["figure"] for r in rows]
+        result["summary"][name] = {"mean": statistics.mean(figures), "spread": max(figures) - min(figures),
+                                   "tokens_per_second": statistics.mean(r["tokens_per_second"] for r in rows)}
+    return result
+
+
+def format_tuned(r: dict) -> str:
+    search, summary = r["search"], r["summary"]
+    lines = [f"{r['set']} — tune (budget {r['budget']:g}): {search['trials']} trials, {search['failed']} failed, "
+             f"{search['seconds']:.0f} s (estimated {search['estimated_seconds'] or 0:.0f} s); best on "
+             f"{search['measured_on']}: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items())]
+    seeds = [row["seed"] for row in r["runs"]["tuned"]]
+    header = ["run"] + [f"seed {s}" for s in seeds] + ["mean", "spread", "tokens/s"]
+    lines.append("  ".join(f"{h:>10}" if i else f"{h:<22}" for i, h in enumerate(header)))
+    for name, rows in r["runs"].items():
+        cells = [f"{row['figure']:.4f}" for row in rows]
+        cells += [f"{summary[name]['mean']:.4f}", f"{summary[name]['spread']:.4f}",
+                  f"{summary[name]['tokens_per_second'] / 1e6:.3f}M"]
+        lines.append("  ".join([f"{name:<22}"] + [f"{c:>10}" for c in cells]))
+    tuned = summary["tuned"]["mean"]
+    lines.append("tuned against: " + ", ".join(
+        f"{name} {tuned - summary[name]['mean']:+.4f} ({(tuned / summary[name]['mean'] - 1) * 100:+.1f}%)"
+        for name in summary if name != "tuned") + f"; {r['metric']} on what the search never measured")
+    return "\n".join(lines)
+
+
 # model settings gensim shares with us; the rest of a --config (num_ps, cache_rows, ...) is ours alone
 MODEL_KEYS = ("dim", "epochs", "mode", "dbow_words", "window", "negative", "sample", "alpha", "min_alpha",
               "ns_exponent", "seed")
@@ -296,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="where corpora and models go (default: runs/quality)")
     ap.add_argument("--json", help="write the results here (default: WORK/quality.json)")
     ap.add_argument("--gensim-workers", type=int, default=os.cpu_count() or 1, help="gensim threads (default: all)")
+    ap.add_argument("--tune", type=float, metavar="BUDGET",
+                    help="search each set's settings with doc2vec-dist tune (this budget, in full trainings), then "
+                         "compare the tuned settings, the set's own and gensim over the seeds, on what the search "
+                         "never measured (Lee: half the pairs; newsgroups: half the posts; others: the held-out file)")
     ap.add_argument("--quick", action="store_true", help="smaller sets and fewer epochs: a smoke run, not a figure")
     args = ap.parse_args(argv)
     try:
@@ -310,8 +395,12 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.sets:
                 data = make_set(name, args.work, args.quick)
                 for mode in args.modes:
-                    result = run_set(data, mode, args.seeds, overrides, args.work, args.gensim_workers)
-                    print(format_result(result) + "\n", flush=True)
+                    if args.tune:
+                        result = tune_set(data, mode, args.seeds, args.tune, args.work, args.gensim_workers)
+                        print(format_tuned(result) + "\n", flush=True)
+                    else:
+                        result = run_set(data, mode, args.seeds, overrides, args.work, args.gensim_workers)
+                        print(format_result(result) + "\n", flush=True)
                     results.append(result)
         finally:
             if started:
@@ -322,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.json or os.path.join(args.work, "quality.json")
     with open(path, "w") as fh:
         json.dump({"results": results, "seeds": args.seeds, "quick": args.quick}, fh, indent=2)
-    missed = [f"{r['set']}/{r['mode']}" for r in results if not r["met"]]
+    missed = [f"{r['set']}/{r['mode']}" for r in results if not r.get("met", True)]
     print(f"saved {path}; " + (f"below target: {', '.join(missed)}" if missed else "every set within its target"))
     return 0
 
