@@ -147,7 +147,8 @@ def cmd_prepare(args) -> None:
                      time_col=cfg.time_col, min_count=cfg.min_count, max_vocab=cfg.max_vocab,
                      holdout=cfg.holdout, holdout_out=cfg.holdout_out, seed=args.seed,
                      num_shards=args.num_shards, overwrite=args.overwrite, progress=not args.no_progress,
-                     report=True)  # what was skipped and why goes to stderr even with --no-progress
+                     report=True,  # what was skipped and why goes to stderr even with --no-progress
+                     base=cfg.base, window_days=cfg.window_days)
     print(f"corpus {corpus.path}: {corpus.num_docs:,} docs, {corpus.num_tokens:,} tokens, "
           f"{corpus.vocab_size:,} words")
 

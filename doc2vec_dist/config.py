@@ -46,6 +46,10 @@ class PrepareConfig:
     max_vocab: int | None = _f(None, "keep at most this many most frequent tokens (default: no limit)")
     holdout: float = _f(0.0, "fraction of each user's distinct URLs hidden for evaluation")
     holdout_out: str | None = _f(None, "Parquet file that receives the hidden (key, token) pairs")
+    base: str | None = _f(None, "an earlier corpus or model: its users and URLs keep their ids, new ones come "
+                                "after, new events join each user's document (daily refresh)")
+    window_days: float | None = _f(None, "documents are the events of the last N days before the latest one "
+                                         "(needs --time-col; with --base, instead of joining)")
 
     def __post_init__(self) -> None:
         _check_choices(self)

@@ -7,6 +7,12 @@ Changes when the corpus format changes. `prepare` (prepare.py) makes a corpus fr
     CORPUS/vocab.arrow                 token string, count int64, id int32        (sorted by id)
     CORPUS/docs.arrow                  key string, id int64, length int64          (sorted by id)
     CORPUS/shards/part-00000.arrow …   doc_id int64, tokens list<int32>            (record batches ≤ ~1M tokens)
+    CORPUS/changed.arrow               doc_id int64 (sorted): a refreshed corpus's (prepare --base) new
+                                       users and users with new events; absent otherwise
+
+A refreshed corpus keeps its base's ids: users and URLs it did not know come after (docs.arrow and
+vocab.arrow stay sorted by id), so a shard's doc ids need not be consecutive, and a known user with
+no event now keeps a row with length 0 (in no shard).
 
 The held-out file that `prepare --holdout` writes beside it is Parquet of (key string, token string).
 """
@@ -32,6 +38,7 @@ BATCH_TOKENS = 1 << 20
 VOCAB_SCHEMA = pa.schema([("token", pa.string()), ("count", pa.int64()), ("id", pa.int32())])
 DOCS_SCHEMA = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
 SHARD_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32()))])
+CHANGED_SCHEMA = pa.schema([("doc_id", pa.int64())])
 HOLDOUT_SCHEMA = pa.schema([("key", pa.string()), ("token", pa.string())], metadata=outputs.parquet_metadata("heldout"))
 
 
@@ -69,6 +76,13 @@ def write_shard(directory: str, index: int, doc_ids: np.ndarray, lengths: np.nda
                                                           schema=SHARD_SCHEMA))
             start = end
     return {"path": rel, "docs": n, "tokens": int(offsets[-1])}
+
+
+def write_changed(directory: str, doc_ids: np.ndarray) -> None:
+    """CORPUS/changed.arrow: the documents a refresh made new or grew (sorted)."""
+    with pa.OSFile(os.path.join(directory, "changed.arrow"), "wb") as sink, \
+            pa.ipc.new_file(sink, CHANGED_SCHEMA) as writer:
+        writer.write_table(pa.table({"doc_id": pa.array(np.sort(doc_ids).astype(np.int64))}, schema=CHANGED_SCHEMA))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -134,6 +148,13 @@ class Corpus:
     def docs(self) -> pa.Table:
         """key string, id int64, length int64; sorted by id."""
         return _read_ipc_file(os.path.join(self.path, "docs.arrow"))
+
+    def changed(self) -> np.ndarray | None:
+        """The doc ids a refresh made new or grew (prepare --base), sorted; None for a corpus made whole."""
+        path = os.path.join(self.path, "changed.arrow")
+        if not os.path.isfile(path):
+            return None
+        return _read_ipc_file(path).column("doc_id").to_numpy()
 
     def shard_num_tokens(self) -> list[int]:
         """Tokens per shard file, in the order of shard_paths."""

@@ -52,7 +52,7 @@ class Kind:
 
 
 DIR_KINDS = {k.name: k for k in (
-    Kind("corpus", "a corpus", "prepare", ("corpus.json", "vocab.arrow", "docs.arrow", "shards"),
+    Kind("corpus", "a corpus", "prepare", ("corpus.json", "vocab.arrow", "docs.arrow", "shards", "changed.arrow"),
          legacy=("corpus.json",)),
     # exports/: jobs/train.py's default place for a model's exports (kept when the model is replaced;
     # each export in it is replaced by its own kind); *.tmp-*: a file being written (checkpoint._write_file);

@@ -177,7 +177,8 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
 def make_slice(corpus: Corpus, out: str, tokens: int, files: int) -> Corpus:
     """A corpus of the first documents of `corpus` (about `tokens` tokens, in `files` shard files)
     with its whole vocabulary and counts, so that subsampling, negatives and the rows a macro-batch
-    touches are those of the full corpus. Doc ids stay 0..n-1 (shards hold consecutive ids)."""
+    touches are those of the full corpus. The slice's documents are numbered 0..n-1 in shard order
+    (a refreshed corpus, prepare --base, holds its new users' ids after every earlier one's)."""
     ids, sizes, words, taken = [], [], [], 0
     for doc_ids, offsets, chunk in itertools.chain.from_iterable(map(iter_shard, corpus.shard_paths)):
         n = min(int(np.searchsorted(offsets[1:], tokens - taken, side="left")) + 1, len(doc_ids))
@@ -187,16 +188,16 @@ def make_slice(corpus: Corpus, out: str, tokens: int, files: int) -> Corpus:
         taken += int(offsets[n])
         if taken >= tokens:
             break
-    doc_ids, lengths, words = np.concatenate(ids), np.concatenate(sizes), np.concatenate(words)
-    n_docs = len(doc_ids)
-    if not np.array_equal(doc_ids, np.arange(n_docs)):
-        raise UserError(f"{corpus.path}: doc ids are not 0..n-1 in shard order; cannot slice it for calibration")
+    original, lengths, words = np.concatenate(ids), np.concatenate(sizes), np.concatenate(words)
+    n_docs = len(original)
+    doc_ids = np.arange(n_docs, dtype=np.int64)
     cum = np.concatenate([[0], np.cumsum(lengths)])
     cuts = np.unique(np.searchsorted(cum, np.linspace(0, cum[-1], max(1, files) + 1), side="left"))
     cuts[0], cuts[-1] = 0, n_docs
     shards = [write_shard(out, i, doc_ids[a:b], lengths[a:b], words[cum[a]:cum[b]])
               for i, (a, b) in enumerate(itertools.pairwise(cuts))]
-    docs = corpus.docs().slice(0, n_docs)
+    docs = corpus.docs().take(pa.array(original))
+    docs = docs.set_column(docs.schema.get_field_index("id"), "id", pa.array(doc_ids))
     with pa.OSFile(os.path.join(out, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, docs.schema) as writer:
         writer.write_table(docs)
     shutil.copyfile(os.path.join(corpus.path, "vocab.arrow"), os.path.join(out, "vocab.arrow"))

@@ -72,11 +72,13 @@ from .corpus import (
     VOCAB_SCHEMA,
     Corpus,
     CorpusError,
+    iter_shard,
     one_line,
+    write_changed,
     write_shard,
 )
 from .ids import TokenIds, hash_strings, mix64
-from .readers import FORMATS, Options, Skips, expand_inputs, iter_chunks
+from .readers import FORMATS, Chunk, Options, Skips, expand_inputs, iter_chunks
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,130 @@ def _name_files(files: list[str]) -> str:
     """The inputs in a message: all of them when few, the first three and a count when many."""
     return ", ".join(files) if len(files) <= 3 else f"{', '.join(files[:3])} and {len(files) - 3} more"
 
+
+
+# ---------------------------------------------------------------------------------------------------
+# A base (prepare --base): an earlier corpus or model whose users and URLs keep their ids
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Base:
+    """What a refresh keeps of an earlier corpus or model: its key tables (ids) and, to join a user's
+    new events to the document it had, the shards of the corpus they came from."""
+
+    path: str
+    kind: str                  # corpus | model
+    docs: pa.Table             # key, id, length; sorted by id (memory-mapped)
+    vocab_tokens: pa.Array     # token of each word id
+    corpus: Corpus | None      # whose shards hold the documents (a model's corpus, when still there)
+    meta: dict                 # that corpus's corpus.json ({} when unknown)
+
+    @property
+    def num_docs(self) -> int:
+        return self.docs.num_rows
+
+    @property
+    def latest_time(self) -> float | None:
+        """The latest event time of the base's corpus, when it was prepared with a time column."""
+        found = self.meta.get("time_range")
+        return float(found[1]) if found else None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab_tokens)
+
+    def rows(self, join: bool):
+        """(keys, word ids, base doc ids) batches for pass 2: one marker row (word id -1) per document,
+        so every known user keeps its id even with no event now, then, to join, every document's
+        tokens in order."""
+        for batch in self.docs.to_batches(max_chunksize=1 << 20):
+            yield batch.column(0), np.full(batch.num_rows, -1, np.int32), batch.column(1).to_numpy()
+        if not join:
+            return
+        keys = self.docs.column("key")
+        for shard in self.corpus.shard_paths:
+            for doc_ids, offsets, tokens in iter_shard(shard):
+                docs = np.repeat(doc_ids, np.diff(offsets))
+                yield keys.take(pa.array(docs)).combine_chunks(), tokens, docs
+
+    def token_count(self, join: bool) -> int:
+        return self.num_docs + (self.corpus.num_tokens if join else 0)
+
+
+def open_base(path: str, join: bool) -> _Base:
+    """The corpus or model at `path` as a base; joining needs the documents (a corpus's shards)."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isfile(os.path.join(path, "corpus.json")):
+        corpus = Corpus(path)
+        return _Base(path, "corpus", _read_mapped(os.path.join(path, "docs.arrow")),
+                     _read_mapped(os.path.join(path, "vocab.arrow")).column("token").combine_chunks(), corpus,
+                     corpus.meta)
+    from .checkpoint import ModelDir
+    from .errors import UserError
+
+    try:
+        model = ModelDir(path)
+    except UserError:
+        raise CorpusError(f"{path}: --base is neither a corpus (no corpus.json) nor a trained model") from None
+    docs = _read_mapped(os.path.join(path, "docs.arrow"))
+    vocab = _read_mapped(os.path.join(path, "vocab.arrow")).column("token").combine_chunks()
+    corpus = None
+    try:
+        corpus = Corpus(model.corpus_path())
+    except UserError:
+        pass
+    if corpus is not None and (corpus.num_docs, corpus.vocab_size) != (docs.num_rows, len(vocab)):
+        corpus = None  # prepared again since: its ids are not the model's
+    if join and corpus is None:
+        raise CorpusError(f"{path}: joining new events to the users' documents needs the corpus the model was "
+                          f"trained on ({model.settings().get('corpus')}), which is gone or was prepared again; "
+                          "give --base CORPUS, or --window-days N to build documents from the inputs alone")
+    return _Base(path, "model", docs, vocab, corpus, corpus.meta if corpus is not None else {})
+
+
+def _read_mapped(path: str) -> pa.Table:
+    try:
+        return pa.ipc.open_file(pa.memory_map(path)).read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"{path}: cannot read: {one_line(e)}") from e
+
+
+@dataclass
+class _Window:
+    """Only the events of the last `days` before the latest one (prepare --window-days)."""
+
+    days: float
+    cutoff: float   # seconds since the epoch; events before it are left out
+    latest: float
+
+
+DAY_SECONDS = 86_400.0
+
+
+def _latest_time(files: list[str], opt: Options, bar) -> float:
+    """The latest event time of the inputs (a first read of them, for --window-days)."""
+    latest = -np.inf
+    for _, chunk in iter_chunks(files, opt):
+        if chunk.time is not None and len(chunk.time) and np.isfinite(chunk.time).any():
+            latest = max(latest, float(np.nanmax(chunk.time)))
+        bar.update(chunk.rows)
+    if not np.isfinite(latest):
+        raise CorpusError(f"{_name_files(files)}: no event has a time in '{opt.time_col}'; --window-days needs one")
+    return latest
+
+
+def _windowed(chunks, window: _Window | None, skips: Skips | None = None):
+    """The chunks with the events before the window's start (or without a time) left out."""
+    for path, chunk in chunks:
+        if window is not None:
+            inside = chunk.time >= window.cutoff  # NaN (no time) is outside
+            if not inside.all():
+                if skips is not None:
+                    skips.add("events_outside_window", int(np.count_nonzero(~inside)), path)
+                mask = pa.array(inside)
+                chunk = Chunk(chunk.key.filter(mask), chunk.token.filter(mask), chunk.time[inside], chunk.rows,
+                              chunk.padding)
+        yield path, chunk
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -139,11 +265,12 @@ class _Pass1:
     vocab: pa.Table  # token, count (input counts), id
 
 
-def _pass1(files: list[str], opt: Options, min_count: int, max_vocab: int | None, bar) -> _Pass1:
+def _pass1(files: list[str], opt: Options, min_count: int, max_vocab: int | None, bar,
+           base_tokens: pa.Array | None = None, window: _Window | None = None) -> _Pass1:
     counter = _TokenCounter()
     skips = Skips()
     rows = events = key_bytes = null_tokens = empty_tokens = 0
-    for _, chunk in iter_chunks(files, opt, skips):
+    for _, chunk in _windowed(iter_chunks(files, opt, skips), window, skips):
         rows += chunk.rows
         events += len(chunk.token)
         key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
@@ -162,31 +289,40 @@ def _pass1(files: list[str], opt: Options, min_count: int, max_vocab: int | None
         raise CorpusError(f"{_name_files(files)}: nothing to prepare, every row was skipped "
                           f"({_compact(skips.counts)})")
     counts = counter.table().sort_by([("count", "descending"), ("token", "ascending")])
+    known = 0
+    if base_tokens is not None:  # the base's tokens keep their ids, whatever their count now
+        known = len(base_tokens)
+        counts = counts.filter(pc.invert(pc.is_in(counts["token"], value_set=base_tokens)))
     frequent = pc.greater_equal(counts["count"], min_count)
     below = pc.sum(counts["count"].filter(pc.invert(frequent))).as_py() or 0
     vocab = counts.filter(frequent)
     beyond = 0
-    if max_vocab is not None and vocab.num_rows > max_vocab:
-        beyond = pc.sum(vocab["count"].slice(max_vocab)).as_py() or 0
-        vocab = vocab.slice(0, max_vocab)
-    if vocab.num_rows == 0:
+    if max_vocab is not None and known + vocab.num_rows > max_vocab:
+        room = max(0, max_vocab - known)
+        beyond = pc.sum(vocab["count"].slice(room)).as_py() or 0
+        vocab = vocab.slice(0, room)
+    if vocab.num_rows == 0 and base_tokens is None:
         lost = _compact(skips.counts)
         raise CorpusError(f"{_name_files(files)}: no token occurs at least min_count={min_count} times"
                           + (f" (skipped: {lost})" if lost else ""))
+    if base_tokens is not None:  # new tokens after the base's, by frequency among themselves
+        vocab = pa.concat_tables([pa.table({"token": base_tokens, "count": pa.array(np.zeros(known, np.int64))}),
+                                  vocab.select(["token", "count"])])
     vocab = vocab.append_column("id", pa.array(np.arange(vocab.num_rows, dtype=np.int32)))
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
     return _Pass1(rows, events, key_bytes, skips, vocab.combine_chunks())
 
 
-def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int) -> int:
+def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_events: int = 0) -> int:
     """Enough buckets that pass 3's working set for one bucket fits the budget.
 
     Per event a bucket holds its key (bytes + offset), token and time on disk; sorting and grouping
-    need about three times that in memory plus a few index arrays.
+    need about three times that in memory plus a few index arrays. A base adds its documents' rows
+    (a marker each, and their tokens when joined), with a time and a base id each.
     """
-    per_event = p1.key_bytes / max(p1.events, 1) + 8 + (8 if has_time else 0)
-    working_set = p1.events * (3 * per_event + 32)
+    per_event = p1.key_bytes / max(p1.events, 1) + 8 + (8 if has_time or base_events else 0) + (8 if base_events else 0)
+    working_set = (p1.events + base_events) * (3 * per_event + 32)
     return max(1, math.ceil(working_set / max(memory_budget_bytes, 1)))
 
 
@@ -212,33 +348,47 @@ def _keep_mask(key: pa.Array, ids: np.ndarray) -> np.ndarray:
 
 
 def _pass2(files: list[str], opt: Options, token_ids: TokenIds, buckets: int, spill_dir: str,
-           bar) -> list[str]:
-    fields = [("key", pa.string()), ("token", pa.int32())] + ([("time", pa.float64())] if opt.time_col else [])
+           bar, base: _Base | None = None, join: bool = True, window: _Window | None = None) -> list[str]:
+    # with a base: a time for every event (a base's own tokens sort before the new events: -inf) and
+    # the base id of the document each row belongs to (-1: a new event)
+    timed = opt.time_col is not None or base is not None
+    fields = [("key", pa.string()), ("token", pa.int32())] + ([("time", pa.float64())] if timed else []) \
+        + ([("base", pa.int64())] if base is not None else [])
     schema = pa.schema(fields)
     paths = [os.path.join(spill_dir, f"bucket-{b:05d}.arrows") for b in range(buckets)]
     sinks = [pa.OSFile(p, "wb") for p in paths]
     writers = [pa.ipc.new_stream(s, schema) for s in sinks]
+
+    def spill(batch: pa.RecordBatch) -> None:
+        if buckets == 1:
+            writers[0].write_batch(batch)
+            return
+        # Hash each distinct key once; a stable sort by bucket keeps input order inside one.
+        encoded = pc.dictionary_encode(batch.column(0))
+        bucket = (hash_strings(encoded.dictionary) % np.uint64(buckets)).astype(np.int64)
+        bucket = bucket[encoded.indices.to_numpy()]
+        order = np.argsort(bucket, kind="stable")
+        bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
+        batch = batch.take(pa.array(order))
+        for b in np.flatnonzero(np.diff(bounds)):
+            writers[b].write_batch(batch.slice(bounds[b], bounds[b + 1] - bounds[b]))
+
     try:
-        for _, chunk in iter_chunks(files, opt):
+        for _, chunk in _windowed(iter_chunks(files, opt), window):
             ids = token_ids.lookup(chunk.token)
             keep = _keep_mask(chunk.key, ids)
-            columns = [chunk.key, pa.array(ids)] + ([pa.array(chunk.time)] if opt.time_col else [])
+            columns = [chunk.key, pa.array(ids)]
+            if timed:
+                columns.append(pa.array(chunk.time if chunk.time is not None else np.zeros(len(ids))))
+            if base is not None:
+                columns.append(pa.array(np.full(len(ids), -1, np.int64)))
             batch = pa.RecordBatch.from_arrays(columns, schema=schema)
-            if not keep.all():
-                batch = batch.filter(pa.array(keep))
-            if buckets == 1:
-                writers[0].write_batch(batch)
-            else:
-                # Hash each distinct key once; a stable sort by bucket keeps input order inside one.
-                encoded = pc.dictionary_encode(batch.column(0))
-                bucket = (hash_strings(encoded.dictionary) % np.uint64(buckets)).astype(np.int64)
-                bucket = bucket[encoded.indices.to_numpy()]
-                order = np.argsort(bucket, kind="stable")
-                bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
-                batch = batch.take(pa.array(order))
-                for b in np.flatnonzero(np.diff(bounds)):
-                    writers[b].write_batch(batch.slice(bounds[b], bounds[b + 1] - bounds[b]))
+            spill(batch if keep.all() else batch.filter(pa.array(keep)))
             bar.update(chunk.rows)
+        if base is not None:
+            for key, token, doc in base.rows(join):
+                spill(pa.RecordBatch.from_arrays([key, pa.array(token, pa.int32()), pa.array(np.full(len(token), -np.inf)),
+                                                  pa.array(doc)], schema=schema))
     finally:
         for w, s in zip(writers, sinks):
             w.close()
@@ -305,18 +455,28 @@ class _Pass3:
     duplicate_events: int
     docs_with_one_token: int     # before the held-out split
     docs_without_heldout: int    # fewer than 2 distinct tokens: nothing to hide
+    time_range: list | None = None   # earliest and latest event time kept (seconds), with a time column
+    refresh: dict | None = None      # with a base: what is new, what grew, what no longer appears
 
 
 def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, holdout: float,
-           holdout_path: str | None, seed: int, bar) -> _Pass3:
+           holdout_path: str | None, seed: int, bar, base: _Base | None = None) -> _Pass3:
     vocab_size = len(vocab_tokens)
     counts = np.zeros(vocab_size, np.int64)
-    shards, next_id, empty_docs, heldout = [], 0, 0, 0
+    shards, empty_docs, heldout = [], 0, 0
     duplicates = single = nothing_hidden = 0
+    first_time, last_time = np.inf, -np.inf
+    early = 0  # input events at or before the base's latest time
     hold_writer = pq.ParquetWriter(holdout_path, HOLDOUT_SCHEMA) if holdout_path else None
+    # with a base, its documents keep their ids (docs.arrow: its rows with new lengths, then the new
+    # users in id order); new events are counted apart for the report
+    next_id = base.num_docs if base is not None else 0
+    base_lengths = np.zeros(base.num_docs if base is not None else 0, np.int64)
+    grown = np.zeros(len(base_lengths), bool)
+    new_word_counts = np.zeros(vocab_size, np.int64)
+    docs_file = os.path.join(tmp, "docs.arrow" if base is None else "new-docs.arrow")
     try:
-        with pa.OSFile(os.path.join(tmp, "docs.arrow"), "wb") as docs_sink, \
-                pa.ipc.new_file(docs_sink, DOCS_SCHEMA) as docs_writer:
+        with pa.OSFile(docs_file, "wb") as docs_sink, pa.ipc.new_file(docs_sink, DOCS_SCHEMA) as docs_writer:
             for b, spill in enumerate(spills):
                 with pa.OSFile(spill, "rb") as source:
                     table = pa.ipc.open_stream(source).read_all()
@@ -328,23 +488,44 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
                 uniq_keys = encoded.dictionary
                 codes = encoded.indices.to_numpy()
                 tokens = table["token"].to_numpy()
-                if has_time:
+                timed = "time" in table.column_names
+                if timed:
                     times = table["time"].to_numpy()
-                    order = np.lexsort((times, codes))  # stable: ties keep input order
+                    order = np.lexsort((times, codes))  # stable: ties keep input order; a base's tokens first
                 else:
                     order = np.argsort(codes, kind="stable")
+                base_of_code = None
+                if base is not None:
+                    rows_base = table["base"].to_numpy()[order]
+                    base_of_code = np.full(len(uniq_keys), -1, np.int64)
+                    known = rows_base >= 0
+                    base_of_code[codes[order][known]] = rows_base[known]
                 del table, keys, encoded
                 codes, tokens = codes[order], tokens[order]
-                in_vocab = tokens >= 0
+                in_vocab = tokens >= 0  # out of the vocabulary, or a base document's marker row
                 codes, tokens = codes[in_vocab], tokens[in_vocab]
+                if timed:
+                    times = times[order][in_vocab]
+                fresh = None  # the events the base did not have: after its latest time, when it had times
+                if base is not None:
+                    fresh = rows_base[in_vocab] < 0
+                    if base.latest_time is not None and has_time:
+                        early += int(np.count_nonzero(fresh & (times <= base.latest_time)))
+                        fresh &= ~(times <= base.latest_time)
                 if has_time:
                     # Without a time, a repeated (user, URL) is a repeated visit and stays; with
-                    # one, an identical (user, URL, time) is the same event logged twice.
-                    times = times[order][in_vocab]
-                    duplicate = _duplicates(codes, tokens, times)
+                    # one, an identical (user, URL, time) is the same event logged twice. (A base's
+                    # tokens have no time: they are never duplicates.)
+                    duplicate = _duplicates(codes, tokens, np.where(fresh, times, np.nan) if base is not None else times)
                     if duplicate.any():
                         duplicates += int(np.count_nonzero(duplicate))
-                        codes, tokens = codes[~duplicate], tokens[~duplicate]
+                        codes, tokens, times = codes[~duplicate], tokens[~duplicate], times[~duplicate]
+                        if fresh is not None:
+                            fresh = fresh[~duplicate]
+                    seen = times[np.isfinite(times)]
+                    if len(seen):
+                        first_time, last_time = min(first_time, float(seen.min())), max(last_time, float(seen.max()))
+                if timed:
                     del times
                 single += int(np.count_nonzero(np.bincount(codes, minlength=len(uniq_keys)) == 1))
                 if holdout > 0 and len(codes):
@@ -357,24 +538,65 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
                         {"key": uniq_keys.take(pa.array(hid_doc)).cast(pa.string()),
                          "token": vocab_tokens.take(pa.array(hid_tok))}, schema=HOLDOUT_SCHEMA))
                 lengths = np.bincount(codes, minlength=len(uniq_keys))
-                present = np.flatnonzero(lengths)
-                empty_docs += len(uniq_keys) - len(present)
-                lengths = lengths[present]
-                doc_ids = np.arange(next_id, next_id + len(present), dtype=np.int64)
-                next_id += len(present)
                 counts += np.bincount(tokens, minlength=vocab_size)
-                shards.append(write_shard(tmp, b, doc_ids, lengths, tokens))
-                for s in range(0, len(present), 1 << 20):
+                if base is None:
+                    present = np.flatnonzero(lengths)
+                    doc_ids = np.arange(next_id, next_id + len(present), dtype=np.int64)
+                    new = present
+                else:
+                    new_word_counts += np.bincount(tokens[fresh], minlength=vocab_size)
+                    ours = base_of_code >= 0
+                    base_lengths[base_of_code[ours]] = lengths[ours]
+                    grown[base_of_code[ours & (np.bincount(codes[fresh], minlength=len(uniq_keys)) > 0)]] = True
+                    new = np.flatnonzero(~ours & (lengths > 0))
+                    present = np.flatnonzero(lengths)  # the shard's documents; a base's empty ones keep their row
+                    doc_ids = base_of_code[present].copy()
+                    doc_ids[~ours[present]] = np.arange(next_id, next_id + len(new), dtype=np.int64)
+                empty_docs += len(uniq_keys) - len(present) - (int(np.count_nonzero(base_of_code[lengths == 0] >= 0))
+                                                               if base is not None else 0)
+                next_id += len(new)
+                shards.append(write_shard(tmp, b, doc_ids, lengths[present], tokens))
+                new_ids = doc_ids if base is None else doc_ids[~ours[present]]
+                for s in range(0, len(new), 1 << 20):
                     sl = slice(s, s + (1 << 20))
                     docs_writer.write_batch(pa.RecordBatch.from_arrays(
-                        [uniq_keys.take(pa.array(present[sl])).cast(pa.string()),
-                         pa.array(doc_ids[sl]), pa.array(lengths[sl].astype(np.int64))], schema=DOCS_SCHEMA))
+                        [uniq_keys.take(pa.array(new[sl])).cast(pa.string()),
+                         pa.array(new_ids[sl]), pa.array(lengths[new[sl]].astype(np.int64))], schema=DOCS_SCHEMA))
                 bar.update(1)
     finally:
         if hold_writer is not None:
             hold_writer.close()
+    refresh = None
+    if base is not None:
+        _write_refreshed_docs(tmp, base, base_lengths, docs_file)
+        changed = np.concatenate([np.flatnonzero(grown), np.arange(base.num_docs, next_id)])
+        write_changed(tmp, changed)
+        known_words = min(base.vocab_size, vocab_size)
+        refresh = {"base": base.path, "base_kind": base.kind, "base_docs": base.num_docs,
+                   "base_vocab": base.vocab_size, "new_docs": next_id - base.num_docs,
+                   "grown_docs": int(grown.sum()), "docs_without_new_events": int(base.num_docs - grown.sum()),
+                   "empty_base_docs": int(np.count_nonzero(base_lengths == 0)),
+                   "new_words": vocab_size - base.vocab_size,
+                   "words_without_new_events": int(np.count_nonzero(new_word_counts[:known_words] == 0)),
+                   "words_without_tokens": int(np.count_nonzero(counts == 0)),
+                   "events_not_after_base": early}
+    time_range = [first_time, last_time] if np.isfinite(first_time) else None
     return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, heldout, duplicates, single,
-                  nothing_hidden)
+                  nothing_hidden, time_range, refresh)
+
+
+def _write_refreshed_docs(tmp: str, base: _Base, lengths: np.ndarray, new_docs: str) -> None:
+    """docs.arrow of a refreshed corpus, sorted by id: the base's rows (keys and ids as they were,
+    the new lengths), then the new users', streamed from the file pass 3 wrote them to."""
+    with pa.OSFile(os.path.join(tmp, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, DOCS_SCHEMA) as writer:
+        for batch in base.docs.to_batches(max_chunksize=1 << 20):
+            start = batch.column(1)[0].as_py()
+            writer.write_batch(pa.RecordBatch.from_arrays(
+                [batch.column(0), batch.column(1), pa.array(lengths[start:start + batch.num_rows])], schema=DOCS_SCHEMA))
+        reader = pa.ipc.open_file(pa.memory_map(new_docs))
+        for i in range(reader.num_record_batches):
+            writer.write_batch(reader.get_batch(i))
+    os.remove(new_docs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -385,7 +607,8 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
             token_col: str = "url", time_col: str | None = None, min_count: int = 1,
             max_vocab: int | None = None, holdout: float = 0.0, holdout_out: str | None = None,
             seed: int = 1, num_shards: int | None = None, overwrite: bool = False,
-            progress: bool = True, memory_budget_bytes: int = 1 << 30, report: bool | None = None) -> Corpus:
+            progress: bool = True, memory_budget_bytes: int = 1 << 30, report: bool | None = None,
+            base: str | None = None, window_days: float | None = None) -> Corpus:
     """Build a corpus directory at `out` from the inputs (see the module docstring) and open it.
 
     With holdout=F > 0, each document with at least 2 distinct tokens has max(1, round(F × distinct))
@@ -396,6 +619,15 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     What was skipped, and why, is in corpus.json ("skipped", "skipped_where"); with `report` (by
     default: with `progress`) a summary and one line per reason are logged (`skip_report`; the
     dropped as warnings, the rest as information, on the "doc2vec_dist.prepare" logger).
+
+    base (a corpus, or a model whose corpus is still there) is a daily refresh: every user and URL of
+    the base keeps its id, new ones come after (URLs by their frequency among the new); a user's new
+    events join the document it had, after its earlier tokens, and every earlier document stays
+    (its user kept, with no new event). With window_days (and time_col) a document is instead the
+    events of the last N days before the latest one; a known user with none keeps its id and an empty
+    row. Counts, and so subsampling and negatives, are the new corpus's. changed.arrow lists the new
+    users and those with new events (train --first-epoch changed). corpus.json's "refresh" counts
+    what is new, what grew and what no longer appears.
     """
     if format not in FORMATS:
         raise CorpusError(f"format '{format}' is not one of {', '.join(FORMATS)}")
@@ -413,7 +645,21 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         raise CorpusError("holdout > 0 needs holdout_out, the Parquet file for the hidden tokens")
     if holdout == 0 and holdout_out:
         raise CorpusError(f"{holdout_out}: holdout_out is given but holdout is 0")
+    if window_days is not None and not (window_days > 0 and time_col):
+        raise CorpusError("--window-days needs a time column (--time-col) and a number of days > 0"
+                          if not time_col else f"--window-days must be > 0, not {window_days}")
     out = os.path.abspath(os.fspath(out)).rstrip(os.sep)
+    found_base = None
+    if base is not None:
+        if format == "text":
+            raise CorpusError("--base with --format text: a text document's key is its line number, so new lines "
+                              "cannot join the documents of earlier ones; use --format lists or events")
+        if holdout > 0:
+            raise CorpusError("--base with --holdout: the base's users were trained on everything they had; hold "
+                              "events out of the inputs before preparing the base instead")
+        if os.path.abspath(os.fspath(base)).rstrip(os.sep) == out:
+            raise CorpusError(f"{out}: --out is the --base; a refresh writes a new corpus and never changes its base")
+        found_base = open_base(base, join=window_days is None)
     outputs.check_dir(out, "corpus", overwrite)  # only a corpus of ours is replaced, and only when asked
     if holdout_out:
         outputs.check_file(os.path.abspath(holdout_out), "heldout", overwrite)
@@ -432,16 +678,25 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         with (outputs.replacing(hold_final, "heldout", overwrite) if hold_final
               else contextlib.nullcontext()) as held, outputs.replacing(out, "corpus", overwrite) as staged:
             tmp, hold_tmp = staged.path, held.path if held else None
+            window = None
+            if window_days is not None:
+                with tqdm(desc="prepare 0/3 latest time", unit=" rows", unit_scale=True, **bars) as bar:
+                    latest = _latest_time(files, opt, bar)
+                window = _Window(window_days, latest - window_days * DAY_SECONDS, latest)
+            join = window is None
             with tqdm(desc="prepare 1/3 count", unit=" rows", unit_scale=True, **bars) as bar:
-                p1 = _pass1(files, opt, min_count, max_vocab, bar)
-            buckets = num_shards or _choose_buckets(p1, time_col is not None, memory_budget_bytes)
+                p1 = _pass1(files, opt, min_count, max_vocab, bar,
+                            found_base.vocab_tokens if found_base else None, window)
+            buckets = num_shards or _choose_buckets(p1, time_col is not None, memory_budget_bytes,
+                                                    found_base.token_count(join) if found_base else 0)
             vocab_tokens = p1.vocab["token"].combine_chunks()
             spill_dir = os.path.join(tmp, "spill")
             os.makedirs(spill_dir)
             with tqdm(desc="prepare 2/3 partition", total=p1.rows, unit=" rows", unit_scale=True, **bars) as bar:
-                spills = _pass2(files, opt, TokenIds(vocab_tokens), buckets, spill_dir, bar)
+                spills = _pass2(files, opt, TokenIds(vocab_tokens), buckets, spill_dir, bar, found_base, join, window)
             with tqdm(desc="prepare 3/3 shards", total=buckets, unit=" shards", **bars) as bar:
-                p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar)
+                p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar,
+                            found_base)
             os.rmdir(spill_dir)
 
             vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts),
@@ -463,8 +718,12 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
                 "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
                 "docs_with_one_token": p3.docs_with_one_token,
                 "docs_without_heldout": p3.docs_without_heldout if holdout > 0 else None,
+                "time_range": p3.time_range, "window_days": window_days,
+                "window_start": window.cutoff if window else None,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
+            if p3.refresh is not None:
+                meta["refresh"] = {**p3.refresh, "mode": "join" if join else "window"}
             with open(os.path.join(tmp, "corpus.json"), "w") as f:
                 json.dump(meta, f, indent=2)
                 f.write("\n")
@@ -484,7 +743,28 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
                  + (f"; held out {p3.heldout:,} (key, token) pairs to {hold_final}" if hold_final else ""))
         for line in lines:  # what was dropped is a warning; what was kept, information
             (log.warning if line.startswith("skipped") else log.info)(line)
+        if meta.get("refresh"):
+            log.info(refresh_report(meta))
     return Corpus(out)
+
+
+def refresh_report(meta: dict) -> str:
+    """What a refresh (prepare --base) changed, in one line."""
+    r = meta["refresh"]
+    how = ("new events joined to each user's document" if r["mode"] == "join"
+           else f"documents of the last {meta['window_days']:g} day(s)")
+    early = ""
+    if r.get("events_not_after_base"):
+        early = (f"; {r['events_not_after_base']:,} input event(s) at or before the base's latest time "
+                 + ("are not counted as new" if r["mode"] == "window" else
+                    "joined as new: if the base had them already, they are in the documents twice"))
+    return (f"refresh of {r['base']} ({how}): users {r['base_docs']:,} known, {r['new_docs']:,} new, "
+            f"{r['grown_docs']:,} with new events, {r['docs_without_new_events']:,} without"
+            + (f" ({r['empty_base_docs']:,} now empty)" if r["empty_base_docs"] else "")
+            + f"; URLs {r['base_vocab']:,} known, {r['new_words']:,} new, {r['words_without_new_events']:,} known ones "
+            f"without new events" + (f", {r['words_without_tokens']:,} without any token now"
+                                     if r["words_without_tokens"] else "")
+            + "; ids kept, new ones after (row r lives on server r % S, so new rows spread evenly)" + early)
 
 
 def skip_report(meta: dict) -> list[str]:
@@ -500,6 +780,8 @@ def skip_report(meta: dict) -> list[str]:
         "invalid_utf8_lines": "line(s) that are not valid UTF-8 (their keys are not reused)",
         "null_tokens": f"{token}(s) with a null '{tok}'" if fmt == "events" else "null token(s)",
         "empty_tokens": f"{token}(s) with an empty '{tok}'" if fmt == "events" else "empty token(s)",
+        "events_outside_window": f"event(s) before the window of the last {meta.get('window_days')} day(s) "
+                                 "(or without a time)",
         "duplicate_events": f"duplicate event(s): the same '{doc}', '{tok}' and '{time}' as an earlier one",
         "tokens_below_min_count": f"{token}(s) of a token seen fewer than min_count={meta.get('min_count')} "
                                   "times",

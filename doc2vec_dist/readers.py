@@ -153,7 +153,7 @@ class Chunk:
 
 # Why prepare drops things, in the order it reports them (see prepare's docstring).
 SKIP_REASONS = ("empty_files", "null_keys", "empty_keys", "invalid_utf8_lines", "null_tokens",
-                "empty_tokens", "duplicate_events", "tokens_below_min_count", "tokens_beyond_max_vocab",
+                "empty_tokens", "events_outside_window", "duplicate_events", "tokens_below_min_count", "tokens_beyond_max_vocab",
                 "docs_without_tokens")
 
 

@@ -1,0 +1,171 @@
+"""Daily refresh (issue 17): prepare --base keeps every id and joins new events to the documents;
+train --init-from starts from the old model's rows. The bundled sample, split in time: its last 5
+days are "today"."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
+from doc2vec_dist.prepare import prepare
+from doc2vec_dist.sharding import shard_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DAY = 86_400
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    """The sample's events as three files: before its last 5 days (old), those days (new), all; a
+    handful of URLs and users appear only in the new days."""
+    root = tmp_path_factory.mktemp("days")
+    events = pa.concat_tables(pq.read_table(f) for f in sorted(glob.glob(os.path.join(ROOT, "data", "sample",
+                                                                                        "events", "*.parquet"))))
+    seconds = pc.cast(events["ts"], pa.int64()).to_numpy() / 1000
+    cut = seconds.max() - 5 * DAY
+    paths = {}
+    for name, keep in (("old", seconds < cut), ("new", seconds >= cut), ("all", np.ones(len(seconds), bool))):
+        paths[name] = str(root / f"{name}.parquet")
+        pq.write_table(events.filter(pa.array(keep)), paths[name])
+    paths["base"] = prepare([paths["old"]], str(root / "base"), time_col="ts", progress=False).path
+    return paths
+
+
+def _documents(corpus: Corpus) -> dict[str, list[str]]:
+    """Every document as its key → its tokens as strings, in order."""
+    keys = corpus.docs().column("key").to_pylist()
+    tokens = corpus.vocab().column("token").to_pylist()
+    return {keys[d]: [tokens[t] for t in words[a:b]]
+            for path in corpus.shard_paths for ids, offsets, words in iter_shard(path)
+            for d, a, b in zip(ids, offsets, offsets[1:])}
+
+
+def test_a_refresh_keeps_every_id_and_its_documents_equal_a_cold_prepare(days, tmp_path):
+    """Known users and URLs keep their ids, new ones come after; each user's document is its earlier
+    tokens then its new events, which is what preparing all the days at once gives (the new days come
+    after the old ones); counts are the new corpus's."""
+    base = Corpus(days["base"])
+    fresh = prepare([days["new"]], str(tmp_path / "refreshed"), time_col="ts", base=days["base"], progress=False)
+    cold = prepare([days["all"]], str(tmp_path / "cold"), time_col="ts", progress=False)
+
+    keys, old_keys = fresh.docs().column("key").to_pylist(), base.docs().column("key").to_pylist()
+    assert keys[:len(old_keys)] == old_keys and fresh.docs().column("id").to_pylist() == list(range(len(keys)))
+    urls, old_urls = fresh.vocab().column("token").to_pylist(), base.vocab().column("token").to_pylist()
+    assert urls[:len(old_urls)] == old_urls
+    assert set(keys) == set(cold.docs().column("key").to_pylist()) and len(keys) > len(old_keys)
+    assert set(urls) == set(cold.vocab().column("token").to_pylist()) and len(urls) > len(old_urls)
+    documents, before = _documents(fresh), _documents(base)
+    assert documents == _documents(cold)
+    assert dict(zip(urls, fresh.counts().tolist())) == dict(zip(cold.vocab()["token"].to_pylist(),
+                                                               cold.counts().tolist()))
+    lengths = dict(zip(keys, fresh.docs().column("length").to_pylist()))
+    assert all(lengths[k] == len(tokens) for k, tokens in documents.items())
+
+    refresh = fresh.meta["refresh"]
+    new_users = len(keys) - len(old_keys)
+    grown = [k for k in old_keys if len(documents[k]) > len(before[k])]
+    assert refresh["new_docs"] == new_users and refresh["grown_docs"] == len(grown) > 0
+    assert refresh["docs_without_new_events"] == len(old_keys) - len(grown)
+    assert refresh["new_words"] == len(urls) - len(old_urls) and refresh["mode"] == "join"
+    # changed.arrow: the new users and the grown ones, for train --first-epoch changed
+    assert fresh.changed().tolist() == sorted([keys.index(k) for k in grown] + list(range(len(old_keys), len(keys))))
+    assert base.changed() is None
+
+
+def test_new_users_spread_evenly_over_the_servers(days, tmp_path):
+    """Row r lives on server r % S: the appended (cold) rows go round the servers."""
+    fresh = prepare([days["new"]], str(tmp_path / "c"), time_col="ts", base=days["base"], progress=False)
+    new_ids = np.arange(Corpus(days["base"]).num_docs, fresh.num_docs)
+    for servers in (2, 3, 4):
+        per_server = np.bincount(shard_of(new_ids, servers), minlength=servers)
+        assert per_server.max() - per_server.min() <= 1, per_server
+
+
+def test_a_window_keeps_the_ids_of_users_and_urls_that_no_longer_appear(days, tmp_path):
+    """--window-days: documents are the last days' events only; a known user with none keeps its id
+    and an empty row, a known URL with none keeps its id with count 0; both are reported."""
+    base = Corpus(days["base"])
+    fresh = prepare([days["all"]], str(tmp_path / "w"), time_col="ts", base=days["base"], window_days=2,
+                    progress=False)
+    docs = fresh.docs()
+    assert docs.column("key").to_pylist()[:base.num_docs] == base.docs().column("key").to_pylist()
+    lengths = docs.column("length").to_numpy()
+    gone = np.flatnonzero(lengths[:base.num_docs] == 0)
+    assert len(gone) > 0 and fresh.meta["refresh"]["empty_base_docs"] == len(gone)
+    in_shards = np.concatenate([ids for p in fresh.shard_paths for ids, _, _ in iter_shard(p)])
+    assert not np.isin(gone, in_shards).any() and np.isin(np.flatnonzero(lengths), in_shards).all()
+    counts = fresh.counts()
+    vanished = np.flatnonzero(counts[:base.vocab_size] == 0)  # URLs no longer visited: their id stays
+    assert len(vanished) > 0 and fresh.meta["refresh"]["words_without_tokens"] == len(vanished)
+    assert fresh.vocab().column("token").to_pylist()[:base.vocab_size] == base.vocab().column("token").to_pylist()
+    seconds = pc.cast(pq.read_table(days["all"])["ts"], pa.int64()).to_numpy() / 1000
+    assert fresh.num_tokens == int((seconds >= seconds.max() - 2 * DAY).sum())
+    assert fresh.meta["skipped"]["events_outside_window"] == int((seconds < seconds.max() - 2 * DAY).sum())
+    # a user who appears only now
+    new_users = docs.column("key").to_pylist()[base.num_docs:]
+    assert new_users and not set(new_users) & set(base.docs().column("key").to_pylist())
+
+
+def test_a_model_is_a_base_through_its_corpus(trained_model, sample_corpus, days, tmp_path):
+    """--base MODEL takes the ids of the model's key tables, and the documents of its corpus."""
+    fresh = prepare([days["new"]], str(tmp_path / "m"), time_col="ts", base=trained_model, progress=False)
+    model_keys = pa.ipc.open_file(os.path.join(trained_model, "docs.arrow")).read_all().column("key").to_pylist()
+    assert fresh.docs().column("key").to_pylist()[:len(model_keys)] == model_keys
+    assert fresh.meta["refresh"]["base_kind"] == "model"
+    assert fresh.num_tokens == Corpus(sample_corpus[0]).num_tokens + pq.read_metadata(days["new"]).num_rows
+
+
+@pytest.mark.parametrize("case, message", [
+    ("text", "--base with --format text"),
+    ("holdout", "--base with --holdout"),
+    ("same", "--out is the --base"),
+    ("neither", "is neither a corpus"),
+    ("window without time", "--window-days needs a time column"),
+])
+def test_refusals_name_the_problem_and_write_nothing(days, tmp_path, case, message):
+    out = tmp_path / "out"
+    args = {"inputs": [days["new"]], "out": str(out), "time_col": "ts", "base": days["base"], "progress": False}
+    if case == "text":
+        args.update(format="text", time_col=None)
+    elif case == "holdout":
+        args.update(holdout=0.2, holdout_out=str(tmp_path / "h.parquet"))
+    elif case == "same":
+        args.update(out=days["base"])
+    elif case == "neither":
+        (tmp_path / "folder").mkdir()
+        args.update(base=str(tmp_path / "folder"))
+    else:
+        args.update(time_col=None, window_days=3)
+    before = sorted(os.listdir(days["base"]))
+    with pytest.raises(CorpusError, match=message):
+        prepare(**args)
+    assert not out.exists() and sorted(os.listdir(days["base"])) == before
+
+
+def test_joining_needs_the_models_corpus_and_a_window_does_not(trained_model, days, tmp_path):
+    """A model whose corpus is gone can still be a base for a window (its ids are in the model); to
+    join documents it needs the corpus, and says so."""
+    import shutil
+
+    from doc2vec_dist.checkpoint import ModelDir
+
+    model = str(tmp_path / "model")
+    shutil.copytree(trained_model, model)
+    with open(os.path.join(model, "config.json")) as fh:
+        config = json.load(fh)
+    config["corpus"] = str(tmp_path / "gone")
+    with open(os.path.join(model, "config.json"), "w") as fh:
+        json.dump(config, fh)
+    assert ModelDir(model).corpus_path().endswith("gone")
+    with pytest.raises(CorpusError, match="needs the corpus the model was trained on"):
+        prepare([days["new"]], str(tmp_path / "join"), time_col="ts", base=model, progress=False)
+    fresh = prepare([days["all"]], str(tmp_path / "window"), time_col="ts", base=model, window_days=3, progress=False)
+    assert fresh.meta["refresh"]["mode"] == "window" and fresh.meta["refresh"]["base_kind"] == "model"
