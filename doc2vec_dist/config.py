@@ -135,6 +135,10 @@ class TrainConfig:
                            engine=True)
     seed: int = _f(1, "random seed for initialisation, subsampling and negatives")
     resume: bool = _f(False, "continue from the model directory's LATEST checkpoint", engine=True)
+    init_from: str | None = _f(None, "an earlier model: every table starts from its rows for the users and URLs it "
+                                     "knows (a corpus from prepare --base keeps their ids), new rows fresh; the "
+                                     "run has its own learning-rate schedule and never changes that model",
+                               engine=True)
     address: str | None = _f(None, "Ray address (default: RAY_ADDRESS, else a local Ray started here)", engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
 

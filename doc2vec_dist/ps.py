@@ -25,6 +25,7 @@ from .sharding import global_rows, rows_on_shard
 if TYPE_CHECKING:
     from .config import TableSpec, TrainConfig
     from .corpus import Corpus
+    from .warmstart import WarmStart
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -62,7 +63,8 @@ def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 1
 
 
 class ParameterServer:
-    def __init__(self, shard: int, num_shards: int, tables: dict[str, TableSpec], seed: int, model: str | None = None):
+    def __init__(self, shard: int, num_shards: int, tables: dict[str, TableSpec], seed: int, model: str | None = None,
+                 warm: WarmStart | None = None):
         """tables: name → its TableSpec (global row count, dim, init, optimiser state columns).
 
         init "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim
@@ -74,6 +76,10 @@ class ParameterServer:
         from it instead: this is how a resumed run starts, and how a server that Ray restarts after
         a crash comes back (Ray re-runs __init__). The checkpoint may have been written by any number
         of servers; this one takes the rows that are its own under the current count.
+
+        Otherwise, with `warm` (train --init-from), each table's first warm.rows[name] rows are read
+        over the fresh ones from that earlier model's checkpoint (warmstart.py): a known key keeps its
+        id in a refreshed corpus, so its row here is its row there.
         """
         self.shard, self.num_shards = shard, num_shards
         self.tables: dict[str, np.ndarray] = {}
@@ -93,6 +99,12 @@ class ParameterServer:
                 table = np.zeros((n, spec.width), dtype=np.float32)
                 if spec.init == "uniform":
                     _fill_uniform(table[:, :spec.dim], np.random.default_rng([seed, i, shard]))
+                if warm is not None and name in warm.rows:
+                    # the old rows of this shard: global rows r ≡ shard (mod S) below the old row count,
+                    # which are this slice's first local rows (row r sits at r // S)
+                    known = rows_on_shard(shard, num_shards, warm.rows[name])
+                    checkpoint.read_shard(warm.model, name, shard, num_shards, version=warm.version,
+                                          out=table[:known])
             self.tables[name] = table
             self.rows[name] = spec.rows
             self.dims[name] = spec.dim

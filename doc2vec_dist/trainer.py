@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 import ray
 from tqdm import tqdm
@@ -28,6 +29,9 @@ from .errors import UserError
 from .placement import fit_problems, local_resources, ps_options, worker_options
 from .ps import ParameterServer, table_specs
 from .worker import Position, Worker, macro_batch_for, plan_units
+
+if TYPE_CHECKING:
+    from .warmstart import WarmStart
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +249,13 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
         resume = _Resume()
     tables = table_specs(config, corpus)
+    warm = None
+    if config.init_from and not config.resume:  # a resumed run loads its own checkpoint instead
+        from .warmstart import warm_start
+
+        warm = warm_start(config.init_from, out, corpus.path, tables)
+        log.info(f"starting from {warm.model} (checkpoint v{warm.version}): "
+                 + ", ".join(f"{name} {rows:,} of {tables[name].rows:,} rows" for name, rows in warm.rows.items()))
     local = not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS"))
     if local:
         check_fit(config, tables, None)  # a local Ray's resources are known before starting it
@@ -260,7 +271,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         check_fit(config, tables, started_here)  # before anything is written
         if not config.resume:
             made = checkpoint.start_model_dir(out, corpus.path, overwrite)
-        run = _Run(out, config, corpus, resume, on_epoch, report_at)
+        run = _Run(out, config, corpus, resume, on_epoch, report_at, warm)
         run.start()
         t_ready = time.perf_counter()
         summary = run.train()
@@ -268,6 +279,12 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         summary["warnings"] = warned
         summary["model"] = out
         summary["version"] = checkpoint.latest_version(out)
+        if config.init_from and not (storage.is_uri(out) or storage.is_uri(config.init_from)):
+            # how far the known keys' vectors moved
+            from .warmstart import drift, drift_line
+
+            summary["drift"] = drift(config.init_from, out)
+            log.info(drift_line(summary["drift"]))
         checkpoint.write_config(out, config, corpus.path, summary=summary)
         made = None  # finished: nothing to undo
         return summary
@@ -306,9 +323,10 @@ class _Run:
     """One training run's actors and schedule: epochs, checkpoints, restarts of failed workers."""
 
     def __init__(self, out: str, config: TrainConfig, corpus: Corpus, resume: _Resume,
-                 on_epoch: Callable[[int, dict], None] | None = None, report_at: Collection[int] | None = None):
+                 on_epoch: Callable[[int, dict], None] | None = None, report_at: Collection[int] | None = None,
+                 warm: WarmStart | None = None):
         self.out, self.config, self.corpus, self.resume = out, config, corpus, resume
-        self.on_epoch, self.report_at = on_epoch, report_at
+        self.on_epoch, self.report_at, self.warm = on_epoch, report_at, warm
         self.servers: list = []
         self.workers: list = []
         self.last_positions = resume.positions  # the workers' positions in the last committed checkpoint
@@ -330,7 +348,7 @@ class _Run:
         names = [f"doc2vec-dist-{uuid.uuid4().hex[:12]}-ps{s}" for s in range(config.num_ps)]
         self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
                                            max_task_retries=-1, **server_placement).remote(
-            s, config.num_ps, tables, config.seed, self.out) for s in range(config.num_ps)]
+            s, config.num_ps, tables, config.seed, self.out, self.warm) for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.

@@ -169,3 +169,116 @@ def test_joining_needs_the_models_corpus_and_a_window_does_not(trained_model, da
         prepare([days["new"]], str(tmp_path / "join"), time_col="ts", base=model, progress=False)
     fresh = prepare([days["all"]], str(tmp_path / "window"), time_col="ts", base=model, window_days=3, progress=False)
     assert fresh.meta["refresh"]["mode"] == "window" and fresh.meta["refresh"]["base_kind"] == "model"
+
+
+# -- train --init-from ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def old_model(ray_cluster, days, tmp_path_factory):
+    """A model of the old days, on 2 servers."""
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.trainer import train
+
+    model = str(tmp_path_factory.mktemp("old") / "model")
+    train(days["base"], model, TrainConfig(dim=16, epochs=3, sample=0, num_ps=2, cpus_per_worker=1, progress=False))
+    return model
+
+
+@pytest.fixture(scope="module")
+def refreshed(days, tmp_path_factory):
+    return prepare([days["new"]], str(tmp_path_factory.mktemp("refreshed") / "corpus"), time_col="ts",
+                   base=days["base"], progress=False).path
+
+
+def _table(model: str, name: str) -> np.ndarray:
+    from doc2vec_dist.checkpoint import ModelDir
+
+    return ModelDir(model).read_table(name)
+
+
+def test_init_from_starts_every_table_from_the_old_rows(old_model, refreshed, tmp_path):
+    """With a learning rate too small to move anything, the new model is the old one for the keys it
+    knew (read from 2 servers' checkpoint by 3 servers) and a fresh start for the new keys."""
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.trainer import train
+
+    model = str(tmp_path / "model")
+    summary = train(refreshed, model, TrainConfig(dim=16, epochs=1, sample=0, num_ps=3, cpus_per_worker=1,
+                                                 alpha=1e-9, min_alpha=1e-9, init_from=old_model, progress=False))
+    for name in ("docs", "words_out"):
+        old, new = _table(old_model, name), _table(model, name)
+        np.testing.assert_allclose(new[:len(old)], old, atol=1e-5)
+        assert len(new) > len(old)
+        fresh = new[len(old):]
+        if name == "docs":  # gensim's start for input vectors: U[-1, 1) / dim
+            assert np.abs(fresh).max() <= 1 / 16 and np.abs(fresh).mean() > 0.01
+        else:  # words_out starts at zero
+            assert np.abs(fresh).max() < 1e-4
+    drift = summary["drift"]
+    assert drift["docs"]["median"] > 0.999 and drift["docs"]["rows"] == len(_table(old_model, "docs"))
+    assert set(drift) == {"docs", "words_out"}
+
+
+def test_a_refresh_trains_on_from_the_old_vectors_and_they_stay_comparable(old_model, refreshed, tmp_path, logged):
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.trainer import train
+
+    model = str(tmp_path / "model")
+    summary = train(refreshed, model, TrainConfig(dim=16, epochs=1, sample=0, num_ps=2, cpus_per_worker=1,
+                                                 init_from=old_model, progress=False))
+    old, new = _table(old_model, "docs"), _table(model, "docs")
+    assert np.abs(new[:len(old)] - old).mean() > 1e-4  # trained
+    assert summary["drift"]["docs"]["median"] > 0.9, summary["drift"]  # started from the old vectors
+    assert "moved since the --init-from model: users cosine(old, new) median" in logged.text
+    assert "starting from" in logged.text
+    with open(os.path.join(model, "config.json")) as fh:
+        assert json.load(fh)["summary"]["drift"] == summary["drift"]
+
+
+def test_init_from_refuses_a_corpus_whose_ids_moved_and_never_touches_the_old_model(old_model, days, tmp_path):
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.errors import UserError
+    from doc2vec_dist.trainer import train
+
+    before = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(old_model, "**"), recursive=True)}
+    cold = prepare([days["all"]], str(tmp_path / "cold"), time_col="ts", progress=False).path  # ids by frequency
+    config = {"dim": 16, "epochs": 1, "sample": 0, "num_ps": 2, "cpus_per_worker": 1, "init_from": old_model,
+              "progress": False}
+    with pytest.raises(UserError, match=r"do not keep the ids they have in .*prepare it with .*--base"):
+        train(cold, str(tmp_path / "m1"), TrainConfig(**config))
+    with pytest.raises(UserError, match="--out is the --init-from model"):
+        train(days["base"], old_model, TrainConfig(**config), overwrite=True)
+    with pytest.raises(UserError, match="has dim 16, this run 8"):
+        train(days["base"], str(tmp_path / "m2"), TrainConfig(**{**config, "dim": 8}))
+    assert not os.path.exists(tmp_path / "m1") and not os.path.exists(tmp_path / "m2")
+    assert before == {p: os.path.getmtime(p) for p in glob.glob(os.path.join(old_model, "**"), recursive=True)}
+
+
+def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, old_model, refreshed, tmp_path,
+                                                                  interrupt_when):
+    """Ctrl-C after the refresh's first checkpoint, then --resume with 3 servers instead of 2: the
+    servers load the refresh's own rows (not the old model's again) and the run completes."""
+    import subprocess
+    import sys
+
+    from doc2vec_dist.checkpoint import latest_version
+
+    model = str(tmp_path / "model")
+    address = ray_cluster.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "doc2vec_dist", "train", "--corpus", refreshed, "--out", model, "--address", address,
+           "--no-progress", "--dim", "16", "--sample", "0", "--cpus-per-worker", "1"]
+    driver = subprocess.Popen(cmd + ["--epochs", "200", "--checkpoint-every", "0.3", "--init-from", old_model,
+                                     "--num-ps", "2"], cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    err = interrupt_when(driver, lambda: os.path.exists(os.path.join(model, "LATEST")))
+    assert driver.returncode == 130, err
+    kept = latest_version(model)
+    at_kill = _table(model, "docs")
+    done = subprocess.run(cmd + ["--resume", "--epochs", "201", "--num-ps", "3"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resumed from v{kept}" in done.stderr and "starting from" not in done.stderr
+    with open(os.path.join(model, "config.json")) as fh:
+        summary = json.load(fh)["summary"]
+    assert summary["servers_loaded_from"] == [kept] * 3
+    assert _table(model, "docs").shape == at_kill.shape

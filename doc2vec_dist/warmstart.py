@@ -1,0 +1,113 @@
+"""A run that starts from an earlier model (train --init-from), and how far its vectors moved.
+
+Changes when how a warm start maps or checks the earlier model's rows, or measures their drift.
+
+The daily refresh: `prepare NEW --base OLD` keeps every known user's and URL's id and appends the
+new ones, so a known key's row r in the new run is row r of the old model. `warm_start` checks that
+(the first rows of each key table are the old model's keys, in order, and the sizes agree) and says
+which rows each table takes from it; each parameter server then fills its own slice from the old
+checkpoint with `checkpoint.read_shard` (whatever number of servers wrote it) over its fresh
+initialisation, so new rows start as in any run (inputs uniform, words_out zero). Optimiser state
+(row-wise Adagrad's accumulator) comes along where the old checkpoint has it and the new run keeps
+one. The old model is only read.
+
+`drift` compares the two models on the keys they share: cosine(old, new) of a sample of rows per
+table, whose median and percentiles say whether downstream users of the vectors (indexes, models
+trained on them) can keep them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from .checkpoint import KEY_TABLES, ModelDir
+from .config import TableSpec
+from .errors import UserError
+
+DRIFT_SAMPLE = 200_000  # rows per table whose cosine is measured (every row when fewer)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """What a new run takes from an earlier model: per table, its first `rows[name]` rows."""
+
+    model: str
+    version: int
+    rows: dict[str, int]
+
+
+def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSpec]) -> WarmStart:
+    """Check that `model` can start a run of `tables` on the corpus, and say which rows it gives.
+
+    Refused in one line: `out` is the model itself; a table's dim differs; a key table of the corpus
+    does not begin with the model's keys in their order (the corpus was not prepared with --base)."""
+    if os.path.abspath(model) == os.path.abspath(out):
+        raise UserError(f"{out}: --out is the --init-from model; a refresh writes a new model and never changes "
+                        "the old one")
+    old = ModelDir(model)
+    rows = {}
+    for name, spec in tables.items():
+        try:
+            saved = old.spec(name)
+        except UserError:
+            continue  # a table the old run did not train (words, with dbow_words now): fresh
+        if saved["dim"] != spec.dim:
+            raise UserError(f"{model}: table {name} has dim {saved['dim']}, this run {spec.dim}; --init-from needs "
+                            "the same --dim")
+        if saved["rows"] > spec.rows:
+            raise UserError(f"{model}: table {name} has {saved['rows']:,} rows, more than this corpus's "
+                            f"{spec.rows:,}; prepare the corpus with --base {model}")
+        rows[name] = int(saved["rows"])
+    for name, count in rows.items():
+        _check_keys(old, name, corpus_path, count, model)
+    return WarmStart(os.path.abspath(model), old.version, rows)
+
+
+def _check_keys(old: ModelDir, table: str, corpus_path: str, rows: int, model: str) -> None:
+    """The corpus's first `rows` keys of the table are the model's, in order."""
+    file, column = KEY_TABLES[table]
+    theirs = old.keys(table)
+    ours = pa.ipc.open_file(pa.memory_map(os.path.join(corpus_path, file))).read_all().column(column)
+    if len(theirs) != rows or not ours.slice(0, rows).equals(pa.chunked_array([theirs])):
+        what = "users" if table == "docs" else "URLs"
+        raise UserError(f"{corpus_path}: its {what} do not keep the ids they have in {model}; prepare it with "
+                        f"`doc2vec-dist prepare NEW_EVENTS --base {model} --out ...`")
+
+
+def drift(old: str, new: str, sample: int = DRIFT_SAMPLE, seed: int = 0) -> dict:
+    """cosine(old, new) over the keys both models have, per table both have: median, 5th and 95th
+    percentile and the share below 0.5, from a seeded sample of at most `sample` rows (ids are kept by
+    a refresh, so the shared keys are the old model's rows)."""
+    from .model import Model
+    from .scoring import unit_rows
+
+    before, after = Model(old), Model(new)
+    found = {}
+    for table in ("docs", "words", "words_out"):
+        try:
+            rows = min(before.dir.spec(table)["rows"], after.dir.spec(table)["rows"])
+        except UserError:
+            continue
+        ids = np.arange(rows) if rows <= sample else np.sort(np.random.default_rng(seed).choice(rows, sample,
+                                                                                               replace=False))
+        a, b = unit_rows(before.gather(table, ids)), unit_rows(after.gather(table, ids))
+        live = (np.abs(a).sum(1) > 0) & (np.abs(b).sum(1) > 0)  # words_out rows never trained stay zero
+        cosine = (a[live] * b[live]).sum(1)
+        if not len(cosine):
+            continue
+        found[table] = {"rows": int(rows), "measured": len(cosine),
+                        "median": float(np.median(cosine)), "p5": float(np.percentile(cosine, 5)),
+                        "p95": float(np.percentile(cosine, 95)), "below_0.5": float((cosine < 0.5).mean())}
+    return found
+
+
+def drift_line(found: dict) -> str:
+    """How far the known keys' vectors moved, in one line."""
+    names = {"docs": "users", "words": "URLs (input)", "words_out": "URLs"}
+    return "moved since the --init-from model: " + "; ".join(
+        f"{names[t]} cosine(old, new) median {d['median']:.3f}, p5 {d['p5']:.3f}, p95 {d['p95']:.3f} "
+        f"({d['measured']:,} of {d['rows']:,} known)" for t, d in found.items())
