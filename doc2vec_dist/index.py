@@ -65,7 +65,7 @@ HNSW_EF_SEARCH = (16, 32, 64, 128, 256, 512, 1024)  # efSearch values tried, in 
 RECALL_QUERIES = 1000
 TUNE_QUERIES = 500
 K_FACTOR = 5                  # ivfpq: candidates re-ranked per result wanted (10 found no more at 1M)
-KEY_SCHEMA = pa.schema([("key", pa.string())])
+KEY_SCHEMA = pa.schema([("key", pa.string())])  # a null key marks a dead id (an update removed its row)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -141,6 +141,11 @@ def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
     for batch in pq.ParquetFile(unit.path).iter_batches(batch_size=1 << 16, columns=["key", "vector"]):
         vectors = checkpoint.matrix_of(batch.column("vector"), source.dim).astype(np.float32, copy=False)
         yield batch.column("key"), vectors
+
+
+def read_keys(path: str) -> pa.Array:
+    """The key column of an index's keys.parquet as one string array (null: a dead id)."""
+    return pq.read_table(path, columns=["key"]).column("key").combine_chunks().cast(pa.string())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -273,12 +278,26 @@ def train_ivfpq(index: faiss.IndexIVFPQ, sample: np.ndarray) -> None:
 class ServedIndex:
     """A built index, its parameters and (for ivfpq) the vectors its candidates are re-ranked with.
 
-    search() takes unit-norm float32 queries and returns (cosine scores, faiss ids), best first.
+    search() takes unit-norm float32 queries and returns (cosine scores, faiss ids), best first; an
+    id is a row of keys.parquet. live (after an update) marks which ids are searched: a dead id of
+    hnsw or flat is still in faiss and kept out of results by a selector (ivfpq removed its own).
     """
 
-    def __init__(self, index: faiss.Index, params: dict, vectors: np.ndarray | None = None, path: str | None = None):
+    def __init__(self, index: faiss.Index, params: dict, vectors: np.ndarray | None = None, path: str | None = None,
+                 live: np.ndarray | None = None):
         self.index, self.params, self.vectors, self.path = index, params, vectors, path
         self._keys: pa.Array | None = None
+        self.live_rows = index.ntotal
+        self._search_params = None
+        if live is not None and params["kind"] != "ivfpq" and not live.all():
+            self.live_rows = int(live.sum())
+            # faiss reads the bitmap through a pointer: the array and the selector must outlive the searches
+            self._live_bits = np.packbits(live, bitorder="little")  # bit i % 8 of byte i // 8 is id i, as faiss reads it
+            self._selector = faiss.IDSelectorBitmap(len(self._live_bits), faiss.swig_ptr(self._live_bits))
+            params_type = faiss.SearchParametersHNSW if params["kind"] == "hnsw" else faiss.SearchParameters
+            self._search_params = params_type(sel=self._selector)
+            if params["kind"] == "hnsw":  # search parameters replace the index's efSearch, so they carry it too
+                self._search_params.efSearch = index.hnsw.efSearch
         self.set_search(params.get("search"))
 
     @classmethod
@@ -293,12 +312,18 @@ class ServedIndex:
             if not os.path.isfile(files["vectors.npy"]):
                 raise UserError(f"{files['vectors.npy']}: missing; IVF-PQ re-ranks its candidates with it")
             vectors = np.load(files["vectors.npy"], mmap_mode="r")
-        return cls(faiss.read_index(files["index.faiss"]), params, vectors, path)
+        keys = live = None
+        if params.get("dead"):  # an updated index: its dead ids are the rows whose key is null
+            keys = read_keys(files["keys.parquet"])
+            live = keys.is_valid().to_numpy(zero_copy_only=False)
+        served = cls(faiss.read_index(files["index.faiss"]), params, vectors, path, live)
+        served._keys = keys
+        return served
 
     @property
     def keys(self) -> pa.Array:
         if self._keys is None:
-            self._keys = pq.read_table(os.path.join(self.path, "keys.parquet")).column("key").combine_chunks()
+            self._keys = read_keys(os.path.join(self.path, "keys.parquet"))
         return self._keys
 
     def set_search(self, value: int | None) -> None:
@@ -309,12 +334,14 @@ class ServedIndex:
             self.index.nprobe = int(value)
         elif self.params["kind"] == "hnsw":
             self.index.hnsw.efSearch = int(value)
+            if self._search_params is not None:
+                self._search_params.efSearch = int(value)
 
     def search(self, queries: np.ndarray, k: int, batch: int = 2048) -> tuple[np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        k = min(k, self.index.ntotal)
+        k = min(k, self.live_rows)
         if self.vectors is None:
-            return self.index.search(queries, k)
+            return self.index.search(queries, k, params=self._search_params)
         scores = np.empty((len(queries), k), np.float32)
         ids = np.empty((len(queries), k), np.int64)
         for start in range(0, len(queries), batch):
@@ -570,9 +597,12 @@ def _encode_and_merge(tmp: str, source: Source, trained: faiss.Index, vectors_pa
     return trained, sorted(tasks, key=lambda t: t["unit"])
 
 
-def _measure(served: ServedIndex, vectors_path: str, rows: int, target: float, n_eval: int, seed: int):
+def _measure(served: ServedIndex, vectors_path: str, rows: int, target: float, n_eval: int, seed: int,
+             ids: np.ndarray | None = None):
     """Tune the search knob on one sample of rows as queries and report recall@10 on another.
 
+    vectors_path holds the rows measured against; ids[r] is row r's faiss id (an update measures
+    against the new source's rows, whose ids are not their positions); default: row r is id r.
     Returns (search setting, recall@10, recall@10 on the tuning queries, number of queries).
     """
     n_eval = min(n_eval, rows)
@@ -582,11 +612,14 @@ def _measure(served: ServedIndex, vectors_path: str, rows: int, target: float, n
     n_tune = min(TUNE_QUERIES, rows)
     chosen = rng.choice(rows, min(rows, n_tune + n_eval), replace=False)
     # disjoint samples while the table allows it (a tiny table shares some)
-    ids = {"tune": np.sort(chosen[:n_tune]), "eval": np.sort(chosen[len(chosen) - n_eval:])}
+    own = {"tune": np.sort(chosen[:n_tune]), "eval": np.sort(chosen[len(chosen) - n_eval:])}
     stored = np.load(vectors_path, mmap_mode="r")
-    queries = {name: np.ascontiguousarray(stored[picked]) for name, picked in ids.items()}
+    queries = {name: np.ascontiguousarray(stored[picked]) for name, picked in own.items()}
     del stored
     truth = exact_top_k(vectors_path, rows, np.concatenate([queries["tune"], queries["eval"]]), 11)
-    search, tune_recall = tune_search(served, queries["tune"], ids["tune"], truth[:n_tune], target)
-    recall = recall_at(served, queries["eval"], ids["eval"], truth[n_tune:])
+    if ids is not None:
+        own = {name: ids[picked] for name, picked in own.items()}
+        truth = np.where(truth >= 0, ids[np.maximum(truth, 0)], -1)
+    search, tune_recall = tune_search(served, queries["tune"], own["tune"], truth[:n_tune], target)
+    recall = recall_at(served, queries["eval"], own["eval"], truth[n_tune:])
     return search, recall, tune_recall, n_eval
