@@ -748,6 +748,8 @@ def _update(tmp: str, old: str, before: dict, source: Source, progress: bool, ru
     np.lib.format.open_memmap(fresh_path, mode="w+", dtype=np.float32, shape=(source.rows, dim)).flush()
     _, tasks = _stage(scratch, source, fresh_path, 0, seed, runner, progress)
     new_keys = read_keys(os.path.join(scratch, "keys.parquet"))
+    if new_keys.null_count:  # a null key marks a dead id here, and a row without a key cannot be matched
+        raise UserError(f"{source.name}: a null key in {new_keys.null_count:,} of its rows; an update matches rows by key")
     timings["stage"] = time.perf_counter() - t
 
     t = time.perf_counter()

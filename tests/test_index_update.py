@@ -282,6 +282,9 @@ def test_refusals_name_the_path_and_touch_nothing(day0, tmp_path, snapshot):
     mine.mkdir()
     (mine / "notes.txt").write_text("my notes")
     narrow = write_source(str(tmp_path / "dim16.parquet"), {k: v[:16] for k, v in list(day0.items())[:100]})
+    keyless = str(tmp_path / "keyless.parquet")
+    pq.write_table(pa.table({"key": pa.array(["a", None], pa.string()), "vector": pa.FixedSizeListArray.from_arrays(
+        pa.array(np.ones(2 * DIM, np.float32)), DIM)}), keyless)
     out = str(tmp_path / "out")
     before = {p: snapshot(str(tmp_path / p)) for p in os.listdir(tmp_path)}
 
@@ -294,6 +297,7 @@ def test_refusals_name_the_path_and_touch_nothing(day0, tmp_path, snapshot):
         ({"old": index, "out": out, "vectors_path": src, "kind": "ivfpq"},
          rf"{index}: --update keeps the old index's kind \(hnsw\); drop --kind ivfpq"),
         ({"old": index, "out": str(mine), "vectors_path": src}, rf"{mine}: exists and is not a faiss index"),
+        ({"old": index, "out": out, "vectors_path": keyless}, rf"{keyless}: a null key in 1 of its rows"),
     ]
     for kwargs, message in cases:
         with pytest.raises(UserError, match=message) as err:
