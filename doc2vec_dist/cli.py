@@ -228,10 +228,16 @@ def cmd_index(args) -> None:
     from .runners import calm_openmp
 
     calm_openmp()  # before faiss is imported
-    from .index import build_index, summary_line
+    from .index import build_index, summary_line, update_index
 
-    params = build_index(args.out, kind=args.kind, model=args.model, table=args.table, vectors_path=args.vectors,
-                         progress=not args.no_progress, report=False, recall_queries=args.recall_queries)
+    if args.update:
+        params = update_index(args.update, args.out, model=args.model, table=args.table, vectors_path=args.vectors,
+                              kind=args.kind, progress=not args.no_progress, report=False,
+                              recall_queries=args.recall_queries)
+    else:
+        params = build_index(args.out, kind=args.kind or "auto", model=args.model, table=args.table,
+                             vectors_path=args.vectors, progress=not args.no_progress, report=False,
+                             recall_queries=args.recall_queries)
     print(summary_line(params))
 
 
@@ -386,13 +392,18 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
     e.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="vector element type")
 
-    i = add("index", cmd_index, "build a faiss cosine index of a table or a (key, vector) Parquet")
+    i = add("index", cmd_index, "build a faiss cosine index of a table or a (key, vector) Parquet, or update one "
+                                "to a refreshed table (--update)")
     i.add_argument("--model", help="model directory (or --vectors)")
     i.add_argument("--table", default="docs", choices=("docs", "words", "words_out"), help="table of --model to index")
     i.add_argument("--vectors", help="Parquet with key, vector (instead of --model)")
     i.add_argument("--out", required=True, help="index directory to write")
-    i.add_argument("--kind", default="auto", choices=("flat", "hnsw", "ivfpq", "auto"),
-                   help="auto: flat up to 1M rows, else ivfpq, re-ranked exactly")
+    i.add_argument("--kind", default=None, choices=("flat", "hnsw", "ivfpq", "auto"),
+                   help="auto: flat up to 1M rows, else ivfpq, re-ranked exactly (default: auto; with --update, the "
+                        "old index's kind)")
+    i.add_argument("--update", metavar="OLD_INDEX",
+                   help="update this index to the new source instead of building anew: new keys added, changed "
+                        "vectors replaced, keys gone removed, nothing trained again (--out may be OLD_INDEX)")
     i.add_argument("--recall-queries", type=int, default=1000,
                    help="sampled rows whose recall@10 vs exact search is measured")
 

@@ -92,3 +92,36 @@ def test_index_job_from_a_parquet_of_vectors(ray_cluster, trained_model, tmp_pat
 def test_index_job_without_a_source_is_a_clear_error(ray_cluster, tmp_path, capsys):
     assert load_job("index").main(["--out", str(tmp_path / "idx")]) == 2
     assert "either --model" in capsys.readouterr().err
+
+
+def test_index_job_updates_an_index_staging_the_new_source_in_ray_tasks(ray_cluster, tmp_path, capsys):
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    keys, vectors = [f"u{i}" for i in range(600)], rng.standard_normal((600, 8)).astype(np.float32)
+
+    def write(name: str, keys: list[str], vectors: np.ndarray) -> str:
+        os.makedirs(tmp_path / name)
+        for part, rows in enumerate((slice(0, 300), slice(300, None))):  # two files: two stage tasks
+            pq.write_table(pa.table({"key": keys[rows], "vector": pa.FixedSizeListArray.from_arrays(
+                pa.array(vectors[rows].ravel()), 8)}), str(tmp_path / name / f"part-{part}.parquet"))
+        return str(tmp_path / name)
+
+    day0 = write("day0", keys, vectors)
+    changed = vectors.copy()
+    changed[::20] = rng.standard_normal((30, 8))
+    day1 = write("day1", keys + [f"n{i}" for i in range(20)],
+                 np.concatenate([changed, rng.standard_normal((20, 8)).astype(np.float32)]))
+    out = str(tmp_path / "users.index")
+    assert load_job("index").main(["--vectors", day0, "--kind", "hnsw", "--out", out, "--no-progress"]) == 0
+    capsys.readouterr()
+
+    assert load_job("index").main(["--update", out, "--vectors", day1, "--out", out, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert f"updated from {out}: 20 added, 30 replaced, 0 removed, 570 unchanged" in printed, printed
+    assert "2 Ray tasks on " in printed
+    with open(os.path.join(out, "params.json")) as fh:
+        params = json.load(fh)
+    assert [(t["step"], t["unit"]) for t in params["tasks"]] == [("stage", 0), ("stage", 1)]
+    assert all(t["pid"] != os.getpid() for t in params["tasks"])
+    assert (params["kind"], params["rows"], params["dead"]) == ("hnsw", 620, 30)
