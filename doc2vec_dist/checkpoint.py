@@ -295,8 +295,8 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
     version = next_version(out)
     entries = save(version)
     tables = {name: [e[name] for e in entries] for name in entries[0]}
-    done = epoch * corpus.num_tokens + sum(p.tokens for p in positions or [])
-    planned = config.epochs * corpus.num_tokens
+    done = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
+    planned = corpus.tokens_before(config.epochs, config.first_epoch)
     lr = lr_at(config.alpha, config.min_alpha, done, planned)
     commit(out, version, tables, {name: config.dim for name in tables},
            {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],

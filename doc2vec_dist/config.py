@@ -134,6 +134,9 @@ class TrainConfig:
     max_restarts: int = _f(3, "times Ray restarts a crashed parameter server or worker before the run stops",
                            engine=True)
     seed: int = _f(1, "random seed for initialisation, subsampling and negatives")
+    first_epoch: str = _f("all", "changed: the first epoch trains only the users a refresh made new or gave new "
+                                 "events (prepare --base's changed.arrow), the others keep their vectors through "
+                                 "it; all: every user", ("all", "changed"), engine=True)
     resume: bool = _f(False, "continue from the model directory's LATEST checkpoint", engine=True)
     init_from: str | None = _f(None, "an earlier model: every table starts from its rows for the users and URLs it "
                                      "knows (a corpus from prepare --base keeps their ids), new rows fresh; the "

@@ -156,6 +156,21 @@ class Corpus:
             return None
         return _read_ipc_file(path).column("doc_id").to_numpy()
 
+    def epoch_tokens(self, epoch: int, first_epoch: str = "all") -> int:
+        """Tokens epoch `epoch` trains: every one, except that with first_epoch "changed" (train
+        --first-epoch changed) epoch 0 trains only the changed documents' (changed.arrow)."""
+        if epoch != 0 or first_epoch != "changed":
+            return self.num_tokens
+        changed = self.changed()
+        if changed is None:
+            raise CorpusError(f"{self.path}: --first-epoch changed needs a corpus from prepare --base, which lists the "
+                              "users it made new or gave new events (changed.arrow)")
+        return int(self.docs().column("length").to_numpy()[changed].sum())
+
+    def tokens_before(self, epoch: int, first_epoch: str = "all") -> int:
+        """Tokens the epochs before `epoch` trained (what the learning rate's decay has covered)."""
+        return self.epoch_tokens(0, first_epoch) + (epoch - 1) * self.num_tokens if epoch > 0 else 0
+
     def shard_num_tokens(self) -> list[int]:
         """Tokens per shard file, in the order of shard_paths."""
         return list(self._shard_tokens)

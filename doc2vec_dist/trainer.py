@@ -216,7 +216,7 @@ class _Resume:
                             f"--num-workers {len(positions)} (their data positions cannot be redistributed)")
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
-        tokens = epoch * corpus.num_tokens + sum(p.tokens for p in positions or [])
+        tokens = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
         return cls(epoch=epoch, positions=positions, version=checkpoint.latest_version(out), tokens=tokens)
 
 
@@ -249,6 +249,10 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
         resume = _Resume()
     tables = table_specs(config, corpus)
+    if config.first_epoch == "changed":  # refused here, before Ray starts, when changed.arrow is missing
+        first = corpus.epoch_tokens(0, config.first_epoch)
+        log.info(f"first epoch: only the {len(corpus.changed()):,} users a refresh changed, "
+                 f"{first:,} of {corpus.num_tokens:,} tokens")
     warm = None
     if config.init_from and not config.resume:  # a resumed run loads its own checkpoint instead
         from .warmstart import warm_start
@@ -368,10 +372,10 @@ class _Run:
     def train(self) -> dict:
         config, corpus = self.config, self.corpus
         train_seconds, epoch_stats = 0.0, self.epoch_stats
-        total = corpus.num_tokens * config.epochs
+        total = corpus.tokens_before(config.epochs, config.first_epoch)
         bar = tqdm(total=total, unit="tok", unit_scale=True, disable=not config.progress,
                    desc="train", dynamic_ncols=True, file=sys.stderr)
-        bar.update(self.resume.epoch * corpus.num_tokens)
+        bar.update(corpus.tokens_before(self.resume.epoch, config.first_epoch))
         for epoch in range(self.resume.epoch, config.epochs):
             starts = self.resume.positions if epoch == self.resume.epoch else None
             t0 = time.perf_counter()

@@ -159,6 +159,20 @@ def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_ro
             yield (u, at), (doc_ids, offsets, tokens)
 
 
+def only_documents(chunks, wanted: np.ndarray):
+    """read_chunks' chunks with only the documents in `wanted` (sorted doc ids); a chunk left with none
+    is skipped. Each keeps its data position, so a run resumed mid-epoch filters the same way."""
+    for start, (doc_ids, offsets, tokens) in chunks:
+        keep = np.isin(doc_ids, wanted)
+        if keep.all():
+            yield start, (doc_ids, offsets, tokens)
+        elif keep.any():
+            sizes = np.diff(offsets)
+            token_keep = np.repeat(keep, sizes)
+            yield start, (doc_ids[keep], np.concatenate([[0], np.cumsum(sizes[keep])]).astype(np.int64),
+                          tokens[token_keep])
+
+
 @dataclass(frozen=True)
 class Compute:
     """What a worker runs on each macro-batch's examples, as arguments rather than module globals:
@@ -238,7 +252,13 @@ class Worker:
         self.keep_prob = keep_probabilities(counts, config.sample)
         self.negatives = NegativeTable(counts, config.ns_exponent)
         self.tokens_per_epoch = sum(u.tokens for u in units)
-        self.planned_tokens = self.tokens_per_epoch * config.epochs
+        # --first-epoch changed: epoch 0 reads only the documents a refresh changed (the learning rate
+        # decays over the tokens actually planned, so it still ends at min_alpha)
+        self.changed = Corpus(corpus_path).changed() if config.first_epoch == "changed" else None
+        self.first_epoch_tokens = self.tokens_per_epoch if self.changed is None else sum(
+            int(np.diff(offsets)[np.isin(doc_ids, self.changed)].sum())
+            for _, (doc_ids, offsets, _) in read_chunks(units, 1 << 22))
+        self.planned_tokens = self.first_epoch_tokens + self.tokens_per_epoch * (config.epochs - 1)
         words_out = tables["words_out"]
         self.width = words_out.width  # adagrad's accumulator rides along
         self.stats = self._zero_stats()
@@ -364,8 +384,11 @@ class Worker:
         self.stats = self._zero_stats()
         self.stats.update(epoch=epoch, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
         seconds = self.stats["seconds"]
-        done_before = epoch * self.tokens_per_epoch + start.tokens  # drives the learning rate
+        # drives the learning rate: the tokens of the epochs before this one, and of this one so far
+        done_before = (self.first_epoch_tokens + (epoch - 1) * self.tokens_per_epoch if epoch else 0) + start.tokens
         chunks = read_chunks(self.units, self.macro_batch, start.unit, start.row)
+        if epoch == 0 and self.changed is not None:
+            chunks = only_documents(chunks, self.changed)
         step_of_next = start.step
         with self._cv:
             self._running = True

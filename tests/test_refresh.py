@@ -282,3 +282,35 @@ def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, o
         summary = json.load(fh)["summary"]
     assert summary["servers_loaded_from"] == [kept] * 3
     assert _table(model, "docs").shape == at_kill.shape
+
+
+def test_a_first_epoch_of_changed_users_leaves_the_others_exactly_as_they_were(old_model, refreshed, tmp_path):
+    """--first-epoch changed: users without new events keep their vectors bit for bit through it (so an
+    index update replaces only the others), the changed ones train, and the learning rate still
+    decays over what was planned: the last checkpoint's rate is min_alpha."""
+    from doc2vec_dist.checkpoint import load_manifest
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.trainer import train
+
+    model = str(tmp_path / "model")
+    summary = train(refreshed, model, TrainConfig(dim=16, epochs=1, sample=0, num_ps=2, cpus_per_worker=1,
+                                                 init_from=old_model, first_epoch="changed", progress=False))
+    corpus = Corpus(refreshed)
+    old, new = _table(old_model, "docs"), _table(model, "docs")[:len(_table(old_model, "docs"))]
+    changed = np.zeros(len(old), bool)
+    changed[corpus.changed()[corpus.changed() < len(old)]] = True
+    assert (~changed).sum() > 0 and changed.sum() > 0
+    assert (new[~changed] == old[~changed]).all()
+    assert (new[changed] != old[changed]).any(axis=1).all()
+    lengths = corpus.docs().column("length").to_numpy()
+    assert summary["tokens"] == int(lengths[corpus.changed()].sum()) < corpus.num_tokens
+    assert load_manifest(model)[1]["lr"] == pytest.approx(1e-4)
+
+
+def test_a_first_epoch_of_changed_users_needs_a_refreshed_corpus(days, tmp_path):
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.trainer import train
+
+    with pytest.raises(CorpusError, match="--first-epoch changed needs a corpus from prepare --base"):
+        train(days["base"], str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, first_epoch="changed", progress=False))
+    assert not (tmp_path / "m").exists()
