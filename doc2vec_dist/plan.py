@@ -286,8 +286,9 @@ def _calibrate_once(corpus: Corpus, config: TrainConfig, tokens: int, epochs: in
     try:
         target = corpus if tokens >= corpus.num_tokens else make_slice(
             corpus, os.path.join(work, "corpus"), tokens, config.num_workers)
+        # a slice's ids are not an --init-from model's, nor does it list changed users: time a fresh start
         cfg = dataclasses.replace(config, epochs=epochs, progress=False, resume=False, checkpoint_every=0,
-                                  keep_checkpoints=1)
+                                  keep_checkpoints=1, init_from=None, first_epoch="all")
         with MemoryWatch(os.getpid(), interval=0.25) as watch:
             summary = train(target.path, os.path.join(work, "model"), cfg, overwrite=True)
         procs = watch.processes()
