@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Collection
 
 from . import outputs
 from .config import PrepareConfig, TrainConfig, build, engine_only, explicit_values, load_yaml
@@ -45,12 +46,13 @@ class _OneSetting(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, cls, engine: bool = True) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, cls, engine: bool = True, skip: Collection[str] = ()) -> None:
     """One flag per config field, named like the YAML key (and its aliases, gensim's names); unset flags stay
     None so YAML is not overridden, and the help shows the field's own default. engine=False leaves out the
-    fields of our Ray engine alone (config.engine_only), for `baseline`."""
+    fields of our Ray engine alone (config.engine_only), for `baseline`; `skip` leaves out the fields a
+    command sets otherwise (jobs/refresh.py's --base-model is train's init_from)."""
     for f in dataclasses.fields(cls):
-        if not f.metadata.get("flag", True) or (not engine and f.metadata.get("engine")):
+        if not f.metadata.get("flag", True) or (not engine and f.metadata.get("engine")) or f.name in skip:
             continue
         flags = ["--" + name.replace("_", "-") for name in (f.name, *f.metadata.get("aliases", ()))]
         help_text = _help(f.metadata["help"], f.default)

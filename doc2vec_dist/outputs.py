@@ -67,6 +67,10 @@ DIR_KINDS = {k.name: k for k in (
     # names is not taken for a search, only one with the marker
     Kind("tune", "a settings search", "tune", ("validation", "trials", "ray_tune", "compare", "trials.csv",
                                               "best.yaml", "settings.png", "tune.json", "*.tmp-*"), marked_only=True),
+    # jobs/refresh.py's DAY_DIR: each step's output inside is of its own kind; the marker keeps a second
+    # refresh (and other commands) out of it, since a refresh writes only into a new or empty directory
+    Kind("refresh", "a daily refresh", "jobs/refresh.py", ("corpus", "model", "exports", "index", "refresh.json",
+                                                          "*.tmp-*"), marked_only=True),
 )}
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
               "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file"}

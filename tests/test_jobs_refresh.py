@@ -1,0 +1,166 @@
+"""jobs/refresh.py, the daily step as one job, on the bundled sample split in time (as tests/test_refresh.py
+splits it): day 1 is everything before the last 5 days, day 2 the next 3 days, day 3 the last 2. The
+job runs in this process, on the session's Ray."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import shutil
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from doc2vec_dist import outputs
+from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist.corpus import Corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DAY = 86_400
+
+
+def load_job(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_job", os.path.join(ROOT, "jobs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where its dataclasses look their annotations up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def days(ray_cluster, tmp_path_factory):
+    """The sample's events in three files (day1, day2, day3 by time), and day 1's corpus, model (dim 8,
+    2 servers) and IVF-PQ index, as a first run of the job's schedule would leave them."""
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.index import build_index
+    from doc2vec_dist.prepare import prepare
+    from doc2vec_dist.trainer import train
+
+    root = tmp_path_factory.mktemp("days")
+    events = pa.concat_tables(pq.read_table(f) for f in sorted(glob.glob(os.path.join(ROOT, "data", "sample",
+                                                                                        "events", "*.parquet"))))
+    seconds = pc.cast(events["ts"], pa.int64()).to_numpy() / 1000
+    last = seconds.max()
+    found = {}
+    for name, keep in (("events1", seconds < last - 5 * DAY), ("events2", (seconds >= last - 5 * DAY)
+                                                                & (seconds < last - 2 * DAY)),
+                       ("events3", seconds >= last - 2 * DAY)):
+        found[name] = str(root / f"{name}.parquet")
+        pq.write_table(events.filter(pa.array(keep)), found[name])
+    day1 = root / "day1"
+    corpus = prepare([found["events1"]], str(day1 / "corpus"), time_col="ts", progress=False).path
+    found["model"] = str(day1 / "model")
+    train(corpus, found["model"], TrainConfig(dim=8, epochs=1, sample=0, num_ps=2, cpus_per_worker=1, progress=False))
+    found["index"] = str(day1 / "index")
+    build_index(found["index"], kind="ivfpq", model=found["model"], table="docs", progress=False)
+    return found
+
+
+def _keys(model: str, table: str = "docs") -> list[str]:
+    return ModelDir(model).keys(table).to_pylist()
+
+
+def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_path, capsys):
+    """No --index: a new index. Settings come from the base model (dim 8, 2 servers: no flag says so),
+    the event columns from its corpus (time_col ts), epochs 1; known users and URLs keep their ids."""
+    day = tmp_path / "day2"
+    assert load_job("refresh").main(["--events", days["events2"], "--base-model", days["model"], "--out", str(day),
+                                     "--no-progress", "--recall-queries", "200"]) == 0
+    out = capsys.readouterr().out
+    assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json"])
+    corpus = Corpus(str(day / "corpus"))
+    assert corpus.meta["time_col"] == "ts" and corpus.meta["refresh"]["base"] == days["model"]
+    new_keys, old_keys = _keys(str(day / "model")), _keys(days["model"])
+    assert new_keys[:len(old_keys)] == old_keys and len(new_keys) > len(old_keys)
+    old_urls = _keys(days["model"], "words_out")
+    assert _keys(str(day / "model"), "words_out")[:len(old_urls)] == old_urls
+
+    config = ModelDir(str(day / "model")).config()
+    assert (config.dim, config.num_ps, config.epochs, config.init_from) == (8, 2, 1, days["model"])
+    report = json.loads((day / "refresh.json").read_text())
+    refresh = report["prepare"]["refresh"]
+    assert refresh == corpus.meta["refresh"] and refresh["new_docs"] == len(new_keys) - len(old_keys) > 0
+    assert refresh["grown_docs"] > 0
+    assert report["train"]["drift"]["docs"]["rows"] == len(old_keys)
+    assert ds.dataset(str(day / "exports" / "users")).count_rows() == corpus.num_docs
+    assert ds.dataset(str(day / "exports" / "urls")).count_rows() == corpus.vocab_size
+    users = pq.read_table(glob.glob(str(day / "exports" / "users" / "*.parquet"))[0])
+    assert users.schema.field("vector").type.list_size == 8
+    index = report["index"]
+    assert index["kind"] == "flat" and index["rows"] == corpus.num_docs and "update" not in index
+    assert set(report["stages"]) == {"prepare", "train", "export", "index"}
+    assert f"users: {len(old_keys):,} known, {refresh['new_docs']:,} new, {refresh['grown_docs']:,} grown" in out
+    assert "drift    users cosine(old, new) median" in out and "index    flat: " in out
+    assert "times    prepare" in out
+
+
+def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path, snapshot, capsys):
+    """The schedule: day 2 refreshes day 1's model and updates its IVF-PQ index; day 3 does the same
+    from day 2's. Each index update adds the new users and keeps its kind; flags and the YAML override
+    the base model's settings; yesterday's outputs are only read."""
+    job = load_job("refresh")
+    day1 = snapshot(os.path.dirname(days["model"]))
+    config = tmp_path / "refresh.yaml"
+    config.write_text(yaml.safe_dump({"epochs": 3, "alpha": 0.02}))
+    day2, day3 = tmp_path / "day2", tmp_path / "day3"
+    assert job.main(["--events", days["events2"], "--base-model", days["model"], "--index", days["index"],
+                     "--out", str(day2), "--config", str(config), "--alpha", "0.01", "--no-progress"]) == 0
+    day2_files = snapshot(str(day2))
+    assert job.main(["--events", days["events3"], "--base-model", str(day2 / "model"), "--index", str(day2 / "index"),
+                     "--out", str(day3), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert snapshot(os.path.dirname(days["model"])) == day1 and snapshot(str(day2)) == day2_files
+
+    config2 = ModelDir(str(day2 / "model")).config()
+    assert (config2.epochs, config2.alpha, config2.dim) == (3, 0.01, 8)  # YAML, then the flag, over the base's
+    config3 = ModelDir(str(day3 / "model")).config()
+    assert (config3.epochs, config3.alpha, config3.init_from) == (1, 0.01, str(day2 / "model"))
+    keys1, keys2, keys3 = _keys(days["model"]), _keys(str(day2 / "model")), _keys(str(day3 / "model"))
+    assert keys3[:len(keys2)] == keys2 and keys2[:len(keys1)] == keys1 and len(keys3) > len(keys2) > len(keys1)
+    for day, before, after, old_index in ((day2, keys1, keys2, days["index"]), (day3, keys2, keys3, str(day2 / "index"))):
+        index = json.loads((day / "refresh.json").read_text())["index"]
+        assert index["kind"] == "ivfpq" and index["update"]["from"] == old_index
+        assert index["update"]["added"] == len(after) - len(before) and index["update"]["removed"] == 0
+        assert index["rows"] == len(after)
+        served = pq.read_table(day / "index" / "keys.parquet").column("key")
+        assert set(served.drop_null().to_pylist()) == set(after)
+    assert out.count("updated from") == 2
+
+
+@pytest.mark.parametrize("case", ["user's file", "earlier refresh", "a model", "bad yaml", "not a model"])
+def test_refusals_are_one_line_and_touch_nothing(days, tmp_path, snapshot, capsys, case):
+    day = tmp_path / "day"
+    args = ["--events", days["events2"], "--base-model", days["model"], "--out", str(day), "--no-progress"]
+    if case == "user's file":
+        day.mkdir()
+        (day / "notes.txt").write_text("mine")
+        message = "exists and is not a daily refresh made by doc2vec-dist (it holds notes.txt)"
+    elif case == "earlier refresh":
+        (day / "corpus").mkdir(parents=True)
+        outputs.write_marker(str(day), "refresh")
+        message = "holds an earlier refresh (made by jobs/refresh.py); a refresh writes only into a new or empty"
+    elif case == "a model":
+        day = tmp_path / "model-copy"
+        shutil.copytree(days["model"], day)
+        args[args.index("--out") + 1] = str(day)
+        message = "holds a model (made by doc2vec-dist train or baseline), not a daily refresh"
+    elif case == "bad yaml":
+        config = tmp_path / "c.yaml"
+        config.write_text(yaml.safe_dump({"corpus": "/x", "holdout": 0.2, "dim": 8}))
+        args += ["--config", str(config)]
+        message = "corpus, holdout: not a setting of a refresh"
+    else:
+        args[args.index("--base-model") + 1] = str(tmp_path)
+        message = str(tmp_path)
+    model_before, day_before = snapshot(days["model"]), snapshot(str(day))
+    assert load_job("refresh").main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+    assert snapshot(str(day)) == day_before and snapshot(days["model"]) == model_before
