@@ -250,7 +250,8 @@ def report(result: dict) -> None:
           + f"; URLs: {r['base_vocab']:,} known, {r['new_words']:,} new"
           + (f", {r['words_without_tokens']:,} with no token now" if r["words_without_tokens"] else "")
           + f"; {p['num_docs']:,} users, {p['num_tokens']:,} tokens")
-    print(f"  train    {s['epochs']} epoch(s), {s['tokens']:,} tokens in {s['train_seconds']:.1f}s "
+    first = " (the first on the changed users only)" if result["config"].get("first_epoch") == "changed" else ""
+    print(f"  train    {s['epochs']} epoch(s){first}, {s['tokens']:,} tokens in {s['train_seconds']:.1f}s "
           f"({s['tokens_per_second'] / 1e6:.3f}M tokens/s), loss " + " ".join(f"{x:.3f}" for x in s["loss_per_epoch"]))
     names = {"docs": "users", "words": "URLs (input)", "words_out": "URLs"}
     drift = s.get("drift") or {}

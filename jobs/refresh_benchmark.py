@@ -3,6 +3,7 @@
     python jobs/refresh_benchmark.py                                  # 200k users × 100k URLs, seeds 1 2 3
     python jobs/refresh_benchmark.py --quick                          # a tiny smoke run (about a minute)
     python jobs/refresh_benchmark.py --users 1000000 --urls 1000000 --seeds 1 --epochs 5 --dim 100
+    python jobs/refresh_benchmark.py --first-epoch changed          # the refresh trains only changed users
 
 Per seed, everything in one process and one local Ray (started once, so no run pays for Ray's start;
 each training pays for its own actors):
@@ -14,7 +15,8 @@ each training pays for its own actors):
   held out  H = the pairs `prepare --holdout 0.2` hides in all 30 days; every event of an H pair is
             removed from the raw events (an anti-join on user_id, url), so no model trains on them
   base      days 1-29 → prepare → train (--epochs, from scratch)
-  refresh   prepare(day 30, base=the base corpus) → train(--refresh-epochs, init_from=the base model)
+  refresh   prepare(day 30, base=the base corpus) → train(--refresh-epochs, init_from=the base model,
+            --first-epoch: all users, or only the new and grown ones, the others keeping their vectors)
   cold      days 1-30 → prepare → train (--epochs, from scratch): what the refresh replaces
   measure   held-out recall@10 on H for every model, on the same users (at most --eval-users, chosen
             by hash of their key, so no model samples its own), each against its own corpus's seen URLs;
@@ -76,6 +78,8 @@ STABLE_COSINE = 0.9       # median cosine(base, refresh) of known users ≥ this
 ROTATED_COSINE = 0.1      # |median cosine(base, cold)| ≤ this: "about 0"
 INDEX_SHARE = 1 / 5       # update seconds / rebuild seconds < this
 INDEX_RECALL = 0.96       # update's recall@10 vs exact ≥ this (the build's target)
+# TrainConfig fields set per run here, not for every model by --config or flags
+REFRESH_ONLY = ("epochs", "seed", "init_from", "resume", "first_epoch")
 QUICK = {"users": 3000, "urls": 1500, "seeds": [1], "epochs": 2, "dim": 16, "eval_users": 2000}
 
 
@@ -175,6 +179,7 @@ class Settings:
     events_per_user: float
     epochs: int
     refresh_epochs: int
+    first_epoch: str  # the refresh's (base and cold retrain train every user: they have no changed users)
     eval_users: int
     new_users: float
     new_urls: float
@@ -227,7 +232,8 @@ def run_seed(seed: int, s: Settings, bar: tqdm) -> dict:
         fresh = prepare([paths["day"]], d("refresh-corpus"), time_col="ts", seed=seed, base=base_corpus,
                         progress=s.progress)
         t_prepare = time.perf_counter() - t
-        summary = train(fresh.path, d("refresh-model"), config(s.refresh_epochs, init_from=d("base-model")))
+        summary = train(fresh.path, d("refresh-model"), config(s.refresh_epochs, init_from=d("base-model"),
+                                                               first_epoch=s.first_epoch))
         result["refresh"] = {"prepare_seconds": t_prepare, "train_seconds": time.perf_counter() - t - t_prepare,
                              "wall_seconds": time.perf_counter() - t, "tokens_per_second": summary["tokens_per_second"],
                              "prepare": fresh.meta["refresh"], "drift": summary.get("drift")}
@@ -355,6 +361,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
                     help="one data set, split and training seed each (default: 1 2 3)")
     ap.add_argument("--epochs", type=int, default=5, help="epochs of the base model and the cold retrain (default: 5)")
     ap.add_argument("--refresh-epochs", type=int, default=1, help="epochs of the refresh (default: 1)")
+    ap.add_argument("--first-epoch", choices=("all", "changed"), default=None,
+                    help="the refresh's first epoch: every user, or only those it made new or gave new events "
+                         "(train --first-epoch; default: the --config's, else all)")
     ap.add_argument("--new-users", type=float, default=NEW_USERS,
                     help=f"share of users that exist only on the last day (default: {NEW_USERS})")
     ap.add_argument("--new-urls", type=float, default=NEW_URLS,
@@ -370,23 +379,24 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
                     help="a smoke run: " + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
     ap.add_argument("--verbose", action="store_true", help="the library's progress bars and information lines")
     ap.add_argument("--config", help="YAML of training settings for every model (flags override it)")
-    _add_config_flags(ap, TrainConfig, skip=("epochs", "seed", "init_from", "resume"))
+    _add_config_flags(ap, TrainConfig, skip=REFRESH_ONLY)
     args = ap.parse_args(argv)
     if args.quick:  # its sizes, where a flag does not say otherwise
         for name, value in QUICK.items():
             if getattr(args, name) == ap.get_default(name):
                 setattr(args, name, value)
-    values = {k: v for k, v in (load_yaml(args.config) if args.config else {}).items()
-              if k not in ("epochs", "seed", "init_from", "resume")}
+    values = load_yaml(args.config) if args.config else {}
+    first_epoch = args.first_epoch or values.get("first_epoch") or "all"
+    values = {k: v for k, v in values.items() if k not in REFRESH_ONLY}
     train = dataclasses.asdict(build(TrainConfig, values, vars(args)))
-    for name in ("epochs", "seed", "init_from", "resume", "progress"):
+    for name in (*REFRESH_ONLY, "progress"):
         train.pop(name)
     if min(args.epochs, args.refresh_epochs) < 1:
         raise UserError("--epochs and --refresh-epochs must be >= 1")
     if not (0 < args.new_users < 1 and 0 < args.new_urls < 1):
         raise UserError("--new-users and --new-urls are shares in (0, 1)")
     settings = Settings(users=args.users, urls=args.urls, events_per_user=args.events_per_user, epochs=args.epochs,
-                        refresh_epochs=args.refresh_epochs, eval_users=args.eval_users, new_users=args.new_users,
+                        refresh_epochs=args.refresh_epochs, first_epoch=first_epoch, eval_users=args.eval_users, new_users=args.new_users,
                         new_urls=args.new_urls, work=os.path.abspath(args.work), keep=args.keep,
                         progress=args.verbose, train=train)
     return args, settings
@@ -412,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(results)
     print(f"\nrefresh benchmark: {s.users:,} users × {s.urls:,} URLs, {s.events_per_user:g} events/user over 30 days; "
           f"new on the last day: {s.new_users:.0%} of users, {s.new_urls:.0%} of URLs; dim {s.train['dim']}; "
-          f"base and cold {s.epochs} epochs, refresh {s.refresh_epochs}")
+          f"base and cold {s.epochs} epochs, refresh {s.refresh_epochs}"
+          + (" (the first on the changed users only)" if s.first_epoch == "changed" else ""))
     print(table_text(rows, args.seeds))
     first = results[0]
     p = first["refresh"]["prepare"]

@@ -103,8 +103,9 @@ def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_pa
 
 def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path, snapshot, capsys):
     """The schedule: day 2 refreshes day 1's model and updates its IVF-PQ index; day 3 does the same
-    from day 2's. Each index update adds the new users and keeps its kind; flags and the YAML override
-    the base model's settings; yesterday's outputs are only read."""
+    from day 2's, its first epoch on the changed users only. Each index update adds the new users and
+    keeps its kind; flags and the YAML override the base model's settings; yesterday's outputs are only
+    read."""
     job = load_job("refresh")
     day1 = snapshot(os.path.dirname(days["model"]))
     config = tmp_path / "refresh.yaml"
@@ -114,24 +115,31 @@ def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path
                      "--out", str(day2), "--config", str(config), "--alpha", "0.01", "--no-progress"]) == 0
     day2_files = snapshot(str(day2))
     assert job.main(["--events", days["events3"], "--base-model", str(day2 / "model"), "--index", str(day2 / "index"),
-                     "--out", str(day3), "--no-progress"]) == 0
+                     "--out", str(day3), "--first-epoch", "changed", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert snapshot(os.path.dirname(days["model"])) == day1 and snapshot(str(day2)) == day2_files
 
     config2 = ModelDir(str(day2 / "model")).config()
     assert (config2.epochs, config2.alpha, config2.dim) == (3, 0.01, 8)  # YAML, then the flag, over the base's
     config3 = ModelDir(str(day3 / "model")).config()
-    assert (config3.epochs, config3.alpha, config3.init_from) == (1, 0.01, str(day2 / "model"))
+    assert (config3.epochs, config3.alpha, config3.init_from, config3.first_epoch) == (1, 0.01, str(day2 / "model"),
+                                                                                     "changed")
     keys1, keys2, keys3 = _keys(days["model"]), _keys(str(day2 / "model")), _keys(str(day3 / "model"))
     assert keys3[:len(keys2)] == keys2 and keys2[:len(keys1)] == keys1 and len(keys3) > len(keys2) > len(keys1)
     for day, before, after, old_index in ((day2, keys1, keys2, days["index"]), (day3, keys2, keys3, str(day2 / "index"))):
-        index = json.loads((day / "refresh.json").read_text())["index"]
+        report = json.loads((day / "refresh.json").read_text())
+        index, grown = report["index"], report["prepare"]["refresh"]["grown_docs"]
         assert index["kind"] == "ivfpq" and index["update"]["from"] == old_index
         assert index["update"]["added"] == len(after) - len(before) and index["update"]["removed"] == 0
         assert index["rows"] == len(after)
         served = pq.read_table(day / "index" / "keys.parquet").column("key")
         assert set(served.drop_null().to_pylist()) == set(after)
-    assert out.count("updated from") == 2
+        if day == day2:  # every user trained: the index replaces more rows than the users who grew
+            assert index["update"]["replaced"] > grown
+        else:  # only the changed users moved: the others' rows are left as they were
+            assert 0 < index["update"]["replaced"] <= grown
+            assert index["update"]["unchanged"] >= len(before) - grown
+    assert out.count("updated from") == 2 and "1 epoch(s) (the first on the changed users only)" in out
 
 
 @pytest.mark.parametrize("case", ["user's file", "earlier refresh", "a model", "bad yaml", "not a model"])
