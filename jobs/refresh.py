@@ -79,7 +79,6 @@ class RefreshJob:
     index: str | None = None        # yesterday's index, to update
     index_kind: str | None = None   # a new index's kind (auto); with --index, the old kind is kept
     recall_queries: int = RECALL_QUERIES
-    config: str | None = None
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -105,20 +104,21 @@ def parse(argv: list[str] | None) -> tuple[RefreshJob, PrepareConfig, TrainConfi
                     help=f"queries for the index's recall@10 vs exact (default: {RECALL_QUERIES})")
     ap.add_argument("--config", help="YAML of prepare and training keys (same names as the flags), over the base "
                                      "model's settings; flags override it")
-    ap.add_argument("--root", help="directory a relative --out is taken from; inside `ray job submit --working-dir` "
-                                   "it must be given (default: the current directory)")
+    ap.add_argument("--root", help="directory that a relative --out, --base-model, --base-corpus and --index are "
+                                   "taken from; inside `ray job submit --working-dir` a relative --out needs it "
+                                   "(default: the current directory)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_config_flags(ap, PrepareConfig, skip=PREPARE_SET_HERE)
     _add_config_flags(ap, TrainConfig, skip=TRAIN_SET_HERE)
-    train_fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    for action in ap._actions:  # a training flag's default is the base model's setting
+    helps = {f.name: f.metadata["help"].split(" (default:")[0] for cls in (PrepareConfig, TrainConfig)
+             for f in dataclasses.fields(cls)}
+    for action in ap._actions:  # a training flag's default is the base model's setting, the columns its corpus's
         if action.dest == "epochs":
             action.help = EPOCHS_HELP
-        elif action.dest in train_fields and action.dest != "address":
-            action.help = f"{train_fields[action.dest].metadata['help']} (default: the base model's)"
+        elif action.dest in field_names(TrainConfig) and action.dest != "address":
+            action.help = f"{helps[action.dest]} (default: the base model's)"
         elif action.dest in PREPARE_FROM_BASE:
-            action.help = f"{PrepareConfig.__dataclass_fields__[action.dest].metadata['help']} (default: the base " \
-                          "corpus's)"
+            action.help = f"{helps[action.dest]} (default: the base corpus's)"
     args = ap.parse_args(argv)
     flags = vars(args)
     values = load_yaml(args.config) if args.config else {}
@@ -129,14 +129,18 @@ def parse(argv: list[str] | None) -> tuple[RefreshJob, PrepareConfig, TrainConfi
                         "--events, --base-model, --base-corpus, --index and --out, and it holds nothing out)")
     root = flags["root"] or values.get("root")
     place = _output_resolver(args.config or "--out", root, os.getcwd())
-    given = (lambda p: p if p is None or "://" in p or os.path.isabs(p)
-             else os.path.join(os.path.abspath(root) if root else os.getcwd(), p))
-    job = RefreshJob(events=args.events, base_model=given(args.base_model), out=place("out", args.out),
-                     base_corpus=given(args.base_corpus), index=given(args.index), index_kind=args.index_kind,
-                     recall_queries=args.recall_queries, config=args.config)
+
+    def earlier(path: str | None) -> str | None:  # an earlier day's output: under --root too, where it was written
+        if path is None or "://" in path or os.path.isabs(path):
+            return path
+        return os.path.join(os.path.abspath(root) if root else os.getcwd(), path)
+
+    job = RefreshJob(events=args.events, base_model=earlier(args.base_model), out=place("out", args.out),
+                     base_corpus=earlier(args.base_corpus), index=earlier(args.index), index_kind=args.index_kind,
+                     recall_queries=args.recall_queries)
     if "://" in job.out:
-        raise UserError(f"{job.out}: --out is a directory on a file system every node mounts (a refresh's corpus "
-                        "and index are local files); object storage is not supported here")
+        raise UserError(f"{job.out}: --out must be a directory on a file system every node mounts; a refresh on "
+                        "object storage is not supported (its corpus and index are local files)")
     prep = build(PrepareConfig, base_corpus_settings(job), values, flags)
     cfg = refresh_config(job.base_model, values, flags)
     if args.no_progress:

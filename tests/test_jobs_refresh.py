@@ -172,3 +172,17 @@ def test_refusals_are_one_line_and_touch_nothing(days, tmp_path, snapshot, capsy
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
     assert snapshot(str(day)) == day_before and snapshot(days["model"]) == model_before
+
+
+def test_inside_a_submitted_job_relative_paths_need_a_root(days, tmp_path, monkeypatch):
+    """Under `ray job submit --working-dir` the working dir is a temporary copy: a relative --out is refused;
+    with --root, --out and the earlier day's relative paths are taken from it, and the events from the upload."""
+    job = load_job("refresh")
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip"}}))
+    with pytest.raises(job.UserError, match="'out' is the relative path day2, which inside `ray job submit"):
+        job.parse(["--events", "today.parquet", "--base-model", days["model"], "--out", "day2"])
+    root = os.path.dirname(os.path.dirname(days["model"]))
+    found, prep, cfg = job.parse(["--events", "today.parquet", "--base-model", "day1/model", "--index", "day1/index",
+                                  "--out", "day2", "--root", root])
+    assert (found.out, found.base_model, found.index) == (os.path.join(root, "day2"), days["model"], days["index"])
+    assert found.events == ["today.parquet"] and prep.time_col == "ts" and cfg.init_from == days["model"]
