@@ -202,7 +202,7 @@ def make_slice(corpus: Corpus, out: str, tokens: int, files: int) -> Corpus:
         writer.write_table(docs)
     shutil.copyfile(os.path.join(corpus.path, "vocab.arrow"), os.path.join(out, "vocab.arrow"))
     meta = {**corpus.meta, "num_docs": n_docs, "num_tokens": int(cum[-1]), "num_shards": len(shards),
-            "shards": shards, "sliced_from": corpus.path}
+            "shards": shards, "sliced_from": corpus.path, "shards_by": None}  # cut by tokens, not by key
     with open(os.path.join(out, "corpus.json"), "w") as fh:
         json.dump(meta, fh, indent=2)
     return Corpus(out)

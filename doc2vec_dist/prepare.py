@@ -569,20 +569,137 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
     refresh = None
     if base is not None:
         _write_refreshed_docs(tmp, base, base_lengths, docs_file)
-        changed = np.concatenate([np.flatnonzero(grown), np.arange(base.num_docs, next_id)])
-        write_changed(tmp, changed)
-        known_words = min(base.vocab_size, vocab_size)
-        refresh = {"base": base.path, "base_kind": base.kind, "base_docs": base.num_docs,
-                   "base_vocab": base.vocab_size, "new_docs": next_id - base.num_docs,
-                   "grown_docs": int(grown.sum()), "docs_without_new_events": int(base.num_docs - grown.sum()),
-                   "empty_base_docs": int(np.count_nonzero(base_lengths == 0)),
-                   "new_words": vocab_size - base.vocab_size,
-                   "words_without_new_events": int(np.count_nonzero(new_word_counts[:known_words] == 0)),
-                   "words_without_tokens": int(np.count_nonzero(counts == 0)),
-                   "events_not_after_base": early}
+        refresh = _refresh_summary(tmp, base, next_id, grown, base_lengths, new_word_counts, counts, early)
     time_range = [first_time, last_time] if np.isfinite(first_time) else None
     return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, heldout, duplicates, single,
                   nothing_hidden, time_range, refresh)
+
+
+def _refresh_summary(tmp: str, base: _Base, num_docs: int, grown: np.ndarray, base_lengths: np.ndarray,
+                     new_word_counts: np.ndarray, counts: np.ndarray, early: int) -> dict:
+    """changed.arrow (the new users and those with new events), and corpus.json's "refresh" counts."""
+    write_changed(tmp, np.concatenate([np.flatnonzero(grown), np.arange(base.num_docs, num_docs)]))
+    known_words = min(base.vocab_size, len(counts))
+    return {"base": base.path, "base_kind": base.kind, "base_docs": base.num_docs,
+            "base_vocab": base.vocab_size, "new_docs": num_docs - base.num_docs,
+            "grown_docs": int(grown.sum()), "docs_without_new_events": int(base.num_docs - grown.sum()),
+            "empty_base_docs": int(np.count_nonzero(base_lengths == 0)),
+            "new_words": len(counts) - base.vocab_size,
+            "words_without_new_events": int(np.count_nonzero(new_word_counts[:known_words] == 0)),
+            "words_without_tokens": int(np.count_nonzero(counts == 0)),
+            "events_not_after_base": early}
+
+
+def _whole_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A shard file's (doc_ids, offsets, tokens), every document of it."""
+    parts = list(iter_shard(path, max_tokens=1 << 62))
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32)
+    ids = np.concatenate([p[0] for p in parts])
+    sizes = np.concatenate([np.diff(p[1]) for p in parts])
+    return ids, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.concatenate([p[2] for p in parts])
+
+
+def _pass3_join(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, bar, base: _Base) -> _Pass3:
+    """Pass 3 of a refresh that joins new events to the documents (prepare --base without a window),
+    when the base's shards are by key hash ("shards_by" in its corpus.json): bucket b's new events can
+    only be those of base shard b's users (or of its users with an empty document, or of new users),
+    so each base shard is read once and written again with each user's new events after its tokens,
+    then the new users. The base's tokens are never spilled, sorted or grouped again: the cost is
+    the new events' plus one copy of the corpus (the general path, _pass3, re-buckets everything)."""
+    vocab_size, buckets = len(vocab_tokens), len(spills)
+    counts, new_word_counts = np.zeros(vocab_size, np.int64), np.zeros(vocab_size, np.int64)
+    base_keys = base.docs.column("key")
+    base_lengths = base.docs.column("length").to_numpy().copy()
+    grown = np.zeros(base.num_docs, bool)
+    empty = np.flatnonzero(base_lengths == 0)  # known users with no token (a window's): in no shard
+    empty_bucket = (hash_strings(base_keys.take(pa.array(empty)).combine_chunks()) % np.uint64(buckets)).astype(np.int64)
+    shards, next_id, empty_docs, duplicates, single, early = [], base.num_docs, 0, 0, 0, 0
+    first_time, last_time = np.inf, -np.inf
+    docs_file = os.path.join(tmp, "new-docs.arrow")
+    with pa.OSFile(docs_file, "wb") as docs_sink, pa.ipc.new_file(docs_sink, DOCS_SCHEMA) as docs_writer:
+        for b, spill in enumerate(spills):
+            with pa.OSFile(spill, "rb") as source:
+                table = pa.ipc.open_stream(source).read_all()
+            os.remove(spill)
+            encoded = pc.dictionary_encode(table["key"].cast(pa.large_string()).combine_chunks())
+            uniq_keys, codes, tokens = encoded.dictionary, encoded.indices.to_numpy(), table["token"].to_numpy()
+            times = table["time"].to_numpy() if has_time else None
+            order = np.lexsort((times, codes)) if has_time else np.argsort(codes, kind="stable")
+            codes, tokens = codes[order], tokens[order]
+            in_vocab = tokens >= 0
+            codes, tokens = codes[in_vocab], tokens[in_vocab]
+            fresh = np.ones(len(codes), bool)  # events the base did not have: after its latest time
+            if has_time:
+                times = times[order][in_vocab]
+                duplicate = _duplicates(codes, tokens, times)
+                if duplicate.any():
+                    duplicates += int(np.count_nonzero(duplicate))
+                    codes, tokens, times = codes[~duplicate], tokens[~duplicate], times[~duplicate]
+                    fresh = fresh[~duplicate]
+                seen = times[np.isfinite(times)]
+                if len(seen):
+                    first_time, last_time = min(first_time, float(seen.min())), max(last_time, float(seen.max()))
+                if base.latest_time is not None:
+                    fresh = ~(times <= base.latest_time)
+                    early += int(np.count_nonzero(~fresh))
+            del table, encoded, order
+            # the base's users this bucket can hold: shard b's, and its users with an empty document
+            shard_ids, shard_offsets, shard_tokens = _whole_shard(base.corpus.shard_paths[b])
+            shard_keys = base_keys.take(pa.array(shard_ids)).combine_chunks()
+            if buckets > 1 and (hash_strings(shard_keys) % np.uint64(buckets) != b).any():
+                raise CorpusError(f"{base.corpus.shard_paths[b]}: holds users whose keys hash to another shard, "
+                                  f"though {base.corpus.path}/corpus.json says its shards are by key hash")
+            empties = empty[empty_bucket == b]
+            known_ids = np.concatenate([shard_ids, empties])
+            position = pc.index_in(uniq_keys, value_set=pa.concat_arrays(
+                [shard_keys.cast(pa.large_string()), base_keys.take(pa.array(empties)).combine_chunks().cast(
+                    pa.large_string())])).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            added = np.bincount(codes, minlength=len(uniq_keys))  # new tokens of each key
+            known = position >= 0
+            grown[known_ids[position[known & (np.bincount(codes[fresh], minlength=len(uniq_keys)) > 0)]]] = True
+            # each base document of the shard, then its new events: written to their places in one array
+            n_shard = len(shard_ids)
+            adds = np.zeros(len(known_ids), np.int64)
+            adds[position[known]] = added[known]
+            old_lengths = np.diff(shard_offsets)
+            lengths = old_lengths + adds[:n_shard]
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            token_position = position[codes]
+            known_tokens = token_position >= 0
+            additions = tokens[known_tokens][np.argsort(token_position[known_tokens], kind="stable")]
+            merged = np.empty(int(offsets[-1]), np.int32)
+            merged[np.arange(len(shard_tokens)) + np.repeat(offsets[:-1] - shard_offsets[:-1], old_lengths)] = shard_tokens
+            into = adds[:n_shard]
+            in_place = int(into.sum())
+            merged[np.repeat(offsets[:-1] + old_lengths, into)
+                   + np.arange(in_place) - np.repeat(np.cumsum(into) - into, into)] = additions[:in_place]
+            # then users whose document was empty and is not now, then new users
+            refilled = np.flatnonzero(adds[n_shard:] > 0)
+            new_codes = np.flatnonzero(~known & (added > 0))
+            empty_docs += int(np.count_nonzero(~known & (added == 0)))
+            new_ids = np.arange(next_id, next_id + len(new_codes), dtype=np.int64)
+            next_id += len(new_codes)
+            doc_ids = np.concatenate([shard_ids, empties[refilled], new_ids])
+            doc_lengths = np.concatenate([lengths, adds[n_shard:][refilled], added[new_codes]])
+            words = np.concatenate([merged, additions[in_place:], tokens[~known_tokens]])
+            shards.append(write_shard(tmp, b, doc_ids, doc_lengths, words))
+            counts += np.bincount(words, minlength=vocab_size)
+            new_word_counts += np.bincount(tokens[fresh], minlength=vocab_size)
+            base_lengths[shard_ids] = lengths
+            base_lengths[empties[refilled]] = adds[n_shard:][refilled]
+            single += int(np.count_nonzero(doc_lengths == 1))
+            for s in range(0, len(new_codes), 1 << 20):
+                sl = slice(s, s + (1 << 20))
+                docs_writer.write_batch(pa.RecordBatch.from_arrays(
+                    [uniq_keys.take(pa.array(new_codes[sl])).cast(pa.string()), pa.array(new_ids[sl]),
+                     pa.array(added[new_codes[sl]].astype(np.int64))], schema=DOCS_SCHEMA))
+            bar.update(1)
+    _write_refreshed_docs(tmp, base, base_lengths, docs_file)
+    refresh = _refresh_summary(tmp, base, next_id, grown, base_lengths, new_word_counts, counts, early)
+    time_range = [first_time, last_time] if np.isfinite(first_time) else None
+    return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, 0, duplicates, single, 0, time_range,
+                  refresh)
 
 
 def _write_refreshed_docs(tmp: str, base: _Base, lengths: np.ndarray, new_docs: str) -> None:
@@ -687,16 +804,23 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
             with tqdm(desc="prepare 1/3 count", unit=" rows", unit_scale=True, **bars) as bar:
                 p1 = _pass1(files, opt, min_count, max_vocab, bar,
                             found_base.vocab_tokens if found_base else None, window)
-            buckets = num_shards or _choose_buckets(p1, time_col is not None, memory_budget_bytes,
-                                                    found_base.token_count(join) if found_base else 0)
+            # a join keeps the base's shards by key hash, adding each user's new events to its own shard
+            by_shard = (found_base is not None and join and num_shards is None
+                        and found_base.corpus.meta.get("shards_by") == "key_hash")
+            buckets = found_base.corpus.num_shards if by_shard else num_shards or _choose_buckets(
+                p1, time_col is not None, memory_budget_bytes, found_base.token_count(join) if found_base else 0)
             vocab_tokens = p1.vocab["token"].combine_chunks()
             spill_dir = os.path.join(tmp, "spill")
             os.makedirs(spill_dir)
             with tqdm(desc="prepare 2/3 partition", total=p1.rows, unit=" rows", unit_scale=True, **bars) as bar:
-                spills = _pass2(files, opt, TokenIds(vocab_tokens), buckets, spill_dir, bar, found_base, join, window)
+                spills = _pass2(files, opt, TokenIds(vocab_tokens), buckets, spill_dir, bar,
+                                None if by_shard else found_base, join, window)
             with tqdm(desc="prepare 3/3 shards", total=buckets, unit=" shards", **bars) as bar:
-                p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar,
-                            found_base)
+                if by_shard:
+                    p3 = _pass3_join(spills, tmp, vocab_tokens, time_col is not None, bar, found_base)
+                else:
+                    p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar,
+                                found_base)
             os.rmdir(spill_dir)
 
             vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts),
@@ -718,7 +842,9 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
                 "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
                 "docs_with_one_token": p3.docs_with_one_token,
                 "docs_without_heldout": p3.docs_without_heldout if holdout > 0 else None,
-                "time_range": p3.time_range, "window_days": window_days,
+                "time_range": _union(p3.time_range, found_base.meta.get("time_range") if found_base and join
+                                     else None),
+                "window_days": window_days, "shards_by": "key_hash",  # shard b holds the keys hashing to b
                 "window_start": window.cutoff if window else None,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
@@ -746,6 +872,13 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         if meta.get("refresh"):
             log.info(refresh_report(meta))
     return Corpus(out)
+
+
+def _union(a: list | None, b: list | None) -> list | None:
+    """The time range covering both (either may be None)."""
+    if a is None or b is None:
+        return a or b
+    return [min(a[0], b[0]), max(a[1], b[1])]
 
 
 def refresh_report(meta: dict) -> str:

@@ -48,12 +48,30 @@ def _documents(corpus: Corpus) -> dict[str, list[str]]:
             for d, a, b in zip(ids, offsets, offsets[1:])}
 
 
-def test_a_refresh_keeps_every_id_and_its_documents_equal_a_cold_prepare(days, tmp_path):
+@pytest.mark.parametrize("path", ["by shard", "by 4 shards", "re-bucketed"])
+def test_a_refresh_keeps_every_id_and_its_documents_equal_a_cold_prepare(days, tmp_path, path):
     """Known users and URLs keep their ids, new ones come after; each user's document is its earlier
     tokens then its new events, which is what preparing all the days at once gives (the new days come
-    after the old ones); counts are the new corpus's."""
-    base = Corpus(days["base"])
-    fresh = prepare([days["new"]], str(tmp_path / "refreshed"), time_col="ts", base=days["base"], progress=False)
+    after the old ones); counts are the new corpus's. Both ways of joining: each base shard rewritten
+    with its users' new events (a base whose shards are by key hash), or everything bucketed again
+    (a base from before corpus.json said so)."""
+    import shutil
+
+    base_path = days["base"]
+    if path == "by 4 shards":
+        base_path = prepare([days["old"]], str(tmp_path / "base4"), time_col="ts", num_shards=4, progress=False).path
+    if path == "re-bucketed":
+        base_path = str(tmp_path / "old-base")
+        shutil.copytree(days["base"], base_path)
+        with open(os.path.join(base_path, "corpus.json")) as fh:
+            meta = json.load(fh)
+        assert meta.pop("shards_by") == "key_hash"
+        with open(os.path.join(base_path, "corpus.json"), "w") as fh:
+            json.dump(meta, fh)
+    base = Corpus(base_path)
+    fresh = prepare([days["new"]], str(tmp_path / "refreshed"), time_col="ts", base=base_path, progress=False,
+                    num_shards=3 if path == "re-bucketed" else None)
+    assert fresh.num_shards == (3 if path == "re-bucketed" else base.num_shards)
     cold = prepare([days["all"]], str(tmp_path / "cold"), time_col="ts", progress=False)
 
     keys, old_keys = fresh.docs().column("key").to_pylist(), base.docs().column("key").to_pylist()
@@ -314,3 +332,25 @@ def test_a_first_epoch_of_changed_users_needs_a_refreshed_corpus(days, tmp_path)
     with pytest.raises(CorpusError, match="--first-epoch changed needs a corpus from prepare --base"):
         train(days["base"], str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, first_epoch="changed", progress=False))
     assert not (tmp_path / "m").exists()
+
+
+def test_joining_onto_a_window_fills_the_documents_it_left_empty(days, tmp_path):
+    """A window leaves known users with an empty document; joining the next day's events onto it gives
+    each user its window's tokens then its new events, the empty ones included, ids kept."""
+    window = prepare([days["old"]], str(tmp_path / "window"), time_col="ts", base=days["base"], window_days=3,
+                     progress=False)
+    joined = prepare([days["new"]], str(tmp_path / "joined"), time_col="ts", base=window.path, progress=False)
+    assert joined.docs().column("key").to_pylist()[:window.num_docs] == window.docs().column("key").to_pylist()
+    before, after = _documents(window), _documents(joined)
+    events = pq.read_table(days["new"]).sort_by([("ts", "ascending")])
+    new_events: dict[str, list[str]] = {}
+    for key, url in zip(events.column("user_id").to_pylist(), events.column("url").to_pylist()):
+        new_events.setdefault(key, []).append(url)
+    keys = joined.docs().column("key").to_pylist()
+    empty_before = {k for k, n in zip(window.docs().column("key").to_pylist(),
+                                      window.docs().column("length").to_pylist()) if n == 0}
+    refilled = empty_before & set(new_events)
+    assert refilled and empty_before - set(new_events)  # both kinds are there
+    for key in keys:
+        assert after.get(key, []) == before.get(key, []) + new_events.get(key, []), key
+    assert joined.meta["refresh"]["events_not_after_base"] == 0
