@@ -329,7 +329,8 @@ def tune_set(data: Set, mode: str, seeds: list[int], budget: float, work: str, g
 def format_tuned(r: dict) -> str:
     search, summary = r["search"], r["summary"]
     lines = [f"{r['set']} — tune (budget {r['budget']:g}): {search['trials']} trials, {search['failed']} failed, "
-             f"{search['seconds']:.0f} s (estimated {search['estimated_seconds'] or 0:.0f} s); best on "
+             f"{search['seconds']:.0f} s (estimated {(search['estimate'] or {}).get('search_seconds', 0):.0f} s; "
+             f"Ray Tune's own {search['overhead_seconds_per_trial']:.1f} s a trial); best on "
              f"{search['measured_on']}: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items())]
     seeds = [row["seed"] for row in r["runs"]["tuned"]]
     header = ["run"] + [f"seed {s}" for s in seeds] + ["mean", "spread", "tokens/s"]
