@@ -27,7 +27,7 @@ each training pays for its own actors):
 
 Targets (the issue's): refresh recall@10 within 0.005 of the cold retrain's; refresh wall time (prepare
 + train) at most 1/3 of the cold retrain's; known users' median cosine(base, refresh) ≥ 0.9 and
-about 0 for the cold retrain; index update < 1/5 of a rebuild's time with recall@10 vs exact ≥ 0.96
+about 0 for the cold retrain (a reference: shown, not judged); index update < 1/5 of a rebuild's time with recall@10 vs exact ≥ 0.96
 (the issue sets the index target at 1M rows). Each is judged on the mean over seeds.
 
 Prints one table (each seed, mean, spread = max − min, target) and writes it as JSON (--json). The
@@ -75,7 +75,6 @@ EVAL_USERS = 20_000  # heldout_metrics' own cap: below it, every model is measur
 RECALL_GAP = 0.005        # refresh recall@10 ≥ cold − this
 TIME_SHARE = 1 / 3        # refresh wall / cold wall ≤ this
 STABLE_COSINE = 0.9       # median cosine(base, refresh) of known users ≥ this
-ROTATED_COSINE = 0.1      # |median cosine(base, cold)| ≤ this: "about 0"
 INDEX_SHARE = 1 / 5       # update seconds / rebuild seconds < this
 INDEX_RECALL = 0.96       # update's recall@10 vs exact ≥ this (the build's target)
 # TrainConfig fields set per run here, not for every model by --config or flags
@@ -302,8 +301,9 @@ ROWS = [
     ("known users' median cosine(base, refresh)", lambda r: r["refresh"]["cosine_users"]["median"],
      (lambda x: x >= STABLE_COSINE, f"≥ {STABLE_COSINE}"), ".3f"),
     ("  p5", lambda r: r["refresh"]["cosine_users"]["p5"], None, ".3f"),
-    ("known users' median cosine(base, cold)", lambda r: r["cold"]["cosine_users"]["median"],
-     (lambda x: abs(x) <= ROTATED_COSINE, f"about 0 (within ±{ROTATED_COSINE})"), ".3f"),
+    # the issue's reference, not a target: a cold retrain's vectors are not the base's (it expects about 0)
+    ("known users' median cosine(base, cold), for reference", lambda r: r["cold"]["cosine_users"]["median"],
+     None, ".3f"),
     ("index update s (IVF-PQ)", lambda r: r["index"]["update_seconds"], None, ".2f"),
     ("  before measuring recall", lambda r: r["index"]["update_seconds_before_recall"], None, ".2f"),
     ("index rebuild s", lambda r: r["index"]["rebuild_seconds"], None, ".2f"),

@@ -102,8 +102,8 @@ def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_pa
 
 
 def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path, snapshot, capsys):
-    """The schedule: day 2 refreshes day 1's model and updates its IVF-PQ index; day 3 does the same
-    from day 2's, its first epoch on the changed users only. Each index update adds the new users and
+    """The schedule: day 2 refreshes day 1's model (every user, --first-epoch all) and updates its IVF-PQ
+    index; day 3 does the same from day 2's, its first epoch on the changed users only (the default). Each index update adds the new users and
     keeps its kind; flags and the YAML override the base model's settings; yesterday's outputs are only
     read."""
     job = load_job("refresh")
@@ -112,10 +112,11 @@ def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path
     config.write_text(yaml.safe_dump({"epochs": 3, "alpha": 0.02}))
     day2, day3 = tmp_path / "day2", tmp_path / "day3"
     assert job.main(["--events", days["events2"], "--base-model", days["model"], "--index", days["index"],
-                     "--out", str(day2), "--config", str(config), "--alpha", "0.01", "--no-progress"]) == 0
+                     "--out", str(day2), "--config", str(config), "--alpha", "0.01", "--first-epoch", "all",
+                     "--no-progress"]) == 0
     day2_files = snapshot(str(day2))
     assert job.main(["--events", days["events3"], "--base-model", str(day2 / "model"), "--index", str(day2 / "index"),
-                     "--out", str(day3), "--first-epoch", "changed", "--no-progress"]) == 0
+                     "--out", str(day3), "--no-progress"]) == 0  # a refresh's first epoch: the changed users
     out = capsys.readouterr().out
     assert snapshot(os.path.dirname(days["model"])) == day1 and snapshot(str(day2)) == day2_files
 
