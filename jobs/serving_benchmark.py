@@ -2,12 +2,19 @@
 
     nice -n 10 python jobs/serving_benchmark.py --rows 1000000 --work /tmp/serving-1m
     nice -n 10 python jobs/serving_benchmark.py --rows 20000000 --steps export,auto --work /tmp/serving-20m --clean
+    python jobs/serving_benchmark.py --rows 1000000 --steps ivfpq,update --changed 0.4 --new 0.02   # daily refresh
 
 It writes a model directory in the checkpoint layout (a `docs` table of --rows × --dim, sharded over
 --parts parts as a model trained with that many parameter servers is: row r in part r % parts),
 then runs each step as its own process through the command line (`doc2vec-dist export`, `index`)
 or this script (`query`), so the peak memory reported (os.wait4's ru_maxrss) is that step's alone.
 Figures are printed, and saved as WORK/results.json.
+
+The update step stands for a daily refresh (issue 17): a second model whose first rows are the
+first one's, --changed of them moved a little (cosine ~0.98 with their old vector, what one refresh
+epoch does) and --new rows after them; the IVF-PQ index of the first model is updated to it
+(`index --update`) and, beside it, one is built from scratch (`index --kind ivfpq`): time and
+recall@10 vs exact of each.
 
 The vectors are synthetic users with planted clusters: a shared mean, one of --clusters centres
 (a decaying spectrum over the dims), and isotropic noise. With the defaults their statistics are
@@ -40,7 +47,7 @@ from doc2vec_dist import checkpoint
 from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.memwatch import peak_rss_bytes, proc_status_bytes
 
-STEPS = ("export", "flat", "hnsw", "ivfpq", "auto", "query")
+STEPS = ("export", "flat", "hnsw", "ivfpq", "auto", "query", "update")
 KEY_SCHEMA = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
 
 
@@ -83,6 +90,29 @@ def write_model(model: str, rows: int, dim: int = 100, parts: int = 4, clusters:
         print(f"model: part {s + 1}/{parts} written", file=sys.stderr)
     checkpoint.commit(model, 1, {"docs": entries}, {"docs": dim}, {"trainer": "synthetic"}, keep=1)
     return model
+
+
+def write_refreshed_model(model: str, out: str, changed: float, new: int, noise: float = 0.8, seed: int = 7) -> str:
+    """`model`'s docs with a `changed` share of its rows moved a little and `new` rows appended, as a
+    refreshed model (same keys, same ids, new ones after), in as many parts."""
+    found = checkpoint.ModelDir(model)
+    spec = found.spec("docs")
+    rows, dim, parts = spec["rows"] + new, spec["dim"], len(spec["parts"])
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+    table = found.read_table("docs")
+    rng = np.random.default_rng(seed)
+    moved = rng.random(len(table)) < changed
+    # one refresh epoch moves a known user a little: cosine ~0.98 with where it was
+    table[moved] += 0.2 * noise * rng.standard_normal((int(moved.sum()), dim), dtype=np.float32)
+    fresh = table[rng.integers(0, len(table), new)] + noise * rng.standard_normal((new, dim), dtype=np.float32)
+    table = np.concatenate([table, fresh])
+    _write_keys(out, rows, 1 << 20)
+    entries = [checkpoint.write_slice(out, 1, "docs", s, parts, np.arange(s, rows, parts, dtype=np.int64),
+                                      np.ascontiguousarray(table[s::parts])) for s in range(parts)]
+    checkpoint.commit(out, 1, {"docs": entries}, {"docs": dim}, {"trainer": "synthetic refresh"}, keep=1)
+    return out
 
 
 def _write_keys(model: str, rows: int, chunk: int) -> None:
@@ -170,6 +200,23 @@ def step_index(work: str, model: str, kind: str) -> dict:
     return r
 
 
+def step_update(work: str, model: str, changed: float, new: int) -> dict:
+    """The base's IVF-PQ index updated to a refreshed model, against one built from scratch on it."""
+    refreshed = write_refreshed_model(model, os.path.join(work, "model-refreshed"), changed, new)
+    results = {"changed": changed, "new": new}
+    for name, argv in (("update", cli("index", "--update", os.path.join(work, "index-ivfpq"), "--model", refreshed,
+                                      "--table", "docs", "--out", os.path.join(work, "index-updated"))),
+                       ("rebuild", cli("index", "--model", refreshed, "--table", "docs", "--kind", "ivfpq", "--out",
+                                       os.path.join(work, "index-rebuilt")))):
+        r = popen_wait4(argv)
+        with open(os.path.join(work, f"index-{name}d" if name == "update" else "index-rebuilt", "params.json")) as fh:
+            params = json.load(fh)
+        r.update({k: params[k] for k in ("recall_at_10_vs_exact", "search", "stage_seconds", "update") if k in params})
+        results[name] = r
+    results["ratio"] = round(results["update"]["seconds"] / results["rebuild"]["seconds"], 3)
+    return results
+
+
 def step_query(model: str, index: str, queries: int, k: int = 10, seed: int = 5) -> dict:
     """In this (child) process: batch neighbour queries on a saved index, by vector and by key."""
     from doc2vec_dist.runners import calm_openmp
@@ -221,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="export,flat,ivfpq,query", help=f"comma-separated, of {', '.join(STEPS)}")
     ap.add_argument("--query-index", default="ivfpq", help="which built index the query step uses")
     ap.add_argument("--queries", type=int, default=20000)
+    ap.add_argument("--changed", type=float, default=0.4, help="update: share of rows a refresh moved (default 0.4: "
+                                                                 "the refresh benchmark's grown users)")
+    ap.add_argument("--new", type=float, default=0.02, help="update: new rows, as a share of --rows (default 0.02)")
     ap.add_argument("--keep-export", action="store_true", help="keep the exported Parquet (it is deleted)")
     ap.add_argument("--clean", action="store_true", help="delete WORK (model, indexes) at the end")
     ap.add_argument("--child-query", nargs=2, metavar=("MODEL", "INDEX"), help=argparse.SUPPRESS)
@@ -248,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
             r = step_export(args.work, model, args.keep_export)
             print(f"export parquet: {r['rows_per_second']:,.0f} rows/s, {r['seconds']}s wall, "
                   f"{r['cpu_seconds']} CPU-s, {memory(r)}, {r['output_gib']} GiB in {r['files']} files", flush=True)
+        elif step == "update":
+            r = step_update(args.work, model, args.changed, int(args.new * args.rows))
+            u = r["update"]
+            print(f"index update (ivfpq, {args.changed:.0%} of rows moved, {r['new']:,} new): {u['seconds']}s against "
+                  f"a rebuild's {r['rebuild']['seconds']}s (ratio {r['ratio']}); recall@10 vs exact "
+                  f"{u['recall_at_10_vs_exact']:.3f} against {r['rebuild']['recall_at_10_vs_exact']:.3f}; "
+                  f"{u['update']}; {memory(u)}", flush=True)
         elif step == "query":
             index = os.path.join(args.work, f"index-{args.query_index}")
             r = popen_wait4([sys.executable, os.path.abspath(__file__), "--child-query", model, index,

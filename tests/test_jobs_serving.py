@@ -125,3 +125,21 @@ def test_index_job_updates_an_index_staging_the_new_source_in_ray_tasks(ray_clus
     assert [(t["step"], t["unit"]) for t in params["tasks"]] == [("stage", 0), ("stage", 1)]
     assert all(t["pid"] != os.getpid() for t in params["tasks"])
     assert (params["kind"], params["rows"], params["dead"]) == ("hnsw", 620, 30)
+
+
+def test_serving_benchmark_updates_the_base_index_to_a_refreshed_model(tmp_path, capsys):
+    """jobs/serving_benchmark.py --steps ivfpq,update: the refreshed model keeps every row but the moved
+    share bit for bit and appends the new ones, so the update replaces about that share, adds exactly
+    the new rows, and is timed against a rebuild of the same model."""
+    work = str(tmp_path / "work")
+    assert load_job("serving_benchmark").main(["--rows", "5000", "--dim", "16", "--parts", "2", "--clusters", "50",
+                                               "--steps", "ivfpq,update", "--changed", "0.3", "--new", "0.02",
+                                               "--work", work]) == 0
+    with open(os.path.join(work, "results.json")) as fh:
+        update = json.load(fh)["update"]
+    counts = update["update"]["update"]
+    assert counts["added"] == 100 and counts["removed"] == 0
+    assert 1200 < counts["replaced"] < 1800 and counts["replaced"] + counts["unchanged"] == 5000
+    assert update["ratio"] == round(update["update"]["seconds"] / update["rebuild"]["seconds"], 3)
+    assert min(update["update"]["recall_at_10_vs_exact"], update["rebuild"]["recall_at_10_vs_exact"]) > 0.8
+    assert "index update (ivfpq, 30% of rows moved, 100 new)" in capsys.readouterr().out
