@@ -11,7 +11,7 @@ from collections.abc import Collection
 from . import outputs
 from .config import PrepareConfig, TrainConfig, build, engine_only, explicit_values, load_yaml
 from .errors import UserError
-from .logs import to_terminal
+from .logs import command
 
 
 def _help(text: str, default=None, required: bool = False) -> str:
@@ -453,17 +453,11 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    to_terminal()  # the library's lines, as the command's own
-    try:
+    def work() -> None:
         args = _parse_args(argv)
         args.func(args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    return 0
+
+    return command(work)  # the library's lines as the command's own; errors as one line and an exit status
 
 
 if __name__ == "__main__":

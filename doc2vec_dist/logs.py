@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 
 LOGGER = "doc2vec_dist"
 
@@ -38,3 +39,21 @@ def to_terminal(level: int = logging.INFO) -> None:
         log.addHandler(handler)
     log.setLevel(level)
     log.propagate = False
+
+
+def command(work: Callable[[], object]) -> int:
+    """Run a command's work as the command line and the jobs do: the library's lines on the terminal;
+    a UserError as one `error:` line and exit status 2; Ctrl-C as `interrupted` and 130 (what was
+    interrupted has said what became of its output); 0 otherwise."""
+    from .errors import UserError
+
+    to_terminal()
+    try:
+        work()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

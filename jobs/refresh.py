@@ -52,7 +52,7 @@ from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import PrepareConfig, TrainConfig, build, field_names, load_yaml
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.index import KINDS, RECALL_QUERIES
-from doc2vec_dist.logs import to_terminal
+from doc2vec_dist.logs import command
 
 # What a refresh sets otherwise: the base is --base-model / --base-corpus, and a refresh holds
 # nothing out (the base's users were trained on everything they had: hold out before the base).
@@ -278,17 +278,11 @@ def report(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    to_terminal()
-    try:
+    def work() -> None:
         job, prep, cfg = parse(argv)
         report(run(job, prep, cfg))
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # train() has said what became of the model, and how to resume it
-        print("interrupted", file=sys.stderr)
-        return 130
-    return 0
+
+    return command(work)  # Ctrl-C: train() has said what became of the model, and how to resume it
 
 
 if __name__ == "__main__":

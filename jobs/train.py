@@ -31,7 +31,7 @@ from doc2vec_dist.config import (
     load_yaml,
 )
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.logs import to_terminal
+from doc2vec_dist.logs import command
 
 DEFAULT_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
 
@@ -201,17 +201,11 @@ def report(result: dict, job: JobConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    to_terminal()
-    try:
+    def work() -> None:
         job, prep, cfg, _ = parse(argv)
         report(run(job, prep, cfg), job)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # train() has said what became of the model, and how to resume it
-        print("interrupted", file=sys.stderr)
-        return 130
-    return 0
+
+    return command(work)  # Ctrl-C: train() has said what became of the model, and how to resume it
 
 
 if __name__ == "__main__":
