@@ -86,6 +86,11 @@ def stage(rows, servers: list):
 
 # -- a worker's side of the servers: routing, the compact layout, pulls, pushes, resident rows ----------------
 
+# What a worker's counters split its traffic with the servers into (bytes, as the arrays hold them):
+# the rows of its macro-batches (documents', and URLs' where they are shared), and the resident rows
+# (the block it holds, or --cache-rows) pulled and pushed whole.
+TRAFFIC = ("pulled", "pushed", "resident_pulled", "resident_pushed")
+
 # With several workers, each trains its own copy of the resident (--cache-rows) rows; they meet at the
 # servers this often (in macro-batches), as well as at checkpoints and epoch ends
 CACHE_SYNC_BATCHES = 8
@@ -216,8 +221,11 @@ class ParameterClient:
 
     def __init__(self, servers: list, table_rows: dict[str, int], *, workers: int, resident: int,
                  resident_tables: tuple[str, ...] = ("words_out",), sole_writer: bool = False,
-                 max_inflight_pushes: int = 2):
+                 max_inflight_pushes: int = 2, row_bytes: int = 0):
+        """row_bytes: the bytes of one row as pulled and pushed (its dim and optimiser state, float32),
+        for the traffic counters."""
         self.servers = connect(servers)
+        self.row_bytes = row_bytes
         self.num_shards = len(self.servers)
         self.table_rows, self.workers = table_rows, workers
         # a sole writer (the token path) pushes each batch's rows as they are, from a thread of its own
@@ -233,6 +241,21 @@ class ParameterClient:
         self.held = False  # the sole writer: whether the resident rows were pulled (see sync)
         self.uses = np.zeros(resident, dtype=np.int64)  # times each was used since then
         self.batches_since_sync = 0
+        self.traffic = dict.fromkeys(TRAFFIC, 0)  # bytes moved, by kind (the worker resets it)
+
+    def hold(self, ids: np.ndarray) -> None:
+        """Make the rows `ids` (ascending) of words_out the resident rows: the block a sole writer holds
+        on the block schedule (schedule.py). The next sync pulls them."""
+        self.resident = len(ids)
+        self.resident_route = Routing.of(np.asarray(ids, dtype=np.int64), max(self.num_shards, 1))
+        self.resident_order = np.empty(self.resident, dtype=np.int64)
+        self.resident_order[self.resident_route.position] = np.arange(self.resident)
+        self.held = False
+        self.batches_since_sync = 0
+
+    def release(self) -> None:
+        """The resident rows, pushed home, are no longer this worker's: the next sync pulls afresh."""
+        self.held = False
 
     # -- the compact layout -----------------------------------------------------------------------------
     def token_layout(self, doc_ids: np.ndarray) -> Layout:
@@ -279,6 +302,7 @@ class ParameterClient:
     # -- pull and push ----------------------------------------------------------------------------------
     def pull(self, layout: Layout) -> list:
         """One pull per server for the batch's rows of every table; the results arrive later (get)."""
+        self.traffic["pulled"] += sum(int(r.bounds[-1]) for r in layout.routes.values()) * self.row_bytes
         return [server.pull.remote(layout.request(s)) for s, server in enumerate(self.servers)]
 
     @staticmethod
@@ -299,6 +323,7 @@ class ParameterClient:
         for s, (server, rows) in enumerate(zip(self.servers, pulled)):
             if len(rows) == 0:
                 continue
+            self.traffic["pushed"] += rows.nbytes
             if self.sole_writer:  # its document rows, one block per server, copied once where the call takes them
                 (_, name, where, _), = (b for b in layout.blocks(s) if b[2].stop > b[2].start)
                 pushes.append((server, layout.request(s), stage(local[name][where], self.servers), label, True))
@@ -339,7 +364,8 @@ class ParameterClient:
 
     def sync_due(self) -> bool:
         """Whether several workers' resident rows are due to meet at the servers (CACHE_SYNC_BATCHES)."""
-        return bool(self.resident) and self.workers > 1 and self.batches_since_sync >= CACHE_SYNC_BATCHES
+        return (bool(self.resident) and self.workers > 1 and not self.sole_writer
+                and self.batches_since_sync >= CACHE_SYNC_BATCHES)
 
     def sync(self, read, write, label: str, push: bool = True, pull: bool = True) -> None:
         """Exchange the resident rows with the servers: push what they learned since the last pull
@@ -386,6 +412,7 @@ class ParameterClient:
         """Push a table's resident rows (deltas, or with assign the rows themselves; in id order) and
         wait until every server has applied its part."""
         route, rows = self.resident_route, rows[self.resident_order]
+        self.traffic["resident_pushed"] += rows.nbytes
         get([server.push.remote({table: route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
                                 f"{label} (resident rows)", assign)
              for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
@@ -396,4 +423,5 @@ class ParameterClient:
         pulled = get([server.pull.remote({table: route.local[s]}) for s, server in enumerate(self.servers)])
         fresh = np.empty((self.resident, pulled[0].shape[1] if pulled else 0), dtype=np.float32)
         fresh[self.resident_order] = np.concatenate(pulled)
+        self.traffic["resident_pulled"] += fresh.nbytes
         return fresh

@@ -37,6 +37,7 @@ from . import client, cpu_kernel
 from .config import TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
+from .schedule import Block, Blocks
 
 if TYPE_CHECKING:
     import torch
@@ -76,15 +77,18 @@ class Position:
     """Where a worker's data stands in an epoch: the next macro-batch it trains, and what it trained
     before it. Workers report it when a checkpoint pauses them (Worker.pause), the checkpoint's manifest
     keeps one per worker (to_json, from_json), and a resumed or restarted worker starts from it
-    (Worker.run_epoch). Position(epoch) is the epoch's start."""
+    (Worker.run_epoch). Position(epoch) is the epoch's start. On the block schedule an epoch is several
+    rounds, each a pass over the worker's units; the counters (tokens, pairs, loss) run on over the
+    rounds of an epoch, the step starts again at 0 each round."""
 
     epoch: int
-    unit: int = 0             # index of its unit among the worker's units (len(units): the epoch is done)
+    unit: int = 0             # index of its unit among the worker's units (len(units): the round is done)
     row: int | None = None    # shard-file row of that unit to start at (None: the unit's start)
     step: int = 0             # macro-batches trained before it this epoch (each one's draws are seeded by it)
     tokens: int = 0           # this epoch's counters up to it
     pairs: int = 0
     loss: float = 0.0
+    round: int = 0            # the block schedule's round in the epoch (schedule.py; always 0 for one worker)
 
     def to_json(self) -> dict:
         """The manifest's entry: every field, by name."""
@@ -249,6 +253,7 @@ class Worker:
         # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
         self.staged = use_cuda
         counts = Corpus(corpus_path).counts()
+        self.counts = counts
         self.keep_prob = keep_probabilities(counts, config.sample)
         self.negatives = NegativeTable(counts, config.ns_exponent)
         self.tokens_per_epoch = sum(u.tokens for u in units)
@@ -274,14 +279,21 @@ class Worker:
         # ... where `words` is trained too (dbow_words, PV-DM), every words row is resident as well, at
         # the head of `inputs`: a word's input row is its id, the documents' follow
         self.words_head = resident.get("words", 0)
-        self._device_tables = None  # device_examples.DeviceTables, made at the first device token batch
+        # The block schedule (schedule.py): several workers on the token path, each holding one block of
+        # the URL rows per round, its sole writer. One worker holds one block: every row.
+        self.num_blocks = config.num_workers if config.blocks() else 1
+        self._blocks: Blocks | None = None  # this epoch's blocks
+        self.held: Block | None = None      # the block this worker holds (the token path)
+        self._device_tables = None  # device_examples.DeviceTables of the held block, made at its first device batch
         self.macro_batch = macro_batch_for(config.macro_batch, self.tokens_per_epoch, sole_writer=self.token_path,
                                            on_device=not self.exact)
+        # on the block schedule most of a chunk's tokens are in other blocks: it reads num_blocks times as
+        # many, so that a macro-batch trains about as many tokens as one worker's
+        self.read_tokens = self.macro_batch * self.num_blocks
         self.client = client.ParameterClient(
             servers, {name: spec.rows for name, spec in tables.items()}, workers=config.num_workers,
             resident=self.cached, resident_tables=tuple(resident), sole_writer=self.token_path,
-            max_inflight_pushes=config.max_inflight_pushes)
-        self._accept = self.negatives.accept.astype(np.float32)
+            max_inflight_pushes=config.max_inflight_pushes, row_bytes=4 * self.width)
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
@@ -298,26 +310,55 @@ class Worker:
         self._paused_at: Position | None = None
         self._running = False
         self._position = Position(0)
+        self._round = 0  # the round run_epoch trains (the block schedule)
 
     @staticmethod
     def _zero_stats() -> dict:
         # every stage present from the start: progress() copies this dict from another thread, and a
         # key appearing mid-copy would break it
-        return {"tokens": 0, "pairs": 0, "loss": 0.0, "epoch": -1,
-                "seconds": dict.fromkeys(STAGES, 0.0)}
+        return {"tokens": 0, "pairs": 0, "loss": 0.0, "epoch": -1, "round": 0,
+                "seconds": dict.fromkeys(STAGES, 0.0), "bytes": dict.fromkeys(client.TRAFFIC, 0)}
 
     def progress(self) -> dict:
-        """Counters of the current epoch; served from a second thread while run_epoch works."""
+        """Counters of the current run_epoch call (tokens, pairs and loss: of the epoch so far; seconds
+        and bytes: of this call); served from a second thread while run_epoch works."""
         s = dict(self.stats)
         s["seconds"] = dict(s["seconds"])
+        s["bytes"] = dict(self.client.traffic)
         return s
+
+    # -- the block held (the token path) ---------------------------------------------------------
+    def _hold(self, epoch: int, round_: int) -> None:
+        """Take the block this worker holds in this round of the epoch (schedule.Blocks.held) as its
+        resident URL rows; the next sync pulls them. One worker holds every row, once for the run."""
+        cfg = self.config
+        if self.num_blocks == 1:
+            if self.held is None:
+                self._blocks = Blocks(len(self.counts), 1, cfg.seed, 0)
+                self.held = self._blocks.block(0, self.keep_prob, self.counts, cfg.ns_exponent, self.negatives)
+            return
+        if self._blocks is None or self._blocks.epoch != epoch:
+            self._blocks = Blocks(len(self.counts), self.num_blocks, cfg.seed, epoch)
+        b = Blocks.held(self.index, round_, self.num_blocks)
+        if self.held is not None and self.held.index == b and self.client.held:
+            return  # resumed in the round it holds (a checkpoint's pause): its rows are the latest
+        self.held = self._blocks.block(b, self.keep_prob, self.counts, cfg.ns_exponent)
+        self.cached = len(self.held.ids)
+        self._device_tables = None
+        self.client.hold(self.held.ids)
+
+    def _release(self) -> None:
+        """The end of a round on the block schedule, its block pushed home: the next holder pulls it
+        from the servers, and this worker pulls the block of its next round."""
+        if self.num_blocks > 1:
+            self.client.release()
 
     # -- data positions and pausing for checkpoints --------------------------------------------
     def _position_at(self, epoch: int, batch: Batch | None, step: int) -> Position:
         """Where this worker's data stands: the next macro-batch to train (None: the epoch is done)."""
         unit, row = batch.start if batch is not None else (len(self.units), None)
         return Position(epoch, unit, row, step, tokens=self.stats["tokens"], pairs=self.stats["pairs"],
-                        loss=self.stats["loss"])
+                        loss=self.stats["loss"], round=self._round)
 
     def pause(self) -> Position:
         """Stop between two macro-batches with every push applied; returns the data position.
@@ -375,21 +416,31 @@ class Worker:
 
     # -- one epoch ---------------------------------------------------------------------------------
     def run_epoch(self, epoch: int, start: Position | None = None) -> dict:
-        """Train this worker's data for one epoch, from the beginning or from a checkpointed position
-        (`start`, as pause() reported it); returns the epoch's counters."""
+        """Train this worker's data for one epoch (on the block schedule, one round of it: start.round),
+        from the beginning or from a checkpointed position (`start`, as pause() reported it); returns
+        the epoch's counters so far."""
         from .kernels import micro_batch_alphas
 
         cfg = self.config
         start = start or Position(epoch)
+        self._round = start.round
         self.stats = self._zero_stats()
-        self.stats.update(epoch=epoch, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
+        self.stats.update(epoch=epoch, round=start.round, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
+        self.client.traffic = dict.fromkeys(client.TRAFFIC, 0)
         seconds = self.stats["seconds"]
         # drives the learning rate: the tokens of the epochs before this one, and of this one so far
         done_before = (self.first_epoch_tokens + (epoch - 1) * self.tokens_per_epoch if epoch else 0) + start.tokens
-        chunks = read_chunks(self.units, self.macro_batch, start.unit, start.row)
+        if self.token_path:
+            self._hold(epoch, start.round)
+        chunks = read_chunks(self.units, self.read_tokens, start.unit, start.row)
         if epoch == 0 and self.changed is not None:
             chunks = only_documents(chunks, self.changed)
+        if self.num_blocks > 1:  # only the tokens of the block held, as its local rows
+            held, blocks = self.held.index, self._blocks
+            chunks = ((at, chunk) for at, chunk in ((at, blocks.select(held, *c)) for at, c in chunks) if len(chunk[0]))
         step_of_next = start.step
+        # each macro-batch's draws are seeded by its place: (epoch, step), and the round where there are several
+        where = [cfg.seed, self.index, epoch] + ([start.round] if self.num_blocks > 1 else [])
         with self._cv:
             self._running = True
 
@@ -403,7 +454,7 @@ class Worker:
                 return None
             # one generator per macro-batch, seeded by its place in the epoch: a run resumed from a
             # position draws the same subsampling and negatives as one that never stopped
-            rng = np.random.default_rng([cfg.seed, self.index, epoch, step_of_next])
+            rng = np.random.default_rng(where + [step_of_next])
             step_of_next += 1
             batch = self._prepare(*item, rng)
             t2 = time.perf_counter()
@@ -467,6 +518,7 @@ class Worker:
             t0 = time.perf_counter()
             self.client.drain()
             self._sync(f"epoch {epoch} end of worker {self.index}", pull=False)
+            self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
             with self._cv:
@@ -573,8 +625,9 @@ class Worker:
 
         if batch.tokens is not None and self.exact:  # the token path: the kernel draws the examples itself
             self.client.trained()
+            held = self.held
             return self.compute.tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
-                                       self.keep_prob, self._accept, self.negatives.alias, cfg.negative,
+                                       held.keep, held.negatives.accept, held.negatives.alias, cfg.negative,
                                        float(alphas[0]), float(alphas[1]), batch.seed,
                                        adagrad=self.adagrad, threads=int(cfg.cpus_per_worker))
         if self.exact:  # the host matrices, trained in place on this worker's threads
@@ -626,7 +679,7 @@ class Worker:
 
         cfg = self.config
         if self._device_tables is None:
-            self._device_tables = device_examples.DeviceTables(self.keep_prob, self.negatives, self.device)
+            self._device_tables = device_examples.DeviceTables(self.held.keep, self.held.negatives, self.device)
         return self.compute.device_examples(
             to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, cfg.negative,
             device_examples.generator(batch.seed, self.device), cfg.micro_batch,
