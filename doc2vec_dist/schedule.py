@@ -12,16 +12,22 @@ worker pushes its block to the servers and pulls the next, so every row is train
 value, as in PyTorch-BigGraph's buckets or GraphVite's orthogonal blocks. Over the W rounds of an
 epoch every worker meets every block once, so every token of the corpus trains once per epoch.
 
-Blocks are dealt afresh each epoch. Ids are by descending frequency; cut into groups of W consecutive
-ids, each group gives one id to each block, in a random order. Every block so holds the same share
-of hot and of rare rows, which keeps the rounds' work even (a round lasts as long as its slowest
-worker). The groups' boundaries shift by one id each epoch, so two URLs that share no block in one
-epoch share one in another: no pair of URLs is kept from being each other's negative for a whole run.
-
 Negatives come from the held block, each row drawn with probability ∝ count^ns_exponent within it.
-A block's share of the unigram^ns_exponent mass and of the tokens are both about 1/W (each block has
-one id of every group), so over a rotation each URL is drawn about as often as gensim's rule over
-the whole vocabulary would draw it.
+So that over a rotation each URL is drawn as often as gensim's rule over the whole vocabulary would
+draw it, a block whose rows hold a share P of the trained tokens and a share Q of the
+count^ns_exponent mass draws negative × Q / P negatives per example (its fractional part as the
+chance of one more): a URL u of it is then drawn tokens × P × (negative × Q / P) × q(u) / Q =
+tokens × negative × q(u) times, gensim's count.
+
+Blocks are dealt afresh each epoch, so that their work is even (a round lasts as long as its slowest
+worker), and so that no two URLs are kept from being each other's negatives for a whole run. Each id
+in turn, most frequent first, goes to the block with the least work so far, work being the
+examples its rows will train (its kept tokens, and the negatives drawn from it: P + negative × Q),
+and loads closer than the id's own work plus DEAL_SLACK of a block's fair share ordered at random. A
+Zipf head is so spread over the blocks (dealing W consecutive ranks to the W blocks left one with 1.6
+times the tokens of another: 50k URLs, 8 blocks, no subsampling), and the rest is dealt at random, at
+the cost of rounds about DEAL_SLACK uneven at most. Only URLs each heavier than that slack (a few of
+the very hottest, where subsampling is off) always land in different blocks.
 
 With one worker there is one block, every row, and one round: the sole writer of every row it trains.
 """
@@ -30,9 +36,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from .sampling import NegativeTable
+
+MAX_NEGATIVE_RATIO = 4.0  # a block's negatives per example stay within this factor of --negative
+DEAL_SLACK = 0.1  # loads within this share of a block's fair work are ordered at random when rows are dealt
+
+
+@numba.njit(cache=True)
+def _deal(weight: np.ndarray, blocks: int, noise: np.ndarray, slack: float) -> np.ndarray:
+    """Each id's block: ids one after another (heaviest first), each to the block with the least
+    weight so far, a load counted as load + noise × (the id's own weight + slack), so that loads
+    closer than that are ordered at random (noise: a uniform per id and block)."""
+    n = len(weight)
+    out = np.empty(n, np.int32)
+    load = np.zeros(blocks)
+    for i in range(n):
+        best, least = 0, np.inf
+        for b in range(blocks):
+            key = load[b] + noise[i * blocks + b] * (weight[i] + slack)
+            if key < least:
+                best, least = b, key
+        out[i] = best
+        load[best] += weight[i]
+    return out
 
 
 @dataclass
@@ -44,33 +73,48 @@ class Block:
     ids: np.ndarray
     keep: np.ndarray
     negatives: NegativeTable
+    negative: float  # negatives per example: negative × Q / P (see the module's docstring)
 
 
 class Blocks:
     """The blocks of one epoch: which block each URL row is in, and its row within the block."""
 
-    def __init__(self, vocab_size: int, num_blocks: int, seed: int, epoch: int):
-        self.vocab_size, self.num_blocks, self.epoch = int(vocab_size), int(num_blocks), int(epoch)
+    def __init__(self, counts: np.ndarray, keep: np.ndarray, num_blocks: int, seed: int, epoch: int,
+                 negative: int = 5, ns_exponent: float = 0.75):
+        """counts: each URL row's token count (the vocabulary's, ids by descending count); keep: the
+        chance its token is kept by subsampling."""
+        counts = np.asarray(counts, dtype=np.float64)
+        vocab_size = len(counts)
+        self.vocab_size, self.num_blocks, self.epoch = vocab_size, int(num_blocks), int(epoch)
+        self.negative = negative
         w = self.num_blocks
         if w == 1:
             self.block_of = np.zeros(vocab_size, np.int32)
             self.local_of = np.arange(vocab_size, dtype=np.int64)
             self.bounds = np.array([0, vocab_size], np.int64)
             self.order = self.local_of
+            self.negatives_per_example = np.array([float(negative)])
             return
-        shift = epoch % w  # the groups' boundaries move by one id each epoch
-        ids = np.arange(vocab_size, dtype=np.int64)
-        group, place = np.divmod(ids + shift, w)
-        groups = int(group[-1]) + 1 if vocab_size else 0
+        # each row's share of the trained tokens (p) and of the negatives' mass (q)
+        p = counts * np.asarray(keep, dtype=np.float64)
+        p /= max(p.sum(), 1e-300)
+        q = np.where(counts > 0, counts, 0.0) ** ns_exponent
+        q /= max(q.sum(), 1e-300)
         rng = np.random.default_rng([seed, epoch, 0x51C4ED])
-        deal = np.argsort(rng.random((groups, w)), axis=1)  # each group's ids, dealt to the blocks in a random order
-        self.block_of = deal[group, place].astype(np.int32)
+        work = p + negative * q
+        self.block_of = _deal(work, w, rng.random(vocab_size * w), DEAL_SLACK * work.sum() / w)
         # ids grouped by block, ascending within each: block b's rows are order[bounds[b]:bounds[b+1]]
         self.order = np.argsort(self.block_of, kind="stable").astype(np.int64)
-        counts = np.bincount(self.block_of, minlength=w)
-        self.bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        sizes = np.bincount(self.block_of, minlength=w)
+        self.bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.local_of = np.empty(vocab_size, np.int64)
-        self.local_of[self.order] = np.arange(vocab_size) - np.repeat(self.bounds[:-1], counts)
+        self.local_of[self.order] = np.arange(vocab_size) - np.repeat(self.bounds[:-1], sizes)
+        share_p = np.bincount(self.block_of, weights=p, minlength=w)
+        share_q = np.bincount(self.block_of, weights=q, minlength=w)
+        # negative × Q / P, kept within a factor MAX_NEGATIVE_RATIO of `negative` for a block (all but)
+        # without trained tokens
+        ratio = np.clip(share_q / np.maximum(share_p, 1e-300), 1 / MAX_NEGATIVE_RATIO, MAX_NEGATIVE_RATIO)
+        self.negatives_per_example = negative * ratio
 
     @staticmethod
     def held(worker: int, round_: int, num_blocks: int) -> int:
@@ -86,9 +130,10 @@ class Blocks:
         """Block b with its rows' keep probabilities and negatives' table (one block: the whole
         vocabulary's, given as `negatives`, are used as they are)."""
         ids = self.ids(b)
+        per_example = float(self.negatives_per_example[b])
         if self.num_blocks == 1 and negatives is not None:
-            return Block(b, ids, keep_prob, negatives)
-        return Block(b, ids, np.ascontiguousarray(keep_prob[ids]), NegativeTable(counts[ids], ns_exponent))
+            return Block(b, ids, keep_prob, negatives, per_example)
+        return Block(b, ids, np.ascontiguousarray(keep_prob[ids]), NegativeTable(counts[ids], ns_exponent), per_example)
 
     def select(self, b: int, doc_ids: np.ndarray, offsets: np.ndarray, tokens: np.ndarray):
         """A chunk's tokens that fall in block b, as local rows of the block, with their documents

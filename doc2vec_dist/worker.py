@@ -334,11 +334,12 @@ class Worker:
         cfg = self.config
         if self.num_blocks == 1:
             if self.held is None:
-                self._blocks = Blocks(len(self.counts), 1, cfg.seed, 0)
+                self._blocks = Blocks(self.counts, self.keep_prob, 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
                 self.held = self._blocks.block(0, self.keep_prob, self.counts, cfg.ns_exponent, self.negatives)
             return
         if self._blocks is None or self._blocks.epoch != epoch:
-            self._blocks = Blocks(len(self.counts), self.num_blocks, cfg.seed, epoch)
+            self._blocks = Blocks(self.counts, self.keep_prob, self.num_blocks, cfg.seed, epoch, cfg.negative,
+                                  cfg.ns_exponent)
         b = Blocks.held(self.index, round_, self.num_blocks)
         if self.held is not None and self.held.index == b and self.client.held:
             return  # resumed in the round it holds (a checkpoint's pause): its rows are the latest
@@ -627,7 +628,7 @@ class Worker:
             self.client.trained()
             held = self.held
             return self.compute.tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
-                                       held.keep, held.negatives.accept, held.negatives.alias, cfg.negative,
+                                       held.keep, held.negatives.accept, held.negatives.alias, held.negative,
                                        float(alphas[0]), float(alphas[1]), batch.seed,
                                        adagrad=self.adagrad, threads=int(cfg.cpus_per_worker))
         if self.exact:  # the host matrices, trained in place on this worker's threads
@@ -681,7 +682,7 @@ class Worker:
         if self._device_tables is None:
             self._device_tables = device_examples.DeviceTables(self.held.keep, self.held.negatives, self.device)
         return self.compute.device_examples(
-            to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, cfg.negative,
+            to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, self.held.negative,
             device_examples.generator(batch.seed, self.device), cfg.micro_batch,
             device_examples.Shape(cfg.mode, cfg.dbow_words, cfg.window))
 
