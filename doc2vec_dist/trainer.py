@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# A directory: each parameter server writes down every push it applies there (ps.ParameterServer's
+# journal), for the tests that check who wrote which rows when
+PUSH_JOURNAL_ENV = "DOC2VEC_DIST_PUSH_JOURNAL"
+
+
 class TrainingStopped(UserError):
     """Training could not go on (a refused update, a failed actor); the last checkpoint is intact."""
 
@@ -354,9 +359,10 @@ class _Run:
         # A server that dies is restarted by Ray and reloads its rows from LATEST in __init__; calls to
         # it are retried (a retried push lands on the restored rows, which never held it).
         names = [f"doc2vec-dist-{uuid.uuid4().hex[:12]}-ps{s}" for s in range(config.num_ps)]
+        journal = os.environ.get(PUSH_JOURNAL_ENV)  # every push written down: for tests
         self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
                                            max_task_retries=-1, **server_placement).remote(
-            s, config.num_ps, tables, config.seed, self.out, self.warm) for s in range(config.num_ps)]
+            s, config.num_ps, tables, config.seed, self.out, self.warm, journal) for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
@@ -404,7 +410,9 @@ class _Run:
         summary = _summary(config, corpus, epoch_stats, train_seconds, self.ckpt_seconds, trained_before=before)
         summary.update(resumed_from_epoch=self.resume.epoch if config.resume else None,
                        worker_restarts=self.worker_restarts, server_restarts=restarted,
-                       servers_loaded_from=[info["restored_version"] for info in now])
+                       servers_loaded_from=[info["restored_version"] for info in now],
+                       server_apply_seconds=round(sum(info["apply_seconds"] for info in now), 3),
+                       server_busy_seconds=round(sum(info["apply_seconds"] + info["pull_seconds"] for info in now), 3))
         return summary
 
     def _run_epoch(self, epoch: int, starts: list[Position] | None, bar: tqdm) -> dict:
@@ -552,4 +560,7 @@ def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: fl
         "pairs_per_second": (pairs - before["pairs"]) / train_s if train_s else 0.0,
         "loss_per_epoch": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
         "worker_seconds": {k: round(v, 3) for k, v in seconds.items()},
+        # what the workers moved to and from the servers (client.TRAFFIC), in all and per token trained
+        "bytes": total["bytes"],
+        "bytes_per_token": {k: round(v / max(tokens - before["tokens"], 1), 2) for k, v in total["bytes"].items()},
     }

@@ -348,6 +348,10 @@ class Worker:
         self._device_tables = None
         self.client.hold(self.held.ids)
 
+    def _when(self, epoch: int) -> str:
+        """The epoch, and on the block schedule the round, as the labels of its pushes name them."""
+        return f"epoch {epoch}" + (f" round {self._round}" if self.num_blocks > 1 else "")
+
     def _release(self) -> None:
         """The end of a round on the block schedule, its block pushed home: the next holder pulls it
         from the servers, and this worker pulls the block of its next round."""
@@ -384,7 +388,7 @@ class Worker:
         if not self._pause_requested:
             return False
         self.client.drain()
-        self._sync(f"epoch {epoch} step {step} of worker {self.index}", pull=False)  # into the checkpoint
+        self._sync(f"{self._when(epoch)} step {step} of worker {self.index}", pull=False)  # into the checkpoint
         with self._cv:
             self._paused_at = self._position_at(epoch, batch, step)
             self._cv.notify_all()
@@ -469,16 +473,16 @@ class Worker:
         try:
             batch = next_batch()
             step = start.step
-            self._sync(f"epoch {epoch} start of worker {self.index}")
+            self._sync(f"{self._when(epoch)} start of worker {self.index}")
             while batch is not None:
                 if self._hold_if_paused(epoch, batch, step):
                     if arriving is not None:  # rows pulled before the pause are stale
                         arriving.result()
                         arriving = None
                     batch.pulls = self.client.pull(batch.layout)
-                    self._sync(f"epoch {epoch} step {step} of worker {self.index}")
+                    self._sync(f"{self._when(epoch)} step {step} of worker {self.index}")
                 elif self.client.sync_due():
-                    self._sync(f"epoch {epoch} step {step} of worker {self.index}")
+                    self._sync(f"{self._when(epoch)} step {step} of worker {self.index}")
                 upcoming = next_batch()  # read → examples → pull of the next batch, in flight while this one computes
 
                 t0 = time.perf_counter()
@@ -506,7 +510,7 @@ class Worker:
                 t2 = time.perf_counter()
                 seconds["compute"] += t2 - t1
 
-                label = f"epoch {epoch} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
+                label = f"{self._when(epoch)} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
                 self.client.push(arrival.layout, pulled, local, label)
                 seconds["push"] += time.perf_counter() - t2
 
@@ -518,7 +522,7 @@ class Worker:
 
             t0 = time.perf_counter()
             self.client.drain()
-            self._sync(f"epoch {epoch} end of worker {self.index}", pull=False)
+            self._sync(f"{self._when(epoch)} end of worker {self.index}", pull=False)
             self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
