@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import client, cpu_kernel
-from .config import TableSpec, TrainConfig
+from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
@@ -161,6 +161,12 @@ def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_ro
                 tokens = tokens[offsets[lo]:offsets[hi]]
                 offsets = offsets[lo:hi + 1] - offsets[lo]
             yield (u, at), (doc_ids, offsets, tokens)
+
+
+def unit_documents(units: list[Unit]) -> np.ndarray:
+    """The ids of the documents a worker's units hold, ascending."""
+    found = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, 1 << 22)]
+    return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
 def only_documents(chunks, wanted: np.ndarray):
@@ -290,10 +296,17 @@ class Worker:
         # on the block schedule most of a chunk's tokens are in other blocks: it reads num_blocks times as
         # many, so that a macro-batch trains about as many tokens as one worker's
         self.read_tokens = self.macro_batch * self.num_blocks
+        # ... and, where they fit RESIDENT_AUTO_BYTES, it keeps its documents' rows for the whole run (no
+        # one else writes them): pulled once, pushed at each epoch's end and checkpoint, instead of
+        # pulled and pushed once per round
+        own = unit_documents(units) if self.num_blocks > 1 else None
+        self.docs_head = len(own) if own is not None and len(own) * self.width * 4 <= RESIDENT_AUTO_BYTES else 0
         self.client = client.ParameterClient(
             servers, {name: spec.rows for name, spec in tables.items()}, workers=config.num_workers,
             resident=self.cached, resident_tables=tuple(resident), sole_writer=self.token_path,
             max_inflight_pushes=config.max_inflight_pushes, row_bytes=4 * self.width)
+        if self.docs_head:
+            self.client.hold_documents(own)
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
@@ -388,7 +401,7 @@ class Worker:
         if not self._pause_requested:
             return False
         self.client.drain()
-        self._sync(f"{self._when(epoch)} step {step} of worker {self.index}", pull=False)  # into the checkpoint
+        self._sync(f"{self._when(epoch)} step {step} of worker {self.index}", pull=False, docs=True)  # into the checkpoint
         with self._cv:
             self._paused_at = self._position_at(epoch, batch, step)
             self._cv.notify_all()
@@ -403,10 +416,8 @@ class Worker:
         cfg = self.config
         doc_ids, offsets, tokens = chunk
         if self.token_path:
-            layout = self.client.token_layout(doc_ids)
-            docs = layout.routes["docs"].position
-            ctx_pos = (np.repeat(docs, np.diff(offsets)) if self.exact  # each token's document row
-                       else layout.inputs_head + docs)  # or each document's, after the resident words rows
+            layout, docs = self.client.token_layout(doc_ids)  # each document's row in `inputs`
+            ctx_pos = np.repeat(docs, np.diff(offsets)) if self.exact else docs  # the exact kernel: each token's
             return Batch(examples=None, layout=layout, ctx_pos=ctx_pos, target_pos=tokens,
                          neg_pos=np.zeros(0, np.int64), scale=None, pulls=[], start=start, raw_tokens=len(tokens),
                          tokens=tokens, offsets=offsets, seed=int(rng.integers(1 << 63)))
@@ -522,7 +533,9 @@ class Worker:
 
             t0 = time.perf_counter()
             self.client.drain()
-            self._sync(f"{self._when(epoch)} end of worker {self.index}", pull=False)
+            # the resident documents go home once their last round of the epoch is done
+            self._sync(f"{self._when(epoch)} end of worker {self.index}", pull=False,
+                       docs=start.round == self.num_blocks - 1)
             self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
@@ -598,8 +611,9 @@ class Worker:
 
     def _inputs_buffer(self, rows: int) -> torch.Tensor:
         """The persistent `inputs` matrix on the worker's device, at least `rows` long; its first
-        `words_head` rows are the resident rows of words and survive growing."""
-        self._inputs = self._grown(self._inputs, rows, keep=self.words_head)
+        `words_head` rows are the resident rows of words, the next `docs_head` its resident documents'
+        (the block schedule), and they survive growing."""
+        self._inputs = self._grown(self._inputs, rows, keep=self.words_head + self.docs_head)
         return self._inputs[:rows]
 
     def _host_buffer(self, name: str, rows: int) -> np.ndarray:
@@ -696,8 +710,13 @@ class Worker:
         self.client.trained()
 
     def _resident(self, table: str) -> torch.Tensor:
-        """The resident rows of words_out (the head of `outputs`) or of words (the head of `inputs`)."""
-        return self._outputs_buffer(self.cached) if table == "words_out" else self._inputs_buffer(self.words_head)
+        """The resident rows of words_out (the head of `outputs`), of words (the head of `inputs`) or
+        of docs (after words in `inputs`)."""
+        if table == "words_out":
+            return self._outputs_buffer(self.cached)
+        if table == "docs":
+            return self._inputs_buffer(self.words_head + self.docs_head)[self.words_head:]
+        return self._inputs_buffer(self.words_head)
 
     def _read_resident(self, table: str) -> np.ndarray:
         return self._resident(table).cpu().numpy()
@@ -707,6 +726,7 @@ class Worker:
 
         self._resident(table)[:] = torch.from_numpy(rows).to(self.device)
 
-    def _sync(self, label: str, push: bool = True, pull: bool = True) -> None:
-        """Exchange the resident rows with the servers (client.ParameterClient.sync)."""
-        self.client.sync(self._read_resident, self._write_resident, label, push=push, pull=pull)
+    def _sync(self, label: str, push: bool = True, pull: bool = True, docs: bool = False) -> None:
+        """Exchange the resident rows with the servers (client.ParameterClient.sync); with docs, the
+        resident documents' too."""
+        self.client.sync(self._read_resident, self._write_resident, label, push=push, pull=pull, docs=docs)
