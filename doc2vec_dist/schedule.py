@@ -135,6 +135,25 @@ class Blocks:
             return Block(b, ids, keep_prob, negatives, per_example)
         return Block(b, ids, np.ascontiguousarray(keep_prob[ids]), NegativeTable(counts[ids], ns_exponent), per_example)
 
+    def split(self, doc_ids: np.ndarray, offsets: np.ndarray, tokens: np.ndarray) -> list:
+        """select() for every block at once, in one pass over the chunk: [block b's (doc_ids, offsets,
+        tokens)] (what a worker stores to train in its later rounds without reading the chunk again)."""
+        if self.num_blocks == 1:
+            return [(doc_ids, offsets, tokens)]
+        block = self.block_of[tokens].astype(np.int16)
+        order = np.argsort(block, kind="stable")  # by block, each document's tokens in their order
+        doc = np.repeat(np.arange(len(doc_ids)), np.diff(offsets))[order]
+        local = self.local_of[tokens[order]].astype(tokens.dtype)
+        bounds = np.searchsorted(block[order], np.arange(self.num_blocks + 1))
+        parts = []
+        for b in range(self.num_blocks):
+            lo, hi = bounds[b], bounds[b + 1]
+            sizes = np.bincount(doc[lo:hi], minlength=len(doc_ids))
+            live = sizes > 0
+            parts.append((doc_ids[live], np.concatenate([[0], np.cumsum(sizes[live])]).astype(offsets.dtype),
+                          local[lo:hi]))
+        return parts
+
     def select(self, b: int, doc_ids: np.ndarray, offsets: np.ndarray, tokens: np.ndarray):
         """A chunk's tokens that fall in block b, as local rows of the block, with their documents
         (those left with no token are dropped): (doc_ids, offsets, tokens)."""

@@ -48,6 +48,7 @@ SHARED_MACRO_BATCH = 65536  # the default macro-batch where workers share rows (
 SOLE_WRITER_MACRO_BATCH = 262144  # ... and where one worker writes every row it trains
 DEVICE_MACRO_BATCH = 1048576  # ... and where it does with the examples drawn on its device
 STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
+CHUNK_CACHE_BYTES = 1 << 30  # the block schedule keeps an epoch's chunks split by block within this (_block_chunks)
 
 
 def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer: bool = False,
@@ -324,6 +325,7 @@ class Worker:
         self._running = False
         self._position = Position(0)
         self._round = 0  # the round run_epoch trains (the block schedule)
+        self._parts: tuple | None = None  # (epoch, [(data position, {block: its part of the chunk})]): _block_chunks
 
     @staticmethod
     def _zero_stats() -> dict:
@@ -360,6 +362,40 @@ class Worker:
         self.cached = len(self.held.ids)
         self._device_tables = None
         self.client.hold(self.held.ids)
+
+    def _block_chunks(self, epoch: int, start: Position, chunks):
+        """The chunks' tokens of the block held, as its local rows (documents with none left out).
+
+        A round that starts at the beginning of its data reads it once for every round: in round 0
+        each chunk is split for every block at once (schedule.Blocks.split) and the other blocks'
+        parts are kept, within CHUNK_CACHE_BYTES, for the epoch's later rounds, which read nothing.
+        """
+        held, blocks = self.held.index, self._blocks
+        whole = start.unit == 0 and start.row is None
+        if whole and start.round > 0 and self._parts is not None and self._parts[0] == epoch:
+            for at, parts in self._parts[1]:
+                part = parts.pop(held, None)
+                if part is not None:
+                    yield at, part
+            return
+        self._parts = None
+        kept: list | None = [] if whole and start.round == 0 else None
+        size = 0
+        for at, chunk in chunks:
+            if kept is None:
+                part = blocks.select(held, *chunk)
+            else:
+                parts = dict(enumerate(blocks.split(*chunk)))
+                part = parts.pop(held)
+                parts = {b: p for b, p in parts.items() if len(p[0])}
+                size += sum(a.nbytes for p in parts.values() for a in p)
+                kept.append((at, parts))
+                if size > CHUNK_CACHE_BYTES:
+                    kept = None
+            if len(part[0]):
+                yield at, part
+        if kept is not None:
+            self._parts = (epoch, kept)
 
     def _when(self, epoch: int) -> str:
         """The epoch, and on the block schedule the round, as the labels of its pushes name them."""
@@ -452,8 +488,7 @@ class Worker:
         if epoch == 0 and self.changed is not None:
             chunks = only_documents(chunks, self.changed)
         if self.num_blocks > 1:  # only the tokens of the block held, as its local rows
-            held, blocks = self.held.index, self._blocks
-            chunks = ((at, chunk) for at, chunk in ((at, blocks.select(held, *c)) for at, c in chunks) if len(chunk[0]))
+            chunks = self._block_chunks(epoch, start, chunks)
         step_of_next = start.step
         # each macro-batch's draws are seeded by its place: (epoch, step), and the round where there are several
         where = [cfg.seed, self.index, epoch] + ([start.round] if self.num_blocks > 1 else [])

@@ -121,6 +121,11 @@ def test_a_chunk_trains_exactly_its_tokens_of_the_held_block_once_over_the_round
             met.extend((d, t) for t in blocks.ids(b)[local[lo:hi]])
     everything = [(d, t) for d, lo, hi in zip(doc_ids, offsets[:-1], offsets[1:]) for t in tokens[lo:hi]]
     assert sorted(met) == sorted(everything)
+    # split() gives every block's select() at once
+    for b, part in enumerate(blocks.split(doc_ids, offsets, tokens)):
+        for mine, theirs in zip(part, blocks.select(b, doc_ids, offsets, tokens)):
+            np.testing.assert_array_equal(mine, theirs)
+            assert mine.dtype == theirs.dtype
 
 
 def test_a_block_draws_its_negatives_from_its_own_rows_by_count_to_the_075():
