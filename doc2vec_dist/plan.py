@@ -74,7 +74,7 @@ import psutil
 import pyarrow as pa
 
 from . import outputs, storage
-from .config import TableSpec, TrainConfig
+from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard, write_shard
 from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
@@ -207,23 +207,31 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
         return {"pulled": per, "pushed": per, "resident_pulled": 0.0, "resident_pushed": 0.0}
     counts, keep = corpus.counts(), keep_probabilities(corpus.counts(), cfg.sample)
     blocks = Blocks(counts, keep, workers if cfg.blocks() else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
-    touched, docs = 0, 0
-    for doc_ids, offsets, chunk in itertools.chain.from_iterable(map(iter_shard, corpus.shard_paths)):
-        doc = np.repeat(np.arange(len(doc_ids)), np.diff(offsets))
-        pairs = np.unique(doc * blocks.num_blocks + blocks.block_of[chunk])  # (document, block) met
-        touched += len(pairs)
-        docs += len(doc_ids)
-        if docs >= SCALING_SAMPLE_DOCS:
-            break
-    doc_rows = touched * corpus.num_docs / max(docs, 1)  # document rows pulled (and pushed) an epoch
+    epochs = max(cfg.epochs, 1)
+    resident_docs = blocks.num_blocks > 1 and -(-corpus.num_docs // workers) * row <= RESIDENT_AUTO_BYTES
+    if resident_docs:
+        # a worker's documents resident for the run: pulled once, pushed at each epoch's end
+        pulled_docs, pushed_docs = corpus.num_docs / epochs, corpus.num_docs
+    else:  # each macro-batch's documents, in every block their tokens fall in
+        touched, docs = 0, 0
+        for doc_ids, offsets, chunk in itertools.chain.from_iterable(map(iter_shard, corpus.shard_paths)):
+            doc = np.repeat(np.arange(len(doc_ids)), np.diff(offsets))
+            touched += len(np.unique(doc * blocks.num_blocks + blocks.block_of[chunk]))  # (document, block) met
+            docs += len(doc_ids)
+            if docs >= SCALING_SAMPLE_DOCS:
+                break
+        pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
     resident = config.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
     url_rows = sum(resident.values())
     if blocks.num_blocks > 1:  # each round, every block pulled by its holder and pushed home
         pulled_urls = pushed_urls = url_rows * blocks.num_blocks
-    else:  # one worker: its URL rows pulled once, pushed at each epoch's end
-        pulled_urls, pushed_urls = url_rows / max(cfg.epochs, 1), url_rows
-    return {"pulled": doc_rows * row / tokens, "pushed": doc_rows * row / tokens,
-            "resident_pulled": pulled_urls * row / tokens, "resident_pushed": pushed_urls * row / tokens}
+        return {"pulled": 0.0 if resident_docs else pulled_docs * row / tokens,
+                "pushed": 0.0 if resident_docs else pushed_docs * row / tokens,
+                "resident_pulled": (pulled_urls + resident_docs * pulled_docs) * row / tokens,
+                "resident_pushed": (pushed_urls + resident_docs * pushed_docs) * row / tokens}
+    # one worker: its URL rows pulled once, pushed at each epoch's end
+    return {"pulled": pulled_docs * row / tokens, "pushed": pushed_docs * row / tokens,
+            "resident_pulled": url_rows / epochs * row / tokens, "resident_pushed": url_rows * row / tokens}
 
 
 def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_gbps: float,
