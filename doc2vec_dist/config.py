@@ -180,6 +180,15 @@ class TrainConfig:
         row_bytes = 4 * self.table("words_out", words_out_rows).width
         return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
 
+    def resident_documents(self, num_docs: int) -> int:
+        """Rows of docs each worker keeps resident for the run: on the block schedule, its share of
+        the documents (none else writes them), where they fit RESIDENT_AUTO_BYTES; else none (each
+        macro-batch pulls and pushes its own)."""
+        if not self.blocks():
+            return 0
+        share = -(-num_docs // self.num_workers)
+        return share if share * 4 * self.table("docs", num_docs).width <= RESIDENT_AUTO_BYTES else 0
+
     def token_path(self, words_out_rows: int) -> bool:
         """Whether a worker trains straight from the tokens, its examples drawn where the kernel runs
         (cpu_kernel.train_tokens for plain PV-DBOW, device_examples for the batched kernel in every

@@ -74,7 +74,7 @@ import psutil
 import pyarrow as pa
 
 from . import outputs, storage
-from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig
+from .config import TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard, write_shard
 from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
@@ -118,11 +118,13 @@ def worker_batch_bytes(profile: dict, width: int) -> int:
     return int(2 * profile["example_bytes"] + 2 * profile["unique_rows"] * width * FLOAT_BYTES)
 
 
-def resident_plan(config: TrainConfig, words_out: TableSpec) -> dict:
+def resident_plan(config: TrainConfig, words_out: TableSpec, docs: TableSpec | None = None) -> dict:
     """The URL rows each worker keeps resident between macro-batches, and where: words_out's hottest
     (all of them with one worker, within 2 GiB), and on the token path words' too where they are
     trained; in the worker's host memory, or on its GPU."""
     tables = config.resident_tables(words_out.rows)
+    if docs is not None and config.resident_documents(docs.rows):  # the block schedule: its share of the documents
+        tables = {**tables, "docs": config.resident_documents(docs.rows)}
     return {"tables": tables, "bytes": sum(tables.values()) * words_out.width * FLOAT_BYTES,
             "all": tables["words_out"] == words_out.rows, "on": "device" if config.gpus_per_worker > 0 else "host"}
 
@@ -135,7 +137,7 @@ def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict
     ps = [{"shard": s, "tables": t, "table_bytes": sum(t.values()), "overhead": ps_overhead,
            "total": sum(t.values()) + ps_overhead} for s, t in enumerate(per_ps)]
     batch = worker_batch_bytes(profile, width)
-    resident = resident_plan(config, tables["words_out"])
+    resident = resident_plan(config, tables["words_out"], tables["docs"])
     on_host = resident["bytes"] if resident["on"] == "host" else 0  # on a GPU, its memory holds them
     worker = {"batch": batch, "fixed": worker_fixed, "resident": on_host, "total": batch + worker_fixed + on_host}
     row_bytes = profile["unique_rows"] * width * FLOAT_BYTES
@@ -208,7 +210,7 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
     counts, keep = corpus.counts(), keep_probabilities(corpus.counts(), cfg.sample)
     blocks = Blocks(counts, keep, workers if cfg.blocks() else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
     epochs = max(cfg.epochs, 1)
-    resident_docs = blocks.num_blocks > 1 and -(-corpus.num_docs // workers) * row <= RESIDENT_AUTO_BYTES
+    resident_docs = bool(cfg.resident_documents(corpus.num_docs))
     if resident_docs:
         # a worker's documents resident for the run: pulled once, pushed at each epoch's end
         pulled_docs, pushed_docs = corpus.num_docs / epochs, corpus.num_docs
@@ -457,7 +459,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
         result["ps_overhead_measured"] = seen
     batch = worker_batch_bytes(profile, width)
     if len(workers) >= config.num_workers and cal:
-        resident = resident_plan(config, tables["words_out"])
+        resident = resident_plan(config, tables["words_out"], tables["docs"])
         on_host = resident["bytes"] if resident["on"] == "host" else 0
         worker_fixed = max(0, max(p["private"] for p in workers) - batch - on_host)
         sources["worker_fixed"] = "measured in calibration (peak private − batch − resident rows)"

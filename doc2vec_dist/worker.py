@@ -92,8 +92,11 @@ class Position:
     round: int = 0            # the block schedule's round in the epoch (schedule.py; always 0 for one worker)
 
     def to_json(self) -> dict:
-        """The manifest's entry: every field, by name."""
-        return dataclasses.asdict(self)
+        """The manifest's entry: every field, by name (round only where the block schedule has one)."""
+        entry = dataclasses.asdict(self)
+        if not self.round:
+            del entry["round"]
+        return entry
 
     @classmethod
     def from_json(cls, data: dict) -> Position:
@@ -300,7 +303,7 @@ class Worker:
         # ... and, where they fit RESIDENT_AUTO_BYTES, it keeps its documents' rows for the whole run (no
         # one else writes them): pulled once, pushed at each epoch's end and checkpoint, instead of
         # pulled and pushed once per round
-        own = unit_documents(units) if self.num_blocks > 1 else None
+        own = unit_documents(units) if config.resident_documents(tables["docs"].rows) else None
         self.docs_head = len(own) if own is not None and len(own) * self.width * 4 <= RESIDENT_AUTO_BYTES else 0
         self.client = client.ParameterClient(
             servers, {name: spec.rows for name, spec in tables.items()}, workers=config.num_workers,
@@ -515,6 +518,7 @@ class Worker:
             return batch
 
         arriving = None  # staged: the current batch's Arrival, coming on the arrivals thread
+        trained = False  # whether a batch was trained (the last one's `label`)
         slot = 0
         try:
             batch = next_batch()
@@ -557,6 +561,7 @@ class Worker:
                 seconds["compute"] += t2 - t1
 
                 label = f"{self._when(epoch)} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
+                trained = True
                 self.client.push(arrival.layout, pulled, local, label)
                 seconds["push"] += time.perf_counter() - t2
 
@@ -568,9 +573,10 @@ class Worker:
 
             t0 = time.perf_counter()
             self.client.drain()
-            # the resident documents go home once their last round of the epoch is done
-            self._sync(f"{self._when(epoch)} end of worker {self.index}", pull=False,
-                       docs=start.round == self.num_blocks - 1)
+            # the resident documents go home once their last round of the epoch is done; the push is
+            # named after the last step trained (its learning rate shows in an error of the push)
+            self._sync(f"{self._when(epoch)} end of worker {self.index}" + (f", after {label}" if trained else ""),
+                       pull=False, docs=start.round == self.num_blocks - 1)
             self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
