@@ -23,7 +23,7 @@ import ray
 from tqdm import tqdm
 
 from . import checkpoint, storage
-from .config import TableSpec, TrainConfig, build, coerce
+from .config import TableSpec, TrainConfig, build
 from .corpus import Corpus
 from .errors import UserError
 from .placement import fit_problems, local_resources, ps_options, worker_options
@@ -176,12 +176,11 @@ def resumed_config(model: str, given: dict) -> TrainConfig:
 
 
 def _merge_resumed(model: str, saved: dict, given: dict) -> TrainConfig:
-    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-    merged = {k: v for k, v in saved.items() if k in types}
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    merged = {k: v for k, v in saved.items() if k in names}
     for name, value in given.items():
-        if name not in types or value is None:
+        if name not in names or value is None:
             continue
-        value = coerce(name, value, types[name])
         if name not in RESUMABLE_CHANGES and name in merged and merged[name] != value:
             raise UserError(f"{model}: cannot resume with {name}={value!r}; the checkpoint was trained with "
                             f"{name}={merged[name]!r} (only {', '.join(sorted(RESUMABLE_CHANGES - {'resume'}))} "

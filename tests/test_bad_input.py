@@ -139,7 +139,7 @@ CASES = [
     Case("config YAML with an unknown key", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
          "{t}/c.yaml: unknown config key(s): epochz", {"c.yaml": b"epochz: 3\n"}, "{t}/m"),
     Case("config YAML with a wrong type", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
-         "bad value for dim: 'abc' (int expected)", {"c.yaml": b"dim: abc\n"}, "{t}/m"),
+         "{t}/c.yaml: bad value for dim: 'abc' (a whole number expected)", {"c.yaml": b"dim: abc\n"}, "{t}/m"),
     Case("corpus that is not one", "train --corpus {t} --out {t}/m", "error",
          "{t}: not a corpus (no corpus.json; make one with `prepare`)", untouched="{t}/m"),
     Case("resume where nothing was trained", "train --corpus {corpus} --out {t}/e --resume", "error",
