@@ -177,7 +177,14 @@ def _trainer_yaml(args) -> dict:
 
 def _train_config(args, yaml_values: dict | None = None) -> TrainConfig:
     yaml_values = _trainer_yaml(args) if yaml_values is None else yaml_values
-    config = build(TrainConfig, yaml_values, vars(args))
+    flags = vars(args)
+    taken: dict = {}
+    init_from = flags.get("init_from") or yaml_values.get("init_from")
+    if init_from and not (flags.get("resume") or yaml_values.get("resume")):  # a resumed run has its checkpoint's
+        from .warmstart import taken_settings
+
+        taken = taken_settings(init_from, [(args.config, yaml_values), ("", flags)])
+    config = build(TrainConfig, taken, yaml_values, flags)
     if getattr(args, "no_progress", False):
         config.progress = False
     return config.validate()

@@ -76,6 +76,18 @@ def test_job_reports_a_bad_config_in_one_line(tmp_path, capsys):
     assert "unknown config key(s): epochz" in err and str(bad) in err
 
 
+def test_the_job_takes_an_init_from_models_shape_as_train_does(trained_model, tmp_path):
+    """Issue 26, item 8: jobs/train.py --init-from takes the model's dim (32 here) like train --init-from;
+    the config's own dim, when it says another, is refused naming the file."""
+    job = load_job()
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({"corpus": str(tmp_path / "corpus"), "out": str(tmp_path / "model"), "epochs": 1}))
+    _, _, cfg, _ = job.parse(["--config", str(config), "--init-from", trained_model])
+    assert (cfg.dim, cfg.mode, cfg.init_from) == (32, "dbow", trained_model)
+    with pytest.raises(job.UserError, match=rf"^{job_config(tmp_path)}: dim: 16 contradicts the --init-from model "):
+        job.parse(["--config", job_config(tmp_path), "--init-from", trained_model])
+
+
 def test_a_config_of_training_keys_only_runs_on_the_sample(capsys):
     """`python jobs/train.py --config jobs/configs/fast.yaml` (then a recipe of training keys) crashed with a
     TypeError on the unset corpus; a config with no input, corpus or out now runs on the bundled sample,
