@@ -147,6 +147,9 @@ class TrainConfig:
                                      "run has its own learning-rate schedule and never changes that model",
                                engine=True)
     address: str | None = _f(None, "Ray address (default: RAY_ADDRESS, else a local Ray started here)", engine=True)
+    wait_for_resources: float = _f(600, "seconds to wait for the autoscaler to add the nodes a run needs before it is "
+                                        "refused (0: refuse at once); a cluster that cannot grow is refused at once",
+                                   engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
 
     def __post_init__(self) -> None:
@@ -222,6 +225,7 @@ class TrainConfig:
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be > 0"),
             (self.max_restarts >= 0, "max_restarts must be >= 0"),
+            (self.wait_for_resources >= 0, "wait_for_resources must be >= 0"),
             (self.cache_rows is None or self.cache_rows >= 0, "cache_rows must be >= 0"),
         ]
         for ok, message in checks:
