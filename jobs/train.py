@@ -19,6 +19,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
+from doc2vec_dist.environment import require_packages
+
+require_packages()  # one line, not a traceback, from a Python without the project's packages
+
 from doc2vec_dist import storage
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import (
