@@ -404,8 +404,8 @@ def test_a_whole_jobs_yaml_keeps_working_for_a_trainer_and_says_its_prepare_keys
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--dbow_words", "1"], "error: --dbow_words: flags are spelled with dashes here, and --dbow-words is a switch "
-                            "that takes no value: write --dbow-words to turn it on"),
+    (["--dbow_words", "1"], ("error: --dbow_words: flags are spelled with dashes here, and --dbow-words is a switch "
+                             "that takes no value: write --dbow-words to turn it on")),
     (["--dbow-words", "1"], "error: --dbow-words is a switch and takes no value (given '1')"),
     (["--dbow-words", "0"], "error: --dbow-words is a switch and takes no value (given '0')"),
     (["--overwrite", "ture"], "error: --overwrite is a switch and takes no value (given 'ture')"),

@@ -284,13 +284,13 @@ def test_train_init_from_takes_the_old_models_shape_and_refuses_a_contradiction(
     base = ["train", "--corpus", refreshed, "--out", model, "--init-from", old_model, "--no-progress"]
     config = tmp_path / "c.yaml"
     config.write_text("dim: 8\n")
-    for extra, line in ((["--dim", "8"], f"--dim 8 contradicts the --init-from model {old_model}, trained with dim 16: "
-                                         "a run from an earlier model keeps its dim and mode; leave --dim out"),
+    for extra, line in ((["--dim", "8"], (f"--dim 8 contradicts the --init-from model {old_model}, trained with dim 16: "
+                                          "a run from an earlier model keeps its dim and mode; leave --dim out")),
                         (["--vector-size", "8"], "--dim 8 contradicts"),
                         (["--mode", "dm"], "--mode dm contradicts the --init-from model"),
-                        (["--config", str(config)], f"{config}: dim: 8 contradicts the --init-from model {old_model}, "
-                                                    f"trained with dim 16: a run from an earlier model keeps its dim "
-                                                    f"and mode; leave dim out of {config}")):
+                        (["--config", str(config)], (f"{config}: dim: 8 contradicts the --init-from model {old_model}, "
+                                                     f"trained with dim 16: a run from an earlier model keeps its dim "
+                                                     f"and mode; leave dim out of {config}"))):
         assert main(base + extra) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith(f"error: {line}"), err
