@@ -150,7 +150,7 @@ def cmd_prepare(args) -> None:
                      holdout=cfg.holdout, holdout_out=cfg.holdout_out, seed=args.seed,
                      num_shards=args.num_shards, overwrite=args.overwrite, progress=not args.no_progress,
                      report=True,  # what was skipped and why goes to stderr even with --no-progress
-                     base=cfg.base, window_days=cfg.window_days)
+                     base=cfg.base, window_days=cfg.window_days, time_unit=cfg.time_unit, delimiter=cfg.delimiter)
     print(f"corpus {corpus.path}: {corpus.num_docs:,} docs, {corpus.num_tokens:,} tokens, "
           f"{corpus.vocab_size:,} words")
 
