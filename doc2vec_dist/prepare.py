@@ -901,7 +901,7 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
                                 found_base)
             os.rmdir(spill_dir)
             if p3.refresh is not None:
-                _check_overlap(found_base, p3.refresh, p1, doc_col)
+                _check_overlap(found_base, p3.refresh, p1, doc_col, window is not None)
 
             vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts),
                               "id": p1.vocab["id"]}, schema=VOCAB_SCHEMA)
@@ -959,7 +959,7 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
 LOW_OVERLAP = 0.10
 
 
-def _check_overlap(base: _Base, refresh: dict, p1: _Pass1, doc_col: str) -> None:
+def _check_overlap(base: _Base, refresh: dict, p1: _Pass1, doc_col: str, window: bool) -> None:
     """A base that knows none of the inputs' users is refused; one that knows few is a warning.
 
     In a daily refresh most of a day's users came before (a site's returning users), and new users
@@ -967,13 +967,14 @@ def _check_overlap(base: _Base, refresh: dict, p1: _Pass1, doc_col: str) -> None
     another id scheme's (hashed against raw ids, another doc_col) than the one these events follow.
     """
     users, known = refresh["input_users"], refresh["known_input_users"]
-    counts = (f"{known:,} of the {users:,} users in the inputs and {p1.known_words:,} of their {p1.input_words:,} "
+    inputs = "the inputs' window" if window else "the inputs"
+    counts = (f"{known:,} of the {users:,} users in {inputs} and {p1.known_words:,} of their {p1.input_words:,} "
               f"URLs are known to it ({base.num_docs:,} users, {base.vocab_size:,} URLs)")
     if users and not known:
-        raise CorpusError(f"{base.path}: --base shares no user with the inputs: {counts}; is it an earlier corpus or "
+        raise CorpusError(f"{base.path}: --base shares no user with {inputs}: {counts}; is it an earlier corpus or "
                           f"model of these events (the same '{doc_col}')?")
     if users and known < LOW_OVERLAP * users:
-        log.warning(f"{base.path}: --base knows only {known / users:.1%} of the users in the inputs: {counts}; is "
+        log.warning(f"{base.path}: --base knows only {known / users:.1%} of the users in {inputs}: {counts}; is "
                     "it an earlier corpus or model of these events?")
 
 

@@ -699,7 +699,8 @@ def _time_seconds(arr: pa.Array, path: str, column: str, row_base: int, opt: Opt
     if pa.types.is_null(typ):
         return np.full(len(arr), np.nan), None
     if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ):
-        values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        # unsafe: an int64 of nanoseconds is past float64's exact integers, and rounds (by well under a µs)
+        values = arr.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
         return _epoch_numbers(values, arr, path, column, row_base, opt, file_unit)
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         arr = pc.utf8_trim_whitespace(arr)

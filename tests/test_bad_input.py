@@ -15,6 +15,7 @@ README.md ("what prepare refuses") points here. `{t}` in a row is the test's tem
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -95,6 +96,45 @@ CASES = [
     # item 8: ids that are strings in some JSON rows and numbers in others
     Case("JSON ids of mixed type", "prepare {t}/e.jsonl --out {t}/c", "works",
          files={"e.jsonl": b'{"user_id": "a1", "url": "x"}\n{"user_id": 100000, "url": 7}\n'}),
+    # --- issue 26, item 1: time units; item 3: a base that fits no input; item 12: delimiter, whitespace --
+    # epoch milliseconds over 4 hours: a 2-day window keeps them all (it kept the last 172.8 s)
+    Case("epoch milliseconds with --window-days", "prepare {t}/e.csv.gz --out {t}/c --time-col ts --window-days 2",
+         "works", files={"e.csv.gz": gzip.compress(b"user_id,url,ts\nu1,a,1793491200000\nu1,b,1793498400000\n"
+                                                   b"u2,a,1793505600000\n")}),
+    Case("ISO times and epoch milliseconds in two files", "prepare {t}/a.csv {t}/b.csv --out {t}/c --time-col ts",
+         "works", files={"a.csv": b"user_id,url,ts\nu1,a,2026-10-31T00:00:00Z\n",
+                         "b.csv": b"user_id,url,ts\nu1,b,1793491100000\n"}),
+    Case("a file in two time units", "prepare {t}/e.csv --out {t}/c --time-col ts", "error",
+         "{t}/e.csv: column 'ts' row 2 holds 1793491300, epoch seconds by its size, but the file's times are epoch "
+         "milliseconds by their size", {"e.csv": b"user_id,url,ts\nu1,a,1793491200000\nu1,b,1793491250000\n"
+                                                 b"u2,a,1793491300\n"}, "{t}/c"),
+    Case("sequence numbers with --window-days", "prepare {t}/e.csv --out {t}/c --time-col ts --window-days 2", "error",
+         "{t}/e.csv: column 'ts' row 0 holds 1: these numbers are no epoch time",
+         {"e.csv": b"user_id,url,ts\nu1,a,1\nu1,b,2\n"}, "{t}/c"),
+    Case("sequence numbers beside epoch times", "prepare {t}/a.csv {t}/b.csv --out {t}/c --time-col ts", "error",
+         "{t}/b.csv: column 'ts' read as epoch milliseconds (detected), but {t}/a.csv's as numbers that only order",
+         {"a.csv": b"user_id,url,ts\nu1,a,1\n", "b.csv": b"user_id,url,ts\nu1,b,1793491100000\n"}, "{t}/c"),
+    Case("--time-unit that the numbers do not fit", "prepare {t}/e.csv --out {t}/c --time-col ts --time-unit s",
+         "error", "{t}/e.csv: column 'ts' row 0 holds 1793491200000, which in epoch seconds (--time-unit s) lies after "
+         "the year 5000; its size says epoch milliseconds (--time-unit ms)",
+         {"e.csv": b"user_id,url,ts\nu1,a,1793491200000\n"}, "{t}/c"),
+    Case("--time-unit without --time-col", "prepare {t}/good.csv --out {t}/c --time-unit ms", "error",
+         "--time-unit needs a time column (--time-col)", {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("--base (a corpus) that knows no user of the inputs", "prepare {t}/good.csv --out {t}/c --base {corpus}",
+         "error", "{corpus}: --base shares no user with the inputs: 0 of the 2 users in the inputs",
+         {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("--base (a model) that knows no user of the inputs", "prepare {t}/good.csv --out {t}/c --base {model}",
+         "error", "{model}: --base shares no user with the inputs: 0 of the 2 users in the inputs",
+         {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("semicolon-separated CSV with --delimiter", "prepare {t}/e.csv --out {t}/c --delimiter ;", "works",
+         files={"e.csv": GOOD_CSV.replace(b",", b";")}),
+    Case("semicolon-separated CSV without --delimiter", "prepare {t}/e.csv --out {t}/c", "error",
+         "{t}/e.csv: column 'user_id' not found (columns: user_id;url) (a header of one column: are the fields "
+         "separated by ';'? give --delimiter ';')", {"e.csv": GOOD_CSV.replace(b",", b";")}, "{t}/c"),
+    Case("--delimiter of two characters", "prepare {t}/good.csv --out {t}/c --delimiter ;;", "error",
+         "--delimiter must be one character", {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("user ids and URLs with edge spaces (stripped, counted)", "prepare {t}/e.csv --out {t}/c", "works",
+         files={"e.csv": b"user_id,url\nu1 ,a\n u1, a\nu2,a \n"}),
     # --- where outputs go (item 1) ----------------------------------------------------------------------
     Case("prepare into a folder of the user's", "prepare {t}/good.csv --out {t}/mine --overwrite", "error",
          "{t}/mine: exists and is not a corpus made by doc2vec-dist (it holds keep.txt)",
