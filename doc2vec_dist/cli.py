@@ -124,6 +124,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _count_or_all(text: str) -> int:
+    """A flag's value that is a count, or `all` (given as 0, which the command reads as no limit)."""
+    if text.strip().lower() == "all":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or all, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 or all, not {text}")
+    return value
+
+
 def _train_config(args) -> TrainConfig:
     yaml_values = load_yaml(args.config) if args.config else {}
     config = build(TrainConfig, yaml_values, vars(args))
@@ -279,7 +292,11 @@ def cmd_evaluate(args) -> None:
     from .evaluate import heldout_metrics, labels_metrics, pairs_metrics, save_and_print
 
     if args.heldout:
-        save_and_print(args.model, "heldout", heldout_metrics(args.model, args.heldout, k=args.k))
+        metrics = heldout_metrics(args.model, args.heldout, k=args.k, max_users=args.max_users or None)
+        save_and_print(args.model, "heldout", metrics)
+        if metrics["users"] < metrics["users_with_pairs"]:
+            print(f"sampled {metrics['users']:,} of the {metrics['users_with_pairs']:,} users with held-out pairs "
+                  f"(seed 0); --max-users N evaluates N of them, --max-users all every one")
     elif args.pairs:
         save_and_print(args.model, "pairs", pairs_metrics(args.model, args.pairs, test_fraction=args.test_fraction))
     elif args.labels:
@@ -449,6 +466,9 @@ def make_parser() -> argparse.ArgumentParser:
                                                         "the references); --pairs: score only this share of the "
                                                         "pairs, as tune's comparison does (default: every pair)")
     ev.add_argument("--k", type=int, default=10, help="cut-off of recall@k and MRR, and neighbours of the k-NN vote")
+    ev.add_argument("--max-users", type=_count_or_all, default=20_000, metavar="N|all",
+                    help="--heldout: evaluate a random sample of N of the users with held-out pairs (seed 0; the "
+                         "output says how many of how many); all or 0: every one")
     return p
 
 
