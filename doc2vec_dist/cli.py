@@ -235,7 +235,8 @@ def cmd_export(args) -> None:
 
     r = export(args.model, args.table, args.out, format=args.format, progress=not args.no_progress,
                normalize=args.normalize, dtype=args.dtype)
-    print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']} in {r['seconds']:.2f}s "
+    keys = f" (keys in {r['keys_path']})" if r.get("keys_path") else ""
+    print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']}{keys} in {r['seconds']:.2f}s "
           f"({r['rows_per_second']:,.0f} rows/s, {r['parts']} parts, peak memory {r['peak_rss_bytes'] / 2**30:.2f} GiB)")
 
 
@@ -274,10 +275,12 @@ def cmd_neighbors(args) -> None:
             raise UserError(f"{args.keys_file}: cannot read a 'key' column (it has: {', '.join(names)})")
         keys += [str(k) for k in pq.read_table(args.keys_file, columns=["key"]).column("key").to_pylist()]
     if not keys:
-        raise UserError("give --key KEY (repeatable) or --keys-file FILE")
+        raise UserError("give --key KEY (repeatable) or --keys-file FILE" + (
+            f": the keys to look up in {args.vectors}" if args.vectors else ""))
     if args.out:
         outputs.check_file(args.out, "neighbors")  # before the search: nothing there, or an earlier result
-    result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index)
+    result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index,
+                       vectors_file=args.vectors)
     if args.out:
         outputs.write_parquet_file(result, args.out, "neighbors")
         print(f"wrote {result.num_rows} rows to {args.out}")
@@ -436,6 +439,9 @@ def make_parser() -> argparse.ArgumentParser:
     n.add_argument("--against", choices=("docs", "words", "words_out"), help="table searched (default: --table)")
     n.add_argument("--k", type=int, default=10, help="neighbours per key")
     n.add_argument("--index", help="search this saved index (from `index`) instead of an exact scan")
+    n.add_argument("--vectors", metavar="PARQUET",
+                   help="look the keys up in this key/vector Parquet (what `infer` or `export` wrote) instead of the "
+                        "model: neighbours for users the model never saw")
     n.add_argument("--out", help="write key, neighbor, score, rank to this Parquet instead of printing")
 
     inf = add("infer", cmd_infer, "vectors for new users from their events, with the model's words_out frozen "
