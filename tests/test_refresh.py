@@ -235,6 +235,12 @@ def test_init_from_starts_every_table_from_the_old_rows(old_model, refreshed, tm
     drift = summary["drift"]
     assert drift["docs"]["median"] > 0.999 and drift["docs"]["rows"] == len(_table(old_model, "docs"))
     assert set(drift) == {"docs", "words_out"}
+    # a model of its own, that knows which model it started from (issue 26, item 2: an index of the old
+    # model is then updated to it, and neighbours say the index is the old model's)
+    from doc2vec_dist.checkpoint import ModelDir
+
+    old, new = ModelDir(old_model).manifest, ModelDir(model).manifest
+    assert new["model_id"] != old["model_id"] and new["derived_from"] == [old["model_id"]]
 
 
 def test_a_refresh_trains_on_from_the_old_vectors_and_they_stay_comparable(old_model, refreshed, tmp_path, logged):
