@@ -45,6 +45,11 @@ class PrepareConfig:
     doc_col: str = _f("user_id", "column holding the document key (the user)")
     token_col: str = _f("url", "column holding the token (the URL), or the list of tokens with --format lists")
     time_col: str | None = _f(None, "column to order each user's events by (default: none; the order they are read in)")
+    time_unit: str | None = _f(None, "unit of a numeric time column, epoch seconds to nanoseconds (default: each "
+                                     "file's by the size of its numbers, e.g. 1.7e12 is milliseconds)",
+                               ("s", "ms", "us", "ns"))
+    delimiter: str | None = _f(None, "field separator of CSV input, e.g. ';' ('\\t' for a tab) (default: ',' for "
+                                     ".csv, a tab for .tsv)")
     min_count: int = _f(1, "drop tokens seen fewer times than this")
     max_vocab: int | None = _f(None, "keep at most this many most frequent tokens (default: no limit)")
     holdout: float = _f(0.0, "fraction of each user's distinct URLs hidden for evaluation")
@@ -277,7 +282,7 @@ def _check_choices(obj: Any) -> None:
     """Every field of a config section declared with choices (_f) holds one of them."""
     for f in dataclasses.fields(obj):
         choices = f.metadata.get("choices")
-        if choices and getattr(obj, f.name) not in choices:
+        if choices and getattr(obj, f.name) not in choices and not (f.default is None and getattr(obj, f.name) is None):
             raise UserError(f"bad value for {f.name}: {getattr(obj, f.name)!r} (choose from {', '.join(choices)})")
 
 
@@ -297,9 +302,9 @@ def typed(f: dataclasses.Field, value: Any, where: str = "") -> Any:
 
     Nothing is guessed: 100.7 is not an int, true is not 1, 'ture' is not a bool. What is converted
     loses nothing: an int where a float is wanted, a number in exponent notation that PyYAML reads as
-    text (1e-4), numpy's numbers (a Ray Tune sample) as Python's, a
-    path object as its string, one path as a list of one; and 0 / 1 where a bool is wanted, gensim's
-    way of writing a switch (dbow_words: 1).
+    text (1e-4), numpy's numbers (a Ray Tune sample) as Python's, a path object as its string, one
+    path as a list of one; and 0 / 1 where a bool is wanted, gensim's way of writing a switch
+    (dbow_words: 1).
     """
     kinds = [k.strip() for k in str(f.type).split("|")]
     kind = kinds[0]

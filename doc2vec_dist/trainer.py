@@ -539,7 +539,7 @@ class _Run:
         checkpoint.commit_training(
             self.out, self.config, self.corpus,
             lambda version: ray.get([server.save.remote(self.out, version) for server in self.servers]),
-            epoch, positions, epoch_stats)
+            epoch, positions, epoch_stats, derived_from=list(self.warm.lineage) if self.warm else None)
         self.last_positions, self.last_epoch = positions, epoch
         self.ckpt_seconds += time.perf_counter() - t0
         self.last_ckpt = time.perf_counter()
