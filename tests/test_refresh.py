@@ -235,6 +235,12 @@ def test_init_from_starts_every_table_from_the_old_rows(old_model, refreshed, tm
     drift = summary["drift"]
     assert drift["docs"]["median"] > 0.999 and drift["docs"]["rows"] == len(_table(old_model, "docs"))
     assert set(drift) == {"docs", "words_out"}
+    # a model of its own, that knows which model it started from (issue 26, item 2: an index of the old
+    # model is then updated to it, and neighbours say the index is the old model's)
+    from doc2vec_dist.checkpoint import ModelDir
+
+    old, new = ModelDir(old_model).manifest, ModelDir(model).manifest
+    assert new["model_id"] != old["model_id"] and new["derived_from"] == [old["model_id"]]
 
 
 def test_a_refresh_trains_on_from_the_old_vectors_and_they_stay_comparable(old_model, refreshed, tmp_path, logged):
@@ -270,6 +276,43 @@ def test_init_from_refuses_a_corpus_whose_ids_moved_and_never_touches_the_old_mo
         train(days["base"], str(tmp_path / "m2"), TrainConfig(**{**config, "dim": 8}))
     assert not os.path.exists(tmp_path / "m1") and not os.path.exists(tmp_path / "m2")
     assert before == {p: os.path.getmtime(p) for p in glob.glob(os.path.join(old_model, "**"), recursive=True)}
+
+
+def test_train_init_from_takes_the_old_models_shape_and_refuses_a_contradiction(old_model, refreshed, tmp_path,
+                                                                                capsys):
+    """Issue 26, item 8: `train --init-from OLD` once failed with `--init-from needs the same --dim` unless the
+    user repeated the old model's settings. Its dim, mode and dbow_words are taken from OLD; a flag or a YAML
+    value that contradicts its dim or mode is one line naming it, its value and OLD's."""
+    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.cli import main
+
+    model = str(tmp_path / "model")
+    base = ["train", "--corpus", refreshed, "--out", model, "--init-from", old_model, "--no-progress"]
+    config = tmp_path / "c.yaml"
+    config.write_text("dim: 8\n")
+    for extra, line in ((["--dim", "8"], (f"--dim 8 contradicts the --init-from model {old_model}, trained with dim 16: "
+                                          "a run from an earlier model keeps its dim and mode; leave --dim out")),
+                        (["--vector-size", "8"], "--dim 8 contradicts"),
+                        (["--mode", "dm"], "--mode dm contradicts the --init-from model"),
+                        (["--config", str(config)], (f"{config}: dim: 8 contradicts the --init-from model {old_model}, "
+                                                     f"trained with dim 16: a run from an earlier model keeps its dim "
+                                                     f"and mode; leave dim out of {config}"))):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"error: {line}"), err
+    assert not os.path.exists(model)
+    assert main(base + ["--epochs", "1", "--sample", "0", "--num-ps", "2", "--cpus-per-worker", "1"]) == 0, \
+        capsys.readouterr().err
+    saved = ModelDir(model).config()
+    assert (saved.dim, saved.mode, saved.init_from) == (16, "dbow", old_model)
+
+
+def test_the_settings_a_run_takes_from_an_earlier_model(old_model):
+    from doc2vec_dist.warmstart import taken_settings
+
+    assert taken_settings(old_model, []) == {"dim": 16, "mode": "dbow", "dbow_words": False}
+    # the same values are no contradiction, and dbow_words may change (a fresh `words` table)
+    assert taken_settings(old_model, [("", {"dim": 16, "mode": "dbow", "dbow_words": True})])["dim"] == 16
 
 
 def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, old_model, refreshed, tmp_path,
@@ -357,3 +400,44 @@ def test_joining_onto_a_window_fills_the_documents_it_left_empty(days, tmp_path)
     for key in keys:
         assert after.get(key, []) == before.get(key, []) + new_events.get(key, []), key
     assert joined.meta["refresh"]["events_not_after_base"] == 0
+
+
+# -- a base that does not fit the inputs (issue 26, item 3) -------------------------------------------
+
+def _renamed_users(source: str, path: str, keep: int) -> tuple[str, int, int]:
+    """The events of `source` with every user renamed (another id scheme) but the first `keep` (in order
+    of first appearance): (the file, its users, those kept)."""
+    events = pq.read_table(source)
+    users = list(dict.fromkeys(events["user_id"].to_pylist()))
+    kept = set(users[:keep])
+    renamed = [u if u in kept else f"other-{u}" for u in events["user_id"].to_pylist()]
+    pq.write_table(events.set_column(events.schema.get_field_index("user_id"), "user_id", pa.array(renamed)), path)
+    return path, len(users), len(kept)
+
+
+@pytest.mark.parametrize("base_kind, window", [("corpus", None), ("model", None), ("model", 3)])
+def test_a_base_that_knows_no_user_of_the_inputs_is_refused(trained_model, days, tmp_path, base_kind, window):
+    """`prepare --base X events` where X knows none of the events' users (another site's corpus or model,
+    another id scheme) is an error naming the base and the counts, not a refresh of only new users."""
+    base = days["base"] if base_kind == "corpus" else trained_model
+    events, users, _ = _renamed_users(days["all" if window else "new"], str(tmp_path / "other.parquet"), 0)
+    inputs = "the inputs' window" if window else "the inputs"  # a window's users: those with events in it
+    users = "[\\d,]+" if window else f"{users:,}"
+    with pytest.raises(CorpusError, match=rf"{base}: --base shares no user with {inputs}: 0 of the {users} users in "
+                                          rf"{inputs} and [\d,]+ of their [\d,]+ URLs are known to it \([\d,]+ users"):
+        prepare([events], str(tmp_path / "out"), time_col="ts", base=base, window_days=window, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_base_that_knows_few_users_of_the_inputs_is_a_warning_with_the_share(days, tmp_path, logged):
+    events, users, kept = _renamed_users(days["new"], str(tmp_path / "few.parquet"), 3)
+    fresh = prepare([events], str(tmp_path / "few"), time_col="ts", base=days["base"], progress=False)
+    assert fresh.meta["refresh"]["input_users"] == users and fresh.meta["refresh"]["known_input_users"] == kept
+    assert (f"{days['base']}: --base knows only {kept / users:.1%} of the users in the inputs: {kept} of the "
+            f"{users:,} users") in logged.text
+    logged.clear()
+    ordinary = prepare([days["new"]], str(tmp_path / "ordinary"), time_col="ts", base=days["base"], progress=False,
+                       report=True)
+    r = ordinary.meta["refresh"]
+    assert r["known_input_users"] >= 0.1 * r["input_users"] and "--base knows only" not in logged.text
+    assert f"of the inputs' {r['input_users']:,} users, {r['known_input_users']:,} known" in logged.text
