@@ -90,8 +90,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     found = Corpus(corpus)
     cpus = max([w * base.cpus_per_worker for w in args.workers] + list(args.threads) + [os.cpu_count() or 1])
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING",
-             object_store_memory=local_object_store_bytes())
+    started = not ray.is_initialized()  # (a caller's Ray is used as it is)
+    if started:
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING",
+                 object_store_memory=local_object_store_bytes())
     result: dict = {"corpus": {"path": found.path, "docs": found.num_docs, "tokens": found.num_tokens,
                                "vocab": found.vocab_size}, "config": dataclasses.asdict(base), "cpus": os.cpu_count(),
                     "workers": [], "threads": []}
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"[scaling] {w} worker(s): {row['tokens_per_second'] / 1e6:.3f}M tokens/s", file=sys.stderr, flush=True)
         for t in args.threads:
             config = dataclasses.replace(base, num_workers=1, cpus_per_worker=t)
-            row = {"threads": t, "ours": run_ours(corpus, args.workdir, config, f"t{t}")}
+            same = [r for r in result["workers"] if r["workers"] == 1 and base.cpus_per_worker == t]
+            row = {"threads": t, "ours": same[0] if same else run_ours(corpus, args.workdir, config, f"t{t}")}
             if not args.no_gensim:
                 row["gensim"] = run_gensim(corpus, args.workdir, config, t)
             result["threads"].append(row)
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
                   + (f", gensim {row['gensim']['tokens_per_second'] / 1e6:.3f}M" if "gensim" in row else ""),
                   file=sys.stderr, flush=True)
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     if result["workers"]:
         one = result["workers"][0]["tokens_per_second"] / result["workers"][0]["workers"]
         for row in result["workers"]:

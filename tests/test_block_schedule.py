@@ -114,3 +114,25 @@ def test_modes_whose_windows_reach_across_blocks_share_the_rows_and_refuse_the_b
     assert not TrainConfig(num_workers=2, **flags).blocks()
     with pytest.raises(UserError, match="--schedule blocks trains plain PV-DBOW"):
         TrainConfig(num_workers=2, schedule="blocks", **flags)
+
+
+def test_the_scaling_job_measures_workers_and_threads_beside_gensim(ray_cluster, sample_corpus, tmp_path):
+    import importlib.util
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("scaling_job", os.path.join(root, "jobs", "scaling.py"))
+    job = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = job
+    spec.loader.exec_module(job)
+    out = tmp_path / "scaling.json"
+    result = job.main(["--corpus", sample_corpus[0], "--workers", "1", "2", "--threads", "1", "2", "--epochs", "1",
+                       "--dim", "16", "--workdir", str(tmp_path), "--json", str(out)])
+    assert [r["workers"] for r in result["workers"]] == [1, 2]
+    assert result["workers"][0]["efficiency"] == pytest.approx(1.0)
+    for row in result["workers"]:  # the counters' bytes per token, and plan's prediction of them
+        measured, planned = (sum(row[k].values()) for k in ("bytes_per_token", "planned_bytes_per_token"))
+        assert planned == pytest.approx(measured, rel=0.1), row
+    assert result["threads"][0]["ours"] is result["workers"][0]  # 1 thread: the one-worker run, not run twice
+    assert all(r["gensim"]["tokens_per_second"] > 0 for r in result["threads"])
+    assert json.loads(out.read_text())["threads"][1]["threads"] == 2
