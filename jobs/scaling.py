@@ -13,7 +13,8 @@ negative 5, sample 0 unless flags say otherwise:
   threads   one worker with T threads (--cpus-per-worker T), beside gensim (corpus_file mode, its
             fastest) with T threads.
 
-Every figure is the training alone (the trainer's own clock), one run each. The local Ray gets as
+Every figure is the training alone (the trainer's own clock), one run each, after a warm-up run on
+a tiny corpus (numba compiles its kernels once per machine). The local Ray gets as
 many logical CPUs as the largest point needs (the --num-ps servers reserve none). Prints a table and
 writes JSON (--json). Quality is not measured here: jobs/quality.py --workers does that.
 """
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2, 4, 8, 16],
                     help="thread counts of one worker and of gensim (none: skip)")
     ap.add_argument("--no-gensim", action="store_true", help="threads of ours only")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="measure from the first run (by default a tiny corpus trains first, so that numba's "
+                         "kernels are compiled and cached before any timed run)")
     ap.add_argument("--network-gbps", type=float, default=10.0, help="for plan's predicted bytes (none here)")
     ap.add_argument("--json", help="default: WORKDIR/scaling.json")
     ap.add_argument("--config", help="YAML of training flags")
@@ -98,6 +102,12 @@ def main(argv: list[str] | None = None) -> dict:
                                "vocab": found.vocab_size}, "config": dataclasses.asdict(base), "cpus": os.cpu_count(),
                     "workers": [], "threads": []}
     try:
+        if not args.no_warmup:  # numba compiles each kernel once per machine (its cache): not in a measured run
+            from compare import synthetic
+
+            tiny = synthetic(args.workdir, 2000, 500, seed=2, progress=False)[0]
+            for w in sorted({1, 2} & set(args.workers or [1])):
+                run_ours(tiny, args.workdir, dataclasses.replace(base, num_workers=w, epochs=1), f"warmup{w}")
         for w in args.workers:
             config = dataclasses.replace(base, num_workers=w)
             row = {"workers": w, **run_ours(corpus, args.workdir, config, f"w{w}"),

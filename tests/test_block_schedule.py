@@ -127,7 +127,7 @@ def test_the_scaling_job_measures_workers_and_threads_beside_gensim(ray_cluster,
     spec.loader.exec_module(job)
     out = tmp_path / "scaling.json"
     result = job.main(["--corpus", sample_corpus[0], "--workers", "1", "2", "--threads", "1", "2", "--epochs", "1",
-                       "--dim", "16", "--workdir", str(tmp_path), "--json", str(out)])
+                       "--dim", "16", "--no-warmup", "--workdir", str(tmp_path), "--json", str(out)])
     assert [r["workers"] for r in result["workers"]] == [1, 2]
     assert result["workers"][0]["efficiency"] == pytest.approx(1.0)
     for row in result["workers"]:  # the counters' bytes per token, and plan's prediction of them
