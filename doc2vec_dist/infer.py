@@ -59,7 +59,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from . import checkpoint, device_examples, kernels
+from . import checkpoint, device_examples, kernels, outputs
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .ids import mix64
@@ -315,6 +315,8 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     """
     t0 = time.perf_counter()
     counts = Counts()
+    outputs.check_writable(out)  # where it writes and where it stages the events, before the model is read
+    outputs.check_writable(tmp_dir or tempfile.gettempdir(), inside=True)
     # checks the model (and loads its frozen tables) before anything is read or written
     batches = iter_inferred(model, inputs, format=format, doc_col=doc_col, token_col=token_col, time_col=time_col,
                             epochs=epochs, alpha=alpha, min_alpha=min_alpha, seed=seed, batch_users=batch_users,
@@ -328,11 +330,9 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
         return keys, vectors
     out = os.path.abspath(os.fspath(out))
     from .export import PARQUET_OPTIONS, key_vector_table
-    from .outputs import replacing
 
     rows = 0
-    with replacing(out, "vectors") as staged:  # nothing there, or a (key, vector) file of ours
-        os.makedirs(os.path.dirname(out), exist_ok=True)
+    with outputs.replacing(out, "vectors") as staged:  # nothing there, or a (key, vector) file of ours
         # one schema for every batch, and for an empty result
         schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32)).schema
         with pq.ParquetWriter(staged.path, schema, **PARQUET_OPTIONS) as writer:

@@ -19,7 +19,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
-from doc2vec_dist import storage
+from doc2vec_dist import outputs, storage
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import (
     JobConfig,
@@ -135,8 +135,12 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     from doc2vec_dist.trainer import train
 
     stages: dict[str, float] = {}
+    prepared = os.path.exists(os.path.join(job.corpus, "corpus.json"))
+    # every place the job writes, before the first step: a read-only one would stop it only after training
+    for path, inside in ((None if prepared else job.corpus, False), (job.out, True), (job.exports, True)):
+        outputs.check_writable(path, inside=inside)
     t = time.perf_counter()
-    if os.path.exists(os.path.join(job.corpus, "corpus.json")):
+    if prepared:
         print(f"corpus: using {job.corpus}", file=sys.stderr)
     else:
         if not job.input:
