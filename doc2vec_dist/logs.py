@@ -8,8 +8,12 @@ log (`logging.getLogger(__name__)`), so a program that uses them as a library de
 
 from __future__ import annotations
 
+import _thread
+import contextlib
+import functools
 import logging
 import sys
+import threading
 from collections.abc import Callable
 
 LOGGER = "doc2vec_dist"
@@ -44,11 +48,14 @@ def to_terminal(level: int = logging.INFO) -> None:
 def command(work: Callable[[], object]) -> int:
     """Run a command's work as the command line and the jobs do: the library's lines on the terminal;
     a UserError as one `error:` line and exit status 2; Ctrl-C as `interrupted` and 130 (what was
-    interrupted has said what became of its output); 0 otherwise."""
+    interrupted has said what became of its output), at any moment (_import_pandas); 0 otherwise."""
     from .errors import UserError
 
     to_terminal()
+    hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_interrupt_again, hook)
     try:
+        _import_pandas()
         work()
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -56,4 +63,36 @@ def command(work: Callable[[], object]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.unraisablehook = hook
     return 0
+
+
+def _interrupt_again(hook, unraisable) -> None:
+    """sys.unraisablehook while a command runs: a KeyboardInterrupt that Python could not raise is
+    raised again in the main thread, where the command stops; anything else goes to `hook`.
+
+    Python runs a signal's handler at the next bytecode, wherever that is: when it is a generator
+    closed by the garbage collector (its `finally` or `with` blocks), a __del__ or a weakref
+    callback, the KeyboardInterrupt cannot propagate; Python prints "Exception ignored in …" and
+    goes on, and so did the command, to its end.
+    """
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        # as if Ctrl-C came again, a moment later: a call made here would be handled inside this hook
+        threading.Timer(0.01, _thread.interrupt_main).start()
+        return
+    hook(unraisable)
+
+
+def _import_pandas() -> None:
+    """Import pandas now, where a Ctrl-C stops it as it stops any other moment of a command.
+
+    pyarrow imports pandas the first time it converts an array to numpy, from C++ that takes any
+    error of that import for "pandas is not installed" and carries on: a KeyboardInterrupt raised
+    during it is dropped. That import takes about a second, early in nearly every command (prepare's
+    first batch of times, say), and Ctrl-C in that second was ignored: the command ran to its end.
+    Once pandas is loaded, pyarrow's import finds it at once.
+    """
+    with contextlib.suppress(ImportError):  # not installed: pyarrow has nothing to import either
+        import pandas  # noqa: F401
+        import pyarrow.pandas_compat  # noqa: F401
