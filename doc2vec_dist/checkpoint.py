@@ -7,7 +7,9 @@ talking to the storage underneath belongs to `storage`.
     MODEL/docs.arrow, vocab.arrow     the corpus's key tables (row id → user key / URL), so a model
                                       stands alone once trained
     MODEL/LATEST                      "vN", moved only after vN is whole
-    MODEL/checkpoints/vN/manifest.json
+    MODEL/checkpoints/vN/manifest.json   its parts, and the model's id (model_id: random at the first
+                                         version, kept by every later one; derived_from: the ids of an
+                                         --init-from model and its own ancestors; see `provenance`)
     MODEL/checkpoints/vN/{docs,words,words_out}/part-SSSSS-of-TTTTT.arrow   columns id, vector[, adagrad]
 
 MODEL is a local path or a URI (see `storage`). Every file is written with `storage.Store.write_file`,
@@ -46,6 +48,7 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +76,7 @@ TABLES = ("docs", "words", "words_out")
 _VERSION_RE = re.compile(r"^v(\d+)$")
 _PART_RE = re.compile(r"^(docs|words|words_out)/part-(\d{5})-of-(\d{5})\.arrow$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_MODEL_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 KEY_FILES = ("docs.arrow", "vocab.arrow")
 
@@ -294,6 +298,8 @@ def commit(model: str, version: int, tables: dict[str, list[dict]], dims: dict[s
     if clash:
         raise ValueError(f"extra manifest keys {sorted(clash)} would replace the manifest's own")
     manifest.update(extra)
+    for key, value in _identity(store, latest).items():  # a resumed run's versions keep the model's identity
+        manifest.setdefault(key, value)
     rel = _vrel(version, "manifest.json")
     validate_manifest(manifest, store.show(rel), version)
     _check_parts_written(store, version, manifest)
@@ -303,14 +309,36 @@ def commit(model: str, version: int, tables: dict[str, list[dict]], dims: dict[s
     return version_dir(model, version)
 
 
+def new_model_id() -> str:
+    """A model's id: random, so that two models never share one, whoever trained them and where."""
+    return uuid.uuid4().hex
+
+
+def _identity(store: Store, latest: int | None) -> dict:
+    """model_id and derived_from for the next version: LATEST's, else (a model's first version) a new id.
+
+    A model written before ids were recorded gets one at its next commit (a resume); its older
+    versions have none, so what was made from them cannot be checked (provenance.check says so)."""
+    previous = {}
+    if latest is not None:
+        with contextlib.suppress(UserError):
+            previous = _read_manifest(store, latest)[1]
+    identity = {"model_id": previous.get("model_id") or new_model_id()}
+    if previous.get("derived_from"):
+        identity["derived_from"] = previous["derived_from"]
+    return identity
+
+
 def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]], epoch: int, positions: list | None,
-                    epoch_stats: list[dict], version: int | None = None) -> int:
+                    epoch_stats: list[dict], derived_from: list[str] | None = None, version: int | None = None) -> int:
     """Write a checkpoint version (`version`, default next_version) and return its number: `save(version)`
     writes every server's slice (returning each server's entries), then the manifest says the epochs
     done, where each worker's data stands (None: at the start of epoch `epoch`) and the learning
     rate there. config: the run's TrainConfig; corpus: its corpus.Corpus; positions: worker.Position
-    each. If anything fails before LATEST names the version, what was written of it is deleted
-    (discard_version): a full disk gets its room back, and keeps no partial version."""
+    each; derived_from: the ids of the model a fresh --init-from run started from and of its own
+    ancestors (a resumed run keeps its manifest's). If anything fails before LATEST names the version,
+    what was written of it is deleted (discard_version): a full disk gets its room back, and keeps no
+    partial version."""
     version = next_version(out) if version is None else version
     try:
         entries = save(version)
@@ -323,7 +351,8 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
                 "lr": lr, "num_ps": config.num_ps,
                 "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
                 "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
-                "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats]},
+                "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
+                **({"derived_from": derived_from} if derived_from else {})},
                keep=config.keep_checkpoints)
     except BaseException:
         discard_version(out, version)
@@ -429,6 +458,9 @@ _EXTRA_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "losses": (lambda x: isinstance(x, list) and all(_is_number(v) or v is None for v in x), "a list of numbers"),
     "trainer": (lambda x: isinstance(x, str), "a string"),
     "created": (lambda x: isinstance(x, str), "a string"),
+    "model_id": (lambda x: isinstance(x, str) and bool(_MODEL_ID_RE.match(x)), "32 lowercase hex digits"),
+    "derived_from": (lambda x: isinstance(x, list) and all(isinstance(v, str) and _MODEL_ID_RE.match(v) for v in x),
+                     "a list of model ids"),
 }
 
 

@@ -125,6 +125,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _count_or_all(text: str) -> int:
+    """A flag's value that is a count, or `all` (given as 0, which the command reads as no limit)."""
+    if text.strip().lower() == "all":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or all, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 or all, not {text}")
+    return value
+
+
 def _train_config(args) -> TrainConfig:
     yaml_values = load_yaml(args.config) if args.config else {}
     config = build(TrainConfig, yaml_values, vars(args))
@@ -151,7 +164,7 @@ def cmd_prepare(args) -> None:
                      holdout=cfg.holdout, holdout_out=cfg.holdout_out, seed=args.seed,
                      num_shards=args.num_shards, overwrite=args.overwrite, progress=not args.no_progress,
                      report=True,  # what was skipped and why goes to stderr even with --no-progress
-                     base=cfg.base, window_days=cfg.window_days)
+                     base=cfg.base, window_days=cfg.window_days, time_unit=cfg.time_unit, delimiter=cfg.delimiter)
     print(f"corpus {corpus.path}: {corpus.num_docs:,} docs, {corpus.num_tokens:,} tokens, "
           f"{corpus.vocab_size:,} words")
 
@@ -226,7 +239,8 @@ def cmd_export(args) -> None:
 
     r = export(args.model, args.table, args.out, format=args.format, progress=not args.no_progress,
                normalize=args.normalize, dtype=args.dtype)
-    print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']} in {r['seconds']:.2f}s "
+    keys = f" (keys in {r['keys_path']})" if r.get("keys_path") else ""
+    print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']}{keys} in {r['seconds']:.2f}s "
           f"({r['rows_per_second']:,.0f} rows/s, {r['parts']} parts, peak memory {r['peak_rss_bytes'] / 2**30:.2f} GiB)")
 
 
@@ -265,11 +279,13 @@ def cmd_neighbors(args) -> None:
             raise UserError(f"{args.keys_file}: cannot read a 'key' column (it has: {', '.join(names)})")
         keys += [str(k) for k in pq.read_table(args.keys_file, columns=["key"]).column("key").to_pylist()]
     if not keys:
-        raise UserError("give --key KEY (repeatable) or --keys-file FILE")
+        raise UserError("give --key KEY (repeatable) or --keys-file FILE" + (
+            f": the keys to look up in {args.vectors}" if args.vectors else ""))
     if args.out:
         outputs.check_file(args.out, "neighbors")  # before the search: nothing there, or an earlier result
         outputs.check_writable(args.out)
-    result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index)
+    result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index,
+                       vectors_file=args.vectors)
     if args.out:
         outputs.write_parquet_file(result, args.out, "neighbors")
         print(f"wrote {result.num_rows} rows to {args.out}")
@@ -284,7 +300,11 @@ def cmd_evaluate(args) -> None:
     from .evaluate import heldout_metrics, labels_metrics, pairs_metrics, save_and_print
 
     if args.heldout:
-        save_and_print(args.model, "heldout", heldout_metrics(args.model, args.heldout, k=args.k))
+        metrics = heldout_metrics(args.model, args.heldout, k=args.k, max_users=args.max_users or None)
+        save_and_print(args.model, "heldout", metrics)
+        if metrics["users"] < metrics["users_with_pairs"]:
+            print(f"sampled {metrics['users']:,} of the {metrics['users_with_pairs']:,} users with held-out pairs "
+                  f"(seed 0); --max-users N evaluates N of them, --max-users all every one")
     elif args.pairs:
         save_and_print(args.model, "pairs", pairs_metrics(args.model, args.pairs, test_fraction=args.test_fraction))
     elif args.labels:
@@ -424,6 +444,9 @@ def make_parser() -> argparse.ArgumentParser:
     n.add_argument("--against", choices=("docs", "words", "words_out"), help="table searched (default: --table)")
     n.add_argument("--k", type=int, default=10, help="neighbours per key")
     n.add_argument("--index", help="search this saved index (from `index`) instead of an exact scan")
+    n.add_argument("--vectors", metavar="PARQUET",
+                   help="look the keys up in this key/vector Parquet (what `infer` or `export` wrote) instead of the "
+                        "model: neighbours for users the model never saw")
     n.add_argument("--out", help="write key, neighbor, score, rank to this Parquet instead of printing")
 
     inf = add("infer", cmd_infer, "vectors for new users from their events, with the model's words_out frozen "
@@ -454,6 +477,9 @@ def make_parser() -> argparse.ArgumentParser:
                                                         "the references); --pairs: score only this share of the "
                                                         "pairs, as tune's comparison does (default: every pair)")
     ev.add_argument("--k", type=int, default=10, help="cut-off of recall@k and MRR, and neighbours of the k-NN vote")
+    ev.add_argument("--max-users", type=_count_or_all, default=20_000, metavar="N|all",
+                    help="--heldout: evaluate a random sample of N of the users with held-out pairs (seed 0; the "
+                         "output says how many of how many); all or 0: every one")
     return p
 
 

@@ -42,6 +42,11 @@ class PrepareConfig:
     doc_col: str = _f("user_id", "column holding the document key (the user)")
     token_col: str = _f("url", "column holding the token (the URL), or the list of tokens with --format lists")
     time_col: str | None = _f(None, "column to order each user's events by (default: none; the order they are read in)")
+    time_unit: str | None = _f(None, "unit of a numeric time column, epoch seconds to nanoseconds (default: each "
+                                     "file's by the size of its numbers, e.g. 1.7e12 is milliseconds)",
+                               ("s", "ms", "us", "ns"))
+    delimiter: str | None = _f(None, "field separator of CSV input, e.g. ';' ('\\t' for a tab) (default: ',' for "
+                                     ".csv, a tab for .tsv)")
     min_count: int = _f(1, "drop tokens seen fewer times than this")
     max_vocab: int | None = _f(None, "keep at most this many most frequent tokens (default: no limit)")
     holdout: float = _f(0.0, "fraction of each user's distinct URLs hidden for evaluation")
@@ -265,7 +270,7 @@ def _check_choices(obj: Any) -> None:
     """Every field of a config section declared with choices (_f) holds one of them."""
     for f in dataclasses.fields(obj):
         choices = f.metadata.get("choices")
-        if choices and getattr(obj, f.name) not in choices:
+        if choices and getattr(obj, f.name) not in choices and not (f.default is None and getattr(obj, f.name) is None):
             raise UserError(f"bad value for {f.name}: {getattr(obj, f.name)!r} (choose from {', '.join(choices)})")
 
 

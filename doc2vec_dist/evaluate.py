@@ -43,14 +43,15 @@ def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:
 SCORES_BYTES = 1 << 30  # the score matrices of one batch of users, at most
 
 
-def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_000, seed: int = 0,
+def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None = 20_000, seed: int = 0,
                     corpus_path: str | None = None, batch: int = 512, baseline: bool = True) -> dict:
     """recall@k and MRR of the model and of the popularity baseline on held-out (key, token) pairs.
 
     recall@k is averaged over users (share of each user's hidden URLs in the top k); MRR is the mean
     reciprocal rank of each user's best-ranked hidden URL. Seen URLs are excluded from the ranking.
     Popularity ranks by the corpus's counts, ties by id. `baseline=False` skips it (tune measures
-    every trial, the baseline once).
+    every trial, the baseline once). Past `max_users` users with pairs (None: no limit), a random
+    sample of that many (by `seed`) is evaluated: `users` says how many, `users_with_pairs` of how many.
     """
     table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
     found = ModelDir.served(model)
@@ -64,7 +65,8 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
     if len(docs) == 0:
         raise UserError(f"{heldout}: no held-out pair matches a user and URL of {model}")
     users = np.unique(docs)
-    if len(users) > max_users:
+    users_with_pairs = len(users)
+    if max_users is not None and len(users) > max_users:
         users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
         keep = np.isin(docs, users)
         docs, words = docs[keep], words[keep]
@@ -102,7 +104,8 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int = 20_0
             recall, reciprocal = rank_hidden(scores, rows, cols, k)
             results[name][0].append(recall)
             results[name][1].append(reciprocal)
-    return {"k": k, "users": len(users), "pairs": len(docs), "skipped_pairs": int(skipped),
+    return {"k": k, "users": len(users), "users_with_pairs": users_with_pairs, "pairs": len(docs),
+            "skipped_pairs": int(skipped),
             **{f"{name}_{metric}": value for name, (recall, reciprocal) in results.items()
                for metric, value in ((f"recall@{k}", float(np.concatenate(recall).mean())),
                                      ("mrr", float(np.concatenate(reciprocal).mean())))}}

@@ -11,11 +11,16 @@ task and never the table: nothing gathers the table in one place.
     parquet, --out FILE.parquet    one file, one writer, parts in order (a single file cannot be
                                    written in parallel; give a directory for large tables)
     word2vec                       a text piece per part written in parallel, joined behind the header
-    npy                            DIR/vectors.npy filled in parallel at each row's id; DIR/keys.parquet
+    npy, --out DIR                 DIR/vectors.npy filled in parallel at each row's id; DIR/keys.parquet
+    npy, --out FILE.npy            FILE.npy filled the same way, its keys beside it in FILE.keys.parquet
+
+The Parquet files (and the keys of an npy export) record the model, version and table they came
+from (`provenance`), so an index or a neighbour query made from them can be checked against the model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -30,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import checkpoint, outputs
+from . import checkpoint, outputs, provenance
 from .checkpoint import ModelDir
 from .errors import UserError
 from .memwatch import peak_rss_bytes
@@ -64,28 +69,33 @@ def part_chunks(model: str, version: int, table: str, part: int, normalize: bool
 # ---------------------------------------------------------------------------------------------------
 
 def export_part(model: str, version: int, table: str, part: int, format: str, piece: str, normalize: bool = False,
-                dtype: str = "float32", keys: pa.Array | None = None,
+                dtype: str = "float32", source: dict | None = None, keys: pa.Array | None = None,
                 on_rows: Callable[[int], object] | None = None) -> dict:
     """Write part `part` of `table` (of the model's `version`) to `piece` (its Parquet file, its word2vec text, or the shared
-    vectors.npy); returns the rows written and where it ran."""
-    writers = {"parquet": write_parquet, "word2vec": write_word2vec_lines, "npy": write_npy_rows}
-    rows = writers[format](piece, part_chunks(model, version, table, part, normalize, dtype, keys), on_rows)
+    vectors.npy); returns the rows written and where it ran. `source` (provenance.of_model) is recorded in a
+    Parquet piece."""
+    chunks = part_chunks(model, version, table, part, normalize, dtype, keys)
+    if format == "parquet":
+        rows = write_parquet(piece, chunks, on_rows, source)
+    else:
+        rows = {"word2vec": write_word2vec_lines, "npy": write_npy_rows}[format](piece, chunks, on_rows)
     return {"part": part, "rows": rows, **where()}
 
 
-def key_vector_table(keys: pa.Array, vectors: np.ndarray) -> pa.Table:
+def key_vector_table(keys: pa.Array, vectors: np.ndarray, source: dict | None = None) -> pa.Table:
     """(key, vector) rows; the schema carries the marker of a vectors file (outputs), so a file written
-    from it is one that export and infer may later replace."""
+    from it is one that export and infer may later replace, and the model they came from (`source`,
+    provenance.of_model), so an index or a query made from them can be checked against a model."""
     return pa.table({"key": keys.cast(pa.string()), "vector": checkpoint.vectors_array(vectors)},
-                    metadata=outputs.parquet_metadata("vectors"))
+                    metadata={**outputs.parquet_metadata("vectors"), **provenance.parquet_metadata(source)})
 
 
-def write_parquet(path: str, chunks, on_rows=None) -> int:
+def write_parquet(path: str, chunks, on_rows=None, source: dict | None = None) -> int:
     """A Parquet file of key, vector; one row group per record batch of the checkpoint (~65k rows)."""
     rows, writer = 0, None
     try:
         for _, keys, vectors in chunks:
-            table = key_vector_table(keys, vectors)
+            table = key_vector_table(keys, vectors, source)
             if writer is None:
                 writer = pq.ParquetWriter(path, table.schema, **PARQUET_OPTIONS)
             writer.write_table(table)
@@ -165,7 +175,8 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
 
     parquet: `out` ending in .parquet is one file (a row group per batch); otherwise a directory with
     one part file per checkpoint part. word2vec: gensim's text format. npy: `out`/vectors.npy (row i ↔
-    keys.parquet row i, i = row id). normalize scales every vector to unit length (cosine = dot
+    keys.parquet row i, i = row id), or, for `out` ending in .npy, that one file with its keys beside
+    it (users.npy: users.keys.parquet, outputs.npy_keys_path). normalize scales every vector to unit length (cosine = dot
     product downstream); dtype float16 halves the size. `runner` runs the per-part tasks (default:
     threads in this process; jobs/export.py passes run_on_ray).
     """
@@ -175,13 +186,20 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
         raise UserError(f"unknown export format {format!r} (choose from {', '.join(FORMATS)})")
     outputs.check_writable(out)
     t0 = time.perf_counter()
+    shown = model
     found = ModelDir.served(model)  # a remote model (s3://…) is exported from a verified local copy
     model, version, spec = found.path, found.version, found.spec(table)
     keys = found.keys(table)
     if len(keys) != spec["rows"]:
         raise UserError(f"{model}: {len(keys)} keys but table {table} has {spec['rows']} rows")
     kind = output_kind(out, format)
-    with outputs.replacing(out, kind) as staged:  # an earlier export of ours is replaced; anything else refused
+    source = provenance.of_model(found, table, None if found.path == shown else shown)
+    keys_path = outputs.npy_keys_path(out) if kind == "npy" else None
+    with contextlib.ExitStack() as stack:
+        # an earlier export of ours is replaced; anything else refused. An npy file and its keys are
+        # judged together, and moved into place the matrix first (its keys file says it is ours).
+        keys_staged = stack.enter_context(outputs.replacing(keys_path, "npy-keys")) if keys_path else None
+        staged = stack.enter_context(outputs.replacing(out, kind))
         if staged.replaces:
             log.info(f"replacing the earlier export at {out}")
         tmp, pieces = staged.path, f"{staged.path}.pieces"
@@ -191,47 +209,55 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
             if format == "parquet" and out.endswith(".parquet"):
                 chunks = itertools.chain.from_iterable(part_chunks(model, version, table, p, normalize, dtype, keys)
                                                        for p in range(len(spec["parts"])))
-                write_parquet(tmp, chunks, bar.update)
+                write_parquet(tmp, chunks, bar.update, source)
                 tasks = [{"part": p, "rows": part["rows"], **where()} for p, part in enumerate(spec["parts"])]
             else:
-                targets = _start_output(format, tmp, pieces, keys, spec, dtype)
-                tasks = _run_parts(model, version, table, format, targets, normalize, dtype, keys, runner, bar)
+                targets = _start_output(format, tmp, pieces, keys, spec, dtype, source,
+                                        keys_staged.path if keys_staged else None)
+                tasks = _run_parts(model, version, table, format, targets, normalize, dtype, source, keys, runner, bar)
                 if format == "word2vec":
                     _join_text(tmp, f"{spec['rows']} {spec['dim']}\n", targets)
         finally:
             outputs.remove_path(pieces)
             bar.close()
     seconds = time.perf_counter() - t0
-    return {"table": table, "rows": spec["rows"], "dim": spec["dim"], "path": out, "format": format, "dtype": dtype,
+    return {"table": table, "rows": spec["rows"], "dim": spec["dim"], "path": out, "keys_path": keys_path,
+            "format": format, "dtype": dtype,
             "normalized": normalize, "parts": len(spec["parts"]), "tasks": tasks,
             "seconds": round(seconds, 3), "rows_per_second": spec["rows"] / seconds if seconds else 0.0,
             "peak_rss_bytes": peak_rss_bytes()}
 
 
-def _start_output(format: str, tmp: str, pieces: str, keys: pa.Array, spec: dict, dtype: str) -> list[str]:
-    """Create the output's skeleton; returns the path each part task writes to."""
+def _start_output(format: str, tmp: str, pieces: str, keys: pa.Array, spec: dict, dtype: str, source: dict,
+                  keys_file: str | None = None) -> list[str]:
+    """Create the output's skeleton; returns the path each part task writes to. npy: `tmp` is the
+    matrix file itself when `keys_file` (its keys' file) is given, else the directory of both."""
     parts = range(len(spec["parts"]))
     if format == "parquet":  # `tmp` is a directory, made by outputs.replacing
         return [os.path.join(tmp, f"part-{p:05d}.parquet") for p in parts]
     if format == "word2vec":
         os.makedirs(pieces)
         return [os.path.join(pieces, f"part-{p:05d}.txt") for p in parts]
-    vectors = os.path.join(tmp, "vectors.npy")
+    vectors = tmp if keys_file else os.path.join(tmp, "vectors.npy")
     # the header and a file of the full size; part tasks fill their rows in place
     np.lib.format.open_memmap(vectors, mode="w+", dtype=dtype, shape=(spec["rows"], spec["dim"])).flush()
-    # the key file is in row-id order already, which is the order of vectors.npy
-    pq.write_table(pa.table({"key": keys.cast(pa.string())}), os.path.join(tmp, "keys.parquet"))
+    # the key file is in row-id order already, which is the order of vectors.npy; beside a lone
+    # matrix file it carries the marker that makes the pair recognisable as ours
+    marker = outputs.parquet_metadata("npy-keys") if keys_file else {}
+    pq.write_table(pa.table({"key": keys.cast(pa.string())}, metadata={**marker, **provenance.parquet_metadata(source)}),
+                   keys_file or os.path.join(tmp, "keys.parquet"))
     return [vectors for _ in parts]
 
 
-def _run_parts(model, version, table, format, targets, normalize, dtype, keys, runner, bar) -> list[dict]:
+def _run_parts(model, version, table, format, targets, normalize, dtype, source, keys, runner, bar) -> list[dict]:
     """One task per part. Threads share this process's key array and update the bar batch by batch;
     Ray tasks load the keys themselves and the bar moves as each part finishes."""
     if runner is None:
-        calls = [(model, version, table, p, format, target, normalize, dtype, keys, bar.update)
+        calls = [(model, version, table, p, format, target, normalize, dtype, source, keys, bar.update)
                  for p, target in enumerate(targets)]
         return sorted((r for _, r in run_local(export_part, calls)), key=lambda r: r["part"])
-    calls = [(model, version, table, p, format, target, normalize, dtype) for p, target in enumerate(targets)]
+    calls = [(model, version, table, p, format, target, normalize, dtype, source)
+             for p, target in enumerate(targets)]
     done = []
     for _, result in runner(export_part, calls):
         bar.update(result["rows"])
@@ -248,7 +274,14 @@ def _join_text(path: str, header: str, pieces: list[str]) -> None:
 
 
 def output_kind(out: str, format: str) -> str:
-    """The kind of output `export` writes at `out` in `format` (outputs.DIR_KINDS or FILE_KINDS)."""
+    """The kind of output `export` writes at `out` in `format` (outputs.DIR_KINDS or FILE_KINDS): a
+    file where the path's ending names the format (.parquet, .npy), else a directory."""
     if format == "word2vec":
         return "word2vec"
+    ending = os.path.splitext(out.rstrip("/"))[1]
+    if ending in (".npy", ".parquet") and ending != f".{format}":
+        raise UserError(f"{out}: ends in {ending}, but --format is {format}; give --format {ending[1:]}, or a "
+                        f"path ending in .{format} (one file) or a directory")
+    if format == "npy" and out.endswith(".npy"):
+        return "npy"
     return "vectors" if format == "parquet" and out.endswith(".parquet") else "export"

@@ -66,13 +66,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import checkpoint, outputs
+from . import checkpoint, outputs, provenance
 from .checkpoint import ModelDir
 from .errors import UserError
 from .export import npy_data_offset
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
 from .runners import Runner, run_local, where
-from .scoring import unit_rows
+from .scoring import lookup, unit_rows
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class Source:
     model: str | None = None
     table: str | None = None
     version: int | None = None  # the model's version every task reads
+    provenance: dict | None = None  # the model the vectors came from (provenance.of_model), as far as known
 
 
 def model_source(model: str, table: str) -> Source:
@@ -125,15 +126,17 @@ def model_source(model: str, table: str) -> Source:
     for i, part in enumerate(spec["parts"]):
         units.append(Unit(os.path.join(vdir, part["path"]), part["rows"], offset, i))
         offset += part["rows"]
-    return Source(f"{model}:{table}", spec["dim"], offset, tuple(units), model, table, found.version)
+    return Source(f"{model}:{table}", spec["dim"], offset, tuple(units), model, table, found.version,
+                  provenance.of_model(found, table))
 
 
 def parquet_source(path: str) -> Source:
-    """The files of a key/vector Parquet file or directory, checked for the two columns."""
+    """The files of a key/vector Parquet file or directory, checked for the two columns, with the model
+    they record coming from (export and infer record it; its files must agree)."""
     files = sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True)) if os.path.isdir(path) else [path]
     if not files:
         raise UserError(f"{path}: no .parquet files found")
-    units, offset, dim = [], 0, None
+    units, offset, dim, recorded = [], 0, None, ...
     for file in files:
         try:
             meta = pq.ParquetFile(file)
@@ -148,9 +151,35 @@ def parquet_source(path: str) -> Source:
         if dim is not None and vtype.list_size != dim:
             raise UserError(f"{file}: vectors of {vtype.list_size} dims, earlier files have {dim}")
         dim = vtype.list_size
+        source = provenance.of_parquet_schema(schema.metadata)
+        if recorded is not ... and source != recorded:
+            raise UserError(f"{file}: made from {provenance.describe(source)}, earlier files of {path} from "
+                            f"{provenance.describe(recorded)}; index the vectors of one model")
+        recorded = source
         units.append(Unit(file, meta.metadata.num_rows, offset))
         offset += meta.metadata.num_rows
-    return Source(path, dim, offset, tuple(units))
+    return Source(path, dim, offset, tuple(units), provenance={**(recorded or {}), "vectors": os.path.abspath(path)})
+
+
+def parquet_vectors(path: str, keys: list[str]) -> tuple[np.ndarray, Source]:
+    """The float32 vectors of `keys` in a key/vector Parquet file or directory (checked as
+    parquet_source checks it; its source says which model it records), in the order asked. Only the
+    row groups that can hold the keys are read (export writes the key column's statistics). An
+    unknown key is an error naming the file, with its closest keys; a key found twice gives its first row."""
+    import pyarrow.dataset as ds
+
+    source = parquet_source(path)
+    data = ds.dataset([unit.path for unit in source.units], format="parquet")
+    column = pc.field("key") if pa.types.is_string(data.schema.field("key").type) else pc.field("key").cast(pa.string())
+    try:
+        found = data.to_table(columns=["key", "vector"], filter=column.isin(keys))
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise UserError(f"{path}: cannot read its keys and vectors ({str(exc).splitlines()[0]})") from None
+    at = pc.index_in(pa.array(keys, pa.string()), value_set=found.column("key").combine_chunks().cast(pa.string()))
+    if at.null_count:  # the error names the file's closest keys
+        lookup(data.to_table(columns=["key"]).column("key").combine_chunks(), keys, path)
+    vectors = checkpoint.matrix_of(found.column("vector").take(at), source.dim)
+    return np.ascontiguousarray(vectors, dtype=np.float32), source
 
 
 def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
@@ -533,7 +562,8 @@ def _build(tmp: str, source: Source, kind: str, progress: bool, runner: Runner |
         os.remove(vectors_path)  # flat and hnsw hold the vectors themselves
     return {"kind": kind, "rows": source.rows, "dim": source.dim, "metric": "inner_product_of_normalized",
             "warning": _search_warning(kind, search, shape.get("nlist"), recall, target_recall, tune_recall),
-            "source": source.name, "search": search, "k_factor": K_FACTOR if kind == "ivfpq" else None, **shape,
+            "source": source.name, "provenance": source.provenance,
+            "search": search, "k_factor": K_FACTOR if kind == "ivfpq" else None, **shape,
             "recall_at_10_vs_exact": recall, "recall_queries": n_queries, "tuning_recall": tune_recall,
             "target_recall": target_recall,
             "index_bytes": os.path.getsize(os.path.join(tmp, "index.faiss")),
@@ -685,6 +715,8 @@ def update_index(old: str, out: str, model: str | None = None, table: str = "doc
     source = parquet_source(vectors_path) if vectors_path else model_source(model, table)
     if source.rows == 0:
         raise UserError(f"{source.name}: no rows to index")
+    # an index of another model (or table) is refused: its keys' vectors would be compared across two spaces
+    provenance.check(before.get("provenance"), source.provenance, old, update=True)
     if source.dim != before["dim"]:
         raise UserError(f"{old}: indexes {before['dim']}-dim vectors but {source.name} has {source.dim} dims; "
                         "a new dim needs a new index (index without --update)")
@@ -824,7 +856,8 @@ def _update(tmp: str, old: str, before: dict, source: Source, progress: bool, ru
               "seconds": round(update_seconds, 3), "warning": _dead_warning(kind, dead, ids)}
     return {"kind": kind, "rows": ids - dead, "dim": dim, "metric": "inner_product_of_normalized",
             "warning": _search_warning(kind, search, shape.get("nlist"), recall, target_recall, tune_recall),
-            "source": source.name, "search": search, "k_factor": served_params["k_factor"] if kind == "ivfpq" else None,
+            "source": source.name, "provenance": source.provenance,
+            "search": search, "k_factor": served_params["k_factor"] if kind == "ivfpq" else None,
             **shape, "recall_at_10_vs_exact": recall, "recall_queries": n_queries, "tuning_recall": tune_recall,
             "target_recall": target_recall,
             "index_bytes": os.path.getsize(os.path.join(tmp, "index.faiss")),

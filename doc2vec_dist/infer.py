@@ -18,7 +18,10 @@ The steps, in the order of the data flow:
    Events whose URL the model never saw are dropped and counted ("skipped N events with URLs the
    model never saw"); a user left with no known URL gets no vector (left out of the output and counted;
    `Model.infer`, which answers in the order it was asked, gives such a user a row of zeros, the
-   project's mark of an untrained row: `unit_rows` keeps it zero and cosine with it is 0).
+   project's mark of an untrained row: `unit_rows` keeps it zero and cosine with it is 0). Events
+   none of whose URLs the model knows are refused before anything is written (they come from another
+   site, or another column was read as the URL); when under LOW_OVERLAP of the events or of the users
+   can be placed, a warning gives the shares.
 2. Start. Each new user's vector starts uniform in [-1, 1)/dim, as training starts `docs`, drawn from
    a stream seeded by (seed, blake2b of the user key): a user starts from the same point whatever
    else is in the batch, in any process.
@@ -59,7 +62,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from . import checkpoint, device_examples, kernels, outputs
+from . import checkpoint, device_examples, kernels, outputs, provenance
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .ids import mix64
@@ -69,6 +72,13 @@ from .sampling import NegativeTable, keep_probabilities
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_USERS = 4096
+# Below this share of events with a URL the model knows (or of users with at least one), inference
+# warns that the events hardly fit the model. A model of the same site loses events only to URLs it
+# never saw: on the sample split in time (first 80% of events → vocabulary, last 20% inferred), 95%
+# of the later events and 99% of their users kept a known URL with min_count 5, and still 64% and
+# 92% with min_count 50 (a vocabulary of 333 of 4,989 URLs). Another site shares only its few
+# global URLs, well under a tenth of its events.
+LOW_OVERLAP = 0.10
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
 
 
@@ -222,6 +232,22 @@ class Counts:
     users_without_known_urls: int = 0  # users left with no event at all: no vector
     prepare_skipped: dict | None = None  # what prepare itself dropped (null/empty URLs, users without any)
 
+    @property
+    def users_placed(self) -> int:
+        """Users given a vector: those with at least one URL the model knows."""
+        return self.users_read - self.users_without_known_urls
+
+    def low_overlap(self) -> str | None:
+        """A warning when few of the events or of the users could be placed (LOW_OVERLAP), else None."""
+        known = self.events_read - self.unknown_events
+        if not self.events_read or (known >= LOW_OVERLAP * self.events_read
+                                    and self.users_placed >= LOW_OVERLAP * self.users_read):
+            return None
+        return (f"warning: only {known / self.events_read:.1%} of the events ({known:,} of {self.events_read:,}) have "
+                f"a URL the model knows, and {self.users_placed / max(self.users_read, 1):.1%} of the users "
+                f"({self.users_placed:,} of {self.users_read:,}) get a vector: these events hardly fit the model "
+                "(another site, or another column read as the URL?)")
+
     def lines(self) -> list[str]:
         out = []
         if self.unknown_events:
@@ -261,21 +287,25 @@ def iter_inferred(model: str, inputs, *, format: str = "events", doc_col: str = 
                   time_col: str | None = None, epochs: int | None = None, alpha: float | None = None,
                   min_alpha: float | None = None, seed: int = 1, batch_users: int = DEFAULT_BATCH_USERS,
                   progress: bool = True, tmp_dir: str | None = None, counts: Counts | None = None,
-                  table: Callable[[str], np.ndarray] | None = None) -> Iterator[tuple[pa.Array, np.ndarray]]:
+                  table: Callable[[str], np.ndarray] | None = None,
+                  name: str | None = None) -> Iterator[tuple[pa.Array, np.ndarray]]:
     """(keys, [n, dim] float32 vectors) batch by batch; `counts`, if given, is filled in as we go.
 
     The model is checked and its frozen tables loaded now, before anything is read; the inputs are
-    read when the first batch is asked for.
+    read when the first batch is asked for, and refused then (before any batch) if none of their
+    URLs is in the model's vocabulary. `name` names the inputs in that message (default: their paths).
     """
     model = os.fspath(model)
     settings = model_settings(model, epochs, alpha, min_alpha, seed, batch_users)
     inferrer = Inferrer(model, settings, table)
     read = {"format": format, "doc_col": doc_col, "token_col": token_col, "time_col": time_col}
-    return _generate(inferrer, inputs, read, progress, tmp_dir, counts if counts is not None else Counts())
+    if name is None:
+        name = ", ".join(map(os.fspath, [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs))
+    return _generate(inferrer, inputs, read, progress, tmp_dir, counts if counts is not None else Counts(), name)
 
 
 def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: str | None,
-              counts: Counts) -> Iterator[tuple[pa.Array, np.ndarray]]:
+              counts: Counts, name: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
     settings = inferrer.s
     with tempfile.TemporaryDirectory(prefix="doc2vec-infer-", dir=tmp_dir) as tmp:
         corpus = prepare(inputs, os.path.join(tmp, "corpus"), min_count=1, progress=progress, **read)
@@ -288,6 +318,11 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
         counts.users_read, counts.events_read = corpus.num_docs, corpus.num_tokens
         counts.unknown_events = int(read_counts[unknown].sum())
         counts.unknown_urls = int(np.count_nonzero(unknown))
+        if counts.unknown_events == counts.events_read:
+            raise UserError(f"{name}: none of the {counts.events_read:,} events has a URL the model knows (their "
+                            f"{counts.unknown_urls:,} distinct URLs are not among the {len(inferrer.vocab_tokens):,} "
+                            f"of {inferrer.model}): these events do not fit this model (another site, or another "
+                            f"column read as the URL: --token-col {read['token_col']})")
         keys = corpus.docs().column("key").combine_chunks()
         with tqdm(total=corpus.num_docs, desc="infer", unit=" users", unit_scale=True, disable=not progress,
                   dynamic_ncols=True, file=sys.stderr) as bar:
@@ -308,10 +343,13 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     temporary corpus (for a small input, the order in which users first appear). With `out` writes the
     Parquet file `out` (columns key, vector fixed_size_list<float32>[dim], one row group per batch;
     written under a temporary name and renamed, an existing file is replaced) and returns a summary dict.
+    The file records the model and version it was inferred with (provenance), so neighbours and
+    indexes made from it can be checked against the model.
 
     epochs, alpha, min_alpha default to the model's; seed seeds the start vectors and every draw;
     batch_users bounds memory (users trained together). Users with no URL the model knows get no
-    vector; they and the events with unknown URLs are counted and reported on stderr.
+    vector; they and the events with unknown URLs are counted and reported on stderr. Inputs none of
+    whose URLs the model knows are a UserError, and nothing is written.
     """
     t0 = time.perf_counter()
     counts = Counts()
@@ -332,12 +370,14 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     from .export import PARQUET_OPTIONS, key_vector_table
 
     rows = 0
-    with outputs.replacing(out, "vectors") as staged:  # nothing there, or a (key, vector) file of ours
+    # nothing there, or a (key, vector) file of ours; the folders made for it go again if anything fails
+    with outputs.replacing(out, "vectors") as staged:
         # one schema for every batch, and for an empty result
-        schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32)).schema
+        source = provenance.of_model(checkpoint.ModelDir(model), "docs")  # the users are rows of its docs space
+        schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32), source).schema
         with pq.ParquetWriter(staged.path, schema, **PARQUET_OPTIONS) as writer:
             for keys, vectors in batches:
-                writer.write_table(key_vector_table(keys, vectors))
+                writer.write_table(key_vector_table(keys, vectors, source))
                 rows += len(keys)
     _report(counts)
     seconds = time.perf_counter() - t0
@@ -352,6 +392,8 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
 def _report(counts: Counts) -> None:
     for line in counts.lines():
         log.info(line)
+    if warning := counts.low_overlap():
+        log.warning(warning)
 
 
 def events_table(events, doc_col: str = "user_id", token_col: str = "url") -> tuple[pa.Table, str, list[str]]:
@@ -396,7 +438,7 @@ def infer_events(model: str, events, *, doc_col: str = "user_id", token_col: str
         path = os.path.join(tmp, "events.parquet")
         pq.write_table(data, path)
         pieces = list(iter_inferred(model, [path], format=format, doc_col=doc_col, token_col=token_col,
-                                    time_col=time_col, counts=counts, table=table, **options))
+                                    time_col=time_col, counts=counts, table=table, name="the events", **options))
     _report(counts)
     dim = model_settings(model).dim
     result = np.zeros((len(order), dim), np.float32)

@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import checkpoint
+from . import checkpoint, provenance
 from .errors import UserError
 from .ids import id_string
-from .index import ServedIndex
+from .index import ServedIndex, parquet_vectors
 from .scoring import lookup, neighbor_table, prior_queries, prior_targets, unit_rows, url_log_prior
 
 
@@ -66,10 +66,17 @@ class Model:
         self._parts: dict[str, list[_MappedPart]] = {}
         self._indexes: dict[tuple[str, str], faiss.Index] = {}
         self._served: dict[str, ServedIndex] = {}
+        self._checked: set[tuple[str, str]] = set()  # (index or file, table) whose model was checked
+        self._shown = path  # the model as the user named it, in messages (a remote one's URI, not its copy)
 
     @classmethod
     def load(cls, path: str) -> Model:
         return cls(path)
+
+    def source(self, table: str = "docs") -> dict:
+        """Where this model's `table` vectors come from (provenance.of_model): what an index or a vectors
+        file made from it records."""
+        return provenance.of_model(self.dir, table, None if self._shown == self.path else self._shown)
 
     def keys(self, table: str = "docs") -> pa.Array:
         if table not in self._keys:
@@ -84,8 +91,23 @@ class Model:
 
     def rows(self, keys: str | int | list, table: str = "docs") -> np.ndarray:
         """Row ids of keys (a key or a list; numbers as prepare made them strings); an unknown key is
-        an error with the closest known keys."""
-        return lookup(self.keys(table), key_strings(keys), table)
+        an error with the closest known keys, or, for a URL asked as a user (or a user as a URL), with
+        the table it belongs to."""
+        return lookup(self.keys(table), key_strings(keys), table, hint=lambda key: self._other_kind(key, table))
+
+    def _other_kind(self, key: str, table: str) -> str | None:
+        """What to say of a key unknown to `table` that is a key of the model's other kind of table."""
+        other = "words_out" if table == "docs" else "docs"
+        try:
+            known = self.keys(other)
+        except UserError:  # a model without that key table (one written by hand): nothing to say
+            return None
+        if pc.index_in(pa.array([key], pa.string()), value_set=known)[0].is_valid:
+            if other == "words_out":
+                return ": it is a URL of the model's vocabulary, not a user; add --table words_out for similar URLs"
+            return (f": it is a user of the model, not a URL; drop --table {table} for similar users (--against "
+                    "words_out: the URLs likeliest for the user)")
+        return None
 
     def vector(self, key: str | int, table: str = "docs") -> np.ndarray:
         return self.vectors([key], table)[0]
@@ -141,18 +163,31 @@ class Model:
 
     def neighbors(self, keys: str | int | list | None = None, k: int = 10, table: str = "docs",
                   against: str | None = None, index: str | None = None, *,
-                  vectors: np.ndarray | None = None) -> pa.Table:
+                  vectors: np.ndarray | None = None, names: list[str] | None = None,
+                  vectors_file: str | None = None) -> pa.Table:
         """Top-k of `against` (default: the same table) for each key, or for each of `vectors`.
 
         keys: a key of `table` or a list of them; the query's own row is left out of its answer.
         vectors: instead of keys, a [dim] or [n, dim] array of vectors of the kind `table` holds, say
         users from `infer`; the key column then holds each vector's position ("0", "1", …), and
-        nothing is left out (a vector equal to a row finds that row first).
+        nothing is left out (a vector equal to a row finds that row first). names: the vectors'
+        keys instead of their positions; a row with its query's key is then left out, as a key's own row is.
+        vectors_file: the keys are looked up in this key/vector Parquet (what `infer` or `export`
+        wrote) instead of the model, so users the model never saw can be queried; a file made from
+        another model (or table) is refused, one made from an older version of it is warned about.
         Same table: cosine similarity. Users against words_out: d·o + ns_exponent·log count(url), the
         model's log P(url | user) up to a constant. With `index` (a saved index directory), that
         index is searched by cosine instead of an exact scan.
         Returns key, neighbor, score, rank (1-based).
         """
+        if vectors_file is not None:
+            if keys is None or vectors is not None:
+                raise UserError(f"{vectors_file}: give the keys to look up in it (--key or --keys-file)")
+            names = key_strings(keys)
+            vectors, source = parquet_vectors(vectors_file, names)
+            again = "infer or export them again with the model"
+            self._check(source.provenance, table, vectors_file, again, again)
+            keys = None
         if (keys is None) == (vectors is None):
             raise UserError("neighbors: give keys or vectors, one of the two")
         if vectors is None:
@@ -161,16 +196,28 @@ class Model:
             queries = self.gather(table, rows)
         else:
             queries = self._query_vectors(vectors, table)
-            names, rows = [str(i) for i in range(len(queries))], None
+            rows = None
+            if names is not None and len(names) != len(queries):
+                raise UserError(f"neighbors: {len(names)} names for {len(queries)} vectors")
+        leave_out = rows is not None or names is not None  # the query's own row, known by its row or its key
+        names = [str(i) for i in range(len(queries))] if names is None else list(names)
         if index is not None:
-            return self._saved_neighbors(names, queries, rows is not None, k, table, against, index)
+            return self._saved_neighbors(names, queries, leave_out, k, table, against, index)
         against = against or table
-        leave_out = rows is not None and against == table
+        leave_out = leave_out and against == table
         queries = prior_queries(queries) if table == "docs" and against == "words_out" else unit_rows(queries)
         searched = self._index(table, against)
         scores, found = searched.search(np.ascontiguousarray(queries), min(k + int(leave_out), searched.ntotal))
-        is_self = found == rows[:, None] if leave_out else None
+        is_self = None
+        if leave_out:
+            is_self = found == rows[:, None] if rows is not None else _same_key(self.keys(against), found, names)
         return neighbor_table(names, found, scores, self.keys(against), k, is_self)
+
+    def _check(self, recorded: dict | None, table: str, what: str, redo: str, remake: str) -> None:
+        """provenance.check of vectors made from a model against this one, once per (index or file, table)."""
+        if (what, table) not in self._checked:
+            provenance.check(recorded, self.source(table), what, redo=redo, remake=remake)
+            self._checked.add((what, table))
 
     def _query_vectors(self, vectors, table: str) -> np.ndarray:
         """[n, dim] float32 from a [dim] or [n, dim] array-like, checked against the table's dim."""
@@ -193,15 +240,16 @@ class Model:
         if against not in (None, table):
             raise UserError(f"{path}: a saved index answers cosine similarity within its own table; "
                             f"drop --against {against} or drop --index")
+        # an index of another model (or table) is refused
+        self._check(served.params.get("provenance"), table, path,
+                    f"update it: doc2vec-dist index --update {path} --model {self._shown} --table {table} --out {path}",
+                    f"an index of it: doc2vec-dist index --model {self._shown} --table {table} --out NEW_INDEX")
         if vectors.shape[1] != served.index.d:
             raise UserError(f"{path}: index vectors have {served.index.d} dims, table {table} has {vectors.shape[1]}")
         scores, found = served.search(unit_rows(vectors), k + int(leave_out))
         keys = served.keys
-        is_self = None
-        if leave_out:  # faiss ids are the index's own row order, so the query is recognised by its key
-            is_self = pc.equal(keys.take(pa.array(np.maximum(found, 0).ravel())),
-                               pa.array(np.repeat(names, found.shape[1]), pa.string()))
-            is_self = is_self.to_numpy(zero_copy_only=False).reshape(found.shape)
+        # faiss ids are the index's own row order, so the query is recognised by its key
+        is_self = _same_key(keys, found, names) if leave_out else None
         return neighbor_table(names, found, scores, keys, k, is_self)
 
     def infer(self, events, *, doc_col: str = "user_id", token_col: str = "url", time_col: str | None = None,
@@ -225,14 +273,24 @@ class Model:
 
 
 def neighbors(model: str, keys: list[str] | None = None, k: int = 10, table: str = "docs", against: str | None = None,
-              index: str | None = None, *, vectors: np.ndarray | None = None) -> pa.Table:
+              index: str | None = None, *, vectors: np.ndarray | None = None,
+              vectors_file: str | None = None) -> pa.Table:
     """Top-k rows of `against` (default: the same table) for each query key, excluding the query itself,
-    or for each of `vectors` ([dim] or [n, dim], say users from infer) instead of keys.
+    or for each of `vectors` ([dim] or [n, dim], say users from infer) instead of keys, or for keys
+    looked up in `vectors_file` (a key/vector Parquet from infer or export) instead of the model.
 
     With `index`, a saved index (from build_index) is searched instead of an exact scan. Returns a
     table of key, neighbor, score, rank (1-based). Model.neighbors, for repeated queries, keeps what it loads.
     """
-    return Model.load(model).neighbors(keys, k=k, table=table, against=against, index=index, vectors=vectors)
+    return Model.load(model).neighbors(keys, k=k, table=table, against=against, index=index, vectors=vectors,
+                                       vectors_file=vectors_file)
+
+
+def _same_key(keys: pa.Array, found: np.ndarray, names: list[str]) -> np.ndarray:
+    """[n, k] bool: whether each found id's key (a row of `keys`) is its query's name."""
+    same = pc.equal(keys.take(pa.array(np.maximum(found, 0).ravel())),
+                    pa.array(np.repeat(names, found.shape[1]), pa.string()))
+    return same.fill_null(False).to_numpy(zero_copy_only=False).reshape(found.shape)
 
 
 def key_strings(keys) -> list[str]:

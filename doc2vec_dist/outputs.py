@@ -81,7 +81,14 @@ DIR_KINDS = {k.name: k for k in (
          ("model", "model-refreshed", "users", "index-*", "results.json", "*.tmp-*", "*.old-*"), marked_only=True),
 )}
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
-              "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file"}
+              "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file",
+              "npy": "an npy matrix with its keys file beside it", "npy-keys": "the keys file of an npy matrix"}
+
+
+def npy_keys_path(path: str) -> str:
+    """The keys file beside an npy matrix that export wrote as one file: users.npy → users.keys.parquet.
+    An .npy file cannot carry a marker; this file's marker (kind npy-keys) says the pair is ours."""
+    return path.removesuffix(".npy") + ".keys.parquet"
 
 
 def owned(kind: str, name: str) -> bool:
@@ -206,6 +213,9 @@ def file_kind(path: str) -> str | None:
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None
         return data.get(JSON_KEY) if isinstance(data, dict) else None
+    if head[:6] == b"\x93NUMPY":  # ours only beside the keys file export writes with it
+        keys = npy_keys_path(path)
+        return "npy" if path.endswith(".npy") and os.path.isfile(keys) and file_kind(keys) == "npy-keys" else None
     first = head.split(b"\n", 1)[0].split()
     if len(first) == 2 and all(x.isdigit() for x in first):
         return "word2vec"  # gensim's text format: a 'rows dim' header line

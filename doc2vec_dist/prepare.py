@@ -78,7 +78,21 @@ from .corpus import (
     write_shard,
 )
 from .ids import TokenIds, hash_strings, mix64
-from .readers import FORMATS, Chunk, Options, Skips, expand_inputs, iter_chunks
+from .readers import (
+    FORMATS,
+    ORDER,
+    PER_SECOND,
+    TIME_UNITS,
+    UNIT_NAMES,
+    Chunk,
+    Options,
+    ReadNotes,
+    Skips,
+    csv_delimiter,
+    expand_inputs,
+    iter_chunks,
+    unit_by_size,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +129,15 @@ class _Base:
         return self.docs.num_rows
 
     @property
+    def time_range(self) -> list[float] | None:
+        """The base's corpus's time range in epoch seconds (stored_time_range), when it had times."""
+        return stored_time_range(self.meta)[0]
+
+    @property
     def latest_time(self) -> float | None:
         """The latest event time of the base's corpus, when it was prepared with a time column."""
-        found = self.meta.get("time_range")
-        return float(found[1]) if found else None
+        found = self.time_range
+        return found[1] if found else None
 
     @property
     def vocab_size(self) -> int:
@@ -171,6 +190,27 @@ def open_base(path: str, join: bool) -> _Base:
                           f"trained on ({model.settings().get('corpus')}), which is gone or was prepared again; "
                           "give --base CORPUS, or --window-days N to build documents from the inputs alone")
     return _Base(path, "model", docs, vocab, corpus, corpus.meta if corpus is not None else {})
+
+
+def stored_time_range(meta: dict) -> tuple[list[float] | None, str | None, str | None]:
+    """A corpus.json's time_range in epoch seconds, the unit its times are in ("s", or ORDER: numbers
+    that only ordered events) and, for a corpus.json from before "time_unit", how its range was read.
+
+    Such a corpus.json kept numeric times as they were read (epoch seconds from timestamps and ISO
+    strings, but numbers in whatever unit they had, both mixed when files differed), so each end of
+    its range is read in the unit its size says (readers.EPOCH_SECONDS); a range that is no epoch
+    time in any unit was of numbers that only ordered events.
+    """
+    found, unit = meta.get("time_range"), meta.get("time_unit")
+    if not found:
+        return None, unit, None
+    if unit is not None:
+        return [float(t) for t in found], unit, None
+    units = [unit_by_size(float(t)) for t in found]
+    if None in units:
+        return [float(t) for t in found], ORDER, "numbers that only order events (no epoch time in any unit)"
+    how = " to ".join(dict.fromkeys(UNIT_NAMES[u] for u in units))
+    return [float(t) / PER_SECOND[u] for t, u in zip(found, units)], "s", f"{how}, by their size"
 
 
 def _read_mapped(path: str) -> pa.Table:
@@ -263,14 +303,17 @@ class _Pass1:
     key_bytes: int
     skips: Skips
     vocab: pa.Table  # token, count (input counts), id
+    notes: ReadNotes
+    input_words: int = 0  # distinct tokens of the inputs
+    known_words: int = 0  # of which the base knows (with a base)
 
 
 def _pass1(files: list[str], opt: Options, min_count: int, max_vocab: int | None, bar,
            base_tokens: pa.Array | None = None, window: _Window | None = None) -> _Pass1:
     counter = _TokenCounter()
-    skips = Skips()
+    skips, notes = Skips(), ReadNotes()
     rows = events = key_bytes = null_tokens = empty_tokens = 0
-    for _, chunk in _windowed(iter_chunks(files, opt, skips), window, skips):
+    for _, chunk in _windowed(iter_chunks(files, opt, skips, notes), window, skips):
         rows += chunk.rows
         events += len(chunk.token)
         key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
@@ -290,9 +333,11 @@ def _pass1(files: list[str], opt: Options, min_count: int, max_vocab: int | None
                           f"({_compact(skips.counts)})")
     counts = counter.table().sort_by([("count", "descending"), ("token", "ascending")])
     known = 0
+    input_words = known_words = counts.num_rows
     if base_tokens is not None:  # the base's tokens keep their ids, whatever their count now
         known = len(base_tokens)
         counts = counts.filter(pc.invert(pc.is_in(counts["token"], value_set=base_tokens)))
+        known_words = input_words - counts.num_rows
     frequent = pc.greater_equal(counts["count"], min_count)
     below = pc.sum(counts["count"].filter(pc.invert(frequent))).as_py() or 0
     vocab = counts.filter(frequent)
@@ -311,7 +356,7 @@ def _pass1(files: list[str], opt: Options, min_count: int, max_vocab: int | None
     vocab = vocab.append_column("id", pa.array(np.arange(vocab.num_rows, dtype=np.int32)))
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
-    return _Pass1(rows, events, key_bytes, skips, vocab.combine_chunks())
+    return _Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words)
 
 
 def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_events: int = 0) -> int:
@@ -467,6 +512,7 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
     duplicates = single = nothing_hidden = 0
     first_time, last_time = np.inf, -np.inf
     early = 0  # input events at or before the base's latest time
+    input_users = known_input_users = 0  # with a base: users in the inputs, and those it knows
     hold_writer = pq.ParquetWriter(holdout_path, HOLDOUT_SCHEMA) if holdout_path else None
     # with a base, its documents keep their ids (docs.arrow: its rows with new lengths, then the new
     # users in id order); new events are counted apart for the report
@@ -500,6 +546,10 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
                     base_of_code = np.full(len(uniq_keys), -1, np.int64)
                     known = rows_base >= 0
                     base_of_code[codes[order][known]] = rows_base[known]
+                    in_inputs = np.zeros(len(uniq_keys), bool)
+                    in_inputs[codes[order][~known]] = True
+                    input_users += int(np.count_nonzero(in_inputs))
+                    known_input_users += int(np.count_nonzero(in_inputs & (base_of_code >= 0)))
                 del table, keys, encoded
                 codes, tokens = codes[order], tokens[order]
                 in_vocab = tokens >= 0  # out of the vocabulary, or a base document's marker row
@@ -569,14 +619,16 @@ def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, 
     refresh = None
     if base is not None:
         _write_refreshed_docs(tmp, base, base_lengths, docs_file)
-        refresh = _refresh_summary(tmp, base, next_id, grown, base_lengths, new_word_counts, counts, early)
+        refresh = _refresh_summary(tmp, base, next_id, grown, base_lengths, new_word_counts, counts, early,
+                                   input_users, known_input_users)
     time_range = [first_time, last_time] if np.isfinite(first_time) else None
     return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, heldout, duplicates, single,
                   nothing_hidden, time_range, refresh)
 
 
 def _refresh_summary(tmp: str, base: _Base, num_docs: int, grown: np.ndarray, base_lengths: np.ndarray,
-                     new_word_counts: np.ndarray, counts: np.ndarray, early: int) -> dict:
+                     new_word_counts: np.ndarray, counts: np.ndarray, early: int, input_users: int,
+                     known_input_users: int) -> dict:
     """changed.arrow (the new users and those with new events), and corpus.json's "refresh" counts."""
     write_changed(tmp, np.concatenate([np.flatnonzero(grown), np.arange(base.num_docs, num_docs)]))
     known_words = min(base.vocab_size, len(counts))
@@ -587,7 +639,7 @@ def _refresh_summary(tmp: str, base: _Base, num_docs: int, grown: np.ndarray, ba
             "new_words": len(counts) - base.vocab_size,
             "words_without_new_events": int(np.count_nonzero(new_word_counts[:known_words] == 0)),
             "words_without_tokens": int(np.count_nonzero(counts == 0)),
-            "events_not_after_base": early}
+            "events_not_after_base": early, "input_users": input_users, "known_input_users": known_input_users}
 
 
 def _whole_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -615,6 +667,7 @@ def _pass3_join(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: b
     empty = np.flatnonzero(base_lengths == 0)  # known users with no token (a window's): in no shard
     empty_bucket = (hash_strings(base_keys.take(pa.array(empty)).combine_chunks()) % np.uint64(buckets)).astype(np.int64)
     shards, next_id, empty_docs, duplicates, single, early = [], base.num_docs, 0, 0, 0, 0
+    input_users = known_input_users = 0  # users in the inputs (every key of a bucket), and those the base knows
     first_time, last_time = np.inf, -np.inf
     docs_file = os.path.join(tmp, "new-docs.arrow")
     with pa.OSFile(docs_file, "wb") as docs_sink, pa.ipc.new_file(docs_sink, DOCS_SCHEMA) as docs_writer:
@@ -657,6 +710,8 @@ def _pass3_join(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: b
                     pa.large_string())])).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
             added = np.bincount(codes, minlength=len(uniq_keys))  # new tokens of each key
             known = position >= 0
+            input_users += len(uniq_keys)
+            known_input_users += int(np.count_nonzero(known))
             grown[known_ids[position[known & (np.bincount(codes[fresh], minlength=len(uniq_keys)) > 0)]]] = True
             # each base document of the shard, then its new events: written to their places in one array
             n_shard = len(shard_ids)
@@ -696,7 +751,8 @@ def _pass3_join(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: b
                      pa.array(added[new_codes[sl]].astype(np.int64))], schema=DOCS_SCHEMA))
             bar.update(1)
     _write_refreshed_docs(tmp, base, base_lengths, docs_file)
-    refresh = _refresh_summary(tmp, base, next_id, grown, base_lengths, new_word_counts, counts, early)
+    refresh = _refresh_summary(tmp, base, next_id, grown, base_lengths, new_word_counts, counts, early,
+                               input_users, known_input_users)
     time_range = [first_time, last_time] if np.isfinite(first_time) else None
     return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, 0, duplicates, single, 0, time_range,
                   refresh)
@@ -725,7 +781,8 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
             max_vocab: int | None = None, holdout: float = 0.0, holdout_out: str | None = None,
             seed: int = 1, num_shards: int | None = None, overwrite: bool = False,
             progress: bool = True, memory_budget_bytes: int = 1 << 30, report: bool | None = None,
-            base: str | None = None, window_days: float | None = None) -> Corpus:
+            base: str | None = None, window_days: float | None = None, time_unit: str | None = None,
+            delimiter: str | None = None) -> Corpus:
     """Build a corpus directory at `out` from the inputs (see the module docstring) and open it.
 
     With holdout=F > 0, each document with at least 2 distinct tokens has max(1, round(F × distinct))
@@ -744,7 +801,16 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     events of the last N days before the latest one; a known user with none keeps its id and an empty
     row. Counts, and so subsampling and negatives, are the new corpus's. changed.arrow lists the new
     users and those with new events (train --first-epoch changed). corpus.json's "refresh" counts
-    what is new, what grew and what no longer appears.
+    what is new, what grew and what no longer appears. A base that knows none of the inputs' users is
+    an error (it is not an earlier corpus of these events), one that knows fewer than
+    LOW_OVERLAP of them a warning.
+
+    Times (readers.py) become epoch seconds, UTC, as they are read; numeric ones are in time_unit
+    (s, ms, us, ns) or, by default, in the unit their size says, file by file. corpus.json's
+    "time_range" and "window_start" are in the unit "time_unit" names: "s" (epoch seconds), or
+    "order" when the times were numbers that only order events (refused with window_days or base);
+    "time_read" says how each file's times were read. delimiter: of CSV/TSV fields (default ',' for
+    .csv, a tab for .tsv).
     """
     if format not in FORMATS:
         raise CorpusError(f"format '{format}' is not one of {', '.join(FORMATS)}")
@@ -765,6 +831,10 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     if window_days is not None and not (window_days > 0 and time_col):
         raise CorpusError("--window-days needs a time column (--time-col) and a number of days > 0"
                           if not time_col else f"--window-days must be > 0, not {window_days}")
+    if time_unit is not None and (time_unit not in TIME_UNITS or not time_col):
+        raise CorpusError(f"--time-unit must be one of {', '.join(TIME_UNITS)}, not {time_unit!r}"
+                          if time_unit not in TIME_UNITS else "--time-unit needs a time column (--time-col)")
+    delimiter = csv_delimiter(delimiter)
     out = os.path.abspath(os.fspath(out)).rstrip(os.sep)
     found_base = None
     if base is not None:
@@ -777,13 +847,21 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         if os.path.abspath(os.fspath(base)).rstrip(os.sep) == out:
             raise CorpusError(f"{out}: --out is the --base; a refresh writes a new corpus and never changes its base")
         found_base = open_base(base, join=window_days is None)
+        base_range, base_unit, read_as = stored_time_range(found_base.meta)
+        if time_col and base_unit == ORDER:
+            raise CorpusError(f"{found_base.path}: its times {base_range} are numbers that only order events, no "
+                              "epoch time, so new events cannot be told from those it has: prepare the base again "
+                              "with --time-unit, or refresh without --time-col")
+        if read_as and time_col:
+            log.info(f"{found_base.path}: its corpus.json predates time units; its time range read as {read_as}")
     outputs.check_dir(out, "corpus", overwrite)  # only a corpus of ours is replaced, and only when asked
     if holdout_out:
         outputs.check_file(os.path.abspath(holdout_out), "heldout", overwrite)
     for path in (out, holdout_out):  # a read-only or forbidden place is named before any reading
         outputs.check_writable(path)
     files = expand_inputs(inputs, format)
-    opt = Options(format, doc_col, token_col, time_col if format == "events" else None)
+    opt = Options(format, doc_col, token_col, time_col if format == "events" else None, time_unit, delimiter,
+                  "--window-days" if window_days is not None else "--base" if base is not None else None)
 
     hold_final = os.path.abspath(holdout_out) if holdout_out else None
     bars = {"file": sys.stderr, "disable": not progress, "dynamic_ncols": True}
@@ -824,6 +902,8 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
                     p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar,
                                 found_base)
             os.rmdir(spill_dir)
+            if p3.refresh is not None:
+                _check_overlap(found_base, p3.refresh, p1, doc_col, window is not None)
 
             vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts),
                               "id": p1.vocab["id"]}, schema=VOCAB_SCHEMA)
@@ -844,8 +924,10 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
                 "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
                 "docs_with_one_token": p3.docs_with_one_token,
                 "docs_without_heldout": p3.docs_without_heldout if holdout > 0 else None,
-                "time_range": _union(p3.time_range, found_base.meta.get("time_range") if found_base and join
-                                     else None),
+                "time_range": _union(p3.time_range, found_base.time_range if found_base and join else None),
+                "time_unit": (ORDER if ORDER in p1.notes.time_units else "s") if opt.time_col else None,
+                "time_read": p1.notes.time_read, "delimiter": delimiter,
+                "stripped_whitespace": p1.notes.stripped, "stripped_where": p1.notes.stripped_where,
                 "window_days": window_days, "shards_by": "key_hash",  # shard b holds the keys hashing to b
                 "window_start": window.cutoff if window else None,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -869,11 +951,33 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
                  f"{len(vocab_tokens):,}, {buckets} shard(s)"
                  + ("" if any(line.startswith("skipped") for line in lines) else "; skipped: nothing")
                  + (f"; held out {p3.heldout:,} (key, token) pairs to {hold_final}" if hold_final else ""))
-        for line in lines:  # what was dropped is a warning; what was kept, information
-            (log.warning if line.startswith("skipped") else log.info)(line)
+        for line in lines:  # what was dropped or changed is a warning; what was kept, information
+            (log.warning if line.startswith(("skipped", "stripped")) else log.info)(line)
         if meta.get("refresh"):
             log.info(refresh_report(meta))
     return Corpus(out)
+
+
+LOW_OVERLAP = 0.10
+
+
+def _check_overlap(base: _Base, refresh: dict, p1: _Pass1, doc_col: str, window: bool) -> None:
+    """A base that knows none of the inputs' users is refused; one that knows few is a warning.
+
+    In a daily refresh most of a day's users came before (a site's returning users), and new users
+    are a minority; a base that knows under LOW_OVERLAP of them is more likely another site's or
+    another id scheme's (hashed against raw ids, another doc_col) than the one these events follow.
+    """
+    users, known = refresh["input_users"], refresh["known_input_users"]
+    inputs = "the inputs' window" if window else "the inputs"
+    counts = (f"{known:,} of the {users:,} users in {inputs} and {p1.known_words:,} of their {p1.input_words:,} "
+              f"URLs are known to it ({base.num_docs:,} users, {base.vocab_size:,} URLs)")
+    if users and not known:
+        raise CorpusError(f"{base.path}: --base shares no user with {inputs}: {counts}; is it an earlier corpus or "
+                          f"model of these events (the same '{doc_col}')?")
+    if users and known < LOW_OVERLAP * users:
+        log.warning(f"{base.path}: --base knows only {known / users:.1%} of the users in {inputs}: {counts}; is "
+                    "it an earlier corpus or model of these events?")
 
 
 def _union(a: list | None, b: list | None) -> list | None:
@@ -893,9 +997,13 @@ def refresh_report(meta: dict) -> str:
         early = (f"; {r['events_not_after_base']:,} input event(s) at or before the base's latest time "
                  + ("are not counted as new" if r["mode"] == "window" else
                     "joined as new: if the base had them already, they are in the documents twice"))
+    inputs = ""
+    if r.get("input_users"):
+        inputs = (f" (of the inputs' {r['input_users']:,} users, {r['known_input_users']:,} known: "
+                  f"{r['known_input_users'] / r['input_users']:.1%})")
     return (f"refresh of {r['base']} ({how}): users {r['base_docs']:,} known, {r['new_docs']:,} new, "
             f"{r['grown_docs']:,} with new events, {r['docs_without_new_events']:,} without"
-            + (f" ({r['empty_base_docs']:,} now empty)" if r["empty_base_docs"] else "")
+            + (f" ({r['empty_base_docs']:,} now empty)" if r["empty_base_docs"] else "") + inputs
             + f"; URLs {r['base_vocab']:,} known, {r['new_words']:,} new, {r['words_without_new_events']:,} known ones "
             f"without new events" + (f", {r['words_without_tokens']:,} without any token now"
                                      if r["words_without_tokens"] else "")
@@ -904,7 +1012,8 @@ def refresh_report(meta: dict) -> str:
 
 def skip_report(meta: dict) -> list[str]:
     """One line per reason prepare dropped something, with the count and where the first ones were,
-    then what it kept that is worth knowing (documents of a single token), from a corpus.json."""
+    then the keys and tokens it stripped of whitespace, how it read each file's times, and what it kept
+    that is worth knowing (documents of a single token), from a corpus.json."""
     doc, tok, time = meta.get("doc_col"), meta.get("token_col"), meta.get("time_col")
     fmt = meta.get("format", "events")
     token = "event" if fmt == "events" else "token"
@@ -931,6 +1040,12 @@ def skip_report(meta: dict) -> list[str]:
             first = where.get(reason)
             lines.append(f"skipped {count:,} {what.get(reason, reason)}"
                          + (f" (first: {', '.join(first)})" if first else ""))
+    for column, count in (meta.get("stripped_whitespace") or {}).items():
+        first = (meta.get("stripped_where") or {}).get(column)
+        lines.append(f"stripped leading or trailing whitespace from {count:,} '{column}' value(s), so that they "
+                     "match the same values without it" + (f" (first: {', '.join(first)})" if first else ""))
+    for what, files in (meta.get("time_read") or {}).items():
+        lines.append(f"{_name_files(files)}: '{time}' read as {what}")
     if meta.get("docs_with_one_token"):
         lines.append(f"kept {meta['docs_with_one_token']:,} document(s) with a single {token}: they train "
                      "like any other")

@@ -7,11 +7,22 @@ Input formats:
 
     events  rows of (doc_col, token_col[, time_col]) in Parquet, CSV/TSV or JSON lines; a user's
             events may be spread over many files. With time_col, each user's tokens are ordered by
-            time (ties keep input order); otherwise by input order.
+            time (ties keep input order); otherwise by input order. Keys and tokens are stripped of
+            leading and trailing whitespace. CSV fields are separated by ',' (.csv) or a tab (.tsv),
+            or by Options.delimiter.
     lists   one row per document: doc_col and token_col holding a list of tokens (Parquet, JSON lines).
     text    one document per line, tokens separated by whitespace. The key of a document is its line
             number counted from 0 across the inputs concatenated in the order given (a directory's
             files in sorted order); a file that does not end in a newline still ends its last line.
+
+Times. Every time column becomes float64 epoch seconds, UTC, as it is read (_time_seconds):
+timestamps of any unit and time zone (none: UTC), dates, ISO 8601 strings (with an offset, or UTC),
+and numbers. Numbers are epoch times in Options.time_unit, or else in the unit their size says
+(EPOCH_SECONDS: seconds 1e8..1e11, milliseconds 1e11..1e14, ...), found from the median of a file's
+first block and then held for the whole file: a value of another size is an error naming its row, so
+files in different units are each read right, and a file that mixes units is refused. Numbers too
+small for any unit (sequence numbers) only order each user's events: accepted as they are unless an
+option needs times (Options.epochs_for), never together with epoch times.
 
 Errors are one-line CorpusErrors naming the file (and the column and row where known); rows and
 lines in them are counted from 0 within their file (a CSV header is not a row), as text keys are.
@@ -145,7 +156,7 @@ class Chunk:
 
     key: pa.Array            # string, no nulls
     token: pa.Array          # string; null where the input had no usable token
-    time: np.ndarray | None  # float64, NaN for a missing time; None without time_col
+    time: np.ndarray | None  # float64 epoch seconds (UTC), NaN for a missing time; None without time_col
     rows: int                # input rows (events, or documents for lists/text) this chunk covers
     padding: int = 0         # null tokens we added so that a document with no token is still seen
 
@@ -181,14 +192,14 @@ class Skips:
 
 
 
-def _missing_column(path: str, column: str, names: list[str]) -> CorpusError:
-    return CorpusError(f"{path}: column '{column}' not found (columns: {', '.join(names)})")
+def _missing_column(path: str, column: str, names: list[str], hint: str = "") -> CorpusError:
+    return CorpusError(f"{path}: column '{column}' not found (columns: {', '.join(names)}){hint}")
 
 
-def _check_columns(path: str, names: list[str], needed: list[str]) -> None:
+def _check_columns(path: str, names: list[str], needed: list[str], hint: str = "") -> None:
     for column in needed:
         if column not in names:
-            raise _missing_column(path, column, names)
+            raise _missing_column(path, column, names, hint)
 
 
 def _parquet_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -197,9 +208,9 @@ def _parquet_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
     yield from pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns)
 
 
-def _csv_batches(path: str, columns: list[str], kind: str) -> Iterator[pa.RecordBatch]:
+def _csv_batches(path: str, columns: list[str], kind: str, delimiter: str | None = None) -> Iterator[pa.RecordBatch]:
     read = pcsv.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
-    parse = pcsv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
+    parse = pcsv.ParseOptions(delimiter=delimiter or ("\t" if kind == "tsv" else ","))
     # Everything as bytes: the key and token become strings anyway, the time is parsed by
     # _time_seconds, and a column's type cannot then change from one block to the next. Bytes, not
     # strings, so that invalid UTF-8 reaches _utf8_strings, which can say in which row it is (the CSV
@@ -214,7 +225,9 @@ def _csv_batches(path: str, columns: list[str], kind: str) -> Iterator[pa.Record
         if "include_columns" not in str(e):
             raise
         names = pcsv.open_csv(path, read_options=read, parse_options=parse).schema.names
-        _check_columns(path, names, columns)
+        other = next((d for d in ";|\t," if len(names) == 1 and d in names[0] and d != parse.delimiter), None)
+        _check_columns(path, names, columns, f" (a header of one column: are the fields separated by {other!r}? give "
+                                             f"--delimiter {other!r})" if other else "")
         raise
     yield from reader
 
@@ -521,12 +534,150 @@ def _decodes(value: bytes) -> bool:
         return False
 
 
-def _time_seconds(arr: pa.Array, path: str, column: str, row_base: int = 0) -> np.ndarray:
-    """A time column as float64 seconds (NaN for nulls), only ever compared within one document.
+# ---------------------------------------------------------------------------------------------------
+# Times: every time column as float64 epoch seconds, UTC, as it is read
+# ---------------------------------------------------------------------------------------------------
+# One unit whatever the input held, so that files in different units order one user's events together
+# and --window-days and a base's latest time mean what they say. float64 seconds keep NaN for a missing
+# time (it sorts last and equals nothing, so it is never a duplicate) and -inf for a base's own tokens,
+# and resolve about a quarter of a microsecond at present-day times: finer than any log's clock but a
+# nanosecond one's.
 
-    Timestamps and dates become seconds since the epoch; numbers are taken as they are (epoch
-    seconds, milliseconds, a sequence number: anything that orders); strings are parsed as numbers or
-    ISO 8601. float64 keeps sub-microsecond resolution for present-day epoch seconds.
+TIME_UNITS = ("s", "ms", "us", "ns")
+PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+UNIT_NAMES = {"s": "epoch seconds", "ms": "epoch milliseconds", "us": "epoch microseconds",
+              "ns": "epoch nanoseconds"}
+ORDER = "order"  # the unit of numbers that are no epoch time in any unit: they only order a user's events
+# An epoch time is taken to lie between 1973-03-03 (1e8 s) and the year 5138 (1e11 s). Its size then
+# says its unit without overlap: seconds 1e8..1e11, milliseconds 1e11..1e14, microseconds 1e14..1e17,
+# nanoseconds 1e17..1e20. Present-day times (about 1.7e9 s) are far from every bound.
+EPOCH_SECONDS = (1e8, 1e11)
+_SIZE_BOUNDS = np.array([EPOCH_SECONDS[0] * PER_SECOND[u] for u in TIME_UNITS] + [EPOCH_SECONDS[1] * 10**9])
+_ZONED = r"\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d(?::?\d\d)?)$"  # an ISO 8601 time with a UTC offset
+
+
+def _sizes(values: np.ndarray) -> np.ndarray:
+    """For each value, the index in TIME_UNITS of the unit its size says it is an epoch time in: -1 when
+    too small for any (before 1973 in seconds: a sequence number, a negative), len(TIME_UNITS) when too
+    large for any (NaN too)."""
+    return np.searchsorted(_SIZE_BOUNDS, values, side="right") - 1
+
+
+def unit_by_size(value: float) -> str | None:
+    """The unit in which `value` is an epoch time (see EPOCH_SECONDS), None when it is one in none."""
+    size = int(_sizes(np.array([value], np.float64))[0])
+    return TIME_UNITS[size] if 0 <= size < len(TIME_UNITS) else None
+
+
+@dataclass(frozen=True)
+class TimeReading:
+    """How a file's time column was read: `what` says so in the report; `unit` is that of its numbers
+    (s, ms, us, ns, or ORDER for numbers that are no epoch time), None for timestamps, dates and ISO
+    strings, which carry their own."""
+
+    what: str
+    unit: str | None = None
+
+    @property
+    def epoch(self) -> bool:
+        return self.unit != ORDER
+
+
+def _number(value) -> str:
+    """A time value as a message shows it: 1700000000000, not 1.7e+12."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    return repr(value)
+
+
+def _epoch_numbers(values: np.ndarray, shown: pa.Array, path: str, column: str, row_base: int, opt: Options,
+                   file_unit: str | None) -> tuple[np.ndarray, TimeReading | None]:
+    """Numbers as epoch seconds: in --time-unit, else in the unit their size says (that of the median of
+    the file's first block with a time, then the same for the whole file). A value of another size is
+    refused naming its row; numbers too small for any unit only order each user's events, and are
+    refused where a time is needed (opt.epochs_for)."""
+    finite = np.isfinite(values)
+    where = f"{path}: column '{column}' row"
+
+    def value_at(i: int) -> str:
+        return _number(shown[int(i)].as_py())
+
+    if opt.time_unit is not None:
+        seconds = values / PER_SECOND[opt.time_unit]
+        beyond = np.flatnonzero(finite & (np.abs(seconds) >= EPOCH_SECONDS[1]))
+        if beyond.size:
+            i = beyond[0]
+            size = unit_by_size(abs(values[i]))
+            raise CorpusError(f"{where} {row_base + i} holds {value_at(i)}, which in {UNIT_NAMES[opt.time_unit]} "
+                              f"(--time-unit {opt.time_unit}) lies after the year 5000"
+                              + (f"; its size says {UNIT_NAMES[size]} (--time-unit {size})" if size else ""))
+        return seconds, TimeReading(f"{UNIT_NAMES[opt.time_unit]} (--time-unit {opt.time_unit})", opt.time_unit)
+    if not finite.any():
+        return values, None  # no time in this block: nothing says a unit yet
+    sizes = _sizes(values)
+    unit = file_unit
+    if unit is None:
+        size = int(_sizes(np.array([np.median(values[finite])]))[0])
+        unit = ORDER if size < 0 else TIME_UNITS[size] if size < len(TIME_UNITS) else None
+        if unit is None:
+            i = int(np.flatnonzero(finite)[np.argmax(values[finite])])
+            raise CorpusError(f"{where} {row_base + i} holds {value_at(i)}: numbers of this size are no epoch time "
+                              "in any unit (seconds are about 1.7e9 today, milliseconds 1.7e12, up to nanoseconds "
+                              "1.7e18); give --time-unit s|ms|us|ns if they are")
+    if unit == ORDER:
+        if opt.epochs_for:
+            i = int(np.flatnonzero(finite)[0])
+            raise CorpusError(f"{where} {row_base + i} holds {value_at(i)}: these numbers are no epoch time (seconds "
+                              "are about 1.7e9 today, milliseconds 1.7e12), and " + opt.epochs_for + " needs times; "
+                              "give --time-unit s|ms|us|ns if they are epoch times")
+        odd = np.flatnonzero(finite & (sizes >= 0))
+    else:
+        odd = np.flatnonzero(finite & (sizes != TIME_UNITS.index(unit)))
+    if odd.size:
+        i = odd[0]
+        size = int(sizes[i])
+        this = ("no epoch time in any unit" if size < 0 else "too large for an epoch time in any unit"
+                if size >= len(TIME_UNITS) else f"{UNIT_NAMES[TIME_UNITS[size]]} by its size")
+        rest = ("numbers that are no epoch time (they only order each user's events)" if unit == ORDER
+                else f"{UNIT_NAMES[unit]} by their size")
+        raise CorpusError(f"{where} {row_base + i} holds {value_at(i)}, {this}, but the file's times are {rest}: "
+                          "a file's times must be in one unit (give --time-unit s|ms|us|ns to say which)")
+    if unit == ORDER:
+        return values, TimeReading("numbers that only order each user's events (no epoch time in any unit: "
+                                   "below 1e8)", ORDER)
+    return values / PER_SECOND[unit], TimeReading(f"{UNIT_NAMES[unit]} (detected)", unit)
+
+
+def _iso_seconds(strings: pa.Array) -> np.ndarray:
+    """ISO 8601 strings as epoch seconds: those with a UTC offset (Z, +02:00) at that offset, the others
+    as UTC; nanosecond fractions kept. Raises pa.ArrowInvalid when a value is no ISO 8601 time."""
+    out = np.full(len(strings), np.nan)
+    zoned = pc.match_substring_regex(strings, _ZONED)
+    for mask, tz in ((zoned, "UTC"), (pc.invert(zoned), None)):
+        part = strings.filter(mask)  # a null is in neither part: it stays NaN
+        if not len(part):
+            continue
+        for unit in ("us", "ns"):
+            try:
+                raw = part.cast(pa.timestamp(unit, tz=tz)).cast(pa.int64()).to_numpy(zero_copy_only=False)
+                break
+            except pa.ArrowInvalid:
+                if unit == "ns":
+                    raise
+        out[mask.fill_null(False).to_numpy(zero_copy_only=False)] = raw / PER_SECOND[unit]
+    return out
+
+
+def _time_seconds(arr: pa.Array, path: str, column: str, row_base: int, opt: Options,
+                  file_unit: str | None = None) -> tuple[np.ndarray, TimeReading | None]:
+    """A time column as float64 epoch seconds, UTC (NaN for a missing time), and how it was read.
+
+    Timestamps of any unit and time zone (one without a zone is taken as UTC) and dates carry their
+    unit; numbers, and strings that are numbers, are epoch times in --time-unit or the unit their size
+    says (_epoch_numbers); other strings are ISO 8601 (_iso_seconds). file_unit: the unit the file's
+    numbers were found in so far.
     """
     typ = arr.type
     if pa.types.is_dictionary(typ):
@@ -536,25 +687,36 @@ def _time_seconds(arr: pa.Array, path: str, column: str, row_base: int = 0) -> n
         arr = _utf8_strings(arr, path, column, row_base)
         typ = arr.type
     if pa.types.is_timestamp(typ):
-        per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[typ.unit]
         raw = arr.cast(pa.int64()).to_numpy(zero_copy_only=False)
-        return raw.astype(np.float64) / per_second
+        zone = f"{typ.tz}" if typ.tz else "no time zone: taken as UTC"
+        return raw.astype(np.float64) / PER_SECOND[typ.unit], TimeReading(f"timestamps ({typ.unit}, {zone})")
     if pa.types.is_date32(typ):
-        return arr.cast(pa.int32()).to_numpy(zero_copy_only=False).astype(np.float64) * 86400.0
+        return (arr.cast(pa.int32()).to_numpy(zero_copy_only=False).astype(np.float64) * 86400.0,
+                TimeReading("dates (UTC midnight)"))
     if pa.types.is_date64(typ):
-        return arr.cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64) / 1000.0
-    if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ) or pa.types.is_null(typ):
-        return arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        return (arr.cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64) / 1000.0,
+                TimeReading("dates (UTC midnight)"))
+    if pa.types.is_null(typ):
+        return np.full(len(arr), np.nan), None
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ):
+        # unsafe: an int64 of nanoseconds is past float64's exact integers, and rounds (by well under a µs)
+        values = arr.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+        return _epoch_numbers(values, arr, path, column, row_base, opt, file_unit)
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        targets = (pa.float64(), pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
-        for target in targets:
-            try:
-                return _time_seconds(arr.cast(target), path, column)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                continue
+        arr = pc.utf8_trim_whitespace(arr)
+        try:
+            values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:
+            pass
+        else:
+            return _epoch_numbers(values, arr, path, column, row_base, opt, file_unit)
+        try:
+            return _iso_seconds(arr), TimeReading("ISO 8601 strings (UTC where they give no offset)")
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
         # Only the error path looks at values one by one, to name the first that is no time at all.
         for i, value in enumerate(arr.to_pylist()):
-            if value is not None and not any(_casts(value, target) for target in targets):
+            if value is not None and not (_parses(value, float) or _parses(value, _iso_seconds)):
                 raise CorpusError(f"{path}: column '{column}' is not a time: cannot read {value!r} (row "
                                   f"{row_base + i}) as a number or an ISO 8601 timestamp")
         raise CorpusError(f"{path}: column '{column}' mixes numbers and ISO 8601 timestamps; use one "
@@ -563,11 +725,11 @@ def _time_seconds(arr: pa.Array, path: str, column: str, row_base: int = 0) -> n
                       "ISO 8601 strings")
 
 
-def _casts(value: str, target: pa.DataType) -> bool:
+def _parses(value: str, parse) -> bool:
     try:
-        pa.array([value]).cast(target)
+        parse(pa.array([value], pa.string()) if parse is _iso_seconds else value)
         return True
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
         return False
 
 
@@ -597,15 +759,94 @@ class Options:
     doc_col: str
     token_col: str
     time_col: str | None
+    time_unit: str | None = None   # of numeric times (TIME_UNITS); None: each file's by the size of its numbers
+    delimiter: str | None = None   # of CSV/TSV fields; None: ',' for .csv, tab for .tsv
+    epochs_for: str | None = None  # the option that needs epoch times ("--window-days"): numbers that only
+    #                                order events are refused
 
 
-def iter_chunks(files: list[str], opt: Options, skips: Skips | None = None) -> Iterator[tuple[str, Chunk]]:
+def csv_delimiter(value: str | None) -> str | None:
+    """--delimiter as the one character it stands for ('\\t' and 'tab' for a tab)."""
+    if value is None:
+        return None
+    value = {"\\t": "\t", "tab": "\t"}.get(value, value)
+    if len(value) != 1 or value in "\"\r\n":
+        raise CorpusError(f"--delimiter must be one character other than a quote or a newline (';', '|', "
+                          f"'\\t' for a tab), not {value!r}")
+    return value
+
+
+class ReadNotes:
+    """What reading the inputs decided or changed that prepare reports, though it drops nothing (that
+    is Skips): how each file's time column was read, and the keys and tokens stripped of leading or
+    trailing whitespace (" https://a.com/ " and "https://a.com/" are one URL)."""
+
+    EXAMPLES = 3
+
+    def __init__(self):
+        self.time_read: dict[str, list[str]] = {}   # how a time column was read → the files read so
+        self.time_units: set[str | None] = set()    # TimeReading.unit of each
+        self.stripped: dict[str, int] = {}          # column → values stripped
+        self.stripped_where: dict[str, list[str]] = {}
+
+    def read_time(self, path: str, reading: TimeReading) -> None:
+        files = self.time_read.setdefault(reading.what, [])
+        if path not in files:
+            files.append(path)
+        self.time_units.add(reading.unit)
+
+    def strip(self, column: str, count: int, path: str, at: np.ndarray | None, base: int) -> None:
+        if not count:
+            return
+        self.stripped[column] = self.stripped.get(column, 0) + count
+        where = self.stripped_where.setdefault(column, [])
+        room = self.EXAMPLES - len(where)
+        if room > 0:
+            where += [path] if at is None else [f"{path} row {base + int(i)}" for i in at[:room]]
+
+
+def _stripped(arr: pa.Array, column: str, path: str, row_base: int, notes: ReadNotes | None,
+              rows: bool = True) -> pa.Array:
+    """Strings with leading and trailing whitespace removed, the values changed counted in `notes`
+    (by row when `rows`, else by file)."""
+    trimmed = pc.utf8_trim_whitespace(arr)
+    if notes is not None:
+        changed = pc.not_equal(pc.binary_length(arr), pc.binary_length(trimmed)).fill_null(False)
+        count = pc.sum(changed).as_py() or 0
+        if count:
+            notes.strip(column, count, path, np.flatnonzero(changed.to_numpy(zero_copy_only=False)) if rows else None,
+                        row_base)
+    return trimmed
+
+
+class _TimeKinds:
+    """One kind of time across the inputs: epoch times (of whatever unit or type, all made seconds),
+    or numbers that only order each user's events; never both, as they cannot order one user's events
+    together."""
+
+    def __init__(self):
+        self.first: dict[bool, tuple[str, TimeReading]] = {}  # epoch? → the first file read so, and how
+
+    def check(self, path: str, column: str, reading: TimeReading) -> None:
+        other = self.first.get(not reading.epoch)
+        if other is not None:
+            raise CorpusError(f"{path}: column '{column}' read as {reading.what}, but {other[0]}'s as "
+                              f"{other[1].what}: one user's events cannot be ordered by both; give --time-unit "
+                              "s|ms|us|ns if all are epoch times")
+        self.first.setdefault(reading.epoch, (path, reading))
+
+
+def iter_chunks(files: list[str], opt: Options, skips: Skips | None = None,
+                notes: ReadNotes | None = None) -> Iterator[tuple[str, Chunk]]:
     """Every input file, in order, as normalised chunks of events. Errors name the file.
 
     Rows with a null or empty key, text lines that are not UTF-8 and empty files are left out here
-    and, when `skips` is given (pass 1; pass 2 reads the same rows again), counted in it.
+    and, when `skips` is given (pass 1; pass 2 reads the same rows again), counted in it; keys and
+    tokens are stripped of leading and trailing whitespace, and times made epoch seconds (_time_seconds),
+    which `notes` (pass 1 too) records.
     """
     line_base = 0  # text: keys are line numbers across all inputs
+    kinds = _TimeKinds()
     for path in files:
         row = 0  # rows (text: lines) of this file read so far
         try:
@@ -636,21 +877,30 @@ def iter_chunks(files: list[str], opt: Options, skips: Skips | None = None) -> I
                 if kind == "parquet":
                     batches = _parquet_batches(path, columns)
                 elif kind in ("csv", "tsv"):
-                    batches = _csv_batches(path, columns, kind)
+                    batches = _csv_batches(path, columns, kind, opt.delimiter)
                 else:
                     batches = _json_batches(path, columns, opt.token_col if opt.format == "lists" else None)
+                file_unit = None  # the unit this file's numeric times were found in
                 for batch in batches:
                     # Every column is converted whole, before rows are dropped, so that the row
                     # numbers in its errors are those of the file.
                     n = batch.num_rows
-                    key = _as_strings(batch.column(opt.doc_col), path, opt.doc_col, row)
+                    key = _stripped(_as_strings(batch.column(opt.doc_col), path, opt.doc_col, row), opt.doc_col,
+                                    path, row, notes)
                     time = None
                     if opt.format == "lists":
                         token = _as_string_lists(batch.column(opt.token_col), path, opt.token_col, row)
                     else:
-                        token = _as_strings(batch.column(opt.token_col), path, opt.token_col, row)
+                        token = _stripped(_as_strings(batch.column(opt.token_col), path, opt.token_col, row),
+                                          opt.token_col, path, row, notes)
                         if opt.time_col:
-                            time = _time_seconds(batch.column(opt.time_col), path, opt.time_col, row)
+                            time, reading = _time_seconds(batch.column(opt.time_col), path, opt.time_col, row, opt,
+                                                          file_unit)
+                            if reading is not None:
+                                kinds.check(path, opt.time_col, reading)
+                                file_unit = reading.unit or file_unit
+                                if notes is not None:
+                                    notes.read_time(path, reading)
                     usable = _usable_keys(key, path, row, skips)
                     if usable is not None:
                         key, token = key.filter(usable), token.filter(usable)
@@ -659,6 +909,7 @@ def iter_chunks(files: list[str], opt: Options, skips: Skips | None = None) -> I
                     pad = 0
                     if opt.format == "lists":
                         key, token, pad = _flatten_lists(key, token, drop_empty=False)
+                        token = _stripped(token, opt.token_col, path, row, notes, rows=False)
                     row += n
                     yield path, Chunk(key, token, time, n, pad)
         except CorpusError:

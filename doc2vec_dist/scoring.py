@@ -14,6 +14,7 @@ user is most likely to visit. As one inner product: [d, 1] · [o, ns_exponent ·
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -52,12 +53,13 @@ def with_prior(doc_vectors: np.ndarray, words_out: np.ndarray, log_prior: np.nda
     return prior_queries(doc_vectors), prior_targets(words_out, log_prior)
 
 
-def lookup(keys: pa.Array, wanted: list[str], what: str) -> np.ndarray:
-    """Row ids of `wanted` keys; an unknown key is an error with the closest known keys."""
+def lookup(keys: pa.Array, wanted: list[str], what: str, hint: Callable[[str], str | None] | None = None) -> np.ndarray:
+    """Row ids of `wanted` keys; an unknown key is an error with what hint(key) says of it (say, that
+    it is a key of another table), else with the closest known keys."""
     found = pc.index_in(pa.array(wanted, pa.string()), value_set=keys.cast(pa.string()))
     if found.null_count:
         key = wanted[found.is_null().to_numpy(zero_copy_only=False).argmax()]
-        raise UserError(f"unknown {what} key {key!r}{_suggest(keys, key)}")
+        raise UserError(f"unknown {what} key {key!r}{(hint and hint(key)) or _suggest(keys, key)}")
     rows = found.to_numpy()
     return rows.astype(np.int64)
 

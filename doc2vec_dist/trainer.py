@@ -565,7 +565,7 @@ class _Run:
         version = checkpoint.next_version(self.out)
         try:
             checkpoint.commit_training(self.out, self.config, self.corpus, self._save, epoch, positions, epoch_stats,
-                                       version=version)
+                                       derived_from=list(self.warm.lineage) if self.warm else None, version=version)
         except storage.CheckpointWriteError as exc:
             raise TrainingStopped(self._write_failure(version, exc)) from None
         self.last_positions, self.last_epoch = positions, epoch

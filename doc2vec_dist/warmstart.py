@@ -38,6 +38,7 @@ class WarmStart:
     model: str
     version: int
     rows: dict[str, int]
+    lineage: tuple[str, ...] = ()  # the earlier model's id and those it descends from: the new model's derived_from
 
 
 def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSpec]) -> WarmStart:
@@ -64,7 +65,8 @@ def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSp
         rows[name] = int(saved["rows"])
     for name, count in rows.items():
         _check_keys(old, name, corpus_path, count, model)
-    return WarmStart(os.path.abspath(model), old.version, rows)
+    lineage = tuple(filter(None, [old.manifest.get("model_id"), *(old.manifest.get("derived_from") or [])]))
+    return WarmStart(os.path.abspath(model), old.version, rows, lineage)
 
 
 def _check_keys(old: ModelDir, table: str, corpus_path: str, rows: int, model: str) -> None:

@@ -59,7 +59,7 @@ from doc2vec_dist.logs import command
 PREPARE_SET_HERE = ("base", "holdout", "holdout_out")
 TRAIN_SET_HERE = ("init_from", "resume")
 # Prepare settings that default to the base corpus's own, so today's events are read as yesterday's were.
-PREPARE_FROM_BASE = ("format", "doc_col", "token_col", "time_col")
+PREPARE_FROM_BASE = ("format", "doc_col", "token_col", "time_col", "delimiter")
 # Training settings of the base model that are not settings of this run.
 NOT_CARRIED = ("init_from", "resume", "address", "progress")
 EPOCHS_HELP = ("passes over the refreshed corpus (default: 1 for a refresh, not the base model's: known users and "
@@ -218,7 +218,8 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     corpus = prepare(job.events, job.path("corpus"), format=prep.format, doc_col=prep.doc_col,
                      token_col=prep.token_col, time_col=prep.time_col, min_count=prep.min_count,
                      max_vocab=prep.max_vocab, seed=cfg.seed, progress=cfg.progress, report=True,
-                     base=job.base_corpus or job.base_model, window_days=prep.window_days)
+                     base=job.base_corpus or job.base_model, window_days=prep.window_days,
+                     time_unit=prep.time_unit, delimiter=prep.delimiter)
     stages["prepare"] = time.perf_counter() - t
     result["prepare"] = {k: corpus.meta.get(k) for k in ("num_docs", "num_tokens", "vocab_size", "refresh", "skipped",
                                                          "time_range", "window_days")}

@@ -159,7 +159,10 @@ def write_refreshed_model(model: str, out: str, changed: float, new: int, noise:
     _write_keys(out, rows, 1 << 20)
     entries = [checkpoint.write_slice(out, 1, "docs", s, parts, np.arange(s, rows, parts, dtype=np.int64),
                                       np.ascontiguousarray(table[s::parts])) for s in range(parts)]
-    checkpoint.commit(out, 1, {"docs": entries}, {"docs": dim}, {"trainer": "synthetic refresh"}, keep=1)
+    # a refresh is trained --init-from the model: it says so, and the model's index may be updated to it
+    lineage = [found.manifest["model_id"]] if found.manifest.get("model_id") else []
+    checkpoint.commit(out, 1, {"docs": entries}, {"docs": dim},
+                      {"trainer": "synthetic refresh", **({"derived_from": lineage} if lineage else {})}, keep=1)
     return out
 
 

@@ -147,7 +147,8 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
             raise UserError(f"{job.corpus} does not exist and no 'input' is configured to prepare it from")
         prepare(job.input, job.corpus, format=prep.format, doc_col=prep.doc_col, token_col=prep.token_col,
                 time_col=prep.time_col, min_count=prep.min_count, max_vocab=prep.max_vocab,
-                holdout=prep.holdout, holdout_out=prep.holdout_out, seed=cfg.seed, progress=cfg.progress)
+                holdout=prep.holdout, holdout_out=prep.holdout_out, seed=cfg.seed, progress=cfg.progress,
+                time_unit=prep.time_unit, delimiter=prep.delimiter)
     stages["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()

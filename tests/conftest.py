@@ -175,3 +175,49 @@ def tmpfs(tmp_path):
         yield mounts
     finally:
         mounts.unmount_all()
+
+
+class SmallModels:
+    """Model directories written directly with the checkpoint functions (no training): a docs table of
+    random rows for users u0…, each model with an id of its own, for tests of which model an index, an
+    export or a query was made from. Two of them with the same keys and dims are still two models."""
+
+    DIM = 8
+
+    @staticmethod
+    def make(path, seed: int, extra: dict | None = None, rows: int = 300) -> str:
+        """A model at `path` whose v1 holds `rows` random rows (extra: manifest fields, say derived_from)."""
+        import numpy as np
+        import pyarrow as pa
+
+        model = str(path)
+        os.makedirs(model)
+        schema = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
+        ids = np.arange(rows, dtype=np.int64)
+        with pa.OSFile(os.path.join(model, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(pa.table({"key": [f"u{i}" for i in ids], "id": ids,
+                                         "length": np.ones(rows, np.int64)}, schema=schema))
+        SmallModels.train_on(model, seed, extra)
+        return model
+
+    @staticmethod
+    def train_on(model: str, seed: int, extra: dict | None = None) -> int:
+        """Commit the model's next version, of fresh random rows (what a resumed run's checkpoint is)."""
+        import numpy as np
+        import pyarrow as pa
+
+        from doc2vec_dist import checkpoint
+
+        with pa.memory_map(os.path.join(model, "docs.arrow")) as source:
+            rows = pa.ipc.open_file(source).read_all().num_rows
+        matrix = np.random.default_rng(seed).standard_normal((rows, SmallModels.DIM)).astype(np.float32)
+        version = checkpoint.next_version(model)
+        part = checkpoint.write_slice(model, version, "docs", 0, 1, np.arange(rows), matrix)
+        checkpoint.commit(model, version, {"docs": [part]}, {"docs": SmallModels.DIM}, extra or {}, keep=3)
+        return version
+
+
+@pytest.fixture
+def small_models() -> type[SmallModels]:
+    """SmallModels: small model directories written without training."""
+    return SmallModels

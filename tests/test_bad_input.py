@@ -9,22 +9,27 @@ where the outcome depends on no Ray running yet) and one outcome:
   skipped  exit 0; the corpus counts the skipped rows under the reason given (corpus.json "skipped")
   works    exit 0: an input shape that was once refused and is now read (the row says why); the path
            named by the row, if any, is byte for byte as it was
+  says     exit 0, and a line of the output (stdout or stderr) starts with the words given: a warning
+           or a note the command once left unsaid
 
 README.md ("what prepare refuses") points here. `{t}` in a row is the test's temporary directory,
 `{model}` a copy of the trained sample model, `{corpus}` the prepared sample corpus, `{heldout}` its
-held-out file.
+held-out pairs, `{url}` the sample's most visited URL.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -38,8 +43,8 @@ SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
 class Case:
     name: str
     argv: str                      # the command line, {t} {model} {corpus} filled in
-    outcome: str                   # "error", "skipped" or "works"
-    expect: str = ""               # error: the first words after "error: "; skipped: the reason counted
+    outcome: str                   # "error", "skipped", "works" or "says"
+    expect: str = ""               # error: the first words after "error: "; skipped: the reason counted; says: a line's start
     files: dict = field(default_factory=dict)  # name → bytes (or a callable of the tmp dir) made first
     untouched: str | None = None   # a path that must not exist, or stay as it was, after an error
     fresh_process: bool = False    # run `python -m doc2vec_dist` in a new process (no Ray started in it)
@@ -62,6 +67,58 @@ def _users_parquet(t: str) -> bytes:
 
 def _generate_output(t: str) -> None:
     assert main(["generate", "--users", "60", "--urls", "40", "--out", os.path.join(t, "gen"), "--no-progress"]) == 0
+
+
+def _sample_urls() -> list[str]:
+    """The sample's URLs, most visited first."""
+    urls = pq.read_table(SAMPLE_EVENTS, columns=["url"]).column("url")
+    counts = pc.value_counts(urls).to_pylist()
+    return [c["values"] for c in sorted(counts, key=lambda c: (-c["counts"], c["values"]))]
+
+
+SAMPLE_URL = _sample_urls()[0]
+
+
+def _model_of(t: str) -> str:
+    return os.path.join(os.path.dirname(t), "model")  # where test_bad_input copies the trained model
+
+
+def _other_model_index(t: str) -> None:
+    """{t}/other: the sample trained again (a copy of {model} given an id of its own), and its index {t}/other.index."""
+    other = shutil.copytree(_model_of(t), os.path.join(t, "other"))
+    with open(os.path.join(other, "LATEST")) as fh:
+        manifest_path = os.path.join(other, "checkpoints", fh.read().strip(), "manifest.json")
+    with open(manifest_path) as fh:
+        manifest = json.load(fh)
+    manifest["model_id"] = uuid.uuid4().hex
+    with open(manifest_path, "w") as fh:
+        json.dump(manifest, fh)
+    assert main(["index", "--model", other, "--out", os.path.join(t, "other.index"), "--no-progress"]) == 0
+
+
+def _older_index(t: str) -> None:
+    """{t}/users.index: an index of {model} built from its v9 (the model's latest is v10)."""
+    index = os.path.join(t, "users.index")
+    assert main(["index", "--model", _model_of(t), "--out", index, "--no-progress"]) == 0
+    with open(os.path.join(index, "params.json")) as fh:
+        params = json.load(fh)
+    params["provenance"]["version"] = 9
+    with open(os.path.join(index, "params.json"), "w") as fh:
+        json.dump(params, fh)
+
+
+def _inferred(t: str) -> None:
+    """{t}/inferred.parquet: the vector `infer` gives user `newcomer`, who visited five of the sample's URLs."""
+    events = os.path.join(t, "_new.csv")
+    with open(events, "w") as fh:
+        fh.write("user_id,url\n" + "".join(f"newcomer,{url}\n" for url in _sample_urls()[10:15]))
+    assert main(["infer", "--model", _model_of(t), events, "--out", os.path.join(t, "inferred.parquet"),
+                 "--no-progress"]) == 0
+    os.remove(events)
+
+
+OTHER_SITE_CSV = b"user_id,url\n" + b"".join(b"v%d,https://elsewhere.example/%d\n" % (i % 30, i % 70)
+                                              for i in range(400))
 
 
 GOOD_CSV = b"user_id,url\nu1,a\nu1,b\nu2,a\nu2,c\n"
@@ -97,6 +154,45 @@ CASES = [
     # item 8: ids that are strings in some JSON rows and numbers in others
     Case("JSON ids of mixed type", "prepare {t}/e.jsonl --out {t}/c", "works",
          files={"e.jsonl": b'{"user_id": "a1", "url": "x"}\n{"user_id": 100000, "url": 7}\n'}),
+    # --- issue 26, item 1: time units; item 3: a base that fits no input; item 12: delimiter, whitespace --
+    # epoch milliseconds over 4 hours: a 2-day window keeps them all (it kept the last 172.8 s)
+    Case("epoch milliseconds with --window-days", "prepare {t}/e.csv.gz --out {t}/c --time-col ts --window-days 2",
+         "works", files={"e.csv.gz": gzip.compress(b"user_id,url,ts\nu1,a,1793491200000\nu1,b,1793498400000\n"
+                                                   b"u2,a,1793505600000\n")}),
+    Case("ISO times and epoch milliseconds in two files", "prepare {t}/a.csv {t}/b.csv --out {t}/c --time-col ts",
+         "works", files={"a.csv": b"user_id,url,ts\nu1,a,2026-10-31T00:00:00Z\n",
+                         "b.csv": b"user_id,url,ts\nu1,b,1793491100000\n"}),
+    Case("a file in two time units", "prepare {t}/e.csv --out {t}/c --time-col ts", "error",
+         "{t}/e.csv: column 'ts' row 2 holds 1793491300, epoch seconds by its size, but the file's times are epoch "
+         "milliseconds by their size", {"e.csv": b"user_id,url,ts\nu1,a,1793491200000\nu1,b,1793491250000\n"
+                                                 b"u2,a,1793491300\n"}, "{t}/c"),
+    Case("sequence numbers with --window-days", "prepare {t}/e.csv --out {t}/c --time-col ts --window-days 2", "error",
+         "{t}/e.csv: column 'ts' row 0 holds 1: these numbers are no epoch time",
+         {"e.csv": b"user_id,url,ts\nu1,a,1\nu1,b,2\n"}, "{t}/c"),
+    Case("sequence numbers beside epoch times", "prepare {t}/a.csv {t}/b.csv --out {t}/c --time-col ts", "error",
+         "{t}/b.csv: column 'ts' read as epoch milliseconds (detected), but {t}/a.csv's as numbers that only order",
+         {"a.csv": b"user_id,url,ts\nu1,a,1\n", "b.csv": b"user_id,url,ts\nu1,b,1793491100000\n"}, "{t}/c"),
+    Case("--time-unit that the numbers do not fit", "prepare {t}/e.csv --out {t}/c --time-col ts --time-unit s",
+         "error", "{t}/e.csv: column 'ts' row 0 holds 1793491200000, which in epoch seconds (--time-unit s) lies after "
+         "the year 5000; its size says epoch milliseconds (--time-unit ms)",
+         {"e.csv": b"user_id,url,ts\nu1,a,1793491200000\n"}, "{t}/c"),
+    Case("--time-unit without --time-col", "prepare {t}/good.csv --out {t}/c --time-unit ms", "error",
+         "--time-unit needs a time column (--time-col)", {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("--base (a corpus) that knows no user of the inputs", "prepare {t}/good.csv --out {t}/c --base {corpus}",
+         "error", "{corpus}: --base shares no user with the inputs: 0 of the 2 users in the inputs",
+         {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("--base (a model) that knows no user of the inputs", "prepare {t}/good.csv --out {t}/c --base {model}",
+         "error", "{model}: --base shares no user with the inputs: 0 of the 2 users in the inputs",
+         {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("semicolon-separated CSV with --delimiter", "prepare {t}/e.csv --out {t}/c --delimiter ;", "works",
+         files={"e.csv": GOOD_CSV.replace(b",", b";")}),
+    Case("semicolon-separated CSV without --delimiter", "prepare {t}/e.csv --out {t}/c", "error",
+         "{t}/e.csv: column 'user_id' not found (columns: user_id;url) (a header of one column: are the fields "
+         "separated by ';'? give --delimiter ';')", {"e.csv": GOOD_CSV.replace(b",", b";")}, "{t}/c"),
+    Case("--delimiter of two characters", "prepare {t}/good.csv --out {t}/c --delimiter ;;", "error",
+         "--delimiter must be one character", {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("user ids and URLs with edge spaces (stripped, counted)", "prepare {t}/e.csv --out {t}/c", "works",
+         files={"e.csv": b"user_id,url\nu1 ,a\n u1, a\nu2,a \n"}),
     # --- where outputs go (item 1) ----------------------------------------------------------------------
     Case("prepare into a folder of the user's", "prepare {t}/good.csv --out {t}/mine --overwrite", "error",
          "{t}/mine: exists and is not a corpus made by doc2vec-dist (it holds keep.txt)",
@@ -166,6 +262,33 @@ CASES = [
     Case("LATEST naming a missing version", "export --model {model} --out {t}/u.parquet", "error",
          "{model}/checkpoints/v99/manifest.json: missing; v99 is not a committed checkpoint",
          {"@latest": "v99"}, "{t}/u.parquet"),
+    # --- issue 26, items 2, 3 (infer) and 12 (evaluate's sample, npy files, --vectors, a URL as a user) ---
+    Case("neighbors with an index of another model", "neighbors --model {model} --index {t}/other.index --key "
+         "u54e266157a4c", "error", "{t}/other.index was made from the model at {t}/other (id ",
+         {"other": _other_model_index}),
+    Case("index --update of another model's index", "index --update {t}/other.index --model {model} --out "
+         "{t}/other.index", "error", "{t}/other.index was made from the model at {t}/other (id ",
+         {"other": _other_model_index}, "{t}/other.index"),
+    Case("neighbors with an index older than the model", "neighbors --model {model} --index {t}/users.index --key "
+         "u54e266157a4c", "says", "warning: {t}/users.index was made from the model at {model} (id ",
+         {"users.index": _older_index}),
+    Case("infer with events of another site", "infer --model {model} {t}/e.csv --out {t}/u.parquet", "error",
+         "{t}/e.csv: none of the 400 events has a URL the model knows", {"e.csv": OTHER_SITE_CSV}, "{t}/u.parquet"),
+    Case("infer with events that barely fit", "infer --model {model} {t}/e.csv --out {t}/u.parquet", "says",
+         "warning: only 4.8% of the events (20 of 420) have a URL the model knows",
+         {"e.csv": OTHER_SITE_CSV + b"".join(b"v1,%s\n" % u.encode() for u in _sample_urls()[:20])}),
+    Case("evaluate samples the users", "evaluate --model {model} --heldout {heldout} --max-users 100", "says",
+         "sampled 100 of the "),
+    Case("export npy to a path ending in .npy", "export --model {model} --format npy --out {t}/users.npy", "says",
+         "exported 5,000 rows of docs to {t}/users.npy (keys in {t}/users.keys.parquet)"),
+    Case("export parquet to a path ending in .npy", "export --model {model} --out {t}/users.npy", "error",
+         "{t}/users.npy: ends in .npy, but --format is parquet; give --format npy", untouched="{t}/users.npy"),
+    Case("neighbors of a user that infer wrote", "neighbors --model {model} --vectors {t}/inferred.parquet --key "
+         "newcomer", "says", "newcomer\t", {"inferred.parquet": _inferred}),
+    Case("neighbors --vectors with a key not in the file", "neighbors --model {model} --vectors {t}/inferred.parquet "
+         "--key nobody", "error", "unknown {t}/inferred.parquet key 'nobody'", {"inferred.parquet": _inferred}),
+    Case("neighbors of a URL without --table words_out", "neighbors --model {model} --key {url}", "error",
+         "unknown docs key '{url}': it is a URL of the model's vocabulary, not a user; add --table words_out"),
     # --- issue 26, items 4, 5 and 14: read-only and full disks, temporary names ----------------------------
     # {t}/ro: an empty read-only tmpfs ("@ro"), or one holding a copy of the model ("@ro-model"); {t}/full: a
     # tmpfs filled up by a file of the user's ("@full"), beside a copy of the model ("@full-model")
@@ -242,7 +365,7 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
     with open(os.path.join(model, "LATEST")) as fh:
         assert fh.read().strip() == "v10"  # the damage rows name this version
     corpus = shutil.copytree(sample_corpus[0], str(tmp_path / "corpus"))
-    fill = {"t": t, "model": model, "corpus": corpus, "heldout": sample_corpus[1]}
+    fill = {"t": t, "model": model, "corpus": corpus, "heldout": sample_corpus[1], "url": SAMPLE_URL}
     for name, content in case.files.items():
         if name.startswith("@"):
             continue
@@ -261,15 +384,16 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
     untouched = case.untouched.format(**fill) if case.untouched else None
     before = snapshot(untouched) if untouched else None
     argv = [a.format(**fill) for a in case.argv.split()] + ["--no-progress"] * (case.argv.split()[0] in (
-        "prepare", "train", "baseline", "export", "index", "generate"))
+        "prepare", "train", "baseline", "export", "index", "generate", "infer"))
 
     if case.fresh_process:
         done = subprocess.run([sys.executable, "-m", "doc2vec_dist", *argv], capture_output=True, text=True,
                               cwd=ROOT, timeout=120, check=False)
-        code, err = done.returncode, done.stderr
+        code, out, err = done.returncode, done.stdout, done.stderr
     else:
+        capsys.readouterr()  # what making the files printed
         code = main(argv)
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
 
     assert "Traceback" not in err, err
     if case.outcome == "error":
@@ -278,6 +402,10 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
         assert errors[0].startswith("error: " + case.expect.format(**fill)), errors[0]
         if untouched:
             assert snapshot(untouched) == before, f"{untouched} changed"
+    elif case.outcome == "says":
+        assert code == 0, err
+        said = case.expect.format(**fill)
+        assert any(line.startswith(said) for line in (out + err).splitlines()), out + err
     else:
         assert code == 0, err
         if untouched:

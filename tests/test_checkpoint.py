@@ -676,3 +676,46 @@ def test_a_model_directory_that_cannot_be_started_is_removed_again(tmp_path, sam
     with pytest.raises(storage.CheckpointWriteError, match=f"^cannot write to {out}/.*: no space left on device$"):
         checkpoint.start_model_dir(out, sample_corpus[0], overwrite=False)
     assert os.listdir(disk) == []
+
+
+# -- the model's id (issue 26, item 2) -----------------------------------------------------------------
+
+def test_a_model_gets_an_id_at_its_first_version_and_every_later_version_keeps_it(tmp_path):
+    model, other = str(tmp_path / "m"), str(tmp_path / "other")
+    write_version(model, full_matrix())
+    first = checkpoint.load_manifest(model)[1]["model_id"]
+    assert len(first) == 32 and int(first, 16) >= 0
+    write_version(model, full_matrix(1))  # a resumed run's next version
+    assert checkpoint.load_manifest(model)[1]["model_id"] == first
+    write_version(other, full_matrix())  # the same rows, another model
+    assert checkpoint.load_manifest(other)[1]["model_id"] != first
+
+
+def test_a_model_from_before_ids_gets_one_at_its_next_version_and_its_lineage_is_kept(tmp_path):
+    model = str(tmp_path / "m")
+    version = write_version(model, full_matrix())
+    path = os.path.join(checkpoint.version_dir(model, version), "manifest.json")
+    with open(path) as fh:
+        manifest = json.load(fh)
+    manifest.pop("model_id")
+    manifest["derived_from"] = ["a" * 32]
+    with open(path, "w") as fh:
+        json.dump(manifest, fh)
+    assert "model_id" not in checkpoint.ModelDir(model).manifest  # read as before: no id, no error
+    write_version(model, full_matrix(1))
+    resumed = checkpoint.load_manifest(model)[1]
+    assert len(resumed["model_id"]) == 32 and resumed["derived_from"] == ["a" * 32]
+
+
+@pytest.mark.parametrize("field, value", [("model_id", "not-an-id"), ("derived_from", "b" * 32)])
+def test_a_manifest_with_a_bad_id_is_refused_naming_the_field(tmp_path, field, value):
+    model = str(tmp_path / "m")
+    version = write_version(model, full_matrix())
+    path = os.path.join(checkpoint.version_dir(model, version), "manifest.json")
+    with open(path) as fh:
+        manifest = json.load(fh)
+    manifest[field] = value
+    with open(path, "w") as fh:
+        json.dump(manifest, fh)
+    with pytest.raises(UserError, match=f"field '{field}' must be"):
+        checkpoint.ModelDir(model)

@@ -149,6 +149,21 @@ def test_evaluate_heldout_prints_recall_and_saves_it_next_to_the_model(model_cop
     assert saved["users"] > 1000
 
 
+def test_evaluate_says_when_it_samples_the_users_and_how_to_take_them_all(model_copy, sample_corpus, capsys):
+    """issue 26, item 12: it sampled 20,000 users without a word."""
+    code, out, _ = run(capsys, "evaluate", "--model", model_copy, "--heldout", sample_corpus[1], "--max-users", "300")
+    assert code == 0
+    lines = out.strip().splitlines()
+    printed = dict(line.split(None, 1) for line in lines[:-1])
+    total = int(printed["users_with_pairs"])
+    assert int(printed["users"]) == 300 and total > 1000
+    assert lines[-1] == (f"sampled 300 of the {total:,} users with held-out pairs (seed 0); --max-users N evaluates "
+                         "N of them, --max-users all every one")
+    code, out, _ = run(capsys, "evaluate", "--model", model_copy, "--heldout", sample_corpus[1], "--max-users", "all")
+    printed = dict(line.split(None, 1) for line in out.strip().splitlines())
+    assert code == 0 and printed["users"] == printed["users_with_pairs"] == str(total) and "sampled" not in out
+
+
 def test_evaluate_without_a_source_is_a_clean_error(trained_model, capsys):
     code, _, err = run(capsys, "evaluate", "--model", trained_model)
     assert_clean_error(code, err, "--heldout")

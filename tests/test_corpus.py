@@ -763,3 +763,48 @@ def test_an_output_that_cannot_be_written_is_a_one_line_error(tmp_path):
     with pytest.raises(CorpusError, match=r"afile/corpus: cannot write the corpus: "):
         _prepare([src], tmp_path / "afile" / "corpus")
     assert sorted(os.listdir(tmp_path)) == ["afile", "e.parquet"]
+
+
+# ----------------------------------------------------- CSV delimiters, whitespace (issue 26, item 12)
+
+def test_a_semicolon_separated_csv_reads_with_delimiter(tmp_path, capsys):
+    rows = "".join(f"{u};{v};{t}\n" for u, v, t in EVENTS)
+    (tmp_path / "semi.csv").write_text("user_id;url;ts\n" + rows)
+    (tmp_path / "tabs.csv").write_text("user_id\turl\tts\n" + rows.replace(";", "\t"))
+    expected = _documents(_prepare([_write_events(tmp_path / "e.parquet", EVENTS)], tmp_path / "ref", time_col="ts"))
+    code, err = _cli(capsys, tmp_path / "semi.csv", "--out", tmp_path / "out", "--time-col", "ts", "--delimiter", ";")
+    assert code == 0, err
+    assert _documents(Corpus(str(tmp_path / "out"))) == expected
+    code, err = _cli(capsys, tmp_path / "tabs.csv", "--out", tmp_path / "out2", "--delimiter", "\\t")
+    assert code == 0 and Corpus(str(tmp_path / "out2")).meta["delimiter"] == "\t", err
+    # without it: the one-column header is named, and the option that reads it
+    code, err = _cli(capsys, tmp_path / "semi.csv", "--out", tmp_path / "out3")
+    _assert_one_line_error(code, err, f"{tmp_path}/semi.csv: column 'user_id' not found (columns: user_id;url;ts) "
+                                      "(a header of one column: are the fields separated by ';'? give --delimiter ';')")
+    code, err = _cli(capsys, tmp_path / "semi.csv", "--out", tmp_path / "out3", "--delimiter", ";;")
+    _assert_one_line_error(code, err, "--delimiter must be one character other than a quote or a newline")
+    assert not (tmp_path / "out3").exists()
+
+
+def test_keys_and_tokens_with_edge_whitespace_are_stripped_counted_and_reported(tmp_path, logged):
+    """' u1' and 'u1 ' are user u1, 'https://a.com/ ' is https://a.com/: stripped in every format, counted
+    in corpus.json and reported; a key or token of whitespace alone is then empty, and skipped as such."""
+    (tmp_path / "e.csv").write_text("user_id,url\nu1,https://a.com/\n u1,https://a.com/ \nu1 ,\thttps://b.com/\n"
+                                    "u2,https://a.com/\n   ,https://c.com/\n")
+    pq.write_table(pa.table({"user_id": ["u2\u00a0"], "url": [" https://b.com/"]}), tmp_path / "e.parquet")
+    (tmp_path / "e.jsonl").write_text('{"user_id": " u3", "url": "https://a.com/"}\n')
+    c = prepare([str(tmp_path / f) for f in ("e.csv", "e.parquet", "e.jsonl")], str(tmp_path / "out"),
+                progress=False, report=True)
+    assert _documents(c) == {"u1": ["https://a.com/", "https://a.com/", "https://b.com/"],
+                             "u2": ["https://a.com/", "https://b.com/"], "u3": ["https://a.com/"]}
+    assert c.meta["stripped_whitespace"] == {"user_id": 5, "url": 3}
+    assert c.meta["stripped_where"]["url"] == [f"{tmp_path}/e.csv row 1", f"{tmp_path}/e.csv row 2",
+                                               f"{tmp_path}/e.parquet row 0"]
+    assert c.meta["skipped"]["empty_keys"] == 1  # "   "
+    assert (f"stripped leading or trailing whitespace from 3 'url' value(s), so that they match the same values "
+            f"without it (first: {tmp_path}/e.csv row 1") in logged.text
+
+    pq.write_table(pa.table({"user_id": ["d"], "url": [["a ", " a", "b"]]}), tmp_path / "l.parquet")
+    c = prepare([str(tmp_path / "l.parquet")], str(tmp_path / "lists"), format="lists", progress=False)
+    assert _documents(c) == {"d": ["a", "a", "b"]} and c.meta["stripped_whitespace"] == {"url": 2}
+    assert c.meta["stripped_where"] == {"url": [f"{tmp_path}/l.parquet"]}

@@ -7,6 +7,7 @@ garbage collector, a __del__). logs.command covers both."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -87,7 +88,10 @@ def test_ctrl_c_early_in_prepare_stops_it_and_leaves_nothing(events, tmp_path, i
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     start = time.monotonic()
     err = interrupt_when(proc, lambda: time.monotonic() - start >= delay, within=30)
-    assert proc.returncode == 130, err
+    # 130, or ended by SIGINT itself (what a shell also shows as 130): under `python -m`, CPython does
+    # that at exit when the interrupt landed in code it ran from a string (exec in a dataclass's
+    # generated methods, say), even though the command caught it (pythonrun.c, run_eval_code_obj)
+    assert proc.returncode in (130, -signal.SIGINT), err
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err
     assert os.listdir(tmp_path) == []  # no corpus, no staging folder beside it
 

@@ -256,3 +256,52 @@ def test_words_table_of_a_model_without_words_is_a_clear_error(three_part_model,
     model, _, _ = three_part_model
     with pytest.raises(UserError, match="table 'words' was not trained in this model \\(it has: docs\\)"):
         export(model, "words", str(tmp_path / "words"), progress=False)
+
+
+# -- one npy file, and what an export records of its model (issue 26, items 12 and 2) ----------------------
+
+def test_npy_to_a_path_ending_in_npy_is_one_file_with_its_keys_beside_it(three_part_model, tmp_path):
+    model, keys, matrix = three_part_model
+    out = str(tmp_path / "users.npy")
+    result = export(model, "docs", out, format="npy", progress=False)
+    assert result["keys_path"] == str(tmp_path / "users.keys.parquet")
+    assert sorted(os.listdir(tmp_path)) == ["model", "users.keys.parquet", "users.npy"]
+    np.testing.assert_array_equal(np.load(out), matrix)  # a plain matrix: np.load reads it as it is
+    assert pq.read_table(result["keys_path"]).column("key").to_pylist() == keys
+    # again: the pair is ours (its keys file says so), and both are replaced
+    export(model, "docs", out, format="npy", normalize=True, progress=False)
+    np.testing.assert_allclose(np.linalg.norm(np.load(out), axis=1), 1.0, rtol=1e-6)
+    assert sorted(os.listdir(tmp_path)) == ["model", "users.keys.parquet", "users.npy"]
+
+
+def test_an_npy_file_of_the_users_is_not_replaced(three_part_model, tmp_path, snapshot):
+    model, _, _ = three_part_model
+    out = str(tmp_path / "mine.npy")
+    np.save(out, np.ones((3, 2)))
+    before = snapshot(str(tmp_path))
+    with pytest.raises(UserError, match=f"{out}: exists and is not a file doc2vec-dist wrote"):
+        export(model, "docs", out, format="npy", progress=False)
+    assert snapshot(str(tmp_path)) == before
+
+
+@pytest.mark.parametrize("name, format", [("users.npy", "parquet"), ("users.parquet", "npy")])
+def test_a_path_ending_in_another_format_is_refused(three_part_model, tmp_path, name, format):
+    model, _, _ = three_part_model
+    ending = os.path.splitext(name)[1]
+    with pytest.raises(UserError, match=f"ends in {ending}, but --format is {format}; give --format {ending[1:]}"):
+        export(model, "docs", str(tmp_path / name), format=format, progress=False)
+    assert os.listdir(tmp_path) == ["model"]
+
+
+def test_exports_record_the_model_version_and_table(three_part_model, tmp_path):
+    from doc2vec_dist.provenance import of_parquet
+
+    model = three_part_model[0]
+    expected = {"model": os.path.abspath(model), "model_id": checkpoint.ModelDir(model).manifest["model_id"],
+                "version": 1, "table": "docs", "derived_from": []}
+    export(model, "docs", str(tmp_path / "one.parquet"), progress=False)
+    export(model, "docs", str(tmp_path / "parts"), progress=False)
+    export(model, "docs", str(tmp_path / "u.npy"), format="npy", progress=False)
+    files = [str(tmp_path / "one.parquet"), str(tmp_path / "u.keys.parquet"),
+             *(str(tmp_path / "parts" / f"part-{p:05d}.parquet") for p in range(3))]
+    assert [of_parquet(f) for f in files] == [expected] * 5

@@ -347,3 +347,88 @@ def test_rebuilding_an_index_says_it_replaces_it(tmp_path, logged):
     build_index(out, kind="flat", vectors_path=vectors, progress=False)
     assert logged.messages == [f"replacing the index at {out}"]
     assert ServedIndex.load(out).index.ntotal == 300
+
+
+# -- which model an index belongs to (issue 26, item 2) -------------------------------------------------
+
+def model_id(model: str) -> str:
+    return ModelDir(model).manifest["model_id"]
+
+
+def test_an_index_records_the_model_version_and_table_it_was_built_from(trained_model, tmp_path):
+    params = build_index(str(tmp_path / "index"), kind="flat", model=trained_model, progress=False)
+    assert params["provenance"] == {"model": os.path.abspath(trained_model), "model_id": model_id(trained_model),
+                                    "version": 10, "table": "docs", "derived_from": []}
+
+
+def test_neighbors_refuses_an_index_of_another_model_and_names_both(small_models, tmp_path):
+    first, second = small_models.make(tmp_path / "first", 1), small_models.make(tmp_path / "second", 2)
+    index = str(tmp_path / "first.index")
+    build_index(index, kind="flat", model=first, progress=False)
+    assert neighbors(first, ["u1"], k=3, index=index).num_rows == 3
+    # the same keys, the same dims: without the check it answered with scores from two spaces
+    with pytest.raises(UserError) as err:
+        neighbors(second, ["u1"], k=3, index=index)
+    message = str(err.value)
+    assert message.startswith(f"{index} was made from the model at {first} (id {model_id(first)[:8]}, v1")
+    assert f"another model than the model at {second} (id {model_id(second)[:8]}, v1" in message
+
+
+def test_an_index_older_than_the_model_is_used_with_a_warning(small_models, tmp_path, logged):
+    model = small_models.make(tmp_path / "model", 1)
+    index = str(tmp_path / "model.index")
+    build_index(index, kind="flat", model=model, progress=False)
+    neighbors(model, ["u1"], index=index)
+    assert "warning" not in logged.text
+    small_models.train_on(model, 2)  # the model trains on: v2
+    found = neighbors(model, ["u1"], k=3, index=index)
+    assert found.num_rows == 3
+    warnings = [r.getMessage() for r in logged.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {index} was made from the model at {model} ")
+    assert "an older version of" in warnings[0] and "whose latest is v2" in warnings[0]
+    assert f"doc2vec-dist index --update {index} --model {model} --table docs --out {index}" in warnings[0]
+
+
+def test_an_index_of_the_model_a_refresh_started_from_is_used_with_a_warning(small_models, tmp_path, logged):
+    base = small_models.make(tmp_path / "base", 1)
+    refreshed = small_models.make(tmp_path / "refreshed", 2, {"derived_from": [model_id(base)]})  # train --init-from base
+    index = str(tmp_path / "base.index")
+    build_index(index, kind="flat", model=base, progress=False)
+    logged.clear()
+    assert neighbors(refreshed, ["u1"], k=3, index=index).num_rows == 3
+    assert f"an earlier model that {refreshed} was trained from (--init-from)" in logged.text
+
+
+def test_an_index_of_another_table_is_refused(trained_model, tmp_path):
+    index = str(tmp_path / "users.index")
+    build_index(index, kind="flat", model=trained_model, table="docs", progress=False)
+    url = ModelDir(trained_model).keys("words_out")[0].as_py()
+    with pytest.raises(UserError, match=f"{index} holds vectors of table docs .*, not of table words_out"):
+        neighbors(trained_model, [url], table="words_out", index=index)
+
+
+def test_an_index_from_before_ids_is_used_with_a_note(small_models, tmp_path, logged):
+    model = small_models.make(tmp_path / "model", 1)
+    index = str(tmp_path / "model.index")
+    build_index(index, kind="flat", model=model, progress=False)
+    with open(os.path.join(index, "params.json")) as fh:
+        params = json.load(fh)
+    params.pop("provenance")  # as an index built before this change
+    with open(os.path.join(index, "params.json"), "w") as fh:
+        json.dump(params, fh)
+    logged.clear()
+    assert neighbors(model, ["u1"], k=3, index=index).num_rows == 3
+    assert f"note: {index} records no model id" in logged.text and "warning" not in logged.text
+
+
+def test_an_index_of_an_export_records_the_model_the_export_came_from(small_models, tmp_path):
+    first, second = small_models.make(tmp_path / "first", 1), small_models.make(tmp_path / "second", 2)
+    users = str(tmp_path / "users")
+    export(first, "docs", users, progress=False)
+    index = str(tmp_path / "users.index")
+    params = build_index(index, kind="flat", vectors_path=users, progress=False)
+    assert params["provenance"]["model_id"] == model_id(first)
+    assert params["provenance"]["vectors"] == os.path.abspath(users)
+    assert neighbors(first, ["u1"], k=3, index=index).num_rows == 3
+    with pytest.raises(UserError, match="another model than the model at"):
+        neighbors(second, ["u1"], k=3, index=index)

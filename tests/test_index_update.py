@@ -358,3 +358,42 @@ def test_cli_index_update_round_trip(day0, day1, tmp_path, capsys):
     assert re.search(rf"updated from {re.escape(index)}: 200 added, 150 replaced, 100 removed, 2,750 unchanged "
                      r"in \d+\.\ds \(then recall measured\); 100 dead ids of 3,200 \(3%\)", printed), printed
     assert_ids_are_rows(index, day1[0])
+
+
+# -- which model an index belongs to (issue 26, item 2) -------------------------------------------------
+
+def test_an_update_refuses_an_index_of_another_model_and_touches_nothing(small_models, tmp_path, snapshot):
+    from doc2vec_dist.checkpoint import ModelDir
+
+    first, second = small_models.make(tmp_path / "first", 1), small_models.make(tmp_path / "second", 2)
+    index = str(tmp_path / "first.index")
+    build_index(index, kind="hnsw", model=first, progress=False)
+    before = snapshot(index)
+    with pytest.raises(UserError) as err:
+        update_index(index, index, model=second, progress=False)
+    ids = [ModelDir(m).manifest["model_id"][:8] for m in (first, second)]
+    assert str(err.value) == (f"{index} was made from the model at {first} (id {ids[0]}, v1, table docs), another "
+                              f"model than the model at {second} (id {ids[1]}, v1, table docs); their vectors live "
+                              "in two embedding spaces: build a new index (index without --update)")
+    assert snapshot(index) == before
+
+
+def test_an_update_to_the_models_next_version_or_a_refresh_of_it_is_what_updates_are_for(small_models, tmp_path,
+                                                                                           logged):
+    from doc2vec_dist.checkpoint import ModelDir
+
+    base = small_models.make(tmp_path / "base", 1)
+    index = str(tmp_path / "users.index")
+    build_index(index, kind="ivfpq", model=base, progress=False)
+    small_models.train_on(base, 2)  # the same model, v2
+    params = update_index(index, index, model=base, progress=False)
+    assert params["provenance"]["version"] == 2
+    refreshed = small_models.make(tmp_path / "refreshed", 3, {"derived_from": [ModelDir(base).manifest["model_id"]]})
+    params = update_index(index, index, model=refreshed, progress=False)
+    assert params["provenance"]["model"] == refreshed and params["update"]["replaced"] > 0
+    assert "warning" not in logged.text
+    assert f"{index} was made from the model at {base} (id " in logged.text  # said, as information
+    assert f"v2, table docs); updating it to the model at {refreshed} (id " in logged.text
+    # and back to the older model: done, but said
+    update_index(index, index, model=base, progress=False)
+    assert "newer than the model at" in logged.text and "this update takes it back to older vectors" in logged.text

@@ -129,11 +129,13 @@ def test_unknown_urls_are_counted_and_reported_not_silently_dropped(trained_mode
         u for u in events.filter(pc.equal(events.column("user_id"), users[0])).column("url").to_pylist()]]})
     assert not vectors[0].any() and vectors[1].any()
     assert "skipped 2 events" in logged.text
-    # nobody left: still a valid, empty key/vector file
-    summary = infer(trained_model, [_write(strangers, tmp_path)],
-                    str(tmp_path / "empty.parquet"), progress=False)
-    assert summary["rows"] == 0 and summary["users_without_known_urls"] == 3
-    assert pq.read_schema(summary["path"]).field("vector").type == pa.list_(pa.float32(), 32)
+    # nobody left: refused (issue 26, item 3), nothing written; no longer an empty file and exit 0
+    events_path = _write(strangers, tmp_path)
+    with pytest.raises(UserError) as err:
+        infer(trained_model, [events_path], str(tmp_path / "new" / "empty.parquet"), progress=False)
+    assert str(err.value).startswith(f"{events_path}: none of the 5 events has a URL the model knows (their 3 distinct "
+                                     "URLs are not among the ")
+    assert not os.path.exists(tmp_path / "new")
 
 
 def _write(table: pa.Table, tmp_path) -> str:
@@ -214,3 +216,64 @@ def test_a_missing_or_untrained_model_is_a_clear_error(tmp_path, capsys, few_use
     assert not os.path.exists(out)
     with pytest.raises(UserError, match="not a trained model"):
         infer(str(tmp_path), [path])
+
+
+# -- events that do not fit the model (issue 26, item 3) --------------------------------------------------
+
+def test_events_of_another_site_are_refused_in_one_line_and_nothing_is_written(trained_model, tmp_path, capsys):
+    events = str(tmp_path / "elsewhere.csv")
+    with open(events, "w") as fh:
+        fh.write("user_id,url\n" + "".join(f"v{i % 40},https://elsewhere.example/{i % 97}\n" for i in range(500)))
+    out = str(tmp_path / "inferred.parquet")
+    code = main(["infer", "--model", trained_model, events, "--out", out, "--no-progress"])
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and "inferred" not in captured.out and len(errors) == 1
+    assert errors[0].startswith(f"error: {events}: none of the 500 events has a URL the model knows (their 97 distinct")
+    assert errors[0].endswith("(another site, or another column read as the URL: --token-col url)")
+    assert os.listdir(tmp_path) == ["elsewhere.csv"]
+    with pytest.raises(UserError, match="^the events: none of the 2 events"):  # the Python API says the same
+        Model.load(trained_model).infer({"v1": ["https://elsewhere.example/1", "https://elsewhere.example/2"]})
+
+
+def test_events_that_barely_overlap_the_model_get_a_warning_with_the_shares(trained_model, few_users_file, tmp_path,
+                                                                         logged):
+    path, _ = few_users_file
+    known = pq.read_table(path, columns=["user_id", "url"]).slice(0, 30)  # 30 known events, of the first users
+    strangers = pa.table({"user_id": [f"v{i % 200}" for i in range(600)],
+                          "url": [f"https://elsewhere.example/{i}" for i in range(600)]})
+    mixed = _write(pa.concat_tables([known, strangers]), tmp_path)
+    summary = infer(trained_model, [mixed], str(tmp_path / "out.parquet"), progress=False)
+    placed = summary["users"] - summary["users_without_known_urls"]
+    assert summary["rows"] == placed > 0
+    warnings = [r.getMessage() for r in logged.records if r.levelname == "WARNING"]
+    assert warnings == [(f"warning: only 4.8% of the events (30 of 630) have a URL the model knows, and "
+                         f"{placed / summary['users']:.1%} of the users ({placed:,} of {summary['users']:,}) get a "
+                         "vector: these events hardly fit the model (another site, or another column read as the URL?)")]
+    logged.clear()
+    infer(trained_model, [path], str(tmp_path / "fits.parquet"), progress=False)  # the model's own site: no word
+    assert not [r for r in logged.records if r.levelname == "WARNING"]
+
+
+def test_inferred_vectors_record_the_model_and_neighbors_reads_them_by_key(trained_model, few_users_file, tmp_path,
+                                                                         capsys):
+    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.provenance import of_parquet
+
+    path, _ = few_users_file
+    out = str(tmp_path / "inferred.parquet")
+    infer(trained_model, [path], out, progress=False, seed=3)
+    manifest = ModelDir(trained_model).manifest
+    assert of_parquet(out) == {"model": os.path.abspath(trained_model), "model_id": manifest["model_id"],
+                               "version": 10, "table": "docs", "derived_from": []}
+    # neighbours of an inferred user, by its key, from the command line: the model's own users
+    written = pq.read_table(out)
+    key = written.column("key")[5].as_py()
+    vector = np.asarray(written.column("vector")[5].as_py(), np.float32)
+    assert main(["neighbors", "--model", trained_model, "--vectors", out, "--key", key, "--k", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "key\tneighbor\tscore\trank" and len(lines) == 5
+    expected = Model.load(trained_model).neighbors(vectors=vector, k=5).to_pydict()  # its own row is left out
+    shown = [line.split("\t")[1] for line in lines[1:]]
+    assert shown == [n for n in expected["neighbor"] if n != key][:4]
+    assert all(line.startswith(f"{key}\t") for line in lines[1:])

@@ -188,3 +188,50 @@ def test_neighbors_of_a_user_just_inferred(numeric_model, tmp_path):
         model.neighbors(vectors=np.zeros(15, np.float32))
     with pytest.raises(UserError, match="keys or vectors"):
         model.neighbors("100000", vectors=inferred)
+
+
+# -- a key of the other table, and keys looked up in a vectors file (issue 26, item 12) -------------------
+
+def test_a_url_asked_as_a_user_says_it_is_a_url_and_which_table_to_give(trained_model):
+    model = Model.load(trained_model)
+    url, user = model.keys("words_out")[3].as_py(), model.keys("docs")[3].as_py()
+    with pytest.raises(UserError) as err:
+        model.neighbors(url)
+    assert str(err.value) == (f"unknown docs key {url!r}: it is a URL of the model's vocabulary, not a user; add "
+                              "--table words_out for similar URLs")
+    with pytest.raises(UserError, match=f"unknown words_out key {user!r}: it is a user of the model, not a URL; drop "
+                                        r"--table words_out for similar users \(--against words_out"):
+        model.neighbors(user, table="words_out")
+    with pytest.raises(UserError, match="did you mean"):  # a near miss of neither kind still gets the closest keys
+        model.neighbors(user[:-1])
+
+
+def test_keys_looked_up_in_a_vectors_file_are_searched_as_its_vectors(small_models, tmp_path):
+    from doc2vec_dist.export import export
+
+    first = small_models.make(tmp_path / "first", 1)
+    users = str(tmp_path / "users.parquet")
+    export(first, "docs", users, progress=False)
+    model = Model.load(first)
+    by_file = model.neighbors(["u7", "u9"], k=5, vectors_file=users)
+    assert by_file.equals(model.neighbors(["u7", "u9"], k=5))  # its own row left out, as a key's is
+    with pytest.raises(UserError, match=rf"unknown {users} key 'u77x'; did you mean 'u77'"):
+        model.neighbors(["u77x"], vectors_file=users)
+
+
+def test_a_vectors_file_of_another_model_is_refused_naming_both(small_models, tmp_path, capsys):
+    from doc2vec_dist.cli import main
+    from doc2vec_dist.export import export
+
+    first, second = small_models.make(tmp_path / "first", 1), small_models.make(tmp_path / "second", 2)
+    users = str(tmp_path / "users")  # a directory export
+    export(first, "docs", users, progress=False)
+    assert main(["neighbors", "--model", second, "--vectors", users, "--key", "u1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {users} was made from the model at {first} (id ")
+    assert f"another model than the model at {second} (id " in err[0]
+    assert err[0].endswith(f"use vectors of {second} (infer or export them again with the model)")
+
+
+def test_a_baseline_model_has_an_id_too(numeric_model):
+    assert len(ModelDir(numeric_model).manifest["model_id"]) == 32

@@ -235,6 +235,12 @@ def test_init_from_starts_every_table_from_the_old_rows(old_model, refreshed, tm
     drift = summary["drift"]
     assert drift["docs"]["median"] > 0.999 and drift["docs"]["rows"] == len(_table(old_model, "docs"))
     assert set(drift) == {"docs", "words_out"}
+    # a model of its own, that knows which model it started from (issue 26, item 2: an index of the old
+    # model is then updated to it, and neighbours say the index is the old model's)
+    from doc2vec_dist.checkpoint import ModelDir
+
+    old, new = ModelDir(old_model).manifest, ModelDir(model).manifest
+    assert new["model_id"] != old["model_id"] and new["derived_from"] == [old["model_id"]]
 
 
 def test_a_refresh_trains_on_from_the_old_vectors_and_they_stay_comparable(old_model, refreshed, tmp_path, logged):
@@ -357,3 +363,44 @@ def test_joining_onto_a_window_fills_the_documents_it_left_empty(days, tmp_path)
     for key in keys:
         assert after.get(key, []) == before.get(key, []) + new_events.get(key, []), key
     assert joined.meta["refresh"]["events_not_after_base"] == 0
+
+
+# -- a base that does not fit the inputs (issue 26, item 3) -------------------------------------------
+
+def _renamed_users(source: str, path: str, keep: int) -> tuple[str, int, int]:
+    """The events of `source` with every user renamed (another id scheme) but the first `keep` (in order
+    of first appearance): (the file, its users, those kept)."""
+    events = pq.read_table(source)
+    users = list(dict.fromkeys(events["user_id"].to_pylist()))
+    kept = set(users[:keep])
+    renamed = [u if u in kept else f"other-{u}" for u in events["user_id"].to_pylist()]
+    pq.write_table(events.set_column(events.schema.get_field_index("user_id"), "user_id", pa.array(renamed)), path)
+    return path, len(users), len(kept)
+
+
+@pytest.mark.parametrize("base_kind, window", [("corpus", None), ("model", None), ("model", 3)])
+def test_a_base_that_knows_no_user_of_the_inputs_is_refused(trained_model, days, tmp_path, base_kind, window):
+    """`prepare --base X events` where X knows none of the events' users (another site's corpus or model,
+    another id scheme) is an error naming the base and the counts, not a refresh of only new users."""
+    base = days["base"] if base_kind == "corpus" else trained_model
+    events, users, _ = _renamed_users(days["all" if window else "new"], str(tmp_path / "other.parquet"), 0)
+    inputs = "the inputs' window" if window else "the inputs"  # a window's users: those with events in it
+    users = "[\\d,]+" if window else f"{users:,}"
+    with pytest.raises(CorpusError, match=rf"{base}: --base shares no user with {inputs}: 0 of the {users} users in "
+                                          rf"{inputs} and [\d,]+ of their [\d,]+ URLs are known to it \([\d,]+ users"):
+        prepare([events], str(tmp_path / "out"), time_col="ts", base=base, window_days=window, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_base_that_knows_few_users_of_the_inputs_is_a_warning_with_the_share(days, tmp_path, logged):
+    events, users, kept = _renamed_users(days["new"], str(tmp_path / "few.parquet"), 3)
+    fresh = prepare([events], str(tmp_path / "few"), time_col="ts", base=days["base"], progress=False)
+    assert fresh.meta["refresh"]["input_users"] == users and fresh.meta["refresh"]["known_input_users"] == kept
+    assert (f"{days['base']}: --base knows only {kept / users:.1%} of the users in the inputs: {kept} of the "
+            f"{users:,} users") in logged.text
+    logged.clear()
+    ordinary = prepare([days["new"]], str(tmp_path / "ordinary"), time_col="ts", base=days["base"], progress=False,
+                       report=True)
+    r = ordinary.meta["refresh"]
+    assert r["known_input_users"] >= 0.1 * r["input_users"] and "--base knows only" not in logged.text
+    assert f"of the inputs' {r['input_users']:,} users, {r['known_input_users']:,} known" in logged.text

@@ -118,11 +118,13 @@ def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster
     train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 2, **engine}, optimizer="adagrad", alpha=0.05))
     tables = ("docs", "words_out") + (("words",) if engine.get("mode") == "dm" else ())
     before = {t: checkpoint.ModelDir(model).read_table(t) for t in tables}
+    model_id = checkpoint.ModelDir(model).manifest["model_id"]
     # nothing left to train: the rows go through 3 servers' load and save unchanged
     summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3}))
     assert summary["tokens"] == 0
     _, manifest = checkpoint.load_manifest(model)
     assert manifest["num_ps"] == 3 and len(manifest["tables"]["docs"]["parts"]) == 3
+    assert manifest["model_id"] == model_id  # a resumed run is the same model (issue 26, item 2)
     for table, matrix in before.items():
         np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table(table), matrix)
     # and training goes on from there with 3 servers (one more epoch)
