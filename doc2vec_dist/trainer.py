@@ -572,7 +572,6 @@ class _Run:
         self.ckpt_seconds += time.perf_counter() - t0
         self.last_ckpt = time.perf_counter()
 
-
     def _save(self, version: int) -> list[dict]:
         """Every server writes its slice of `version`; each server's entries. When one fails, the
         others are waited for, so none is still writing when the version is deleted or the actors
