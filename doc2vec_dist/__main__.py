@@ -2,11 +2,15 @@
 
 import sys
 
+from .environment import require_packages
+
 
 def run() -> int:
-    """The command line, with a Ctrl-C while its modules load ended as logs.command ends one later:
-    `interrupted` and exit status 130, not a traceback."""
+    """The command line: first one line, not a traceback, from a Python without the project's packages
+    (environment.require_packages); a Ctrl-C while its modules load ends as logs.command ends one
+    later, `interrupted` and exit status 130, not a traceback."""
     try:
+        require_packages()
         from .cli import main
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -10,7 +10,17 @@ import tempfile
 from collections.abc import Collection
 
 from . import outputs
-from .config import PrepareConfig, TrainConfig, build, engine_only, explicit_values, load_yaml
+from .config import (
+    JobConfig,
+    PrepareConfig,
+    TrainConfig,
+    build,
+    engine_only,
+    explicit_values,
+    field_names,
+    gensim_pointer,
+    load_yaml,
+)
 from .errors import UserError
 from .logs import command
 
@@ -68,48 +78,68 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls, engine: bool = True,
 
 # Flags a user may well give to a command that does not take them (prepare's to a trainer, gensim's names,
 # the engine's to baseline), each answered in one line instead of argparse's "unrecognized arguments".
-# Prepare's and the engine's flags are read off the parsers themselves; only the reasons live here.
-_TRAINERS = ("train", "baseline", "plan")
-_PREPARE_REASONS = {"--min-count": "the vocabulary is fixed when the corpus is made",
-                    "--max-vocab": "the vocabulary is fixed when the corpus is made",
-                    "--holdout": "the held-out URLs are set aside when the corpus is made",
-                    "--holdout-out": "the held-out URLs are set aside when the corpus is made"}
+# Prepare's and the engine's flags are read off the parsers themselves, gensim's names off
+# config.GENSIM_NAMES (which answers their YAML keys too); only the reasons live here.
+_TRAINERS = ("train", "baseline", "plan", "tune")
+_PREPARE_REASONS = {"min_count": "the vocabulary is fixed when the corpus is made",
+                    "max_vocab": "the vocabulary is fixed when the corpus is made",
+                    "holdout": "the held-out URLs are set aside when the corpus is made",
+                    "holdout_out": "the held-out URLs are set aside when the corpus is made"}
 _PREPARE_REASON = "the events are read only when the corpus is made"
-_GENSIM_NAMES = {  # gensim's Doc2Vec parameters that are spelled otherwise here, for the trainers
-    "--workers": "--num-workers (worker actors) and --cpus-per-worker (threads each)",
-    "--size": "--dim", "--iter": "--epochs", "--dm": "--mode dm (or --mode dbow)",
-    "--max-final-vocab": "prepare --max-vocab", "--hs": "--negative (negative sampling is the only loss)",
-}
+_BOOL_WORDS = {"0", "1", "true", "false", "yes", "no", "on", "off"}
+
+
+def _prepare_option(name: str, value, command: str, written: str | None = None) -> str:
+    """The line for prepare's setting `name` (underscores) given to a trainer as a flag, or as a YAML key
+    (`written`: how the line names it)."""
+    flag = "--" + name.replace("_", "-")
+    given = f"{flag} {value}".strip()
+    return (f"{written or flag} is a prepare option ({_PREPARE_REASONS.get(name, _PREPARE_REASON)}); run doc2vec-dist prepare "
+            f"INPUT... --out CORPUS {given}, then {command} --corpus CORPUS")
+
+
+def _switch_with_a_value(flag: str, value: str) -> str:
+    return (f"{flag} is a switch and takes no value (given {value!r}): write {flag} to turn it on, leave it out "
+            "to keep it off")
 
 
 def _misplaced_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
-    """One line for a flag that `argv`'s command does not take but another command does, or gensim's name of it."""
+    """One line for a flag that `argv`'s command does not take but another command does, gensim's name of
+    it, or a value given to a switch."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     command = argv[0] if argv else None
     if command not in sub:
         return None
     own = sub[command]._option_string_actions
+    takes_inputs = any(not a.option_strings for a in sub[command]._actions)  # a positional after a switch is fine
     for i, token in enumerate(argv[1:], start=1):
         if token == "--":
             break
         flag, eq, value = token.partition("=")
-        if not flag.startswith("--") or flag in own:
+        if not flag.startswith("--"):
+            continue
+        following = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+        if flag in own:
+            if own[flag].nargs == 0 and not isinstance(own[flag], argparse._HelpAction) and (eq or (following and (not takes_inputs or following.lower() in _BOOL_WORDS))):
+                return _switch_with_a_value(flag, value if eq else following)
             continue
         if not eq:
-            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+            value = following
         for name in dict.fromkeys((flag, flag.replace("_", "-"))):
             given = f"{name} {value}".strip()
             if name != flag and name in own:
+                if own[name].nargs == 0:
+                    return f"{flag}: flags are spelled with dashes here, and {name} is a switch that takes no value: " \
+                           f"write {name} to turn it on, leave it out to keep it off"
                 return f"{flag}: flags are spelled with dashes here; use {given}"
             if command in _TRAINERS and name in sub["prepare"]._option_string_actions:
-                reason = _PREPARE_REASONS.get(name, _PREPARE_REASON)
-                return (f"{name} is a prepare option ({reason}); run doc2vec-dist prepare INPUT... --out CORPUS "
-                        f"{given}, then {command} --corpus CORPUS")
+                return _prepare_option(name[2:].replace("-", "_"), value, command)
             if command == "baseline" and name in sub["train"]._option_string_actions:
                 threads = " (its threads: --workers)" if name in ("--num-workers", "--cpus-per-worker") else ""
                 return f"{name} is a doc2vec-dist engine option; gensim's baseline does not use it{threads}"
-            if command in _TRAINERS and name in _GENSIM_NAMES:
-                return f"{name} is gensim's name; doc2vec-dist {command} uses {_GENSIM_NAMES[name]}"
+            pointer = gensim_pointer(name, as_flags=True)
+            if command in _TRAINERS and pointer:
+                return f"{flag} is gensim's name; doc2vec-dist {command} uses {pointer}"
             if command == "prepare" and name in sub["train"]._option_string_actions:
                 return f"{name} is a training option; prepare only makes the corpus: doc2vec-dist train --corpus " \
                        f"CORPUS {given}"
@@ -122,7 +152,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     message = _misplaced_flag(parser, argv)
     if message:
         raise UserError(message)
-    return parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage, not the top-level one
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        sub[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _count_or_all(text: str) -> int:
@@ -138,9 +172,33 @@ def _count_or_all(text: str) -> int:
     return value
 
 
-def _train_config(args) -> TrainConfig:
-    yaml_values = load_yaml(args.config) if args.config else {}
-    config = build(TrainConfig, yaml_values, vars(args))
+def _trainer_yaml(args) -> dict:
+    """A trainer's --config: its keys, less those of the whole job's config (jobs/train.py). A prepare
+    setting is refused with the line its flag gets, except in a whole job's config (it sets input,
+    corpus or out), whose prepare keys are for jobs/train.py: then one note says they are not used here."""
+    if not args.config:
+        return {}
+    values = load_yaml(args.config)
+    prepare_keys = [k for k in values if k in field_names(PrepareConfig)]
+    if prepare_keys and not any(k in values for k in ("input", "corpus", "out")):
+        name = prepare_keys[0]
+        raise UserError(f"{args.config}: " + _prepare_option(name, values[name], args.command, written=name))
+    if prepare_keys:
+        print(f"{args.command}: {args.config}'s prepare keys ({', '.join(prepare_keys)}) are for jobs/train.py, which "
+              f"makes the corpus; --corpus is used as it was made", file=sys.stderr)
+    return {k: v for k, v in values.items() if k not in field_names(PrepareConfig) | field_names(JobConfig)}
+
+
+def _train_config(args, yaml_values: dict | None = None) -> TrainConfig:
+    yaml_values = _trainer_yaml(args) if yaml_values is None else yaml_values
+    flags = vars(args)
+    taken: dict = {}
+    init_from = flags.get("init_from") or yaml_values.get("init_from")
+    if init_from and not (flags.get("resume") or yaml_values.get("resume")):  # a resumed run has its checkpoint's
+        from .warmstart import taken_settings
+
+        taken = taken_settings(init_from, [(args.config, yaml_values), ("", flags)])
+    config = build(TrainConfig, taken, yaml_values, flags)
     if getattr(args, "no_progress", False):
         config.progress = False
     return config.validate()
@@ -172,9 +230,9 @@ def cmd_prepare(args) -> None:
 def cmd_train(args) -> None:
     from .trainer import resumed_config, train
 
-    config = _train_config(args)
+    yaml_values = _trainer_yaml(args)
+    config = _train_config(args, yaml_values)
     if config.resume:  # the checkpoint's config, changed only where a flag or the YAML says so
-        yaml_values = load_yaml(args.config) if args.config else {}
         config = resumed_config(args.out, explicit_values(TrainConfig, yaml_values, vars(args)))
         config.progress = not args.no_progress
     summary = train(args.corpus, args.out, config, overwrite=args.overwrite)
@@ -186,7 +244,7 @@ def cmd_baseline(args) -> None:
     from .baseline import train_gensim
 
     # a config file shared with `train` may set the engine's own options: gensim has no use for them
-    yaml_values = load_yaml(args.config) if args.config else {}
+    yaml_values = _trainer_yaml(args)
     engine = {k: yaml_values.pop(k) for k in engine_only() if k in yaml_values}
     ignored = sorted(k for k, v in engine.items() if v != getattr(TrainConfig, k))
     if ignored:

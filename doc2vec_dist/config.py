@@ -11,6 +11,9 @@ here is a flag and a YAML key at once. Precedence: defaults < YAML file < flags.
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +60,7 @@ class PrepareConfig:
                                          "(needs --time-col; with --base, instead of joining)")
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check_choices(self)
 
 
@@ -148,6 +152,9 @@ class TrainConfig:
                                      "run has its own learning-rate schedule and never changes that model",
                                engine=True)
     address: str | None = _f(None, "Ray address (default: RAY_ADDRESS, else a local Ray started here)", engine=True)
+    wait_for_resources: float = _f(600, "seconds to wait for the autoscaler to add the nodes a run needs before it is "
+                                        "refused (0: refuse at once); a cluster that cannot grow is refused at once",
+                                   engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +208,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         """Check every field, and the fields against each other: what __post_init__ runs, and what
         train() and plan() run again on a config whose fields were assigned since. Returns self."""
+        _check_types(self)
         checks = [
             (self.dim > 0, "dim must be > 0"),
             (self.epochs > 0, "epochs must be > 0"),
@@ -222,6 +230,7 @@ class TrainConfig:
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be > 0"),
             (self.max_restarts >= 0, "max_restarts must be >= 0"),
+            (self.wait_for_resources >= 0, "wait_for_resources must be >= 0"),
             (self.cache_rows is None or self.cache_rows >= 0, "cache_rows must be >= 0"),
         ]
         for ok, message in checks:
@@ -255,6 +264,9 @@ class JobConfig:
                                 "sees), since the working dir is a temporary copy (default: the checkout for the "
                                 "sample config, else the current directory)")
 
+    def __post_init__(self) -> None:
+        _check_types(self)
+
 
 def lr_at(alpha: float, min_alpha: float, done, planned: int):
     """The learning rate after `done` of the `planned` tokens: gensim's linear decay from alpha to
@@ -272,6 +284,50 @@ def _check_choices(obj: Any) -> None:
         choices = f.metadata.get("choices")
         if choices and getattr(obj, f.name) not in choices and not (f.default is None and getattr(obj, f.name) is None):
             raise UserError(f"bad value for {f.name}: {getattr(obj, f.name)!r} (choose from {', '.join(choices)})")
+
+
+def _check_types(obj: Any) -> None:
+    """Every field of a config section holds a value of its declared type (typed()), stored as that type."""
+    for f in dataclasses.fields(obj):
+        setattr(obj, f.name, typed(f, getattr(obj, f.name)))
+
+
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_EXPECTED = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text",
+             "list[str]": "a path or a list of paths"}
+
+
+def typed(f: dataclasses.Field, value: Any, where: str = "") -> Any:
+    """`value` as field `f` holds it, or a UserError naming the field (after `where`, a file and ": ").
+
+    Nothing is guessed: 100.7 is not an int, true is not 1, 'ture' is not a bool. What is converted
+    loses nothing: an int where a float is wanted, a number in exponent notation that PyYAML reads as
+    text (1e-4), numpy's numbers (a Ray Tune sample) as Python's, a path object as its string, one
+    path as a list of one; and 0 / 1 where a bool is wanted, gensim's way of writing a switch
+    (dbow_words: 1).
+    """
+    kinds = [k.strip() for k in str(f.type).split("|")]
+    kind = kinds[0]
+    if value is None and "None" in kinds:
+        return None
+    if kind == "bool" and (isinstance(value, bool) or (isinstance(value, numbers.Integral) and value in (0, 1))):
+        return bool(value)
+    if kind == "int" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if kind == "float" and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    if kind == "float" and isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        return float(value)  # 1e-4: a number in YAML 1.2, text to PyYAML (YAML 1.1 wants 1.0e-4)
+    if kind == "str" and isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    if kind == "list[str]":
+        values = [value] if isinstance(value, (str, os.PathLike)) else value
+        if isinstance(values, (list, tuple)) and all(isinstance(v, (str, os.PathLike)) for v in values):
+            return [os.fspath(v) for v in values]
+    choices = f.metadata.get("choices")
+    expected = f"one of {', '.join(choices)}" if choices else _EXPECTED.get(kind, kind)
+    raise UserError(f"{where}bad value for {f.name}: {value!r} ({expected}{' or null' if 'None' in kinds else ''} "
+                    "expected)")
 
 
 SECTIONS = (PrepareConfig, TrainConfig, JobConfig)
@@ -292,8 +348,45 @@ def _aliases() -> dict[str, str]:
             for alias in f.metadata.get("aliases", ())}
 
 
+# gensim's Doc2Vec parameters (and Word2Vec's, which gensim users bring along) that are spelled otherwise
+# here or have no counterpart, and what to use instead: <name> is one of our settings, <name=value> one
+# with its value, written as flags on the command line (--mode dm) and as keys in a YAML file (mode: dm).
+# One table for both: cli._misplaced_flag and load_yaml answer with the same pointer.
+GENSIM_NAMES = {
+    "size": "<dim>",
+    "iter": "<epochs>",
+    "workers": "<num_workers> (worker actors) and <cpus_per_worker> (threads each)",
+    "dm": "<mode=dm> (or <mode=dbow>)",
+    "sg": "<mode=dbow> (PV-DBOW, doc2vec's skip-gram; <dbow_words> trains URL vectors by skip-gram beside it)",
+    "dm_mean": "<mode=dm>, which always averages the context vectors (gensim's dm_mean=1)",
+    "dm_concat": "<mode=dm>, which averages the context vectors (gensim's dm_mean=1); concatenation is not offered",
+    "hs": "<negative> (negative sampling is the only loss)",
+    "max_vocab_size": "prepare's <max_vocab> (the most frequent URLs are kept when the corpus is made)",
+    "max_final_vocab": "prepare's <max_vocab> (the most frequent URLs are kept when the corpus is made)",
+}
+
+
+def gensim_pointer(name: str, as_flags: bool) -> str | None:
+    """What to use instead of gensim's parameter `name` (GENSIM_NAMES; dashes or underscores), written as
+    flags or as YAML keys; None when `name` is none of them."""
+    text = GENSIM_NAMES.get(name.lstrip("-").replace("-", "_"))
+    if text is None:
+        return None
+
+    def setting(match: re.Match) -> str:
+        key, _, value = match.group(1).partition("=")
+        if as_flags:
+            return "--" + key.replace("_", "-") + (f" {value}" if value else "")
+        return key + (f": {value}" if value else "")
+
+    return re.sub(r"<([a-z_]+(?:=[a-z]+)?)>", setting, text)
+
+
 def load_yaml(path: str) -> dict:
-    """Read a flat YAML mapping of config keys; unknown keys are an error that names the file."""
+    """Read a flat YAML mapping of config keys, each checked against its field's type (typed()).
+
+    Refused in one line naming the file: a key that is gensim's name of a setting (GENSIM_NAMES:
+    the pointer the flag gets), an unknown key, a value of the wrong type."""
     try:
         with open(path) as fh:
             data = yaml.safe_load(fh) or {}
@@ -311,20 +404,24 @@ def load_yaml(path: str) -> dict:
                 raise UserError(f"{path}: {name}: {data[name]!r} and {alias}: {value!r} disagree ({alias} is gensim's "
                                 f"name for {name}); give one")
             data[name] = value
-    known = set().union(*(field_names(c) for c in SECTIONS))
-    unknown = sorted(set(data) - known)
+    fields = {f.name: f for cls in SECTIONS for f in dataclasses.fields(cls)}
+    for key in data:
+        pointer = None if key in fields else gensim_pointer(key, as_flags=False)
+        if pointer:
+            raise UserError(f"{path}: {key} is gensim's name; doc2vec-dist uses {pointer}")
+    unknown = sorted(set(data) - set(fields))
     if unknown:
         raise UserError(f"{path}: unknown config key(s): {', '.join(unknown)}")
-    return data
+    return {key: typed(fields[key], value, where=f"{path}: ") for key, value in data.items()}
 
 
 def build(cls, *sources: dict):
-    """Instantiate a config section from dicts in increasing precedence, keeping only its own keys.
+    """Instantiate a config section from dicts in increasing precedence, keeping only its own keys; each
+    value is checked against its field's type when the section is made (typed()).
 
     Values of None in a later source do not override (argparse leaves unset flags as None).
     """
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
-    return cls(**{k: coerce(k, v, types[k]) for k, v in explicit_values(cls, *sources).items()})
+    return cls(**explicit_values(cls, *sources))
 
 
 def explicit_values(cls, *sources: dict) -> dict:
@@ -334,21 +431,3 @@ def explicit_values(cls, *sources: dict) -> dict:
     for src in sources:
         out.update({k: v for k, v in src.items() if k in names and v is not None})
     return out
-
-
-def coerce(name: str, value: Any, type_str: Any) -> Any:
-    t = str(type_str)
-    try:
-        if t.startswith("int"):
-            return int(value)
-        if t.startswith("float"):
-            return float(value)
-        if t.startswith("bool"):
-            if isinstance(value, str):
-                return value.lower() in ("1", "true", "yes", "on")
-            return bool(value)
-        if t.startswith("list") and isinstance(value, str):
-            return [value]
-    except (TypeError, ValueError):
-        raise UserError(f"bad value for {name}: {value!r} ({t} expected)") from None
-    return value

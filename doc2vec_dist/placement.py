@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import time
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -208,3 +210,117 @@ def fit_problems(config: Any, tables: dict[str, TableSpec], resources: dict[str,
                         f"{have / 2**30:.1f} GiB of memory; lower --num-ps or --num-workers (each is a process of "
                         "its own), or run `doc2vec-dist plan` for the details")
     return problems
+
+
+# -- does each actor fit a node ----------------------------------------------------------------------
+
+# What to lower when an actor's request fits no node, by role and resource: the flag that sets it.
+_FLAGS = {("worker", "CPU"): "--cpus-per-worker", ("worker", "GPU"): "--gpus-per-worker",
+          ("parameter server", "memory"): "--num-ps (smaller slices)"}
+_COUNT_FLAGS = {"worker": "--num-workers", "parameter server": "--num-ps"}
+
+
+def node_label(node: dict) -> str:
+    """A node as a line names it: its address and the start of its id (nodes on one machine share an address)."""
+    return f"{node.get('NodeManagerAddress') or '?'} ({str(node.get('NodeID', ''))[:8]})"
+
+
+def _amount(resource: str, value: float) -> str:
+    return f"{value / 2**30:.1f} GiB of memory" if resource == "memory" else f"{value:g} {resource}"
+
+
+def node_fit_problem(config: Any, tables: dict[str, TableSpec], nodes: list[dict],
+                     resources: dict[str, float] | None = None) -> str | None:
+    """Why the run's actors cannot all be placed on the live `nodes` (ray.nodes()) as they are, each on
+    one node with all it asks for (worker_options, _ps_request), in one line naming the resource and the
+    nodes that lack it; None when they can. A cluster's totals can hide it: 3 CPUs on two 2-CPU nodes
+    do not hold a worker asking for 3. Workers and servers ask for different resources (servers for no
+    CPU), so each role is counted on its own; for one role every actor asks the same, so a node holds
+    the fewest copies any of its resources allows."""
+    alive = [n for n in nodes if n.get("Alive")]
+    if resources is None:
+        resources = {}
+        for n in alive:
+            for name, value in n["Resources"].items():
+                resources[name] = resources.get(name, 0) + value
+    asks = (("worker", config.num_workers, _bundle(worker_options(config, resources))),
+            ("parameter server", config.num_ps, _bundle(_ps_request(config, tables, resources))))
+    for role, count, bundle in asks:
+        problem = _role_fit_problem(role, count, bundle, alive) if bundle else None
+        if problem:
+            return problem
+    return None
+
+
+def _role_fit_problem(role: str, count: int, bundle: dict[str, float], nodes: list[dict]) -> str | None:
+    custom = [r for r in bundle if r not in ("CPU", "GPU", "memory")]  # `ps` / `trainer`: the nodes meant for it
+    kind = "".join(f"`{r}` " for r in custom)
+    hosts = [n for n in nodes if all(n["Resources"].get(r, 0) > 0 for r in custom)]
+    if not hosts:
+        return f"{_count(count, role)} ask for {kind}nodes, and no live node has {' or '.join(custom)}"
+    for resource, need in bundle.items():
+        if max(n["Resources"].get(resource, 0) for n in hosts) < need:
+            have = ", ".join(f"{node_label(n)} has {_amount(resource, n['Resources'].get(resource, 0))}"
+                             for n in hosts)
+            lower = _FLAGS.get((role, resource))
+            return (f"a {role} asks for {_amount(resource, need)}, and no {kind}node has that much: {have}"
+                    + (f"; lower {lower}" if lower else ""))
+    fits = sum(min(int(n["Resources"].get(r, 0) // need) for r, need in bundle.items()) for n in hosts)
+    if fits >= count:
+        return None
+    short = next((r for r, need in bundle.items()
+                  if sum(int(n["Resources"].get(r, 0) // need) for n in hosts) < count), None)
+    what = (f"{_amount(short, bundle[short])} each, {_amount(short, bundle[short] * count)} in all" if short
+            else ", ".join(_amount(r, need) for r, need in bundle.items()) + " each")
+    have = ", ".join(f"{node_label(n)} has " + ", ".join(_amount(r, n["Resources"].get(r, 0))
+                                                         for r in ([short] if short else bundle)) for n in hosts)
+    return (f"{_count(count, role)} ask for {what}, and the {kind}nodes hold {fits}: {have}; lower "
+            f"{_COUNT_FLAGS[role]}" + (f" or {_FLAGS[(role, short)]}" if (role, short) in _FLAGS else ""))
+
+
+# A node type as Ray's monitor names it when it runs without a cluster config (`ray start` by hand, a local
+# Ray): its read-only node provider mirrors each live node as a type of its own, node_<node id>, and
+# launches nothing (ray.autoscaler._private.util.format_readonly_node_type).
+_READONLY_TYPE = re.compile(r"node_[0-9a-f]{56}")
+# What asking Ray's private state may raise when it is missing, changed or not answering.
+_UNANSWERED = (ImportError, AttributeError, KeyError, TypeError, ValueError, RuntimeError, OSError,
+               ray.exceptions.RayError)
+
+
+def cluster_can_grow(wait_seconds: float = 10.0) -> bool | None:
+    """Whether an autoscaler may add nodes to the cluster this process is connected to.
+
+    False: Ray's monitor runs with its read-only node provider (every node type is a live node's own,
+    _READONLY_TYPE): nothing will ever be added. True: it runs with node types of a cluster config (the
+    cluster launcher's, KubeRay's worker groups), or the cluster config the autoscaler reported to the
+    GCS lets a node group grow (how Ray Data asks). None: Ray says neither within wait_seconds (the
+    monitor writes its first report a few seconds after the head starts).
+    """
+    import json
+
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    try:
+        from ray._private.state import state
+
+        config = state.get_cluster_config()
+        if config and config.node_group_configs:
+            return any(group.max_count == -1 or group.max_count > group.min_count
+                       for group in config.node_group_configs if group.resources and group.max_count != 0)
+    except _UNANSWERED as exc:  # a private API of Ray's: missing or changed, ask the next source
+        log.debug(f"no cluster config from the GCS: {exc}")
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        types: set[str] = set()
+        try:
+            raw = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+            report = (json.loads(raw) if raw else {}).get("autoscaler_report") or {}
+            types = set((report.get("node_type_mapping") or {}).values()) | set(report.get("active_nodes") or {})
+        except _UNANSWERED as exc:  # as above
+            log.debug(f"no autoscaler status: {exc}")
+        if types:
+            return not all(_READONLY_TYPE.fullmatch(t) for t in types)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)

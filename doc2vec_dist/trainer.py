@@ -26,10 +26,18 @@ import ray
 from tqdm import tqdm
 
 from . import checkpoint, outputs, storage
-from .config import TableSpec, TrainConfig, build, coerce
+from .config import TableSpec, TrainConfig, build
 from .corpus import Corpus
 from .errors import UserError
-from .placement import fit_problems, local_resources, ps_options, worker_options
+from .placement import (
+    cluster_can_grow,
+    fit_problems,
+    local_resources,
+    node_fit_problem,
+    ps_options,
+    run_bundles,
+    worker_options,
+)
 from .ps import ParameterServer, table_specs
 from .worker import Position, Worker, macro_batch_for, plan_units
 
@@ -84,20 +92,69 @@ def local_object_store_bytes() -> int:
 
 
 def check_fit(config: TrainConfig, tables: dict[str, TableSpec], started_here: bool | None) -> None:
-    """Refuse a run whose servers and workers cannot fit, before any actor starts (placement.fit_problems).
+    """Refuse a run whose servers and workers cannot fit, before any actor starts.
 
     started_here None: before connecting, for a local Ray that connect() will start (its resources are
     known without starting it, so the refusal is immediate). True: a local Ray we started. False: a
-    cluster we joined, where an autoscaler may add what is missing: a warning, except for GPUs.
+    cluster we joined: each actor must fit one live node (placement.node_fit_problem) and all of them
+    the cluster's totals (placement.fit_problems). What does not fit is refused at once where the
+    cluster cannot grow, and where GPUs are missing (GPU nodes are up before a job, deploy/README.md);
+    elsewhere the run waits up to --wait-for-resources seconds for the autoscaler (wait_for_nodes).
     """
     if started_here is None:
-        resources = local_resources(local_object_store_bytes())
+        problems = fit_problems(config, tables, local_resources(local_object_store_bytes()))
     else:
-        resources = ray.cluster_resources()
-    for message in fit_problems(config, tables, resources):
-        if started_here is not False or " GPU " in message:
-            raise UserError(message)
-        log.warning(f"warning: {message} (waiting for the autoscaler)")
+        problems = _cluster_problems(config, tables)
+    if not problems:
+        return
+    if started_here is not False or " GPU" in problems[0]:
+        raise UserError(problems[0])
+    wait_for_nodes(config, tables, problems[0])
+
+
+def _cluster_problems(config: TrainConfig, tables: dict[str, TableSpec]) -> list[str]:
+    """Why the run does not fit the cluster this process is connected to, as it is now; [] when it fits."""
+    nodes = ray.nodes()
+    found = node_fit_problem(config, tables, nodes)
+    return ([found] if found else []) + fit_problems(config, tables, ray.cluster_resources())
+
+
+RESOURCE_POLL_SECONDS = 5.0  # how often a waiting run looks at the cluster again
+
+
+def wait_for_nodes(config: TrainConfig, tables: dict[str, TableSpec], problem: str) -> None:
+    """Wait for the autoscaler to add what the run lacks (`problem`), at most config.wait_for_resources
+    seconds, asking it for the run's actors (ray.autoscaler.sdk.request_resources: an autoscaler adds
+    nodes for requests it sees, and no actor has asked yet). Refused at once where the cluster cannot
+    grow (placement.cluster_can_grow), and when the time is up, naming what is still missing."""
+    grows = cluster_can_grow()
+    if grows is False:
+        raise UserError(f"{problem}; the Ray cluster cannot grow (it runs no autoscaler), so the run would wait "
+                        "forever")
+    seconds = config.wait_for_resources
+    if seconds <= 0:
+        raise UserError(f"{problem} (--wait-for-resources 0: not waiting for the autoscaler)")
+    from ray.autoscaler.sdk import request_resources
+
+    log.warning(f"waiting up to {seconds:g}s (--wait-for-resources) for the autoscaler"
+                + (" (if the cluster has one)" if grows is None else "") + f": {problem}")
+    request_resources(bundles=run_bundles(config, tables, ray.cluster_resources()))
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            time.sleep(max(0.0, min(RESOURCE_POLL_SECONDS, deadline - time.monotonic())))
+            problems = _cluster_problems(config, tables)
+            if not problems:
+                log.info("the cluster has what the run needs: starting")
+                return
+            if problems[0] != problem:
+                problem = problems[0]
+                log.warning(f"still waiting: {problem}")
+            if time.monotonic() >= deadline:
+                raise UserError(f"{problem}; still missing after waiting {seconds:g}s for the autoscaler "
+                                "(--wait-for-resources)")
+    finally:
+        request_resources(bundles=[])  # the run's actors hold what they need from here; ask for nothing more
 
 
 # Settings measured to lose quality (200k users x 100k URLs, PV-DBOW, dim 100, 5 epochs, sample 0,
@@ -165,7 +222,7 @@ def engine_line(config: TrainConfig, words_out_rows: int) -> str:
 RESUMABLE_CHANGES = frozenset({
     "epochs", "alpha", "min_alpha", "num_ps", "num_workers", "cpus_per_worker", "gpus_per_worker",
     "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
-    "checkpoint_every", "keep_checkpoints", "resume", "address", "progress",
+    "checkpoint_every", "keep_checkpoints", "resume", "address", "progress", "wait_for_resources",
 })
 
 
@@ -179,12 +236,11 @@ def resumed_config(model: str, given: dict) -> TrainConfig:
 
 
 def _merge_resumed(model: str, saved: dict, given: dict) -> TrainConfig:
-    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-    merged = {k: v for k, v in saved.items() if k in types}
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    merged = {k: v for k, v in saved.items() if k in names}
     for name, value in given.items():
-        if name not in types or value is None:
+        if name not in names or value is None:
             continue
-        value = coerce(name, value, types[name])
         if name not in RESUMABLE_CHANGES and name in merged and merged[name] != value:
             raise UserError(f"{model}: cannot resume with {name}={value!r}; the checkpoint was trained with "
                             f"{name}={merged[name]!r} (only {', '.join(sorted(RESUMABLE_CHANGES - {'resume'}))} "

@@ -11,6 +11,10 @@ initialisation, so new rows start as in any run (inputs uniform, words_out zero)
 (row-wise Adagrad's accumulator) comes along where the old checkpoint has it and the new run keeps
 one. The old model is only read.
 
+`taken_settings` is what such a run takes from the earlier model's config.json before any flag: the
+settings its tables' shape and meaning depend on. train --init-from, jobs/train.py and jobs/refresh.py
+all go through it, so the user repeats none of them and cannot contradict them.
+
 `drift` compares the two models on the keys they share: cosine(old, new) of a sample of rows per
 table, whose median and percentiles say whether downstream users of the vectors (indexes, models
 trained on them) can keep them.
@@ -28,6 +32,14 @@ from .checkpoint import KEY_TABLES, ModelDir
 from .config import TableSpec
 from .errors import UserError
 
+# The settings an earlier model's tables are made by: a run from it takes them, and a flag or YAML value
+# that contradicts them is refused. dim: the width of every row; mode: what a user's vector and words_out
+# are trained to do together (predict a URL from the user alone, or from the user and the URLs around it).
+MODEL_SHAPE = ("dim", "mode")
+# Taken too, but a run may change it: dbow_words on trains a `words` table the old model may lack, fresh
+# (warm_start), and off leaves it out; the tables both runs share keep their shape and meaning. The other
+# settings (window, negative, alpha, the engine's) are the run's own: its defaults, YAML and flags.
+TAKEN = (*MODEL_SHAPE, "dbow_words")
 DRIFT_SAMPLE = 20_000  # rows per table whose cosine is measured (every row when fewer): medians to 3 decimals, in 0.5 s
 
 
@@ -39,6 +51,27 @@ class WarmStart:
     version: int
     rows: dict[str, int]
     lineage: tuple[str, ...] = ()  # the earlier model's id and those it descends from: the new model's derived_from
+
+
+def taken_settings(model: str, given: list[tuple[str, dict]], flag: str = "--init-from") -> dict:
+    """The settings a run from `model` takes from its config.json (TAKEN), the lowest-precedence source
+    of the run's config.
+
+    `given`: the run's other sources, each with how a line names it: a YAML file's path, or "" for the
+    command line's flags (argparse's unset flags are None). A value of MODEL_SHAPE that differs from the
+    model's is refused in one line naming the flag or key, its value and the model's; `flag` is how the
+    command names the model (jobs/refresh.py's --base-model)."""
+    saved = ModelDir(model).config()
+    for where, values in given:
+        for name in MODEL_SHAPE:
+            value, theirs = values.get(name), getattr(saved, name)
+            if value is None or value == theirs:
+                continue
+            given_as = f"{where}: {name}: {value}" if where else f"--{name.replace('_', '-')} {value}"
+            leave = f"{name} out of {where}" if where else f"--{name.replace('_', '-')} out"
+            raise UserError(f"{given_as} contradicts the {flag} model {model}, trained with {name} {theirs}: a run from "
+                            f"an earlier model keeps its {' and '.join(MODEL_SHAPE)}; leave {leave}")
+    return {name: getattr(saved, name) for name in TAKEN}
 
 
 def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSpec]) -> WarmStart:

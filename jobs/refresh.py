@@ -41,6 +41,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 sys.path.insert(0, os.path.join(ROOT, "jobs"))
 
+from doc2vec_dist.environment import require_packages
+
+require_packages()  # one line, not a traceback, from a Python without the project's packages
+
 from doc2vec_dist.runners import calm_openmp
 
 calm_openmp()  # before faiss is imported
@@ -149,20 +153,24 @@ def parse(argv: list[str] | None) -> tuple[RefreshJob, PrepareConfig, TrainConfi
         raise UserError(f"{job.out}: --out must be a directory on a file system every node mounts; a refresh on "
                         "object storage is not supported (its corpus and index are local files)")
     prep = build(PrepareConfig, base_corpus_settings(job), values, flags)
-    cfg = refresh_config(job.base_model, values, flags)
+    cfg = refresh_config(job.base_model, values, flags, config_path=args.config)
     if args.no_progress:
         cfg.progress = False
     return job, prep, cfg.validate()
 
 
-def refresh_config(base_model: str, *sources: dict) -> TrainConfig:
+def refresh_config(base_model: str, values: dict, flags: dict, config_path: str | None = None) -> TrainConfig:
     """The refresh's training settings: the base model's (its config.json), epochs 1 and a first epoch on
-    the changed users (EPOCHS_HELP, FIRST_EPOCH_HELP), then `sources` in increasing precedence (the
-    YAML, the flags), starting from the base model."""
+    the changed users (EPOCHS_HELP, FIRST_EPOCH_HELP), then the YAML `values` (read from config_path) and
+    the flags, starting from the base model. Its shape (dim, mode) is the base model's: a YAML value or
+    flag that contradicts it is refused, as train --init-from refuses it (warmstart.taken_settings)."""
     from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.warmstart import taken_settings
 
+    taken = taken_settings(base_model, [(config_path or "--config", values), ("", flags)], flag="--base-model")
     saved = {k: v for k, v in dataclasses.asdict(ModelDir(base_model).config()).items() if k not in NOT_CARRIED}
-    return build(TrainConfig, saved, {"epochs": 1, "first_epoch": "changed"}, *sources, {"init_from": base_model})
+    return build(TrainConfig, saved, taken, {"epochs": 1, "first_epoch": "changed"}, values, flags,
+                 {"init_from": base_model})
 
 
 def base_corpus_settings(job: RefreshJob) -> dict:

@@ -19,6 +19,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
+from doc2vec_dist.environment import require_packages
+
+require_packages()  # one line, not a traceback, from a Python without the project's packages
+
 from doc2vec_dist import outputs, storage
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import (
@@ -50,7 +54,14 @@ def parse(argv: list[str] | None) -> tuple[JobConfig, PrepareConfig, TrainConfig
     base = ROOT if os.path.abspath(args.config) == DEFAULT_CONFIG else os.getcwd()
     if not any(values.get(k) or flags.get(k) for k in ("input", "corpus", "out")):
         values, base = _on_the_sample(args.config, values), ROOT
-    job, prep, train_cfg = (build(cls, values, flags) for cls in (JobConfig, PrepareConfig, TrainConfig))
+    job, prep = (build(cls, values, flags) for cls in (JobConfig, PrepareConfig))
+    taken: dict = {}
+    init_from = flags.get("init_from") or values.get("init_from")
+    if init_from and not (flags.get("resume") or values.get("resume")):  # the model's shape, as train --init-from
+        from doc2vec_dist.warmstart import taken_settings
+
+        taken = taken_settings(init_from, [(args.config, values), ("", flags)])
+    train_cfg = build(TrainConfig, taken, values, flags)
     if args.no_progress:
         train_cfg.progress = False
     if not job.corpus or not job.out:

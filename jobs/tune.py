@@ -18,6 +18,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
 
+from doc2vec_dist.environment import require_packages
+
+require_packages()  # one line, not a traceback, from a Python without the project's packages
+
 from doc2vec_dist.cli import main
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ class Case:
     files: dict = field(default_factory=dict)  # name → bytes (or a callable of the tmp dir) made first
     untouched: str | None = None   # a path that must not exist, or stay as it was, after an error
     fresh_process: bool = False    # run `python -m doc2vec_dist` in a new process (no Ray started in it)
+    bare_python: bool = False      # run argv (a job script) with this Python less its site-packages (-S)
 
 
 def _truncated_parquet(t: str) -> bytes:
@@ -237,7 +238,7 @@ CASES = [
     Case("config YAML with an unknown key", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
          "{t}/c.yaml: unknown config key(s): epochz", {"c.yaml": b"epochz: 3\n"}, "{t}/m"),
     Case("config YAML with a wrong type", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
-         "bad value for dim: 'abc' (int expected)", {"c.yaml": b"dim: abc\n"}, "{t}/m"),
+         "{t}/c.yaml: bad value for dim: 'abc' (a whole number expected)", {"c.yaml": b"dim: abc\n"}, "{t}/m"),
     Case("corpus that is not one", "train --corpus {t} --out {t}/m", "error",
          "{t}: not a corpus (no corpus.json; make one with `prepare`)", untouched="{t}/m"),
     Case("resume where nothing was trained", "train --corpus {corpus} --out {t}/e --resume", "error",
@@ -247,6 +248,38 @@ CASES = [
          "50 parameter servers x 0.50 GiB", untouched="{t}/m", fresh_process=True),
     Case("more workers than CPUs", "train --corpus {corpus} --out {t}/m --num-workers 100", "error",
          "100 workers need 200 CPU but the Ray cluster has", untouched="{t}/m", fresh_process=True),
+    # --- issue 26, items 7, 8, 9, 10 and 13 ------------------------------------------------------------
+    # item 7: gensim's habits, as flags and as YAML keys
+    Case("min_count in a train YAML", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
+         "{t}/c.yaml: min_count is a prepare option (the vocabulary is fixed when the corpus is made); run "
+         "doc2vec-dist prepare INPUT... --out CORPUS --min-count 50", {"c.yaml": b"min_count: 50\n"}, "{t}/m"),
+    Case("gensim's dm in a train YAML", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
+         "{t}/c.yaml: dm is gensim's name; doc2vec-dist uses mode: dm (or mode: dbow)", {"c.yaml": b"dm: 1\n"},
+         "{t}/m"),
+    Case("--dbow_words 1", "train --corpus {corpus} --out {t}/m --dbow_words 1", "error",
+         "--dbow_words: flags are spelled with dashes here, and --dbow-words is a switch that takes no value: write "
+         "--dbow-words to turn it on", untouched="{t}/m"),
+    Case("gensim's --sg on train", "train --corpus {corpus} --out {t}/m --sg 1", "error",
+         "--sg is gensim's name; doc2vec-dist train uses --mode dbow", untouched="{t}/m"),
+    # item 13: a value of the wrong type, in YAML and on the command line
+    Case("dim: 100.7 in YAML", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
+         "{t}/c.yaml: bad value for dim: 100.7 (a whole number expected)", {"c.yaml": b"dim: 100.7\n"}, "{t}/m"),
+    Case("dim: true in YAML", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
+         "{t}/c.yaml: bad value for dim: True (a whole number expected)", {"c.yaml": b"dim: true\n"}, "{t}/m"),
+    Case("overwrite: ture in YAML", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
+         "{t}/c.yaml: bad value for overwrite: 'ture' (true or false expected)", {"c.yaml": b"overwrite: ture\n"},
+         "{t}/m"),
+    Case("--overwrite given a value", "train --corpus {corpus} --out {model} --overwrite ture", "error",
+         "--overwrite is a switch and takes no value (given 'ture')", untouched="{model}"),
+    # item 8: a flag that contradicts the --init-from model's shape (the sample model has dim 32)
+    Case("--init-from with another --dim", "train --corpus {corpus} --out {t}/m --init-from {model} --dim 50", "error",
+         "--dim 50 contradicts the --init-from model {model}, trained with dim 32", untouched="{model}"),
+    # item 9: a worker no node of the session's 2-CPU Ray (no autoscaler) can hold
+    Case("a worker larger than any node", "train --corpus {corpus} --out {t}/m --cpus-per-worker 3", "error",
+         "a worker asks for 3 CPU, and no node has that much: ", untouched="{t}/m"),
+    # item 10: a job run by a Python without the project's packages (a head started outside the venv)
+    Case("a job run by a Python without the packages", "jobs/train.py --corpus {corpus} --out {t}/m", "error",
+         "this Python (", untouched="{t}/m", bare_python=True),
     # --- damaged models ---------------------------------------------------------------------------------
     Case("a part file truncated (export)", "export --model {model} --out {t}/u.parquet", "error",
          "{model}/checkpoints/v10/docs/part-00000-of-00002.arrow: 1000 bytes, the manifest says",
@@ -389,6 +422,11 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
     if case.fresh_process:
         done = subprocess.run([sys.executable, "-m", "doc2vec_dist", *argv], capture_output=True, text=True,
                               cwd=ROOT, timeout=120, check=False)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    elif case.bare_python:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run([sys.executable, "-S", *argv], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=60, check=False)
         code, out, err = done.returncode, done.stdout, done.stderr
     else:
         capsys.readouterr()  # what making the files printed

@@ -357,6 +357,101 @@ def test_gensim_habits_get_one_line_that_names_our_flag(tmp_path, capsys, argv, 
     assert_clean_error(code, err, *needles)
 
 
+# --- issue 26, item 7: gensim's names as YAML keys, prepare's keys in a trainer's YAML, switches -----------
+
+GENSIM_HABITS = ["dm", "hs", "workers", "sg", "dm_mean", "dm_concat", "max_vocab_size", "max_final_vocab", "size",
+                 "iter"]
+
+
+@pytest.mark.parametrize("name", GENSIM_HABITS)
+def test_a_gensim_name_gets_one_pointer_as_a_flag_and_as_a_yaml_key(tmp_path, capsys, name):
+    """One table (config.GENSIM_NAMES) answers both, each in its own spelling; never the top-level usage."""
+    from doc2vec_dist.config import gensim_pointer
+
+    common = ["train", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "m")]
+    for flag in ("--" + name.replace("_", "-"), "--" + name):
+        code, _, err = run(capsys, *common, flag, "1")
+        assert_clean_error(code, err, f"error: {flag} is gensim's name; doc2vec-dist train uses "
+                                      f"{gensim_pointer(name, as_flags=True)}")
+    config = tmp_path / "gensim.yaml"
+    config.write_text(f"{name}: 1\nepochs: 3\n")
+    code, _, err = run(capsys, *common, "--config", str(config))
+    assert_clean_error(code, err, f"error: {config}: {name} is gensim's name; doc2vec-dist uses "
+                                  f"{gensim_pointer(name, as_flags=False)}")
+    assert not os.path.exists(tmp_path / "m")
+
+
+def test_the_pointers_spell_our_settings_as_flags_and_as_keys():
+    from doc2vec_dist.config import gensim_pointer
+
+    assert gensim_pointer("dm", as_flags=True) == "--mode dm (or --mode dbow)"
+    assert gensim_pointer("dm", as_flags=False) == "mode: dm (or mode: dbow)"
+    assert gensim_pointer("--max-vocab-size", as_flags=True).startswith("prepare's --max-vocab")
+    assert gensim_pointer("workers", as_flags=False) == "num_workers (worker actors) and cpus_per_worker (threads each)"
+    assert gensim_pointer("window", as_flags=True) is None  # ours too
+
+
+@pytest.mark.parametrize("command", ["train", "baseline", "plan"])
+def test_a_prepare_key_in_a_trainers_yaml_gets_the_line_its_flag_gets(tmp_path, capsys, command):
+    out = [] if command == "plan" else ["--out", str(tmp_path / "m")]
+    common = [command, "--corpus", str(tmp_path / "c"), *out]
+    code, _, err = run(capsys, *common, "--min-count", "50")
+    flag_line = err.strip().removeprefix("error: ")
+    config = tmp_path / "c.yaml"
+    config.write_text("epochs: 3\nmin_count: 50\n")
+    code, _, err = run(capsys, *common, "--config", str(config))
+    assert_clean_error(code, err, f"error: {config}: min_count is a prepare option")
+    assert err.strip().split(" is a prepare option", 1)[1] == flag_line.split(" is a prepare option", 1)[1]
+    assert "--min-count 50, then " + command in err
+    assert not os.path.exists(tmp_path / "m")
+
+
+def test_a_whole_jobs_yaml_keeps_working_for_a_trainer_and_says_its_prepare_keys_are_the_jobs(tmp_path, capsys):
+    """jobs/configs/sample.yaml holds prepare's keys for jobs/train.py: a trainer uses its training keys."""
+    import argparse
+
+    from doc2vec_dist.cli import _trainer_yaml
+
+    sample = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs", "sample.yaml")
+    values = _trainer_yaml(argparse.Namespace(config=sample, command="train"))
+    assert values == {"dim": 64, "epochs": 10, "sample": 0.0, "num_ps": 2, "num_workers": 1}
+    assert "prepare keys (time_col, min_count, holdout, holdout_out) are for jobs/train.py" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--dbow_words", "1"], ("error: --dbow_words: flags are spelled with dashes here, and --dbow-words is a switch "
+                             "that takes no value: write --dbow-words to turn it on")),
+    (["--dbow-words", "1"], "error: --dbow-words is a switch and takes no value (given '1')"),
+    (["--dbow-words", "0"], "error: --dbow-words is a switch and takes no value (given '0')"),
+    (["--overwrite", "ture"], "error: --overwrite is a switch and takes no value (given 'ture')"),
+    (["--resume=true"], "error: --resume is a switch and takes no value (given 'true')"),
+])
+def test_a_switch_given_a_value_is_one_line_whose_advice_works(tmp_path, capsys, argv, expected):
+    from doc2vec_dist.cli import make_parser
+
+    common = ["train", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "m")]
+    code, _, err = run(capsys, *common, *argv)
+    assert_clean_error(code, err, expected)
+    advice = err.split(": write ", 1)[1].split()[0]  # the flag it says to write parses, and turns the switch on
+    assert getattr(make_parser().parse_args([*common, advice]), advice[2:].replace("-", "_")) is True
+
+
+def test_a_switch_followed_by_an_input_still_reads_the_input(tmp_path):
+    from doc2vec_dist.cli import _parse_args
+
+    args = _parse_args(["prepare", "--out", str(tmp_path / "c"), "--overwrite", "events.csv"])
+    assert args.overwrite and args.inputs == ["events.csv"]
+
+
+def test_an_unknown_flag_shows_the_commands_usage_not_the_top_level_one(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "m"), "--bogus", "1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("usage: doc2vec-dist train ") and "doc2vec-dist train: error: unrecognized arguments: " \
+        "--bogus 1" in err
+
+
 def test_neighbors_prints_a_header_then_the_rows_of_model_neighbors(trained_model, capsys):
     from doc2vec_dist import Model
     from doc2vec_dist.checkpoint import ModelDir

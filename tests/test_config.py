@@ -66,3 +66,53 @@ def test_a_table_spec_is_listed_in_a_plan_as_before():
     spec = TrainConfig(dim=8, optimizer="adagrad").table("words_out", 3, init="zeros")
     assert spec.to_json() == {"rows": 3, "dim": 8, "init": "zeros", "state": 1}
     assert TableSpec.from_json("words_out", spec.to_json()) == spec
+
+
+# --- issue 26, item 13: values are checked against their field's type, not coerced ------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ("dim: 100.7", "bad value for dim: 100.7 (a whole number expected)"),  # was 100
+    ("dim: true", "bad value for dim: True (a whole number expected)"),  # was 1
+    ("overwrite: ture", "bad value for overwrite: 'ture' (true or false expected)"),  # was False
+    ("epochs: '10'", "bad value for epochs: '10' (a whole number expected)"),
+    ("alpha: false", "bad value for alpha: False (a number expected)"),
+    ("time_col: 3", "bad value for time_col: 3 (text or null expected)"),
+    ("mode: 1", "bad value for mode: 1 (one of dbow, dm expected)"),
+    ("input: [a, 2]", "bad value for input: ['a', 2] (a path or a list of paths expected)"),
+])
+def test_a_yaml_value_of_the_wrong_type_is_refused_naming_the_file_and_key(tmp_path, text, message):
+    from doc2vec_dist.config import load_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(UserError) as refused:
+        load_yaml(str(path))
+    assert str(refused.value) == f"{path}: {message}"
+
+
+def test_a_library_caller_gets_the_same_check_and_what_loses_nothing_is_converted(tmp_path):
+    import pathlib
+
+    import numpy as np
+
+    from doc2vec_dist.config import JobConfig, PrepareConfig, load_yaml
+
+    with pytest.raises(UserError, match=r"^bad value for dim: 100.7 \(a whole number expected\)$"):
+        TrainConfig(dim=100.7)
+    with pytest.raises(UserError, match=r"^bad value for dbow_words: 'yes' \(true or false expected\)$"):
+        TrainConfig(dbow_words="yes")
+    config = TrainConfig(dim=np.int64(16), sample=0, alpha=np.float64(0.05), dbow_words=1,
+                         init_from=pathlib.Path("m"))
+    assert (config.dim, type(config.dim), config.sample, type(config.sample)) == (16, int, 0.0, float)
+    assert (config.alpha, config.dbow_words, config.init_from) == (0.05, True, "m")  # gensim writes dbow_words=1
+    assert JobConfig(input="events").input == ["events"]
+    assert PrepareConfig(max_vocab=None).max_vocab is None
+    config.dim = 8.5  # assigned after construction: validate() checks it
+    with pytest.raises(UserError, match="bad value for dim: 8.5"):
+        config.validate()
+    path = tmp_path / "c.yaml"
+    path.write_text("dbow_words: 1\nsample: 0\nmin_alpha: 1e-4\n")  # PyYAML reads 1e-4 as text: still a number
+    assert load_yaml(str(path)) == {"dbow_words": True, "sample": 0.0, "min_alpha": 1e-4}
+    path.write_text("dim: 1e2\n")
+    with pytest.raises(UserError, match=r"bad value for dim: '1e2' \(a whole number expected\)"):
+        load_yaml(str(path))

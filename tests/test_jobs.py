@@ -76,6 +76,50 @@ def test_job_reports_a_bad_config_in_one_line(tmp_path, capsys):
     assert "unknown config key(s): epochz" in err and str(bad) in err
 
 
+def test_the_job_takes_an_init_from_models_shape_as_train_does(trained_model, tmp_path):
+    """Issue 26, item 8: jobs/train.py --init-from takes the model's dim (32 here) like train --init-from;
+    the config's own dim, when it says another, is refused naming the file."""
+    job = load_job()
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({"corpus": str(tmp_path / "corpus"), "out": str(tmp_path / "model"), "epochs": 1}))
+    _, _, cfg, _ = job.parse(["--config", str(config), "--init-from", trained_model])
+    assert (cfg.dim, cfg.mode, cfg.init_from) == (32, "dbow", trained_model)
+    with pytest.raises(job.UserError, match=rf"^{job_config(tmp_path)}: dim: 16 contradicts the --init-from model "):
+        job.parse(["--config", job_config(tmp_path), "--init-from", trained_model])
+
+
+@pytest.mark.parametrize("entry", ["jobs/train.py", "jobs/refresh.py", "jobs/tune.py", "jobs/export.py",
+                                   "jobs/index.py", "-m doc2vec_dist"])
+def test_a_python_without_the_projects_packages_gets_one_line_that_says_so(entry):
+    """Issue 26, item 10: a head started without the venv active runs a job's `python` from PATH, and the
+    job died in `ModuleNotFoundError: No module named 'pyarrow'`. This Python with -S (no site-packages)
+    stands in for that one."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = ROOT if entry.startswith("-m") else ""  # the job scripts find the package themselves
+    done = subprocess.run([sys.executable, "-S", *entry.split(), "--help"], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=60, check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: this Python ({sys.executable}) lacks torch, gensim, pyarrow, ray, ")
+    assert "start Ray with the project's venv active (`source .venv/bin/activate`, then `ray start ...`)" in lines[0]
+
+
+def test_the_packages_checked_are_the_projects_dependencies():
+    import re
+
+    from doc2vec_dist.environment import REQUIRED, missing_packages
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
+        dependencies = tomllib.load(fh)["project"]["dependencies"]
+    declared = {re.split(r"[<>=!~\[; ]", r)[0].lower() for r in dependencies}
+    assert {name.lower() for name in REQUIRED.values()} == declared
+    assert missing_packages() == []
+
+
 def test_a_config_of_training_keys_only_runs_on_the_sample(capsys):
     """`python jobs/train.py --config jobs/configs/fast.yaml` (then a recipe of training keys) crashed with a
     TypeError on the unset corpus; a config with no input, corpus or out now runs on the bundled sample,

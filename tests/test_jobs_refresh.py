@@ -143,7 +143,8 @@ def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path
     assert out.count("updated from") == 2 and "1 epoch(s) (the first on the changed users only)" in out
 
 
-@pytest.mark.parametrize("case", ["user's file", "earlier refresh", "a model", "bad yaml", "not a model"])
+@pytest.mark.parametrize("case", ["user's file", "earlier refresh", "a model", "bad yaml", "not a model",
+                                  "another dim", "another mode"])
 def test_refusals_are_one_line_and_touch_nothing(days, tmp_path, snapshot, capsys, case):
     day = tmp_path / "day"
     args = ["--events", days["events2"], "--base-model", days["model"], "--out", str(day), "--no-progress"]
@@ -165,6 +166,14 @@ def test_refusals_are_one_line_and_touch_nothing(days, tmp_path, snapshot, capsy
         config.write_text(yaml.safe_dump({"corpus": "/x", "holdout": 0.2, "dim": 8}))
         args += ["--config", str(config)]
         message = "corpus, holdout: not a setting of a refresh"
+    elif case == "another dim":  # issue 26, item 8: the base model's shape is the refresh's
+        args += ["--dim", "4"]
+        message = f"--dim 4 contradicts the --base-model model {days['model']}, trained with dim 8: a run from an "
+    elif case == "another mode":
+        config = tmp_path / "c.yaml"
+        config.write_text("mode: dm\n")
+        args += ["--config", str(config)]
+        message = f"{config}: mode: dm contradicts the --base-model model {days['model']}, trained with mode dbow"
     else:
         args[args.index("--base-model") + 1] = str(tmp_path)
         message = str(tmp_path)

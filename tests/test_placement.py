@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import ray
 
 from doc2vec_dist import placement
@@ -96,3 +97,64 @@ def test_a_tune_trial_reserves_what_its_actors_request():
     assert placement.run_bundles(config, tables, cluster) == (
         [{"CPU": 2, "GPU": 1, "trainer": 1}] * 3 + [{"ps": 1, "memory": need}] * 2)
     assert placement.run_bundles(config, tables, {"CPU": 16, "GPU": 4}) == [{"CPU": 2, "GPU": 1}] * 3
+
+
+# --- issue 26, item 9: a run that can never fit is refused, or waited for with a deadline ------------------
+
+def host(address, node_id, **resources):
+    """A live node as ray.nodes() lists it."""
+    return {"Alive": True, "NodeManagerAddress": address, "NodeID": node_id * 7, "Resources": resources}
+
+
+# the issue's three-node cluster, built from deploy/: a head with no CPU, a `ps` node, a `trainer` node
+THREE_NODES = [host("10.0.0.1", "headhead", memory=8 * GiB), host("10.0.0.2", "ps00ps00", ps=1, memory=64 * GiB),
+               host("10.0.0.3", "trainer0", trainer=1, CPU=1, memory=8 * GiB)]
+
+
+def test_a_worker_asking_more_cpus_than_any_trainer_node_has_names_the_node():
+    problem = placement.node_fit_problem(TrainConfig(num_ps=1, cpus_per_worker=2), TABLES, THREE_NODES)
+    assert problem == ("a worker asks for 2 CPU, and no `trainer` node has that much: 10.0.0.3 (trainer0) has 1 CPU; "
+                       "lower --cpus-per-worker")
+    assert placement.node_fit_problem(TrainConfig(num_ps=1, cpus_per_worker=1), TABLES, THREE_NODES) is None
+
+
+def test_more_servers_than_the_ps_units_names_the_ps_nodes():
+    problem = placement.node_fit_problem(TrainConfig(num_ps=2, cpus_per_worker=1), TABLES, THREE_NODES)
+    assert problem == ("2 parameter servers ask for 1 ps each, 2 ps in all, and the `ps` nodes hold 1: "
+                       "10.0.0.2 (ps00ps00) has 1 ps; lower --num-ps")
+
+
+def test_totals_that_fit_do_not_hide_a_worker_that_fits_no_node():
+    """Two 2-CPU nodes have 4 CPUs, but no worker asking for 3 fits on either."""
+    nodes = [host("10.0.0.4", "aaaaaaaa", CPU=2), host("10.0.0.5", "bbbbbbbb", CPU=2)]
+    problem = placement.node_fit_problem(TrainConfig(cpus_per_worker=3), TABLES, nodes)
+    assert problem.startswith("a worker asks for 3 CPU, and no node has that much: 10.0.0.4 (aaaaaaaa) has 2 CPU, "
+                              "10.0.0.5 (bbbbbbbb) has 2 CPU")
+    two = placement.node_fit_problem(TrainConfig(num_workers=3, cpus_per_worker=2), TABLES, nodes)
+    assert two.startswith("3 workers ask for 2 CPU each, 6 CPU in all, and the nodes hold 2")
+    assert placement.node_fit_problem(TrainConfig(num_workers=2, cpus_per_worker=2), TABLES, nodes) is None
+    dead = [nodes[0], {**host("10.0.0.6", "cccccccc", CPU=8), "Alive": False}]
+    assert "no node has that much" in placement.node_fit_problem(TrainConfig(cpus_per_worker=3), TABLES, dead)
+
+
+@pytest.mark.parametrize("types, grows", [
+    ({"node_" + "a" * 56: 1}, False),  # Ray's monitor with no cluster config: `ray start` by hand, a local Ray
+    ({"node_" + "a" * 56: 1, "node_" + "b" * 56: 2}, False),
+    ({"head": 1, "ps": 1, "trainer": 1}, True),  # the cluster launcher's node types, KubeRay's groups
+])
+def test_whether_the_cluster_can_grow_is_read_from_the_autoscalers_report(monkeypatch, types, grows):
+    import json
+
+    import ray.experimental.internal_kv as kv
+    from ray._private import state
+
+    monkeypatch.setattr(state.state, "get_cluster_config", lambda: None)
+    report = {"autoscaler_report": {"active_nodes": types, "node_type_mapping": {}}}
+    monkeypatch.setattr(kv, "_internal_kv_get", lambda key: json.dumps(report).encode())
+    assert placement.cluster_can_grow(wait_seconds=0) is grows
+    monkeypatch.setattr(kv, "_internal_kv_get", lambda key: None)  # no report yet: Ray says neither
+    assert placement.cluster_can_grow(wait_seconds=0) is None
+
+
+def test_the_session_cluster_cannot_grow(ray_cluster):
+    assert placement.cluster_can_grow() is False

@@ -278,6 +278,43 @@ def test_init_from_refuses_a_corpus_whose_ids_moved_and_never_touches_the_old_mo
     assert before == {p: os.path.getmtime(p) for p in glob.glob(os.path.join(old_model, "**"), recursive=True)}
 
 
+def test_train_init_from_takes_the_old_models_shape_and_refuses_a_contradiction(old_model, refreshed, tmp_path,
+                                                                                capsys):
+    """Issue 26, item 8: `train --init-from OLD` once failed with `--init-from needs the same --dim` unless the
+    user repeated the old model's settings. Its dim, mode and dbow_words are taken from OLD; a flag or a YAML
+    value that contradicts its dim or mode is one line naming it, its value and OLD's."""
+    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.cli import main
+
+    model = str(tmp_path / "model")
+    base = ["train", "--corpus", refreshed, "--out", model, "--init-from", old_model, "--no-progress"]
+    config = tmp_path / "c.yaml"
+    config.write_text("dim: 8\n")
+    for extra, line in ((["--dim", "8"], (f"--dim 8 contradicts the --init-from model {old_model}, trained with dim 16: "
+                                          "a run from an earlier model keeps its dim and mode; leave --dim out")),
+                        (["--vector-size", "8"], "--dim 8 contradicts"),
+                        (["--mode", "dm"], "--mode dm contradicts the --init-from model"),
+                        (["--config", str(config)], (f"{config}: dim: 8 contradicts the --init-from model {old_model}, "
+                                                     f"trained with dim 16: a run from an earlier model keeps its dim "
+                                                     f"and mode; leave dim out of {config}"))):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"error: {line}"), err
+    assert not os.path.exists(model)
+    assert main(base + ["--epochs", "1", "--sample", "0", "--num-ps", "2", "--cpus-per-worker", "1"]) == 0, \
+        capsys.readouterr().err
+    saved = ModelDir(model).config()
+    assert (saved.dim, saved.mode, saved.init_from) == (16, "dbow", old_model)
+
+
+def test_the_settings_a_run_takes_from_an_earlier_model(old_model):
+    from doc2vec_dist.warmstart import taken_settings
+
+    assert taken_settings(old_model, []) == {"dim": 16, "mode": "dbow", "dbow_words": False}
+    # the same values are no contradiction, and dbow_words may change (a fresh `words` table)
+    assert taken_settings(old_model, [("", {"dim": 16, "mode": "dbow", "dbow_words": True})])["dim"] == 16
+
+
 def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, old_model, refreshed, tmp_path,
                                                                   interrupt_when):
     """Ctrl-C after the refresh's first checkpoint, then --resume with 3 servers instead of 2: the

@@ -92,6 +92,48 @@ def test_gpu_workers_on_a_cluster_without_gpus_fail_clearly(ray_cluster, sample_
     assert not (tmp_path / "m").exists()  # refused before anything was written
 
 
+def test_a_worker_no_node_can_hold_is_refused_at_once_on_a_cluster_that_cannot_grow(ray_cluster, sample_corpus,
+                                                                                    tmp_path):
+    """Issue 26, item 9: a worker asking for 3 CPUs on the session's 2-CPU Ray, which runs no autoscaler,
+    once waited forever for one; it is refused before any actor starts, naming the node."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(UserError) as refused:
+        train(sample_corpus[0], str(tmp_path / "m"), TrainConfig(epochs=1, cpus_per_worker=3, progress=False))
+    assert str(refused.value).startswith("a worker asks for 3 CPU, and no node has that much: ")
+    assert "has 2 CPU; lower --cpus-per-worker; the Ray cluster cannot grow" in str(refused.value)
+    assert time.perf_counter() - t0 < 20
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_cluster_that_can_grow_is_waited_for_up_to_the_deadline(ray_cluster, sample_corpus, monkeypatch, logged):
+    """Where an autoscaler may add nodes, the run asks it for its actors, says what it waits for, and is
+    refused when --wait-for-resources runs out; it starts as soon as the cluster has what it needs."""
+    import ray.autoscaler.sdk
+
+    from doc2vec_dist import trainer
+    from doc2vec_dist.ps import table_specs
+
+    asked = []
+    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: True)
+    monkeypatch.setattr(trainer, "RESOURCE_POLL_SECONDS", 0.1)
+    monkeypatch.setattr(ray.autoscaler.sdk, "request_resources", lambda bundles: asked.append(bundles))
+    config = TrainConfig(cpus_per_worker=3, wait_for_resources=0.5, progress=False)
+    tables = table_specs(config, Corpus(sample_corpus[0]))
+    with pytest.raises(UserError, match=r"^a worker asks for 3 CPU, .*; still missing after waiting 0.5s for the "
+                                        r"autoscaler \(--wait-for-resources\)$"):
+        trainer.check_fit(config, tables, False)
+    assert "waiting up to 0.5s (--wait-for-resources) for the autoscaler: a worker asks for 3 CPU" in logged.text
+    assert asked == [[{"CPU": 3}], []]  # the run's actors, then nothing once it stops waiting
+    with pytest.raises(UserError, match=r"\(--wait-for-resources 0: not waiting for the autoscaler\)$"):
+        trainer.check_fit(TrainConfig(cpus_per_worker=3, wait_for_resources=0, progress=False), tables, False)
+    found = iter([["a worker asks for 3 CPU ..."], []])  # the autoscaler added a node at the second look
+    monkeypatch.setattr(trainer, "_cluster_problems", lambda config, tables: next(found))
+    trainer.check_fit(config, tables, False)
+    assert "the cluster has what the run needs: starting" in logged.text
+
+
 def test_chunks_whose_tokens_are_all_subsampled_away_still_train(ray_cluster, tmp_path):
     # one very frequent word: with a tiny sample threshold nearly every occurrence is dropped, so many
     # macro-batches keep no pair at all
