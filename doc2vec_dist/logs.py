@@ -12,11 +12,13 @@ import _thread
 import contextlib
 import functools
 import logging
+import signal
 import sys
 import threading
 from collections.abc import Callable
 
 LOGGER = "doc2vec_dist"
+_interrupted = threading.Event()  # a Ctrl-C came while a command ran (command's latch)
 
 
 class _Stderr(logging.StreamHandler):
@@ -54,9 +56,12 @@ def command(work: Callable[[], object]) -> int:
     to_terminal()
     hook = sys.unraisablehook
     sys.unraisablehook = functools.partial(_interrupt_again, hook)
+    handler = _latch()
     try:
         _import_pandas()
         work()
+        if _interrupted.is_set():  # a Ctrl-C that some library swallowed: outputs were not committed
+            raise KeyboardInterrupt
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -65,7 +70,36 @@ def command(work: Callable[[], object]) -> int:
         return 130
     finally:
         sys.unraisablehook = hook
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
     return 0
+
+
+def _latch():
+    """While a command runs, note every Ctrl-C before Python's handler raises KeyboardInterrupt, so that
+    an interrupt some library catches and drops still stops the command: no output is committed
+    after it (raise_if_interrupted) and the command ends as interrupted. Returns the handler it
+    wrapped (None where it cannot: off the main thread, or SIGINT ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):
+        return None
+    _interrupted.clear()
+
+    def noted(signum, frame):
+        _interrupted.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, noted)
+    return previous
+
+
+def raise_if_interrupted() -> None:
+    """Before an output is committed: a Ctrl-C during the command stops it here, even one that a
+    library swallowed (pyarrow's pandas import, code run by the garbage collector)."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
 
 
 def _interrupt_again(hook, unraisable) -> None:

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import storage
+from . import logs, storage
 from .errors import UserError
 
 MARKER = ".doc2vec-dist.json"
@@ -305,6 +305,7 @@ def replacing(out: str, kind: str, overwrite: bool | None = None) -> Iterator[St
             raise cannot_write(out, exc) from None
         try:
             yield Staged(tmp, replaces)
+            logs.raise_if_interrupted()  # a Ctrl-C came, even if something swallowed it: nothing is committed
             replace_output(tmp, out, kind, overwrite)
             done = True
         finally:

@@ -117,3 +117,34 @@ def test_ctrl_c_while_the_command_line_loads_is_exit_130_not_a_traceback(interru
                             text=True, env={**os.environ, "PYTHONPATH": ROOT})
     err = interrupt_when(proc, lambda: proc.stdout.readline().strip() == "loading", within=60)
     assert proc.returncode == 130 and err.strip() == "interrupted", err
+
+
+SWALLOWED = """
+import sys, os, signal
+from doc2vec_dist.logs import command
+from doc2vec_dist.outputs import replacing
+
+def work():
+    with replacing(sys.argv[1], "plan") as staged:
+        with open(staged.path, "w") as fh:
+            fh.write("{}")
+        try:  # a library that catches the interrupt and goes on (pyarrow's pandas import did)
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.sigtimedwait([], 0.05) if hasattr(signal, "sigtimedwait") else None
+            for _ in range(10**6):
+                pass
+        except KeyboardInterrupt:
+            pass
+    print("finished")
+
+sys.exit(command(work))
+"""
+
+
+def test_a_ctrl_c_a_library_swallows_still_stops_the_command_and_commits_nothing(tmp_path):
+    out = tmp_path / "plan.json"
+    done = subprocess.run([sys.executable, "-c", SWALLOWED, str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, check=False)
+    assert done.returncode == 130, done.stderr
+    assert done.stdout == "" and done.stderr.strip() == "interrupted", done.stderr
+    assert os.listdir(tmp_path) == []  # the output was never moved into place, its staging name removed
