@@ -1,9 +1,22 @@
+"""`python -m doc2vec_dist` and the `doc2vec-dist` console script."""
+
 import sys
 
 from .environment import require_packages
 
-require_packages()  # one line, not a traceback, from a Python without the project's packages
 
-from .cli import main
+def run() -> int:
+    """The command line: first one line, not a traceback, from a Python without the project's packages
+    (environment.require_packages); a Ctrl-C while its modules load ends as logs.command ends one
+    later, `interrupted` and exit status 130, not a traceback."""
+    try:
+        require_packages()
+        from .cli import main
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return main()
 
-sys.exit(main())
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from . import checkpoint, storage
+from . import checkpoint, outputs, storage
 from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
@@ -89,6 +89,8 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
             raise UserError(f"gensim has no {what}; the baseline trains gensim's own SGD with per-example negatives")
     corpus = Corpus(corpus_path)
     out = storage.location(out)
+    checkpoint.refuse_existing_model(out, overwrite)  # what is there first, then whether we can write there
+    outputs.check_writable(out, inside=True)
     made = checkpoint.start_model_dir(out, corpus.path, overwrite)
     try:
         return _train(corpus, out, config, workers or os.cpu_count() or 1, gensim_mode)

@@ -120,12 +120,20 @@ def start_model_dir(out: str, corpus_path: str, overwrite: bool, *, fs: pafs.Fil
         _, names, _ = _model_dir_state(store)
         _delete_own(store, names)
     made = outputs.make_dirs(store.root) if store.local else []
-    if store.atomic_rename and not store.local:
-        store.fs.create_dir(store.path(), recursive=True)
-    store.write_bytes(outputs.MARKER, outputs.marker_text("model").encode())
-    for name in KEY_FILES:
-        with open(os.path.join(corpus_path, name), "rb") as src:
-            store.write_file(name, lambda sink, src=src: copy_stream(src, sink))
+    try:
+        if store.atomic_rename and not store.local:
+            store.fs.create_dir(store.path(), recursive=True)
+        store.write_bytes(outputs.MARKER, outputs.marker_text("model").encode())
+        for name in KEY_FILES:
+            with open(os.path.join(corpus_path, name), "rb") as src:
+                store.write_file(name, lambda sink, src=src: copy_stream(src, sink))
+    except BaseException:
+        # a full disk, a read-only mount: what this wrote goes again (it holds no checkpoint yet)
+        with contextlib.suppress(Exception):
+            _, names, _ = _model_dir_state(store)
+            _delete_own(store, names)
+            outputs.remove_dirs(made)
+        raise
     return made
 
 
@@ -232,6 +240,15 @@ def _committed(store: Store, version: int) -> bool:
     return store.is_file(_vrel(version, "manifest.json"))
 
 
+def committed_versions(model: str, *, fs: pafs.FileSystem | None = None) -> list[int]:
+    """The versions up to LATEST that are whole (have a manifest): the ones a model keeps on disk."""
+    store = Store.of(model, fs)
+    latest = _latest(store, strict=False)
+    if latest is None:
+        return []
+    return [v for v in _version_dirs(store) if v <= latest and _committed(store, v)]
+
+
 def next_version(model: str, *, fs: pafs.FileSystem | None = None) -> int:
     """A version number never used in this model: past every version directory, partial ones included
     (a partial one may still hold stale files), and past LATEST."""
@@ -313,26 +330,72 @@ def _identity(store: Store, latest: int | None) -> dict:
 
 
 def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]], epoch: int, positions: list | None,
-                    epoch_stats: list[dict], derived_from: list[str] | None = None) -> None:
-    """Write a checkpoint version: `save(version)` writes every server's slice (returning each
-    server's entries), then the manifest says the epochs done, where each worker's data stands (None:
-    at the start of epoch `epoch`) and the learning rate there. config: the run's TrainConfig; corpus:
-    its corpus.Corpus; positions: worker.Position each; derived_from: the ids of the model a fresh
-    --init-from run started from and of its own ancestors (a resumed run keeps its manifest's)."""
-    version = next_version(out)
-    entries = save(version)
-    tables = {name: [e[name] for e in entries] for name in entries[0]}
-    done = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
-    planned = corpus.tokens_before(config.epochs, config.first_epoch)
-    lr = lr_at(config.alpha, config.min_alpha, done, planned)
-    commit(out, version, tables, {name: config.dim for name in tables},
-           {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],
-            "lr": lr, "num_ps": config.num_ps,
-            "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
-            "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
-            "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
-            **({"derived_from": derived_from} if derived_from else {})},
-           keep=config.keep_checkpoints)
+                    epoch_stats: list[dict], derived_from: list[str] | None = None, version: int | None = None) -> int:
+    """Write a checkpoint version (`version`, default next_version) and return its number: `save(version)`
+    writes every server's slice (returning each server's entries), then the manifest says the epochs
+    done, where each worker's data stands (None: at the start of epoch `epoch`) and the learning
+    rate there. config: the run's TrainConfig; corpus: its corpus.Corpus; positions: worker.Position
+    each; derived_from: the ids of the model a fresh --init-from run started from and of its own
+    ancestors (a resumed run keeps its manifest's). If anything fails before LATEST names the version,
+    what was written of it is deleted (discard_version): a full disk gets its room back, and keeps no
+    partial version."""
+    version = next_version(out) if version is None else version
+    try:
+        entries = save(version)
+        tables = {name: [e[name] for e in entries] for name in entries[0]}
+        done = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
+        planned = corpus.tokens_before(config.epochs, config.first_epoch)
+        lr = lr_at(config.alpha, config.min_alpha, done, planned)
+        commit(out, version, tables, {name: config.dim for name in tables},
+               {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],
+                "lr": lr, "num_ps": config.num_ps,
+                "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
+                "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
+                "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
+                **({"derived_from": derived_from} if derived_from else {})},
+               keep=config.keep_checkpoints)
+    except BaseException:
+        discard_version(out, version)
+        raise
+    return version
+
+
+def discard_version(model: str, version: int, *, fs: pafs.FileSystem | None = None) -> bool:
+    """Delete version `version` unless LATEST names it: a version being written that failed (its
+    number is not reused: next_version looks past LATEST). True when something was deleted; a
+    storage that refuses the delete (a read-only remount) leaves it for the next commit's pruning."""
+    store = Store.of(model, fs)
+    try:
+        if _latest(store, strict=False) == version or store.info(_vrel(version)).type == pafs.FileType.NotFound:
+            return False
+        store.delete_dir(_vrel(version))
+    except (OSError, UserError):
+        return False
+    return True
+
+
+def discard_partial_versions(model: str, *, fs: pafs.FileSystem | None = None) -> list[int]:
+    """Delete the versions after LATEST, which LATEST never named: left by a run that stopped (killed,
+    or its disk full) while writing them. For a run that resumes, and so is the model's only writer;
+    returns the numbers deleted. (A commit's pruning leaves versions after LATEST alone, since
+    another writer might be writing one.)"""
+    store = Store.of(model, fs)
+    latest = _latest(store, strict=False)
+    if latest is None:
+        return []
+    newer = [v for v in _version_dirs(store) if v > latest]
+    return [v for v in newer if discard_version(model, v, fs=fs)]
+
+
+def version_bytes(tables, parts: int = 1) -> int:
+    """About the bytes of one checkpoint version of `tables` (TableSpecs) written by `parts` servers:
+    each row's id (int64), vector and optimiser state (float32), as write_slice lays them out, and
+    the Arrow framing of each part file and record batch. What a disk needs free for a checkpoint."""
+    size = 0
+    for t in tables:
+        batches = t.rows // 65536 + parts  # each part's batches of up to 65,536 rows
+        size += t.rows * (8 + 4 * (t.dim + t.state)) + 1024 * parts + 256 * batches
+    return size
 
 
 def write_config(out: str, config, corpus_path: str, **extra) -> None:

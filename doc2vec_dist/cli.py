@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import tempfile
 from collections.abc import Collection
 
 from . import outputs
@@ -269,6 +270,9 @@ def _print_summary(who: str, s: dict) -> None:
 def cmd_plan(args) -> None:
     from .plan import format_plan, plan, save_json
 
+    outputs.check_writable(args.json)
+    if not args.no_calibrate:
+        outputs.check_writable(args.workdir or tempfile.gettempdir(), inside=True)
     result = plan(args.corpus, _train_config(args), calibrate_seconds=args.calibrate_seconds, workdir=args.workdir,
                   run_calibration=not args.no_calibrate, network_gbps=args.network_gbps)
     print(format_plan(result))
@@ -337,6 +341,7 @@ def cmd_neighbors(args) -> None:
             f": the keys to look up in {args.vectors}" if args.vectors else ""))
     if args.out:
         outputs.check_file(args.out, "neighbors")  # before the search: nothing there, or an earlier result
+        outputs.check_writable(args.out)
     result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index,
                        vectors_file=args.vectors)
     if args.out:

@@ -11,7 +11,6 @@ The same ranking by global popularity is reported beside it as the baseline to b
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import numpy as np
@@ -268,10 +267,18 @@ def knn_vote(references: np.ndarray, codes: np.ndarray, queries: np.ndarray, k: 
 
 
 def save_and_print(model: str, name: str, metrics: dict) -> str:
-    path = os.path.join(model, f"eval-{name}.json")
-    storage.write_local(path, json.dumps(metrics, indent=2))
+    """Print the figures, then save them as MODEL/eval-NAME.json (a local or remote model); returns
+    the file's path. The figures come first: a model on a read-only share, or a full disk, still
+    gets them, and then one line saying why they were not saved (a UserError)."""
     width = max(len(k) for k in metrics)
     for key, value in metrics.items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         print(f"{key:<{width}}  {shown}", file=sys.stdout)
-    return path
+    sys.stdout.flush()
+    store = storage.Store.of(model)
+    rel = f"eval-{name}.json"
+    try:
+        store.write_bytes(rel, json.dumps(metrics, indent=2).encode())
+    except storage.CheckpointWriteError as exc:
+        raise UserError(f"{exc}; the figures above are not saved") from None
+    return storage.join(model, rel)

@@ -184,6 +184,7 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
         raise UserError(f"unknown export dtype {dtype!r} (choose from float32, float16)")
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r} (choose from {', '.join(FORMATS)})")
+    outputs.check_writable(out)
     t0 = time.perf_counter()
     shown = model
     found = ModelDir.served(model)  # a remote model (s3://…) is exported from a verified local copy

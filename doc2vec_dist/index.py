@@ -480,6 +480,7 @@ def build_index(out: str, kind: str = "auto", model: str | None = None, table: s
     t0 = time.perf_counter()
     if (model is None) == (vectors_path is None):
         raise UserError("give either --model (with --table) or --vectors")
+    outputs.check_writable(out)
     source = parquet_source(vectors_path) if vectors_path else model_source(model, table)
     if source.rows == 0:
         raise UserError(f"{source.name}: no rows to index")
@@ -707,6 +708,7 @@ def update_index(old: str, out: str, model: str | None = None, table: str = "doc
     t0 = time.perf_counter()
     if (model is None) == (vectors_path is None):
         raise UserError("give either --model (with --table) or --vectors")
+    outputs.check_writable(out)
     before = read_index_params(old)
     if kind is not None and kind not in ("auto", before["kind"]):
         raise UserError(f"{old}: --update keeps the old index's kind ({before['kind']}); drop --kind {kind}")

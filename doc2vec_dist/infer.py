@@ -62,7 +62,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from . import checkpoint, device_examples, kernels, provenance
+from . import checkpoint, device_examples, kernels, outputs, provenance
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .ids import mix64
@@ -353,6 +353,8 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     """
     t0 = time.perf_counter()
     counts = Counts()
+    outputs.check_writable(out)  # where it writes and where it stages the events, before the model is read
+    outputs.check_writable(tmp_dir or tempfile.gettempdir(), inside=True)
     # checks the model (and loads its frozen tables) before anything is read or written
     batches = iter_inferred(model, inputs, format=format, doc_col=doc_col, token_col=token_col, time_col=time_col,
                             epochs=epochs, alpha=alpha, min_alpha=min_alpha, seed=seed, batch_users=batch_users,
@@ -366,22 +368,17 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
         return keys, vectors
     out = os.path.abspath(os.fspath(out))
     from .export import PARQUET_OPTIONS, key_vector_table
-    from .outputs import make_dirs, remove_dirs, replacing
 
-    rows, made = 0, []
-    try:
-        with replacing(out, "vectors") as staged:  # nothing there, or a (key, vector) file of ours
-            made = make_dirs(os.path.dirname(out))
-            # one schema for every batch, and for an empty result
-            source = provenance.of_model(checkpoint.ModelDir(model), "docs")  # the users are rows of its docs space
-            schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32), source).schema
-            with pq.ParquetWriter(staged.path, schema, **PARQUET_OPTIONS) as writer:
-                for keys, vectors in batches:
-                    writer.write_table(key_vector_table(keys, vectors, source))
-                    rows += len(keys)
-    except BaseException:
-        remove_dirs(made)  # a refusal of the inputs (or any failure) leaves no folder behind either
-        raise
+    rows = 0
+    # nothing there, or a (key, vector) file of ours; the folders made for it go again if anything fails
+    with outputs.replacing(out, "vectors") as staged:
+        # one schema for every batch, and for an empty result
+        source = provenance.of_model(checkpoint.ModelDir(model), "docs")  # the users are rows of its docs space
+        schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32), source).schema
+        with pq.ParquetWriter(staged.path, schema, **PARQUET_OPTIONS) as writer:
+            for keys, vectors in batches:
+                writer.write_table(key_vector_table(keys, vectors, source))
+                rows += len(keys)
     _report(counts)
     seconds = time.perf_counter() - t0
     return {"path": out, "rows": rows, "dim": dim, "seconds": seconds,

@@ -8,11 +8,17 @@ log (`logging.getLogger(__name__)`), so a program that uses them as a library de
 
 from __future__ import annotations
 
+import _thread
+import contextlib
+import functools
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
 LOGGER = "doc2vec_dist"
+_interrupted = threading.Event()  # a Ctrl-C came while a command ran (command's latch)
 
 
 class _Stderr(logging.StreamHandler):
@@ -44,16 +50,83 @@ def to_terminal(level: int = logging.INFO) -> None:
 def command(work: Callable[[], object]) -> int:
     """Run a command's work as the command line and the jobs do: the library's lines on the terminal;
     a UserError as one `error:` line and exit status 2; Ctrl-C as `interrupted` and 130 (what was
-    interrupted has said what became of its output); 0 otherwise."""
+    interrupted has said what became of its output), at any moment (_import_pandas); 0 otherwise."""
     from .errors import UserError
 
     to_terminal()
+    hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_interrupt_again, hook)
+    handler = _latch()
     try:
+        _import_pandas()
         work()
+        if _interrupted.is_set():  # a Ctrl-C that some library swallowed: outputs were not committed
+            raise KeyboardInterrupt
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.unraisablehook = hook
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
     return 0
+
+
+def _latch():
+    """While a command runs, note every Ctrl-C before Python's handler raises KeyboardInterrupt, so that
+    an interrupt some library catches and drops still stops the command: no output is committed
+    after it (raise_if_interrupted) and the command ends as interrupted. Returns the handler it
+    wrapped (None where it cannot: off the main thread, or SIGINT ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):
+        return None
+    _interrupted.clear()
+
+    def noted(signum, frame):
+        _interrupted.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, noted)
+    return previous
+
+
+def raise_if_interrupted() -> None:
+    """Before an output is committed: a Ctrl-C during the command stops it here, even one that a
+    library swallowed (pyarrow's pandas import, code run by the garbage collector)."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
+
+
+def _interrupt_again(hook, unraisable) -> None:
+    """sys.unraisablehook while a command runs: a KeyboardInterrupt that Python could not raise is
+    raised again in the main thread, where the command stops; anything else goes to `hook`.
+
+    Python runs a signal's handler at the next bytecode, wherever that is: when it is a generator
+    closed by the garbage collector (its `finally` or `with` blocks), a __del__ or a weakref
+    callback, the KeyboardInterrupt cannot propagate; Python prints "Exception ignored in …" and
+    goes on, and so did the command, to its end.
+    """
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        # as if Ctrl-C came again, a moment later: a call made here would be handled inside this hook
+        threading.Timer(0.01, _thread.interrupt_main).start()
+        return
+    hook(unraisable)
+
+
+def _import_pandas() -> None:
+    """Import pandas now, where a Ctrl-C stops it as it stops any other moment of a command.
+
+    pyarrow imports pandas the first time it converts an array to numpy, from C++ that takes any
+    error of that import for "pandas is not installed" and carries on: a KeyboardInterrupt raised
+    during it is dropped. That import takes about a second, early in nearly every command (prepare's
+    first batch of times, say), and Ctrl-C in that second was ignored: the command ran to its end.
+    Once pandas is loaded, pyarrow's import finds it at once.
+    """
+    with contextlib.suppress(ImportError):  # not installed: pyarrow has nothing to import either
+        import pandas  # noqa: F401
+        import pyarrow.pandas_compat  # noqa: F401

@@ -21,10 +21,13 @@ holding nothing but the files that kind writes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import json
 import os
+import secrets
 import shutil
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -32,6 +35,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import logs, storage
 from .errors import UserError
 
 MARKER = ".doc2vec-dist.json"
@@ -71,6 +75,10 @@ DIR_KINDS = {k.name: k for k in (
     # refresh (and other commands) out of it, since a refresh writes only into a new or empty directory
     Kind("refresh", "a daily refresh", "jobs/refresh.py", ("corpus", "model", "exports", "index", "refresh.json",
                                                           "*.tmp-*"), marked_only=True),
+    # jobs/serving_benchmark.py's --work: its synthetic models, export, indexes and results; the marker is
+    # what lets its --clean and its steps delete what they find under these names
+    Kind("serving-benchmark", "a serving benchmark's work directory", "jobs/serving_benchmark.py",
+         ("model", "model-refreshed", "users", "index-*", "results.json", "*.tmp-*", "*.old-*"), marked_only=True),
 )}
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
               "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file",
@@ -166,7 +174,7 @@ def commit_dir(tmp: str, path: str, kind: str, overwrite: bool | None) -> None:
             os.rmdir(path)  # empty (checked); rename cannot replace it portably
         os.replace(tmp, path)
         return
-    old = f"{path.rstrip('/')}.old-{os.getpid()}"
+    old = _unused_name(path, "old")  # a name nobody holds: the rename must not land on someone's folder
     os.replace(path, old)
     try:
         os.replace(tmp, path)
@@ -280,21 +288,110 @@ def replacing(out: str, kind: str, overwrite: bool | None = None) -> Iterator[St
     """Write an output of `kind` at `out` whole or not at all.
 
     What is at `out` is judged first (nothing, or an earlier output of `kind`; anything else is
-    refused by name and left as it was). The body writes to `Staged.path` beside `out` (a directory
-    created for it, for directory kinds); when it ends, the output is moved into place after
-    judging `out` again. If the body fails, what it wrote is removed and `out` is untouched.
-    `overwrite` as in check_replaceable.
+    refused by name and left as it was). The body writes to `Staged.path`, a new name beside `out`
+    that this process created (a directory for directory kinds, an empty file otherwise: temp_path),
+    in `out`'s directory, made if missing; when it ends, the output is moved into place after
+    judging `out` again. If the body fails, what it wrote is removed, with the directories made for
+    it, and `out` is untouched. `overwrite` as in check_replaceable.
     """
     replaces = check_replaceable(out, kind, overwrite)
-    tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
-    remove_path(tmp)  # a leftover of a killed run with this process id: only ours can have this name
+    made: list[str] = []
+    done = False
     try:
-        if kind in DIR_KINDS:
-            os.makedirs(tmp)
-        yield Staged(tmp, replaces)
-        replace_output(tmp, out, kind, overwrite)
+        try:
+            made = make_dirs(os.path.dirname(os.path.abspath(out)))
+            tmp = temp_path(out, directory=kind in DIR_KINDS)
+        except OSError as exc:
+            raise cannot_write(out, exc) from None
+        try:
+            yield Staged(tmp, replaces)
+            logs.raise_if_interrupted()  # a Ctrl-C came, even if something swallowed it: nothing is committed
+            replace_output(tmp, out, kind, overwrite)
+            done = True
+        finally:
+            remove_path(tmp)  # what this process made under its own new name, never a name found there
     finally:
-        remove_path(tmp)
+        if not done:
+            remove_dirs(made)  # the parents it created for `out`, if still empty
+
+
+def temp_path(path: str, directory: bool = False, what: str = "tmp") -> str:
+    """Create, beside `path` (so a rename moves it into place), a new empty file or directory named
+    `PATH.tmp-PID-RANDOM`, and return its name.
+
+    It is created exclusively (O_EXCL, mkdir), so the name is this process's alone even where
+    process ids repeat (the nodes and pods of a cluster sharing one storage): nothing found under
+    such a name is ever deleted or written over, as it may be another process's output in the
+    making. Permissions follow the umask, as the final output's would.
+    """
+    base = path.rstrip("/") or path
+    while True:
+        name = f"{base}.{what}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            if directory:
+                os.mkdir(name)
+            else:
+                os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return name
+        except FileExistsError:
+            continue  # held by someone else: draw another
+
+
+def _unused_name(path: str, what: str) -> str:
+    """A name beside `path` that nothing holds now, to rename `path` to (`PATH.WHAT-PID-RANDOM`)."""
+    base = path.rstrip("/") or path
+    while True:
+        name = f"{base}.{what}-{os.getpid()}-{secrets.token_hex(4)}"
+        if not os.path.lexists(name):
+            return name
+
+
+# -- can we write there at all ------------------------------------------------------------------------
+
+def cannot_write(path: str, exc: OSError) -> UserError:
+    """The one line for a write that the storage refused: `cannot write to PATH: read-only file system`."""
+    return UserError(f"cannot write to {path}: {storage.reason(exc)}")
+
+
+def check_writable(path: str | None, *, inside: bool = False) -> None:
+    """Refuse, before any work, an output location this process cannot write to: one line naming it.
+
+    `path` is an output a command will write (None: none). What is probed is the directory where
+    its first new entry will be made: the nearest one that exists on the way to `path` (where it, or
+    its missing parents, will be created beside whatever is there: `replacing`), or, with `inside`,
+    `path` itself when it is an existing directory that the command writes into (a model, a
+    search, a scratch directory). A probe creates a new empty file under a name of its own and
+    removes it: that meets exactly what the real writes will meet, a read-only mount, missing
+    permissions, ACLs, or a root user who ignores permission bits alike. A location on an object
+    store (s3://, gs://) is not probed (a write there is an upload, billed and perhaps versioned);
+    its first write names the same error.
+    """
+    if path is None:
+        return
+    shown = local = os.fspath(path)
+    if storage.is_uri(local):
+        if not local.lower().startswith("file://"):
+            return  # not even opened: that may resolve a bucket's region over the network
+        local = urllib.parse.urlparse(local).path
+    local = os.path.abspath(local)
+    if inside and os.path.isdir(local):
+        directory = local
+    else:
+        directory = os.path.dirname(local)
+        while not os.path.exists(directory) and os.path.dirname(directory) != directory:
+            directory = os.path.dirname(directory)
+    _probe(directory, shown)
+
+
+def _probe(directory: str, shown: str) -> None:
+    try:
+        probe = temp_path(os.path.join(directory, ".doc2vec-dist-probe"))
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:  # a file on the way: the command's own check names it better
+            return
+        raise cannot_write(shown, exc) from None
+    with contextlib.suppress(OSError):
+        os.remove(probe)
 
 
 def make_dirs(directory: str) -> list[str]:

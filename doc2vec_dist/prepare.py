@@ -857,6 +857,8 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     outputs.check_dir(out, "corpus", overwrite)  # only a corpus of ours is replaced, and only when asked
     if holdout_out:
         outputs.check_file(os.path.abspath(holdout_out), "heldout", overwrite)
+    for path in (out, holdout_out):  # a read-only or forbidden place is named before any reading
+        outputs.check_writable(path)
     files = expand_inputs(inputs, format)
     opt = Options(format, doc_col, token_col, time_col if format == "events" else None, time_unit, delimiter,
                   "--window-days" if window_days is not None else "--base" if base is not None else None)

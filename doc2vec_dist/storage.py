@@ -49,11 +49,28 @@ _UPLOAD_WINDOW = 64 << 20  # bytes an object-store upload may have in flight (se
 
 
 class CheckpointWriteError(UserError):
-    """Writing a file failed (a full disk, a lost connection); the last committed version is intact."""
+    """Writing a file of a model directory failed (a full disk, a read-only mount, a lost connection).
 
-    def __init__(self, message: str, errno: int | None = None):
+    Nothing committed before is touched (a file appears whole or not at all); what became of the
+    model is for the caller to say, who knows whether it had a committed version. `path`: the file,
+    as messages show it; `errno`: the OSError's, when it had one (ENOSPC: the disk is full).
+    """
+
+    def __init__(self, message: str, errno: int | None = None, path: str | None = None):
         super().__init__(message)
         self.errno = errno
+        self.path = path
+
+    def __reduce__(self):  # raised in a parameter server, it crosses to the driver pickled
+        return type(self), (str(self), self.errno, self.path)
+
+
+def reason(exc: OSError) -> str:
+    """An OSError's cause in the words of its errno, lower case ("read-only file system", "permission
+    denied", "no space left on device"); its own text when it has no errno (a lost connection)."""
+    code = getattr(exc, "errno", None)
+    text = os.strerror(code) if code else (str(exc).strip() or type(exc).__name__)
+    return text[:1].lower() + text[1:]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -182,7 +199,7 @@ class Store:
         failure nothing is left under a temporary name, and a CheckpointWriteError names the file.
         """
         final = self.path(rel)
-        target = f"{final}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if self.atomic_rename else final
+        target = local_temp_name(final) if self.atomic_rename else final
         try:
             if self.atomic_rename:
                 self.fs.create_dir(posixpath.dirname(final), recursive=True)
@@ -200,8 +217,8 @@ class Store:
             # final name: in both cases an unreferenced file of this write, never a committed one
             self.delete_file(target)
             if isinstance(exc, OSError):
-                raise CheckpointWriteError(f"{self.show(rel)}: could not write ({exc}); the last committed "
-                                           "checkpoint is intact", getattr(exc, "errno", None)) from exc
+                raise CheckpointWriteError(f"cannot write to {self.show(rel)}: {reason(exc)}",
+                                           getattr(exc, "errno", None), self.show(rel)) from exc
             raise
         return sink.size, sink.sha.hexdigest()
 
@@ -237,18 +254,21 @@ class Store:
         """Copy one file to the local path `target`, checking its sha256 on the way when given;
         `target` appears whole or not at all."""
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.tmp-{os.getpid()}"
+        tmp = local_temp_name(target)
+        made = False
         try:
-            with self.fs.open_input_stream(self.path(rel)) as src, open(tmp, "wb") as dst:
+            with self.fs.open_input_stream(self.path(rel)) as src, open(tmp, "xb") as dst:
+                made = True
                 sink = HashingSink(dst)
                 copy_stream(src, sink)
             if sha256 is not None and sink.sha.hexdigest() != sha256:
                 raise UserError(f"{self.show(rel)}: checksum mismatch; the checkpoint is damaged")
             os.replace(tmp, target)
+            made = False
         except OSError as exc:
             raise UserError(f"{self.show(rel)}: could not download ({exc})") from None
         finally:
-            if os.path.exists(tmp):
+            if made:
                 os.remove(tmp)
 
 
@@ -324,15 +344,24 @@ def json_bytes(data: Any) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
+def local_temp_name(path: str) -> str:
+    """A name beside `path` for writing it under: `PATH.tmp-PID-RANDOM`, which no other process holds
+    (process ids repeat across the machines sharing a storage); open it with mode "x" to be sure."""
+    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def write_local(path: str, data: bytes | str) -> None:
     """A local file written whole under a temporary name and renamed: a reader never sees half of it."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = local_temp_name(path)
+    made = False
     try:
-        with open(tmp, "wb") as fh:
+        with open(tmp, "xb") as fh:
+            made = True
             fh.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
+        made = False
     finally:
-        if os.path.exists(tmp):
+        if made:
             os.remove(tmp)
 
 

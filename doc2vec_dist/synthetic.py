@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from . import outputs
 from .errors import UserError
 
 # --- model constants (recorded in generate.json) ------------------------------------------------------
@@ -136,12 +137,11 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
     out = os.path.abspath(out)
     if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out)):
         raise UserError(f"{out}: already exists and is not an empty directory; choose another --out")
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    # Staging directory beside OUT (same file system, so the final rename is atomic). A leftover from a
-    # killed run of this same process id can only be ours, so it is cleared.
-    stage = f"{out}.partial-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
+    outputs.check_writable(out)
+    made = outputs.make_dirs(os.path.dirname(out))
+    # Staging directory beside OUT (same file system, so the final rename is atomic), under a name that
+    # this process created: another's, even with the same process id on another machine, is never touched
+    stage = outputs.temp_path(out, directory=True, what="partial")
     try:
         os.makedirs(os.path.join(stage, "events"))
         os.makedirs(os.path.join(stage, "truth"))
@@ -190,6 +190,7 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
         os.replace(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        outputs.remove_dirs(made)
         raise
     return summary
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
+import re
+import shutil
 import sys
 import time
 import uuid
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING
 import ray
 from tqdm import tqdm
 
-from . import checkpoint, storage
+from . import checkpoint, outputs, storage
 from .config import TableSpec, TrainConfig, build
 from .corpus import Corpus
 from .errors import UserError
@@ -307,13 +310,19 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     config.validate()
     corpus = Corpus(corpus_path)
     out = storage.location(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
+    replaces = False
     if config.resume:
         resume = _Resume.of(out, config, corpus)
         log.info(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)")
     else:
-        checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
+        replaces = checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
         resume = _Resume()
+    outputs.check_writable(out, inside=True)  # a read-only or forbidden place, before Ray starts
     tables = table_specs(config, corpus)
+    if config.resume:  # versions a stopped run left half-written take room the next checkpoint needs
+        for version in checkpoint.discard_partial_versions(out):
+            log.info(f"removed checkpoint v{version}, which a run that stopped left unfinished")
+    check_room(out, config, corpus, tables, resume, replaces)
     if config.first_epoch == "changed":  # refused here, before Ray starts, when changed.arrow is missing
         first = corpus.epoch_tokens(0, config.first_epoch)
         log.info(f"first epoch: only the {len(corpus.changed()):,} users a refresh changed, "
@@ -362,9 +371,77 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         run = started_here = None
         if made is not None or config.resume:  # this run wrote to `out`: say what became of it
             log.warning(_unfinished(out, corpus.path, made, isinstance(exc, KeyboardInterrupt)))
+        if isinstance(exc, ray.exceptions.RayError):  # Ray's text holds the remote traceback, in colour
+            raise _one_line(exc) from None
         raise
     finally:
         _stop(run, started_here)
+
+
+def check_room(out: str, config: TrainConfig, corpus: Corpus, tables: dict[str, TableSpec], resume: _Resume,
+               replaces: bool) -> None:
+    """Refuse, before Ray starts, a run whose disk cannot hold its next checkpoint (one line with the
+    free space and the space needed), and warn when it cannot hold every checkpoint the run keeps.
+
+    A checkpoint is about the tables' bytes (checkpoint.version_bytes); a fresh run's first also
+    copies the corpus's key tables. A commit writes the new version before it prunes the oldest, so
+    a run that keeps k versions holds k + 1 while it writes. A model that --overwrite replaces counts
+    as free. Only local disks: an object store has no free-space figure.
+    """
+    if not storage.Store.of(out).local:
+        return
+    one = checkpoint.version_bytes(tables.values(), config.num_ps)
+    free = _free_bytes(out) + (_replaced_bytes(out) if replaces else 0)
+    keys = 0 if config.resume else sum(os.path.getsize(os.path.join(corpus.path, name))
+                                       for name in checkpoint.KEY_FILES)
+    if free < one + keys:
+        if config.resume:
+            raise UserError(f"{out}: {_size(free)} free on its disk, and the next checkpoint needs about {_size(one)}; "
+                            f"the model stays at checkpoint v{resume.version}: free some space, then resume")
+        raise UserError(f"{out}: {_size(free)} free on its disk, and the first checkpoint needs about "
+                        f"{_size(one + keys)}: free some space or choose another --out")
+    kept = len(checkpoint.committed_versions(out)) if config.resume else 0
+    count = max(config.epochs - resume.epoch, 1) if config.checkpoint_every > 0 else 1
+    written = min(kept + count, config.keep_checkpoints + 1) - kept  # versions added before pruning starts
+    if free < keys + written * one:
+        log.warning(f"warning: {out}: {_size(free)} free on its disk, and this run may need about "
+                    f"{_size(keys + written * one)} ({written} checkpoints of {_size(one)}: it keeps "
+                    f"{config.keep_checkpoints}, one more while writing the next); it stops when the disk is full, "
+                    "keeping its last whole checkpoint")
+
+
+def _free_bytes(path: str) -> int:
+    """Free bytes on the disk of a local path, or of its nearest existing parent."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
+def _replaced_bytes(model: str) -> int:
+    """Bytes that replacing the local model directory `model` frees: its own entries but the exports
+    (checkpoint.start_model_dir keeps those)."""
+    total = 0
+    for entry in os.listdir(model):
+        if entry == "exports" or not outputs.owned("model", entry):
+            continue
+        path = os.path.join(model, entry)
+        files = [path] if not os.path.isdir(path) else [os.path.join(root, name) for root, _, names in os.walk(path)
+                                                        for name in names]
+        total += sum(os.path.getsize(f) for f in files if not os.path.islink(f))
+    return total
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _one_line(exc: ray.exceptions.RayError) -> UserError:
+    """A failed actor call as one line: the UserError the actor raised, as it raised it (Ray's copy of
+    it carries the remote traceback, with colour codes, in its text), else its root cause."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, UserError):
+        return cause
+    return TrainingStopped(f"training stopped: {_root_cause(exc)}")
 
 
 def _stop(run: _Run | None, started_here: bool | None) -> None:
@@ -381,7 +458,10 @@ def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool
     what = "interrupted" if interrupted else "training stopped"
     version = checkpoint.latest_version(out)
     if version is None:
-        removed = made is not None and checkpoint.discard_unfinished(out, made)
+        try:
+            removed = made is not None and checkpoint.discard_unfinished(out, made)
+        except (OSError, UserError):  # the storage refuses even deletes (a read-only remount)
+            removed = False
         return f"{what} before the first checkpoint: " + (f"removed what this run wrote to {out}" if removed
                                                           else f"{out} holds no checkpoint yet")
     return (f"{what}: the model at {out} is kept up to checkpoint v{version}; resume with "
@@ -566,15 +646,45 @@ class _Run:
 
     def _checkpoint(self, epoch: int, positions: list[Position] | None, epoch_stats: list) -> None:
         """Write a version: every server's slice, then the manifest with the epochs done and where
-        each worker's data stands (None: at the start of epoch `epoch`)."""
+        each worker's data stands (None: at the start of epoch `epoch`). A version that cannot be
+        written whole is deleted (commit_training) and stops the run with one line: for a full disk,
+        the free space and the space a checkpoint needs."""
         t0 = time.perf_counter()
-        checkpoint.commit_training(
-            self.out, self.config, self.corpus,
-            lambda version: ray.get([server.save.remote(self.out, version) for server in self.servers]),
-            epoch, positions, epoch_stats, derived_from=list(self.warm.lineage) if self.warm else None)
+        version = checkpoint.next_version(self.out)
+        try:
+            checkpoint.commit_training(self.out, self.config, self.corpus, self._save, epoch, positions, epoch_stats,
+                                       derived_from=list(self.warm.lineage) if self.warm else None, version=version)
+        except storage.CheckpointWriteError as exc:
+            raise TrainingStopped(self._write_failure(version, exc)) from None
         self.last_positions, self.last_epoch = positions, epoch
         self.ckpt_seconds += time.perf_counter() - t0
         self.last_ckpt = time.perf_counter()
+
+    def _save(self, version: int) -> list[dict]:
+        """Every server writes its slice of `version`; each server's entries. When one fails, the
+        others are waited for, so none is still writing when the version is deleted or the actors
+        are killed, and the error raised is the one the server raised (a CheckpointWriteError)."""
+        refs = [server.save.remote(self.out, version) for server in self.servers]
+        entries, failed = [], None
+        for ref in refs:
+            try:
+                entries.append(ray.get(ref))
+            except ray.exceptions.RayError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise _one_line(failed)
+        return entries
+
+    def _write_failure(self, version: int, exc: storage.CheckpointWriteError) -> str:
+        """The line for a checkpoint that could not be written: a full disk gets the free space and the
+        space one checkpoint needs; anything else the file and the storage's reason."""
+        if exc.errno != errno.ENOSPC or not storage.Store.of(self.out).local:
+            return f"checkpoint v{version}: {exc}"
+        one = checkpoint.version_bytes(table_specs(self.config, self.corpus).values(), self.config.num_ps)
+        kept = len(checkpoint.committed_versions(self.out))
+        return (f"{self.out}: no space left on device for checkpoint v{version}: it needs about {_size(one)}, and "
+                f"{_size(_free_bytes(self.out))} is free"
+                + (f" beside the {kept} kept (--keep-checkpoints {self.config.keep_checkpoints})" if kept else ""))
 
 
 def combine(stats: list[dict]) -> dict:
@@ -599,8 +709,11 @@ def time_split(seconds: dict[str, float]) -> str:
 def _root_cause(exc: Exception) -> str:
     """The innermost error message of a failed actor call, on one line."""
     cause = getattr(exc, "cause", None) or exc
-    text = str(cause).strip().splitlines()
+    text = _ANSI.sub("", str(cause)).strip().splitlines()
     return text[-1] if text else type(cause).__name__
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes of Ray's remote tracebacks
 
 
 def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: float, ckpt_s: float,

@@ -542,7 +542,9 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     space = space if space is not None else default_space(corpus, base)
     param_space = tune_space(space)
     out = os.path.abspath(out)
-    if outputs.check_dir(out, "tune", None):
+    replaces = outputs.check_dir(out, "tune", None)
+    outputs.check_writable(out, inside=True)
+    if replaces:
         log.info(f"replacing the earlier search at {out}")
         for name in os.listdir(out):
             outputs.remove_path(os.path.join(out, name))

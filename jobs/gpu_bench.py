@@ -10,9 +10,8 @@ held-out recall@10 against the most-popular-URLs baseline, as `evaluate` does.
     python jobs/gpu_bench.py --corpus C --heldout H.parquet                        # jobs/configs/gpu.yaml, CUDA
     python jobs/gpu_bench.py --corpus C --heldout H.parquet --device cpu --epochs 2  # the same path, CPU as the device
 
-gensim on the same machine is `doc2vec-dist baseline` (or jobs/benchmark.py, which needs Ray): see
-../shared/gpu/README.md for carrying Ray and gensim there. Figures from --device cpu are the device
-path's, not a GPU's.
+gensim on the same machine is `doc2vec-dist baseline` (or jobs/benchmark.py, which needs Ray), where
+Ray and gensim are installed. Figures from --device cpu are the device path's, not a GPU's.
 """
 
 from __future__ import annotations

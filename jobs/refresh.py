@@ -197,6 +197,7 @@ def check_day_dir(day: str) -> None:
 
 def run(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     check_day_dir(job.out)
+    outputs.check_writable(job.out, inside=True)  # every step writes inside it
     made = outputs.make_dirs(job.out)
     outputs.write_marker(job.out, "refresh")
     try:

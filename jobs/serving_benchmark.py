@@ -4,6 +4,11 @@
     nice -n 10 python jobs/serving_benchmark.py --rows 20000000 --steps export,auto --work /tmp/serving-20m --clean
     python jobs/serving_benchmark.py --rows 1000000 --steps ivfpq,update --changed 0.4 --new 0.02   # daily refresh
 
+WORK is the benchmark's own: a new or empty directory, which it marks as its own (`.doc2vec-dist.json`),
+or one it marked before (its model is reused when the sizes fit). A folder it did not make is refused,
+since its steps replace what they find under their names (model, users, index-*) and --clean deletes
+them; --clean deletes only those, and WORK itself once empty.
+
 It writes a model directory in the checkpoint layout (a `docs` table of --rows × --dim, sharded over
 --parts parts as a model trained with that many parameter servers is: row r in part r % parts),
 then runs each step as its own process through the command line (`doc2vec-dist export`, `index`)
@@ -43,11 +48,53 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from doc2vec_dist import checkpoint
-from doc2vec_dist.logs import to_terminal
+from doc2vec_dist import checkpoint, outputs
+from doc2vec_dist.errors import UserError
+from doc2vec_dist.logs import command
 from doc2vec_dist.memwatch import peak_rss_bytes, proc_status_bytes
 
 STEPS = ("export", "flat", "hnsw", "ivfpq", "auto", "query", "update")
+WORK_KIND = "serving-benchmark"  # outputs.DIR_KINDS: the entries a benchmark writes in WORK
+
+
+# ---------------------------------------------------------------------------------------------------
+# WORK: the benchmark's own directory
+# ---------------------------------------------------------------------------------------------------
+
+def claim_work(work: str) -> None:
+    """Make `work` the benchmark's, before anything is written: a new or empty directory is created
+    and marked; one marked before is taken as it is. Anything else is a folder of the user's, refused
+    in one line naming what it holds: the steps replace what they find under their names there."""
+    if os.path.isdir(work) and os.listdir(work):
+        names = sorted(os.listdir(work))
+        kind = None
+        if outputs.MARKER in names:
+            with open(os.path.join(work, outputs.MARKER), "rb") as fh:
+                kind = outputs.read_marker_kind(fh.read(4096))
+        if kind != WORK_KIND:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise UserError(f"--work {work}: holds {shown}, and this benchmark did not make it; give a new or empty "
+                            "directory (the benchmark replaces what it finds under its own names there, and --clean "
+                            "deletes them)")
+        return
+    if os.path.lexists(work) and not os.path.isdir(work):
+        raise UserError(f"--work {work}: exists and is a file; give a new or empty directory")
+    outputs.check_writable(work, inside=True)
+    os.makedirs(work, exist_ok=True)
+    outputs.write_marker(work, WORK_KIND)
+
+
+def clean_work(work: str) -> list[str]:
+    """Delete what a benchmark writes in `work` (outputs.DIR_KINDS[WORK_KIND]), the marker last, then
+    `work` itself if nothing else is left in it; returns what stayed (someone else's)."""
+    names = sorted(os.listdir(work))
+    for name in [n for n in names if n != outputs.MARKER and outputs.owned(WORK_KIND, n)] + [outputs.MARKER]:
+        if os.path.lexists(os.path.join(work, name)):
+            outputs.remove_path(os.path.join(work, name))
+    left = os.listdir(work)
+    if not left:
+        os.rmdir(work)
+    return sorted(left)
 KEY_SCHEMA = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
 
 
@@ -69,6 +116,7 @@ def write_model(model: str, rows: int, dim: int = 100, parts: int = 4, clusters:
         if (spec["rows"], spec["dim"], len(spec["parts"])) == (rows, dim, parts):
             print(f"model: reusing {model}", file=sys.stderr)
             return model
+    if os.path.exists(model):  # inside the benchmark's own WORK (claim_work): an earlier run's model
         shutil.rmtree(model)
     os.makedirs(model)
     rng = np.random.default_rng(seed)
@@ -261,7 +309,6 @@ def step_query(model: str, index: str, queries: int, k: int = 10, seed: int = 5)
 
 
 def main(argv: list[str] | None = None) -> int:
-    to_terminal()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=100)
@@ -275,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "the refresh benchmark's grown users)")
     ap.add_argument("--new", type=float, default=0.02, help="update: new rows, as a share of --rows (default 0.02)")
     ap.add_argument("--keep-export", action="store_true", help="keep the exported Parquet (it is deleted)")
-    ap.add_argument("--clean", action="store_true", help="delete WORK (model, indexes) at the end")
+    ap.add_argument("--clean", action="store_true", help="delete what the benchmark wrote in WORK (model, export, "
+                                                         "indexes, results.json) at the end, and WORK once empty")
     ap.add_argument("--child-query", nargs=2, metavar=("MODEL", "INDEX"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_query:
@@ -285,7 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps.split(",")
     if unknown := set(steps) - set(STEPS):
         ap.error(f"unknown steps: {', '.join(sorted(unknown))}")
-    os.makedirs(args.work, exist_ok=True)
+    return command(lambda: run(args, steps))  # a refused --work is one `error:` line, exit status 2
+
+
+def run(args: argparse.Namespace, steps: list[str]) -> None:
+    claim_work(args.work)
     results: dict = {"rows": args.rows, "dim": args.dim, "parts": args.parts, "cores": os.cpu_count()}
     model = os.path.join(args.work, "model")
     t = time.perf_counter()
@@ -329,8 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.work, "results.json"), "w") as fh:
         json.dump(results, fh, indent=2)
     if args.clean:
-        shutil.rmtree(args.work)
-    return 0
+        left = clean_work(args.work)
+        if left:
+            print(f"--clean: left {', '.join(left)} in {args.work}, which the benchmark did not write", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from doc2vec_dist.environment import require_packages
 
 require_packages()  # one line, not a traceback, from a Python without the project's packages
 
-from doc2vec_dist import storage
+from doc2vec_dist import outputs, storage
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import (
     JobConfig,
@@ -146,8 +146,12 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     from doc2vec_dist.trainer import train
 
     stages: dict[str, float] = {}
+    prepared = os.path.exists(os.path.join(job.corpus, "corpus.json"))
+    # every place the job writes, before the first step: a read-only one would stop it only after training
+    for path, inside in ((None if prepared else job.corpus, False), (job.out, True), (job.exports, True)):
+        outputs.check_writable(path, inside=inside)
     t = time.perf_counter()
-    if os.path.exists(os.path.join(job.corpus, "corpus.json")):
+    if prepared:
         print(f"corpus: using {job.corpus}", file=sys.stderr)
     else:
         if not job.input:

@@ -114,6 +114,69 @@ def interrupt_when():
     return _interrupt_when
 
 
+class Tmpfs:
+    """Real file systems for the tests of full and read-only disks: tmpfs mounts, each unmounted when
+    the test ends, pass or fail. Tests run as root here and in CI, and root ignores permission bits,
+    so only a real mount is read-only for it, or full."""
+
+    def __init__(self, root):
+        self.root, self.mounted = root, []
+
+    def mount(self, name: str, size: str = "20m", read_only: bool = False, fill=None) -> str:
+        """A new tmpfs of `size` at ROOT/name. fill(path), if given, writes into it first; with
+        read_only the mount is then made read-only."""
+        path = os.path.join(self.root, name)
+        os.makedirs(path, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True,
+                              text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); the full and read-only disk tests "
+                        "need root, as in CI")
+        self.mounted.append(path)
+        if fill is not None:
+            fill(path)
+        if read_only:
+            self.remount(path, "ro")
+        return path
+
+    def remount(self, path: str, options: str) -> None:
+        """Change a mount's options: "ro", "rw", "size=30m"."""
+        subprocess.run(["mount", "-o", f"remount,{options}", path], check=True, capture_output=True)
+
+    @staticmethod
+    def fill_up(path: str) -> None:
+        """Write a file of zeros into `path` until its disk is full (a file of the user's, to be left alone)."""
+        block = b"\0" * 65536
+        with open(os.path.join(path, "filler.bin"), "wb", buffering=0) as fh:
+            try:
+                while True:
+                    fh.write(block)
+            except OSError:
+                pass
+        with open(os.path.join(path, "filler.bin"), "ab", buffering=0) as fh:  # the last partial block
+            try:
+                while True:
+                    fh.write(b"\0" * 512)
+            except OSError:
+                pass
+
+    def unmount_all(self) -> None:
+        for path in reversed(self.mounted):
+            if subprocess.run(["umount", path], capture_output=True, check=False).returncode != 0:
+                subprocess.run(["umount", "-l", path], capture_output=True, check=False)  # busy: detach it
+        self.mounted = []
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Tmpfs: tmpfs mounts under this test's temporary directory, unmounted at its end."""
+    mounts = Tmpfs(str(tmp_path))
+    try:
+        yield mounts
+    finally:
+        mounts.unmount_all()
+
+
 class SmallModels:
     """Model directories written directly with the checkpoint functions (no training): a docs table of
     random rows for users u0…, each model with an id of its own, for tests of which model an index, an

@@ -7,7 +7,8 @@ where the outcome depends on no Ray running yet) and one outcome:
            column, row or flag; no traceback; the output path named by the row does not exist
            (nothing half-written) or, for a file or folder of the user's, is byte for byte as it was
   skipped  exit 0; the corpus counts the skipped rows under the reason given (corpus.json "skipped")
-  works    exit 0: an input shape that was once refused and is now read (the row says why)
+  works    exit 0: an input shape that was once refused and is now read (the row says why); the path
+           named by the row, if any, is byte for byte as it was
   says     exit 0, and a line of the output (stdout or stderr) starts with the words given: a warning
            or a note the command once left unsaid
 
@@ -321,7 +322,61 @@ CASES = [
          "--key nobody", "error", "unknown {t}/inferred.parquet key 'nobody'", {"inferred.parquet": _inferred}),
     Case("neighbors of a URL without --table words_out", "neighbors --model {model} --key {url}", "error",
          "unknown docs key '{url}': it is a URL of the model's vocabulary, not a user; add --table words_out"),
+    # --- issue 26, items 4, 5 and 14: read-only and full disks, temporary names ----------------------------
+    # {t}/ro: an empty read-only tmpfs ("@ro"), or one holding a copy of the model ("@ro-model"); {t}/full: a
+    # tmpfs filled up by a file of the user's ("@full"), beside a copy of the model ("@full-model")
+    Case("prepare into a read-only mount", "prepare {t}/good.csv --out {t}/ro/c", "error",
+         "cannot write to {t}/ro/c: read-only file system", {"good.csv": GOOD_CSV, "@ro": ""}, "{t}/ro/c"),
+    Case("train into a read-only mount", "train --corpus {corpus} --out {t}/ro/m", "error",
+         "cannot write to {t}/ro/m: read-only file system", {"@ro": ""}, "{t}/ro/m", fresh_process=True),
+    Case("resume a model on a read-only mount", "train --corpus {corpus} --out {t}/ro/model --resume --epochs 11",
+         "error", "cannot write to {t}/ro/model: read-only file system", {"@ro-model": ""}, "{t}/ro/model"),
+    Case("baseline into a read-only mount", "baseline --corpus {corpus} --out {t}/ro/m", "error",
+         "cannot write to {t}/ro/m: read-only file system", {"@ro": ""}, "{t}/ro/m"),
+    Case("export into a read-only mount", "export --model {model} --out {t}/ro/u.parquet", "error",
+         "cannot write to {t}/ro/u.parquet: read-only file system", {"@ro": ""}, "{t}/ro/u.parquet"),
+    Case("index into a read-only mount", "index --model {model} --out {t}/ro/i", "error",
+         "cannot write to {t}/ro/i: read-only file system", {"@ro": ""}, "{t}/ro/i"),
+    Case("infer into a read-only mount", "infer --model {model} {t}/good.csv --out {t}/ro/v.parquet", "error",
+         "cannot write to {t}/ro/v.parquet: read-only file system", {"good.csv": GOOD_CSV, "@ro": ""},
+         "{t}/ro/v.parquet"),
+    Case("generate into a read-only mount", "generate --users 10 --urls 10 --out {t}/ro/g", "error",
+         "cannot write to {t}/ro/g: read-only file system", {"@ro": ""}, "{t}/ro/g"),
+    Case("neighbors --out into a read-only mount", "neighbors --model {model} --key u54e266157a4c --out {t}/ro/n.parquet",
+         "error", "cannot write to {t}/ro/n.parquet: read-only file system", {"@ro": ""}, "{t}/ro/n.parquet"),
+    Case("plan --json into a read-only mount", "plan --corpus {corpus} --no-calibrate --json {t}/ro/p.json", "error",
+         "cannot write to {t}/ro/p.json: read-only file system", {"@ro": ""}, "{t}/ro/p.json"),
+    Case("tune into a read-only mount", "tune --corpus {corpus} --heldout {heldout} --out {t}/ro/s", "error",
+         "cannot write to {t}/ro/s: read-only file system", {"@ro": ""}, "{t}/ro/s"),
+    Case("evaluate a model on a read-only mount (its figures are printed first)",
+         "evaluate --model {t}/ro/model --heldout {heldout}", "error",
+         "cannot write to {t}/ro/model/eval-heldout.json: read-only file system; the figures above are not saved",
+         {"@ro-model": ""}, "{t}/ro/model"),
+    Case("train onto a full disk", "train --corpus {corpus} --out {t}/full/m", "error",
+         "{t}/full/m: 0.0 MiB free on its disk, and the first checkpoint needs about 4.3 MiB", {"@full": ""},
+         "{t}/full/m"),
+    Case("resume on a full disk", "train --corpus {corpus} --out {t}/full/model --resume --epochs 11", "error",
+         "{t}/full/model: 0.0 MiB free on its disk, and the next checkpoint needs about 1.3 MiB; the model stays at "
+         "checkpoint v10", {"@full-model": ""}, "{t}/full/model"),
+    Case("prepare beside a temporary name another machine's process holds", "prepare {t}/good.csv --out {t}/c",
+         "works", files={"good.csv": GOOD_CSV, f"c.tmp-{os.getpid()}/theirs.arrow": b"being written elsewhere"},
+         untouched=f"{{t}}/c.tmp-{os.getpid()}"),
 ]
+
+
+def _mount(t: str, model: str, files: dict, tmpfs) -> None:
+    """The tmpfs mounts a row asks for (see the block of issue 26 in CASES)."""
+    def copy_model(path: str) -> None:
+        shutil.copytree(model, os.path.join(path, "model"))
+
+    if "@ro" in files:
+        tmpfs.mount(os.path.join("w", "ro"), "1m", read_only=True)
+    if "@ro-model" in files:
+        tmpfs.mount(os.path.join("w", "ro"), "20m", read_only=True, fill=copy_model)
+    if "@full" in files:
+        tmpfs.mount(os.path.join("w", "full"), "1m", fill=tmpfs.fill_up)
+    if "@full-model" in files:
+        tmpfs.mount(os.path.join("w", "full"), "20m", fill=lambda path: (copy_model(path), tmpfs.fill_up(path)))
 
 
 def _damage(model: str, files: dict) -> None:
@@ -336,7 +391,7 @@ def _damage(model: str, files: dict) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot):
+def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot, tmpfs):
     t = str(tmp_path / "w")
     os.makedirs(t)
     model = shutil.copytree(trained_model, str(tmp_path / "model"))
@@ -356,6 +411,7 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
         with open(path, "wb") as fh:
             fh.write(content)
     _damage(model, case.files)
+    _mount(t, model, case.files, tmpfs)
     if "@shard" in case.files:
         os.truncate(os.path.join(corpus, "shards", "part-00000.arrow"), 100)
     untouched = case.untouched.format(**fill) if case.untouched else None
@@ -390,6 +446,8 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
         assert any(line.startswith(said) for line in (out + err).splitlines()), out + err
     else:
         assert code == 0, err
+        if untouched:
+            assert snapshot(untouched) == before, f"{untouched} changed"
         with open(os.path.join(t, "c", "corpus.json")) as fh:
             meta = json.load(fh)
         if case.outcome == "skipped":

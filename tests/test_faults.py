@@ -19,10 +19,15 @@ from doc2vec_dist.trainer import train
 
 
 def actor_processes(name: str) -> list[psutil.Process]:
-    """Live processes of one actor class: Ray titles them `ray::ClassName`."""
+    """Live processes of one actor class of this test session's own Ray (Ray titles them
+    `ray::ClassName`): the local Ray the session started is this process's child, its actors its
+    descendants. Other Rays on the machine (other sessions, other users) are never touched."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmdline = proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
         if cmdline and cmdline[0].startswith(f"ray::{name}"):
             found.append(proc)
     return found

@@ -143,3 +143,35 @@ def test_serving_benchmark_updates_the_base_index_to_a_refreshed_model(tmp_path,
     assert update["ratio"] == round(update["update"]["seconds"] / update["rebuild"]["seconds"], 3)
     assert min(update["update"]["recall_at_10_vs_exact"], update["rebuild"]["recall_at_10_vs_exact"]) > 0.8
     assert "index update (ivfpq, 30% of rows moved, 100 new)" in capsys.readouterr().out
+
+
+# -- issue 26, item 15: a benchmark deletes only what it made ---------------------------------------------
+
+SMALL = ["--rows", "2000", "--dim", "8", "--parts", "2", "--clusters", "20", "--steps", "flat"]
+
+
+def test_serving_benchmark_refuses_a_work_folder_it_did_not_make(tmp_path, capsys, snapshot):
+    work = tmp_path / "mine"
+    (work / "model").mkdir(parents=True)  # the user's own, under a name the benchmark writes
+    (work / "model" / "LATEST").write_text("v3\n")
+    (work / "notes.txt").write_text("the user's notes\n")
+    before = snapshot(str(work))
+    assert load_job("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [(f"error: --work {work}: holds model, notes.txt, and this benchmark did not make it; give a new or "
+                   "empty directory (the benchmark replaces what it finds under its own names there, and --clean "
+                   "deletes them)")], err
+    assert snapshot(str(work)) == before
+
+
+def test_serving_benchmark_clean_deletes_only_what_it_wrote(tmp_path, capsys):
+    work = tmp_path / "work"
+    assert load_job("serving_benchmark").main([*SMALL, "--work", str(work)]) == 0
+    assert sorted(os.listdir(work)) == [".doc2vec-dist.json", "index-flat", "model", "results.json"]
+    (work / "mine.txt").write_text("dropped in by someone\n")
+    assert load_job("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 0  # reuses its model
+    assert os.listdir(work) == ["mine.txt"]
+    assert f"--clean: left mine.txt in {work}, which the benchmark did not write" in capsys.readouterr().err
+    os.remove(work / "mine.txt")
+    assert load_job("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 0
+    assert os.listdir(tmp_path) == []  # WORK goes too, once empty

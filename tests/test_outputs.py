@@ -252,3 +252,91 @@ def test_discard_unfinished_removes_a_fresh_model_and_keeps_a_committed_one(tmp_
     checkpoint.commit(out, version, {"docs": [part]}, {"docs": 4}, {"epoch": 1}, keep=2)
     assert not checkpoint.discard_unfinished(out, made)
     assert checkpoint.latest_version(out) == version
+
+
+# -- issue 26, item 14: temporary names no other process holds ------------------------------------------
+
+def _theirs(path) -> bytes:
+    """A file at `path` as another process would have it: one with our process id, on another machine."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(b"another process's output, being written")
+    return b"another process's output, being written"
+
+
+def test_a_temporary_name_with_this_process_id_that_another_process_holds_is_left_alone(tmp_path, snapshot):
+    pid = os.getpid()
+    # a file output (outputs.replacing), a directory output, a whole local write, generate's staging folder
+    theirs = {f"users.parquet.tmp-{pid}": None, f"corpus.tmp-{pid}": "part.arrow", f"notes.json.tmp-{pid}": None,
+              f"gen.partial-{pid}": "events.parquet"}
+    for name, inside in theirs.items():
+        _theirs(str(tmp_path / name / inside) if inside else str(tmp_path / name))
+    before = {name: snapshot(str(tmp_path / name)) for name in theirs}
+
+    table = pa.table({"key": ["a"], "vector": pa.FixedSizeListArray.from_arrays(pa.array([0.5, 0.5], pa.float32()), 2)})
+    outputs.write_parquet_file(table, str(tmp_path / "users.parquet"), "vectors")
+    with outputs.replacing(str(tmp_path / "corpus"), "corpus") as staged:
+        (tmp_path / staged.path / "corpus.json").write_text("{}")
+    storage.write_local(str(tmp_path / "notes.json"), "{}")
+    from doc2vec_dist.synthetic import generate
+
+    generate(str(tmp_path / "gen"), 20, 10, progress=False)
+
+    assert {name: snapshot(str(tmp_path / name)) for name in theirs} == before
+    assert pq.read_table(tmp_path / "users.parquet").num_rows == 1
+    assert (tmp_path / "corpus" / "corpus.json").exists() and (tmp_path / "notes.json").read_text() == "{}"
+    assert (tmp_path / "gen" / "generate.json").exists()
+    # and nothing of ours is left beside them
+    assert sorted(os.listdir(tmp_path)) == sorted([*theirs, "users.parquet", "corpus", "notes.json", "gen"])
+
+
+def test_a_staged_output_is_a_new_name_of_this_process_with_the_usual_permissions(tmp_path):
+    out = str(tmp_path / "users.parquet")
+    first, second = outputs.temp_path(out), outputs.temp_path(out)
+    assert first != second and all(os.path.basename(p).startswith(f"users.parquet.tmp-{os.getpid()}-")
+                                   for p in (first, second))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(first).st_mode & 0o777 == 0o666 & ~umask  # as open() would make it
+    folder = outputs.temp_path(str(tmp_path / "corpus"), directory=True)
+    assert os.stat(folder).st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_a_failed_output_removes_the_folders_made_for_it(tmp_path):
+    out = str(tmp_path / "new" / "deeper" / "users.parquet")
+    with pytest.raises(RuntimeError), outputs.replacing(out, "vectors"):
+        raise RuntimeError("the body failed")
+    assert os.listdir(tmp_path) == []
+
+
+# -- issue 26, item 4: a place one cannot write to is named before any work ------------------------------
+
+def test_check_writable_probes_where_the_first_new_entry_goes(tmpfs):
+    def prepared(path):
+        os.mkdir(os.path.join(path, "scratch"))
+
+    ro = tmpfs.mount("ro", "1m", read_only=True, fill=prepared)
+    writable = tmpfs.mount(os.path.join("ro", "scratch"), "1m")  # a writable disk inside a read-only one
+    outputs.check_writable(os.path.join(writable, "new", "model"))  # made inside it
+    outputs.check_writable(writable, inside=True)  # written into (train, tune, a scratch directory)
+    with pytest.raises(UserError, match=f"^cannot write to {writable}: read-only file system$"):
+        outputs.check_writable(writable)  # replaced by a rename in its read-only parent
+    with pytest.raises(UserError, match=f"^cannot write to {ro}/a/b/users.parquet: read-only file system$"):
+        outputs.check_writable(os.path.join(ro, "a", "b", "users.parquet"))
+    assert os.listdir(writable) == []  # the probes leave nothing
+    outputs.check_writable("s3://bucket/model")  # an object store is not probed (no request is made)
+
+
+def test_evaluate_prints_its_figures_before_saying_it_cannot_save_them(trained_model, sample_corpus, tmpfs,
+                                                                        capsys):
+    import shutil
+
+    ro = tmpfs.mount("ro", "20m", read_only=True, fill=lambda path: shutil.copytree(trained_model,
+                                                                                  os.path.join(path, "model")))
+    model = os.path.join(ro, "model")
+    assert main(["evaluate", "--model", model, "--heldout", sample_corpus[1]]) == 2
+    out, err = capsys.readouterr()
+    figures = dict(line.split() for line in out.splitlines())
+    assert 0 < float(figures["model_recall@10"]) <= 1, out
+    assert err.strip().splitlines()[-1] == (f"error: cannot write to {model}/eval-heldout.json: read-only file "
+                                            "system; the figures above are not saved")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from doc2vec_dist import checkpoint
+from doc2vec_dist import checkpoint, trainer
+from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
@@ -191,3 +193,77 @@ def test_a_worker_position_is_written_to_the_manifest_and_read_back_as_it_was():
     assert json.dumps(position.to_json(), sort_keys=True) == json.dumps(saved, sort_keys=True)
     assert Position(3).to_json() == {"epoch": 3, "unit": 0, "row": None, "step": 0, "tokens": 0, "pairs": 0,
                                      "loss": 0.0}  # an epoch's start
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 26, item 5: a full disk
+# ---------------------------------------------------------------------------------------------------
+
+def _train_argv(corpus: str, model: str, *extra: str) -> list[str]:
+    return ["train", "--corpus", corpus, "--out", model, "--dim", "32", "--sample", "0", "--num-ps", "2",
+            "--num-workers", "2", "--cpus-per-worker", "1", "--no-progress", *extra]
+
+
+def _one_error(capsys) -> tuple[str, str]:
+    """The error line of a command that failed, and all it wrote on stderr: no traceback, no colour codes."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in err and "\x1b[" not in err, err
+    return errors[0], err
+
+
+def test_a_full_disk_stops_with_one_line_keeps_the_last_checkpoint_and_resumes_once_there_is_room(
+        ray_cluster, sample_corpus, tmpfs, capsys):
+    corpus = sample_corpus[0]
+    disk = tmpfs.mount("disk", "2800k")  # the key tables and one checkpoint (about 1.8 MB), not a second
+    model = os.path.join(disk, "model")
+    assert main(_train_argv(corpus, model, "--epochs", "2")) == 2
+    error, err = _one_error(capsys)
+    assert "warning: " + model + ": 2.7 MiB free on its disk, and this run may need about 3.0 MiB" in err
+    assert re.fullmatch(rf"error: {model}: no space left on device for checkpoint v2: it needs about 1\.3 MiB, "
+                        rf"and \d\.\d MiB is free beside the 1 kept \(--keep-checkpoints 2\)", error), error
+    assert f"training stopped: the model at {model} is kept up to checkpoint v1; resume with" in err
+    assert os.listdir(os.path.join(model, "checkpoints")) == ["v1"]  # the partial v2 is gone
+    assert latest(model) == 1 and checkpoint.ModelDir(model).read_table("docs").shape == (5000, 32)
+
+    # resuming on the same full disk is refused before anything starts
+    assert main(_train_argv(corpus, model, "--resume")) == 2
+    error, _ = _one_error(capsys)
+    assert re.fullmatch(rf"error: {model}: \d\.\d MiB free on its disk, and the next checkpoint needs about 1\.3 MiB; "
+                        "the model stays at checkpoint v1: free some space, then resume", error), error
+    tmpfs.remount(disk, "size=8m")  # room again: it goes on from v1
+    assert main(_train_argv(corpus, model, "--resume")) == 0
+    assert latest(model) == 2 and sorted(os.listdir(os.path.join(model, "checkpoints"))) == ["v1", "v2"]
+
+
+@pytest.mark.parametrize("size, fails", [
+    ("256k", "cannot write to {model}/"),
+    ("1m", "{model}: no space left on device for checkpoint v1: it needs about"),
+])
+def test_a_fresh_run_that_fills_the_disk_before_its_first_checkpoint_leaves_nothing(
+        ray_cluster, sample_corpus, tmpfs, capsys, monkeypatch, size, fails):
+    # the disk fills up after the check of its free space (another program's files, say); 256k: not even the
+    # key tables fit, 1m: they do, the first checkpoint does not
+    monkeypatch.setattr(trainer, "check_room", lambda *args: None)
+    disk = tmpfs.mount("disk", size)
+    model = os.path.join(disk, "new", "model")
+    assert main(_train_argv(sample_corpus[0], model, "--epochs", "1")) == 2
+    error, err = _one_error(capsys)
+    assert error.startswith("error: " + fails.format(model=model)), error
+    assert os.listdir(disk) == [], err  # the model and the folder made for it
+
+
+def test_the_room_a_model_replaced_with_overwrite_frees_counts_as_free(trained_model, sample_corpus, tmpfs):
+    import shutil
+
+    from doc2vec_dist.ps import table_specs
+
+    disk = tmpfs.mount("disk", "6m", fill=lambda path: (shutil.copytree(trained_model, os.path.join(path, "model")),
+                                                       tmpfs.fill_up(path)))
+    model, corpus = os.path.join(disk, "model"), Corpus(sample_corpus[0])
+    config = TrainConfig(**SAMPLE)
+    tables = table_specs(config, corpus)
+    trainer.check_room(model, config, corpus, tables, trainer._Resume(), replaces=True)  # its old checkpoints go
+    another = os.path.join(disk, "another")
+    with pytest.raises(UserError, match=f"^{another}: 0.0 MiB free on its disk, and the first checkpoint needs about "):
+        trainer.check_room(another, config, corpus, tables, trainer._Resume(), replaces=False)
