@@ -321,6 +321,10 @@ CASES = [
          "--key nobody", "error", "unknown {t}/inferred.parquet key 'nobody'", {"inferred.parquet": _inferred}),
     Case("neighbors of a URL without --table words_out", "neighbors --model {model} --key {url}", "error",
          "unknown docs key '{url}': it is a URL of the model's vocabulary, not a user; add --table words_out"),
+    # --- issue 26, item 11: tune --searcher optuna draws every setting, so a grid has no meaning there ----
+    Case("tune --searcher optuna with a grid", "tune --corpus {corpus} --heldout {heldout} --out {t}/s --space "
+         "{t}/g.yaml --searcher optuna", "error", "{t}/g.yaml: alpha: grid is not searched by --searcher optuna",
+         {"g.yaml": b"alpha: {grid: [0.01, 0.05]}\nepochs: 2\n"}, "{t}/s"),
 ]
 
 
