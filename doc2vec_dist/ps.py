@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from . import checkpoint
+from .logs import quiet_exit_in_finalizers
 from .sharding import global_rows, rows_on_shard
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ class ParameterServer:
         over the fresh ones from that earlier model's checkpoint (warmstart.py): a known key keeps its
         id in a refreshed corpus, so its row here is its row there.
         """
+        quiet_exit_in_finalizers()  # Ray's SIGTERM when this server is removed: no traceback on the console
         self.shard, self.num_shards = shard, num_shards
         self.tables: dict[str, np.ndarray] = {}
         self.rows: dict[str, int] = {}  # global row count of each table
