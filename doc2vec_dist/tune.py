@@ -593,7 +593,7 @@ def estimate_seconds(target: Target, config: TrainConfig, trials: int, budget: f
             "compare_seconds": parts.get("comparing", 0.0), "trials": trials, "startup_seconds": startup,
             "overhead_seconds": TRIAL_OVERHEAD_SECONDS, "epochs": epochs, "epoch_seconds": epoch_seconds,
             "trial_cost": cost, "measurements": measurements, "measure_seconds": measure_seconds,
-            "test_measure_seconds": test_measure_seconds}
+            "checkpoint_seconds": checkpoint, "test_measure_seconds": test_measure_seconds}
 
 
 def format_estimate(estimate: dict, at_once: int) -> str:
