@@ -288,7 +288,8 @@ def cmd_tune(args) -> None:
                     budget=args.budget, space=load_space(args.space) if args.space else None,
                     base=_train_config(args), compare=not args.no_compare, calibrate_seconds=args.calibrate_seconds,
                     test_fraction=args.test_fraction, key_col=args.key_col, label_col=args.label_col,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, searcher=args.searcher,
+                    space_name=args.space or "the search space")
     print(format_result(result, args.out))
 
 
@@ -463,6 +464,10 @@ def make_parser() -> argparse.ArgumentParser:
     tu.add_argument("--budget", type=float, default=8.0, help="the search's cost in full trainings")
     tu.add_argument("--space", help="YAML search space (default: optimizer and alpha, ns_exponent, negative, sample, "
                                     "dim, epochs; window and dbow_words for text)")
+    tu.add_argument("--searcher", default="random", choices=("random", "optuna"),
+                    help="how trials are drawn after the base settings and each optimizer at a known learning "
+                         "rate: random (Ray Tune's) or optuna (Optuna's TPE, from what the trials so far found; "
+                         "pip install optuna)")
     tu.add_argument("--calibrate-seconds", type=float, default=10.0,
                     help="how long plan's calibration run trains before the search, to estimate its time (0: none)")
     tu.add_argument("--no-compare", action="store_true", help="skip training the best, the defaults and gensim on "

@@ -130,3 +130,32 @@ def _import_pandas() -> None:
     with contextlib.suppress(ImportError):  # not installed: pyarrow has nothing to import either
         import pandas  # noqa: F401
         import pyarrow.pandas_compat  # noqa: F401
+
+
+def quiet_exit_in_finalizers() -> None:
+    """In an actor's process: print nothing for a SystemExit that Python could not raise, and every
+    other unraisable error as before.
+
+    Ray's SIGTERM handler in a worker process raises SystemExit (ray/_private/worker.py: "The process
+    receives a SIGTERM."). Ray sends that signal to an actor it removes: a tune trial that ASHA
+    stopped, and the servers and workers that trial owned. When the signal lands while the process
+    runs a finalizer (ActorHandle.__del__, a WeakSet callback, threading's shutdown), Python cannot
+    raise there and prints "Exception ignored in … SystemExit: 1" with its traceback, which Ray
+    forwards to the user's console. The process was told to stop and stops all the same; the
+    traceback says nothing to the user. Outside a Ray actor (a program that uses the servers and
+    workers in its own process) nothing changes; installing twice keeps one hook."""
+    if getattr(sys.unraisablehook, "quiet_exit", False) or "ray" not in sys.modules:
+        return
+    import ray
+
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return
+    default = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, SystemExit):
+            return
+        default(unraisable)
+
+    hook.quiet_exit = True
+    sys.unraisablehook = hook

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 
 from . import checkpoint
+from .logs import quiet_exit_in_finalizers
 from .sharding import global_rows, rows_on_shard
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class ParameterServer:
         journal: a directory where every push is also written down, one JSON line per table pushed
         to (its label, the table, the global rows): how the tests see who wrote which rows when.
         """
+        quiet_exit_in_finalizers()  # Ray's SIGTERM when this server is removed: no traceback on the console
         self.shard, self.num_shards = shard, num_shards
         self.tables: dict[str, np.ndarray] = {}
         self.rows: dict[str, int] = {}  # global row count of each table

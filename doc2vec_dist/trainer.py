@@ -317,8 +317,14 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     else:
         replaces = checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
         resume = _Resume()
-    outputs.check_writable(out, inside=True)  # a read-only or forbidden place, before Ray starts
     tables = table_specs(config, corpus)
+    warm = None
+    if config.init_from and not config.resume:  # a resumed run loads its own checkpoint instead
+        from .warmstart import warm_start
+
+        # first: it refuses --out being that model before anything (the probe below) touches it
+        warm = warm_start(config.init_from, out, corpus.path, tables)
+    outputs.check_writable(out, inside=True)  # a read-only or forbidden place, before Ray starts
     if config.resume:  # versions a stopped run left half-written take room the next checkpoint needs
         for version in checkpoint.discard_partial_versions(out):
             log.info(f"removed checkpoint v{version}, which a run that stopped left unfinished")
@@ -327,11 +333,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         first = corpus.epoch_tokens(0, config.first_epoch)
         log.info(f"first epoch: only the {len(corpus.changed()):,} users a refresh changed, "
                  f"{first:,} of {corpus.num_tokens:,} tokens")
-    warm = None
-    if config.init_from and not config.resume:  # a resumed run loads its own checkpoint instead
-        from .warmstart import warm_start
-
-        warm = warm_start(config.init_from, out, corpus.path, tables)
+    if warm is not None:
         log.info(f"starting from {warm.model} (checkpoint v{warm.version}): "
                  + ", ".join(f"{name} {rows:,} of {tables[name].rows:,} rows" for name, rows in warm.rows.items()))
     local = not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS"))

@@ -3,32 +3,40 @@
 Changes when how settings are searched changes: the space, the validation split, the scheduler, the
 trials' table and what is written at the end.
 
-    doc2vec-dist tune --corpus C --out DIR --heldout H [--budget 8] [--space FILE.yaml]
+    doc2vec-dist tune --corpus C --out DIR --heldout H [--budget 8] [--space FILE.yaml] [--searcher random|optuna]
 
 1. **The metric never sees the user's test file.** With --heldout, a validation split is carved from
    the training corpus (DIR/validation/) the way prepare --holdout made the test file: a fifth of
-   each user's distinct URLs is hidden, the rest is the corpus the trials train on, and a trial's
-   metric is held-out recall@10 on the hidden part (`evaluate.heldout_metrics`). With --labels or --pairs the
-   metric is k-NN label accuracy or Pearson correlation on that file, on the corpus as it is.
-2. **Each trial is a real training** (`trainer.train`) on the same Ray cluster, with its own
+   the distinct URLs of 5,000 users (TRIAL_USERS) is hidden, the rest is the corpus the trials
+   train on (every other user whole, so a trial trains on nearly what the chosen settings will),
+   and a trial's metric is held-out recall@10 on the hidden part (`evaluate.heldout_metrics`). With
+   --labels or --pairs the metric is k-NN label accuracy or Pearson correlation on that file, on
+   the corpus as it is.
+2. **What is tried.** First the base settings (the flags and --config: the search reports when
+   nothing beats them, and best.yaml is then the base), and each optimizer of the space at a
+   learning rate known to suit it (START_ALPHA), the rest as in the base; then the searcher's
+   draws: random, or Optuna's TPE (--searcher optuna), which draws where the trials so far scored.
+3. **Each trial is a real training** (`trainer.train`) on the same Ray cluster, with its own
    parameter servers and workers, and reports its metric after every epoch from the committed
    checkpoint. ASHA (`ray.tune.schedulers.ASHAScheduler`) stops the poor ones at its rungs, so the
    search costs a few full trainings: --budget counts full-training equivalents, and the number of
    trials is chosen so that ASHA's expected epochs fit it (`trials_for_budget`).
-3. **Bounded resources.** A trial's placement group holds what its run's actors take
+4. **Bounded resources.** A trial's placement group holds what its run's actors take
    (`placement.run_bundles`: each worker's CPUs, on `ps` clusters each server's memory), and the
    actors are placed inside it, so a trial starts only when all of it fits and trials never
    oversubscribe the cluster. A trial that fails (a bad setting, no memory) is recorded as failed
    and the search goes on.
-4. **Written as the search goes** (so Ctrl-C keeps them, and ends the command there): DIR/trials.csv (every trial, sorted by its
-   metric: settings, metric, epochs, tokens/s, seconds, state) and DIR/best.yaml (the best settings,
-   a config `train --config` takes). At the end: DIR/settings.png (the metric against each setting)
-   and, unless --no-compare, the best, the defaults and gensim (the best's epochs) trained on the
+5. **Written as the search goes** (so Ctrl-C keeps them, and ends the command there): DIR/trials.csv
+   (every trial, sorted by its metric: settings, where they came from, metric, epochs, tokens/s,
+   seconds, state) and DIR/best.yaml (the best settings of the trials that have ended, a config
+   `train --config` takes). At the end: DIR/settings.png (the metric against each setting) and,
+   unless --no-compare, the best, the defaults and gensim (the best's epochs) trained on the
    whole corpus and measured on the user's file (DIR/compare.json).
 
 A space file maps setting names (TrainConfig fields) to a value or to one of
     {choice: [a, b, ...]}  {uniform: [lo, hi]}  {loguniform: [lo, hi]}  {randint: [lo, hi]}
-    {grid: [a, b, ...]}    (every value, in every trial sample: the number of trials multiplies)
+    {grid: [a, b, ...]}    (every value, in every trial sample: the number of trials multiplies;
+                            --searcher random only)
 and `alpha` may also be {by: optimizer, sgd: {...}, adagrad: {...}}: each optimizer's own range.
 """
 
@@ -56,7 +64,9 @@ from .config import TrainConfig, build
 from .corpus import HOLDOUT_SCHEMA, Corpus, iter_shard, write_shard
 from .errors import UserError
 from .ids import hash_strings
+from .logs import quiet_exit_in_finalizers
 from .prepare import hold_out
+from .sampling import keep_probabilities
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +83,12 @@ DEFAULT_SPACE = {
 }
 TEXT_SPACE = {"window": {"choice": [5, 8, 10]}, "dbow_words": {"choice": [False, True]}}  # for text corpora
 REDUCTION = 3  # ASHA keeps the best third at each rung
+# Each optimizer's first trial, before any draw: a learning rate known to train (gensim's 0.025 for SGD;
+# row-wise Adagrad's step is per element about alpha, and 0.05 is where it beat SGD on catalogue data)
+START_ALPHA = {"sgd": 0.025, "adagrad": 0.05}
+SEARCHERS = ("random", "optuna")
+# optuna: random draws after the seeded trials before its TPE sampler models the results
+OPTUNA_RANDOM_STARTS = 3
 VALIDATION_FRACTION = 0.2  # of each user's distinct URLs, hidden from the trials and measured on
 # the test share of a --labels file (evaluate --labels' own split) or of a --pairs file (half: Lee's
 # 1,225 pairs leave 600-odd to search on and as many to report)
@@ -93,6 +109,37 @@ def default_space(corpus: Corpus, base: TrainConfig | None = None) -> dict:
     if corpus.meta.get("format") == "text":
         space.update(TEXT_SPACE)
     return space
+
+
+def seed_points(space: dict, base: TrainConfig) -> list[dict]:
+    """The trials that run before any draw: the base settings (the user's flags and --config) first,
+    then each optimizer of the space at its START_ALPHA, the rest as in the base. A random search of a
+    few trials may otherwise never try an optimizer at a learning rate that suits it (row-wise
+    Adagrad wants about twice SGD's). Each point sets every setting the space varies, so it is one
+    trial (a grid too: the draws still run every grid point)."""
+    varied = [n for n, spec in space.items() if isinstance(spec, dict)]
+    base_point = {n: _plain(getattr(base, n)) for n in varied}
+    points = [base_point]
+    optimizers = space.get("optimizer")
+    if isinstance(optimizers, dict):
+        (_, choices), = ((k, v) for k, v in optimizers.items())
+        for optimizer in choices if isinstance(choices, list) else []:
+            point = {**base_point, "optimizer": optimizer}
+            if "alpha" in base_point and optimizer in START_ALPHA:
+                point["alpha"] = START_ALPHA[optimizer]
+            if point not in points:
+                points.append(point)
+    return points
+
+
+def is_point(settings: dict, point: dict) -> bool:
+    return all(_same(settings.get(name), value) for name, value in point.items())
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(float(a), float(b), rel_tol=1e-9)
+    return a == b
 
 
 def load_space(path: str) -> dict:
@@ -152,6 +199,50 @@ def _by(ranges: dict, key, by: str, name: str):
     return domain.sample() if hasattr(domain, "sample") else domain
 
 
+class OptunaSpace:
+    """The space as an Optuna define-by-run function (`OptunaSearch(space=...)`): a by-optimizer alpha
+    draws from the range of the optimizer drawn first. The seeded points' values join each choice
+    (Optuna runs an enqueued trial only with values its distributions hold). A class, not a closure:
+    Ray Tune pickles the searcher with the experiment's state."""
+
+    def __init__(self, space: dict, points: list[dict], where: str = "the search space"):
+        tune_space(space, where)  # every name a setting, every range well formed
+        for name, spec in space.items():
+            specs = [v for k, v in spec.items() if k != "by"] if isinstance(spec, dict) and "by" in spec else [spec]
+            if any(isinstance(v, dict) and "grid" in v for v in specs):
+                raise UserError(f"{where}: {name}: grid is not searched by --searcher optuna (it draws every "
+                                "setting); use choice, or --searcher random")
+        self.space, self.extra = space, {}
+        for point in points:
+            for name, value in point.items():
+                spec = space.get(name)
+                if isinstance(spec, dict) and "choice" in spec and value not in spec["choice"]:
+                    self.extra.setdefault(name, []).append(value)
+
+    def __call__(self, trial) -> dict:
+        values, fixed = {}, {}
+        # the settings a by-setting depends on first, whatever the order of the space file
+        for name, spec in sorted(self.space.items(), key=lambda item: isinstance(item[1], dict) and "by" in item[1]):
+            if isinstance(spec, dict) and "by" in spec:
+                spec = spec.get(values[spec["by"]])
+                if spec is None:
+                    raise UserError(f"the search space gives {name} no range for "
+                                    f"{self.space[name]['by']}={values[self.space[name]['by']]}")
+            if isinstance(spec, dict):
+                values[name] = self._suggest(trial, name, spec)
+            else:
+                values[name] = fixed[name] = spec
+        return fixed
+
+    def _suggest(self, trial, name: str, spec: dict):
+        (kind, args), = spec.items()
+        if kind == "choice":
+            return trial.suggest_categorical(name, [*args, *self.extra.get(name, [])])
+        if kind == "randint":  # Ray Tune's randint excludes its upper bound
+            return trial.suggest_int(name, args[0], args[1] - 1)
+        return trial.suggest_float(name, args[0], args[1], log=kind == "loguniform")
+
+
 def grace_epochs(max_epochs: int) -> int:
     """Epochs every trial trains before ASHA may stop it: a third of the longest schedule.
 
@@ -187,26 +278,49 @@ def max_epochs_of(space: dict, base: TrainConfig) -> int:
 # the validation split
 # ---------------------------------------------------------------------------------------------------
 
-def split_validation(corpus: Corpus, out: str, fraction: float = VALIDATION_FRACTION,
-                     seed: int = 0) -> tuple[Corpus, str]:
-    """A copy of `corpus` at out/corpus with a share of each user's distinct URLs hidden, and those
+def split_validation(corpus: Corpus, out: str, fraction: float = VALIDATION_FRACTION, seed: int = 0,
+                     users: int | None = None) -> tuple[Corpus, str]:
+    """A copy of `corpus` at out/corpus with a share of some users' distinct URLs hidden, and those
     (key, URL) pairs at out/heldout.parquet: the split `prepare --holdout` makes (prepare.hold_out:
     max(1, round(fraction × distinct)) of a user's distinct URLs, never all, every event of them), so
     a trial is measured the way the user's own held-out file measures the final model. The
-    vocabulary keeps its ids; its counts become those of what stays."""
+    vocabulary keeps its ids; its counts become those of what stays.
+
+    `users` (None: every user) limits the split to that many users, drawn among those with two
+    distinct URLs or more: the ones a trial is measured on. Every other user trains whole, so the
+    trials train on nearly the corpus the chosen settings will train on. With short documents
+    (a catalogue's ~5 URLs a user) hiding a URL of every user takes a fifth or more of the training
+    signal away from every trial and leaves the measured users with 1 to 4 URLs."""
     docs, vocab = corpus.docs(), corpus.vocab()
     keys = docs.column("key").combine_chunks()
     path = os.path.join(out, "corpus")
     os.makedirs(path)
+
+    def split(doc_ids: np.ndarray, offsets: np.ndarray, tokens: np.ndarray):
+        codes = np.repeat(np.arange(len(doc_ids)), np.diff(offsets))
+        return codes, hold_out(codes, tokens, hash_strings(keys.take(pa.array(doc_ids))), corpus.vocab_size,
+                               fraction, seed)
+
+    chosen = None  # per document: hidden from (None: every one with two distinct URLs or more)
+    if users is not None:
+        eligible = np.concatenate([np.unique(doc_ids[split(doc_ids, offsets, tokens)[1][1]])
+                                   for shard in corpus.shard_paths for doc_ids, offsets, tokens in iter_shard(shard)]
+                                  or [np.zeros(0, np.int64)])
+        chosen = np.zeros(corpus.num_docs, bool)
+        if len(eligible) > users:
+            eligible = np.random.default_rng(seed).choice(eligible, users, replace=False)
+        chosen[eligible] = True
     shards, counts = [], np.zeros(corpus.vocab_size, dtype=np.int64)
     lengths = docs.column("length").to_numpy().copy()
     hidden_docs, hidden_words = [], []
     for s, shard in enumerate(corpus.shard_paths):
         ids, sizes, words = [], [], []
         for doc_ids, offsets, tokens in iter_shard(shard):
-            codes = np.repeat(np.arange(len(doc_ids)), np.diff(offsets))
-            keep, hid_doc, hid_tok, _ = hold_out(codes, tokens, hash_strings(keys.take(pa.array(doc_ids))),
-                                                 corpus.vocab_size, fraction, seed)
+            codes, (keep, hid_doc, hid_tok, _) = split(doc_ids, offsets, tokens)
+            if chosen is not None:
+                mine = chosen[doc_ids]
+                keep |= ~mine[codes]
+                hid_doc, hid_tok = hid_doc[mine[hid_doc]], hid_tok[mine[hid_doc]]
             ids.append(doc_ids)
             sizes.append(np.bincount(codes[keep], minlength=len(doc_ids)))
             words.append(tokens[keep])
@@ -319,6 +433,7 @@ def run_trial(settings: dict, *, base: dict, target: Target, trials: str, rungs:
     # the trial's own lines (engine line, a stopped run's note) are not the user's concern: Tune reports
     # its metric and, for a failed trial, its error
     logging.getLogger("doc2vec_dist").setLevel(logging.ERROR)
+    quiet_exit_in_finalizers()  # ASHA stopping this trial: Ray's SIGTERM, no traceback on the console
     config = build(TrainConfig, base, settings)
     out = os.path.join(trials, tune.get_context().get_trial_id())
     t0 = time.perf_counter()
@@ -366,13 +481,75 @@ def trial_resources(base: dict, corpus: Corpus) -> Callable[[dict], object]:
 TRIAL_OVERHEAD_SECONDS = 3.5
 
 
+# Row-wise Adagrad's cost per token against SGD's: 0.233M against 0.433M tokens/s in the README's
+# PV-DBOW table (the same corpus, engine and machine); the accumulator column is read, updated and pushed.
+ADAGRAD_COST = 1.9
+COST_DRAWS = 256  # draws of the space that average a trial's cost per epoch
+
+
+def trial_cost(space: dict, config: TrainConfig, counts: np.ndarray, seed: int = 0) -> float:
+    """A trial's mean cost per epoch against `config`'s (the calibrated run), over draws of `space`.
+
+    A token's work is its training pairs (1, and about `window` more with dbow_words) times the
+    output rows each pair updates (1 + negative) times their width (dim), for the tokens that
+    subsampling keeps (`sample`, computed on the corpus's counts), times ADAGRAD_COST with Adagrad.
+    The calibration times the base settings only; a space that draws negative 20 or Adagrad costs
+    twice that per epoch."""
+    rng = np.random.default_rng(seed)
+    kept: dict[float, float] = {}
+
+    def work(settings: dict) -> float:
+        c = {**{k: getattr(config, k) for k in _COST_FIELDS}, **{k: v for k, v in settings.items() if k in _COST_FIELDS}}
+        if c["sample"] not in kept:
+            kept[c["sample"]] = float((counts * keep_probabilities(counts, c["sample"])).sum() / max(counts.sum(), 1))
+        pairs = 1 + (c["window"] if c["dbow_words"] and c["mode"] == "dbow" else 0)
+        return (kept[c["sample"]] * pairs * max(1 + c["negative"], 1) * max(c["dim"], 1)
+                * (ADAGRAD_COST if c["optimizer"] == "adagrad" else 1.0))
+
+    draws = [work(_draw(space, rng)) for _ in range(COST_DRAWS)]
+    return float(np.mean(draws)) / work({})
+
+
+_COST_FIELDS = ("sample", "window", "dbow_words", "mode", "negative", "dim", "optimizer")
+
+
+def _draw(space: dict, rng: np.random.Generator) -> dict:
+    """One draw of the space's settings (a grid: one of its values), a by-setting after its key."""
+    drawn: dict = {}
+    for name, spec in sorted(space.items(), key=lambda item: isinstance(item[1], dict) and "by" in item[1]):
+        if isinstance(spec, dict) and "by" in spec:
+            spec = spec.get(drawn.get(spec["by"]), {})
+        if not isinstance(spec, dict):
+            drawn[name] = spec
+        elif spec:
+            (kind, args), = spec.items()
+            if kind in ("choice", "grid"):
+                drawn[name] = args[int(rng.integers(len(args)))]
+            elif kind == "uniform":
+                drawn[name] = float(rng.uniform(*args))
+            elif kind == "loguniform":
+                drawn[name] = float(np.exp(rng.uniform(np.log(args[0]), np.log(args[1]))))
+            else:
+                drawn[name] = int(rng.integers(args[0], args[1]))
+    return drawn
+
+
 def estimate_seconds(target: Target, config: TrainConfig, trials: int, budget: float, at_once: int,
-                     calibrate_seconds: float) -> dict | None:
-    """The search's time, before it starts: `plan`'s calibration of the longest trial (startup, seconds
-    per epoch) with one measurement of its model timed (scaled by users when the calibration trained
-    a slice), ASHA's expected measurements, Ray Tune's overhead per trial, and the comparison (the best
-    and the defaults trained on the whole corpus, each measured once; gensim's training is not
-    included). Trials run `at_once` at a time. None with no calibration."""
+                     calibrate_seconds: float, space: dict | None = None, base: TrainConfig | None = None,
+                     compare: bool = True) -> dict | None:
+    """The command's time from here, before the search starts, in parts that add up (`parts`):
+
+    - startup: each trial's servers and workers starting (plan's calibration of the longest trial);
+    - overhead: Ray Tune's own per trial (its actor, placement group, bookkeeping: TRIAL_OVERHEAD_SECONDS);
+    - training: ASHA's expected epochs (`budget` full trainings) at the calibrated seconds per epoch,
+      times a trial's mean cost against the calibrated settings (trial_cost);
+    - measuring: every measurement a trial makes (at ASHA's rungs and its last epoch: a checkpoint
+      and an evaluation of the validation side, one timed in the calibration);
+    - comparing: the best and the base trained on the whole corpus, each measured once on the test
+      side (20,000 users of a held-out file, with the popularity baseline).
+
+    The search's parts run `at_once` at a time. gensim's training in the comparison is not
+    included. None with no calibration."""
     if calibrate_seconds <= 0:
         return None
     from .plan import plan
@@ -383,25 +560,56 @@ def estimate_seconds(target: Target, config: TrainConfig, trials: int, budget: f
         except UserError as exc:  # a slice's model lacks the file's keys: no timing, said so
             return {"error": str(exc)}
 
+    base = base or config
     found = plan(target.trial_corpus, config, calibrate_seconds=calibrate_seconds, measure=measure)
     cal, timing = found["calibration"], found["time"]
     epoch_seconds, startup = timing["epoch_seconds"], timing["startup_seconds"]
     checkpoint = timing["checkpoint_seconds"] or 0.0  # each measurement reads a committed checkpoint
     probe = cal.get("measured") or {}
-    measure_seconds = None
+    measure_seconds = test_measure_seconds = None
     if probe and "error" not in probe["result"]:
+        per_unit = probe["seconds"] / max(target.units(probe["result"]), 1)
         measure_seconds = probe["seconds"]
-        if cal["sliced"] and target.kind == "heldout":
+        test_measure_seconds = probe["seconds"]
+        if target.kind == "heldout":
             users = pq.read_table(target.validation_pairs, columns=["key"]).column("key").unique()
-            measure_seconds *= min(TRIAL_USERS, len(users)) / max(target.units(probe["result"]), 1)
+            measure_seconds = per_unit * min(TRIAL_USERS, len(users))
+            # evaluate's default sample of the user's file, and the popularity baseline beside the model
+            test_users = pq.read_table(target.user_file, columns=["key"]).column("key").unique()
+            test_measure_seconds = 2 * per_unit * min(20_000, len(test_users))
+    cost = trial_cost(space, config, Corpus(target.trial_corpus).counts()) if space else 1.0
     measurements = expected_measurements(trials, config.epochs)
     epochs = budget * config.epochs
-    search = (trials * (startup + TRIAL_OVERHEAD_SECONDS) + epochs * epoch_seconds
-              + measurements * (checkpoint + (measure_seconds or 0.0))) / at_once
-    compare = 2 * startup + (config.epochs + config.epochs) * epoch_seconds + 2 * (measure_seconds or 0.0)
-    return {"seconds": search + compare, "search_seconds": search, "compare_seconds": compare, "trials": trials,
-            "startup_seconds": startup, "overhead_seconds": TRIAL_OVERHEAD_SECONDS, "epochs": epochs,
-            "epoch_seconds": epoch_seconds, "measurements": measurements, "measure_seconds": measure_seconds}
+    parts = {"startup": trials * startup / at_once,
+             "overhead": trials * TRIAL_OVERHEAD_SECONDS / at_once,
+             "training": epochs * epoch_seconds * cost / at_once,
+             "measuring": measurements * (checkpoint + (measure_seconds or 0.0)) / at_once}
+    search_seconds = sum(parts.values())
+    if compare:
+        whole = Corpus(target.corpus).num_tokens / max(Corpus(target.trial_corpus).num_tokens, 1)
+        parts["comparing"] = (2 * startup + (config.epochs * cost + base.epochs) * epoch_seconds * whole
+                              + 2 * (test_measure_seconds or 0.0))
+    return {"seconds": sum(parts.values()), "parts": parts, "search_seconds": search_seconds,
+            "compare_seconds": parts.get("comparing", 0.0), "trials": trials, "startup_seconds": startup,
+            "overhead_seconds": TRIAL_OVERHEAD_SECONDS, "epochs": epochs, "epoch_seconds": epoch_seconds,
+            "trial_cost": cost, "measurements": measurements, "measure_seconds": measure_seconds,
+            "checkpoint_seconds": checkpoint, "test_measure_seconds": test_measure_seconds}
+
+
+def format_estimate(estimate: dict, at_once: int) -> str:
+    """The estimate in one line, each part with what it counts."""
+    p = estimate["parts"]
+    measure = (f"{estimate['measure_seconds']:.1f} s" if estimate["measure_seconds"] is not None
+               else "an unknown time")
+    line = (f"tune: estimated {estimate['seconds'] / 60:,.1f} min: {estimate['trials']} trials' startup "
+            f"{p['startup']:.0f} s + Ray Tune's overhead {p['overhead']:.0f} s ({estimate['overhead_seconds']:.1f} s a "
+            f"trial) + training {p['training']:.0f} s ({estimate['epochs']:,.0f} epochs of "
+            f"{estimate['epoch_seconds']:.2f} s x {estimate['trial_cost']:.2f}, a trial's mean cost against the base) "
+            f"+ measuring {p['measuring']:.0f} s ({estimate['measurements']:,.0f} evaluations at ASHA's rungs and "
+            f"last epochs, {measure} each), {at_once} trial(s) at a time")
+    if "comparing" in p:
+        line += f"; then the comparison {p['comparing']:.0f} s and gensim's training (not estimated)"
+    return line
 
 
 def concurrency(config: TrainConfig) -> int:
@@ -412,11 +620,19 @@ def concurrency(config: TrainConfig) -> int:
     return max(1, int(cpus // max(config.cpus_per_worker * config.num_workers, 1e-9)))
 
 
+ENDED = ("finished", "stopped early")
+
+
 class _Recorder:
-    """A Ray Tune callback that keeps trials.csv and best.yaml current as trials report and end."""
+    """A Ray Tune callback that keeps trials.csv and best.yaml current as trials report and end.
+
+    "best so far" (the progress line, best.yaml) is the best metric among the trials that have
+    ended (finished, or stopped by ASHA at a rung), each at its last measurement: it never goes
+    down, as a running trial's figure at a rung may before its last epoch. The base settings win
+    ties: a search that finds nothing better says so and hands the base back."""
 
     def __init__(self, out: str, names: list[str], base: dict, metric: str, measured_on: str, total: int,
-                 progress: bool):
+                 progress: bool, points: list[dict] | None = None, searcher: str = "random"):
         from ray.tune import Callback
         from tqdm import tqdm
 
@@ -434,6 +650,7 @@ class _Recorder:
 
         self.callback = _Callback()
         self.out, self.names, self.base, self.metric, self.measured_on = out, names, base, metric, measured_on
+        self.points, self.searcher = points or [], searcher
         self.rows: dict[str, dict] = {}
         # one line for the whole search, in place of Ray Tune's tables
         self.bar = tqdm(total=total, unit=" trials", desc="tune", disable=not progress, file=sys.stderr,
@@ -448,18 +665,26 @@ class _Recorder:
 
         self.__dict__.update(state, bar=tqdm(disable=True))
 
+    def source(self, settings: dict) -> str:
+        """base: the base settings; start: an optimizer at its START_ALPHA; else the searcher's draw."""
+        for i, point in enumerate(self.points):
+            if is_point(settings, point):
+                return "base" if i == 0 else "start"
+        return self.searcher
+
     def _row(self, trial) -> dict:
-        return self.rows.setdefault(trial.trial_id, {"trial": trial.trial_id, **{n: trial.config.get(n)
-                                                                                 for n in self.names},
-                                                     self.metric: None, "epochs_run": 0, "tokens_per_second": None,
-                                                     "seconds": None, "state": "running"})
+        if trial.trial_id not in self.rows:
+            settings = {n: _plain(trial.config.get(n)) for n in self.names}
+            self.rows[trial.trial_id] = {"trial": trial.trial_id, **settings, "source": self.source(trial.config),
+                                         self.metric: None, "epochs_run": 0, "tokens_per_second": None,
+                                         "seconds": None, "state": "running"}
+        return self.rows[trial.trial_id]
 
     def seen(self, trial, result: dict) -> None:
         row = self._row(trial)
         row.update({self.metric: result["metric"], "epochs_run": result["epoch"],
                     "tokens_per_second": result["tokens_per_second"], "seconds": result["seconds"]})
         self.write()
-        self.bar.set_postfix_str(f"best {self.metric} {self.best()[self.metric]:.4f}", refresh=True)
 
     def ended(self, trial, how: str) -> None:
         # its model is not needed again (compare trains the best on the whole corpus): at 20M users a
@@ -474,20 +699,29 @@ class _Recorder:
             target = trial.config.get("epochs", self.base.get("epochs"))
             row["state"] = "finished" if target is None or row["epochs_run"] >= target else "stopped early"
         self.write()
+        best = self.best()
+        if best is not None:
+            self.bar.set_postfix_str(f"best {self.metric} {best[self.metric]:.4f} (of the trials ended)",
+                                     refresh=False)
         self.bar.update(1)
 
     def table(self) -> list[dict]:
-        done = [r for r in self.rows.values() if r[self.metric] is not None]
-        return sorted(done, key=lambda r: -r[self.metric]) + [r for r in self.rows.values()
-                                                              if r[self.metric] is None]
+        """Every trial: the ended ones best first (the base before an equal), then the others."""
+        ended = [r for r in self.rows.values() if r["state"] in ENDED and r[self.metric] is not None]
+        return (sorted(ended, key=lambda r: (-r[self.metric], r["source"] != "base"))
+                + [r for r in self.rows.values() if r not in ended])
 
     def best(self) -> dict | None:
         rows = self.table()
-        return rows[0] if rows and rows[0][self.metric] is not None else None
+        return rows[0] if rows and rows[0]["state"] in ENDED and rows[0][self.metric] is not None else None
+
+    def base_row(self) -> dict | None:
+        return next((r for r in self.table() if r["source"] == "base"), None)
 
     def write(self) -> None:
         rows = self.table()
-        columns = ["trial", *self.names, self.metric, "epochs_run", "tokens_per_second", "seconds", "state", "error"]
+        columns = ["trial", *self.names, "source", self.metric, "epochs_run", "tokens_per_second", "seconds", "state",
+                   "error"]
         table = io.StringIO(newline="")
         writer = csv.DictWriter(table, columns, extrasaction="ignore")
         writer.writeheader()
@@ -496,7 +730,10 @@ class _Recorder:
         best = self.best()
         if best is not None:
             settings = {n: _plain(best[n]) for n in self.names}
-            text = (f"# doc2vec-dist tune: the best of {len(rows)} trial(s) so far, {self.metric} "
+            ended = sum(r["state"] in ENDED for r in rows)
+            what = ("nothing beat the base settings (these): " if best["source"] == "base" and ended > 1
+                    else "the base settings: " if best["source"] == "base" else "")
+            text = (f"# doc2vec-dist tune: {what}the best of {ended} ended trial(s) so far, {self.metric} "
                     f"{best[self.metric]:.4f} after {best['epochs_run']} epoch(s) on {self.measured_on}\n"
                     + yaml.safe_dump(settings, sort_keys=True))
             storage.write_local(os.path.join(self.out, "best.yaml"), text)
@@ -521,9 +758,13 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
            pairs: str | None = None, budget: float = 8.0, space: dict | None = None,
            base: TrainConfig | None = None, compare: bool = True, calibrate_seconds: float = 10.0,
            test_fraction: float | None = None, key_col: str = "key", label_col: str = "label",
-           progress: bool = True) -> dict:
+           progress: bool = True, searcher: str = "random", space_name: str = "the search space") -> dict:
     """Search the settings of `space` (default_space) on `corpus_path` within `budget` full trainings;
-    write the trials' table, the best settings, the plot and the comparison into `out` (module docstring)."""
+    write the trials' table, the best settings, the plot and the comparison into `out` (module docstring).
+
+    The base settings and each optimizer at its START_ALPHA run first (seed_points), then the
+    searcher's draws: `random` (Ray Tune's own) or `optuna` (Optuna's TPE, which draws where the
+    results so far are best). `space_name` names the space in errors (the --space file)."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -537,10 +778,14 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
         raise UserError(f"{user_file}: no such file")
     if budget <= 0:
         raise UserError(f"--budget must be > 0 full trainings, not {budget}")
+    if searcher not in SEARCHERS:
+        raise UserError(f"--searcher must be one of {', '.join(SEARCHERS)}, not {searcher!r}")
     corpus = Corpus(corpus_path)
     base = base or TrainConfig()
     space = space if space is not None else default_space(corpus, base)
-    param_space = tune_space(space)
+    tune_space(space, space_name)  # every name a setting, every range well formed
+    points = seed_points(space, base)
+    search_alg = _searcher(searcher, space, points, base.seed, space_name)  # before anything is written: a refusal leaves nothing
     out = os.path.abspath(out)
     replaces = outputs.check_dir(out, "tune", None)
     outputs.check_writable(out, inside=True)
@@ -551,7 +796,8 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     os.makedirs(out, exist_ok=True)
     outputs.write_marker(out, "tune")
     if kind == "heldout":
-        val_corpus, val_pairs = split_validation(corpus, os.path.join(out, "validation"), seed=base.seed)
+        val_corpus, val_pairs = split_validation(corpus, os.path.join(out, "validation"), seed=base.seed,
+                                                 users=TRIAL_USERS)
         target = Target(kind, os.path.abspath(user_file), corpus.path, val_corpus.path, val_pairs)
     else:
         target = Target(kind, os.path.abspath(user_file), corpus.path,
@@ -560,34 +806,34 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     base_fields = {**dataclasses.asdict(base), "progress": False, "checkpoint_every": 0.0, "keep_checkpoints": 1}
     max_epochs = max_epochs_of(space, base)
     grid = math.prod(len(v["grid"]) for v in space.values() if isinstance(v, dict) and "grid" in v)
-    samples = max(1, trials_for_budget(budget, max_epochs) // grid)  # each sample runs every grid point
+    # the seeded points are one trial each, within the budget; the draws run every grid point, at least once
+    draws = max(1 if grid > 1 else 0, (trials_for_budget(budget, max_epochs) - len(points)) // grid)
+    total = len(points) + draws * grid
     metric = METRICS[kind]
     measured_on = target.where("validation")
     names = list(space)
     with ray_connection(base.address):
         at_once = concurrency(build(TrainConfig, base_fields))
         estimate = estimate_seconds(target, build(TrainConfig, base_fields, {"epochs": max_epochs}),
-                                    samples * grid, budget, at_once, calibrate_seconds)
+                                    total, budget, at_once, calibrate_seconds, space=space, base=base,
+                                    compare=compare)
         if estimate is not None:
-            log.info(f"tune: plan estimates {estimate['seconds'] / 60:,.1f} min: the search "
-                     f"{estimate['search_seconds'] / 60:,.1f} min ({estimate['trials']} trials starting in "
-                     f"{estimate['startup_seconds'] + estimate['overhead_seconds']:.1f} s, {estimate['epochs']:,.0f} "
-                     f"epochs of {estimate['epoch_seconds']:.2f} s, {estimate['measurements']:,.0f} measurements of "
-                     + (f"{estimate['measure_seconds']:.1f} s" if estimate["measure_seconds"] is not None
-                        else "unknown time") + f", {at_once} at a time), then the comparison "
-                     f"{estimate['compare_seconds'] / 60:,.1f} min and gensim's training")
-        log.info(f"tune: {samples * grid} trial(s) of up to {max_epochs} epochs, ASHA (every trial "
-                 f"{grace_epochs(max_epochs)} epoch(s), then the best 1/{REDUCTION} at each rung) ≈ {budget:g} full "
-                 f"trainings, {at_once} at a time; metric {metric} on {measured_on}")
-        recorder = _Recorder(out, names, base_fields, metric, measured_on, samples * grid, progress)
+            log.info(format_estimate(estimate, at_once))
+        log.info(f"tune: {total} trial(s) of up to {max_epochs} epochs: the base settings"
+                 + (f" and {len(points) - 1} optimizer(s) at a known learning rate" if len(points) > 1 else "")
+                 + f" first, then {draws * grid} {searcher} draw(s); ASHA (every trial {grace_epochs(max_epochs)} "
+                 f"epoch(s), then the best 1/{REDUCTION} at each rung) ≈ {budget:g} full trainings, {at_once} at a "
+                 f"time; metric {metric} on {measured_on}")
+        recorder = _Recorder(out, names, base_fields, metric, measured_on, total, progress, points, searcher)
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, base=base_fields, target=target, trials=os.path.join(out, "trials"),
                                  rungs=rung_epochs(max_epochs)),
             trial_resources(base_fields, Corpus(target.trial_corpus)))
         tuner = tune.Tuner(
-            trainable, param_space=param_space,
+            trainable, param_space={},  # the searcher gives each trial's whole config
             tune_config=tune.TuneConfig(
-                metric="metric", mode="max", num_samples=samples, max_concurrent_trials=at_once,
+                metric="metric", mode="max", num_samples=total, max_concurrent_trials=at_once,
+                search_alg=search_alg,
                 scheduler=ASHAScheduler(time_attr="epoch", max_t=max_epochs, grace_period=grace_epochs(max_epochs),
                                         reduction_factor=REDUCTION)),
             run_config=tune.RunConfig(name="tune", storage_path=os.path.join(out, "ray_tune"), verbose=0,
@@ -599,7 +845,7 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
         recorder.bar.close()
         seconds = time.perf_counter() - t0
         # Ray Tune catches a Ctrl-C, stops the running trials, starts no more and returns
-        unfinished = samples * grid - grid_of_results.num_terminated - grid_of_results.num_errors
+        unfinished = total - grid_of_results.num_terminated - grid_of_results.num_errors
         if unfinished:
             for row in recorder.rows.values():
                 if row["state"] == "running":
@@ -607,28 +853,91 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
         recorder.write()
         outputs.remove_path(os.path.join(out, "trials"))  # what a stopped trial wrote after its end
         if unfinished:
+            kept = (f", the best settings so far in {os.path.join(out, 'best.yaml')}" if recorder.best() is not None
+                    else "; no trial had ended, so there are no best settings")
             log.warning(f"interrupted with {unfinished} trial(s) unfinished: the trials so far are in "
-                        f"{os.path.join(out, 'trials.csv')}, the best settings so far in {os.path.join(out, 'best.yaml')}")
+                        f"{os.path.join(out, 'trials.csv')}{kept}")
             raise KeyboardInterrupt
         best = recorder.best()
         if best is None:
             raise UserError(f"{out}: every trial failed; see trials.csv")
         settings = {n: _plain(best[n]) for n in names}
+        base_row = recorder.base_row()
         result = {"estimated_seconds": None if estimate is None else round(estimate["seconds"], 1),
-                  "estimate": estimate,
+                  "estimate": estimate, "searcher": searcher,
                   "trials": len(recorder.rows), "failed": sum(r["state"] == "failed" for r in recorder.rows.values()),
                   "seconds": round(seconds, 1), "metric": metric, "measured_on": measured_on,
                   "best": {**settings, metric: best[metric]},
+                  # the base settings' own trial: its figure, and whether any other trial beat it
+                  "base": None if base_row is None else {**{n: _plain(base_row[n]) for n in names},
+                                                         metric: base_row[metric], "state": base_row["state"]},
+                  "base_is_best": best["source"] == "base",
                   # what the trials' own clocks did not see (Ray Tune starting and ending them), per trial
                   "overhead_seconds_per_trial": round((seconds * at_once - sum(r["seconds"] or 0.0 for r in
                                                                               recorder.rows.values()))
                                                       / max(len(recorder.rows), 1), 2)}
         plot_settings(recorder.table(), names, metric, os.path.join(out, "settings.png"), space)
         if compare:
-            result["compare"] = compare_on_test(target, out, settings, base)
+            result["compare"] = compare_on_test(target, out, settings, base, same_as_base=result["base_is_best"])
             result["compared_on"] = target.where("test")
     storage.write_local(os.path.join(out, "tune.json"), storage.json_bytes(result))
     return result
+
+
+def _searcher(name: str, space: dict, points: list[dict], seed: int, space_name: str = "the search space"):
+    """Ray Tune's search algorithm for `name`, with the seeded points first (`points_to_evaluate`)."""
+    fixed = {n: v for n, v in space.items() if not isinstance(v, dict)}
+    if name == "random":
+        return _random_draws(space, [{**fixed, **p} for p in points], seed)
+    try:
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+    except ImportError:
+        raise UserError("--searcher optuna needs Optuna: pip install optuna (or pip install "
+                        "'doc2vec-dist[optuna]')") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no line per trial: trials.csv has them
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=len(points) + OPTUNA_RANDOM_STARTS)
+    return OptunaSearch(space=OptunaSpace(space, points, space_name), metric="metric", mode="max", sampler=sampler,
+                        points_to_evaluate=[dict(p) for p in points])
+
+
+def _random_draws(space: dict, points: list[dict], seed: int):
+    """Random draws of the space as a Ray Tune Searcher: the points first, then each draw with every
+    grid point. Ray Tune's own generator (BasicVariantGenerator) cannot take a seeded value for a
+    by-optimizer alpha (a sample_from: it fails resolving the trial's config), so the draws are made
+    here, as trial_cost draws them."""
+    import itertools
+
+    from ray.tune.search import Searcher
+
+    grids = {n: v["grid"] for n, v in space.items() if isinstance(v, dict) and "grid" in v}
+    drawn_space = {n: v for n, v in space.items() if n not in grids}
+
+    class RandomDraws(Searcher):
+        def __init__(self):
+            super().__init__(metric="metric", mode="max")
+            self.queue = [dict(p) for p in points]
+            self.rng = np.random.default_rng(seed)
+
+        def suggest(self, trial_id: str) -> dict:
+            if not self.queue:  # a draw for each grid point (a by-setting may depend on a grid)
+                self.queue = [_draw({**drawn_space, **dict(zip(grids, values))}, self.rng)
+                              for values in itertools.product(*grids.values())]
+            return self.queue.pop(0)
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            pass  # random draws learn nothing from results
+
+        def save(self, checkpoint_path: str) -> None:
+            with open(checkpoint_path, "w") as fh:
+                json.dump({"queue": self.queue, "rng": self.rng.bit_generator.state}, fh, default=_plain)
+
+        def restore(self, checkpoint_path: str) -> None:
+            with open(checkpoint_path) as fh:
+                state = json.load(fh)
+            self.queue, self.rng.bit_generator.state = state["queue"], state["rng"]
+
+    return RandomDraws()
 
 
 @contextlib.contextmanager
@@ -698,9 +1007,10 @@ def plot_settings(rows: list[dict], names: list[str], metric: str, path: str, sp
     plt.close(fig)
 
 
-def compare_on_test(target: Target, out: str, settings: dict, base: TrainConfig) -> dict:
+def compare_on_test(target: Target, out: str, settings: dict, base: TrainConfig, same_as_base: bool = False) -> dict:
     """The best settings, the defaults and gensim (with the best's epochs), each trained on the whole
-    corpus and measured on the test side of the user's file (Target.where("test"))."""
+    corpus and measured on the test side of the user's file (Target.where("test")). When the best
+    are the base settings (`same_as_base`), one model stands for both."""
     from .baseline import train_gensim
     from .trainer import train
 
@@ -715,26 +1025,41 @@ def compare_on_test(target: Target, out: str, settings: dict, base: TrainConfig)
             base, epochs=int(settings.get("epochs", base.epochs)), optimizer="sgd", shared_negatives=0,
             progress=False), overwrite=True)),
     ]
+    if same_as_base:
+        runs = runs[1:]
     for name, run in runs:
         model = os.path.join(out, "compare", name)
         summary = run(model)
         found[name] = {"metric": target.value(target.measure(model, "test")),
                        "tokens_per_second": summary.get("tokens_per_second"), "epochs": summary.get("epochs")}
         log.info(f"{name}: {METRICS[target.kind]} {found[name]['metric']:.4f} on {target.where('test')}")
+    if same_as_base:
+        found = {"tuned": found["defaults"], **found}
     return found
 
 
 def format_result(result: dict, out: str) -> str:
-    """The search in a few lines: trials, the best settings, and the comparison on the user's file."""
+    """The search in a few lines: trials, the best settings against the base's, and the comparison on
+    the user's file."""
     metric = result["metric"]
-    best = result["best"]
-    lines = [f"tune: {result['trials']} trial(s), {result['failed']} failed, {result['seconds']:.0f} s; "
-             f"best {metric} {best[metric]:.4f} on {result['measured_on']} with "
+    best, base = result["best"], result.get("base")
+    lines = [f"tune: {result['trials']} trial(s) ({result.get('searcher', 'random')}), {result['failed']} failed, "
+             f"{result['seconds']:.0f} s; best {metric} {best[metric]:.4f} on {result['measured_on']} with "
              + ", ".join(f"{k} {v}" for k, v in best.items() if k != metric)]
-    if result.get("compare"):
+    if result.get("base_is_best"):
+        lines.append(f"nothing beat the base settings (your flags and --config) on {result['measured_on']}: "
+                     f"best.yaml is the base")
+    elif base is not None and base[metric] is not None:
+        lines.append(f"the base settings scored {base[metric]:.4f} there ({base['state']}): the best is "
+                     f"{best[metric] - base[metric]:+.4f}")
+    compare = result.get("compare") or {}
+    if compare:
         lines.append(f"on {result['compared_on']}, trained on the whole corpus:")
-    for name, found in (result.get("compare") or {}).items():
+    for name, found in compare.items():
         lines.append(f"  {name:9s} {metric} {found['metric']:.4f} ({found['epochs']} epochs)")
+    if compare and not result.get("base_is_best") and compare["tuned"]["metric"] < compare["defaults"]["metric"]:
+        lines.append(f"the base settings beat the tuned ones on {result['compared_on']}: keep the base "
+                     f"({compare['defaults']['metric']:.4f} against {compare['tuned']['metric']:.4f})")
     lines.append(f"trials: {os.path.join(out, 'trials.csv')}; best settings: {os.path.join(out, 'best.yaml')} "
                  f"(train --config); plot: {os.path.join(out, 'settings.png')}")
     return "\n".join(lines)

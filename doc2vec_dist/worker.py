@@ -36,6 +36,7 @@ import numpy as np
 from . import client, cpu_kernel
 from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
+from .logs import quiet_exit_in_finalizers
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
 
@@ -248,6 +249,7 @@ class Worker:
         compute: what trains the examples (Compute.default())."""
         import torch
 
+        quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         self.index, self.units, self.config = index, units, config
         self.compute = compute or Compute.default()
         torch.set_num_threads(int(config.cpus_per_worker))

@@ -4,6 +4,7 @@
     python jobs/quality.py --sets lee lee-reversed --modes dbow dbow_words --config my.yaml
     python jobs/quality.py --sets skewed --seeds 1 --quick  # a smoke run: smaller sets, fewer epochs
     python jobs/quality.py --tune 8                         # tune each set, then tuned vs its settings vs gensim
+    python jobs/quality.py --tune 8 --searcher optuna       # the same with Optuna's TPE drawing the trials
     python jobs/quality.py --workers 1 2 4 8 --ray-cpus 8 --no-gensim   # more workers against one worker
 
 Each set is trained by ours (`train`, the defaults plus the set's own model settings plus --config)
@@ -310,7 +311,8 @@ def run_set(data: Set, mode: str, seeds: list[int], overrides: dict, work: str, 
 TUNE_TEST_FRACTION = 0.5  # --tune on Lee and newsgroups: half the pairs / posts kept from the search
 
 
-def tune_set(data: Set, mode: str, seeds: list[int], budget: float, work: str, gensim_workers: int) -> dict:
+def tune_set(data: Set, mode: str, seeds: list[int], budget: float, work: str, gensim_workers: int,
+             searcher: str = "random") -> dict:
     """--tune: `doc2vec-dist tune` on the set (its settings as the base, seed of the first run), then,
     per seed, the tuned settings, the set's settings (ours and gensim's), and gensim at the tuned
     epochs, each scored on what the search never measured (Set.test_score)."""
@@ -321,8 +323,9 @@ def tune_set(data: Set, mode: str, seeds: list[int], budget: float, work: str, g
     from doc2vec_dist.tune import search
 
     base = build(TrainConfig, {**data.settings, **MODES[mode], "seed": seeds[0], "progress": False})
-    out = os.path.join(work, "tune", f"{data.name}-{mode}")
-    found = search(data.corpus, out, budget=budget, base=base, compare=False, progress=False, **data.tune_target)
+    out = os.path.join(work, "tune", f"{data.name}-{mode}-{searcher}")
+    found = search(data.corpus, out, budget=budget, base=base, compare=False, progress=False, searcher=searcher,
+                   **data.tune_target)
     with open(os.path.join(out, "best.yaml")) as fh:
         tuned = yaml.safe_load(fh)
     recipes = {"tuned": ("ours", tuned), "defaults": ("ours", {}), "gensim": ("gensim", {}),
@@ -340,8 +343,9 @@ def tune_set(data: Set, mode: str, seeds: list[int], budget: float, work: str, g
                                "tokens_per_second": summary["tokens_per_second"],
                                "wall_seconds": round(time.perf_counter() - t0, 2)})
     result = {"set": data.name, "about": data.about, "mode": mode, "metric": data.metric, "budget": budget,
+              "searcher": searcher,
               "search": {k: found[k] for k in ("trials", "failed", "seconds", "estimated_seconds", "estimate", "best",
-                                               "measured_on", "overhead_seconds_per_trial")},
+                                               "base", "base_is_best", "measured_on", "overhead_seconds_per_trial")},
               "settings": tuned, "runs": runs, "summary": {}}
     for name, rows in runs.items():
         figures = [r["figure"] for r in rows]
@@ -352,10 +356,12 @@ def tune_set(data: Set, mode: str, seeds: list[int], budget: float, work: str, g
 
 def format_tuned(r: dict) -> str:
     search, summary = r["search"], r["summary"]
-    lines = [f"{r['set']} — tune (budget {r['budget']:g}): {search['trials']} trials, {search['failed']} failed, "
+    lines = [f"{r['set']} — tune (budget {r['budget']:g}, {r.get('searcher', 'random')}): {search['trials']} trials, "
+             f"{search['failed']} failed, "
              f"{search['seconds']:.0f} s (estimated {(search['estimate'] or {}).get('search_seconds', 0):.0f} s; "
              f"Ray Tune's own {search['overhead_seconds_per_trial']:.1f} s a trial); best on "
-             f"{search['measured_on']}: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items())]
+             f"{search['measured_on']}: " + ", ".join(f"{k} {v}" for k, v in r["settings"].items())
+             + (" (the base: nothing beat it)" if search.get("base_is_best") else "")]
     seeds = [row["seed"] for row in r["runs"]["tuned"]]
     header = ["run"] + [f"seed {s}" for s in seeds] + ["mean", "spread", "tokens/s"]
     lines.append("  ".join(f"{h:>10}" if i else f"{h:<22}" for i, h in enumerate(header)))
@@ -413,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="search each set's settings with doc2vec-dist tune (this budget, in full trainings), then "
                          "compare the tuned settings, the set's own and gensim over the seeds, on what the search "
                          "never measured (Lee: half the pairs; newsgroups: half the posts; others: the held-out file)")
+    ap.add_argument("--searcher", nargs="+", default=["random"], choices=("random", "optuna"),
+                    help="with --tune: how the search draws its trials (tune --searcher); several run one search "
+                         "each at the same budget, each then compared over the seeds")
     ap.add_argument("--quick", action="store_true", help="smaller sets and fewer epochs: a smoke run, not a figure")
     ap.add_argument("--workers", type=int, nargs="+", metavar="W",
                     help="train ours with each of these worker counts (1 CPU each), each against the first")
@@ -443,13 +452,16 @@ def main(argv: list[str] | None = None) -> int:
                 data = make_set(name, args.work, args.quick)
                 for mode in args.modes:
                     if args.tune:
-                        result = tune_set(data, mode, args.seeds, args.tune, args.work, args.gensim_workers)
-                        print(format_tuned(result) + "\n", flush=True)
+                        for searcher in args.searcher:
+                            result = tune_set(data, mode, args.seeds, args.tune, args.work, args.gensim_workers,
+                                              searcher)
+                            print(format_tuned(result) + "\n", flush=True)
+                            results.append(result)
                     else:
                         result = run_set(data, mode, args.seeds, overrides, args.work, args.gensim_workers,
                                          args.workers, gensim=not args.no_gensim)
                         print(format_result(result) + "\n", flush=True)
-                    results.append(result)
+                        results.append(result)
         finally:
             if started:
                 ray.shutdown()

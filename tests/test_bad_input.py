@@ -361,6 +361,10 @@ CASES = [
     Case("prepare beside a temporary name another machine's process holds", "prepare {t}/good.csv --out {t}/c",
          "works", files={"good.csv": GOOD_CSV, f"c.tmp-{os.getpid()}/theirs.arrow": b"being written elsewhere"},
          untouched=f"{{t}}/c.tmp-{os.getpid()}"),
+    # --- issue 26, item 11: tune --searcher optuna draws every setting, so a grid has no meaning there ----
+    Case("tune --searcher optuna with a grid", "tune --corpus {corpus} --heldout {heldout} --out {t}/s --space "
+         "{t}/g.yaml --searcher optuna", "error", "{t}/g.yaml: alpha: grid is not searched by --searcher optuna",
+         {"g.yaml": b"alpha: {grid: [0.01, 0.05]}\nepochs: 2\n"}, "{t}/s"),
 ]
 
 

@@ -13,7 +13,18 @@ from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.tune import rung_epochs, search, split_validation, trials_for_budget, tune_space
+from doc2vec_dist.tune import (
+    ADAGRAD_COST,
+    DEFAULT_SPACE,
+    TRIAL_OVERHEAD_SECONDS,
+    rung_epochs,
+    search,
+    seed_points,
+    split_validation,
+    trial_cost,
+    trials_for_budget,
+    tune_space,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a deliberately bad learning rate beside a good one, and a setting that cannot train
@@ -38,13 +49,15 @@ def _trials(out: str) -> list[dict]:
 def test_a_tiny_search_finds_the_good_learning_rate(searched):
     out, result = searched
     rows = _trials(out)
-    assert len(rows) == 4 and result["trials"] == 4
+    # the base settings (alpha 0.025, negative 5) first, then the grid's four
+    assert len(rows) == 5 and result["trials"] == 5
+    assert [(r["alpha"], r["negative"]) for r in rows if r["source"] == "base"] == [("0.025", "5")]
     # plan's estimate, made before the search started, of the search itself: within 3x either way (the
     # estimate that left out measurements and Ray Tune's overhead said 7.6 s of a 23.0 s search)
     estimate = result["estimate"]
     assert result["estimated_seconds"] > estimate["search_seconds"] > 0 and estimate["measure_seconds"] > 0
     assert result["seconds"] / 3 < estimate["search_seconds"] < 3 * result["seconds"], (estimate, result["seconds"])
-    trained = {float(r["alpha"]): float(r["recall@10"]) for r in rows if r["state"] != "failed"}
+    trained = {float(r["alpha"]): float(r["recall@10"]) for r in rows if r["state"] != "failed" and r["source"] != "base"}
     assert set(trained) == {0.0002, 0.05}
     assert trained[0.05] > trained[0.0002] + 0.03, trained  # far above: the bad rate barely moves the vectors
     with open(os.path.join(out, "best.yaml")) as fh:
@@ -65,6 +78,7 @@ def test_the_best_is_compared_with_the_defaults_and_gensim_on_the_users_file(sea
     compare = result["compare"]
     assert set(compare) == {"tuned", "defaults", "gensim"}
     assert compare["tuned"]["epochs"] == 8 == compare["gensim"]["epochs"] and compare["defaults"]["epochs"] == 4
+    assert not result["base_is_best"] and result["base"]["alpha"] == 0.025
     again = heldout_metrics(os.path.join(out, "compare", "tuned"), sample_corpus[1])["model_recall@10"]
     assert compare["tuned"]["metric"] == pytest.approx(again)
     popular = heldout_metrics(os.path.join(out, "compare", "gensim"), sample_corpus[1])["popularity_recall@10"]
@@ -210,3 +224,189 @@ def test_ctrl_c_keeps_the_trials_so_far_and_the_best_settings(sample_corpus, tmp
     assert any(r["state"] == "finished" for r in rows) and len(rows) < 50
     assert yaml.safe_load((out / "best.yaml").read_text())["epochs"] == 6
     assert not (out / "tune.json").exists() and not (out / "compare").exists()
+
+
+def test_the_estimate_s_parts_add_up_and_count_evaluation_and_ray_tunes_overhead(searched):
+    """The estimate said 2.5 min of a 5.9 min search: its parts are shown, add up to it, and include
+    every evaluation a trial makes, Ray Tune's own time per trial, and the comparison."""
+    _, result = searched
+    estimate = result["estimate"]
+    parts = estimate["parts"]
+    assert set(parts) == {"startup", "overhead", "training", "measuring", "comparing"}
+    assert sum(parts.values()) == pytest.approx(estimate["seconds"])
+    assert estimate["search_seconds"] == pytest.approx(estimate["seconds"] - parts["comparing"])
+    at_once = round(estimate["trials"] * TRIAL_OVERHEAD_SECONDS / parts["overhead"])
+    assert at_once >= 1 and estimate["trials"] == result["trials"] == 5
+    # every evaluation: ASHA's rung (epoch 3 of 8) for each trial, the last epoch for the third that goes on
+    assert estimate["measurements"] == pytest.approx(5 + 5 / 3)
+    # each measurement reads a committed checkpoint of the trial: its write is counted with it
+    each = estimate["measure_seconds"] + estimate["checkpoint_seconds"]
+    assert parts["measuring"] == pytest.approx(estimate["measurements"] * each / at_once, rel=0.5)
+    assert parts["comparing"] > 2 * estimate["test_measure_seconds"] > 0
+
+
+def test_a_trial_s_cost_follows_what_the_space_draws(sample_corpus):
+    """The calibration trains the base settings; a space drawing negative 20 or Adagrad costs more."""
+    counts = Corpus(sample_corpus[0]).counts()
+    base = TrainConfig(negative=5, dim=100, sample=0)
+    assert trial_cost({"negative": {"choice": [20]}}, base, counts) == pytest.approx(21 / 6)
+    assert trial_cost({"negative": {"choice": [5, 20]}}, base, counts) == pytest.approx((1 + 21 / 6) / 2, rel=0.1)
+    assert trial_cost({"optimizer": {"choice": ["adagrad"]}, "dim": 50}, base, counts) == pytest.approx(ADAGRAD_COST / 2)
+    assert trial_cost({"sample": {"choice": [1e-4]}}, base, counts) < 1  # subsampling drops frequent URLs
+    assert trial_cost(DEFAULT_SPACE, TrainConfig(), counts) > 1.5  # the default space: about 2.5x the defaults
+
+
+def test_each_optimizer_is_tried_at_a_known_learning_rate_before_any_draw():
+    """The base settings first, then every optimizer of the space at START_ALPHA, the rest as in the
+    base; both searchers hand these out before drawing."""
+    from doc2vec_dist.tune import _searcher
+
+    space = {**DEFAULT_SPACE, "epochs": {"choice": [5, 10, 20]}}
+    points = seed_points(space, TrainConfig())
+    assert [(p["optimizer"], p["alpha"]) for p in points] == [("sgd", 0.025), ("adagrad", 0.05)]
+    assert all(p["epochs"] == 10 and p["negative"] == 5 and p["dim"] == 100 for p in points)
+    mine = seed_points(space, TrainConfig(alpha=0.01, dim=16))  # the user's own base stays first
+    assert [(p["optimizer"], p["alpha"]) for p in mine] == [("sgd", 0.01), ("sgd", 0.025), ("adagrad", 0.05)]
+    assert all(p["dim"] == 16 for p in mine)
+    for name in ("random", "optuna"):
+        searcher = _searcher(name, space, mine, seed=0)
+        first = [searcher.suggest(f"t{i}") for i in range(5)]
+        for got, want in zip(first, mine):
+            assert {k: got[k] for k in want} == want, name
+        for drawn in first[3:]:  # then draws, within each optimizer's own alpha range
+            low, high = {"sgd": (0.01, 0.05), "adagrad": (0.02, 0.2)}[drawn["optimizer"]]
+            assert low <= drawn["alpha"] <= high and drawn["dim"] in (64, 100, 128, 16), (name, drawn)
+
+
+def test_best_so_far_never_goes_down(tmp_path):
+    """The progress line's "best so far" and best.yaml: the best of the trials that have ended, so a
+    running trial whose figure falls after its rung (0.2366, then 0.2303) never lowers it."""
+    from types import SimpleNamespace
+
+    from doc2vec_dist.tune import _Recorder
+
+    recorder = _Recorder(str(tmp_path), ["alpha", "epochs"], {"epochs": 20}, "recall@10", "validation", 3, False)
+    a = SimpleNamespace(trial_id="a", config={"alpha": 0.05, "epochs": 20}, error_file=None)
+    b = SimpleNamespace(trial_id="b", config={"alpha": 0.01, "epochs": 20}, error_file=None)
+    shown = []
+
+    def step(event, *args):
+        event(*args)
+        best = recorder.best()
+        shown.append(None if best is None else best["recall@10"])
+
+    step(recorder.seen, a, {"metric": 0.2366, "epoch": 7, "tokens_per_second": 1.0, "seconds": 1.0})
+    step(recorder.seen, b, {"metric": 0.2200, "epoch": 7, "tokens_per_second": 1.0, "seconds": 1.0})
+    step(recorder.ended, b, "finished")  # stopped by ASHA at its rung
+    step(recorder.seen, a, {"metric": 0.2303, "epoch": 20, "tokens_per_second": 1.0, "seconds": 2.0})
+    step(recorder.ended, a, "finished")
+    assert shown == [None, None, 0.22, 0.22, 0.2303]
+    assert [r["state"] for r in recorder.table()] == ["finished", "stopped early"]
+    assert yaml.safe_load((tmp_path / "best.yaml").read_text()) == {"alpha": 0.05, "epochs": 20}
+
+
+def test_when_nothing_beats_the_base_the_command_says_so_and_best_yaml_is_the_base(sample_corpus, tmp_path):
+    """Through the command line, as a user runs it: the base (--alpha 0.05) is a trial though the space
+    draws only rates too small to train; nothing beats it, one line says so, best.yaml is the base.
+    The trials ASHA stops leave no Ray SIGTERM traceback on the console."""
+    import subprocess
+    import sys
+
+    space, out = tmp_path / "space.yaml", tmp_path / "search"
+    space.write_text(yaml.safe_dump({"alpha": {"choice": [0.0002, 0.0005]}, "epochs": 4, "dim": 16}))
+    done = subprocess.run([sys.executable, "-m", "doc2vec_dist", "tune", "--corpus", sample_corpus[0], "--heldout",
+                           sample_corpus[1], "--out", str(out), "--space", str(space), "--budget", "2", "--alpha", "0.05",
+                           "--sample", "0", "--num-ps", "1", "--cpus-per-worker", "1", "--calibrate-seconds", "0",
+                           "--no-compare"], capture_output=True, text=True, cwd=ROOT, timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stdout.splitlines() if line.startswith("nothing beat the base settings")]
+    assert len(said) == 1 and said[0].endswith("best.yaml is the base"), done.stdout
+    rows = _trials(str(out))
+    assert len(rows) == 3 and rows[0]["source"] == "base" and rows[0]["alpha"] == "0.05"
+    assert any(r["state"] == "stopped early" for r in rows)
+    best = (out / "best.yaml").read_text()
+    assert best.startswith("# doc2vec-dist tune: nothing beat the base settings")
+    assert yaml.safe_load(best) == {"alpha": 0.05, "epochs": 4, "dim": 16}
+    assert "Exception ignored" not in done.stderr and "SystemExit" not in done.stderr, done.stderr[-3000:]
+
+
+def test_ray_s_sigterm_in_a_finalizer_leaves_no_traceback_in_our_actors(ray_cluster):
+    """Ray's SIGTERM handler raises SystemExit; landing in a finalizer (ActorHandle.__del__, as when ASHA
+    stops a trial and Ray removes its workers), Python prints "Exception ignored in … SystemExit: 1",
+    which Ray forwards to the console. A server actor prints nothing for it, and still every other
+    error a finalizer meets."""
+    import ray
+
+    from doc2vec_dist.ps import ParameterServer
+
+    server = ray.remote(num_cpus=0)(ParameterServer).remote(0, 1, {}, 0)
+
+    def finalizer_meets(_, what: str) -> str:
+        import io
+        import os
+        import signal
+        import sys
+        import time
+
+        class Dying:
+            def __del__(self):
+                if what == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(2)  # Ray's handler runs here, inside the finalizer
+                else:
+                    raise ValueError("a finalizer's own error")
+
+        before, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            Dying()
+            return sys.stderr.getvalue()
+        finally:
+            sys.stderr = before
+
+    try:
+        assert ray.get(server.__ray_call__.remote(finalizer_meets, "sigterm")) == ""
+        other = ray.get(server.__ray_call__.remote(finalizer_meets, "error"))
+        assert "Exception ignored in" in other and "ValueError: a finalizer's own error" in other
+    finally:
+        ray.kill(server)
+
+
+def test_the_validation_split_of_some_users_leaves_the_others_whole(sample_corpus, tmp_path):
+    """tune hides URLs of the users it measures (TRIAL_USERS) only: with ~5 URLs a user, hiding one
+    of every user took a fifth of every trial's training away."""
+    corpus = Corpus(sample_corpus[0])
+    everyone = Corpus(split_validation(corpus, str(tmp_path / "all"), seed=3)[0].path)
+    val, pairs = split_validation(corpus, str(tmp_path / "some"), seed=3, users=500)
+    hidden = pq.read_table(pairs)
+    keys = set(hidden.column("key").to_pylist())
+    assert len(keys) == 500
+    before = {int(d): t[a:b] for ids, off, t in _shards(corpus) for d, a, b in zip(ids, off, off[1:])}
+    after = {int(d): t[a:b] for ids, off, t in _shards(val) for d, a, b in zip(ids, off, off[1:])}
+    names = corpus.docs().column("key").to_pylist()
+    changed = {names[d] for d in before if len(after[d]) != len(before[d])}
+    assert changed == keys  # the 500 lost what the file holds; every other user is whole
+    assert corpus.num_tokens - val.num_tokens < (corpus.num_tokens - everyone.num_tokens) / 5
+
+
+def test_a_search_with_optuna_runs(ray_cluster, sample_corpus, tmp_path):
+    """--searcher optuna: the base and each optimizer at its known rate first, then Optuna's draws."""
+    space = {"optimizer": {"choice": ["sgd", "adagrad"]},
+             "alpha": {"by": "optimizer", "sgd": {"loguniform": [0.01, 0.05]}, "adagrad": {"loguniform": [0.02, 0.2]}},
+             "epochs": 2, "dim": 16}
+    out = str(tmp_path / "search")
+    result = search(sample_corpus[0], out, heldout=sample_corpus[1], budget=3, space=space, searcher="optuna",
+                    base=TrainConfig(sample=0, num_ps=1, cpus_per_worker=1, dim=16, epochs=2), compare=False,
+                    calibrate_seconds=0, progress=False)
+    rows = _trials(out)
+    assert result["searcher"] == "optuna" and len(rows) == result["trials"] == 4
+    assert sorted(r["source"] for r in rows) == ["base", "optuna", "optuna", "start"]
+    assert {(r["optimizer"], r["alpha"]) for r in rows if r["source"] != "optuna"} == {("sgd", "0.025"),
+                                                                                       ("adagrad", "0.05")}
+    assert all(r["state"] != "failed" and r["dim"] == "16" for r in rows)
+
+
+def test_optuna_refuses_a_grid_in_one_line(sample_corpus, tmp_path):
+    with pytest.raises(UserError, match="space.yaml: alpha: grid is not searched by --searcher optuna"):
+        search(sample_corpus[0], str(tmp_path / "s"), heldout=sample_corpus[1], space={"alpha": {"grid": [0.01, 0.05]}},
+               searcher="optuna", space_name="space.yaml")
+    assert not (tmp_path / "s").exists()
