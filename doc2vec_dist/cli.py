@@ -274,7 +274,7 @@ def cmd_plan(args) -> None:
     if not args.no_calibrate:
         outputs.check_writable(args.workdir or tempfile.gettempdir(), inside=True)
     result = plan(args.corpus, _train_config(args), calibrate_seconds=args.calibrate_seconds, workdir=args.workdir,
-                  run_calibration=not args.no_calibrate)
+                  run_calibration=not args.no_calibrate, network_gbps=args.network_gbps)
     print(format_plan(result))
     if args.json:
         save_json(args.json, result)
@@ -441,6 +441,9 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--workdir", help="where the calibration slice and model go, removed after (default: the "
                                       "system's temp dir; on a cluster, storage every node sees)")
     pl.add_argument("--json", help="also write the plan as JSON to this file")
+    pl.add_argument("--network-gbps", type=float, default=10.0,
+                    help="link bandwidth between nodes, Gbit/s, for the scaling table (each worker and each "
+                         "parameter server on a node of its own)")
 
     tu = add("tune", cmd_tune, "search the training settings for this corpus on Ray Tune (ASHA stops poor trials "
                                "early); writes the trials' table, the best settings as YAML, a plot, and the best "

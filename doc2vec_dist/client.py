@@ -86,6 +86,11 @@ def stage(rows, servers: list):
 
 # -- a worker's side of the servers: routing, the compact layout, pulls, pushes, resident rows ----------------
 
+# What a worker's counters split its traffic with the servers into (bytes, as the arrays hold them):
+# the rows of its macro-batches (documents', and URLs' where they are shared), and the resident rows
+# (the block it holds, or --cache-rows) pulled and pushed whole.
+TRAFFIC = ("pulled", "pushed", "resident_pulled", "resident_pushed")
+
 # With several workers, each trains its own copy of the resident (--cache-rows) rows; they meet at the
 # servers this often (in macro-batches), as well as at checkpoints and epoch ends
 CACHE_SYNC_BATCHES = 8
@@ -103,6 +108,34 @@ def overlap_weights(uses: np.ndarray, workers: int) -> np.ndarray:
     count whole. Measured in docs/shared-rows.md.
     """
     return 1.0 / (1.0 + (workers - 1) * -np.expm1(-np.asarray(uses, dtype=np.float32)))
+
+
+RESIDENT_CALL_BYTES = 64 << 20  # resident rows move in calls of at most this much (the object store is small)
+
+
+@dataclass
+class Held:
+    """Rows a worker keeps resident (ascending global ids), and how they split over the servers:
+    `order[k]` is the row at place k of the by-server layout."""
+
+    ids: np.ndarray
+    route: Routing
+    order: np.ndarray
+
+    @classmethod
+    def of(cls, ids: np.ndarray, num_shards: int) -> Held:
+        ids = np.asarray(ids, dtype=np.int64)
+        route = Routing.of(ids, max(num_shards, 1))
+        order = np.empty(len(ids), dtype=np.int64)
+        order[route.position] = np.arange(len(ids))
+        return cls(ids, route, order)
+
+    def pieces(self, shard: int, row_bytes: int):
+        """(lo, hi) places of server `shard`'s rows, in pieces of at most RESIDENT_CALL_BYTES."""
+        lo, hi = int(self.route.bounds[shard]), int(self.route.bounds[shard + 1])
+        step = max(1, RESIDENT_CALL_BYTES // max(row_bytes, 1))
+        for a in range(lo, hi, step):
+            yield a, min(hi, a + step)
 
 
 @dataclass
@@ -216,8 +249,11 @@ class ParameterClient:
 
     def __init__(self, servers: list, table_rows: dict[str, int], *, workers: int, resident: int,
                  resident_tables: tuple[str, ...] = ("words_out",), sole_writer: bool = False,
-                 max_inflight_pushes: int = 2):
+                 max_inflight_pushes: int = 2, row_bytes: int = 0):
+        """row_bytes: the bytes of one row as pulled and pushed (its dim and optimiser state, float32),
+        for the traffic counters."""
         self.servers = connect(servers)
+        self.row_bytes = row_bytes
         self.num_shards = len(self.servers)
         self.table_rows, self.workers = table_rows, workers
         # a sole writer (the token path) pushes each batch's rows as they are, from a thread of its own
@@ -226,21 +262,47 @@ class ParameterClient:
         self.pusher = Pusher(self.limit) if sole_writer else None
         self.inflight: list = []
         self.resident, self.resident_tables = resident, resident_tables
-        self.resident_route = Routing.of(np.arange(resident, dtype=np.int64), max(self.num_shards, 1))
-        self.resident_order = np.empty(resident, dtype=np.int64)  # resident row at each place, by server
-        self.resident_order[self.resident_route.position] = np.arange(resident)
+        self.urls = Held.of(np.arange(resident, dtype=np.int64), self.num_shards)  # the resident URL rows
+        self.docs: Held | None = None  # the block schedule's resident document rows (hold_documents)
+        self.docs_held = False  # whether they were pulled
+        self.docs_dirty = False  # whether they were trained since their last push
         self.base: np.ndarray | None = None  # the resident words_out rows as last pulled (shared rows)
         self.held = False  # the sole writer: whether the resident rows were pulled (see sync)
         self.uses = np.zeros(resident, dtype=np.int64)  # times each was used since then
         self.batches_since_sync = 0
+        self.traffic = dict.fromkeys(TRAFFIC, 0)  # bytes moved, by kind (the worker resets it)
+
+    def hold(self, ids: np.ndarray) -> None:
+        """Make the rows `ids` (ascending) of words_out the resident rows: the block a sole writer holds
+        on the block schedule (schedule.py). The next sync pulls them."""
+        self.resident = len(ids)
+        self.urls = Held.of(ids, self.num_shards)
+        self.held = False
+        self.batches_since_sync = 0
+
+    def hold_documents(self, ids: np.ndarray) -> None:
+        """Keep the document rows `ids` (ascending: every document this worker reads) resident too, the
+        head of `inputs` after any words rows: pulled at the next sync, pushed by syncs with docs=True
+        (the epoch's end, checkpoints), never pulled or pushed by a macro-batch."""
+        self.docs = Held.of(ids, self.num_shards)
+        self.docs_held = False
+    def release(self) -> None:
+        """The resident rows, pushed home, are no longer this worker's: the next sync pulls afresh."""
+        self.held = False
 
     # -- the compact layout -----------------------------------------------------------------------------
-    def token_layout(self, doc_ids: np.ndarray) -> Layout:
-        """The token path's layout: the chunk's documents' rows, every URL row resident."""
+    def token_layout(self, doc_ids: np.ndarray) -> tuple[Layout, np.ndarray]:
+        """The token path's layout: the chunk's documents' rows, every URL row it trains resident; and
+        each document's row in `inputs`. Resident documents (hold_documents) are pulled with none."""
         words_head = self.resident if "words" in self.resident_tables else 0
-        return Layout(routes={"docs": Routing.of(doc_ids.astype(np.int64), self.num_shards),  # sorted, unique
-                              "words_out": Routing.of(np.zeros(0, np.int64), self.num_shards)},
-                      cached=self.resident, inputs_head=words_head)
+        none = Routing.of(np.zeros(0, np.int64), self.num_shards)
+        if self.docs is not None:  # rows words_head.. of `inputs`, in id order
+            return (Layout(routes={"docs": none, "words_out": none}, cached=self.resident,
+                           inputs_head=words_head + len(self.docs.ids)),
+                    words_head + np.searchsorted(self.docs.ids, doc_ids))
+        route = Routing.of(doc_ids.astype(np.int64), self.num_shards)  # sorted, unique
+        return (Layout(routes={"docs": route, "words_out": none}, cached=self.resident, inputs_head=words_head),
+                words_head + route.position)
 
     def example_layout(self, doc_ids: np.ndarray, ex) -> tuple[Layout, np.ndarray, np.ndarray, np.ndarray]:
         """The layout of a host-built macro-batch (sampling.Examples) and its examples' compact positions:
@@ -279,6 +341,10 @@ class ParameterClient:
     # -- pull and push ----------------------------------------------------------------------------------
     def pull(self, layout: Layout) -> list:
         """One pull per server for the batch's rows of every table; the results arrive later (get)."""
+        rows = sum(int(r.bounds[-1]) for r in layout.routes.values())
+        if not rows:  # every row it trains is resident
+            return []
+        self.traffic["pulled"] += rows * self.row_bytes
         return [server.pull.remote(layout.request(s)) for s, server in enumerate(self.servers)]
 
     @staticmethod
@@ -299,6 +365,7 @@ class ParameterClient:
         for s, (server, rows) in enumerate(zip(self.servers, pulled)):
             if len(rows) == 0:
                 continue
+            self.traffic["pushed"] += rows.nbytes
             if self.sole_writer:  # its document rows, one block per server, copied once where the call takes them
                 (_, name, where, _), = (b for b in layout.blocks(s) if b[2].stop > b[2].start)
                 pushes.append((server, layout.request(s), stage(local[name][where], self.servers), label, True))
@@ -339,9 +406,10 @@ class ParameterClient:
 
     def sync_due(self) -> bool:
         """Whether several workers' resident rows are due to meet at the servers (CACHE_SYNC_BATCHES)."""
-        return bool(self.resident) and self.workers > 1 and self.batches_since_sync >= CACHE_SYNC_BATCHES
+        return (bool(self.resident) and self.workers > 1 and not self.sole_writer
+                and self.batches_since_sync >= CACHE_SYNC_BATCHES)
 
-    def sync(self, read, write, label: str, push: bool = True, pull: bool = True) -> None:
+    def sync(self, read, write, label: str, push: bool = True, pull: bool = True, docs: bool = False) -> None:
         """Exchange the resident rows with the servers: push what they learned since the last pull
         (new − pulled, like any push), then pull them afresh (other workers' updates included).
         `read(table)` gives the worker's resident rows in id order, `write(table, rows)` replaces them.
@@ -350,11 +418,14 @@ class ParameterClient:
         workers share the rows, before a checkpoint and at the end of an epoch (push only). Each
         worker's delta is weighted so a hot row's deltas add up to RESIDENT_OVERSHOOT workers' worth
         (docs/shared-rows.md#resident-rows).
+
+        A sole writer's resident documents are pulled once and pushed only when `docs` asks (the
+        epoch's end, checkpoints): no other worker reads them meanwhile.
         """
-        if not self.resident:
-            return
         if self.sole_writer:
-            self._sync_sole_writer(read, write, label, push, pull)
+            self._sync_sole_writer(read, write, label, push, pull, docs)
+            return
+        if not self.resident:
             return
         if push and self.base is not None:
             delta = read("words_out") - self.base
@@ -368,32 +439,63 @@ class ParameterClient:
             write("words_out", self.base)
         self.batches_since_sync = 0
 
-    def _sync_sole_writer(self, read, write, label: str, push: bool, pull: bool) -> None:
-        """sync for the token path, whose worker alone writes every URL row: the push writes the rows
-        over the servers' (no delta, no copy of the rows as pulled), and once pulled they are never
-        pulled again: nothing else changes them. A restarted worker starts without them and pulls. (On
-        the 200k corpus the epoch's pull of the 100k rows was ~15% of a device worker's host time.)"""
-        if push and self.held and self.batches_since_sync:  # trained since the last push
-            for table in self.resident_tables:
-                self.push_resident(read(table), label, assign=True, table=table)
+    def _sync_sole_writer(self, read, write, label: str, push: bool, pull: bool, docs: bool) -> None:
+        """sync for the token path, whose worker alone writes every URL row it holds: the push writes
+        the rows over the servers' (no delta, no copy of the rows as pulled), and once pulled they are
+        never pulled again while it holds them: nothing else changes them. A restarted worker starts
+        without them and pulls. (On the 200k corpus the epoch's pull of the 100k rows was ~15% of a
+        device worker's host time.)"""
+        if push and self.batches_since_sync:  # trained since the last push
+            if self.held and self.resident:
+                for table in self.resident_tables:
+                    self.push_resident(read(table), label, assign=True, table=table)
+            self.docs_dirty = self.docs_dirty or self.docs is not None
             self.batches_since_sync = 0
-        if pull and not self.held:
+        if push and docs and self.docs_held and self.docs_dirty:
+            self.push_resident(read("docs"), label, assign=True, table="docs")
+            self.docs_dirty = False
+        if pull and not self.held and self.resident:
             for table in self.resident_tables:
                 write(table, self.pull_resident(table))
             self.held = True
+        if pull and self.docs is not None and not self.docs_held:
+            write("docs", self.pull_resident("docs"))
+            self.docs_held = True
+
+    def _held(self, table: str) -> Held:
+        return self.docs if table == "docs" else self.urls
 
     def push_resident(self, rows: np.ndarray, label: str, assign: bool, table: str = "words_out") -> None:
         """Push a table's resident rows (deltas, or with assign the rows themselves; in id order) and
-        wait until every server has applied its part."""
-        route, rows = self.resident_route, rows[self.resident_order]
-        get([server.push.remote({table: route.local[s]}, rows[route.bounds[s]:route.bounds[s + 1]],
-                                f"{label} (resident rows)", assign)
-             for s, server in enumerate(self.servers) if route.bounds[s + 1] > route.bounds[s]])
+        wait until every server has applied its part, in calls of at most RESIDENT_CALL_BYTES."""
+        held = self._held(table)
+        rows = rows[held.order]
+        self.traffic["resident_pushed"] += rows.nbytes
+        calls = []
+        for s, server in enumerate(self.servers):
+            for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize):
+                calls.append(server.push.remote({table: held.route.local[s][lo - held.route.bounds[s]:
+                                                                             hi - held.route.bounds[s]]},
+                                                 rows[lo:hi], f"{label} (resident rows)", assign))
+                calls = wait_oldest(calls, self.limit)
+        get(calls)
 
     def pull_resident(self, table: str = "words_out") -> np.ndarray:
-        """A table's resident rows as the servers hold them, in id order."""
-        route = self.resident_route
-        pulled = get([server.pull.remote({table: route.local[s]}) for s, server in enumerate(self.servers)])
-        fresh = np.empty((self.resident, pulled[0].shape[1] if pulled else 0), dtype=np.float32)
-        fresh[self.resident_order] = np.concatenate(pulled)
+        """A table's resident rows as the servers hold them, in id order (in calls of at most
+        RESIDENT_CALL_BYTES)."""
+        held = self._held(table)
+        width = self.row_bytes // 4 if self.row_bytes else None
+        parts, at = [], []
+        for s, server in enumerate(self.servers):
+            for lo, hi in held.pieces(s, self.row_bytes or 1):
+                parts.append(server.pull.remote({table: held.route.local[s][lo - held.route.bounds[s]:
+                                                                             hi - held.route.bounds[s]]}))
+                at.append((lo, hi))
+        pulled = get(parts)
+        fresh = np.empty((len(held.ids), pulled[0].shape[1] if pulled else (width or 0)), dtype=np.float32)
+        grouped = np.empty_like(fresh)
+        for (lo, hi), rows in zip(at, pulled):
+            grouped[lo:hi] = rows
+        fresh[held.order] = grouped
+        self.traffic["resident_pulled"] += fresh.nbytes
         return fresh

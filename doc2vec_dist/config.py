@@ -122,6 +122,11 @@ class TrainConfig:
                           engine=True)
     cpus_per_worker: int = _f(2, "CPUs each worker reserves, and the threads it trains with", engine=True)
     gpus_per_worker: float = _f(0, "GPUs each worker reserves; > 0 runs the math on CUDA", engine=True)
+    schedule: str = _f("auto", "how several workers share the URL rows: blocks: each holds its own block of them "
+                               "per round and the blocks rotate, so no row is trained by two workers at once "
+                               "(PV-DBOW); shared: every worker trains every row from copies it pulls, summing "
+                               "their updates (any mode; costs quality as workers are added); auto: blocks where "
+                               "the mode allows", ("auto", "blocks", "shared"), engine=True)
     cache_rows: int | None = _f(None, "hottest words_out rows kept resident in each worker (on its GPU, if any) "
                                       "between macro-batches: neither pulled nor pushed every step; synced every "
                                       "few batches (default: every row that fits 2 GiB with one worker, none with "
@@ -176,13 +181,25 @@ class TrainConfig:
 
     def resident_rows(self, words_out_rows: int) -> int:
         """Rows of words_out each worker keeps resident: --cache-rows, or by default, with one worker
-        (nothing else writes them, so they are never stale), every row within RESIDENT_AUTO_BYTES."""
+        (nothing else writes them, so they are never stale), every row within RESIDENT_AUTO_BYTES;
+        on the block schedule, the block it holds (its largest)."""
         if self.cache_rows is not None:
             return min(self.cache_rows, words_out_rows)
+        if self.blocks():
+            return -(-words_out_rows // self.num_workers)
         if self.num_workers > 1:
             return 0
         row_bytes = 4 * self.table("words_out", words_out_rows).width
         return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
+
+    def resident_documents(self, num_docs: int) -> int:
+        """Rows of docs each worker keeps resident for the run: on the block schedule, its share of
+        the documents (none else writes them), where they fit RESIDENT_AUTO_BYTES; else none (each
+        macro-batch pulls and pushes its own)."""
+        if not self.blocks():
+            return 0
+        share = -(-num_docs // self.num_workers)
+        return share if share * 4 * self.table("docs", num_docs).width <= RESIDENT_AUTO_BYTES else 0
 
     def token_path(self, words_out_rows: int) -> bool:
         """Whether a worker trains straight from the tokens, its examples drawn where the kernel runs
@@ -192,8 +209,19 @@ class TrainConfig:
         examples: drawn for a device group's micro-batches (1,024 examples) they fell below popularity
         on the sample's MRR (0.279 against 0.291)."""
         plain = self.mode == "dbow" and not self.dbow_words
+        if self.blocks():  # each worker the sole writer of the block it holds (schedule.py)
+            return True
         return ((plain or not self.exact_kernel()) and self.num_workers == 1 and not self.shared_negatives
                 and self.resident_rows(words_out_rows) == words_out_rows)
+
+    def blocks(self) -> bool:
+        """Whether several workers take turns at blocks of the URL rows (schedule.py): --schedule blocks,
+        or auto for plain PV-DBOW with each example's own negatives and no --cache-rows. The windows of
+        --dbow-words and PV-DM reach across blocks, so those modes share the rows instead."""
+        if self.num_workers == 1 or self.schedule == "shared":
+            return False
+        plain = self.mode == "dbow" and not self.dbow_words
+        return plain and not self.shared_negatives and (self.schedule == "blocks" or self.cache_rows is None)
 
     def trains_words(self) -> bool:
         """Whether the `words` table (input vectors of URLs) is trained: PV-DM, and dbow_words."""
@@ -242,6 +270,13 @@ class TrainConfig:
                             "kernel (--kernel auto or batched)")
         if self.kernel == "exact" and self.shared_negatives:
             raise UserError("bad training config: shared_negatives needs the batched kernel (--kernel batched)")
+        if self.schedule == "blocks" and (self.mode != "dbow" or self.dbow_words or self.shared_negatives):
+            raise UserError("bad training config: --schedule blocks trains plain PV-DBOW with each example's own "
+                            "negatives (the windows of --dbow-words and PV-DM, and shared negatives, reach across "
+                            "blocks); use --schedule shared or auto")
+        if self.schedule == "blocks" and self.cache_rows is not None:
+            raise UserError("bad training config: --cache-rows is for --schedule shared: on the block schedule each "
+                            "worker keeps the whole block it holds resident")
         if self.cache_rows and self.num_workers > 1 and self.trains_words():
             # with `words` trained too, the hot rows' deltas of several workers need the weighting of
             # client.ParameterClient.push_weights, which resident rows do not get yet: refuse rather than diverge

@@ -247,11 +247,22 @@ def _block_state(seed, block):
     return state
 
 
+@numba.njit(inline="always")
+def _draws(state, negative, extra):
+    """How many negatives an example draws: `negative`, and one more with probability `extra` (the
+    block schedule's share of a fractional count; no draw at all when it is 0)."""
+    if extra <= 0.0:
+        return state, negative
+    state, bits = _next(state)
+    return state, negative + (1 if _uniform(bits) < extra else 0)
+
+
 @numba.njit(nogil=True, cache=True)
-def _draw_block(doc_of_token, tokens, lo, hi, keep, accept, alias, negative, seed, block, ctx, target, neg,
+def _draw_block(doc_of_token, tokens, lo, hi, keep, accept, alias, negative, extra, seed, block, ctx, target, neg,
                 neg_mask, at):
     """The examples block `block` (tokens lo..hi) trains, drawn exactly as _train_tokens draws them,
-    written from row `at` on; returns the next free row. For the tests (draw_examples)."""
+    written from row `at` on (neg has negative + 1 columns; those not drawn stay masked); returns the
+    next free row. For the tests (draw_examples)."""
     state = _block_state(seed, block)
     for i in range(lo, hi):
         w = tokens[i]
@@ -260,7 +271,8 @@ def _draw_block(doc_of_token, tokens, lo, hi, keep, accept, alias, negative, see
             continue
         ctx[at, 0] = doc_of_token[i]
         target[at] = w
-        for j in range(negative):
+        state, draws = _draws(state, negative, extra)
+        for j in range(draws):
             state, bits = _next(state)
             nw = _negative(bits, accept, alias)
             neg[at, j] = nw
@@ -270,18 +282,19 @@ def _draw_block(doc_of_token, tokens, lo, hi, keep, accept, alias, negative, see
 
 
 @numba.njit(fastmath=True, nogil=True, cache=True, error_model="numpy")
-def _train_tokens(t, threads, inputs, outputs, doc_of_token, tokens, keep, accept, alias, negative, alpha_start,
-                  alpha_end, seed, bounds, adagrad):
+def _train_tokens(t, threads, inputs, outputs, doc_of_token, tokens, keep, accept, alias, negative, extra,
+                  alpha_start, alpha_end, seed, bounds, adagrad):
     """Thread t's share: token blocks t, t + threads, …; each kept token is one (document → token)
-    example with `negative` negatives, its update applied at once (as _example, PV-DBOW). Returns
-    (its summed loss, estimated from one example in LOSS_EVERY; its examples)."""
+    example with `negative` negatives (and one more with probability `extra`), its update applied at
+    once (as _example, PV-DBOW). Returns (its summed loss, estimated from one example in LOSS_EVERY;
+    its examples)."""
     n = tokens.shape[0]
     dim = outputs.shape[1] - (1 if adagrad else 0)
     h = np.empty(dim, np.float32)
     work = np.empty(dim, np.float32)
     out_grad = np.empty(dim, np.float32)
-    rows = np.empty(negative + 1, np.int64)
-    scores = np.empty(negative + 1, np.float32)
+    rows = np.empty(negative + 2, np.int64)
+    scores = np.empty(negative + 2, np.float32)
     loss = 0.0
     count = 0
     for b in range(t, len(bounds) - 1, threads):
@@ -293,7 +306,8 @@ def _train_tokens(t, threads, inputs, outputs, doc_of_token, tokens, keep, accep
                 continue
             rows[0] = w
             m = 1
-            for j in range(negative):
+            state, draws = _draws(state, negative, extra)
+            for j in range(draws):
                 state, bits = _next(state)
                 r = _negative(bits, accept, alias)
                 if r != w:  # a draw equal to the target: skipped, as gensim does
@@ -316,10 +330,12 @@ def token_blocks(n_tokens: int) -> np.ndarray:
 
 
 def train_tokens(inputs: np.ndarray, outputs: np.ndarray, doc_of_token: np.ndarray, tokens: np.ndarray,
-                 keep: np.ndarray, accept: np.ndarray, alias: np.ndarray, negative: int, alpha_start: float,
+                 keep: np.ndarray, accept: np.ndarray, alias: np.ndarray, negative: float, alpha_start: float,
                  alpha_end: float, seed: int, *, adagrad: bool = False, threads: int | None = None) -> tuple[float, int]:
     """PV-DBOW over a batch of tokens, subsampled (keep[w]: probability of keeping word w) and with
     negatives drawn from the alias table (accept, alias) here, each example's update applied at once.
+    A fractional `negative` (the block schedule's) draws its whole part, and one more with the
+    probability of the rest.
 
     doc_of_token[i] is the row of `inputs` of token i's document; tokens are row ids of `outputs`
     (every words_out row resident). The learning rate decays linearly from alpha_start at the first
@@ -332,22 +348,26 @@ def train_tokens(inputs: np.ndarray, outputs: np.ndarray, doc_of_token: np.ndarr
     threads = max(1, min(threads or os.cpu_count() or 1, len(bounds) - 1))
     loss, count = _on_threads(_train_tokens, threads, inputs, outputs, np.ascontiguousarray(doc_of_token, dtype=np.int64),
                                 np.ascontiguousarray(tokens, dtype=np.int32), keep, accept, alias, int(negative),
-                                float(alpha_start), float(alpha_end), np.uint64(seed), bounds, adagrad)
+                                float(negative - int(negative)), float(alpha_start), float(alpha_end), np.uint64(seed),
+                                bounds, adagrad)
     return float(loss), int(count)
 
 
 def draw_examples(doc_of_token: np.ndarray, tokens: np.ndarray, keep: np.ndarray, accept: np.ndarray,
-                  alias: np.ndarray, negative: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                  alias: np.ndarray, negative: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The (ctx, target, neg, neg_mask) examples train_tokens trains on a batch, in its order (block
-    after block): what lets the tests check it against train() and the sampling's distributions."""
+    after block): what lets the tests check it against train() and the sampling's distributions. A
+    fractional `negative` gives one more column, -1 and masked where that draw was not made."""
     n = len(tokens)
+    extra = float(negative - int(negative))
+    columns = int(negative) + (extra > 0)
     ctx, target = np.zeros((n, 1), np.int64), np.zeros(n, np.int64)
-    neg, neg_mask = np.zeros((n, negative), np.int64), np.zeros((n, negative), np.bool_)
+    neg, neg_mask = np.full((n, columns), -1, np.int64), np.zeros((n, columns), np.bool_)  # undrawn: -1, masked
     bounds, at = token_blocks(n), 0
     doc_of_token = np.ascontiguousarray(doc_of_token, dtype=np.int64)
     tokens = np.ascontiguousarray(tokens, dtype=np.int32)
     for b in range(len(bounds) - 1):
-        at = _draw_block(doc_of_token, tokens, bounds[b], bounds[b + 1], keep, accept, alias, int(negative),
+        at = _draw_block(doc_of_token, tokens, bounds[b], bounds[b + 1], keep, accept, alias, int(negative), extra,
                          np.uint64(seed), b, ctx, target, neg, neg_mask, at)
     return ctx[:at], target[:at], neg[:at], neg_mask[:at]
 

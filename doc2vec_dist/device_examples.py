@@ -92,7 +92,7 @@ def generator(seed: int, device: torch.device) -> torch.Generator:
 
 
 def build(doc_rows: torch.Tensor, offsets: torch.Tensor, tokens: torch.Tensor, tables: DeviceTables,
-          negative: int, gen: torch.Generator, micro_batch: int, shape: Shape | None = None) -> DeviceExamples:
+          negative: float, gen: torch.Generator, micro_batch: int, shape: Shape | None = None) -> DeviceExamples:
     """The examples of a chunk: doc_rows [D] (each document's row in `inputs`), offsets [D+1] and
     tokens [T] (word ids), all on the tables' device. Subsampled tokens are dropped first, windows
     included (as gensim does). Each kept token gives, as sampling.build_examples defines them:
@@ -100,9 +100,12 @@ def build(doc_rows: torch.Tensor, offsets: torch.Tensor, tokens: torch.Tensor, t
     for each word of its reduced window, then its document's; PV-DM, one example whose context is the
     document and the words of its reduced window. A word's input row is its id: the `words` rows sit
     resident at the head of `inputs`, the documents' after them. Every example has its own `negative`
-    negatives."""
+    negatives; a fractional count (the block schedule's) draws one column more, masked but for the
+    fractional part of the examples."""
     shape = shape or Shape()
     dev = tables.device
+    extra = float(negative) - int(negative)
+    negative = int(negative) + (extra > 0)
     n_docs = int(doc_rows.shape[0])
     lengths = offsets[1:] - offsets[:-1]
     doc = torch.repeat_interleave(torch.arange(n_docs, device=dev), lengths, output_size=int(tokens.shape[0]))
@@ -150,7 +153,10 @@ def build(doc_rows: torch.Tensor, offsets: torch.Tensor, tokens: torch.Tensor, t
         ctx, target = doc_input[order, None], word[order]
     n = int(target.shape[0])
     neg = tables.draw((n, negative), gen)
-    return DeviceExamples(ctx=ctx, target=target, neg=neg, neg_mask=neg != target[:, None], micro_batch=micro,
+    neg_mask = neg != target[:, None]
+    if extra > 0:
+        neg_mask[:, -1] &= torch.rand(n, generator=gen, device=dev) < extra
+    return DeviceExamples(ctx=ctx, target=target, neg=neg, neg_mask=neg_mask, micro_batch=micro,
                           ctx_mask=ctx_mask, scale=step_scale(ctx[:, 0], micro) if shape.windows else None)
 
 

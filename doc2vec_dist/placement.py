@@ -153,8 +153,8 @@ def run_memory_bytes(config: Any, tables: dict[str, TableSpec]) -> tuple[int, in
     the process (ps_memory_bytes), each worker its process (PROCESS_BYTES) and resident rows (a GPU
     worker's are on its GPU)."""
     words_out = tables["words_out"]
-    resident = 0 if config.gpus_per_worker else \
-        sum(config.resident_tables(words_out.rows).values()) * words_out.width * FLOAT_BYTES
+    rows = sum(config.resident_tables(words_out.rows).values()) + config.resident_documents(tables["docs"].rows)
+    resident = 0 if config.gpus_per_worker else rows * words_out.width * FLOAT_BYTES
     return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), PROCESS_BYTES + resident
 
 

@@ -41,6 +41,20 @@ Time
     per epoch = corpus tokens / calibrated tokens/s. What does not scale with tokens is scaled apart:
       startup (servers initialise their rows: calibration startup + the extra rows × the init time
       of one row, measured here), checkpoints (table bytes / the calibration's checkpoint rate).
+
+Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers, each bounded by the least of three rates)
+
+    compute: W × the calibrated tokens/s of one worker;
+    servers: the rows pushed per token × W-fold work at num_ps servers applying rows at the
+      calibration's measured rate (rows per second of apply time, each server on one core);
+    network: bytes per token over links of --network-gbps, each worker on a link of its own and the
+      servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding.
+    Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block
+      schedule, each document's row pulled and pushed once per block its tokens fall in (counted on
+      the corpus's documents with the blocks' own deal), and each round every worker pulls and
+      pushes the block it holds (2 × vocabulary rows × W an epoch); one worker pulls its URL rows
+      once and pushes them at each epoch's end; the shared schedule pulls and pushes each
+      macro-batch's unique rows (macro_batch_profile).
 """
 
 from __future__ import annotations
@@ -67,6 +81,7 @@ from .memwatch import MemoryWatch, proc_status
 from .placement import FLOAT_BYTES, PROCESS_BYTES
 from .ps import table_specs
 from .sampling import NegativeTable, build_examples, keep_probabilities
+from .schedule import Blocks
 from .sharding import rows_on_shard
 from .trainer import effective_macro_batch, quality_warnings
 from .worker import ROUNDS_PER_EPOCH
@@ -103,11 +118,13 @@ def worker_batch_bytes(profile: dict, width: int) -> int:
     return int(2 * profile["example_bytes"] + 2 * profile["unique_rows"] * width * FLOAT_BYTES)
 
 
-def resident_plan(config: TrainConfig, words_out: TableSpec) -> dict:
+def resident_plan(config: TrainConfig, words_out: TableSpec, docs: TableSpec | None = None) -> dict:
     """The URL rows each worker keeps resident between macro-batches, and where: words_out's hottest
     (all of them with one worker, within 2 GiB), and on the token path words' too where they are
     trained; in the worker's host memory, or on its GPU."""
     tables = config.resident_tables(words_out.rows)
+    if docs is not None and config.resident_documents(docs.rows):  # the block schedule: its share of the documents
+        tables = {**tables, "docs": config.resident_documents(docs.rows)}
     return {"tables": tables, "bytes": sum(tables.values()) * words_out.width * FLOAT_BYTES,
             "all": tables["words_out"] == words_out.rows, "on": "device" if config.gpus_per_worker > 0 else "host"}
 
@@ -120,7 +137,7 @@ def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict
     ps = [{"shard": s, "tables": t, "table_bytes": sum(t.values()), "overhead": ps_overhead,
            "total": sum(t.values()) + ps_overhead} for s, t in enumerate(per_ps)]
     batch = worker_batch_bytes(profile, width)
-    resident = resident_plan(config, tables["words_out"])
+    resident = resident_plan(config, tables["words_out"], tables["docs"])
     on_host = resident["bytes"] if resident["on"] == "host" else 0  # on a GPU, its memory holds them
     worker = {"batch": batch, "fixed": worker_fixed, "resident": on_host, "total": batch + worker_fixed + on_host}
     row_bytes = profile["unique_rows"] * width * FLOAT_BYTES
@@ -170,6 +187,82 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     unique = mean["docs"] + mean["words"] + mean["words_out"]
     return {"macro_batch": macro, "batches_measured": len(seen), **{k: round(v) for k, v in mean.items()},
             "unique_rows": round(unique)}
+
+
+# -- scaling over workers ---------------------------------------------------------------------------------
+
+SCALING_WORKERS = (1, 2, 4, 8, 16)
+SCALING_SAMPLE_DOCS = 50_000  # documents counted for the blocks their tokens touch
+
+
+def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: dict | None = None) -> dict:
+    """The bytes a run of `workers` workers (else as `config`) moves to and from the servers per token
+    trained, by the workers' counters' kinds (client.TRAFFIC), over an epoch of the corpus."""
+    cfg = dataclasses.replace(config, num_workers=workers)
+    tables = table_specs(cfg, corpus)
+    row = tables["words_out"].width * FLOAT_BYTES
+    vocab, tokens = corpus.vocab_size, max(corpus.num_tokens, 1)
+    if not cfg.token_path(vocab):  # the shared schedule: each macro-batch's unique rows, there and back
+        prof = profile if profile is not None and profile["macro_batch"] == effective_macro_batch(
+            cfg, corpus.num_tokens, vocab) else macro_batch_profile(corpus, cfg)
+        per = prof["unique_rows"] * row / max(prof["tokens"], 1)
+        return {"pulled": per, "pushed": per, "resident_pulled": 0.0, "resident_pushed": 0.0}
+    counts, keep = corpus.counts(), keep_probabilities(corpus.counts(), cfg.sample)
+    blocks = Blocks(counts, keep, workers if cfg.blocks() else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
+    epochs = max(cfg.epochs, 1)
+    resident_docs = bool(cfg.resident_documents(corpus.num_docs))
+    if resident_docs:
+        # a worker's documents resident for the run: pulled once, pushed at each epoch's end
+        pulled_docs, pushed_docs = corpus.num_docs / epochs, corpus.num_docs
+    else:  # each macro-batch's documents, in every block their tokens fall in
+        touched, docs = 0, 0
+        for doc_ids, offsets, chunk in itertools.chain.from_iterable(map(iter_shard, corpus.shard_paths)):
+            doc = np.repeat(np.arange(len(doc_ids)), np.diff(offsets))
+            touched += len(np.unique(doc * blocks.num_blocks + blocks.block_of[chunk]))  # (document, block) met
+            docs += len(doc_ids)
+            if docs >= SCALING_SAMPLE_DOCS:
+                break
+        pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
+    resident = config.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
+    url_rows = sum(resident.values())
+    if blocks.num_blocks > 1:  # each round, every block pulled by its holder and pushed home
+        pulled_urls = pushed_urls = url_rows * blocks.num_blocks
+        return {"pulled": 0.0 if resident_docs else pulled_docs * row / tokens,
+                "pushed": 0.0 if resident_docs else pushed_docs * row / tokens,
+                "resident_pulled": (pulled_urls + resident_docs * pulled_docs) * row / tokens,
+                "resident_pushed": (pushed_urls + resident_docs * pushed_docs) * row / tokens}
+    # one worker: its URL rows pulled once, pushed at each epoch's end
+    return {"pulled": pulled_docs * row / tokens, "pushed": pushed_docs * row / tokens,
+            "resident_pulled": url_rows / epochs * row / tokens, "resident_pushed": url_rows * row / tokens}
+
+
+def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_gbps: float,
+                 profile: dict | None = None, workers: tuple[int, ...] = SCALING_WORKERS) -> list[dict]:
+    """Expected tokens/s for each number of workers, and what bounds it: compute (the calibrated
+    rate of one worker, W times), servers (the rows they pull and push per second of their busy
+    time, measured in the calibration, num_ps at once) or network (bytes per token over
+    --network-gbps links: a link per worker, num_ps links on the servers' side). Without a
+    calibration, the bytes alone."""
+    s = (cal or {}).get("summary", {})
+    per_worker = s.get("tokens_per_second", 0.0) / max(config.num_workers, 1) or None
+    row = table_specs(config, corpus)["words_out"].width * FLOAT_BYTES
+    moved_rows = sum(s.get("bytes", {}).values()) / row
+    busy = s.get("server_busy_seconds")
+    rows_per_busy_second = moved_rows / busy if busy else None  # one server's rate
+    link = network_gbps * 1e9 / 8  # bytes/s
+    out = []
+    for w in workers:
+        moved = bytes_per_token(corpus, config, w, profile)
+        per_token = sum(moved.values())
+        rates = {"compute": per_worker * w if per_worker else None,
+                 "servers": config.num_ps * rows_per_busy_second / (per_token / row)
+                 if rows_per_busy_second and per_token else None,
+                 "network": min(w, config.num_ps) * link / per_token if per_token else None}
+        known = {k: v for k, v in rates.items() if v}
+        bound = min(known, key=known.get) if known else None
+        out.append({"workers": w, "bytes_per_token": moved, "total_bytes_per_token": per_token,
+                    "rates": rates, "tokens_per_second": known[bound] if bound else None, "bound": bound})
+    return out
 
 
 # -- a slice of the corpus for calibration ------------------------------------------------------------------
@@ -318,7 +411,8 @@ def _object_store_bytes(started_here: bool) -> int:
 # -- the plan ------------------------------------------------------------------------------------------
 
 def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
-         run_calibration: bool = True, measure: Callable[[str], dict] | None = None) -> dict:
+         run_calibration: bool = True, measure: Callable[[str], dict] | None = None,
+         network_gbps: float = 10.0) -> dict:
     """Memory per process and time per epoch of training `config` on the corpus, before training it."""
     config.validate()
     corpus = Corpus(corpus_path)
@@ -365,7 +459,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
         result["ps_overhead_measured"] = seen
     batch = worker_batch_bytes(profile, width)
     if len(workers) >= config.num_workers and cal:
-        resident = resident_plan(config, tables["words_out"])
+        resident = resident_plan(config, tables["words_out"], tables["docs"])
         on_host = resident["bytes"] if resident["on"] == "host" else 0
         worker_fixed = max(0, max(p["private"] for p in workers) - batch - on_host)
         sources["worker_fixed"] = "measured in calibration (peak private − batch − resident rows)"
@@ -386,6 +480,8 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     memory["empty_ps"] = ps_fixed
     result["memory"] = memory
     result["time"] = time_plan(corpus, config, tables, cal) if cal else None
+    result["network_gbps"] = network_gbps
+    result["scaling"] = scaling_plan(corpus, config, cal, network_gbps, profile)
     ram = psutil.virtual_memory().total
     result["node_ram"] = ram
     result["warnings"] = plan_warnings(result, ram, local) + quality_warnings(config, corpus)
@@ -513,9 +609,25 @@ def format_plan(p: dict) -> str:
         row("checkpoint (each)", _s(t["checkpoint_seconds"]),
             f"table bytes at {_gb(t['checkpoint_bytes_per_second'])}/s (calibration's rate)")
         row("whole run", _s(t["total_seconds"]), f"startup + {cfg['epochs']} epochs + {t['checkpoints']} checkpoints")
+    if p.get("scaling"):
+        lines.append("")
+        lines.append(f"  scaling ({'the block schedule' if cfg.get('schedule') != 'shared' else 'shared rows'} where "
+                     f"it applies; links of {p['network_gbps']:g} Gbit/s, one per worker and {cfg['num_ps']} on the "
+                     "servers' side; each rate in tokens/s)")
+        lines.append(f"  {'workers':>8} {'bytes/token':>12} {'compute':>10} {'servers':>10} {'network':>10} "
+                     f"{'expected':>10}  bound")
+        for r in p["scaling"]:
+            rate = r["rates"]
+            lines.append(f"  {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
+                         + " ".join(f"{_m(rate[k]):>10}" for k in ("compute", "servers", "network"))
+                         + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
     for warning in p["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+def _m(rate: float | None) -> str:
+    return "-" if not rate else f"{rate / 1e6:.2f}M"
 
 
 def save_json(path: str, p: dict) -> None:

@@ -12,8 +12,10 @@ asynchronous SGD already has.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import numba
@@ -65,7 +67,7 @@ def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 1
 
 class ParameterServer:
     def __init__(self, shard: int, num_shards: int, tables: dict[str, TableSpec], seed: int, model: str | None = None,
-                 warm: WarmStart | None = None):
+                 warm: WarmStart | None = None, journal: str | None = None):
         """tables: name → its TableSpec (global row count, dim, init, optimiser state columns).
 
         init "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim
@@ -81,6 +83,9 @@ class ParameterServer:
         Otherwise, with `warm` (train --init-from), each table's first warm.rows[name] rows are read
         over the fresh ones from that earlier model's checkpoint (warmstart.py): a known key keeps its
         id in a refreshed corpus, so its row here is its row there.
+
+        journal: a directory where every push is also written down, one JSON line per table pushed
+        to (its label, the table, the global rows): how the tests see who wrote which rows when.
         """
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this server is removed: no traceback on the console
         self.shard, self.num_shards = shard, num_shards
@@ -112,7 +117,12 @@ class ParameterServer:
             self.dims[name] = spec.dim
             self.locks[name] = threading.Lock()
         self.pushes = 0
-
+        self.apply_seconds = 0.0  # time spent applying pushes (under the tables' locks)
+        self.pull_seconds = 0.0   # ... and gathering pulls
+        self.journal = None
+        if journal:
+            os.makedirs(journal, exist_ok=True)
+            self.journal = open(os.path.join(journal, f"ps{shard}-{os.getpid()}.jsonl"), "a")  # noqa: SIM115
     def _restore(self, model: str, manifest: dict, spec: TableSpec, n: int) -> np.ndarray:
         saved = manifest["tables"].get(spec.name)
         if saved is None or saved["rows"] != spec.rows or saved["dim"] != spec.dim:
@@ -126,10 +136,12 @@ class ParameterServer:
 
     def info(self) -> dict:
         """This process and where its rows came from: a pid that changes means Ray restarted it."""
-        return {"pid": os.getpid(), "restored_version": self.restored_version}
+        return {"pid": os.getpid(), "restored_version": self.restored_version, "pushes": self.pushes,
+                "apply_seconds": self.apply_seconds, "pull_seconds": self.pull_seconds}
 
     def pull(self, request: dict[str, np.ndarray]) -> np.ndarray:
         """Rows for each table in request order, stacked into one contiguous [n, dim] array."""
+        t0 = time.perf_counter()
         total = sum(len(ids) for ids in request.values())
         dim = next(iter(self.tables.values())).shape[1]  # every table has the same width
         out = np.empty((total, dim), dtype=np.float32)
@@ -137,6 +149,7 @@ class ParameterServer:
         for name, ids in request.items():
             np.take(self.tables[name], ids, axis=0, out=out[at:at + len(ids)])
             at += len(ids)
+        self.pull_seconds += time.perf_counter() - t0
         return out
 
     def push(self, request: dict[str, np.ndarray], delta: np.ndarray, step: str = "", assign: bool = False) -> int:
@@ -152,11 +165,17 @@ class ParameterServer:
             raise NonFiniteUpdate(f"shard {self.shard}: non-finite values in the push of {step}; "
                                   "the learning rate is probably too high")
         at = 0
+        t0 = time.perf_counter()
         for name, ids in request.items():
             with self.locks[name]:
                 (_set_rows if assign else _add_rows)(self.tables[name], np.asarray(ids, dtype=np.int64),
                                                      delta[at:at + len(ids)])
             at += len(ids)
+            if self.journal is not None and len(ids):
+                rows = np.asarray(ids, dtype=np.int64) * self.num_shards + self.shard
+                self.journal.write(json.dumps({"label": step, "table": name, "rows": rows.tolist()}) + "\n")
+                self.journal.flush()
+        self.apply_seconds += time.perf_counter() - t0
         self.pushes += 1
         return self.pushes
 

@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# A directory: each parameter server writes down every push it applies there (ps.ParameterServer's
+# journal), for the tests that check who wrote which rows when
+PUSH_JOURNAL_ENV = "DOC2VEC_DIST_PUSH_JOURNAL"
+
+
 class TrainingStopped(UserError):
     """Training could not go on (a refused update, a failed actor); the last checkpoint is intact."""
 
@@ -180,7 +185,7 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     """Warnings for settings measured to lose quality, each naming the flags to change."""
     found = []
     macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
-    stale = (config.num_workers - 1) * macro
+    stale = 0 if config.blocks() else (config.num_workers - 1) * macro  # on the block schedule nothing is stale
     if stale > STALE_TOKENS:
         found.append(f"{config.num_workers} workers x {macro:,}-token macro-batches: each worker trains rows "
                      f"up to {stale:,} tokens stale, and recall was measured to drop above {STALE_TOKENS:,} "
@@ -208,8 +213,9 @@ def engine_line(config: TrainConfig, words_out_rows: int) -> str:
               + ("; examples drawn in the kernel)" if token_path else ")")
               if config.exact_kernel() else f"batched ({config.micro_batch:,}-example micro-batches"
               + ("; examples drawn on its device)" if token_path else ")"))
-    where = (f"all {words_out_rows:,} rows" if resident == words_out_rows else f"the {resident:,} hottest rows"
-             if resident else "none")
+    where = (f"all {words_out_rows:,} rows" if resident == words_out_rows else
+             f"a block of ~{resident:,} rows, one of {config.num_workers} that rotate over the workers each epoch"
+             if config.blocks() else f"the {resident:,} hottest rows" if resident else "none")
     return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"
             + (f" + {config.gpus_per_worker:g} GPU(s)" if config.gpus_per_worker else "")
             + f", {config.num_ps} parameter server(s); kernel {kernel}; words_out resident in each worker: {where}"
@@ -221,7 +227,7 @@ def engine_line(config: TrainConfig, words_out_rows: int) -> str:
 # continue a different model.
 RESUMABLE_CHANGES = frozenset({
     "epochs", "alpha", "min_alpha", "num_ps", "num_workers", "cpus_per_worker", "gpus_per_worker",
-    "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
+    "schedule", "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
     "checkpoint_every", "keep_checkpoints", "resume", "address", "progress", "wait_for_resources",
 })
 
@@ -273,6 +279,9 @@ class _Resume:
         if positions is not None and len(positions) != config.num_workers:
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with {len(positions)} workers; resume with "
                             f"--num-workers {len(positions)} (their data positions cannot be redistributed)")
+        if positions and positions[0].round > 0 and not config.blocks():
+            raise UserError(f"{out}: the checkpoint stopped in round {positions[0].round + 1} of an epoch of the block "
+                            "schedule; resume with --schedule blocks (or auto), then change it at an epoch's end")
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
         tokens = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
@@ -488,9 +497,10 @@ class _Run:
         # A server that dies is restarted by Ray and reloads its rows from LATEST in __init__; calls to
         # it are retried (a retried push lands on the restored rows, which never held it).
         names = [f"doc2vec-dist-{uuid.uuid4().hex[:12]}-ps{s}" for s in range(config.num_ps)]
+        journal = os.environ.get(PUSH_JOURNAL_ENV)  # every push written down: for tests
         self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
                                            max_task_retries=-1, **server_placement).remote(
-            s, config.num_ps, tables, config.seed, self.out, self.warm) for s in range(config.num_ps)]
+            s, config.num_ps, tables, config.seed, self.out, self.warm, journal) for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
@@ -538,13 +548,32 @@ class _Run:
         summary = _summary(config, corpus, epoch_stats, train_seconds, self.ckpt_seconds, trained_before=before)
         summary.update(resumed_from_epoch=self.resume.epoch if config.resume else None,
                        worker_restarts=self.worker_restarts, server_restarts=restarted,
-                       servers_loaded_from=[info["restored_version"] for info in now])
+                       servers_loaded_from=[info["restored_version"] for info in now],
+                       server_apply_seconds=round(sum(info["apply_seconds"] for info in now), 3),
+                       server_busy_seconds=round(sum(info["apply_seconds"] + info["pull_seconds"] for info in now), 3))
         return summary
 
     def _run_epoch(self, epoch: int, starts: list[Position] | None, bar: tqdm) -> dict:
+        """One epoch: on the block schedule its rounds, one after another (every worker ends a round, its
+        block pushed home, before any starts the next), else one round; returns the epoch's counters."""
+        rounds = self.config.num_workers if self.config.blocks() else 1
+        starts = starts or [Position(epoch)] * self.config.num_workers
+        every: list[dict] = []
+        last: list[dict] = []
+        for r in range(starts[0].round, rounds):
+            if every:  # each worker's counters run on from where its last round left them
+                starts = [Position(epoch, round=r, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"]) for s in last]
+            last = self._run_round(epoch, starts, bar)
+            every.extend(last)
+        # tokens, pairs and loss of the epoch are the last round's; seconds and bytes add up over the rounds
+        return {"epoch": epoch, **combine(every), **{k: v for k, v in combine(last).items() if k in ("tokens", "pairs", "loss")}}
+
+    def _run_round(self, epoch: int, starts: list[Position], bar: tqdm) -> list[dict]:
+        """Every worker trains its data (on the block schedule: the tokens of the block it holds this
+        round) from its start position; returns each worker's counters."""
         config, workers = self.config, self.workers
-        base = epoch * self.corpus.num_tokens
-        self.starts = list(starts) if starts else [None] * len(workers)
+        base = self.corpus.tokens_before(epoch, config.first_epoch)
+        self.starts = list(starts)
         pending = {w.run_epoch.remote(epoch, self.starts[i]): i for i, w in enumerate(workers)}
         finished: dict[int, dict] = {}
         # the driver's tick: progress, and whether a checkpoint is due (so at least twice per period)
@@ -564,14 +593,15 @@ class _Run:
                 if i not in finished:
                     with contextlib.suppress(ray.exceptions.RayError):  # restarting: no figures this tick
                         live.append(ray.get(workers[i].progress.remote(), timeout=30))
-            now = combine(list(finished.values()) + [s for s in live if s["epoch"] == epoch])
+            now = combine(list(finished.values())
+                          + [s for s in live if (s["epoch"], s.get("round", 0)) == (epoch, starts[0].round)])
             bar.update(base + now["tokens"] - bar.n)
             bar.set_postfix_str(f"epoch {epoch + 1}, loss {now['loss'] / max(now['pairs'], 1):.3f}, "
                                 + time_split(now["seconds"]), refresh=False)
             due = config.checkpoint_every > 0 and time.perf_counter() - self.last_ckpt >= config.checkpoint_every
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
-        return {"epoch": epoch, **combine(list(finished.values()))}
+        return [finished[i] for i in range(len(workers))]
 
     def _restart_worker(self, i: int, epoch: int, exc: Exception):
         """Wait for Ray to restart worker i, then send it back to its last checkpointed position."""
@@ -592,7 +622,9 @@ class _Run:
         # Its position in the last checkpoint, if that checkpoint is of this epoch; else the epoch's
         # start (checkpoints off, or none yet this epoch). Its pushes since then are in the servers:
         # those rows see that stretch of data twice, which costs a little fit, never the model.
-        start = self.last_positions[i] if self.last_positions and self.last_epoch == epoch else None
+        round_start = self.starts[i]
+        last = self.last_positions[i] if self.last_positions and self.last_epoch == epoch else None
+        start = last if last is not None and last.round == round_start.round else round_start
         self.starts[i] = start
         return self.workers[i].run_epoch.remote(epoch, start)
 
@@ -606,8 +638,8 @@ class _Run:
                 return  # a worker is down: the restart path deals with it; checkpoint next time
             # A worker whose run_epoch has not begun reports where its last one ended: it will start
             # (and at once pause) where the driver sent it
-            positions = [p if p.epoch == epoch else (self.starts[i] or Position(epoch))
-                         for i, p in enumerate(positions)]
+            now = (epoch, self.starts[0].round)
+            positions = [p if (p.epoch, p.round) == now else self.starts[i] for i, p in enumerate(positions)]
             self._checkpoint(epoch, positions, self.epoch_stats)
         finally:
             for w in self.workers:
@@ -658,13 +690,16 @@ class _Run:
 
 
 def combine(stats: list[dict]) -> dict:
-    """Sum the counters (tokens, pairs, loss, seconds per stage) of several workers or epochs."""
+    """Sum the counters (tokens, pairs, loss, seconds per stage, bytes moved) of several workers or epochs."""
     seconds: dict[str, float] = {}
+    moved: dict[str, int] = {}
     for s in stats:
         for k, v in s["seconds"].items():
             seconds[k] = seconds.get(k, 0.0) + v
+        for k, v in s.get("bytes", {}).items():
+            moved[k] = moved.get(k, 0) + v
     return {"tokens": sum(s["tokens"] for s in stats), "pairs": sum(s["pairs"] for s in stats),
-            "loss": sum(s["loss"] for s in stats), "seconds": seconds}
+            "loss": sum(s["loss"] for s in stats), "seconds": seconds, "bytes": moved}
 
 
 def time_split(seconds: dict[str, float]) -> str:
@@ -696,4 +731,7 @@ def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: fl
         "pairs_per_second": (pairs - before["pairs"]) / train_s if train_s else 0.0,
         "loss_per_epoch": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
         "worker_seconds": {k: round(v, 3) for k, v in seconds.items()},
+        # what the workers moved to and from the servers (client.TRAFFIC), in all and per token trained
+        "bytes": total["bytes"],
+        "bytes_per_token": {k: round(v / max(tokens - before["tokens"], 1), 2) for k, v in total["bytes"].items()},
     }

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import client, cpu_kernel
-from .config import TableSpec, TrainConfig
+from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
+from .schedule import Block, Blocks
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +49,7 @@ SHARED_MACRO_BATCH = 65536  # the default macro-batch where workers share rows (
 SOLE_WRITER_MACRO_BATCH = 262144  # ... and where one worker writes every row it trains
 DEVICE_MACRO_BATCH = 1048576  # ... and where it does with the examples drawn on its device
 STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
+CHUNK_CACHE_BYTES = 1 << 30  # the block schedule keeps an epoch's chunks split by block within this (_block_chunks)
 
 
 def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer: bool = False,
@@ -77,19 +79,25 @@ class Position:
     """Where a worker's data stands in an epoch: the next macro-batch it trains, and what it trained
     before it. Workers report it when a checkpoint pauses them (Worker.pause), the checkpoint's manifest
     keeps one per worker (to_json, from_json), and a resumed or restarted worker starts from it
-    (Worker.run_epoch). Position(epoch) is the epoch's start."""
+    (Worker.run_epoch). Position(epoch) is the epoch's start. On the block schedule an epoch is several
+    rounds, each a pass over the worker's units; the counters (tokens, pairs, loss) run on over the
+    rounds of an epoch, the step starts again at 0 each round."""
 
     epoch: int
-    unit: int = 0             # index of its unit among the worker's units (len(units): the epoch is done)
+    unit: int = 0             # index of its unit among the worker's units (len(units): the round is done)
     row: int | None = None    # shard-file row of that unit to start at (None: the unit's start)
     step: int = 0             # macro-batches trained before it this epoch (each one's draws are seeded by it)
     tokens: int = 0           # this epoch's counters up to it
     pairs: int = 0
     loss: float = 0.0
+    round: int = 0            # the block schedule's round in the epoch (schedule.py; always 0 for one worker)
 
     def to_json(self) -> dict:
-        """The manifest's entry: every field, by name."""
-        return dataclasses.asdict(self)
+        """The manifest's entry: every field, by name (round only where the block schedule has one)."""
+        entry = dataclasses.asdict(self)
+        if not self.round:
+            del entry["round"]
+        return entry
 
     @classmethod
     def from_json(cls, data: dict) -> Position:
@@ -158,6 +166,12 @@ def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_ro
                 tokens = tokens[offsets[lo]:offsets[hi]]
                 offsets = offsets[lo:hi + 1] - offsets[lo]
             yield (u, at), (doc_ids, offsets, tokens)
+
+
+def unit_documents(units: list[Unit]) -> np.ndarray:
+    """The ids of the documents a worker's units hold, ascending."""
+    found = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, 1 << 22)]
+    return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
 def only_documents(chunks, wanted: np.ndarray):
@@ -251,6 +265,7 @@ class Worker:
         # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
         self.staged = use_cuda
         counts = Corpus(corpus_path).counts()
+        self.counts = counts
         self.keep_prob = keep_probabilities(counts, config.sample)
         self.negatives = NegativeTable(counts, config.ns_exponent)
         self.tokens_per_epoch = sum(u.tokens for u in units)
@@ -276,14 +291,28 @@ class Worker:
         # ... where `words` is trained too (dbow_words, PV-DM), every words row is resident as well, at
         # the head of `inputs`: a word's input row is its id, the documents' follow
         self.words_head = resident.get("words", 0)
-        self._device_tables = None  # device_examples.DeviceTables, made at the first device token batch
+        # The block schedule (schedule.py): several workers on the token path, each holding one block of
+        # the URL rows per round, its sole writer. One worker holds one block: every row.
+        self.num_blocks = config.num_workers if config.blocks() else 1
+        self._blocks: Blocks | None = None  # this epoch's blocks
+        self.held: Block | None = None      # the block this worker holds (the token path)
+        self._device_tables = None  # device_examples.DeviceTables of the held block, made at its first device batch
         self.macro_batch = macro_batch_for(config.macro_batch, self.tokens_per_epoch, sole_writer=self.token_path,
                                            on_device=not self.exact)
+        # on the block schedule most of a chunk's tokens are in other blocks: it reads num_blocks times as
+        # many, so that a macro-batch trains about as many tokens as one worker's
+        self.read_tokens = self.macro_batch * self.num_blocks
+        # ... and, where they fit RESIDENT_AUTO_BYTES, it keeps its documents' rows for the whole run (no
+        # one else writes them): pulled once, pushed at each epoch's end and checkpoint, instead of
+        # pulled and pushed once per round
+        own = unit_documents(units) if config.resident_documents(tables["docs"].rows) else None
+        self.docs_head = len(own) if own is not None and len(own) * self.width * 4 <= RESIDENT_AUTO_BYTES else 0
         self.client = client.ParameterClient(
             servers, {name: spec.rows for name, spec in tables.items()}, workers=config.num_workers,
             resident=self.cached, resident_tables=tuple(resident), sole_writer=self.token_path,
-            max_inflight_pushes=config.max_inflight_pushes)
-        self._accept = self.negatives.accept.astype(np.float32)
+            max_inflight_pushes=config.max_inflight_pushes, row_bytes=4 * self.width)
+        if self.docs_head:
+            self.client.hold_documents(own)
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
@@ -300,26 +329,95 @@ class Worker:
         self._paused_at: Position | None = None
         self._running = False
         self._position = Position(0)
+        self._round = 0  # the round run_epoch trains (the block schedule)
+        self._parts: tuple | None = None  # (epoch, [(data position, {block: its part of the chunk})]): _block_chunks
 
     @staticmethod
     def _zero_stats() -> dict:
         # every stage present from the start: progress() copies this dict from another thread, and a
         # key appearing mid-copy would break it
-        return {"tokens": 0, "pairs": 0, "loss": 0.0, "epoch": -1,
-                "seconds": dict.fromkeys(STAGES, 0.0)}
+        return {"tokens": 0, "pairs": 0, "loss": 0.0, "epoch": -1, "round": 0,
+                "seconds": dict.fromkeys(STAGES, 0.0), "bytes": dict.fromkeys(client.TRAFFIC, 0)}
 
     def progress(self) -> dict:
-        """Counters of the current epoch; served from a second thread while run_epoch works."""
+        """Counters of the current run_epoch call (tokens, pairs and loss: of the epoch so far; seconds
+        and bytes: of this call); served from a second thread while run_epoch works."""
         s = dict(self.stats)
         s["seconds"] = dict(s["seconds"])
+        s["bytes"] = dict(self.client.traffic)
         return s
+
+    # -- the block held (the token path) ---------------------------------------------------------
+    def _hold(self, epoch: int, round_: int) -> None:
+        """Take the block this worker holds in this round of the epoch (schedule.Blocks.held) as its
+        resident URL rows; the next sync pulls them. One worker holds every row, once for the run."""
+        cfg = self.config
+        if self.num_blocks == 1:
+            if self.held is None:
+                self._blocks = Blocks(self.counts, self.keep_prob, 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
+                self.held = self._blocks.block(0, self.keep_prob, self.counts, cfg.ns_exponent, self.negatives)
+            return
+        if self._blocks is None or self._blocks.epoch != epoch:
+            self._blocks = Blocks(self.counts, self.keep_prob, self.num_blocks, cfg.seed, epoch, cfg.negative,
+                                  cfg.ns_exponent)
+        b = Blocks.held(self.index, round_, self.num_blocks)
+        if self.held is not None and self.held.index == b and self.client.held:
+            return  # resumed in the round it holds (a checkpoint's pause): its rows are the latest
+        self.held = self._blocks.block(b, self.keep_prob, self.counts, cfg.ns_exponent)
+        self.cached = len(self.held.ids)
+        self._device_tables = None
+        self.client.hold(self.held.ids)
+
+    def _block_chunks(self, epoch: int, start: Position, chunks):
+        """The chunks' tokens of the block held, as its local rows (documents with none left out).
+
+        A round that starts at the beginning of its data reads it once for every round: in round 0
+        each chunk is split for every block at once (schedule.Blocks.split) and the other blocks'
+        parts are kept, within CHUNK_CACHE_BYTES, for the epoch's later rounds, which read nothing.
+        """
+        held, blocks = self.held.index, self._blocks
+        whole = start.unit == 0 and start.row is None
+        if whole and start.round > 0 and self._parts is not None and self._parts[0] == epoch:
+            for at, parts in self._parts[1]:
+                part = parts.pop(held, None)
+                if part is not None:
+                    yield at, part
+            return
+        self._parts = None
+        kept: list | None = [] if whole and start.round == 0 else None
+        size = 0
+        for at, chunk in chunks:
+            if kept is None:
+                part = blocks.select(held, *chunk)
+            else:
+                parts = dict(enumerate(blocks.split(*chunk)))
+                part = parts.pop(held)
+                parts = {b: p for b, p in parts.items() if len(p[0])}
+                size += sum(a.nbytes for p in parts.values() for a in p)
+                kept.append((at, parts))
+                if size > CHUNK_CACHE_BYTES:
+                    kept = None
+            if len(part[0]):
+                yield at, part
+        if kept is not None:
+            self._parts = (epoch, kept)
+
+    def _when(self, epoch: int) -> str:
+        """The epoch, and on the block schedule the round, as the labels of its pushes name them."""
+        return f"epoch {epoch}" + (f" round {self._round}" if self.num_blocks > 1 else "")
+
+    def _release(self) -> None:
+        """The end of a round on the block schedule, its block pushed home: the next holder pulls it
+        from the servers, and this worker pulls the block of its next round."""
+        if self.num_blocks > 1:
+            self.client.release()
 
     # -- data positions and pausing for checkpoints --------------------------------------------
     def _position_at(self, epoch: int, batch: Batch | None, step: int) -> Position:
         """Where this worker's data stands: the next macro-batch to train (None: the epoch is done)."""
         unit, row = batch.start if batch is not None else (len(self.units), None)
         return Position(epoch, unit, row, step, tokens=self.stats["tokens"], pairs=self.stats["pairs"],
-                        loss=self.stats["loss"])
+                        loss=self.stats["loss"], round=self._round)
 
     def pause(self) -> Position:
         """Stop between two macro-batches with every push applied; returns the data position.
@@ -344,7 +442,7 @@ class Worker:
         if not self._pause_requested:
             return False
         self.client.drain()
-        self._sync(f"epoch {epoch} step {step} of worker {self.index}", pull=False)  # into the checkpoint
+        self._sync(f"{self._when(epoch)} step {step} of worker {self.index}", pull=False, docs=True)  # into the checkpoint
         with self._cv:
             self._paused_at = self._position_at(epoch, batch, step)
             self._cv.notify_all()
@@ -359,10 +457,8 @@ class Worker:
         cfg = self.config
         doc_ids, offsets, tokens = chunk
         if self.token_path:
-            layout = self.client.token_layout(doc_ids)
-            docs = layout.routes["docs"].position
-            ctx_pos = (np.repeat(docs, np.diff(offsets)) if self.exact  # each token's document row
-                       else layout.inputs_head + docs)  # or each document's, after the resident words rows
+            layout, docs = self.client.token_layout(doc_ids)  # each document's row in `inputs`
+            ctx_pos = np.repeat(docs, np.diff(offsets)) if self.exact else docs  # the exact kernel: each token's
             return Batch(examples=None, layout=layout, ctx_pos=ctx_pos, target_pos=tokens,
                          neg_pos=np.zeros(0, np.int64), scale=None, pulls=[], start=start, raw_tokens=len(tokens),
                          tokens=tokens, offsets=offsets, seed=int(rng.integers(1 << 63)))
@@ -377,21 +473,30 @@ class Worker:
 
     # -- one epoch ---------------------------------------------------------------------------------
     def run_epoch(self, epoch: int, start: Position | None = None) -> dict:
-        """Train this worker's data for one epoch, from the beginning or from a checkpointed position
-        (`start`, as pause() reported it); returns the epoch's counters."""
+        """Train this worker's data for one epoch (on the block schedule, one round of it: start.round),
+        from the beginning or from a checkpointed position (`start`, as pause() reported it); returns
+        the epoch's counters so far."""
         from .kernels import micro_batch_alphas
 
         cfg = self.config
         start = start or Position(epoch)
+        self._round = start.round
         self.stats = self._zero_stats()
-        self.stats.update(epoch=epoch, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
+        self.stats.update(epoch=epoch, round=start.round, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
+        self.client.traffic = dict.fromkeys(client.TRAFFIC, 0)
         seconds = self.stats["seconds"]
         # drives the learning rate: the tokens of the epochs before this one, and of this one so far
         done_before = (self.first_epoch_tokens + (epoch - 1) * self.tokens_per_epoch if epoch else 0) + start.tokens
-        chunks = read_chunks(self.units, self.macro_batch, start.unit, start.row)
+        if self.token_path:
+            self._hold(epoch, start.round)
+        chunks = read_chunks(self.units, self.read_tokens, start.unit, start.row)
         if epoch == 0 and self.changed is not None:
             chunks = only_documents(chunks, self.changed)
+        if self.num_blocks > 1:  # only the tokens of the block held, as its local rows
+            chunks = self._block_chunks(epoch, start, chunks)
         step_of_next = start.step
+        # each macro-batch's draws are seeded by its place: (epoch, step), and the round where there are several
+        where = [cfg.seed, self.index, epoch] + ([start.round] if self.num_blocks > 1 else [])
         with self._cv:
             self._running = True
 
@@ -405,7 +510,7 @@ class Worker:
                 return None
             # one generator per macro-batch, seeded by its place in the epoch: a run resumed from a
             # position draws the same subsampling and negatives as one that never stopped
-            rng = np.random.default_rng([cfg.seed, self.index, epoch, step_of_next])
+            rng = np.random.default_rng(where + [step_of_next])
             step_of_next += 1
             batch = self._prepare(*item, rng)
             t2 = time.perf_counter()
@@ -415,20 +520,21 @@ class Worker:
             return batch
 
         arriving = None  # staged: the current batch's Arrival, coming on the arrivals thread
+        trained = False  # whether a batch was trained (the last one's `label`)
         slot = 0
         try:
             batch = next_batch()
             step = start.step
-            self._sync(f"epoch {epoch} start of worker {self.index}")
+            self._sync(f"{self._when(epoch)} start of worker {self.index}")
             while batch is not None:
                 if self._hold_if_paused(epoch, batch, step):
                     if arriving is not None:  # rows pulled before the pause are stale
                         arriving.result()
                         arriving = None
                     batch.pulls = self.client.pull(batch.layout)
-                    self._sync(f"epoch {epoch} step {step} of worker {self.index}")
+                    self._sync(f"{self._when(epoch)} step {step} of worker {self.index}")
                 elif self.client.sync_due():
-                    self._sync(f"epoch {epoch} step {step} of worker {self.index}")
+                    self._sync(f"{self._when(epoch)} step {step} of worker {self.index}")
                 upcoming = next_batch()  # read → examples → pull of the next batch, in flight while this one computes
 
                 t0 = time.perf_counter()
@@ -456,7 +562,8 @@ class Worker:
                 t2 = time.perf_counter()
                 seconds["compute"] += t2 - t1
 
-                label = f"epoch {epoch} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
+                label = f"{self._when(epoch)} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
+                trained = True
                 self.client.push(arrival.layout, pulled, local, label)
                 seconds["push"] += time.perf_counter() - t2
 
@@ -468,7 +575,11 @@ class Worker:
 
             t0 = time.perf_counter()
             self.client.drain()
-            self._sync(f"epoch {epoch} end of worker {self.index}", pull=False)
+            # the resident documents go home once their last round of the epoch is done; the push is
+            # named after the last step trained (its learning rate shows in an error of the push)
+            self._sync(f"{self._when(epoch)} end of worker {self.index}" + (f", after {label}" if trained else ""),
+                       pull=False, docs=start.round == self.num_blocks - 1)
+            self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
             with self._cv:
@@ -543,8 +654,9 @@ class Worker:
 
     def _inputs_buffer(self, rows: int) -> torch.Tensor:
         """The persistent `inputs` matrix on the worker's device, at least `rows` long; its first
-        `words_head` rows are the resident rows of words and survive growing."""
-        self._inputs = self._grown(self._inputs, rows, keep=self.words_head)
+        `words_head` rows are the resident rows of words, the next `docs_head` its resident documents'
+        (the block schedule), and they survive growing."""
+        self._inputs = self._grown(self._inputs, rows, keep=self.words_head + self.docs_head)
         return self._inputs[:rows]
 
     def _host_buffer(self, name: str, rows: int) -> np.ndarray:
@@ -575,8 +687,9 @@ class Worker:
 
         if batch.tokens is not None and self.exact:  # the token path: the kernel draws the examples itself
             self.client.trained()
+            held = self.held
             return self.compute.tokens(local["inputs"], local["outputs"], batch.ctx_pos, batch.tokens,
-                                       self.keep_prob, self._accept, self.negatives.alias, cfg.negative,
+                                       held.keep, held.negatives.accept, held.negatives.alias, held.negative,
                                        float(alphas[0]), float(alphas[1]), batch.seed,
                                        adagrad=self.adagrad, threads=int(cfg.cpus_per_worker))
         if self.exact:  # the host matrices, trained in place on this worker's threads
@@ -628,9 +741,9 @@ class Worker:
 
         cfg = self.config
         if self._device_tables is None:
-            self._device_tables = device_examples.DeviceTables(self.keep_prob, self.negatives, self.device)
+            self._device_tables = device_examples.DeviceTables(self.held.keep, self.held.negatives, self.device)
         return self.compute.device_examples(
-            to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, cfg.negative,
+            to_dev(batch.ctx_pos), to_dev(batch.offsets), to_dev(batch.tokens), self._device_tables, self.held.negative,
             device_examples.generator(batch.seed, self.device), cfg.micro_batch,
             device_examples.Shape(cfg.mode, cfg.dbow_words, cfg.window))
 
@@ -640,8 +753,13 @@ class Worker:
         self.client.trained()
 
     def _resident(self, table: str) -> torch.Tensor:
-        """The resident rows of words_out (the head of `outputs`) or of words (the head of `inputs`)."""
-        return self._outputs_buffer(self.cached) if table == "words_out" else self._inputs_buffer(self.words_head)
+        """The resident rows of words_out (the head of `outputs`), of words (the head of `inputs`) or
+        of docs (after words in `inputs`)."""
+        if table == "words_out":
+            return self._outputs_buffer(self.cached)
+        if table == "docs":
+            return self._inputs_buffer(self.words_head + self.docs_head)[self.words_head:]
+        return self._inputs_buffer(self.words_head)
 
     def _read_resident(self, table: str) -> np.ndarray:
         return self._resident(table).cpu().numpy()
@@ -651,6 +769,7 @@ class Worker:
 
         self._resident(table)[:] = torch.from_numpy(rows).to(self.device)
 
-    def _sync(self, label: str, push: bool = True, pull: bool = True) -> None:
-        """Exchange the resident rows with the servers (client.ParameterClient.sync)."""
-        self.client.sync(self._read_resident, self._write_resident, label, push=push, pull=pull)
+    def _sync(self, label: str, push: bool = True, pull: bool = True, docs: bool = False) -> None:
+        """Exchange the resident rows with the servers (client.ParameterClient.sync); with docs, the
+        resident documents' too."""
+        self.client.sync(self._read_resident, self._write_resident, label, push=push, pull=pull, docs=docs)

@@ -5,6 +5,7 @@
     python jobs/quality.py --sets skewed --seeds 1 --quick  # a smoke run: smaller sets, fewer epochs
     python jobs/quality.py --tune 8                         # tune each set, then tuned vs its settings vs gensim
     python jobs/quality.py --tune 8 --searcher optuna       # the same with Optuna's TPE drawing the trials
+    python jobs/quality.py --workers 1 2 4 8 --ray-cpus 8 --no-gensim   # more workers against one worker
 
 Each set is trained by ours (`train`, the defaults plus the set's own model settings plus --config)
 and by gensim (`baseline --gensim-mode iterable`, its most accurate mode, all cores) with the same
@@ -22,6 +23,11 @@ model settings and seed, and scored the same way:
 Prints one table per set and mode: each seed's figure, the mean and spread (max − min) of each
 trainer, tokens/s, and ours − gensim against the target (≥ −0.002 on recall and accuracy, ≥ −0.005
 on Lee). Everything is saved as JSON (--json). Prepared corpora are kept in --work and reused.
+
+With --workers, ours trains once per worker count (each worker on 1 CPU), and each count is held to
+the same margins against the first count (one worker) instead of against gensim. Their quality, not
+their speed, is the figure: on a small machine give Ray more logical CPUs than it has cores
+(--ray-cpus), so that every worker gets its actor.
 """
 
 from __future__ import annotations
@@ -251,18 +257,30 @@ def make_set(name: str, work: str, quick: bool = False) -> Set:
 
 # -- the runs ----------------------------------------------------------------------------------------
 
-def run_set(data: Set, mode: str, seeds: list[int], overrides: dict, work: str, gensim_workers: int) -> dict:
-    """Train ours and gensim (iterable) once per seed; each run's figure, speed and wall time."""
+def workers_label(count: int) -> str:
+    return f"{count} worker" + ("s" if count > 1 else "")
+
+
+def run_set(data: Set, mode: str, seeds: list[int], overrides: dict, work: str, gensim_workers: int,
+            workers: list[int] | None = None, gensim: bool = True) -> dict:
+    """Train ours and gensim (iterable) once per seed; each run's figure, speed and wall time.
+
+    With `workers`, ours trains once per worker count (1 CPU each), and every count after the first is
+    held to the margin against the first ("differences"); gensim runs beside them unless gensim is False.
+    """
     from doc2vec_dist.baseline import train_gensim
     from doc2vec_dist.trainer import train
 
-    runs = {"doc2vec-dist": [], "gensim": []}
+    ours_runs = {"doc2vec-dist": {}} if not workers else {
+        workers_label(w): {"num_workers": w, "cpus_per_worker": 1} for w in workers}
+    runs = {who: [] for who in list(ours_runs) + (["gensim"] if gensim else [])}
     for seed in seeds:
         model_settings = {**data.settings, **MODES[mode], "seed": seed, "progress": False}
-        ours = build(TrainConfig, model_settings, overrides).validate()
         theirs = build(TrainConfig, model_settings, {k: v for k, v in overrides.items() if k in MODEL_KEYS})
-        for who, config in (("doc2vec-dist", ours), ("gensim", theirs)):
-            out = os.path.join(work, "models", f"{data.name}-{mode}-{who}-seed{seed}")
+        trainers = [(who, build(TrainConfig, model_settings, overrides, engine).validate())
+                    for who, engine in ours_runs.items()] + ([("gensim", theirs)] if gensim else [])
+        for who, config in trainers:
+            out = os.path.join(work, "models", f"{data.name}-{mode}-{who.replace(' ', '-')}-seed{seed}")
             t0 = time.perf_counter()
             if who == "gensim":
                 summary = train_gensim(data.corpus, out, config.validate(), workers=gensim_workers, overwrite=True,
@@ -278,9 +296,15 @@ def run_set(data: Set, mode: str, seeds: list[int], overrides: dict, work: str, 
         figures = [r["figure"] for r in rows]
         result[who] = {"mean": statistics.mean(figures), "spread": max(figures) - min(figures),
                        "tokens_per_second": statistics.mean(r["tokens_per_second"] for r in rows)}
-    result["difference"] = result["doc2vec-dist"]["mean"] - result["gensim"]["mean"]
     result["target"] = -MARGIN[data.metric]
-    result["met"] = result["difference"] >= result["target"]
+    if workers:  # each worker count against the first
+        first = workers_label(workers[0])
+        result["reference"] = first
+        result["differences"] = {who: result[who]["mean"] - result[first]["mean"] for who in list(ours_runs)[1:]}
+        result["met"] = all(d >= result["target"] for d in result["differences"].values())
+    else:
+        result["difference"] = result["doc2vec-dist"]["mean"] - result["gensim"]["mean"]
+        result["met"] = result["difference"] >= result["target"]
     return result
 
 
@@ -359,16 +383,23 @@ MODEL_KEYS = ("dim", "epochs", "mode", "dbow_words", "window", "negative", "samp
 
 
 def format_result(r: dict) -> str:
-    lines = [f"{r['set']} — {r['about']}; {r['mode']}, {len(r['runs']['gensim'])} seed(s)"]
-    seeds = [row["seed"] for row in r["runs"]["gensim"]]
+    first = next(iter(r["runs"].values()))
+    lines = [f"{r['set']} — {r['about']}; {r['mode']}, {len(first)} seed(s)"]
+    seeds = [row["seed"] for row in first]
     header = ["trainer"] + [f"seed {s}" for s in seeds] + ["mean", "spread", "tokens/s"]
     lines.append("  ".join(f"{h:>10}" if i else f"{h:<18}" for i, h in enumerate(header)))
-    for who, label in (("doc2vec-dist", "doc2vec-dist"), ("gensim", "gensim (iterable)")):
+    for who in r["runs"]:
+        label = "gensim (iterable)" if who == "gensim" else who
         cells = [f"{row['figure']:.4f}" for row in r["runs"][who]]
         cells += [f"{r[who]['mean']:.4f}", f"{r[who]['spread']:.4f}", f"{r[who]['tokens_per_second'] / 1e6:.3f}M"]
         lines.append("  ".join([f"{label:<18}"] + [f"{c:>10}" for c in cells]))
-    lines.append(f"ours − gensim: {r['difference']:+.4f} (target ≥ {r['target']:+.3f}: "
-                 f"{'met' if r['met'] else 'MISSED'}); {r['metric']}")
+    if "differences" in r:
+        for who, d in r["differences"].items():
+            lines.append(f"{who} − {r['reference']}: {d:+.4f} (target ≥ {r['target']:+.3f}: "
+                         f"{'met' if d >= r['target'] else 'MISSED'}); {r['metric']}")
+    else:
+        lines.append(f"ours − gensim: {r['difference']:+.4f} (target ≥ {r['target']:+.3f}: "
+                     f"{'met' if r['met'] else 'MISSED'}); {r['metric']}")
     return "\n".join(lines)
 
 
@@ -392,14 +423,29 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --tune: how the search draws its trials (tune --searcher); several run one search "
                          "each at the same budget, each then compared over the seeds")
     ap.add_argument("--quick", action="store_true", help="smaller sets and fewer epochs: a smoke run, not a figure")
+    ap.add_argument("--workers", type=int, nargs="+", metavar="W",
+                    help="train ours with each of these worker counts (1 CPU each), each against the first")
+    ap.add_argument("--no-gensim", action="store_true", help="with --workers: ours alone")
+    ap.add_argument("--ray-cpus", type=int, help="logical CPUs of the local Ray (default: this machine's cores); "
+                                                 "more than the cores for --workers runs that measure quality")
     args = ap.parse_args(argv)
+    if args.no_gensim and not args.workers:
+        ap.error("--no-gensim needs --workers (the other runs are measured against gensim)")
     try:
         overrides = load_yaml(args.config) if args.config else {}
         import ray
 
         from doc2vec_dist.trainer import connect
 
-        started = connect(None)  # one local Ray for every run (each train() would start its own)
+        started = False
+        if args.ray_cpus and not ray.is_initialized():
+            from doc2vec_dist.trainer import local_object_store_bytes
+
+            ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False,
+                     object_store_memory=local_object_store_bytes(), logging_level="WARNING")
+            started = True
+        else:
+            started = connect(None)  # one local Ray for every run (each train() would start its own)
         results = []
         try:
             for name in args.sets:
@@ -412,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                             print(format_tuned(result) + "\n", flush=True)
                             results.append(result)
                     else:
-                        result = run_set(data, mode, args.seeds, overrides, args.work, args.gensim_workers)
+                        result = run_set(data, mode, args.seeds, overrides, args.work, args.gensim_workers,
+                                         args.workers, gensim=not args.no_gensim)
                         print(format_result(result) + "\n", flush=True)
                         results.append(result)
         finally:

@@ -133,7 +133,9 @@ def test_the_kernel_follows_the_device_and_the_negatives():
 
 def test_one_worker_keeps_every_url_row_resident_by_default():
     assert TrainConfig().resident_rows(100_000) == 100_000
-    assert TrainConfig(num_workers=2).resident_rows(100_000) == 0
+    assert TrainConfig(num_workers=2, schedule="shared").resident_rows(100_000) == 0
+    assert TrainConfig(num_workers=2).resident_rows(100_000) == 50_000  # the block schedule: the block held
+    assert TrainConfig(num_workers=3, mode="dm").resident_rows(100_000) == 0  # PV-DM shares the rows
     assert TrainConfig(cache_rows=500).resident_rows(100_000) == 500
     assert TrainConfig(cache_rows=500).resident_rows(300) == 300
     assert TrainConfig(dim=100).resident_rows(10**9) == (2 << 30) // 400  # what fits 2 GiB, hottest first
@@ -174,6 +176,26 @@ def test_the_token_path_trains_exactly_the_examples_it_draws(adagrad):
     np.testing.assert_array_equal(inputs, ref_in)
     np.testing.assert_array_equal(outputs, ref_out)
     assert loss == pytest.approx(ref_loss, rel=0.05)
+
+
+@pytest.mark.parametrize("negative", [5.5, 2.25])
+def test_a_fractional_count_of_negatives_draws_one_more_that_often_and_trains_what_it_draws(negative):
+    """The block schedule's negatives per example (schedule.Blocks): the whole part, and one more with
+    the chance of the rest; train_tokens trains exactly those draws."""
+    inputs, outputs, doc_of_token, tokens, keep, accept, alias, _ = token_problem(per_doc=200)
+    ctx, target, neg, neg_mask = cpu_kernel.draw_examples(doc_of_token, tokens, keep, accept, alias, negative, seed=5)
+    whole = int(negative)
+    assert neg.shape[1] == whole + 1
+    drawn = neg[:, whole] >= 0  # an undrawn column is -1 (and masked)
+    assert not neg_mask[~drawn, whole].any()
+    assert drawn.mean() == pytest.approx(negative - whole, abs=0.02)
+    ref_in, ref_out = inputs.copy(), outputs.copy()
+    _, trained = cpu_kernel.train_tokens(inputs, outputs, doc_of_token, tokens, keep, accept, alias, negative, 0.05,
+                                         0.05, seed=5, threads=1)
+    cpu_kernel.train(ref_in, ref_out, ctx, target, neg, neg_mask, 0.05, 0.05, threads=1)
+    assert trained == len(target)
+    np.testing.assert_array_equal(inputs, ref_in)
+    np.testing.assert_array_equal(outputs, ref_out)
 
 
 def test_the_token_path_subsamples_and_draws_negatives_as_gensim_does():

@@ -52,6 +52,18 @@ def test_negatives_follow_unigram_to_the_three_quarters_and_a_draw_equal_to_the_
     assert torch.equal(ex.neg_mask, ex.neg != ex.target[:, None]) and (~ex.neg_mask).any()
 
 
+def test_a_fractional_count_of_negatives_uses_one_more_column_that_often():
+    """The block schedule's negatives per example (schedule.Blocks): one more column, used by the
+    fractional part of the examples."""
+    rows, offsets, tokens, tables, _, _ = problem(docs=2000, sample=0)
+    ex = build(rows, offsets, tokens, tables, 5.3, generator(3, CPU), 1024)
+    whole = build(rows, offsets, tokens, tables, 5, generator(3, CPU), 1024)
+    assert ex.neg.shape == (len(ex), 6) and whole.neg.shape == (len(whole), 5)
+    # the sixth is used where its coin said so and it is not the target, as the others are not
+    differ = (ex.neg[:, :5] != ex.target[:, None]).float().mean().item()
+    assert abs(ex.neg_mask[:, 5].float().mean().item() - 0.3 * differ) < 0.02
+
+
 def test_each_document_walks_its_tokens_in_order_and_its_rows_are_the_routed_ones():
     ex, rows, offsets, tokens, *_ = draw(sample=0, lengths=(3, 50, 7, 120))
     assert len(ex) == len(tokens)  # sample 0: every token is an example

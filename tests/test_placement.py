@@ -78,7 +78,10 @@ def test_a_sizing_that_no_live_ps_node_can_hold_is_named(logged):
 
 def test_a_workers_memory_need_counts_its_resident_url_rows_where_they_live():
     tables = specs(docs=(1000, 100), words=(500, 100), words_out=(500, 100))
-    _, base = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=2), tables)  # several workers: none
+    _, base = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=2, schedule="shared"), tables)  # none
+    # two workers on the block schedule: half the URL rows each, and half the documents
+    _, blocks = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=2), tables)
+    assert blocks - base == (250 + 500) * 100 * 4
     _, cpu = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1), tables)  # every words_out row
     assert cpu - base == 500 * 100 * 4
     # PV-DM on the token path holds the words rows too; on a GPU worker they are in the GPU's memory

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from types import SimpleNamespace
@@ -46,7 +47,7 @@ def test_the_plan_counts_each_workers_resident_url_rows_where_they_live():
 
 
 def test_memory_plan_adds_up_for_known_sizes():
-    cfg = TrainConfig(dim=100, num_ps=2, num_workers=3, max_inflight_pushes=2)
+    cfg = TrainConfig(dim=100, num_ps=2, num_workers=3, max_inflight_pushes=2, schedule="shared")
     profile = {"unique_rows": 1000, "example_bytes": 8000}
     mem = planmod.memory_plan(_tables(cfg, 20_000_000, 1_000_000), cfg, profile, ps_overhead=200 << 20,
                               worker_fixed=250 << 20, driver=300 << 20, ray_system=600 << 20, object_store=4 << 30)
@@ -60,16 +61,27 @@ def test_memory_plan_adds_up_for_known_sizes():
     assert mem["processes_total"] == processes and mem["node_total"] == processes + (4 << 30)
     # a 20M × 1M dbow model at dim 100 on 2 servers: 4.2 GB of rows each
     assert mem["ps"][0]["table_bytes"] == 4_200_000_000
+    # on the block schedule each worker holds a block of the URL rows; its 6.7M documents' rows (2.7 GB)
+    # are more than it keeps resident, but 200k users' would be
+    blocks = dataclasses.replace(cfg, schedule="auto")
+    mem = planmod.memory_plan(_tables(blocks, 20_000_000, 1_000_000), blocks, profile, ps_overhead=200 << 20,
+                              worker_fixed=250 << 20, driver=300 << 20, ray_system=600 << 20, object_store=4 << 30)
+    assert mem["worker"]["resident"] == 333_334 * 100 * 4 and mem["resident"]["tables"] == {"words_out": 333_334}
+    mem = planmod.memory_plan(_tables(blocks, 200_000, 1_000_000), blocks, profile, ps_overhead=200 << 20,
+                              worker_fixed=250 << 20, driver=300 << 20, ray_system=600 << 20, object_store=4 << 30)
+    assert mem["resident"]["tables"] == {"words_out": 333_334, "docs": 66_667}
 
 
 def test_macro_batch_is_the_workers():
-    cfg = TrainConfig(macro_batch=65536, num_workers=2)
+    cfg = TrainConfig(macro_batch=65536, num_workers=2, schedule="shared")
     assert planmod.effective_macro_batch(cfg, 600_000_000, 1000) == 65536
     assert planmod.effective_macro_batch(cfg, 16 * 2 * 10_000, 1000) == 10_000  # ≥ 16 rounds per epoch
     assert planmod.effective_macro_batch(cfg, 1000, 1000) == 4096  # never below the floor
     # rows shared by several workers: 65,536 by default; one worker writing every row it trains
     # (every words_out row resident) takes 262,144, and a small corpus's epoch in one round
-    assert planmod.effective_macro_batch(TrainConfig(num_workers=2), 600_000_000, 1000) == 65536
+    assert planmod.effective_macro_batch(TrainConfig(num_workers=2, schedule="shared"), 600_000_000, 1000) == 65536
+    # the block schedule: each worker writes every row it trains alone, as one worker does
+    assert planmod.effective_macro_batch(TrainConfig(num_workers=2), 600_000_000, 1000) == 262144
     alone = TrainConfig(num_workers=1)
     assert planmod.effective_macro_batch(alone, 600_000_000, 1000) == 262144
     assert planmod.effective_macro_batch(alone, 60_000, 1000) == 262144
@@ -109,7 +121,7 @@ def test_slice_keeps_the_vocabulary_and_the_first_documents(sample_corpus, tmp_p
 
 def test_macro_batch_profile_counts_real_rows(sample_corpus):
     corpus = Corpus(sample_corpus[0])
-    prof = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, negative=5))
+    prof = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, negative=5, schedule="shared"))
     assert prof["macro_batch"] == 4096  # the sample is small: the floor
     assert 3000 < prof["tokens"] <= 4096 + 500 and prof["docs"] > 50
     # targets and 5 negatives each, drawn from ~5k URLs: most of the vocabulary, never more
@@ -147,6 +159,31 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert t["total_seconds"] > 10 * t["epoch_seconds"]
     text = planmod.format_plan(result)
     assert "parameter server" in text and "per epoch" in text and "worker time: read" in text
+    # the scaling table: the bytes per token it predicts for 2 workers are what that run's counters counted
+    two = next(r for r in result["scaling"] if r["workers"] == 2)
+    counted = run["summary"]["bytes_per_token"]
+    for kind, value in counted.items():
+        assert two["bytes_per_token"][kind] == pytest.approx(value, rel=0.1, abs=0.5), kind
+    assert {r["workers"] for r in result["scaling"]} == {1, 2, 4, 8, 16}
+    assert all(r["bound"] in ("compute", "servers", "network") for r in result["scaling"])
+    assert "scaling" in text and "bound" in text
+
+
+def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
+    """More workers move more bytes per token (each round's blocks); a slow link makes the network the bound."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, cpus_per_worker=1, progress=False)
+    cal = {"summary": {"tokens_per_second": 1e6, "server_busy_seconds": 1.0,
+                       "bytes": {"pulled": 1e9, "pushed": 1e9, "resident_pulled": 0, "resident_pushed": 0}}}
+    fast = planmod.scaling_plan(corpus, cfg, cal, network_gbps=100)
+    per_token = [r["total_bytes_per_token"] for r in fast]
+    assert per_token == sorted(per_token) and per_token[-1] > 2 * per_token[0]
+    assert fast[0]["rates"]["compute"] == pytest.approx(1e6) and fast[2]["rates"]["compute"] == pytest.approx(4e6)
+    slow = planmod.scaling_plan(corpus, cfg, cal, network_gbps=0.001)
+    assert all(r["bound"] == "network" for r in slow)
+    for r in slow:  # a link per worker, num_ps of them on the servers' side
+        link = 0.001e9 / 8
+        assert r["tokens_per_second"] == pytest.approx(min(r["workers"], 2) * link / r["total_bytes_per_token"])
 
 
 def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus, tmp_path, capsys):

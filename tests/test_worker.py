@@ -21,7 +21,7 @@ import pytest
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.ps import ParameterServer, table_specs
-from doc2vec_dist.worker import Worker, plan_units
+from doc2vec_dist.worker import Position, Worker, plan_units
 
 NUM_PS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +74,14 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
             return prepare(*args)
 
         worker._prepare = prepare_and_ask
-    stats = [worker.run_epoch(epoch) for epoch in range(config.epochs)]
+    stats = []
+    for epoch in range(config.epochs):
+        # on the block schedule, worker 0 goes through every round as if the others' shares were empty
+        start = Position(epoch)
+        for r in range(config.num_workers if config.blocks() else 1):
+            s = worker.run_epoch(epoch, start)
+            start = Position(epoch, round=r + 1, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"])
+        stats.append(s)
     out = {name: served(ray, servers, name, n) for name, n in rows.items()}
     for s in servers:
         ray.kill(s)
@@ -88,18 +95,22 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
     {"mode": "dm", "window": 3},  # the token path too: words resident beside words_out
     {"mode": "dbow", "dbow_words": True, "window": 3, "cache_rows": 300},  # host examples, some rows resident
     {"mode": "dbow", "dbow_words": True, "window": 3},  # the token path, skip-gram windows drawn on the device
+    # the block schedule: worker 0 of 2, its block on the device, swapped each round; its documents resident too
+    {"mode": "dbow", "num_workers": 2},
 ], ids=["dbow-tokens-on-device", "dbow-resident-shared", "dbow-adagrad", "dm-tokens-on-device", "dbow-words-host",
-        "dbow-words-tokens-on-device"])
+        "dbow-words-tokens-on-device", "dbow-blocks"])
 def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluster, sample_corpus, settings):
     # the staged path is the batched kernel's (GPU workers'); the exact kernel trains the host matrices
-    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=8192,
-                         kernel="batched", progress=False, **settings)
+    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, macro_batch=8192, kernel="batched",
+                         progress=False, **{"num_workers": 1, **settings})
     in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False)
     staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True)
     # staged: two slots of host matrices, one batch's arriving while the other's trains; in place: nothing staged
     assert info_b["host"].keys() == {"inputs0", "outputs0", "inputs1", "outputs1"} and not info_a["host"]
     if "cache_rows" not in settings:  # the token path: every URL row resident on the device, none in host memory
         assert info_b["host"]["outputs0"] == info_b["host"]["outputs1"] == 0
+    if settings.get("num_workers") == 2:  # ... and on the block schedule its documents too
+        assert info_b["host"]["inputs0"] == info_b["host"]["inputs1"] == 0
     for name, table in in_place.items():
         assert np.isfinite(table).all()
         np.testing.assert_array_equal(staged[name], table, err_msg=name)
@@ -198,7 +209,7 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
         from doc2vec_dist.config import TrainConfig
         from doc2vec_dist.corpus import Corpus
         from doc2vec_dist.ps import ParameterServer, table_specs
-        from doc2vec_dist.worker import Worker, plan_units
+        from doc2vec_dist.worker import Position, Worker, plan_units
         corpus = Corpus({sample_corpus[0]!r})
         out = {{}}
         for name, engine in {{"exact": {{}}, "batched": {{"kernel": "batched"}}, "host": {{"cache_rows": 0}}}}.items():

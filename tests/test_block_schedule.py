@@ -1,0 +1,138 @@
+"""The block schedule end to end, on the real local Ray: no URL row is written by two workers in the same
+round (the servers' own record of every push says so), and, each row having one writer at a time, a run
+is reproducible bit for bit, through checkpoints taken mid-round and a resume from one."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from doc2vec_dist import checkpoint
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.trainer import PUSH_JOURNAL_ENV, resumed_config, train
+
+TWO = {"dim": 16, "epochs": 2, "sample": 0, "num_ps": 2, "num_workers": 2, "cpus_per_worker": 1, "progress": False,
+       "macro_batch": 8192}
+LABEL = re.compile(r"epoch (\d+)(?: round (\d+))? .*worker (\d+)")
+
+
+def pushes(journal: str) -> list[tuple[int, int, int, str, np.ndarray]]:
+    """Every push the servers applied: (epoch, round, worker, table, global rows)."""
+    found = []
+    for name in os.listdir(journal):
+        with open(os.path.join(journal, name)) as fh:
+            for line in fh:
+                entry = json.loads(line)
+                epoch, round_, worker = LABEL.search(entry["label"]).groups()
+                found.append((int(epoch), int(round_ or 0), int(worker), entry["table"], np.array(entry["rows"])))
+    return found
+
+
+def writers(journal: str, table: str) -> dict:
+    """(epoch, round) -> worker -> the set of rows of `table` it pushed then."""
+    by_round: dict = collections.defaultdict(lambda: collections.defaultdict(set))
+    for epoch, round_, worker, name, rows in pushes(journal):
+        if name == table:
+            by_round[epoch, round_][worker].update(rows.tolist())
+    return by_round
+
+
+def test_no_url_row_is_pushed_by_two_workers_in_the_same_round(ray_cluster, sample_corpus, tmp_path, monkeypatch):
+    journal = tmp_path / "journal"
+    monkeypatch.setenv(PUSH_JOURNAL_ENV, str(journal))
+    train(sample_corpus[0], str(tmp_path / "blocks"), TrainConfig(**TWO))
+    rounds = writers(str(journal), "words_out")
+    assert sorted(rounds) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # two workers: two rounds an epoch
+    for (epoch, round_), by_worker in rounds.items():
+        assert sorted(by_worker) == [0, 1], (epoch, round_)
+        assert not by_worker[0] & by_worker[1], f"epoch {epoch} round {round_}: rows pushed by both workers"
+    # every URL row is trained by both workers over an epoch: the blocks do rotate
+    for epoch in (0, 1):
+        for worker in (0, 1):
+            mine = rounds[epoch, 0][worker] | rounds[epoch, 1][worker]
+            assert len(mine) > 0.9 * checkpoint.ModelDir(str(tmp_path / "blocks")).spec("words_out")["rows"]
+    # a document's row has one writer for the whole run
+    docs = collections.defaultdict(set)
+    for _, _, worker, table, rows in pushes(str(journal)):
+        if table == "docs":
+            for r in rows.tolist():
+                docs[r].add(worker)
+    assert docs and all(len(w) == 1 for w in docs.values())
+
+    # the check can fail: the shared schedule has both workers push the hot rows in the same step
+    shutil.rmtree(journal)
+    train(sample_corpus[0], str(tmp_path / "shared"), TrainConfig(**TWO, schedule="shared"))
+    shared = writers(str(journal), "words_out")
+    assert any(by_worker[0] & by_worker[1] for by_worker in shared.values())
+
+
+def tables_of(model: str) -> dict[str, np.ndarray]:
+    found = checkpoint.ModelDir(model)
+    return {name: found.read_table(name) for name in ("docs", "words_out")}
+
+
+def test_a_block_run_is_reproducible_through_mid_round_checkpoints_and_a_resume_from_one(ray_cluster, sample_corpus,
+                                                                                        tmp_path):
+    corpus = sample_corpus[0]
+    straight = tables_of(train(corpus, str(tmp_path / "a"), TrainConfig(**TWO, checkpoint_every=0))["model"])
+    # checkpoints every 50 ms pause the workers mid-round: their blocks go home and come back unchanged
+    paused_model = str(tmp_path / "b")
+    train(corpus, paused_model, TrainConfig(**TWO, checkpoint_every=0.05, keep_checkpoints=1000))
+    for name, matrix in tables_of(paused_model).items():
+        np.testing.assert_array_equal(matrix, straight[name], err_msg=name)
+    # a version taken mid-epoch (in a second round, where one fell there), resumed in a copy of the model,
+    # ends where the straight run did
+    mid = []
+    for version in range(1, checkpoint.latest_version(paused_model) + 1):
+        with open(os.path.join(checkpoint.version_dir(paused_model, version), "manifest.json")) as fh:
+            positions = json.load(fh)["positions"]
+        if positions:
+            mid.append((positions[0].get("round", 0), version))
+    assert mid, "no checkpoint fell inside an epoch"
+    mid = [max(mid)[1]] if max(mid)[0] >= 1 else [mid[len(mid) // 2][1]]
+    resumed = str(tmp_path / "c")
+    shutil.copytree(paused_model, resumed)
+    with open(os.path.join(resumed, "LATEST"), "w") as fh:
+        fh.write(f"v{mid[0]}")
+    for version in range(mid[0] + 1, checkpoint.latest_version(paused_model) + 1):
+        shutil.rmtree(checkpoint.version_dir(resumed, version))
+    train(corpus, resumed, resumed_config(resumed, {}))
+    for name, matrix in tables_of(resumed).items():
+        np.testing.assert_array_equal(matrix, straight[name], err_msg=name)
+
+
+@pytest.mark.parametrize("flags", [{"mode": "dm"}, {"dbow_words": True}])
+def test_modes_whose_windows_reach_across_blocks_share_the_rows_and_refuse_the_block_schedule(flags):
+    from doc2vec_dist.errors import UserError
+
+    assert not TrainConfig(num_workers=2, **flags).blocks()
+    with pytest.raises(UserError, match="--schedule blocks trains plain PV-DBOW"):
+        TrainConfig(num_workers=2, schedule="blocks", **flags)
+
+
+def test_the_scaling_job_measures_workers_and_threads_beside_gensim(ray_cluster, sample_corpus, tmp_path):
+    import importlib.util
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("scaling_job", os.path.join(root, "jobs", "scaling.py"))
+    job = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = job
+    spec.loader.exec_module(job)
+    out = tmp_path / "scaling.json"
+    result = job.main(["--corpus", sample_corpus[0], "--workers", "1", "2", "--threads", "1", "2", "--epochs", "1",
+                       "--dim", "16", "--no-warmup", "--workdir", str(tmp_path), "--json", str(out)])
+    assert [r["workers"] for r in result["workers"]] == [1, 2]
+    assert result["workers"][0]["efficiency"] == pytest.approx(1.0)
+    for row in result["workers"]:  # the counters' bytes per token, and plan's prediction of them
+        measured, planned = (sum(row[k].values()) for k in ("bytes_per_token", "planned_bytes_per_token"))
+        assert planned == pytest.approx(measured, rel=0.1), row
+    assert result["threads"][0]["ours"] is result["workers"][0]  # 1 thread: the one-worker run, not run twice
+    assert all(r["gensim"]["tokens_per_second"] > 0 for r in result["threads"])
+    assert json.loads(out.read_text())["threads"][1]["threads"] == 2
