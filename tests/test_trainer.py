@@ -325,6 +325,13 @@ def test_settings_measured_to_lose_quality_are_warned_about_and_the_recipes_are_
     assert "196,608 tokens stale" in stale and "--macro-batch to 54,613" in stale
     assert quality_warnings(TrainConfig(num_workers=4, schedule="shared", macro_batch=32768), Big) == []
     assert quality_warnings(TrainConfig(num_workers=4), Big) == []
+    # ... but it was measured to lose quality on text corpora (Lee, mini_newsgroup), and says so
+    from types import SimpleNamespace
+
+    text_corpus = SimpleNamespace(num_tokens=Big.num_tokens, vocab_size=Big.vocab_size, meta={"format": "text"})
+    (text,) = quality_warnings(TrainConfig(num_workers=2), text_corpus)
+    assert "text corpora" in text and "--num-workers 1" in text
+    assert quality_warnings(TrainConfig(num_workers=1), text_corpus) == []
     # ... but on a small corpus each worker caps its macro-batch at 1/16 of its share
     class Small:
         num_tokens = 4 * 16 * 20_000
