@@ -611,7 +611,12 @@ class _Run:
             due = config.checkpoint_every > 0 and time.perf_counter() - self.last_ckpt >= config.checkpoint_every
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
-        return [finished[i] for i in range(len(workers))]
+        done = [finished[i] for i in range(len(workers))]
+        if len(done) > 1:  # the time each worker waited at the round's end for the last one (the barrier)
+            end = max(s["ended"] for s in done)
+            for s in done:
+                s["seconds"]["barrier"] = max(0.0, end - s["ended"])
+        return done
 
     def _restart_worker(self, i: int, epoch: int, exc: Exception):
         """Wait for Ray to restart worker i, then send it back to its last checkpointed position."""

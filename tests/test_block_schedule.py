@@ -46,7 +46,9 @@ def writers(journal: str, table: str) -> dict:
 def test_no_url_row_is_pushed_by_two_workers_in_the_same_round(ray_cluster, sample_corpus, tmp_path, monkeypatch):
     journal = tmp_path / "journal"
     monkeypatch.setenv(PUSH_JOURNAL_ENV, str(journal))
-    train(sample_corpus[0], str(tmp_path / "blocks"), TrainConfig(**TWO))
+    summary = train(sample_corpus[0], str(tmp_path / "blocks"), TrainConfig(**TWO))
+    # where the workers' time went includes the rounds' barrier: the waits for the last worker of a round
+    assert summary["worker_seconds"]["barrier"] >= 0 and summary["worker_seconds"]["compute"] > 0
     rounds = writers(str(journal), "words_out")
     assert sorted(rounds) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # two workers: two rounds an epoch
     for (epoch, round_), by_worker in rounds.items():
