@@ -612,10 +612,10 @@ class _Run:
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
         done = [finished[i] for i in range(len(workers))]
-        if len(done) > 1:  # the time each worker waited at the round's end for the last one (the barrier)
-            end = max(s["ended"] for s in done)
-            for s in done:
-                s["seconds"]["barrier"] = max(0.0, end - s["ended"])
+        # The time each worker waited at the round's end for the last one (the barrier); 0 for one worker.
+        end = max(s["ended"] for s in done)
+        for s in done:
+            s["seconds"]["barrier"] = max(0.0, end - s["ended"])
         return done
 
     def _restart_worker(self, i: int, epoch: int, exc: Exception):
