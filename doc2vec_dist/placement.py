@@ -256,6 +256,9 @@ def _role_fit_problem(role: str, count: int, bundle: dict[str, float], nodes: li
     custom = [r for r in bundle if r not in ("CPU", "GPU", "memory")]  # `ps` / `trainer`: the nodes meant for it
     kind = "".join(f"`{r}` " for r in custom)
     hosts = [n for n in nodes if all(n["Resources"].get(r, 0) > 0 for r in custom)]
+    if not hosts and not custom:
+        return (f"{_count(count, role)} ask{'s' if count == 1 else ''} for "
+                f"{', '.join(_amount(r, need) for r, need in bundle.items())}, and no node is alive")
     if not hosts:
         return (f"{_count(count, role)} ask{'s' if count == 1 else ''} for {kind}nodes, and no live node has "
                 f"{' or '.join(custom)}")

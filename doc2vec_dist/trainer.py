@@ -513,6 +513,7 @@ class _Run:
         self.asking: dict[tuple[str, int], ray.ObjectRef] = {}
         self.answers: dict[int, dict] = {}
         self.checked_nodes = 0.0
+        self.dead_nodes: set[str] = set()  # as the last check found them
         self.grows: bool | None | str = "unknown"  # placement.cluster_can_grow(), asked once when needed
         self.resources: dict[str, float] = {}
 
@@ -706,12 +707,13 @@ class _Run:
                 self.answers[key[1]] = answer
 
     def _seen(self, key: tuple[str, int], answer: dict) -> None:
-        """An actor answered from answer["node"]: it runs there, and is back if its node had died."""
+        """An actor answered from answer["node"]: it runs there, and is back if that node is alive and the
+        one it was on had died."""
         node = answer.get("node")
         if node is None:
             return
         self.node_of[key] = node
-        if self.down.pop(key, None) is not None:
+        if node not in self.dead_nodes and self.down.pop(key, None) is not None:
             log.info(f"{_actor_name(key)} is back, on node {node[:8]}")
 
     def _watch(self) -> None:
@@ -733,6 +735,7 @@ class _Run:
         self.checked_nodes = now
         nodes = ray.nodes()
         dead = {n["NodeID"]: n for n in nodes if not n.get("Alive")}
+        self.dead_nodes = set(dead)
         newly = [key for key, node in self.node_of.items() if node in dead and key not in self.down]
         for key in newly:
             self.down[key] = now

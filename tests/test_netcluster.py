@@ -90,7 +90,8 @@ def test_namespaces_reach_only_each_other_and_the_capped_link_holds_its_rate():
         out = reach.communicate(timeout=30)[0]
         assert f"{cluster.node('trainer').address} reached" in out, out
         assert "192.0.2.1 unreachable Network is unreachable" in out and "8.8.8.8 unreachable" in out, out
-        routes = subprocess.run(["ip", "-n", cluster.head.netns, "route"], capture_output=True, text=True).stdout
+        routes = subprocess.run(["ip", "-n", cluster.head.netns, "route"], capture_output=True, text=True,
+                                check=True).stdout
         assert "default" not in routes and routes.split()[0] == "10.213.0.0/24", routes
 
         receiver = cluster.popen("trainer", [sys.executable, "-c", RECEIVE])
