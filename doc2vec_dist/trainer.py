@@ -200,6 +200,11 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
                      "(Lee: -0.014 to -0.038 Pearson with 2 to 8 workers; mini_newsgroup: -0.003 and -0.007 accuracy "
                      "with 4 and 8) while holding it on browsing logs; for text, one worker on all the machine's "
                      "CPUs (--num-workers 1 --cpus-per-worker N) is the measured best")
+    if config.num_workers > 1 and config.dbow_words:
+        found.append(f"{config.num_workers} workers with --dbow-words share the URL rows (the block schedule trains plain "
+                     "PV-DBOW only): measured on Lee with 2 workers, quality held (Pearson 0.4477 against one worker's "
+                     "0.4472, 3 seeds) but the speed barely grew (0.127M against 0.111M tokens/s); one worker on all "
+                     "the machine's CPUs is as good")
     macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
     stale = 0 if config.blocks() else (config.num_workers - 1) * macro  # on the block schedule nothing is stale
     if stale > STALE_TOKENS:
@@ -632,7 +637,12 @@ class _Run:
             due = config.checkpoint_every > 0 and time.perf_counter() - self.last_ckpt >= config.checkpoint_every
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
-        return [finished[i] for i in range(len(workers))]
+        done = [finished[i] for i in range(len(workers))]
+        if len(done) > 1:  # the time each worker waited at the round's end for the last one (the barrier)
+            end = max(s["ended"] for s in done)
+            for s in done:
+                s["seconds"]["barrier"] = max(0.0, end - s["ended"])
+        return done
 
     def _restart_worker(self, i: int, epoch: int, exc: Exception):
         """Wait for Ray to restart worker i, then send it back to its last checkpointed position."""

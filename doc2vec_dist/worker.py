@@ -586,6 +586,7 @@ class Worker:
             self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
+            self.stats["ended"] = time.time()  # the driver's barrier time: wall clock, shared by the nodes
             with self._cv:
                 self._running = False
                 self._position = self._position_at(epoch, None, step_of_next)
