@@ -1,0 +1,192 @@
+"""Training over capped links: tokens/s and bytes per trained token, in a cluster of network namespaces.
+
+    python jobs/network_benchmark.py --corpus CORPUS --gbps 0 10 1 0.1 --workers 1 2 --epochs 2
+    python jobs/network_benchmark.py --corpus CORPUS --gbps 1 --workers 1 --epochs 1 --json net.json
+
+For each worker count W, one cluster of network namespaces (jobs/netcluster.py): the head, two `ps`
+nodes holding one parameter server each, and W `trainer` nodes holding one worker each, every node
+on a link of its own. That is the layout `plan`'s network bound assumes: a link per worker and one
+per server. Then, for each rate (0: uncapped), every link is capped with tc's `tbf` and the same
+training job runs by `ray job submit`, as a user would. Per run:
+
+  - tokens/s, the trainer's own clock (training alone, not Ray's start-up);
+  - bytes per trained token the workers moved to and from the servers (the engine's counters,
+    client.TRAFFIC, in the model's summary);
+  - bytes per trained token on the links (each node's `ip -s link` counters around the job: the
+    trainer nodes' and the ps nodes' sent + received; this includes the job's start-up: its code,
+    the servers' initial rows, Ray's own traffic);
+  - `plan`'s network-bound tokens/s for that link rate (its bytes per token over a link per worker
+    and one per server), and its expected rate: the lower of that and what the same cluster trained
+    uncapped (the compute bound measured here); measured ÷ expected.
+
+The link has a namespace's sub-millisecond latency: tc's `netem` does not exist on these kernels, so
+no delay is added and every figure here is bandwidth-bound, never latency-bound. gensim (corpus_file,
+its fastest mode, as many threads as the trainer nodes have CPUs) trains the same corpus in the same
+run on the machine itself, for the ratio. Needs root (namespaces, tc). Prints a markdown table and
+writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "jobs"))
+
+import netcluster
+
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.logs import to_terminal
+
+
+def planned(corpus_path: str, config: TrainConfig, workers: int, gbps: float) -> dict:
+    """plan's bytes per token and network-bound tokens/s for W workers over links of `gbps`."""
+    from doc2vec_dist.corpus import Corpus
+    from doc2vec_dist.plan import macro_batch_profile, scaling_plan
+
+    corpus = Corpus(corpus_path)
+    config = dataclasses.replace(config, num_workers=workers)
+    row = scaling_plan(corpus, config, None, gbps or 1.0, macro_batch_profile(corpus, config), workers=(workers,))[0]
+    return {"bytes_per_token": row["total_bytes_per_token"], "network": row["rates"]["network"] if gbps else None}
+
+
+def train_args(corpus: str, out: str, config: TrainConfig, workers: int, cpus: int) -> list[str]:
+    return ["python", "-m", "doc2vec_dist", "train", "--corpus", corpus, "--out", out, "--no-progress",
+            "--epochs", str(config.epochs), "--num-ps", str(config.num_ps), "--num-workers", str(workers),
+            "--cpus-per-worker", str(cpus), "--seed", str(config.seed), "--checkpoint-every", "0"]
+
+
+def run_one(cluster: netcluster.NetCluster, corpus: str, work: str, config: TrainConfig, workers: int, cpus: int,
+            gbps: float, label: str = "") -> dict:
+    for node in cluster.nodes:
+        cluster.cap(node.name, gbps or None)
+    label = label or f"w{workers}-{gbps:g}"
+    out, log_path = os.path.join(work, f"model-{label}"), os.path.join(work, f"job-{label}.log")
+    before = cluster.counters()
+    t0 = time.monotonic()
+    rc, text = cluster.run_job(train_args(corpus, out, config, workers, cpus), log_path)
+    wall = time.monotonic() - t0
+    moved = netcluster.traffic(before, cluster.counters())
+    if rc != 0:
+        raise RuntimeError(f"the job at {gbps:g} Gbit/s with {workers} worker(s) failed (log {log_path}):\n"
+                           + text[-3000:])
+    with open(os.path.join(out, "config.json")) as fh:
+        s = json.load(fh)["summary"]
+    tokens = s["tokens"]
+
+    def link_bytes(role: str) -> int:
+        return sum(t["tx_bytes"] + t["rx_bytes"] for name, t in moved.items() if role in cluster.node(name).roles)
+
+    plan = planned(corpus, config, workers, gbps)
+    return {"workers": workers, "gbps": gbps, "tokens": tokens, "tokens_per_second": s["tokens_per_second"],
+            "train_seconds": s["train_seconds"], "job_seconds": wall,
+            "engine_bytes_per_token": sum(s["bytes"].values()) / tokens,
+            "trainer_link_bytes_per_token": link_bytes("trainer") / tokens,
+            "ps_link_bytes_per_token": link_bytes("ps") / tokens,
+            "links": moved, "planned_bytes_per_token": plan["bytes_per_token"], "planned_network": plan["network"],
+            "worker_seconds": s["worker_seconds"]}
+
+
+def expected(rows: list[dict]) -> None:
+    """Each capped row's expected rate: plan's network bound, or the same cluster's uncapped rate where
+    that is lower (compute bound); and measured ÷ expected."""
+    for row in rows:
+        free = [r["tokens_per_second"] for r in rows if r["workers"] == row["workers"] and not r["gbps"]]
+        bounds = {k: v for k, v in (("network", row["planned_network"]), ("compute", free[0] if free else None)) if v}
+        if row["gbps"] and bounds:
+            row["bound"] = min(bounds, key=bounds.get)
+            row["expected"] = bounds[row["bound"]]
+            row["measured_over_expected"] = row["tokens_per_second"] / row["expected"]
+
+
+def report(r: dict) -> str:
+    g = r.get("gensim")
+    lines = [f"corpus {r['corpus']}: {r['tokens']:,} tokens, {r['epochs']} epoch(s); links capped with tbf, no "
+             "added delay (netem does not exist here)" + (f"; gensim corpus_file {g['threads']} thread(s) "
+                                                          f"{g['tokens_per_second'] / 1e6:.3f}M tokens/s" if g else ""),
+             "",
+             ("| workers | link | tokens/s | vs gensim | engine B/token | trainer links B/token | ps links B/token "
+             "| plan B/token | plan network bound | expected (bound) | measured/expected |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in r["runs"]:
+        link = f"{row['gbps']:g} Gbit/s" if row["gbps"] else "uncapped"
+        ratio = f"{row['tokens_per_second'] / g['tokens_per_second']:.2f}×" if g else "-"
+        bound = f"{row['planned_network'] / 1e6:.3f}M" if row["planned_network"] else "-"
+        want = (f"{row['expected'] / 1e6:.3f}M ({row['bound']}) | {row['measured_over_expected']:.2f}"
+                if row.get("expected") else "- | -")
+        lines.append(f"| {row['workers']} | {link} | {row['tokens_per_second'] / 1e6:.3f}M | {ratio} "
+                     f"| {row['engine_bytes_per_token']:.1f} | {row['trainer_link_bytes_per_token']:.1f} "
+                     f"| {row['ps_link_bytes_per_token']:.1f} | {row['planned_bytes_per_token']:.1f} | {bound} "
+                     f"| {want} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    to_terminal()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", required=True, help="a prepared corpus (its path must be readable from every node: "
+                                                    "the namespaces share this machine's files)")
+    ap.add_argument("--gbps", type=float, nargs="+", default=[0, 10, 1, 0.1],
+                    help="link rates in Gbit/s, 0 for uncapped (default: 0 10 1 0.1)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts, one trainer node each")
+    ap.add_argument("--cpus", type=int, default=os.cpu_count() or 1,
+                    help="CPUs of all the trainer nodes together, split evenly among the workers (default: all)")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--num-ps", type=int, default=2, help="parameter servers, one `ps` node each (default: 2)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-gensim", action="store_true")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="time from the cluster's first job (by default a one-epoch job runs first, untimed: numba "
+                         "compiles its kernels in each cluster's copy of the code)")
+    ap.add_argument("--work", help="models and job logs (default: a new temporary folder)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    why = netcluster.available()
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        sys.exit(2)
+    from doc2vec_dist.corpus import Corpus
+
+    corpus = os.path.abspath(args.corpus)
+    found = Corpus(corpus)
+    config = TrainConfig(epochs=args.epochs, num_ps=args.num_ps, seed=args.seed, progress=False)
+    work = args.work or tempfile.mkdtemp(prefix="network-benchmark-")
+    os.makedirs(work, exist_ok=True)
+    result: dict = {"corpus": corpus, "tokens": found.num_tokens, "epochs": args.epochs, "runs": [],
+                    "machine": f"{os.cpu_count()} cores, {os.uname().nodename}"}
+    for w in args.workers:
+        cpus = max(1, args.cpus // w)
+        nodes = ["head"] + ["ps"] * args.num_ps + ["trainer"] * w
+        with netcluster.NetCluster(nodes, ps_units=1, trainer_units=1, trainer_cpus=cpus) as cluster:
+            print(f"[network] {w} worker(s), {cpus} CPU(s) each:\n{cluster.describe()}", file=sys.stderr, flush=True)
+            if not args.no_warmup:  # numba compiles its kernels in each new cluster's copy of the code: not timed
+                run_one(cluster, corpus, work, dataclasses.replace(config, epochs=1), w, cpus, 0, f"warmup-w{w}")
+            for gbps in args.gbps:
+                row = run_one(cluster, corpus, work, config, w, cpus, gbps)
+                result["runs"].append(row)
+                print(f"[network] {w} worker(s), " + (f"{gbps:g} Gbit/s" if gbps else "uncapped") + ": "
+                      f"{row['tokens_per_second'] / 1e6:.3f}M tokens/s, {row['trainer_link_bytes_per_token']:.1f} "
+                      "B/token on the trainer links", file=sys.stderr, flush=True)
+    if not args.no_gensim:
+        from scaling import run_gensim
+
+        threads = args.cpus
+        result["gensim"] = {"threads": threads, **run_gensim(corpus, work, config, threads)}
+    expected(result["runs"])
+    print(report(result))
+    path = args.json or os.path.join(work, "network.json")
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(f"saved {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
