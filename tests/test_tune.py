@@ -17,11 +17,13 @@ from doc2vec_dist.tune import (
     ADAGRAD_COST,
     DEFAULT_SPACE,
     TRIAL_OVERHEAD_SECONDS,
+    asha_epochs,
     rung_epochs,
     search,
     seed_points,
     split_validation,
     trial_cost,
+    trial_epoch_cost,
     trials_for_budget,
     tune_space,
 )
@@ -254,6 +256,21 @@ def test_a_trial_s_cost_follows_what_the_space_draws(sample_corpus):
     assert trial_cost({"optimizer": {"choice": ["adagrad"]}, "dim": 50}, base, counts) == pytest.approx(ADAGRAD_COST / 2)
     assert trial_cost({"sample": {"choice": [1e-4]}}, base, counts) < 1  # subsampling drops frequent URLs
     assert trial_cost(DEFAULT_SPACE, TrainConfig(), counts) > 1.5  # the default space: about 2.5x the defaults
+
+
+def test_the_training_estimate_counts_each_trial_s_own_epochs(sample_corpus):
+    """The skewed set's search (epochs drawn from 5, 10, 20, 40) trained for 257 s where the estimate,
+    which gave every trial the longest schedule, said 746 s: a trial that asks for fewer epochs than
+    ASHA's first rung ends there, and one at the longest trains the budget's share."""
+    assert asha_epochs(5, 40) == 5 and asha_epochs(14, 40) == 14  # below the first rung (14): its own
+    assert asha_epochs(40, 40) == pytest.approx(14 + 26 / 3)  # a third of the trials go on to 40
+    assert trials_for_budget(8, 40) * asha_epochs(40, 40) == pytest.approx(8 * 40, rel=0.05)
+    counts = Corpus(sample_corpus[0]).counts()
+    base = TrainConfig(epochs=40, negative=5, dim=100, sample=0)
+    epochs, cost = trial_epoch_cost({"epochs": {"choice": [5, 10, 20, 40]}}, base, counts, 40)
+    assert epochs == pytest.approx((5 + 10 + 16 + asha_epochs(40, 40)) / 4, rel=0.1) and cost == pytest.approx(1)
+    epochs, cost = trial_epoch_cost({"epochs": 40, "negative": {"choice": [5, 20]}}, base, counts, 40)
+    assert epochs == pytest.approx(asha_epochs(40, 40)) and cost == pytest.approx((1 + 21 / 6) / 2, rel=0.1)
 
 
 def test_each_optimizer_is_tried_at_a_known_learning_rate_before_any_draw():
