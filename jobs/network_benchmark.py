@@ -16,8 +16,9 @@ training job runs by `ray job submit`, as a user would. Per run:
     trainer nodes' and the ps nodes' sent + received; this includes the job's start-up: its code,
     the servers' initial rows, Ray's own traffic);
   - `plan`'s network-bound tokens/s for that link rate (its bytes per token over a link per worker
-    and one per server), and its expected rate: the lower of that and what the same cluster trained
-    uncapped (the compute bound measured here); measured ÷ expected.
+    and one per server), and its expected rate as plan combines the bounds (streamed rows overlap
+    compute, held rows add to it), with what the same cluster trained uncapped as the compute
+    bound; measured ÷ expected.
 
 The link has a namespace's sub-millisecond latency: tc's `netem` does not exist on these kernels, so
 no delay is added and every figure here is bandwidth-bound, never latency-bound. gensim (corpus_file,
@@ -47,14 +48,16 @@ from doc2vec_dist.logs import to_terminal
 
 
 def planned(corpus_path: str, config: TrainConfig, workers: int, gbps: float) -> dict:
-    """plan's bytes per token and network-bound tokens/s for W workers over links of `gbps`."""
+    """plan's bytes per token (by kind) and network-bound tokens/s for W workers over links of `gbps`."""
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.plan import macro_batch_profile, scaling_plan
 
     corpus = Corpus(corpus_path)
     config = dataclasses.replace(config, num_workers=workers)
     row = scaling_plan(corpus, config, None, gbps or 1.0, macro_batch_profile(corpus, config), workers=(workers,))[0]
-    return {"bytes_per_token": row["total_bytes_per_token"], "network": row["rates"]["network"] if gbps else None}
+    return {"bytes_per_token": row["total_bytes_per_token"], "bytes": row["bytes_per_token"],
+            "network": row["rates"]["network"] if gbps else None,
+            "links": min(workers, config.num_ps) * (gbps or 1.0) * 1e9 / 8}
 
 
 def train_args(corpus: str, out: str, config: TrainConfig, workers: int, cpus: int) -> list[str]:
@@ -91,18 +94,21 @@ def run_one(cluster: netcluster.NetCluster, corpus: str, work: str, config: Trai
             "trainer_link_bytes_per_token": link_bytes("trainer") / tokens,
             "ps_link_bytes_per_token": link_bytes("ps") / tokens,
             "links": moved, "planned_bytes_per_token": plan["bytes_per_token"], "planned_network": plan["network"],
+            "planned_bytes": plan["bytes"], "planned_link_bytes_per_second": plan["links"],
             "worker_seconds": s["worker_seconds"]}
 
 
 def expected(rows: list[dict]) -> None:
-    """Each capped row's expected rate: plan's network bound, or the same cluster's uncapped rate where
-    that is lower (compute bound); and measured ÷ expected."""
+    """Each capped row's expected rate, as plan combines its bounds (plan._expected_rate): its network
+    rate, and for compute what the same cluster trained uncapped; and measured ÷ expected."""
+    from doc2vec_dist.plan import _expected_rate
+
     for row in rows:
         free = [r["tokens_per_second"] for r in rows if r["workers"] == row["workers"] and not r["gbps"]]
-        bounds = {k: v for k, v in (("network", row["planned_network"]), ("compute", free[0] if free else None)) if v}
-        if row["gbps"] and bounds:
-            row["bound"] = min(bounds, key=bounds.get)
-            row["expected"] = bounds[row["bound"]]
+        if row["gbps"] and row["planned_network"]:
+            rates = {"compute": free[0] if free else None, "servers": None, "network": row["planned_network"]}
+            row["expected"], row["bound"] = _expected_rate(rates, row["planned_bytes"],
+                                                           row["planned_link_bytes_per_second"])
             row["measured_over_expected"] = row["tokens_per_second"] / row["expected"]
 
 
