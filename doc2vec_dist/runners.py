@@ -2,14 +2,17 @@
 
 Changes when how per-file work is spread changes (a new executor, a new way to report where a task
 ran). export and index hand each checkpoint part or Parquet file to a runner; a runner calls
-fn(*args) for every args tuple and yields (position, result) as each finishes.
+fn(*args) for every args tuple and yields (position, result) as each finishes. prepare hands each
+block of its inputs and each bucket to SerialRunner (one after another in this process) or RayTasks
+(Ray tasks, a bounded number at a time, each reserving its memory, retried when their process dies).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from .errors import UserError
@@ -54,6 +57,110 @@ def run_on_ray(fn: Callable, calls: list[tuple]) -> Iterator[tuple[int, object]]
     finally:
         for ref in pending:
             ray.cancel(ref)
+
+
+class SerialRunner:
+    """Runs each call in this process, one after another, as they are asked for: prepare with
+    --parallel 1. Like RayTasks it hands back an exception a call raised as its result."""
+
+    tasks = 1
+    in_process = True
+
+    def map(self, fn: Callable, calls: Iterable[tuple], memory: int = 0) -> Iterator[tuple[int, object]]:
+        for i, args in enumerate(calls):
+            try:
+                result = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - the caller raises it, in its turn
+                result = exc
+            yield i, result
+
+
+class RayTasks:
+    """Runs each call as a Ray task of one CPU, at most `tasks` at a time, and yields (position, result)
+    as each finishes. A task whose process dies (a lost node, the out-of-memory killer) is run again,
+    up to TASK_RETRIES times; an exception it raises is its result (a UserError as itself, anything else
+    as Ray's error, which carries the remote traceback), for the caller to raise in its turn. When the
+    caller stops early (an error, Ctrl-C), the tasks still running are killed, and waited for, so
+    that none writes anything after it: what they wrote can then be removed.
+    """
+
+    in_process = False
+    TASK_RETRIES = 3
+
+    def __init__(self, tasks: int):
+        self.tasks = max(1, tasks)
+
+    def map(self, fn: Callable, calls: Iterable[tuple], memory: int = 0) -> Iterator[tuple[int, object]]:
+        """fn(*args) for each args of `calls` (taken as slots free up), each task reserving `memory` bytes."""
+        import ray
+
+        options = {"num_cpus": 1, "max_retries": self.TASK_RETRIES, "retry_exceptions": False}
+        if memory:
+            options["memory"] = int(memory)
+        remote = ray.remote(fn).options(**options)
+        pending = iter(enumerate(calls))
+        running: dict = {}
+        try:
+            while True:
+                while len(running) < self.tasks:
+                    nxt = next(pending, None)
+                    if nxt is None:
+                        break
+                    running[remote.remote(*nxt[1])] = nxt[0]
+                if not running:
+                    return
+                done, _ = ray.wait(list(running), num_returns=1)
+                i = running.pop(done[0])
+                try:
+                    result = ray.get(done[0])
+                except ray.exceptions.RayTaskError as exc:
+                    result = exc.cause if isinstance(exc.cause, UserError) else exc
+                yield i, result
+        finally:
+            _kill(list(running))
+
+
+def _kill(refs: list) -> None:
+    """Kill the tasks of `refs` and wait until each has ended (a minute at most)."""
+    if not refs:
+        return
+    import ray
+
+    for ref in refs:
+        ray.cancel(ref, force=True)
+    ray.wait(refs, num_returns=len(refs), timeout=60)
+
+
+@contextlib.contextmanager
+def ray_tasks(parallel: int, address: str | None = None, object_store_bytes: int = 1 << 30):
+    """A RayTasks runner for `parallel` tasks at a time (0: one per CPU of the cluster) on the Ray this
+    process is connected to, else the cluster at `address` (or RAY_ADDRESS), else a local Ray of
+    `parallel` CPUs started here (and shut down at the end), which binds to loopback only."""
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        common = {"logging_level": "WARNING", "configure_logging": True, "log_to_driver": True}
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address or os.environ["RAY_ADDRESS"], **common)
+        else:
+            ray.init(address="local", num_cpus=parallel or os.cpu_count() or 1, include_dashboard=False,
+                     object_store_memory=object_store_bytes, **common)
+            started = True
+    try:
+        yield RayTasks(parallel or int(ray.cluster_resources().get("CPU", 1)))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def largest_node_memory() -> int | None:
+    """The most memory (Ray's `memory` resource) one node of the connected cluster offers, None when
+    no node says."""
+    import ray
+
+    found = [node["Resources"].get("memory", 0) for node in ray.nodes() if node.get("Alive")]
+    return int(max(found)) if found and max(found) else None
 
 
 def calm_openmp() -> None:

@@ -47,12 +47,12 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def sample_corpus(tmp_path_factory):
     """The bundled sample prepared with 20% of each user's URLs held out: (corpus dir, held-out file)."""
+    from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
 
     root = tmp_path_factory.mktemp("sample")
     heldout = str(root / "heldout.parquet")
-    corpus = prepare([SAMPLE_EVENTS], str(root / "corpus"), time_col="ts", holdout=0.2, holdout_out=heldout,
-                     seed=1, progress=False)
+    corpus = prepare([SAMPLE_EVENTS], str(root / "corpus"), PrepareConfig(time_col="ts", holdout=0.2, holdout_out=heldout, seed=1), progress=False)
     return corpus.path, heldout
 
 

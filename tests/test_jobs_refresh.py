@@ -38,7 +38,7 @@ def load_job(name: str):
 def days(ray_cluster, tmp_path_factory):
     """The sample's events in three files (day1, day2, day3 by time), and day 1's corpus, model (dim 8,
     2 servers) and IVF-PQ index, as a first run of the job's schedule would leave them."""
-    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.config import PrepareConfig, TrainConfig
     from doc2vec_dist.index import build_index
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.trainer import train
@@ -55,7 +55,7 @@ def days(ray_cluster, tmp_path_factory):
         found[name] = str(root / f"{name}.parquet")
         pq.write_table(events.filter(pa.array(keep)), found[name])
     day1 = root / "day1"
-    corpus = prepare([found["events1"]], str(day1 / "corpus"), time_col="ts", progress=False).path
+    corpus = prepare([found["events1"]], str(day1 / "corpus"), PrepareConfig(time_col="ts"), progress=False).path
     found["model"] = str(day1 / "model")
     train(corpus, found["model"], TrainConfig(dim=8, epochs=1, sample=0, num_ps=2, cpus_per_worker=1, progress=False))
     found["index"] = str(day1 / "index")
