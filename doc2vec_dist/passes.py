@@ -438,6 +438,8 @@ def spill(part: Block | BasePart, index: int, s: Settings, tick=None) -> Spilled
 
         for batch, n in _spill_batches(part, s, schema, tick):
             rows += n
+            if batch.num_rows == 0:
+                continue
             if s.buckets == 1:
                 pending[0].append(batch)
             else:

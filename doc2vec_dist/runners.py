@@ -78,9 +78,10 @@ class SerialRunner:
 class RayTasks:
     """Runs each call as a Ray task of one CPU, at most `tasks` at a time, and yields (position, result)
     as each finishes. A task whose process dies (a lost node, the out-of-memory killer) is run again,
-    up to TASK_RETRIES times; an exception it raises is its result (a UserError as itself, anything else
-    as Ray's error, which carries the remote traceback), for the caller to raise in its turn. When the
-    caller stops early (an error, Ctrl-C), the tasks still running are killed, and waited for, so
+    up to TASK_RETRIES times; an exception it raises is its result (a UserError or OSError as itself,
+    anything else as Ray's error, which carries the remote traceback), for the caller to raise in its
+    turn. When the
+    caller stops early (an error, Ctrl-C), the tasks still running are stopped, and waited for, so
     that none writes anything after it: what they wrote can then be removed.
     """
 
@@ -113,22 +114,28 @@ class RayTasks:
                 i = running.pop(done[0])
                 try:
                     result = ray.get(done[0])
-                except ray.exceptions.RayTaskError as exc:
-                    result = exc.cause if isinstance(exc.cause, UserError) else exc
+                except ray.exceptions.RayTaskError as exc:  # a reading or writing error as itself, in one line
+                    result = exc.cause if isinstance(exc.cause, (UserError, OSError)) else exc
                 yield i, result
         finally:
             _kill(list(running))
 
 
 def _kill(refs: list) -> None:
-    """Kill the tasks of `refs` and wait until each has ended (a minute at most)."""
+    """Stop the tasks of `refs` and wait until each has ended: interrupted (KeyboardInterrupt in the task),
+    then, any still running a minute later, killed with their process. (Killing at once races a task
+    that is just finishing, which Ray 2.x's driver does not survive.)"""
     if not refs:
         return
     import ray
 
     for ref in refs:
+        ray.cancel(ref)
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=60)
+    for ref in running:
         ray.cancel(ref, force=True)
-    ray.wait(refs, num_returns=len(refs), timeout=60)
+    if running:
+        ray.wait(running, num_returns=len(running), timeout=30)
 
 
 @contextlib.contextmanager
