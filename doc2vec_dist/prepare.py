@@ -67,6 +67,7 @@ import math
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -135,17 +136,32 @@ class _Window:
 
 class _Progress:
     """One bar for the whole job, in input rows: each pass counts the inputs' rows once (pass 3 a
-    bucket's share of them), so the bar fills evenly from the first pass to the last."""
+    bucket's share of them), so the bar fills evenly from the first pass to the last. It times the
+    passes too (corpus.json's "seconds")."""
 
     def __init__(self, enabled: bool, passes: int, rows: int | None):
         self.passes, self.rows = passes, rows
         self.bar = tqdm(desc="prepare", total=rows * passes if rows is not None else None, unit=" rows",
                         unit_scale=True, file=sys.stderr, disable=not enabled, dynamic_ncols=True)
         self.step = 0
+        self.seconds: dict[str, float] = {}
+        self._started = self._step_started = time.perf_counter()
+        self._name = "plan"
 
     def start(self, name: str) -> None:
+        self._lap(name)
         self.step += 1
         self.bar.set_description(f"prepare {self.step}/{self.passes} {name}")
+
+    def _lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[self._name] = round(now - self._step_started, 3)
+        self._name, self._step_started = name, now
+
+    def timings(self) -> dict[str, float]:
+        """Seconds of each pass so far (what came before pass 1 as "plan"), and in all."""
+        self._lap(self._name)
+        return {**self.seconds, "total": round(time.perf_counter() - self._started, 3)}
 
     def know_rows(self, rows: int) -> None:
         if self.rows is None:
@@ -661,6 +677,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
             _write_heldout(s, hold_tmp)
         shutil.rmtree(s.spill_dir)
         shutil.rmtree(s.parts_dir)
+        seconds = bar.timings()
     finally:
         bar.close()
     if p3.refresh is not None:
@@ -689,7 +706,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "stripped_whitespace": p1.notes.stripped, "stripped_where": p1.notes.stripped_where,
         "window_days": c.window_days, "shards_by": "key_hash",  # shard b holds the keys hashing to b
         "window_start": window.cutoff if window else None,
-        "parallel": runner.tasks,
+        "parallel": runner.tasks, "seconds": seconds,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if p3.refresh is not None:

@@ -25,7 +25,7 @@ from doc2vec_dist.prepare import prepare
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
 # corpus.json's fields that say how and when a corpus was made, not what it is
-HOW = ("created", "parallel", "holdout_out")
+HOW = ("created", "parallel", "seconds", "holdout_out")
 
 
 def _tables(path: str) -> dict[str, pa.Table]:
