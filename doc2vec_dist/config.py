@@ -286,6 +286,11 @@ class TrainConfig:
             raise UserError("bad training config: --schedule blocks trains plain PV-DBOW with each example's own "
                             "negatives (the windows of --dbow-words and PV-DM, and shared negatives, reach across "
                             "blocks); use --schedule shared or auto")
+        if self.mode == "dm" and self.num_workers > 1:
+            # measured: Lee, 3 seeds, Pearson 0.272 with one worker, 0.077 with two sharing the rows
+            raise UserError("bad training config: PV-DM with several workers lost most of its quality (Lee: Pearson "
+                            "0.272 with one worker, 0.077 with two, which share the URL rows); train PV-DM with "
+                            "--num-workers 1 (on all the machine's CPUs: --cpus-per-worker N)")
         if self.schedule == "blocks" and self.cache_rows is not None:
             raise UserError("bad training config: --cache-rows is for --schedule shared: on the block schedule each "
                             "worker keeps the whole block it holds resident")

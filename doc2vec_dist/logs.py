@@ -144,7 +144,7 @@ def quiet_exit_in_finalizers() -> None:
     forwards to the user's console. The process was told to stop and stops all the same; the
     traceback says nothing to the user. Outside a Ray actor (a program that uses the servers and
     workers in its own process) nothing changes; installing twice keeps one hook."""
-    if getattr(sys.unraisablehook, "quiet_exit", False) or "ray" not in sys.modules:
+    if getattr(sys.unraisablehook, "quiet_exit", False) or sys.modules.get("ray") is None:  # no Ray here
         return
     import ray
 

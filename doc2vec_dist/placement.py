@@ -256,8 +256,12 @@ def _role_fit_problem(role: str, count: int, bundle: dict[str, float], nodes: li
     custom = [r for r in bundle if r not in ("CPU", "GPU", "memory")]  # `ps` / `trainer`: the nodes meant for it
     kind = "".join(f"`{r}` " for r in custom)
     hosts = [n for n in nodes if all(n["Resources"].get(r, 0) > 0 for r in custom)]
+    if not hosts and not custom:
+        return (f"{_count(count, role)} ask{'s' if count == 1 else ''} for "
+                f"{', '.join(_amount(r, need) for r, need in bundle.items())}, and no node is alive")
     if not hosts:
-        return f"{_count(count, role)} ask for {kind}nodes, and no live node has {' or '.join(custom)}"
+        return (f"{_count(count, role)} ask{'s' if count == 1 else ''} for {kind}nodes, and no live node has "
+                f"{' or '.join(custom)}")
     for resource, need in bundle.items():
         if max(n["Resources"].get(resource, 0) for n in hosts) < need:
             have = ", ".join(f"{node_label(n)} has {_amount(resource, n['Resources'].get(resource, 0))}"
@@ -274,7 +278,7 @@ def _role_fit_problem(role: str, count: int, bundle: dict[str, float], nodes: li
             else ", ".join(_amount(r, need) for r, need in bundle.items()) + " each")
     have = ", ".join(f"{node_label(n)} has " + ", ".join(_amount(r, n["Resources"].get(r, 0))
                                                          for r in ([short] if short else bundle)) for n in hosts)
-    return (f"{_count(count, role)} ask for {what}, and the {kind}nodes hold {fits}: {have}; lower "
+    return (f"{_count(count, role)} ask{'s' if count == 1 else ''} for {what}, and the {kind}nodes hold {fits}: {have}; lower "
             f"{_COUNT_FLAGS[role]}" + (f" or {_FLAGS[(role, short)]}" if (role, short) in _FLAGS else ""))
 
 

@@ -35,6 +35,18 @@ class NonFiniteUpdate(RuntimeError):
     pass
 
 
+def ray_node_id() -> str | None:
+    """The Ray node this process runs on (None outside Ray): actors report it, and the driver watches
+    whether Ray has marked it dead (trainer._Run._watch). Ray is not imported here for it: code that
+    runs the servers and workers in one process (client.LocalServers) does without Ray."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
 @numba.njit(nogil=True, cache=True)
 def _add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray) -> None:
     """table[ids[i]] += delta[i] for every i, in order (a repeated id gets every delta). Compiled and
@@ -89,6 +101,7 @@ class ParameterServer:
         """
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this server is removed: no traceback on the console
         self.shard, self.num_shards = shard, num_shards
+        self.node = ray_node_id()
         self.tables: dict[str, np.ndarray] = {}
         self.rows: dict[str, int] = {}  # global row count of each table
         self.dims: dict[str, int] = {}
@@ -135,8 +148,9 @@ class ParameterServer:
         return table
 
     def info(self) -> dict:
-        """This process and where its rows came from: a pid that changes means Ray restarted it."""
-        return {"pid": os.getpid(), "restored_version": self.restored_version, "pushes": self.pushes,
+        """This process and where its rows came from: a pid that changes means Ray restarted it; the
+        node it runs on."""
+        return {"pid": os.getpid(), "node": self.node, "restored_version": self.restored_version, "pushes": self.pushes,
                 "apply_seconds": self.apply_seconds, "pull_seconds": self.pull_seconds}
 
     def pull(self, request: dict[str, np.ndarray]) -> np.ndarray:

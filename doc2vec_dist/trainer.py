@@ -34,6 +34,7 @@ from .placement import (
     fit_problems,
     local_resources,
     node_fit_problem,
+    node_label,
     ps_options,
     run_bundles,
     worker_options,
@@ -54,6 +55,16 @@ PUSH_JOURNAL_ENV = "DOC2VEC_DIST_PUSH_JOURNAL"
 
 class TrainingStopped(UserError):
     """Training could not go on (a refused update, a failed actor); the last checkpoint is intact."""
+
+
+# How the driver watches the nodes its actors run on (_Run._watch). Ray marks a node dead when its
+# raylet misses heartbeats (about 15 s after its processes die, up to a minute when its link is cut);
+# the driver asks which nodes are dead every NODE_CHECK_SECONDS. An actor on a dead node either comes
+# back (Ray restarts it where there is room, from the last checkpoint) within RESTART_SECONDS, or the
+# run stops with one line and the resume command: at once when no live node has room for it and the
+# cluster cannot grow; after --wait-for-resources where an autoscaler may add a node.
+NODE_CHECK_SECONDS = 1.0
+RESTART_SECONDS = 300.0
 
 
 def connect(address: str | None = None) -> bool:
@@ -189,6 +200,11 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
                      "(Lee: -0.014 to -0.038 Pearson with 2 to 8 workers; mini_newsgroup: -0.003 and -0.007 accuracy "
                      "with 4 and 8) while holding it on browsing logs; for text, one worker on all the machine's "
                      "CPUs (--num-workers 1 --cpus-per-worker N) is the measured best")
+    if config.num_workers > 1 and config.dbow_words:
+        found.append(f"{config.num_workers} workers with --dbow-words share the URL rows (the block schedule trains plain "
+                     "PV-DBOW only): measured on Lee with 2 workers, quality held (Pearson 0.4477 against one worker's "
+                     "0.4472, 3 seeds) but the speed barely grew (0.127M against 0.111M tokens/s); one worker on all "
+                     "the machine's CPUs is as good")
     macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
     stale = 0 if config.blocks() else (config.num_workers - 1) * macro  # on the block schedule nothing is stale
     if stale > STALE_TOKENS:
@@ -492,6 +508,19 @@ class _Run:
         self.worker_restarts = 0
         self.ckpt_seconds = 0.0
         self.last_ckpt = time.perf_counter()
+        # the driver's tick: progress, and whether a checkpoint is due (so at least twice per period)
+        self.tick = min(0.5, max(0.02, config.checkpoint_every / 2)) if config.checkpoint_every > 0 else 0.5
+        # Watching the actors' nodes (_watch): the node each actor last answered from, by ("worker", i)
+        # or ("server", s); those whose node Ray marked dead, since when (monotonic); the calls asking
+        # them (progress, info) that have not answered yet, and their last answers
+        self.node_of: dict[tuple[str, int], str] = {}
+        self.down: dict[tuple[str, int], float] = {}
+        self.asking: dict[tuple[str, int], ray.ObjectRef] = {}
+        self.answers: dict[int, dict] = {}
+        self.checked_nodes = 0.0
+        self.dead_nodes: set[str] = set()  # as the last check found them
+        self.grows: bool | None | str = "unknown"  # placement.cluster_can_grow(), asked once when needed
+        self.resources: dict[str, float] = {}
 
     def start(self) -> None:
         config, corpus = self.config, self.corpus
@@ -499,6 +528,7 @@ class _Run:
         server_cls = ray.remote(ParameterServer)
         # `ps` / `trainer` nodes where the cluster has them, plain CPU placement elsewhere
         server_placement, worker_placement = ps_options(config, tables), worker_options(config)  # asked once
+        self.resources = ray.cluster_resources()  # as the actors' requests were made: _watch's fit check
         # A server that dies is restarted by Ray and reloads its rows from LATEST in __init__; calls to
         # it are retried (a retried push lands on the restored rows, which never held it).
         names = [f"doc2vec-dist-{uuid.uuid4().hex[:12]}-ps{s}" for s in range(config.num_ps)]
@@ -514,8 +544,11 @@ class _Run:
                                            max_task_retries=0, **worker_placement).remote(
             i, self.plan[i], os.path.abspath(corpus.path), config, names, tables)
             for i in range(config.num_workers)]
-        ray.get([w.progress.remote() for w in self.workers])  # surfaces init errors before the clock starts
-        self.server_info = ray.get([s.info.remote() for s in self.servers])
+        for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
+            self._seen(("worker", i), answer)
+        self.server_info = self._get([s.info.remote() for s in self.servers])
+        for shard, answer in enumerate(self.server_info):
+            self._seen(("server", shard), answer)
         self.last_ckpt = time.perf_counter()
 
     def stop(self) -> None:
@@ -546,7 +579,7 @@ class _Run:
         bar.close()
         if not epoch_stats:  # resumed with every epoch done: the final version still says so
             self._checkpoint(config.epochs, None, epoch_stats)
-        now = ray.get([s.info.remote() for s in self.servers])
+        now = self._get([s.info.remote() for s in self.servers])
         restarted = sum(a["pid"] != b["pid"] for a, b in zip(self.server_info, now))
         # tokens/s and pairs/s count what this run trained: a resumed epoch's first part was trained before
         before = combine([{"seconds": {}, **p.to_json()} for p in self.resume.positions or []])
@@ -581,23 +614,21 @@ class _Run:
         self.starts = list(starts)
         pending = {w.run_epoch.remote(epoch, self.starts[i]): i for i, w in enumerate(workers)}
         finished: dict[int, dict] = {}
-        # the driver's tick: progress, and whether a checkpoint is due (so at least twice per period)
-        tick = min(0.5, max(0.02, config.checkpoint_every / 2)) if config.checkpoint_every > 0 else 0.5
         while pending:
-            ready, _ = ray.wait(list(pending), timeout=tick, num_returns=len(pending))
+            ready, _ = ray.wait(list(pending), timeout=self.tick, num_returns=len(pending))
             for ref in ready:
                 i = pending.pop(ref)
                 try:
                     finished[i] = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:  # the worker's process died
+                except ray.exceptions.RayActorError as exc:  # the worker's process (or its node) died
                     pending[self._restart_worker(i, epoch, exc)] = i
                 except ray.exceptions.RayError as exc:
                     raise TrainingStopped(f"training stopped in epoch {epoch}: {_root_cause(exc)}") from None
-            live = []
-            for i in range(len(workers)):
-                if i not in finished:
-                    with contextlib.suppress(ray.exceptions.RayError):  # restarting: no figures this tick
-                        live.append(ray.get(workers[i].progress.remote(), timeout=30))
+            # progress: what each worker still training last answered (a call that has not answered,
+            # a worker restarting or out of reach, is never waited for: the tick goes on)
+            self._ask([("worker", i) for i in range(len(workers)) if i not in finished])
+            self._watch()
+            live = [self.answers[i] for i in range(len(workers)) if i not in finished and i in self.answers]
             now = combine(list(finished.values())
                           + [s for s in live if (s["epoch"], s.get("round", 0)) == (epoch, starts[0].round)])
             bar.update(base + now["tokens"] - bar.n)
@@ -606,7 +637,12 @@ class _Run:
             due = config.checkpoint_every > 0 and time.perf_counter() - self.last_ckpt >= config.checkpoint_every
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
-        return [finished[i] for i in range(len(workers))]
+        done = [finished[i] for i in range(len(workers))]
+        # The time each worker waited at the round's end for the last one (the barrier); 0 for one worker.
+        end = max(s["ended"] for s in done)
+        for s in done:
+            s["seconds"]["barrier"] = max(0.0, end - s["ended"])
+        return done
 
     def _restart_worker(self, i: int, epoch: int, exc: Exception):
         """Wait for Ray to restart worker i, then send it back to its last checkpointed position."""
@@ -615,15 +651,20 @@ class _Run:
             raise TrainingStopped(f"training stopped in epoch {epoch}: worker {i} failed too often "
                                   f"({_root_cause(exc)})")
         log.warning(f"worker {i} failed ({_root_cause(exc)}); restarting it from its last checkpointed position")
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                ray.get(self.workers[i].progress.remote(), timeout=30)
-                break
-            except ray.exceptions.RayError as again:
-                if time.monotonic() > deadline:
-                    raise TrainingStopped(f"worker {i} did not come back: {_root_cause(again)}") from None
-                time.sleep(0.5)
+        # until it answers again: a node Ray marks dead meanwhile is dealt with by _watch (it stops the
+        # run where the worker cannot come back), and Ctrl-C is never kept waiting beyond a tick
+        deadline = time.monotonic() + RESTART_SECONDS
+        self.answers.pop(i, None)
+        self.asking.pop(("worker", i), None)  # a call to the process that died
+        while i not in self.answers:
+            t0 = time.monotonic()
+            self._ask([("worker", i)], wait=self.tick)
+            self._watch()
+            if time.monotonic() > deadline:
+                raise TrainingStopped(f"worker {i} did not come back within {RESTART_SECONDS:g}s of failing "
+                                      f"({_root_cause(exc)})")
+            if i not in self.answers:  # a call refused at once (the actor restarting) is asked again next tick
+                time.sleep(max(0.0, self.tick - (time.monotonic() - t0)))
         # Its position in the last checkpoint, if that checkpoint is of this epoch; else the epoch's
         # start (checkpoints off, or none yet this epoch). Its pushes since then are in the servers:
         # those rows see that stretch of data twice, which costs a little fit, never the model.
@@ -633,12 +674,118 @@ class _Run:
         self.starts[i] = start
         return self.workers[i].run_epoch.remote(epoch, start)
 
+    # -- watching the actors and their nodes ------------------------------------------------------
+    def _settle(self, refs: list, within: float | None = None) -> None:
+        """Wait until every ref is ready, a tick at a time, watching the actors' nodes between ticks
+        (_watch stops the run when one cannot come back), so that neither a dead node nor Ctrl-C
+        leaves the driver waiting on a call that will never answer. within: seconds at most."""
+        deadline = None if within is None else time.monotonic() + within
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=self.tick)
+            if pending:
+                self._watch()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ray.exceptions.GetTimeoutError(f"{len(pending)} call(s) not answered within {within:g}s")
+
+    def _get(self, refs: list, within: float | None = None) -> list:
+        """ray.get(refs), waited for as _settle waits."""
+        self._settle(refs, within)
+        return ray.get(refs)
+
+    def _ask(self, keys: list[tuple[str, int]], wait: float = 0.0) -> None:
+        """Ask each actor where it is and how far (a worker's progress, a server's info), one call in
+        flight per actor, and note the answers that came (within `wait` seconds): its node and, for a
+        worker, its counters (self.answers). A call that failed (the actor restarting) is asked again."""
+        if not keys:
+            return
+        for key in keys:
+            if key not in self.asking:
+                role, i = key
+                self.asking[key] = (self.workers[i].progress if role == "worker" else self.servers[i].info).remote()
+        refs = {self.asking[key]: key for key in keys}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait)
+        for ref in ready:
+            key = refs[ref]
+            del self.asking[key]
+            try:
+                answer = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue
+            self._seen(key, answer)
+            if key[0] == "worker":
+                self.answers[key[1]] = answer
+
+    def _seen(self, key: tuple[str, int], answer: dict) -> None:
+        """An actor answered from answer["node"]: it runs there, and is back if that node is alive and the
+        one it was on had died."""
+        node = answer.get("node")
+        if node is None:
+            return
+        self.node_of[key] = node
+        if node not in self.dead_nodes and self.down.pop(key, None) is not None:
+            log.info(f"{_actor_name(key)} is back, on node {node[:8]}")
+
+    def _watch(self) -> None:
+        """Stop the run (TrainingStopped, one line) when an actor's node is dead and it cannot come back.
+
+        Every NODE_CHECK_SECONDS: which nodes Ray has marked dead (ray.nodes()). An actor last seen on
+        one is down from then on, until it answers from a live node (Ray restarts it there, from the
+        last checkpoint; a server reloads its rows in __init__; down servers are asked for their info
+        here, workers by the caller). Whether it can come back is whether all of the run's actors
+        still fit the live nodes (placement.node_fit_problem, by the nodes' totals and what the actors
+        asked for at the start: free resources would count a restart already placed as missing
+        room). If they do, Ray has RESTART_SECONDS to bring it back; if not, the run stops at once
+        where the cluster cannot grow, else after --wait-for-resources. The first time a node is
+        found dead, one line says what it ran and what the run does (unless it stops at once: then
+        the error says it)."""
+        now = time.monotonic()
+        if now - self.checked_nodes < NODE_CHECK_SECONDS:
+            return
+        self.checked_nodes = now
+        nodes = ray.nodes()
+        dead = {n["NodeID"]: n for n in nodes if not n.get("Alive")}
+        self.dead_nodes = set(dead)
+        newly = [key for key, node in self.node_of.items() if node in dead and key not in self.down]
+        for key in newly:
+            self.down[key] = now
+        self._ask([key for key in self.down if key[0] == "server"])  # a restarted server answers: back
+        if not self.down:
+            return
+        missing = node_fit_problem(self.config, table_specs(self.config, self.corpus), nodes, self.resources)
+        if missing and self.grows == "unknown":
+            self.grows = cluster_can_grow()
+        wait = self.config.wait_for_resources
+        for node in dict.fromkeys(self.node_of[key] for key in newly if key in self.down):
+            keys = [key for key in newly if self.node_of[key] == node and key in self.down]
+            if not missing:
+                log.warning(f"{_node_death(dead[node])}: it ran {_actor_names(keys)}; Ray restarts "
+                            f"{'it' if len(keys) == 1 else 'them'} on a live node from the last checkpoint "
+                            f"(waiting up to {RESTART_SECONDS:g}s)")
+            elif self.grows is not False:
+                log.warning(f"{_node_death(dead[node])}: it ran {_actor_names(keys)}, which cannot be restarted "
+                            f"yet: {missing}; waiting up to {wait:g}s (--wait-for-resources) for the autoscaler to "
+                            "add a node")
+        for key, since in self.down.items():
+            node = dead.get(self.node_of[key])
+            what = f"{_node_death(node) if node else 'its node is dead'}: it ran {_actor_name(key)}"
+            if not missing:
+                if now - since > RESTART_SECONDS:
+                    raise TrainingStopped(f"{what}, and Ray did not restart it within {RESTART_SECONDS:g}s")
+            elif self.grows is False:
+                raise TrainingStopped(f"{what}, which cannot be restarted: {missing}; the Ray cluster cannot grow "
+                                      "(it runs no autoscaler)")
+            elif now - since > wait:
+                raise TrainingStopped(f"{what}, which cannot be restarted: {missing}, still after {wait:g}s "
+                                      "(--wait-for-resources)")
+
     def _checkpoint_mid_epoch(self, epoch: int) -> None:
         """Pause every worker between two macro-batches, write the servers' rows and the workers'
         positions as one version, resume the workers."""
+        stopping = False
         try:
             try:
-                positions = ray.get([w.pause.remote() for w in self.workers])
+                positions = self._get([w.pause.remote() for w in self.workers])
             except ray.exceptions.RayActorError:
                 return  # a worker is down: the restart path deals with it; checkpoint next time
             # A worker whose run_epoch has not begun reports where its last one ended: it will start
@@ -646,10 +793,14 @@ class _Run:
             now = (epoch, self.starts[0].round)
             positions = [p if (p.epoch, p.round) == now else self.starts[i] for i, p in enumerate(positions)]
             self._checkpoint(epoch, positions, self.epoch_stats)
+        except BaseException:
+            stopping = True  # a dead node, Ctrl-C: the actors are about to be killed
+            raise
         finally:
-            for w in self.workers:
+            refs = [w.resume.remote() for w in self.workers]
+            if not stopping:  # one out of reach is waited for a minute in all (a restarted one starts unpaused)
                 with contextlib.suppress(ray.exceptions.RayError):
-                    ray.get(w.resume.remote(), timeout=60)
+                    self._get(refs, within=60)
 
     def _checkpoint(self, epoch: int, positions: list[Position] | None, epoch_stats: list) -> None:
         """Write a version: every server's slice, then the manifest with the epochs done and where
@@ -672,6 +823,7 @@ class _Run:
         others are waited for, so none is still writing when the version is deleted or the actors
         are killed, and the error raised is the one the server raised (a CheckpointWriteError)."""
         refs = [server.save.remote(self.out, version) for server in self.servers]
+        self._settle(refs)
         entries, failed = [], None
         for ref in refs:
             try:
@@ -721,6 +873,25 @@ def _root_cause(exc: Exception) -> str:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes of Ray's remote tracebacks
+
+
+def _actor_name(key: tuple[str, int]) -> str:
+    role, i = key
+    return f"{'worker' if role == 'worker' else 'parameter server'} {i}"
+
+
+def _actor_names(keys: list[tuple[str, int]]) -> str:
+    workers = sorted(i for role, i in keys if role == "worker")
+    servers = sorted(i for role, i in keys if role == "server")
+    parts = ([f"worker{'s' if len(workers) > 1 else ''} {', '.join(map(str, workers))}"] if workers else []) + \
+            ([f"parameter server{'s' if len(servers) > 1 else ''} {', '.join(map(str, servers))}"] if servers else [])
+    return " and ".join(parts)
+
+
+def _node_death(node: dict) -> str:
+    """A dead node (an entry of ray.nodes()) as a line names it, with Ray's reason on one line."""
+    reason = " ".join(str(node.get("DeathReasonMessage") or "").split())
+    return f"node {node_label(node)} is dead" + (f" (Ray: {reason})" if reason else "")
 
 
 def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: float, ckpt_s: float,

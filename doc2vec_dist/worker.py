@@ -37,6 +37,7 @@ from . import client, cpu_kernel
 from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
+from .ps import ray_node_id
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
 
@@ -251,6 +252,7 @@ class Worker:
 
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         self.index, self.units, self.config = index, units, config
+        self.node = ray_node_id()
         self.compute = compute or Compute.default()
         torch.set_num_threads(int(config.cpus_per_worker))
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
@@ -341,8 +343,10 @@ class Worker:
 
     def progress(self) -> dict:
         """Counters of the current run_epoch call (tokens, pairs and loss: of the epoch so far; seconds
-        and bytes: of this call); served from a second thread while run_epoch works."""
+        and bytes: of this call) and the node this worker runs on; served from a second thread while
+        run_epoch works."""
         s = dict(self.stats)
+        s["node"] = self.node
         s["seconds"] = dict(s["seconds"])
         s["bytes"] = dict(self.client.traffic)
         return s
@@ -582,6 +586,7 @@ class Worker:
             self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
+            self.stats["ended"] = time.time()  # the driver's barrier time: wall clock, shared by the nodes
             with self._cv:
                 self._running = False
                 self._position = self._position_at(epoch, None, step_of_next)

@@ -76,7 +76,7 @@ def test_one_small_run_prints_the_table_and_writes_json_and_png(sample_corpus, t
     for label in ("ps0", "ps1", "worker0"):
         assert procs[label]["private"] > 50 * 2**20 and procs[label]["rss"] >= procs[label]["private"]
     assert procs["ps0"]["raw_bytes"] == result["ps_raw_bytes"][0] > 0
-    assert set(ours["summary"]["worker_seconds"]) == {"read", "sample", "pull", "wait", "compute", "push"}
+    assert set(ours["summary"]["worker_seconds"]) == {"read", "sample", "pull", "wait", "compute", "push", "barrier"}
     assert [(p["macro_batch"], p["num_workers"]) for p in result["sweep"]] == [(4096, 1)]
     assert result["sweep"][0]["tokens_per_second"] > 0
     with open(work / "benchmark.png", "rb") as fh:

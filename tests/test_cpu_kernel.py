@@ -135,7 +135,7 @@ def test_one_worker_keeps_every_url_row_resident_by_default():
     assert TrainConfig().resident_rows(100_000) == 100_000
     assert TrainConfig(num_workers=2, schedule="shared").resident_rows(100_000) == 0
     assert TrainConfig(num_workers=2).resident_rows(100_000) == 50_000  # the block schedule: the block held
-    assert TrainConfig(num_workers=3, mode="dm").resident_rows(100_000) == 0  # PV-DM shares the rows
+    assert TrainConfig(num_workers=3, dbow_words=True).resident_rows(100_000) == 0  # dbow_words shares the rows
     assert TrainConfig(cache_rows=500).resident_rows(100_000) == 500
     assert TrainConfig(cache_rows=500).resident_rows(300) == 300
     assert TrainConfig(dim=100).resident_rows(10**9) == (2 << 30) // 400  # what fits 2 GiB, hottest first
@@ -245,7 +245,7 @@ def test_the_token_path_is_taken_where_every_url_row_is_the_workers_alone():
         assert engine_line(TrainConfig(kernel="batched", **windows), 100_000).endswith("; words too")
     for other in ({"cache_rows": 0}, {"cache_rows": 500}, {"num_workers": 2, "cache_rows": 10**6},
                   {"dbow_words": True}, {"mode": "dm"}, {"kernel": "batched", "cache_rows": 0},
-                  {"shared_negatives": 16}, {"kernel": "batched", "mode": "dm", "num_workers": 2}):
+                  {"shared_negatives": 16}, {"kernel": "batched", "dbow_words": True, "num_workers": 2}):
         assert not TrainConfig(**other).token_path(100_000), other
         assert "words too" not in engine_line(TrainConfig(**other), 100_000)
     assert "examples drawn in the kernel" in engine_line(TrainConfig(), 100_000)

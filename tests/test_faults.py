@@ -1,11 +1,14 @@
 """Processes killed during training, on the real local Ray: Ray restarts the actor, the parameter
 server reloads its rows from LATEST, the worker goes back to its checkpointed data position, and the
-run completes."""
+run completes. And (issue 28) what the driver does when a node dies or a worker stops answering."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +19,8 @@ from doc2vec_dist import checkpoint
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.trainer import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def actor_processes(name: str) -> list[psutil.Process]:
@@ -78,3 +83,119 @@ def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_c
     # nothing lost beyond the work since the last checkpoint: it still beats popularity clearly
     m = heldout_metrics(model, heldout)
     assert m["model_recall@10"] > 1.15 * m["popularity_recall@10"], m
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 28, item 2: a node Ray marks dead, and a worker that stops answering
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["no-room", "room", "can-grow"])
+def test_actors_on_a_dead_node_that_do_not_come_back_stop_the_run_with_the_resume_line(
+        ray_cluster, sample_corpus, tmp_path, monkeypatch, logged, case):
+    """Ray's view of the nodes, as the driver asks for it, turned: once the first checkpoint is committed,
+    the node every actor runs on is reported dead (as Ray reports a node whose heartbeats stopped). With no
+    live node that could hold the actors on a cluster that cannot grow, the run stops at the next check;
+    with room on another node, it waits RESTART_SECONDS for Ray to restart them there; where an autoscaler
+    may add a node, --wait-for-resources. Each ends in one error line naming the node and what it ran, and
+    the resume command; the checkpoint committed stays."""
+    import ray
+
+    from doc2vec_dist import trainer
+
+    corpus, _ = sample_corpus
+    model = str(tmp_path / "model")
+    real_nodes = ray.nodes
+
+    def nodes():
+        found = real_nodes()
+        if checkpoint.latest_version(model) is None:
+            return found
+        dead = [{**n, "Alive": False, "DeathReasonMessage": "health check failed due to missing too many heartbeats"}
+                for n in found]
+        spare = [{**n, "NodeID": "f" * 56, "NodeManagerAddress": "10.0.0.9"} for n in found] if case == "room" else []
+        return dead + spare
+
+    monkeypatch.setattr(ray, "nodes", nodes)
+    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: case == "can-grow")
+    monkeypatch.setattr(trainer, "RESTART_SECONDS", 1.0)
+    config = TrainConfig(dim=16, epochs=200, sample=0, num_ps=2, num_workers=1, cpus_per_worker=1, checkpoint_every=0.3,
+                         progress=False, wait_for_resources=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(trainer.TrainingStopped) as stopped:
+        train(corpus, model, config)
+    message = str(stopped.value)
+    node = real_nodes()[0]
+    assert message.startswith(f"node {node['NodeManagerAddress']} ({node['NodeID'][:8]}) is dead (Ray: health check "
+                              "failed due to missing too many heartbeats): it ran worker 0"), message
+    if case == "no-room":
+        assert message.endswith(", which cannot be restarted: 1 worker asks for 1 CPU, and no node is alive; the Ray "
+                                "cluster cannot grow (it runs no autoscaler)"), message
+    elif case == "room":
+        assert message.endswith(", and Ray did not restart it within 1s"), message
+        assert "it ran worker 0 and parameter servers 0, 1; Ray restarts them on a live node from the last checkpoint " \
+               "(waiting up to 1s)" in logged.text
+    else:
+        assert message.endswith("still after 1s (--wait-for-resources)"), message
+        assert "which cannot be restarted yet: " in logged.text and "waiting up to 1s (--wait-for-resources)" in logged.text
+    version = checkpoint.latest_version(model)
+    assert f"training stopped: the model at {model} is kept up to checkpoint v{version}; resume with" in logged.text
+    assert checkpoint.ModelDir(model).read_table("docs").shape[1] == 16
+    assert time.monotonic() - t0 < 60
+
+
+FROZEN_AT_PAUSE = """
+import os, signal, sys
+from doc2vec_dist import trainer
+from doc2vec_dist.cli import main
+
+class FrozenAtPause(trainer.Worker):
+    # a worker whose machine hangs while a checkpoint waits for it (its second pause, after a version is
+    # committed): it answers nothing more
+    pauses = 0
+
+    def pause(self):
+        self.pauses += 1
+        if self.pauses == 2:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return super().pause()
+
+trainer.Worker = FrozenAtPause
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_ends_a_run_waiting_on_a_worker_that_stopped_answering(sample_corpus, tmp_path, interrupt_when):
+    """A worker frozen (SIGSTOP: a machine that hangs, a link that stalls) while the driver waits for it at a
+    checkpoint: Ctrl-C ends the run within seconds, with the resume line. (It used to wait for the frozen
+    worker to resume after the interrupt: a minute per worker.)"""
+    corpus, _ = sample_corpus
+    model = str(tmp_path / "model")
+    proc = subprocess.Popen([sys.executable, "-c", FROZEN_AT_PAUSE, "train", "--corpus", corpus, "--out", model,
+                             "--dim", "16", "--sample", "0", "--epochs", "500", "--num-ps", "2", "--num-workers", "1",
+                             "--cpus-per-worker", "1", "--no-progress",
+                             # mid-epoch checkpoints (a sample epoch is about 0.1 s), where workers pause
+                             "--checkpoint-every", "0.04"],
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    frozen: list[psutil.Process] = []  # the driver's own Ray's worker, found among its descendants
+    seen: list[float] = []  # when it was found frozen
+
+    def frozen_a_while() -> bool:
+        if not frozen:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    if child.cmdline()[0].startswith("ray::") and child.status() == psutil.STATUS_STOPPED:
+                        frozen.append(child)
+                        seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() - seen[0] > 2  # the driver has waited on it a while
+
+    try:
+        err = interrupt_when(proc, frozen_a_while, within=180)
+        ended_after = time.monotonic() - seen[0] - 2
+    finally:
+        for p in frozen:  # stopped, it would never exit on its own
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+    assert proc.returncode == 130, err
+    assert ended_after < 10, (ended_after, err)
+    version = checkpoint.latest_version(model)
+    assert f"interrupted: the model at {model} is kept up to checkpoint v{version}; resume with" in err

@@ -50,7 +50,7 @@ def test_training_learns_and_beats_most_popular_urls(trained_model, sample_corpu
     losses = summary["loss_per_epoch"]
     assert losses[-1] < 0.75 * losses[0]
     assert summary["tokens"] == Corpus(sample_corpus[0]).num_tokens * 10
-    assert set(summary["worker_seconds"]) == {"read", "sample", "pull", "wait", "compute", "push"}
+    assert set(summary["worker_seconds"]) == {"read", "sample", "pull", "wait", "compute", "push", "barrier"}
     assert summary["warnings"] == []
     m = heldout_metrics(trained_model, sample_corpus[1])
     # planted communities make the held-out URLs predictable beyond popularity (~0.21 vs ~0.17)
