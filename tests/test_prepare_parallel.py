@@ -144,7 +144,12 @@ def test_a_refresh_by_ray_tasks_is_the_single_process_refresh(ray_cluster, days,
     monkeypatch.setattr(readers, "BLOCK_ROWS", 5_000)
     settings = {"joined by shard": {}, "re-bucketed": {"num_shards": 4}, "window": {"window_days": 3}}[how]
     inputs = [days["new"]] + ([days["old"]] if how == "window" else [])
-    one, _ = _both(inputs, tmp_path, "refresh", time_col="ts", base=days["base"], **settings)
+    one, parallel = _both(inputs, tmp_path, "refresh", time_col="ts", base=days["base"], **settings)
+    base, found = _tables(days["base"]), _tables(parallel)
+    for name, column in (("docs.arrow", "key"), ("vocab.arrow", "token")):  # every id kept, new ones after
+        known = base[name].num_rows
+        assert found[name].slice(0, known)[column].equals(base[name][column]) and found[name].num_rows >= known
+        assert found[name]["id"].to_pylist() == list(range(found[name].num_rows))
     refresh = _meta(one)["refresh"]
     assert refresh["new_docs"] > 0 and refresh["grown_docs"] > 0
     assert ("changed.arrow" in _tables(one)) and refresh["mode"] == ("window" if how == "window" else "join")
