@@ -400,6 +400,45 @@ def test_joining_onto_a_window_fills_the_documents_it_left_empty(days, tmp_path)
     assert joined.meta["refresh"]["events_not_after_base"] == 0
 
 
+# -- one pass 3 for both ways of joining (issue 30, item 4) --------------------------------------------
+
+def test_both_ways_of_joining_count_duplicates_early_events_and_single_tokens_alike(tmp_path):
+    """The same refresh joined shard by shard and re-bucketed (a base from before corpus.json said
+    "shards_by") gives the same documents and counts: an event logged twice at the base's latest time
+    is one early event and one duplicate both ways (the re-bucketed path used to keep both copies and
+    count two early events), and documents of a single token are counted alike."""
+    import shutil
+
+    def events(rows):
+        return pa.table({"user_id": [r[0] for r in rows], "url": [r[1] for r in rows],
+                         "ts": pa.array([r[2] for r in rows], pa.int64())})
+
+    old, new = str(tmp_path / "old.parquet"), str(tmp_path / "new.parquet")
+    t0 = 1_700_000_000
+    pq.write_table(events([("u1", "a", t0), ("u1", "b", t0 + 2), ("u2", "c", t0 + 1), ("u3", "a", t0 + 3),
+                           ("u5", "b", t0)]), old)
+    pq.write_table(events([("u1", "c", t0 + 3), ("u1", "c", t0 + 3), ("u4", "d", t0 + 9), ("u2", "a", t0 + 5),
+                           ("u6", "a", t0 + 7), ("u6", "a", t0 + 7)]), new)
+    by_shard = prepare([old], str(tmp_path / "base"), PrepareConfig(time_col="ts", num_shards=2), progress=False).path
+    unsaid = str(tmp_path / "base-unsaid")
+    shutil.copytree(by_shard, unsaid)
+    with open(os.path.join(unsaid, "corpus.json")) as fh:
+        meta = json.load(fh)
+    del meta["shards_by"]
+    with open(os.path.join(unsaid, "corpus.json"), "w") as fh:
+        json.dump(meta, fh)
+    found = {}
+    for name, base in (("joined", by_shard), ("re-bucketed", unsaid)):
+        fresh = prepare([new], str(tmp_path / name), PrepareConfig(time_col="ts", base=base, num_shards=(
+            None if name == "joined" else 2)), progress=False)
+        found[name] = (_documents(fresh), fresh.meta["skipped"]["duplicate_events"], fresh.meta["docs_with_one_token"],
+                       fresh.meta["refresh"]["events_not_after_base"])
+    assert found["joined"][0] == {"u1": ["a", "b", "c"], "u2": ["c", "a"], "u3": ["a"], "u5": ["b"], "u4": ["d"],
+                                  "u6": ["a"]}
+    assert found["joined"][1:] == (2, 4, 1)  # u1's c and u6's a logged twice; u3, u4, u5, u6 of one token
+    assert found["re-bucketed"] == found["joined"]
+
+
 # -- a base that does not fit the inputs (issue 26, item 3) -------------------------------------------
 
 def _renamed_users(source: str, path: str, keep: int) -> tuple[str, int, int]:
