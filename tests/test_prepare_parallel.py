@@ -5,7 +5,6 @@ leaves nothing. On the session's Ray (2 CPUs), except where a run needs its own 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import assert_same_corpus, corpus_meta, corpus_tables
 
 from doc2vec_dist import passes, readers
 from doc2vec_dist.config import PrepareConfig
@@ -24,37 +24,6 @@ from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
-# corpus.json's fields that say how and when a corpus was made, not what it is
-HOW = ("created", "parallel", "seconds", "holdout_out")
-
-
-def _tables(path: str) -> dict[str, pa.Table]:
-    """Every Arrow file of a corpus directory (and a held-out Parquet file) as one table each."""
-    if path.endswith(".parquet"):
-        return {"heldout": pq.read_table(path)}
-    found = {}
-    for root, _, names in os.walk(path):
-        for name in names:
-            if name.endswith(".arrow"):
-                full = os.path.join(root, name)
-                found[os.path.relpath(full, path)] = pa.ipc.open_file(pa.memory_map(full)).read_all()
-    return found
-
-
-def _meta(path: str) -> dict:
-    with open(os.path.join(path, "corpus.json")) as fh:
-        return {k: v for k, v in json.load(fh).items() if k not in HOW}
-
-
-def assert_same_corpus(single: str, parallel: str, heldout: tuple[str, str] | None = None) -> None:
-    """The same tables (record batches apart) and the same corpus.json but for when and how it was made."""
-    one, other = _tables(single), _tables(parallel)
-    assert sorted(one) == sorted(other)
-    for name in one:
-        assert one[name].equals(other[name]), name
-    assert _meta(single) == _meta(parallel)
-    if heldout:
-        assert _tables(heldout[0])["heldout"].equals(_tables(heldout[1])["heldout"])
 
 
 def _both(inputs, tmp_path, name: str, holdout: bool = False, **settings) -> tuple[str, str]:
@@ -72,7 +41,7 @@ def _both(inputs, tmp_path, name: str, holdout: bool = False, **settings) -> tup
 
 def test_the_sample_prepared_by_ray_tasks_is_the_single_process_corpus(ray_cluster, tmp_path):
     one, _ = _both([SAMPLE_EVENTS], tmp_path, "sample", holdout=True, time_col="ts", num_shards=3)
-    assert _meta(one)["num_shards"] == 3 and _meta(one)["heldout_pairs"] > 0
+    assert corpus_meta(one)["num_shards"] == 3 and corpus_meta(one)["heldout_pairs"] > 0
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +71,7 @@ def test_a_generated_corpus_read_in_many_blocks_is_the_same(ray_cluster, generat
                                  readers.Options("events", "user_id", "url", "ts"))
     assert [b.row_groups for b in blocks if not b.whole_file] == [(0, 1), (2, 3), (4,)]
     one, _ = _both([generated], tmp_path, "gen", holdout=True, time_col="ts", memory_budget_bytes=200_000)
-    meta = _meta(one)
+    meta = corpus_meta(one)
     assert meta["num_shards"] > 3
     skipped = {k: v for k, v in meta["skipped"].items() if v}
     assert skipped == {"null_keys": 1, "null_tokens": 1, "duplicate_events": 1}
@@ -119,7 +88,7 @@ def test_text_files_keep_their_line_numbers_as_keys(ray_cluster, tmp_path):
         with open(paths[-1], "w") as fh:
             fh.write("\n".join(lines) + ("\n" if i != 1 else ""))  # the second ends without a newline
     one, _ = _both(paths, tmp_path, "text", format="text", num_shards=2)
-    keys = _tables(one)["docs.arrow"]["key"].to_pylist()
+    keys = corpus_tables(one)["docs.arrow"]["key"].to_pylist()
     assert sorted(keys, key=int) == ["0", "1", "3", "4", "5", "6", "7"]  # line 2 is empty: no document
 
 
@@ -127,7 +96,7 @@ def test_text_files_keep_their_line_numbers_as_keys(ray_cluster, tmp_path):
 def days(generated, tmp_path_factory):
     """The generated events split in time: a base corpus of the first part, and the days after it."""
     root = tmp_path_factory.mktemp("days")
-    table = pa.concat_tables(pq.read_table(os.path.join(generated, f"part-0000{i}.parquet")) for i in range(4))
+    table = pa.concatcorpus_tables(pq.read_table(os.path.join(generated, f"part-0000{i}.parquet")) for i in range(4))
     seconds = table["ts"].cast(pa.int64()).to_numpy() / 1000
     cut = np.quantile(seconds, 0.7)
     found = {"old": str(root / "old.parquet"), "new": str(root / "new.parquet")}
@@ -145,14 +114,14 @@ def test_a_refresh_by_ray_tasks_is_the_single_process_refresh(ray_cluster, days,
     settings = {"joined by shard": {}, "re-bucketed": {"num_shards": 4}, "window": {"window_days": 3}}[how]
     inputs = [days["new"]] + ([days["old"]] if how == "window" else [])
     one, parallel = _both(inputs, tmp_path, "refresh", time_col="ts", base=days["base"], **settings)
-    base, found = _tables(days["base"]), _tables(parallel)
+    base, found = corpus_tables(days["base"]), corpus_tables(parallel)
     for name, column in (("docs.arrow", "key"), ("vocab.arrow", "token")):  # every id kept, new ones after
         known = base[name].num_rows
         assert found[name].slice(0, known)[column].equals(base[name][column]) and found[name].num_rows >= known
         assert found[name]["id"].to_pylist() == list(range(found[name].num_rows))
-    refresh = _meta(one)["refresh"]
+    refresh = corpus_meta(one)["refresh"]
     assert refresh["new_docs"] > 0 and refresh["grown_docs"] > 0
-    assert ("changed.arrow" in _tables(one)) and refresh["mode"] == ("window" if how == "window" else "join")
+    assert ("changed.arrow" in corpus_tables(one)) and refresh["mode"] == ("window" if how == "window" else "join")
 
 
 def _bad_inputs(tmp_path) -> list[str]:
