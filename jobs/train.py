@@ -192,11 +192,13 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
 
 
 def on_cluster(prep: PrepareConfig, cfg: TrainConfig) -> PrepareConfig:
-    """The prepare settings of a job: on a cluster (an address, or RAY_ADDRESS as `ray job submit` sets it)
-    its passes run as Ray tasks on every CPU of it unless --parallel says otherwise; the seed and the
-    address are training's."""
+    """The prepare settings of a job: on a cluster (an address, RAY_ADDRESS as `ray job submit` sets it,
+    or a Ray this process is already connected to) its passes run as Ray tasks on every CPU of it
+    unless --parallel says otherwise; else in this process, without starting a Ray for it. The seed
+    and the address are training's."""
     address = cfg.address or os.environ.get("RAY_ADDRESS")
-    parallel = prep.parallel if prep.parallel is not None else 0 if address else None
+    connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    parallel = prep.parallel if prep.parallel is not None else 0 if address or connected else None
     return dataclasses.replace(prep, parallel=parallel, address=address, seed=cfg.seed)
 
 

@@ -17,10 +17,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import assert_same_corpus
 
 from doc2vec_dist import outputs
 from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus
+from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAY = 86_400
@@ -99,6 +102,13 @@ def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_pa
     assert f"users: {len(old_keys):,} known, {refresh['new_docs']:,} new, {refresh['grown_docs']:,} grown" in out
     assert "drift    users cosine(old, new) median" in out and "index    flat: " in out
     assert "times    prepare" in out
+    # on the session's Ray, prepare ran as Ray tasks and made the single process's refresh (issue 30, item 5)
+    assert corpus.meta["parallel"] == 2
+    settings = {k: corpus.meta[k] for k in ("format", "doc_col", "token_col", "time_col", "min_count", "max_vocab",
+                                            "seed", "window_days")}
+    single = prepare([days["events2"]], str(tmp_path / "single"), PrepareConfig(**settings, base=days["model"]),
+                     progress=False)
+    assert_same_corpus(single.path, corpus.path)
 
 
 def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path, snapshot, capsys):
