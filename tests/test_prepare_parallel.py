@@ -96,7 +96,7 @@ def test_text_files_keep_their_line_numbers_as_keys(ray_cluster, tmp_path):
 def days(generated, tmp_path_factory):
     """The generated events split in time: a base corpus of the first part, and the days after it."""
     root = tmp_path_factory.mktemp("days")
-    table = pa.concatcorpus_tables(pq.read_table(os.path.join(generated, f"part-0000{i}.parquet")) for i in range(4))
+    table = pa.concat_tables(pq.read_table(os.path.join(generated, f"part-0000{i}.parquet")) for i in range(4))
     seconds = table["ts"].cast(pa.int64()).to_numpy() / 1000
     cut = np.quantile(seconds, 0.7)
     found = {"old": str(root / "old.parquet"), "new": str(root / "new.parquet")}
