@@ -70,6 +70,8 @@ from .readers import (
 SPILL_BUFFER_ROWS = 1 << 21
 # Rows of a base's docs.arrow that one spill task marks (a row per known user, so that each keeps its id).
 BASE_DOCS_ROWS = 1 << 22
+# The file whose existence asks the running tasks of a stopping prepare to end (runners.RayTasks).
+STOP_NAME = "stop"
 # A test's hook: a directory; the first pass-2 task of a run to find no file "died" in it makes one and
 # then kills its own process, as a machine lost mid-task would (Ray runs the task again).
 FAULT_ENV = "DOC2VEC_DIST_PREPARE_FAULT"
@@ -202,6 +204,10 @@ def read_mapped(path: str) -> pa.Table:
 # The settings every task gets
 # ---------------------------------------------------------------------------------------------------
 
+class Stopped(Exception):
+    """A task of a prepare that was asked to stop (Settings.go_on)."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """What every pass needs to know besides its part: small, so that it travels with each task."""
@@ -236,6 +242,15 @@ class Settings:
         return pa.schema([("key", pa.string()), ("token", pa.int32())]
                          + ([("time", pa.float64())] if timed else [])
                          + ([("base", pa.int64())] if self.base_rows else []))
+
+    def stop_path(self) -> str:
+        return os.path.join(self.tmp, STOP_NAME)
+
+    def go_on(self) -> None:
+        """Raise Stopped once prepare has asked its tasks to stop (an error elsewhere, Ctrl-C): checked
+        between batches, so that a task ends within a batch of the request and writes nothing after."""
+        if os.path.exists(self.stop_path()):
+            raise Stopped(f"{self.tmp}: prepare stopped")
 
     def vocab_path(self) -> str:
         """The vocabulary's tokens in id order, written after pass 1 for passes 2 and 3 to read."""
@@ -289,6 +304,7 @@ def latest(block: Block, s: Settings, tick=None) -> Latest:
     state, found = BlockState(block.unit), -np.inf
     try:
         for chunk in read_block(block, s.opt, state):
+            s.go_on()
             if chunk.time is not None and len(chunk.time) and np.isfinite(chunk.time).any():
                 found = max(found, float(np.nanmax(chunk.time)))
             if tick:
@@ -362,6 +378,7 @@ def count(block: Block, s: Settings, tick=None) -> Counted:
     events = key_bytes = null_tokens = empty_tokens = 0
     try:
         for chunk in read_block(block, s.opt, state, skips, notes):
+            s.go_on()
             chunk = windowed(chunk, s, block.path, skips)
             events += len(chunk.token)
             key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
@@ -437,6 +454,7 @@ def spill(part: Block | BasePart, index: int, s: Settings, tick=None) -> Spilled
                     batches.clear()
 
         for batch, n in _spill_batches(part, s, schema, tick):
+            s.go_on()
             rows += n
             if batch.num_rows == 0:
                 continue
@@ -805,9 +823,11 @@ def shard(b: int, spills: list[tuple[str, np.ndarray]], s: Settings, first_id: i
     bucket b), grouped into documents, held out, and written as shard b (corpus.write_shard), with its
     new documents' keys and lengths (parts/docs-b.arrow, in id order) and its hidden pairs
     (parts/heldout-b.arrow). first_id: the id of its first new document, None while not known."""
+    s.go_on()
     vocab = read_mapped(s.vocab_path()).column("token").combine_chunks()
     ev = _events(spills, s)
     docs = _joined(ev, b, s, first_id) if s.by_shard else _grouped(ev, s, len(vocab), first_id)
+    s.go_on()
     entry = write_shard(s.tmp, b, docs.doc_ids, docs.lengths, docs.words)
     _write_ipc(docs_part(s, b), NEW_DOCS_SCHEMA, [docs.new_keys.cast(pa.string()), pa.array(docs.new_lengths, pa.int64())])
     heldout = 0

@@ -644,6 +644,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         s = Settings(opt, tmp, holdout=c.holdout, seed=c.seed, base=found_base.path if found_base else None)
         os.makedirs(s.spill_dir)
         os.makedirs(s.parts_dir)
+        runner = runner.stopping_with(s.stop_path())  # Ray tasks still running when the run stops end at once
         if c.format == "text":
             blocks = _line_bases(blocks, runner)
         window = None

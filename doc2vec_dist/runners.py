@@ -66,6 +66,10 @@ class SerialRunner:
     tasks = 1
     in_process = True
 
+    def stopping_with(self, stop_file: str) -> SerialRunner:
+        """This runner: a call in this process stops with it (KeyboardInterrupt), no file needed."""
+        return self
+
     def map(self, fn: Callable, calls: Iterable[tuple], memory: int = 0) -> Iterator[tuple[int, object]]:
         for i, args in enumerate(calls):
             try:
@@ -80,16 +84,23 @@ class RayTasks:
     as each finishes. A task whose process dies (a lost node, the out-of-memory killer) is run again,
     up to TASK_RETRIES times; an exception it raises is its result (a UserError or OSError as itself,
     anything else as Ray's error, which carries the remote traceback), for the caller to raise in its
-    turn. When the
-    caller stops early (an error, Ctrl-C), the tasks still running are stopped, and waited for, so
-    that none writes anything after it: what they wrote can then be removed.
+    turn. When the caller stops early (an error, Ctrl-C), the tasks still running are stopped, and
+    waited for, so that none writes anything after it: what they wrote can then be removed. With a
+    `stop_file` they are asked to stop by creating it (each task checks for it between batches and
+    ends); only a task still running STOP_SECONDS later is cancelled through Ray (see _kill).
     """
 
     in_process = False
     TASK_RETRIES = 3
+    STOP_SECONDS = 120
 
-    def __init__(self, tasks: int):
+    def __init__(self, tasks: int, stop_file: str | None = None):
         self.tasks = max(1, tasks)
+        self.stop_file = stop_file
+
+    def stopping_with(self, stop_file: str) -> RayTasks:
+        """This runner, its tasks asked to stop early by creating `stop_file` (a path every node sees)."""
+        return RayTasks(self.tasks, stop_file)
 
     def map(self, fn: Callable, calls: Iterable[tuple], memory: int = 0) -> Iterator[tuple[int, object]]:
         """fn(*args) for each args of `calls` (taken as slots free up), each task reserving `memory` bytes."""
@@ -118,13 +129,31 @@ class RayTasks:
                     result = exc.cause if isinstance(exc.cause, (UserError, OSError)) else exc
                 yield i, result
         finally:
-            _kill(list(running))
+            self._stop(list(running))
+
+    def _stop(self, refs: list) -> None:
+        """Ask the tasks of `refs` to stop (the stop file) and wait for them; cancel those that do not."""
+        if not refs:
+            return
+        import ray
+
+        if self.stop_file is not None:
+            try:
+                with open(self.stop_file, "a"):
+                    pass
+            except OSError:  # the staging directory is gone or unwritable: only Ray can stop them
+                pass
+            else:
+                _, refs = ray.wait(refs, num_returns=len(refs), timeout=self.STOP_SECONDS)
+        _kill(refs)
 
 
 def _kill(refs: list) -> None:
     """Stop the tasks of `refs` and wait until each has ended: interrupted (KeyboardInterrupt in the task),
-    then, any still running a minute later, killed with their process. (Killing at once races a task
-    that is just finishing, which Ray 2.x's driver does not survive.)"""
+    then, any still running a minute later, killed with their process. Both race a task that is just
+    finishing, which Ray 2.x's driver may not survive (task_manager.cc "Tried to complete task that
+    was not pending", ray-project/ray#54738): a runner with a stop file comes here only for tasks
+    that did not stop when asked."""
     if not refs:
         return
     import ray

@@ -44,6 +44,19 @@ def test_the_sample_prepared_by_ray_tasks_is_the_single_process_corpus(ray_clust
     assert corpus_meta(one)["num_shards"] == 3 and corpus_meta(one)["heldout_pairs"] > 0
 
 
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_one_progress_bar_for_the_whole_job(ray_cluster, tmp_path, capsys, parallel):
+    """One bar from the first pass to the last (not one per pass), in input rows, that ends full."""
+    prepare([SAMPLE_EVENTS], str(tmp_path / "c"), PrepareConfig(time_col="ts", num_shards=3, parallel=parallel),
+            progress=True, report=False)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # a bar ends its line when it closes
+    frames = [f for f in err.strip().split("\r") if f.strip()]
+    assert all(f.startswith("prepare") for f in frames), frames
+    assert {f.split(":")[0] for f in frames} >= {"prepare 1/3 count", "prepare 3/3 shards"}
+    assert frames[-1].startswith("prepare 3/3 shards: 100%"), frames[-1]
+
+
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """A generated corpus in 4 Parquet files, one more file of the same kind of events in row groups of
@@ -200,6 +213,37 @@ def test_a_failure_in_a_task_of_the_last_pass_is_the_one_processs_and_leaves_not
     assert messages[0] == messages[1] == (f"{shards}/part-00000.arrow: holds users whose keys hash to another shard, "
                                           f"though {base}/corpus.json says its shards are by key hash")
     assert os.listdir(tmp_path) == ["base"]
+
+
+def test_tasks_still_running_when_a_run_stops_end_when_asked_not_cancelled(ray_cluster, tmp_path, monkeypatch):
+    """When prepare stops early (an error, Ctrl-C), its running tasks are asked to end through the stop
+    file in the staging directory, and are waited for; none is cancelled through Ray, whose cancel
+    races a finishing task and can crash the driver (ray-project/ray#54738)."""
+    import ray
+
+    from doc2vec_dist.runners import RayTasks
+
+    s = passes.Settings(readers.Options("events", "user_id", "url", None), str(tmp_path))
+    cancelled = []
+    monkeypatch.setattr(ray, "cancel", lambda *args, **kwargs: cancelled.append(args))
+
+    def task(i: int, s: passes.Settings) -> int:
+        deadline = time.monotonic() + 60
+        while i and time.monotonic() < deadline:  # the second task runs until asked to stop
+            try:
+                s.go_on()
+            except passes.Stopped:
+                open(os.path.join(s.tmp, "asked"), "w").close()
+                raise
+            time.sleep(0.05)
+        return i
+
+    results = RayTasks(2).stopping_with(s.stop_path()).map(task, [(0, s), (1, s)])
+    assert next(results) == (0, 0)
+    started = time.monotonic()
+    results.close()  # the caller stops early
+    assert time.monotonic() - started < 30 and os.path.exists(os.path.join(tmp_path, "asked"))
+    assert cancelled == []
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.Popen:
