@@ -5,6 +5,7 @@ leaves nothing. On the session's Ray (2 CPUs), except where a run needs its own 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -279,3 +280,27 @@ def test_ctrl_c_during_a_parallel_prepare_leaves_nothing(generated, tmp_path, in
     assert err.strip().splitlines()[-1] == "interrupted", err[-3000:]
     time.sleep(1)  # a task killed now would have had its last chance to write
     assert os.listdir(tmp_path) == []
+
+
+def test_the_prepare_benchmark_times_1_and_2_processes_and_finds_the_same_corpus(tmp_path, capsys):
+    """jobs/prepare_benchmark.py on the sample: each run's pass times, its processes (the driver, and
+    with 2 the Ray task workers that ran the passes) with their peak memory, the bytes written, and the
+    corpora compared."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prepare_benchmark", os.path.join(ROOT, "jobs", "prepare_benchmark.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench"
+    assert bench.main([SAMPLE_EVENTS, "--out", str(out), "--parallel", "1", "2", "--", "--time-col", "ts"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    one, two = result["runs"]
+    assert two["same_corpus_as_first"] is True and os.listdir(out) == ["result.json"]
+    for run in (one, two):
+        assert set(run["pass_seconds"]) == {"plan", "count", "partition", "shards", "total"}
+        assert run["bytes_written"] > 100_000 and run["docs"] == 5_000
+        assert run["processes"][0]["peak_rss_bytes"] == max(p["peak_rss_bytes"] for p in run["processes"])
+    assert [p["what"] for p in one["processes"]] == ["driver"]
+    workers = [p for p in two["processes"] if p["what"] == "task worker"]
+    assert workers and all(p["peak_rss_bytes"] > 0 for p in workers)  # (which tasks each ran: as sampled)
+    assert "raylet" in {p["what"] for p in two["processes"]}
