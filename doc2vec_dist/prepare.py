@@ -77,7 +77,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import outputs, passes, runners
+from . import outputs, passes, runners, storage
 from .config import PrepareConfig
 from .corpus import (
     DOCS_SCHEMA,
@@ -694,7 +694,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
         "num_shards": buckets, "shards": p3.shards,
         "inputs": [os.fspath(i) for i in ([inputs] if isinstance(inputs, str) else inputs)],
-        "input_files": [os.path.abspath(f) for f in files], "input_rows": p1.rows,
+        "input_files": [storage.location(f) for f in files], "input_rows": p1.rows,
         "format": c.format, "doc_col": c.doc_col, "token_col": c.token_col, "time_col": opt.time_col,
         "min_count": c.min_count, "max_vocab": c.max_vocab, "holdout": c.holdout,
         "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": c.seed,

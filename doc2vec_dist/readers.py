@@ -43,9 +43,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
+from . import storage
 from .corpus import CorpusError, one_line
 from .ids import id_string
 
@@ -80,7 +82,7 @@ def _strip_compression(name: str) -> str:
 
 def _file_kind(path: str) -> str | None:
     """'parquet', 'csv', 'tsv' or 'json' from the file name, None when we do not know it."""
-    lower = path.lower()
+    lower = storage.strip_query(path).lower()
     if lower.endswith(PARQUET_EXTS):
         return "parquet"
     base = _strip_compression(lower)
@@ -91,6 +93,55 @@ def _file_kind(path: str) -> str | None:
     if base.endswith(JSON_EXTS):
         return "json"
     return None
+
+
+def _input(path: str, random_access: bool = False):
+    """What pyarrow's readers take for an input file: a local path as it is; a URI (s3://…, gs://…,
+    opened as storage.resolve opens it) a file of its filesystem: random access (Parquet), else a
+    stream decompressed as its name's extension says, as pyarrow does for a local path."""
+    if not storage.is_uri(path):
+        return path
+    fs, inner = storage.resolve(path)
+    return fs.open_input_file(inner) if random_access else fs.open_input_stream(inner, compression="detect")
+
+
+def _stream(path: str):
+    """An input file as a stream, decompressed as its name's extension says."""
+    return _input(path) if storage.is_uri(path) else pa.input_stream(path, compression="detect")
+
+
+def _size(path: str) -> int:
+    """An input file's size in bytes (FileNotFoundError when there is none)."""
+    if not storage.is_uri(path):
+        return os.path.getsize(path)
+    fs, inner = storage.resolve(path)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{storage.strip_query(path)}: no such file")
+    return info.size
+
+
+def _uri_files(given: str, format: str) -> list[str]:
+    """The input files of a URI: the object itself, or every data object under it (as _walk lists a
+    directory's), each as a URI with the given one's query (its filesystem's settings)."""
+    fs, inner = storage.resolve(given)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise CorpusError(f"{storage.strip_query(given)}: no such file or directory")
+    if info.type != pafs.FileType.Directory:
+        return [given]
+    found = []
+    for entry in fs.get_file_info(pafs.FileSelector(inner, recursive=True)):
+        rel = entry.path[len(inner):].lstrip("/")
+        if entry.type == pafs.FileType.File and not any(part.startswith((".", "_")) for part in rel.split("/")):
+            found.append(storage.join(given, *rel.split("/")))
+    found = sorted(found)
+    if format != "text":
+        found = [f for f in found if _file_kind(f)]
+    if not found:
+        raise CorpusError(f"{storage.strip_query(given)}: the directory holds no input files"
+                          + ("" if format == "text" else " (.parquet, .csv, .jsonl, …)"))
+    return found
 
 
 def _walk(directory: str) -> list[str]:
@@ -115,6 +166,9 @@ def expand_inputs(inputs: list[str], format: str) -> list[str]:
         raise CorpusError("no input given")
     files: list[str] = []
     for given in map(os.fspath, inputs):
+        if storage.is_uri(given):
+            files += _uri_files(given, format)
+            continue
         if os.path.isdir(given) or os.path.exists(given):
             matches = [given]
         elif any(c in given for c in "*?["):
@@ -142,7 +196,7 @@ def expand_inputs(inputs: list[str], format: str) -> list[str]:
                 files.append(match)
     seen, unique = set(), []
     for f in files:
-        real = os.path.realpath(f)
+        real = f if storage.is_uri(f) else os.path.realpath(f)
         if real not in seen:
             seen.add(real)
             unique.append(f)
@@ -219,7 +273,7 @@ def _check_columns(path: str, names: list[str], needed: list[str], hint: str = "
 def _parquet_batches(path: str, columns: list[str], row_groups: tuple[int, ...] | None = None) -> Iterator[pa.RecordBatch]:
     """A Parquet file's batches (of its row groups `row_groups`, default all); its columns are checked at
     once, before the first batch is asked for."""
-    pf = pq.ParquetFile(path)
+    pf = pq.ParquetFile(_input(path, random_access=True))
     _check_columns(path, pf.schema_arrow.names, columns)
     return pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns,
                            row_groups=None if row_groups is None else list(row_groups))
@@ -235,13 +289,13 @@ def _csv_batches(path: str, columns: list[str], kind: str, delimiter: str | None
     convert = pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.binary() for c in columns},
                                   strings_can_be_null=True, null_values=[""])
     try:
-        reader = pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+        reader = pcsv.open_csv(_input(path), read_options=read, parse_options=parse, convert_options=convert)
     except (pa.ArrowInvalid, KeyError) as e:
         if "Empty CSV file" in str(e):  # not even a header (a compressed empty file, say)
             return
         if "include_columns" not in str(e):
             raise
-        names = pcsv.open_csv(path, read_options=read, parse_options=parse).schema.names
+        names = pcsv.open_csv(_input(path), read_options=read, parse_options=parse).schema.names
         other = next((d for d in ";|\t," if len(names) == 1 and d in names[0] and d != parse.delimiter), None)
         _check_columns(path, names, columns, f" (a header of one column: are the fields separated by {other!r}? give "
                                              f"--delimiter {other!r})" if other else "")
@@ -257,7 +311,7 @@ def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterat
     # string. We want only our columns: learn their types from the first block, then read with an
     # explicit schema that ignores every other field (an unrelated field changing type must not stop us).
     try:
-        inferred = pjson.open_json(path, read_options=read).schema
+        inferred = pjson.open_json(_input(path), read_options=read).schema
     except pa.ArrowInvalid as e:
         if "Empty JSON" in str(e):  # nothing but whitespace
             return
@@ -275,7 +329,7 @@ def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterat
     parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     done = 0  # rows handed on
     try:
-        for batch in pjson.open_json(path, read_options=read, parse_options=parse):
+        for batch in pjson.open_json(_input(path), read_options=read, parse_options=parse):
             yield batch
             done += batch.num_rows
     except pa.ArrowInvalid as e:
@@ -430,7 +484,7 @@ def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: b
     for typ in [pa.list_(t) for t in scalars] if is_list else scalars:
         parse = pjson.ParseOptions(explicit_schema=pa.schema([(column, typ)]), unexpected_field_behavior="ignore")
         try:
-            pjson.open_json(path, read_options=read, parse_options=parse)
+            pjson.open_json(_input(path), read_options=read, parse_options=parse)
             return typ
         except pa.ArrowInvalid:
             continue
@@ -440,7 +494,7 @@ def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: b
 def _text_lines(path: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
     """Lines of a text file as string arrays (newline removed), a block at a time, each with the
     positions in it of the lines that are not valid UTF-8 (null in the array)."""
-    stream = pa.input_stream(path, compression="detect")
+    stream = _stream(path)
     rest = b""
     while True:
         block = stream.read(TEXT_BLOCK_BYTES)
@@ -907,7 +961,7 @@ def plan_blocks(files: list[str], opt: Options) -> list[Block]:
         groups = None
         if opt.format != "text" and _file_kind(path) == "parquet":
             try:
-                meta = pq.ParquetFile(path).metadata if os.path.getsize(path) else None
+                meta = pq.ParquetFile(_input(path, random_access=True)).metadata if _size(path) else None
             except (pa.ArrowException, OSError, ValueError):
                 meta = None
             if meta is not None and meta.num_rows > BLOCK_ROWS and meta.num_row_groups > 1:
@@ -957,9 +1011,9 @@ def count_lines(block: Block) -> int:
     """The lines of a text file, as read_block counts them (the last one need not end in a newline):
     the keys of the next file's lines start after them."""
     try:
-        if os.path.getsize(block.path) == 0:
+        if _size(block.path) == 0:
             return 0
-        stream = pa.input_stream(block.path, compression="detect")
+        stream = _stream(block.path)
         lines, last = 0, b"\n"
         while data := stream.read(TEXT_BLOCK_BYTES):
             lines += data.count(b"\n")
@@ -981,7 +1035,7 @@ def read_block(block: Block, opt: Options, state: BlockState, skips: Skips | Non
     path = block.path
     row = block.first_row  # rows (text: lines) of this file read so far
     try:
-        if block.whole_file and os.path.getsize(path) == 0:  # an empty Parquet file is not even Parquet
+        if block.whole_file and _size(path) == 0:  # an empty Parquet file is not even Parquet
             if skips is not None:
                 skips.add("empty_files", 1, path)
             return
@@ -1059,7 +1113,7 @@ def _earlier_unit(path: str, earlier: tuple[tuple[int, ...], ...], opt: Options)
     """The unit of a Parquet file's numeric times as the blocks before a block settled it (the first
     batch with a time decides it for the whole file, _epoch_numbers): their time column read in the
     same batches, up to that batch. An error on the way is theirs to report, first."""
-    pf, row, unit = pq.ParquetFile(path), 0, None
+    pf, row, unit = pq.ParquetFile(_input(path, random_access=True)), 0, None
     for groups in earlier:
         for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[opt.time_col], row_groups=list(groups)):
             _, reading = _time_seconds(batch.column(0), path, opt.time_col, row, opt, unit)

@@ -50,9 +50,10 @@ def test_one_progress_bar_for_the_whole_job(ray_cluster, tmp_path, capsys, paral
     """One bar from the first pass to the last (not one per pass), in input rows, that ends full."""
     prepare([SAMPLE_EVENTS], str(tmp_path / "c"), PrepareConfig(time_col="ts", num_shards=3, parallel=parallel),
             progress=True, report=False)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err  # a bar ends its line when it closes
-    frames = [f for f in err.strip().split("\r") if f.strip()]
+    err = capsys.readouterr().err  # (with log lines too, once a command run in this session sent them there)
+    bars = [line for line in err.split("\n") if "%|" in line]
+    assert len(bars) == 1, err  # a bar ends its line when it closes
+    frames = [f for f in bars[0].split("\r") if f.strip()]
     assert all(f.startswith("prepare") for f in frames), frames
     assert {f.split(":")[0] for f in frames} >= {"prepare 1/3 count", "prepare 3/3 shards"}
     assert frames[-1].startswith("prepare 3/3 shards: 100%"), frames[-1]
@@ -136,6 +137,61 @@ def test_a_refresh_by_ray_tasks_is_the_single_process_refresh(ray_cluster, days,
     refresh = corpus_meta(one)["refresh"]
     assert refresh["new_docs"] > 0 and refresh["grown_docs"] > 0
     assert ("changed.arrow" in corpus_tables(one)) and refresh["mode"] == ("window" if how == "window" else "join")
+
+
+@pytest.fixture(scope="module")
+def s3_events():
+    """The sample's events, and a gzipped CSV of a few more, on a loopback S3 server (moto's, as
+    tests/test_storage_s3.py runs it): the URI of their folder. Credentials: conftest's, which the
+    session's Ray workers inherit."""
+    import glob
+    import gzip
+    import logging
+    import socket
+
+    import pyarrow.fs as pafs
+    from moto import server as moto_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
+        fs.create_dir("logs")
+        files = sorted(glob.glob(os.path.join(SAMPLE_EVENTS, "*.parquet")))
+        for path in files:
+            with open(path, "rb") as src, fs.open_output_stream(f"logs/events/{os.path.basename(path)}") as dst:
+                dst.write(src.read())
+        csv = b"user_id,url,ts\nu1,https://a.example/,1700000000000\nu2,https://b.example/,1700000001000\n"
+        with fs.open_output_stream("logs/events/zz.csv.gz", compression=None) as dst:  # gzipped already
+            dst.write(gzip.compress(csv))
+        with fs.open_output_stream("logs/events/_SUCCESS") as dst:
+            dst.write(b"")
+        yield f"s3://logs/events?endpoint_override=127.0.0.1:{port}&scheme=http", files, csv
+    finally:
+        server.stop()
+
+
+def test_events_read_from_object_storage_by_ray_tasks_make_the_local_files_corpus(ray_cluster, s3_events, tmp_path):
+    """prepare s3://bucket/folder (its Parquet files and a gzipped CSV, not its _SUCCESS), in this
+    process and by Ray tasks that read the objects themselves: the corpus of the same files on disk."""
+    uri, files, csv = s3_events
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "zz.csv").write_bytes(csv)
+    on_disk = prepare(files + [str(local / "zz.csv")], str(tmp_path / "disk"), PrepareConfig(time_col="ts"),
+                      progress=False).path
+    single, _ = _both([uri], tmp_path, "s3", time_col="ts")
+    assert len(corpus_meta(single)["input_files"]) == len(files) + 1
+    assert all(f.startswith("s3://logs/events/") for f in corpus_meta(single)["input_files"])
+    one, other = corpus_tables(on_disk), corpus_tables(single)
+    assert sorted(one) == sorted(other) and [n for n in one if not one[n].equals(other[n])] == []
+    names = ("inputs", "input_files", "time_read")
+    assert ({k: v for k, v in corpus_meta(on_disk).items() if k not in names}
+            == {k: v for k, v in corpus_meta(single).items() if k not in names})
 
 
 def _bad_inputs(tmp_path) -> list[str]:
