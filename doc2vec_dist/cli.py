@@ -179,14 +179,15 @@ def _trainer_yaml(args) -> dict:
     if not args.config:
         return {}
     values = load_yaml(args.config)
-    prepare_keys = [k for k in values if k in field_names(PrepareConfig)]
+    prepare_keys = [k for k in values if k in field_names(PrepareConfig) - field_names(TrainConfig)]
     if prepare_keys and not any(k in values for k in ("input", "corpus", "out")):
         name = prepare_keys[0]
         raise UserError(f"{args.config}: " + _prepare_option(name, values[name], args.command, written=name))
     if prepare_keys:
         print(f"{args.command}: {args.config}'s prepare keys ({', '.join(prepare_keys)}) are for jobs/train.py, which "
               f"makes the corpus; --corpus is used as it was made", file=sys.stderr)
-    return {k: v for k, v in values.items() if k not in field_names(PrepareConfig) | field_names(JobConfig)}
+    prepare_only = field_names(PrepareConfig) - field_names(TrainConfig)
+    return {k: v for k, v in values.items() if k not in prepare_only | field_names(JobConfig)}
 
 
 def _train_config(args, yaml_values: dict | None = None) -> TrainConfig:
@@ -217,12 +218,8 @@ def cmd_prepare(args) -> None:
 
     yaml_values = load_yaml(args.config) if args.config else {}
     cfg = build(PrepareConfig, yaml_values, vars(args))
-    corpus = prepare(args.inputs, args.out, format=cfg.format, doc_col=cfg.doc_col, token_col=cfg.token_col,
-                     time_col=cfg.time_col, min_count=cfg.min_count, max_vocab=cfg.max_vocab,
-                     holdout=cfg.holdout, holdout_out=cfg.holdout_out, seed=args.seed,
-                     num_shards=args.num_shards, overwrite=args.overwrite, progress=not args.no_progress,
-                     report=True,  # what was skipped and why goes to stderr even with --no-progress
-                     base=cfg.base, window_days=cfg.window_days, time_unit=cfg.time_unit, delimiter=cfg.delimiter)
+    corpus = prepare(args.inputs, args.out, cfg, overwrite=args.overwrite, progress=not args.no_progress,
+                     report=True)  # what was skipped and why goes to stderr even with --no-progress
     print(f"corpus {corpus.path}: {corpus.num_docs:,} docs, {corpus.num_tokens:,} tokens, "
           f"{corpus.vocab_size:,} words")
 
@@ -411,8 +408,9 @@ def make_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", required=True, help="corpus directory to create")
     pr.add_argument("--config", help="YAML file with the same keys as the flags")
     _add_config_flags(pr, PrepareConfig)
-    pr.add_argument("--seed", type=int, default=1, help="seed of the held-out split")
-    pr.add_argument("--num-shards", type=int, default=None, help="shard files to write (default: from size)")
+    fields = {f.name: f for f in dataclasses.fields(PrepareConfig)}
+    pr.add_argument("--seed", type=int, default=None, help=_help(fields["seed"].metadata["help"], fields["seed"].default))
+    pr.add_argument("--address", default=None, help=fields["address"].metadata["help"])
     pr.add_argument("--overwrite", action="store_true", help="replace an existing corpus")
 
     for name, func, text in (("train", cmd_train, "train on Ray: parameter servers + workers"),

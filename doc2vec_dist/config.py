@@ -58,6 +58,18 @@ class PrepareConfig:
                                 "after, new events join each user's document (daily refresh)")
     window_days: float | None = _f(None, "documents are the events of the last N days before the latest one "
                                          "(needs --time-col; with --base, instead of joining)")
+    num_shards: int | None = _f(None, "shard files to write (default: enough that one shard's documents are built "
+                                      "within --memory-budget-bytes)")
+    memory_budget_bytes: int = _f(1 << 30, "memory one bucket of events may take while its documents are built: "
+                                           "more, smaller shards when less; each Ray task of --parallel reserves "
+                                           "about this much")
+    parallel: int | None = _f(None, "processes that run prepare's passes: N > 1 runs them as Ray tasks, N at a "
+                                    "time, on a local Ray started here or on the cluster at --address or "
+                                    "RAY_ADDRESS; 0: one per CPU of that cluster; the corpus is the same (default: "
+                                    "1, this process alone; jobs/train.py and jobs/refresh.py on a cluster: 0)")
+    seed: int = _f(1, "seed of the held-out split", flag=False)  # prepare's --seed, a job's seed
+    address: str | None = _f(None, "Ray address for --parallel (default: RAY_ADDRESS, else a local Ray started "
+                                   "here)", flag=False)  # prepare's --address, a job's address
 
     def __post_init__(self) -> None:
         _check_types(self)

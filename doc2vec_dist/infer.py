@@ -63,6 +63,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint, device_examples, kernels, outputs, provenance
+from .config import PrepareConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .ids import mix64
@@ -308,7 +309,7 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
               counts: Counts, name: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
     settings = inferrer.s
     with tempfile.TemporaryDirectory(prefix="doc2vec-infer-", dir=tmp_dir) as tmp:
-        corpus = prepare(inputs, os.path.join(tmp, "corpus"), min_count=1, progress=progress, **read)
+        corpus = prepare(inputs, os.path.join(tmp, "corpus"), PrepareConfig(min_count=1, **read), progress=progress)
         counts.prepare_skipped = {k: v for k, v in corpus.meta.get("skipped", {}).items()
                                   if k in ("null_tokens", "empty_tokens", "docs_without_tokens")}
         vocab = corpus.vocab()

@@ -5,13 +5,22 @@ skips and their report. `prepare` turns browsing events (or token lists, or plai
 into the corpus that training reads. It never holds the events in memory, only the vocabulary (one
 row per distinct token):
 
-    pass 1  stream every input, count tokens and rows, check columns  → vocabulary, ids by frequency
-    pass 2  stream every input again, map tokens to ids, spill each event into bucket hash(key) % B
+    pass 1  read every block of the inputs, count tokens and rows, check columns → vocabulary, ids by
+            frequency
+    pass 2  read every block again, map tokens to ids, spill each event into bucket hash(key) % B
     pass 3  per bucket: group the events into documents, hold out, number them, write shard b
 
 B is chosen so that one bucket fits in `memory_budget_bytes`. Everything is written under a temporary
 sibling of the output directory and renamed into place at the very end, so an error or an interrupt
 never leaves a half-written corpus behind.
+
+Each pass is a function of one block of the inputs (readers.plan_blocks: a file, or a run of a big
+Parquet file's row groups) or of one bucket, with the settings (passes.py); this module runs them
+and merges what they return, in input order. With parallel 1 they run one after another in this
+process; with parallel N as Ray tasks, N at a time, on a local Ray or a cluster (runners.RayTasks).
+The corpus is the same either way: the blocks depend on the inputs alone, and every result is
+merged in the order of its block or bucket. Through Ray every node must see the output's directory
+(the spills and shards are written there) and the inputs.
 
 Within a shard, documents keep the order in which they first appear in the input, so a small text
 corpus (one shard) has doc id == line number unless lines were skipped.
@@ -20,7 +29,8 @@ Bad input. Each kind either stops `prepare` with a one-line CorpusError naming t
 and row where known), leaving nothing at the output, or is skipped, counted in corpus.json's "skipped"
 (where the first few were in "skipped_where") and reported one line per reason (logged as warnings
 of the "doc2vec_dist.prepare" logger). Rows and lines in messages are counted from 0 within their
-file (a CSV header is not a row), as text keys are.
+file (a CSV header is not a row), as text keys are. Of several bad blocks, the first in input order
+is the one named, however many processes read them.
 
     errors   no input file; a missing column (the message lists the columns the file has); a key or
              token column holding lists or structs; a time column that is not a time; a file that is
@@ -50,11 +60,14 @@ events, not users); the counts in vocab.arrow are those of the training tokens.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import os
+import shutil
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -64,7 +77,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import outputs
+from . import outputs, passes, runners, storage
+from .config import PrepareConfig
 from .corpus import (
     DOCS_SCHEMA,
     FORMAT_VERSION,
@@ -72,26 +86,23 @@ from .corpus import (
     VOCAB_SCHEMA,
     Corpus,
     CorpusError,
-    iter_shard,
     one_line,
     write_changed,
-    write_shard,
 )
-from .ids import TokenIds, hash_strings, mix64
+from .errors import UserError
+from .passes import Base, Settings, TokenCounter, hold_out, open_base, stored_time_range  # noqa: F401 (hold_out: tune's)
 from .readers import (
     FORMATS,
     ORDER,
-    PER_SECOND,
     TIME_UNITS,
-    UNIT_NAMES,
-    Chunk,
+    Block,
     Options,
     ReadNotes,
     Skips,
+    TimeKinds,
     csv_delimiter,
     expand_inputs,
-    iter_chunks,
-    unit_by_size,
+    plan_blocks,
 )
 
 log = logging.getLogger(__name__)
@@ -107,117 +118,7 @@ def _name_files(files: list[str]) -> str:
     return ", ".join(files) if len(files) <= 3 else f"{', '.join(files[:3])} and {len(files) - 3} more"
 
 
-
-# ---------------------------------------------------------------------------------------------------
-# A base (prepare --base): an earlier corpus or model whose users and URLs keep their ids
-# ---------------------------------------------------------------------------------------------------
-
-@dataclass
-class _Base:
-    """What a refresh keeps of an earlier corpus or model: its key tables (ids) and, to join a user's
-    new events to the document it had, the shards of the corpus they came from."""
-
-    path: str
-    kind: str                  # corpus | model
-    docs: pa.Table             # key, id, length; sorted by id (memory-mapped)
-    vocab_tokens: pa.Array     # token of each word id
-    corpus: Corpus | None      # whose shards hold the documents (a model's corpus, when still there)
-    meta: dict                 # that corpus's corpus.json ({} when unknown)
-
-    @property
-    def num_docs(self) -> int:
-        return self.docs.num_rows
-
-    @property
-    def time_range(self) -> list[float] | None:
-        """The base's corpus's time range in epoch seconds (stored_time_range), when it had times."""
-        return stored_time_range(self.meta)[0]
-
-    @property
-    def latest_time(self) -> float | None:
-        """The latest event time of the base's corpus, when it was prepared with a time column."""
-        found = self.time_range
-        return found[1] if found else None
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab_tokens)
-
-    def rows(self, join: bool):
-        """(keys, word ids, base doc ids) batches for pass 2: one marker row (word id -1) per document,
-        so every known user keeps its id even with no event now, then, to join, every document's
-        tokens in order."""
-        for batch in self.docs.to_batches(max_chunksize=1 << 20):
-            yield batch.column(0), np.full(batch.num_rows, -1, np.int32), batch.column(1).to_numpy()
-        if not join:
-            return
-        keys = self.docs.column("key")
-        for shard in self.corpus.shard_paths:
-            for doc_ids, offsets, tokens in iter_shard(shard):
-                docs = np.repeat(doc_ids, np.diff(offsets))
-                yield keys.take(pa.array(docs)).combine_chunks(), tokens, docs
-
-    def token_count(self, join: bool) -> int:
-        return self.num_docs + (self.corpus.num_tokens if join else 0)
-
-
-def open_base(path: str, join: bool) -> _Base:
-    """The corpus or model at `path` as a base; joining needs the documents (a corpus's shards)."""
-    path = os.path.abspath(os.fspath(path))
-    if os.path.isfile(os.path.join(path, "corpus.json")):
-        corpus = Corpus(path)
-        return _Base(path, "corpus", _read_mapped(os.path.join(path, "docs.arrow")),
-                     _read_mapped(os.path.join(path, "vocab.arrow")).column("token").combine_chunks(), corpus,
-                     corpus.meta)
-    from .checkpoint import ModelDir
-    from .errors import UserError
-
-    try:
-        model = ModelDir(path)
-    except UserError:
-        raise CorpusError(f"{path}: --base is neither a corpus (no corpus.json) nor a trained model") from None
-    docs = _read_mapped(os.path.join(path, "docs.arrow"))
-    vocab = _read_mapped(os.path.join(path, "vocab.arrow")).column("token").combine_chunks()
-    corpus = None
-    try:
-        corpus = Corpus(model.corpus_path())
-    except UserError:
-        pass
-    if corpus is not None and (corpus.num_docs, corpus.vocab_size) != (docs.num_rows, len(vocab)):
-        corpus = None  # prepared again since: its ids are not the model's
-    if join and corpus is None:
-        raise CorpusError(f"{path}: joining new events to the users' documents needs the corpus the model was "
-                          f"trained on ({model.settings().get('corpus')}), which is gone or was prepared again; "
-                          "give --base CORPUS, or --window-days N to build documents from the inputs alone")
-    return _Base(path, "model", docs, vocab, corpus, corpus.meta if corpus is not None else {})
-
-
-def stored_time_range(meta: dict) -> tuple[list[float] | None, str | None, str | None]:
-    """A corpus.json's time_range in epoch seconds, the unit its times are in ("s", or ORDER: numbers
-    that only ordered events) and, for a corpus.json from before "time_unit", how its range was read.
-
-    Such a corpus.json kept numeric times as they were read (epoch seconds from timestamps and ISO
-    strings, but numbers in whatever unit they had, both mixed when files differed), so each end of
-    its range is read in the unit its size says (readers.EPOCH_SECONDS); a range that is no epoch
-    time in any unit was of numbers that only ordered events.
-    """
-    found, unit = meta.get("time_range"), meta.get("time_unit")
-    if not found:
-        return None, unit, None
-    if unit is not None:
-        return [float(t) for t in found], unit, None
-    units = [unit_by_size(float(t)) for t in found]
-    if None in units:
-        return [float(t) for t in found], ORDER, "numbers that only order events (no epoch time in any unit)"
-    how = " to ".join(dict.fromkeys(UNIT_NAMES[u] for u in units))
-    return [float(t) / PER_SECOND[u] for t, u in zip(found, units)], "s", f"{how}, by their size"
-
-
-def _read_mapped(path: str) -> pa.Table:
-    try:
-        return pa.ipc.open_file(pa.memory_map(path)).read_all()
-    except (pa.ArrowException, OSError) as e:
-        raise CorpusError(f"{path}: cannot read: {one_line(e)}") from e
+DAY_SECONDS = 86_400.0
 
 
 @dataclass
@@ -229,72 +130,156 @@ class _Window:
     latest: float
 
 
-DAY_SECONDS = 86_400.0
+# ---------------------------------------------------------------------------------------------------
+# Running the passes: in input order, one bar for the whole job
+# ---------------------------------------------------------------------------------------------------
+
+class _Progress:
+    """One bar for the whole job, in input rows: each pass counts the inputs' rows once (pass 3 a
+    bucket's share of them), so the bar fills evenly from the first pass to the last. It times the
+    passes too (corpus.json's "seconds")."""
+
+    def __init__(self, enabled: bool, passes: int, rows: int | None):
+        self.passes, self.rows = passes, rows
+        self.bar = tqdm(desc="prepare", total=rows * passes if rows is not None else None, unit=" rows",
+                        unit_scale=True, file=sys.stderr, disable=not enabled, dynamic_ncols=True)
+        self.step = 0
+        self.seconds: dict[str, float] = {}
+        self._started = self._step_started = time.perf_counter()
+        self._name = "plan"
+
+    def start(self, name: str) -> None:
+        self._lap(name)
+        self.step += 1
+        self.bar.set_description(f"prepare {self.step}/{self.passes} {name}")
+
+    def _lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[self._name] = round(now - self._step_started, 3)
+        self._name, self._step_started = name, now
+
+    def timings(self) -> dict[str, float]:
+        """Seconds of each pass so far (what came before pass 1 as "plan"), and in all."""
+        self._lap(self._name)
+        return {**self.seconds, "total": round(time.perf_counter() - self._started, 3)}
+
+    def know_rows(self, rows: int) -> None:
+        if self.rows is None:
+            self.rows = rows
+            self.bar.total = rows * self.passes
+            self.bar.refresh()
+
+    def update(self, n: float) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar.total is not None:
+            self.bar.n = self.bar.total
+        self.bar.close()
 
 
-def _latest_time(files: list[str], opt: Options, bar) -> float:
+def _in_order(results, arrive=None):
+    """(position, result) of a runner's results in position order, whatever order they came in; the
+    first exception in that order is raised, as a single process reading the parts in turn would
+    have raised it. arrive(position, result) sees each result as it comes (to merge what can be)."""
+    waiting, expected = {}, 0
+    for i, result in results:
+        if arrive is not None and not isinstance(result, BaseException):
+            arrive(i, result)
+        waiting[i] = result
+        while expected in waiting:
+            result = waiting.pop(expected)
+            if isinstance(result, BaseException):
+                raise result
+            yield expected, result
+            expected += 1
+
+
+def _run(runner, fn, calls, progress: _Progress | None = None, memory: int = 0, arrive=None, rows=None):
+    """fn over `calls` on the runner, results in order. A pass run in this process updates the bar as it
+    reads; through Ray, each result updates it by `rows(result)` as it arrives."""
+    tick = progress.update if progress is not None and runner.in_process else None
+
+    def arrived(i, result):
+        if progress is not None and not runner.in_process and rows is not None:
+            progress.update(rows(result))
+        if arrive is not None:
+            arrive(i, result)
+
+    calls = (args + (tick,) if tick is not None else args for args in calls)
+    with contextlib.closing(runner.map(fn, calls, memory)) as results:
+        yield from _in_order(results, arrived)
+
+
+def _checked(block: Block, read: passes.Read, kinds: TimeKinds, opt) -> None:
+    """A block's readings checked against the kind of time of the blocks before it, then its error."""
+    for reading in read.readings:
+        kinds.check(block.path, opt.time_col, reading)
+    if read.error is not None:
+        raise read.error
+
+
+def _next_units(blocks: list[Block], reads: dict[int, passes.Read]) -> list[Block]:
+    """The blocks with the unit of their file's numeric times that the blocks before them settled."""
+    out = list(blocks)
+    for i in range(1, len(out)):
+        if out[i].earlier and out[i].unit is None and reads[i - 1].unit is not None:
+            out[i] = dataclasses.replace(out[i], unit=reads[i - 1].unit)
+    return out
+
+
+@contextlib.contextmanager
+def _runner(config: PrepareConfig):
+    """Where the passes run: this process (parallel 1), else Ray tasks (runners.ray_tasks)."""
+    if config.parallel in (None, 1):
+        yield runners.SerialRunner()
+        return
+    with runners.ray_tasks(config.parallel, config.address) as found:
+        yield found
+
+
+def _ray_memory(runner, wanted: int) -> int:
+    """The memory a Ray task of prepare reserves; refused in one line when no node has that much."""
+    if runner.in_process:
+        return 0
+    largest = runners.largest_node_memory()
+    if largest is not None and wanted > largest:
+        raise UserError(f"a task of prepare needs about {wanted / 2**30:.1f} GiB, and the largest node of the Ray "
+                        f"cluster offers {largest / 2**30:.1f} GiB: give a smaller --memory-budget-bytes")
+    return wanted
+
+
+# ---------------------------------------------------------------------------------------------------
+# Before pass 1: text keys, --window-days's latest time
+# ---------------------------------------------------------------------------------------------------
+
+def _line_bases(blocks: list[Block], runner) -> list[Block]:
+    """Text inputs: each file's first key, after every line of the files before it."""
+    if len(blocks) < 2:
+        return blocks
+    out, lines = list(blocks), 0
+    for i, found in _run(runner, passes.lines, [(b,) for b in blocks]):
+        out[i] = dataclasses.replace(out[i], line_base=lines)
+        lines += found
+    return out
+
+
+def _latest_time(blocks: list[Block], files: list[str], s: Settings, runner, progress) -> tuple[float, list[Block]]:
     """The latest event time of the inputs (a first read of them, for --window-days)."""
-    latest = -np.inf
-    for _, chunk in iter_chunks(files, opt):
-        if chunk.time is not None and len(chunk.time) and np.isfinite(chunk.time).any():
-            latest = max(latest, float(np.nanmax(chunk.time)))
-        bar.update(chunk.rows)
+    kinds, latest, reads = TimeKinds(), -np.inf, {}
+    for i, found in _run(runner, passes.latest, [(b, s) for b in blocks], progress, _ray_memory(runner, 256 << 20),
+                         rows=lambda r: r.rows):
+        _checked(blocks[i], found, kinds, s.opt)
+        latest = max(latest, found.latest)
+        reads[i] = found
     if not np.isfinite(latest):
-        raise CorpusError(f"{_name_files(files)}: no event has a time in '{opt.time_col}'; --window-days needs one")
-    return latest
-
-
-def _windowed(chunks, window: _Window | None, skips: Skips | None = None):
-    """The chunks with the events before the window's start (or without a time) left out."""
-    for path, chunk in chunks:
-        if window is not None:
-            inside = chunk.time >= window.cutoff  # NaN (no time) is outside
-            if not inside.all():
-                if skips is not None:
-                    skips.add("events_outside_window", int(np.count_nonzero(~inside)), path)
-                mask = pa.array(inside)
-                chunk = Chunk(chunk.key.filter(mask), chunk.token.filter(mask), chunk.time[inside], chunk.rows,
-                              chunk.padding)
-        yield path, chunk
+        raise CorpusError(f"{_name_files(files)}: no event has a time in '{s.opt.time_col}'; --window-days needs one")
+    return latest, _next_units(blocks, reads)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Pass 1: counts → vocabulary
 # ---------------------------------------------------------------------------------------------------
-
-class _TokenCounter:
-    """Merges per-batch value_counts. The vocabulary fits in memory; the events need not."""
-
-    def __init__(self):
-        self.parts: list[pa.Table] = []
-        self.pending_rows = 0
-        self.merged_rows = 0
-
-    def add(self, tokens: pa.Array) -> None:
-        if len(tokens) == 0:
-            return
-        vc = pc.value_counts(tokens)
-        self.parts.append(pa.table({"token": vc.field("values"), "count": vc.field("counts")}))
-        self.pending_rows += len(vc)
-        # Merge once the pending parts outgrow the merged table: amortised linear time.
-        if self.pending_rows > max(1 << 20, self.merged_rows):
-            self._merge()
-
-    def _merge(self) -> None:
-        table = pa.concat_tables(self.parts)
-        if len(self.parts) > 1:
-            table = table.group_by("token").aggregate([("count", "sum")]).rename_columns(["token", "count"])
-        self.parts = [table]
-        self.merged_rows = table.num_rows
-        self.pending_rows = 0
-
-    def table(self) -> pa.Table:
-        if not self.parts:
-            return pa.table({"token": pa.array([], pa.string()), "count": pa.array([], pa.int64())})
-        self._merge()
-        return self.parts[0].select(["token", "count"]).cast(pa.schema([("token", pa.string()),
-                                                                        ("count", pa.int64())]))
-
 
 @dataclass
 class _Pass1:
@@ -308,21 +293,27 @@ class _Pass1:
     known_words: int = 0  # of which the base knows (with a base)
 
 
-def _pass1(files: list[str], opt: Options, min_count: int, max_vocab: int | None, bar,
-           base_tokens: pa.Array | None = None, window: _Window | None = None) -> _Pass1:
-    counter = _TokenCounter()
-    skips, notes = Skips(), ReadNotes()
+def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, max_vocab: int | None, runner,
+           progress, base_tokens: pa.Array | None = None) -> tuple[_Pass1, list[Block]]:
+    counter, kinds, skips, notes, reads = TokenCounter(), TimeKinds(), Skips(), ReadNotes(), {}
     rows = events = key_bytes = null_tokens = empty_tokens = 0
-    for _, chunk in _windowed(iter_chunks(files, opt, skips, notes), window, skips):
-        rows += chunk.rows
-        events += len(chunk.token)
-        key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
-        tokens = chunk.token.drop_null()
-        null_tokens += chunk.token.null_count - chunk.padding
-        nonempty = pc.greater(pc.binary_length(tokens), 0)
-        empty_tokens += len(tokens) - (pc.sum(nonempty).as_py() or 0)
-        counter.add(tokens.filter(nonempty))
-        bar.update(chunk.rows)
+
+    def arrive(i, found):  # the counts merge in any order; what they weigh is freed at once
+        if found.counts is not None:
+            counter.add_counts(found.counts)
+            found.counts = None
+
+    for i, found in _run(runner, passes.count, [(b, s) for b in blocks], progress, _ray_memory(runner, 256 << 20),
+                         arrive, rows=lambda r: r.rows):
+        _checked(blocks[i], found, kinds, s.opt)
+        rows += found.rows
+        events += found.events
+        key_bytes += found.key_bytes
+        null_tokens += found.null_tokens
+        empty_tokens += found.empty_tokens
+        skips.merge(found.skips)
+        notes.merge(found.notes)
+        reads[i] = found
     if rows == 0:
         raise CorpusError(f"{_name_files(files)}: the inputs hold no rows"
                           + (" (every file is empty)" if skips.counts["empty_files"] == len(files) else ""))
@@ -356,7 +347,8 @@ def _pass1(files: list[str], opt: Options, min_count: int, max_vocab: int | None
     vocab = vocab.append_column("id", pa.array(np.arange(vocab.num_rows, dtype=np.int32)))
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
-    return _Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words)
+    return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words),
+            _next_units(blocks, reads))
 
 
 def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_events: int = 0) -> int:
@@ -372,121 +364,15 @@ def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_e
 
 
 # ---------------------------------------------------------------------------------------------------
-# Pass 2: events → bucket spill files
+# Passes 2 and 3: spills → shards, then the files made of every bucket's parts
 # ---------------------------------------------------------------------------------------------------
 
-def _keep_mask(key: pa.Array, ids: np.ndarray) -> np.ndarray:
-    """Rows worth spilling: every in-vocabulary event, plus the first row of each key that has none
-    in this batch, so pass 3 still knows the document exists (and can report it as empty)."""
-    keep = ids >= 0
-    if keep.all():
-        return keep
-    lost = ~keep
-    lost_keys = key.filter(pa.array(lost))
-    orphan = ~pc.is_in(lost_keys, value_set=key.filter(pa.array(keep))).to_numpy(zero_copy_only=False)
-    if orphan.any():
-        rows = np.flatnonzero(lost)[orphan]
-        codes = pc.dictionary_encode(key.take(pa.array(rows))).indices.to_numpy()
-        _, first = np.unique(codes, return_index=True)
-        keep[rows[first]] = True
-    return keep
-
-
-def _pass2(files: list[str], opt: Options, token_ids: TokenIds, buckets: int, spill_dir: str,
-           bar, base: _Base | None = None, join: bool = True, window: _Window | None = None) -> list[str]:
-    # with a base: a time for every event (a base's own tokens sort before the new events: -inf) and
-    # the base id of the document each row belongs to (-1: a new event)
-    timed = opt.time_col is not None or base is not None
-    fields = [("key", pa.string()), ("token", pa.int32())] + ([("time", pa.float64())] if timed else []) \
-        + ([("base", pa.int64())] if base is not None else [])
-    schema = pa.schema(fields)
-    paths = [os.path.join(spill_dir, f"bucket-{b:05d}.arrows") for b in range(buckets)]
-    sinks = [pa.OSFile(p, "wb") for p in paths]
-    writers = [pa.ipc.new_stream(s, schema) for s in sinks]
-
-    def spill(batch: pa.RecordBatch) -> None:
-        if buckets == 1:
-            writers[0].write_batch(batch)
-            return
-        # Hash each distinct key once; a stable sort by bucket keeps input order inside one.
-        encoded = pc.dictionary_encode(batch.column(0))
-        bucket = (hash_strings(encoded.dictionary) % np.uint64(buckets)).astype(np.int64)
-        bucket = bucket[encoded.indices.to_numpy()]
-        order = np.argsort(bucket, kind="stable")
-        bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
-        batch = batch.take(pa.array(order))
-        for b in np.flatnonzero(np.diff(bounds)):
-            writers[b].write_batch(batch.slice(bounds[b], bounds[b + 1] - bounds[b]))
-
-    try:
-        for _, chunk in _windowed(iter_chunks(files, opt), window):
-            ids = token_ids.lookup(chunk.token)
-            keep = _keep_mask(chunk.key, ids)
-            columns = [chunk.key, pa.array(ids)]
-            if timed:
-                columns.append(pa.array(chunk.time if chunk.time is not None else np.zeros(len(ids))))
-            if base is not None:
-                columns.append(pa.array(np.full(len(ids), -1, np.int64)))
-            batch = pa.RecordBatch.from_arrays(columns, schema=schema)
-            spill(batch if keep.all() else batch.filter(pa.array(keep)))
-            bar.update(chunk.rows)
-        if base is not None:
-            for key, token, doc in base.rows(join):
-                spill(pa.RecordBatch.from_arrays([key, pa.array(token, pa.int32()), pa.array(np.full(len(token), -np.inf)),
-                                                  pa.array(doc)], schema=schema))
-    finally:
-        for w, s in zip(writers, sinks):
-            w.close()
-            s.close()
-    return paths
-
-
-# ---------------------------------------------------------------------------------------------------
-# Pass 3: bucket → documents → shard
-# ---------------------------------------------------------------------------------------------------
-
-def hold_out(codes: np.ndarray, tokens: np.ndarray, key_hash: np.ndarray, vocab_size: int,
-             fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Pick each document's hidden distinct tokens; vectorised over the whole bucket.
-
-    codes/tokens are a bucket's events (doc code, word id), grouped by code. Returns the mask of
-    events to keep for training, the hidden (code, word id) pairs, and how many documents have a
-    single distinct token, so nothing hidden (a single-event user keeps its event for training).
-    The draw for (doc, token) is a hash of (seed, key, token), so it depends neither on the bucket
-    count nor on the other documents.
-    """
-    pair = codes.astype(np.int64) * vocab_size + tokens
-    uniq, inverse = np.unique(pair, return_inverse=True)
-    pair_doc, pair_tok = uniq // vocab_size, uniq % vocab_size
-    ndocs = len(key_hash)
-    distinct = np.bincount(pair_doc, minlength=ndocs)
-    hide = np.where(distinct >= 2,
-                    np.clip(np.floor(fraction * distinct + 0.5), 1, distinct - 1), 0).astype(np.int64)
-    draw = mix64(key_hash[pair_doc] ^ mix64(pair_tok.astype(np.uint64)
-                                              + mix64(np.array([seed & (2**64 - 1)], np.uint64))[0]))
-    order = np.lexsort((pair_tok, draw, pair_doc))  # by doc, then by draw
-    group_start = np.concatenate([[0], np.cumsum(distinct)[:-1]])
-    rank = np.empty(len(uniq), np.int64)
-    rank[order] = np.arange(len(uniq)) - group_start[pair_doc[order]]
-    hidden = rank < hide[pair_doc]
-    return ~hidden[inverse], pair_doc[hidden], pair_tok[hidden], int(np.count_nonzero(distinct == 1))
-
-
-def _duplicates(codes: np.ndarray, tokens: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Mask of the events that repeat an earlier one's (doc, token, time) exactly; the first stays.
-
-    A missing time (NaN) equals nothing, so events without a time are never duplicates.
-    """
-    n = len(codes)
-    if n < 2:
-        return np.zeros(n, bool)
-    order = np.lexsort((np.arange(n), tokens, times, codes))  # equal triples adjacent, earliest first
-    same = ((codes[order[1:]] == codes[order[:-1]]) & (tokens[order[1:]] == tokens[order[:-1]])
-            & (times[order[1:]] == times[order[:-1]]))
-    duplicate = np.zeros(n, bool)
-    duplicate[order[1:][same]] = True
-    return duplicate
-
+def _pass2(parts: list, s: Settings, runner, progress, memory: int) -> list[passes.Spilled]:
+    spills: list[passes.Spilled] = [None] * len(parts)
+    for i, found in _run(runner, passes.spill, [(part, i, s) for i, part in enumerate(parts)], progress, memory,
+                         rows=lambda r: r.rows):
+        spills[i] = found
+    return spills
 
 
 @dataclass
@@ -500,133 +386,101 @@ class _Pass3:
     duplicate_events: int
     docs_with_one_token: int     # before the held-out split
     docs_without_heldout: int    # fewer than 2 distinct tokens: nothing to hide
+    first_ids: list[int]         # each bucket's first new document's id
     time_range: list | None = None   # earliest and latest event time kept (seconds), with a time column
     refresh: dict | None = None      # with a base: what is new, what grew, what no longer appears
 
 
-def _pass3(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, holdout: float,
-           holdout_path: str | None, seed: int, bar, base: _Base | None = None) -> _Pass3:
-    vocab_size = len(vocab_tokens)
-    counts = np.zeros(vocab_size, np.int64)
-    shards, empty_docs, heldout = [], 0, 0
-    duplicates = single = nothing_hidden = 0
-    first_time, last_time = np.inf, -np.inf
-    early = 0  # input events at or before the base's latest time
-    input_users = known_input_users = 0  # with a base: users in the inputs, and those it knows
-    hold_writer = pq.ParquetWriter(holdout_path, HOLDOUT_SCHEMA) if holdout_path else None
-    # with a base, its documents keep their ids (docs.arrow: its rows with new lengths, then the new
-    # users in id order); new events are counted apart for the report
+def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, progress, memory: int,
+           rows: int, base: Base | None) -> _Pass3:
+    """Every bucket's shard, numbered in bucket order: a bucket's new documents after the earlier
+    buckets'. A bucket that ran before its first id was known is renumbered (passes.renumber)."""
+    counts, new_word_counts = np.zeros(vocab_size, np.int64), np.zeros(vocab_size, np.int64)
     next_id = base.num_docs if base is not None else 0
-    base_lengths = np.zeros(base.num_docs if base is not None else 0, np.int64)
-    grown = np.zeros(len(base_lengths), bool)
-    new_word_counts = np.zeros(vocab_size, np.int64)
-    docs_file = os.path.join(tmp, "docs.arrow" if base is None else "new-docs.arrow")
-    try:
-        with pa.OSFile(docs_file, "wb") as docs_sink, pa.ipc.new_file(docs_sink, DOCS_SCHEMA) as docs_writer:
-            for b, spill in enumerate(spills):
-                with pa.OSFile(spill, "rb") as source:
-                    table = pa.ipc.open_stream(source).read_all()
-                os.remove(spill)  # frees disk as we go: the shard takes its place
-                # large_string: a bucket's keys may pass 2 GiB of text when the budget is big.
-                keys = table["key"].cast(pa.large_string()).combine_chunks()
-                encoded = pc.dictionary_encode(keys)
-                # Codes follow first appearance (the spill is in input order), and so do doc ids.
-                uniq_keys = encoded.dictionary
-                codes = encoded.indices.to_numpy()
-                tokens = table["token"].to_numpy()
-                timed = "time" in table.column_names
-                if timed:
-                    times = table["time"].to_numpy()
-                    order = np.lexsort((times, codes))  # stable: ties keep input order; a base's tokens first
-                else:
-                    order = np.argsort(codes, kind="stable")
-                base_of_code = None
-                if base is not None:
-                    rows_base = table["base"].to_numpy()[order]
-                    base_of_code = np.full(len(uniq_keys), -1, np.int64)
-                    known = rows_base >= 0
-                    base_of_code[codes[order][known]] = rows_base[known]
-                    in_inputs = np.zeros(len(uniq_keys), bool)
-                    in_inputs[codes[order][~known]] = True
-                    input_users += int(np.count_nonzero(in_inputs))
-                    known_input_users += int(np.count_nonzero(in_inputs & (base_of_code >= 0)))
-                del table, keys, encoded
-                codes, tokens = codes[order], tokens[order]
-                in_vocab = tokens >= 0  # out of the vocabulary, or a base document's marker row
-                codes, tokens = codes[in_vocab], tokens[in_vocab]
-                if timed:
-                    times = times[order][in_vocab]
-                fresh = None  # the events the base did not have: after its latest time, when it had times
-                if base is not None:
-                    fresh = rows_base[in_vocab] < 0
-                    if base.latest_time is not None and has_time:
-                        early += int(np.count_nonzero(fresh & (times <= base.latest_time)))
-                        fresh &= ~(times <= base.latest_time)
-                if has_time:
-                    # Without a time, a repeated (user, URL) is a repeated visit and stays; with
-                    # one, an identical (user, URL, time) is the same event logged twice. (A base's
-                    # tokens have no time: they are never duplicates.)
-                    duplicate = _duplicates(codes, tokens, np.where(fresh, times, np.nan) if base is not None else times)
-                    if duplicate.any():
-                        duplicates += int(np.count_nonzero(duplicate))
-                        codes, tokens, times = codes[~duplicate], tokens[~duplicate], times[~duplicate]
-                        if fresh is not None:
-                            fresh = fresh[~duplicate]
-                    seen = times[np.isfinite(times)]
-                    if len(seen):
-                        first_time, last_time = min(first_time, float(seen.min())), max(last_time, float(seen.max()))
-                if timed:
-                    del times
-                single += int(np.count_nonzero(np.bincount(codes, minlength=len(uniq_keys)) == 1))
-                if holdout > 0 and len(codes):
-                    keep, hid_doc, hid_tok, kept_whole = hold_out(codes, tokens, hash_strings(uniq_keys),
-                                                                  vocab_size, holdout, seed)
-                    nothing_hidden += kept_whole
-                    codes, tokens = codes[keep], tokens[keep]
-                    heldout += len(hid_doc)
-                    hold_writer.write_table(pa.table(
-                        {"key": uniq_keys.take(pa.array(hid_doc)).cast(pa.string()),
-                         "token": vocab_tokens.take(pa.array(hid_tok))}, schema=HOLDOUT_SCHEMA))
-                lengths = np.bincount(codes, minlength=len(uniq_keys))
-                counts += np.bincount(tokens, minlength=vocab_size)
-                if base is None:
-                    present = np.flatnonzero(lengths)
-                    doc_ids = np.arange(next_id, next_id + len(present), dtype=np.int64)
-                    new = present
-                else:
-                    new_word_counts += np.bincount(tokens[fresh], minlength=vocab_size)
-                    ours = base_of_code >= 0
-                    base_lengths[base_of_code[ours]] = lengths[ours]
-                    grown[base_of_code[ours & (np.bincount(codes[fresh], minlength=len(uniq_keys)) > 0)]] = True
-                    new = np.flatnonzero(~ours & (lengths > 0))
-                    present = np.flatnonzero(lengths)  # the shard's documents; a base's empty ones keep their row
-                    doc_ids = base_of_code[present].copy()
-                    doc_ids[~ours[present]] = np.arange(next_id, next_id + len(new), dtype=np.int64)
-                empty_docs += len(uniq_keys) - len(present) - (int(np.count_nonzero(base_of_code[lengths == 0] >= 0))
-                                                               if base is not None else 0)
-                next_id += len(new)
-                shards.append(write_shard(tmp, b, doc_ids, lengths[present], tokens))
-                new_ids = doc_ids if base is None else doc_ids[~ours[present]]
-                for s in range(0, len(new), 1 << 20):
-                    sl = slice(s, s + (1 << 20))
-                    docs_writer.write_batch(pa.RecordBatch.from_arrays(
-                        [uniq_keys.take(pa.array(new[sl])).cast(pa.string()),
-                         pa.array(new_ids[sl]), pa.array(lengths[new[sl]].astype(np.int64))], schema=DOCS_SCHEMA))
-                bar.update(1)
-    finally:
-        if hold_writer is not None:
-            hold_writer.close()
+    numbered = 0  # buckets whose results are in, in order: the next one's first id is known
+    first_ids, shards, renumber = [], [], []
+    total = dict.fromkeys(("empty", "heldout", "duplicates", "single", "nothing_hidden", "early", "input_users",
+                           "known_input_users"), 0)
+    first_time, last_time = np.inf, -np.inf
+    base_lengths = base.docs.column("length").to_numpy().copy() if base is not None else None
+    grown = np.zeros(base.num_docs if base is not None else 0, bool)
+
+    def calls():
+        for b in range(s.buckets):
+            here = [(sp.path, np.flatnonzero(sp.buckets == b)) for sp in spills]
+            yield b, [(path, found) for path, found in here if len(found)], s, next_id if numbered == b else None
+
+    for b, found in _run(runner, passes.shard, calls(), memory=memory):
+        progress.update(rows / s.buckets)
+        first_ids.append(next_id)
+        if found.renumber:
+            renumber.append((os.path.join(s.tmp, found.shard["path"]), next_id))
+        next_id += found.new_docs
+        numbered = b + 1
+        shards.append(found.shard)
+        counts[found.counts[0]] += found.counts[1]
+        for key in total:
+            total[key] += getattr(found, key)
+        if found.time_range is not None:
+            first_time, last_time = min(first_time, found.time_range[0]), max(last_time, found.time_range[1])
+        if base is not None:
+            new_word_counts[found.new_words[0]] += found.new_words[1]
+            base_lengths[found.base_ids] = found.base_lengths
+            grown[found.grown] = True
+    for _ in _run(runner, passes.renumber, renumber):
+        pass
     refresh = None
     if base is not None:
-        _write_refreshed_docs(tmp, base, base_lengths, docs_file)
-        refresh = _refresh_summary(tmp, base, next_id, grown, base_lengths, new_word_counts, counts, early,
-                                   input_users, known_input_users)
+        _write_refreshed_docs(s, base, base_lengths, first_ids)
+        refresh = _refresh_summary(s.tmp, base, next_id, grown, base_lengths, new_word_counts, counts,
+                                   total["early"], total["input_users"], total["known_input_users"])
+    else:
+        _write_docs(s, first_ids)
     time_range = [first_time, last_time] if np.isfinite(first_time) else None
-    return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, heldout, duplicates, single,
-                  nothing_hidden, time_range, refresh)
+    return _Pass3(shards, next_id, int(counts.sum()), counts, total["empty"], total["heldout"], total["duplicates"],
+                  total["single"], total["nothing_hidden"], first_ids, time_range, refresh)
 
 
-def _refresh_summary(tmp: str, base: _Base, num_docs: int, grown: np.ndarray, base_lengths: np.ndarray,
+def _new_docs(s: Settings, first_ids: list[int]):
+    """Record batches of docs.arrow's new documents, bucket after bucket, with their ids."""
+    for b, first in enumerate(first_ids):
+        reader = pa.ipc.open_file(pa.memory_map(passes.docs_part(s, b)))
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            yield pa.RecordBatch.from_arrays(
+                [batch.column(0), pa.array(np.arange(first, first + batch.num_rows, dtype=np.int64)),
+                 batch.column(1)], schema=DOCS_SCHEMA)
+            first += batch.num_rows
+
+
+def _write_docs(s: Settings, first_ids: list[int]) -> None:
+    with pa.OSFile(os.path.join(s.tmp, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, DOCS_SCHEMA) as writer:
+        for batch in _new_docs(s, first_ids):
+            writer.write_batch(batch)
+
+
+def _write_refreshed_docs(s: Settings, base: Base, lengths: np.ndarray, first_ids: list[int]) -> None:
+    """docs.arrow of a refreshed corpus, sorted by id: the base's rows (keys and ids as they were,
+    the new lengths), then the new users'."""
+    with pa.OSFile(os.path.join(s.tmp, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, DOCS_SCHEMA) as writer:
+        for batch in base.docs.to_batches(max_chunksize=1 << 20):
+            start = batch.column(1)[0].as_py()
+            writer.write_batch(pa.RecordBatch.from_arrays(
+                [batch.column(0), batch.column(1), pa.array(lengths[start:start + batch.num_rows])], schema=DOCS_SCHEMA))
+        for batch in _new_docs(s, first_ids):
+            writer.write_batch(batch)
+
+
+def _write_heldout(s: Settings, path: str) -> None:
+    """The held-out file: every bucket's hidden pairs, bucket after bucket."""
+    with pq.ParquetWriter(path, HOLDOUT_SCHEMA) as writer:
+        for b in range(s.buckets):
+            part = passes.heldout_part(s, b)
+            if os.path.exists(part):
+                writer.write_table(pa.ipc.open_file(pa.memory_map(part)).read_all())
+
+
+def _refresh_summary(tmp: str, base: Base, num_docs: int, grown: np.ndarray, base_lengths: np.ndarray,
                      new_word_counts: np.ndarray, counts: np.ndarray, early: int, input_users: int,
                      known_input_users: int) -> dict:
     """changed.arrow (the new users and those with new events), and corpus.json's "refresh" counts."""
@@ -642,148 +496,63 @@ def _refresh_summary(tmp: str, base: _Base, num_docs: int, grown: np.ndarray, ba
             "events_not_after_base": early, "input_users": input_users, "known_input_users": known_input_users}
 
 
-def _whole_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A shard file's (doc_ids, offsets, tokens), every document of it."""
-    parts = list(iter_shard(path, max_tokens=1 << 62))
-    if not parts:
-        return np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32)
-    ids = np.concatenate([p[0] for p in parts])
-    sizes = np.concatenate([np.diff(p[1]) for p in parts])
-    return ids, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.concatenate([p[2] for p in parts])
-
-
-def _pass3_join(spills: list[str], tmp: str, vocab_tokens: pa.Array, has_time: bool, bar, base: _Base) -> _Pass3:
-    """Pass 3 of a refresh that joins new events to the documents (prepare --base without a window),
-    when the base's shards are by key hash ("shards_by" in its corpus.json): bucket b's new events can
-    only be those of base shard b's users (or of its users with an empty document, or of new users),
-    so each base shard is read once and written again with each user's new events after its tokens,
-    then the new users. The base's tokens are never spilled, sorted or grouped again: the cost is
-    the new events' plus one copy of the corpus (the general path, _pass3, re-buckets everything)."""
-    vocab_size, buckets = len(vocab_tokens), len(spills)
-    counts, new_word_counts = np.zeros(vocab_size, np.int64), np.zeros(vocab_size, np.int64)
-    base_keys = base.docs.column("key")
-    base_lengths = base.docs.column("length").to_numpy().copy()
-    grown = np.zeros(base.num_docs, bool)
-    empty = np.flatnonzero(base_lengths == 0)  # known users with no token (a window's): in no shard
-    empty_bucket = (hash_strings(base_keys.take(pa.array(empty)).combine_chunks()) % np.uint64(buckets)).astype(np.int64)
-    shards, next_id, empty_docs, duplicates, single, early = [], base.num_docs, 0, 0, 0, 0
-    input_users = known_input_users = 0  # users in the inputs (every key of a bucket), and those the base knows
-    first_time, last_time = np.inf, -np.inf
-    docs_file = os.path.join(tmp, "new-docs.arrow")
-    with pa.OSFile(docs_file, "wb") as docs_sink, pa.ipc.new_file(docs_sink, DOCS_SCHEMA) as docs_writer:
-        for b, spill in enumerate(spills):
-            with pa.OSFile(spill, "rb") as source:
-                table = pa.ipc.open_stream(source).read_all()
-            os.remove(spill)
-            encoded = pc.dictionary_encode(table["key"].cast(pa.large_string()).combine_chunks())
-            uniq_keys, codes, tokens = encoded.dictionary, encoded.indices.to_numpy(), table["token"].to_numpy()
-            times = table["time"].to_numpy() if has_time else None
-            order = np.lexsort((times, codes)) if has_time else np.argsort(codes, kind="stable")
-            codes, tokens = codes[order], tokens[order]
-            in_vocab = tokens >= 0
-            codes, tokens = codes[in_vocab], tokens[in_vocab]
-            fresh = np.ones(len(codes), bool)  # events the base did not have: after its latest time
-            if has_time:
-                times = times[order][in_vocab]
-                duplicate = _duplicates(codes, tokens, times)
-                if duplicate.any():
-                    duplicates += int(np.count_nonzero(duplicate))
-                    codes, tokens, times = codes[~duplicate], tokens[~duplicate], times[~duplicate]
-                    fresh = fresh[~duplicate]
-                seen = times[np.isfinite(times)]
-                if len(seen):
-                    first_time, last_time = min(first_time, float(seen.min())), max(last_time, float(seen.max()))
-                if base.latest_time is not None:
-                    fresh = ~(times <= base.latest_time)
-                    early += int(np.count_nonzero(~fresh))
-            del table, encoded, order
-            # the base's users this bucket can hold: shard b's, and its users with an empty document
-            shard_ids, shard_offsets, shard_tokens = _whole_shard(base.corpus.shard_paths[b])
-            shard_keys = base_keys.take(pa.array(shard_ids)).combine_chunks()
-            if buckets > 1 and (hash_strings(shard_keys) % np.uint64(buckets) != b).any():
-                raise CorpusError(f"{base.corpus.shard_paths[b]}: holds users whose keys hash to another shard, "
-                                  f"though {base.corpus.path}/corpus.json says its shards are by key hash")
-            empties = empty[empty_bucket == b]
-            known_ids = np.concatenate([shard_ids, empties])
-            position = pc.index_in(uniq_keys, value_set=pa.concat_arrays(
-                [shard_keys.cast(pa.large_string()), base_keys.take(pa.array(empties)).combine_chunks().cast(
-                    pa.large_string())])).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-            added = np.bincount(codes, minlength=len(uniq_keys))  # new tokens of each key
-            known = position >= 0
-            input_users += len(uniq_keys)
-            known_input_users += int(np.count_nonzero(known))
-            grown[known_ids[position[known & (np.bincount(codes[fresh], minlength=len(uniq_keys)) > 0)]]] = True
-            # each base document of the shard, then its new events: written to their places in one array
-            n_shard = len(shard_ids)
-            adds = np.zeros(len(known_ids), np.int64)
-            adds[position[known]] = added[known]
-            old_lengths = np.diff(shard_offsets)
-            lengths = old_lengths + adds[:n_shard]
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            token_position = position[codes]
-            known_tokens = token_position >= 0
-            additions = tokens[known_tokens][np.argsort(token_position[known_tokens], kind="stable")]
-            merged = np.empty(int(offsets[-1]), np.int32)
-            merged[np.arange(len(shard_tokens)) + np.repeat(offsets[:-1] - shard_offsets[:-1], old_lengths)] = shard_tokens
-            into = adds[:n_shard]
-            in_place = int(into.sum())
-            merged[np.repeat(offsets[:-1] + old_lengths, into)
-                   + np.arange(in_place) - np.repeat(np.cumsum(into) - into, into)] = additions[:in_place]
-            # then users whose document was empty and is not now, then new users
-            refilled = np.flatnonzero(adds[n_shard:] > 0)
-            new_codes = np.flatnonzero(~known & (added > 0))
-            empty_docs += int(np.count_nonzero(~known & (added == 0)))
-            new_ids = np.arange(next_id, next_id + len(new_codes), dtype=np.int64)
-            next_id += len(new_codes)
-            doc_ids = np.concatenate([shard_ids, empties[refilled], new_ids])
-            doc_lengths = np.concatenate([lengths, adds[n_shard:][refilled], added[new_codes]])
-            words = np.concatenate([merged, additions[in_place:], tokens[~known_tokens]])
-            shards.append(write_shard(tmp, b, doc_ids, doc_lengths, words))
-            counts += np.bincount(words, minlength=vocab_size)
-            new_word_counts += np.bincount(tokens[fresh], minlength=vocab_size)
-            base_lengths[shard_ids] = lengths
-            base_lengths[empties[refilled]] = adds[n_shard:][refilled]
-            single += int(np.count_nonzero(doc_lengths == 1))
-            for s in range(0, len(new_codes), 1 << 20):
-                sl = slice(s, s + (1 << 20))
-                docs_writer.write_batch(pa.RecordBatch.from_arrays(
-                    [uniq_keys.take(pa.array(new_codes[sl])).cast(pa.string()), pa.array(new_ids[sl]),
-                     pa.array(added[new_codes[sl]].astype(np.int64))], schema=DOCS_SCHEMA))
-            bar.update(1)
-    _write_refreshed_docs(tmp, base, base_lengths, docs_file)
-    refresh = _refresh_summary(tmp, base, next_id, grown, base_lengths, new_word_counts, counts, early,
-                               input_users, known_input_users)
-    time_range = [first_time, last_time] if np.isfinite(first_time) else None
-    return _Pass3(shards, next_id, int(counts.sum()), counts, empty_docs, 0, duplicates, single, 0, time_range,
-                  refresh)
-
-
-def _write_refreshed_docs(tmp: str, base: _Base, lengths: np.ndarray, new_docs: str) -> None:
-    """docs.arrow of a refreshed corpus, sorted by id: the base's rows (keys and ids as they were,
-    the new lengths), then the new users', streamed from the file pass 3 wrote them to."""
-    with pa.OSFile(os.path.join(tmp, "docs.arrow"), "wb") as sink, pa.ipc.new_file(sink, DOCS_SCHEMA) as writer:
-        for batch in base.docs.to_batches(max_chunksize=1 << 20):
-            start = batch.column(1)[0].as_py()
-            writer.write_batch(pa.RecordBatch.from_arrays(
-                [batch.column(0), batch.column(1), pa.array(lengths[start:start + batch.num_rows])], schema=DOCS_SCHEMA))
-        reader = pa.ipc.open_file(pa.memory_map(new_docs))
-        for i in range(reader.num_record_batches):
-            writer.write_batch(reader.get_batch(i))
-    os.remove(new_docs)
-
-
 # ---------------------------------------------------------------------------------------------------
 # prepare
 # ---------------------------------------------------------------------------------------------------
 
-def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str = "user_id",
-            token_col: str = "url", time_col: str | None = None, min_count: int = 1,
-            max_vocab: int | None = None, holdout: float = 0.0, holdout_out: str | None = None,
-            seed: int = 1, num_shards: int | None = None, overwrite: bool = False,
-            progress: bool = True, memory_budget_bytes: int = 1 << 30, report: bool | None = None,
-            base: str | None = None, window_days: float | None = None, time_unit: str | None = None,
-            delimiter: str | None = None) -> Corpus:
-    """Build a corpus directory at `out` from the inputs (see the module docstring) and open it.
+def _check(c: PrepareConfig, out: str) -> Base | None:
+    """The settings checked against each other, and the base opened: before anything is read."""
+    if c.format not in FORMATS:
+        raise CorpusError(f"format '{c.format}' is not one of {', '.join(FORMATS)}")
+    if c.time_col and c.format != "events":
+        raise CorpusError(f"time_col '{c.time_col}' applies to --format events only, not {c.format}")
+    if c.min_count < 1:
+        raise CorpusError(f"min_count must be >= 1, not {c.min_count}")
+    if c.max_vocab is not None and c.max_vocab < 1:
+        raise CorpusError(f"max_vocab must be >= 1, not {c.max_vocab}")
+    if c.num_shards is not None and c.num_shards < 1:
+        raise CorpusError(f"num_shards must be >= 1, not {c.num_shards}")
+    if c.memory_budget_bytes < 1:
+        raise CorpusError(f"memory_budget_bytes must be >= 1, not {c.memory_budget_bytes}")
+    if c.parallel is not None and c.parallel < 0:
+        raise CorpusError(f"--parallel must be >= 0 (0: a task per CPU of the Ray cluster), not {c.parallel}")
+    if not 0 <= c.holdout < 1:
+        raise CorpusError(f"holdout must lie in [0, 1), not {c.holdout}")
+    if c.holdout > 0 and not c.holdout_out:
+        raise CorpusError("holdout > 0 needs holdout_out, the Parquet file for the hidden tokens")
+    if c.holdout == 0 and c.holdout_out:
+        raise CorpusError(f"{c.holdout_out}: holdout_out is given but holdout is 0")
+    if c.window_days is not None and not (c.window_days > 0 and c.time_col):
+        raise CorpusError("--window-days needs a time column (--time-col) and a number of days > 0"
+                          if not c.time_col else f"--window-days must be > 0, not {c.window_days}")
+    if c.time_unit is not None and (c.time_unit not in TIME_UNITS or not c.time_col):
+        raise CorpusError(f"--time-unit must be one of {', '.join(TIME_UNITS)}, not {c.time_unit!r}"
+                          if c.time_unit not in TIME_UNITS else "--time-unit needs a time column (--time-col)")
+    if c.base is None:
+        return None
+    if c.format == "text":
+        raise CorpusError("--base with --format text: a text document's key is its line number, so new lines "
+                          "cannot join the documents of earlier ones; use --format lists or events")
+    if c.holdout > 0:
+        raise CorpusError("--base with --holdout: the base's users were trained on everything they had; hold "
+                          "events out of the inputs before preparing the base instead")
+    if os.path.abspath(os.fspath(c.base)).rstrip(os.sep) == out:
+        raise CorpusError(f"{out}: --out is the --base; a refresh writes a new corpus and never changes its base")
+    found = open_base(c.base, join=c.window_days is None)
+    base_range, base_unit, read_as = stored_time_range(found.meta)
+    if c.time_col and base_unit == ORDER:
+        raise CorpusError(f"{found.path}: its times {base_range} are numbers that only order events, no "
+                          "epoch time, so new events cannot be told from those it has: prepare the base again "
+                          "with --time-unit, or refresh without --time-col")
+    if read_as and c.time_col:
+        log.info(f"{found.path}: its corpus.json predates time units; its time range read as {read_as}")
+    return found
+
+
+def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *, overwrite: bool = False,
+            progress: bool = True, report: bool | None = None) -> Corpus:
+    """Build a corpus directory at `out` from the inputs (see the module docstring) as `config` says,
+    and open it.
 
     With holdout=F > 0, each document with at least 2 distinct tokens has max(1, round(F × distinct))
     of them (never all: at least one stays) removed from its training tokens and written as
@@ -811,60 +580,25 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     "order" when the times were numbers that only order events (refused with window_days or base);
     "time_read" says how each file's times were read. delimiter: of CSV/TSV fields (default ',' for
     .csv, a tab for .tsv).
-    """
-    if format not in FORMATS:
-        raise CorpusError(f"format '{format}' is not one of {', '.join(FORMATS)}")
-    if time_col and format != "events":
-        raise CorpusError(f"time_col '{time_col}' applies to --format events only, not {format}")
-    if min_count < 1:
-        raise CorpusError(f"min_count must be >= 1, not {min_count}")
-    if max_vocab is not None and max_vocab < 1:
-        raise CorpusError(f"max_vocab must be >= 1, not {max_vocab}")
-    if num_shards is not None and num_shards < 1:
-        raise CorpusError(f"num_shards must be >= 1, not {num_shards}")
-    if not 0 <= holdout < 1:
-        raise CorpusError(f"holdout must lie in [0, 1), not {holdout}")
-    if holdout > 0 and not holdout_out:
-        raise CorpusError("holdout > 0 needs holdout_out, the Parquet file for the hidden tokens")
-    if holdout == 0 and holdout_out:
-        raise CorpusError(f"{holdout_out}: holdout_out is given but holdout is 0")
-    if window_days is not None and not (window_days > 0 and time_col):
-        raise CorpusError("--window-days needs a time column (--time-col) and a number of days > 0"
-                          if not time_col else f"--window-days must be > 0, not {window_days}")
-    if time_unit is not None and (time_unit not in TIME_UNITS or not time_col):
-        raise CorpusError(f"--time-unit must be one of {', '.join(TIME_UNITS)}, not {time_unit!r}"
-                          if time_unit not in TIME_UNITS else "--time-unit needs a time column (--time-col)")
-    delimiter = csv_delimiter(delimiter)
-    out = os.path.abspath(os.fspath(out)).rstrip(os.sep)
-    found_base = None
-    if base is not None:
-        if format == "text":
-            raise CorpusError("--base with --format text: a text document's key is its line number, so new lines "
-                              "cannot join the documents of earlier ones; use --format lists or events")
-        if holdout > 0:
-            raise CorpusError("--base with --holdout: the base's users were trained on everything they had; hold "
-                              "events out of the inputs before preparing the base instead")
-        if os.path.abspath(os.fspath(base)).rstrip(os.sep) == out:
-            raise CorpusError(f"{out}: --out is the --base; a refresh writes a new corpus and never changes its base")
-        found_base = open_base(base, join=window_days is None)
-        base_range, base_unit, read_as = stored_time_range(found_base.meta)
-        if time_col and base_unit == ORDER:
-            raise CorpusError(f"{found_base.path}: its times {base_range} are numbers that only order events, no "
-                              "epoch time, so new events cannot be told from those it has: prepare the base again "
-                              "with --time-unit, or refresh without --time-col")
-        if read_as and time_col:
-            log.info(f"{found_base.path}: its corpus.json predates time units; its time range read as {read_as}")
-    outputs.check_dir(out, "corpus", overwrite)  # only a corpus of ours is replaced, and only when asked
-    if holdout_out:
-        outputs.check_file(os.path.abspath(holdout_out), "heldout", overwrite)
-    for path in (out, holdout_out):  # a read-only or forbidden place is named before any reading
-        outputs.check_writable(path)
-    files = expand_inputs(inputs, format)
-    opt = Options(format, doc_col, token_col, time_col if format == "events" else None, time_unit, delimiter,
-                  "--window-days" if window_days is not None else "--base" if base is not None else None)
 
-    hold_final = os.path.abspath(holdout_out) if holdout_out else None
-    bars = {"file": sys.stderr, "disable": not progress, "dynamic_ncols": True}
+    parallel: 1 (or None) runs the passes in this process; N > 1 as Ray tasks, N at a time, on the Ray
+    this process is connected to, else the cluster at `address` (or RAY_ADDRESS), else a local Ray of N
+    CPUs started here; 0 as many at a time as the cluster has CPUs. The corpus is the same.
+    """
+    c = dataclasses.replace(config) if config is not None else PrepareConfig()
+    delimiter = csv_delimiter(c.delimiter)
+    out = os.path.abspath(os.fspath(out)).rstrip(os.sep)
+    found_base = _check(c, out)
+    outputs.check_dir(out, "corpus", overwrite)  # only a corpus of ours is replaced, and only when asked
+    if c.holdout_out:
+        outputs.check_file(os.path.abspath(c.holdout_out), "heldout", overwrite)
+    for path in (out, c.holdout_out):  # a read-only or forbidden place is named before any reading
+        outputs.check_writable(path)
+    files = expand_inputs(inputs, c.format)
+    opt = Options(c.format, c.doc_col, c.token_col, c.time_col if c.format == "events" else None, c.time_unit,
+                  delimiter, "--window-days" if c.window_days is not None else "--base" if c.base is not None else None)
+    blocks = plan_blocks(files, opt)
+    hold_final = os.path.abspath(c.holdout_out) if c.holdout_out else None
     made: list[str] = []  # directories we create for the outputs, removed again on failure
     try:
         made += outputs.make_dirs(os.path.dirname(out))
@@ -873,70 +607,10 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
         # Both outputs appear whole or not at all, and replace only what was checked at the start (a
         # corpus or held-out file of ours, or nothing): the corpus is committed first, then the file.
         with (outputs.replacing(hold_final, "heldout", overwrite) if hold_final
-              else contextlib.nullcontext()) as held, outputs.replacing(out, "corpus", overwrite) as staged:
-            tmp, hold_tmp = staged.path, held.path if held else None
-            window = None
-            if window_days is not None:
-                with tqdm(desc="prepare 0/3 latest time", unit=" rows", unit_scale=True, **bars) as bar:
-                    latest = _latest_time(files, opt, bar)
-                window = _Window(window_days, latest - window_days * DAY_SECONDS, latest)
-            join = window is None
-            with tqdm(desc="prepare 1/3 count", unit=" rows", unit_scale=True, **bars) as bar:
-                p1 = _pass1(files, opt, min_count, max_vocab, bar,
-                            found_base.vocab_tokens if found_base else None, window)
-            # a join keeps the base's shards by key hash, adding each user's new events to its own shard
-            by_shard = (found_base is not None and join and num_shards is None
-                        and found_base.corpus.meta.get("shards_by") == "key_hash")
-            buckets = found_base.corpus.num_shards if by_shard else num_shards or _choose_buckets(
-                p1, time_col is not None, memory_budget_bytes, found_base.token_count(join) if found_base else 0)
-            vocab_tokens = p1.vocab["token"].combine_chunks()
-            spill_dir = os.path.join(tmp, "spill")
-            os.makedirs(spill_dir)
-            with tqdm(desc="prepare 2/3 partition", total=p1.rows, unit=" rows", unit_scale=True, **bars) as bar:
-                spills = _pass2(files, opt, TokenIds(vocab_tokens), buckets, spill_dir, bar,
-                                None if by_shard else found_base, join, window)
-            with tqdm(desc="prepare 3/3 shards", total=buckets, unit=" shards", **bars) as bar:
-                if by_shard:
-                    p3 = _pass3_join(spills, tmp, vocab_tokens, time_col is not None, bar, found_base)
-                else:
-                    p3 = _pass3(spills, tmp, vocab_tokens, time_col is not None, holdout, hold_tmp, seed, bar,
-                                found_base)
-            os.rmdir(spill_dir)
-            if p3.refresh is not None:
-                _check_overlap(found_base, p3.refresh, p1, doc_col, window is not None)
-
-            vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts),
-                              "id": p1.vocab["id"]}, schema=VOCAB_SCHEMA)
-            with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, \
-                    pa.ipc.new_file(sink, VOCAB_SCHEMA) as writer:
-                writer.write_table(vocab, max_chunksize=1 << 20)
-            p1.skips.add("duplicate_events", p3.duplicate_events)
-            p1.skips.add("docs_without_tokens", p3.docs_without_tokens)
-            meta = {
-                "format_version": FORMAT_VERSION,
-                "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
-                "num_shards": buckets, "shards": p3.shards,
-                "inputs": [os.fspath(i) for i in ([inputs] if isinstance(inputs, str) else inputs)],
-                "input_files": [os.path.abspath(f) for f in files], "input_rows": p1.rows,
-                "format": format, "doc_col": doc_col, "token_col": token_col, "time_col": opt.time_col,
-                "min_count": min_count, "max_vocab": max_vocab, "holdout": holdout,
-                "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": seed,
-                "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
-                "docs_with_one_token": p3.docs_with_one_token,
-                "docs_without_heldout": p3.docs_without_heldout if holdout > 0 else None,
-                "time_range": _union(p3.time_range, found_base.time_range if found_base and join else None),
-                "time_unit": (ORDER if ORDER in p1.notes.time_units else "s") if opt.time_col else None,
-                "time_read": p1.notes.time_read, "delimiter": delimiter,
-                "stripped_whitespace": p1.notes.stripped, "stripped_where": p1.notes.stripped_where,
-                "window_days": window_days, "shards_by": "key_hash",  # shard b holds the keys hashing to b
-                "window_start": window.cutoff if window else None,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }
-            if p3.refresh is not None:
-                meta["refresh"] = {**p3.refresh, "mode": "join" if join else "window"}
-            with open(os.path.join(tmp, "corpus.json"), "w") as f:
-                json.dump(meta, f, indent=2)
-                f.write("\n")
+              else contextlib.nullcontext()) as held, outputs.replacing(out, "corpus", overwrite) as staged, \
+                _runner(c) as runner:
+            meta, p3 = _passes(c, inputs, files, blocks, opt, staged.path, held.path if held else None, hold_final,
+                               found_base, runner, progress)
     except BaseException as e:
         outputs.remove_dirs(made)
         if isinstance(e, OSError):  # reading errors are CorpusErrors already: this is the output
@@ -948,7 +622,7 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     if report:
         lines = skip_report(meta)
         log.info(f"prepared {out}: {p3.num_docs:,} docs, {p3.num_tokens:,} tokens, vocabulary "
-                 f"{len(vocab_tokens):,}, {buckets} shard(s)"
+                 f"{meta['vocab_size']:,}, {meta['num_shards']} shard(s)"
                  + ("" if any(line.startswith("skipped") for line in lines) else "; skipped: nothing")
                  + (f"; held out {p3.heldout:,} (key, token) pairs to {hold_final}" if hold_final else ""))
         for line in lines:  # what was dropped or changed is a warning; what was kept, information
@@ -958,10 +632,96 @@ def prepare(inputs: list[str], out: str, *, format: str = "events", doc_col: str
     return Corpus(out)
 
 
+def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt, tmp: str, hold_tmp: str | None,
+            hold_final: str | None, found_base: Base | None, runner, progress: bool) -> tuple[dict, _Pass3]:
+    """The passes, into the staging directory `tmp` (and the held-out file's `hold_tmp`): corpus.json's
+    contents, and pass 3's totals."""
+    if not runner.in_process:
+        log.info(f"prepare: {len(blocks):,} block(s) of input, {runner.tasks} Ray task(s) at a time")
+    known = [b.rows for b in blocks]
+    bar = _Progress(progress, 3 + (c.window_days is not None), sum(known) if None not in known else None)
+    try:
+        s = Settings(opt, tmp, holdout=c.holdout, seed=c.seed, base=found_base.path if found_base else None)
+        os.makedirs(s.spill_dir)
+        os.makedirs(s.parts_dir)
+        runner = runner.stopping_with(s.stop_path())  # Ray tasks still running when the run stops end at once
+        if c.format == "text":
+            blocks = _line_bases(blocks, runner)
+        window = None
+        if c.window_days is not None:
+            bar.start("latest time")
+            latest, blocks = _latest_time(blocks, files, s, runner, bar)
+            window = _Window(c.window_days, latest - c.window_days * DAY_SECONDS, latest)
+            s = dataclasses.replace(s, window_start=window.cutoff)
+        join = window is None
+        bar.start("count")
+        p1, blocks = _pass1(blocks, files, s, c.min_count, c.max_vocab, runner, bar,
+                            found_base.vocab_tokens if found_base else None)
+        bar.know_rows(p1.rows)
+        # a join keeps the base's shards by key hash, adding each user's new events to its own shard
+        by_shard = (found_base is not None and join and c.num_shards is None
+                    and found_base.corpus.meta.get("shards_by") == "key_hash")
+        buckets = found_base.corpus.num_shards if by_shard else c.num_shards or _choose_buckets(
+            p1, c.time_col is not None, c.memory_budget_bytes, found_base.token_count(join) if found_base else 0)
+        s = dataclasses.replace(s, buckets=buckets, join=join, by_shard=by_shard,
+                                base_rows=found_base is not None and not by_shard)
+        vocab_tokens = p1.vocab["token"].combine_chunks()
+        with pa.OSFile(s.vocab_path(), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("token", pa.string())])) as w:
+            w.write_table(pa.table({"token": vocab_tokens}), max_chunksize=1 << 20)
+        memory = _ray_memory(runner, passes.task_bytes(c.memory_budget_bytes, len(vocab_tokens)))
+        parts = blocks + (found_base.parts(join) if s.base_rows else [])
+        bar.start("partition")
+        spills = _pass2(parts, s, runner, bar, memory)
+        bar.start("shards")
+        p3 = _pass3(spills, s, len(vocab_tokens), runner, bar, memory, p1.rows, found_base if found_base else None)
+        if hold_tmp:
+            _write_heldout(s, hold_tmp)
+        shutil.rmtree(s.spill_dir)
+        shutil.rmtree(s.parts_dir)
+        seconds = bar.timings()
+    finally:
+        bar.close()
+    if p3.refresh is not None:
+        _check_overlap(found_base, p3.refresh, p1, c.doc_col, window is not None)
+
+    vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts), "id": p1.vocab["id"]}, schema=VOCAB_SCHEMA)
+    with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, pa.ipc.new_file(sink, VOCAB_SCHEMA) as writer:
+        writer.write_table(vocab, max_chunksize=1 << 20)
+    p1.skips.add("duplicate_events", p3.duplicate_events)
+    p1.skips.add("docs_without_tokens", p3.docs_without_tokens)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
+        "num_shards": buckets, "shards": p3.shards,
+        "inputs": [os.fspath(i) for i in ([inputs] if isinstance(inputs, str) else inputs)],
+        "input_files": [storage.location(f) for f in files], "input_rows": p1.rows,
+        "format": c.format, "doc_col": c.doc_col, "token_col": c.token_col, "time_col": opt.time_col,
+        "min_count": c.min_count, "max_vocab": c.max_vocab, "holdout": c.holdout,
+        "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": c.seed,
+        "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
+        "docs_with_one_token": p3.docs_with_one_token,
+        "docs_without_heldout": p3.docs_without_heldout if c.holdout > 0 else None,
+        "time_range": _union(p3.time_range, found_base.time_range if found_base and join else None),
+        "time_unit": (ORDER if ORDER in p1.notes.time_units else "s") if opt.time_col else None,
+        "time_read": p1.notes.time_read, "delimiter": opt.delimiter,
+        "stripped_whitespace": p1.notes.stripped, "stripped_where": p1.notes.stripped_where,
+        "window_days": c.window_days, "shards_by": "key_hash",  # shard b holds the keys hashing to b
+        "window_start": window.cutoff if window else None,
+        "parallel": runner.tasks, "seconds": seconds,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    if p3.refresh is not None:
+        meta["refresh"] = {**p3.refresh, "mode": "join" if join else "window"}
+    with open(os.path.join(tmp, "corpus.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+    return meta, p3
+
+
 LOW_OVERLAP = 0.10
 
 
-def _check_overlap(base: _Base, refresh: dict, p1: _Pass1, doc_col: str, window: bool) -> None:
+def _check_overlap(base: Base, refresh: dict, p1: _Pass1, doc_col: str, window: bool) -> None:
     """A base that knows none of the inputs' users is refused; one that knows few is a warning.
 
     In a daily refresh most of a day's users came before (a site's returning users), and new users

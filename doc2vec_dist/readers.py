@@ -33,6 +33,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -42,9 +43,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
+from . import storage
 from .corpus import CorpusError, one_line
 from .ids import id_string
 
@@ -79,7 +82,7 @@ def _strip_compression(name: str) -> str:
 
 def _file_kind(path: str) -> str | None:
     """'parquet', 'csv', 'tsv' or 'json' from the file name, None when we do not know it."""
-    lower = path.lower()
+    lower = storage.strip_query(path).lower()
     if lower.endswith(PARQUET_EXTS):
         return "parquet"
     base = _strip_compression(lower)
@@ -90,6 +93,55 @@ def _file_kind(path: str) -> str | None:
     if base.endswith(JSON_EXTS):
         return "json"
     return None
+
+
+def _input(path: str, random_access: bool = False):
+    """What pyarrow's readers take for an input file: a local path as it is; a URI (s3://…, gs://…,
+    opened as storage.resolve opens it) a file of its filesystem: random access (Parquet), else a
+    stream decompressed as its name's extension says, as pyarrow does for a local path."""
+    if not storage.is_uri(path):
+        return path
+    fs, inner = storage.resolve(path)
+    return fs.open_input_file(inner) if random_access else fs.open_input_stream(inner, compression="detect")
+
+
+def _stream(path: str):
+    """An input file as a stream, decompressed as its name's extension says."""
+    return _input(path) if storage.is_uri(path) else pa.input_stream(path, compression="detect")
+
+
+def _size(path: str) -> int:
+    """An input file's size in bytes (FileNotFoundError when there is none)."""
+    if not storage.is_uri(path):
+        return os.path.getsize(path)
+    fs, inner = storage.resolve(path)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{storage.strip_query(path)}: no such file")
+    return info.size
+
+
+def _uri_files(given: str, format: str) -> list[str]:
+    """The input files of a URI: the object itself, or every data object under it (as _walk lists a
+    directory's), each as a URI with the given one's query (its filesystem's settings)."""
+    fs, inner = storage.resolve(given)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise CorpusError(f"{storage.strip_query(given)}: no such file or directory")
+    if info.type != pafs.FileType.Directory:
+        return [given]
+    found = []
+    for entry in fs.get_file_info(pafs.FileSelector(inner, recursive=True)):
+        rel = entry.path[len(inner):].lstrip("/")
+        if entry.type == pafs.FileType.File and not any(part.startswith((".", "_")) for part in rel.split("/")):
+            found.append(storage.join(given, *rel.split("/")))
+    found = sorted(found)
+    if format != "text":
+        found = [f for f in found if _file_kind(f)]
+    if not found:
+        raise CorpusError(f"{storage.strip_query(given)}: the directory holds no input files"
+                          + ("" if format == "text" else " (.parquet, .csv, .jsonl, …)"))
+    return found
 
 
 def _walk(directory: str) -> list[str]:
@@ -114,6 +166,9 @@ def expand_inputs(inputs: list[str], format: str) -> list[str]:
         raise CorpusError("no input given")
     files: list[str] = []
     for given in map(os.fspath, inputs):
+        if storage.is_uri(given):
+            files += _uri_files(given, format)
+            continue
         if os.path.isdir(given) or os.path.exists(given):
             matches = [given]
         elif any(c in given for c in "*?["):
@@ -141,7 +196,7 @@ def expand_inputs(inputs: list[str], format: str) -> list[str]:
                 files.append(match)
     seen, unique = set(), []
     for f in files:
-        real = os.path.realpath(f)
+        real = f if storage.is_uri(f) else os.path.realpath(f)
         if real not in seen:
             seen.add(real)
             unique.append(f)
@@ -190,6 +245,19 @@ class Skips:
         if room > 0:
             where += [path] if at is None else [f"{path} {unit} {base + int(i)}" for i in at[:room]]
 
+    def merge(self, later: Skips) -> None:
+        """Add the skips of a later part of the inputs, as if it had been read after this one."""
+        for reason, count in later.counts.items():
+            self.counts[reason] += count
+        _merge_examples(self.where, later.where, self.EXAMPLES)
+
+
+def _merge_examples(into: dict[str, list[str]], later: dict[str, list[str]], limit: int) -> None:
+    """The first `limit` examples of each reason (or column): `into`'s, then `later`'s."""
+    for name, found in later.items():
+        where = into.setdefault(name, [])
+        where += found[:max(0, limit - len(where))]
+
 
 
 def _missing_column(path: str, column: str, names: list[str], hint: str = "") -> CorpusError:
@@ -202,10 +270,13 @@ def _check_columns(path: str, names: list[str], needed: list[str], hint: str = "
             raise _missing_column(path, column, names, hint)
 
 
-def _parquet_batches(path: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    pf = pq.ParquetFile(path)
+def _parquet_batches(path: str, columns: list[str], row_groups: tuple[int, ...] | None = None) -> Iterator[pa.RecordBatch]:
+    """A Parquet file's batches (of its row groups `row_groups`, default all); its columns are checked at
+    once, before the first batch is asked for."""
+    pf = pq.ParquetFile(_input(path, random_access=True))
     _check_columns(path, pf.schema_arrow.names, columns)
-    yield from pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns)
+    return pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns,
+                           row_groups=None if row_groups is None else list(row_groups))
 
 
 def _csv_batches(path: str, columns: list[str], kind: str, delimiter: str | None = None) -> Iterator[pa.RecordBatch]:
@@ -218,13 +289,13 @@ def _csv_batches(path: str, columns: list[str], kind: str, delimiter: str | None
     convert = pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.binary() for c in columns},
                                   strings_can_be_null=True, null_values=[""])
     try:
-        reader = pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+        reader = pcsv.open_csv(_input(path), read_options=read, parse_options=parse, convert_options=convert)
     except (pa.ArrowInvalid, KeyError) as e:
         if "Empty CSV file" in str(e):  # not even a header (a compressed empty file, say)
             return
         if "include_columns" not in str(e):
             raise
-        names = pcsv.open_csv(path, read_options=read, parse_options=parse).schema.names
+        names = pcsv.open_csv(_input(path), read_options=read, parse_options=parse).schema.names
         other = next((d for d in ";|\t," if len(names) == 1 and d in names[0] and d != parse.delimiter), None)
         _check_columns(path, names, columns, f" (a header of one column: are the fields separated by {other!r}? give "
                                              f"--delimiter {other!r})" if other else "")
@@ -233,14 +304,14 @@ def _csv_batches(path: str, columns: list[str], kind: str, delimiter: str | None
 
 
 def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterator[pa.RecordBatch]:
-    """JSON lines as record batches of `columns`: (doc_col, token_col[, time_col]), as iter_chunks asks
+    """JSON lines as record batches of `columns`: (doc_col, token_col[, time_col]), as read_block asks
     for them; the first two are ids, which may be strings in some rows and numbers in others."""
     read = pjson.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
     # The streaming reader fixes a column's type from the first block and cannot turn a number into a
     # string. We want only our columns: learn their types from the first block, then read with an
     # explicit schema that ignores every other field (an unrelated field changing type must not stop us).
     try:
-        inferred = pjson.open_json(path, read_options=read).schema
+        inferred = pjson.open_json(_input(path), read_options=read).schema
     except pa.ArrowInvalid as e:
         if "Empty JSON" in str(e):  # nothing but whitespace
             return
@@ -258,7 +329,7 @@ def _json_batches(path: str, columns: list[str], list_col: str | None) -> Iterat
     parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     done = 0  # rows handed on
     try:
-        for batch in pjson.open_json(path, read_options=read, parse_options=parse):
+        for batch in pjson.open_json(_input(path), read_options=read, parse_options=parse):
             yield batch
             done += batch.num_rows
     except pa.ArrowInvalid as e:
@@ -413,7 +484,7 @@ def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: b
     for typ in [pa.list_(t) for t in scalars] if is_list else scalars:
         parse = pjson.ParseOptions(explicit_schema=pa.schema([(column, typ)]), unexpected_field_behavior="ignore")
         try:
-            pjson.open_json(path, read_options=read, parse_options=parse)
+            pjson.open_json(_input(path), read_options=read, parse_options=parse)
             return typ
         except pa.ArrowInvalid:
             continue
@@ -423,7 +494,7 @@ def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: b
 def _text_lines(path: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
     """Lines of a text file as string arrays (newline removed), a block at a time, each with the
     positions in it of the lines that are not valid UTF-8 (null in the array)."""
-    stream = pa.input_stream(path, compression="detect")
+    stream = _stream(path)
     rest = b""
     while True:
         block = stream.read(TEXT_BLOCK_BYTES)
@@ -795,6 +866,16 @@ class ReadNotes:
             files.append(path)
         self.time_units.add(reading.unit)
 
+    def merge(self, later: ReadNotes) -> None:
+        """Add what reading a later part of the inputs noted, as if it had been read after this one."""
+        for what, files in later.time_read.items():
+            mine = self.time_read.setdefault(what, [])
+            mine += [f for f in files if f not in mine]
+        self.time_units |= later.time_units
+        for column, count in later.stripped.items():
+            self.stripped[column] = self.stripped.get(column, 0) + count
+        _merge_examples(self.stripped_where, later.stripped_where, self.EXAMPLES)
+
     def strip(self, column: str, count: int, path: str, at: np.ndarray | None, base: int) -> None:
         if not count:
             return
@@ -819,10 +900,10 @@ def _stripped(arr: pa.Array, column: str, path: str, row_base: int, notes: ReadN
     return trimmed
 
 
-class _TimeKinds:
+class TimeKinds:
     """One kind of time across the inputs: epoch times (of whatever unit or type, all made seconds),
     or numbers that only order each user's events; never both, as they cannot order one user's events
-    together."""
+    together. prepare checks each block's readings (BlockState.readings) here in input order."""
 
     def __init__(self):
         self.first: dict[bool, tuple[str, TimeReading]] = {}  # epoch? → the first file read so, and how
@@ -836,88 +917,210 @@ class _TimeKinds:
         self.first.setdefault(reading.epoch, (path, reading))
 
 
-def iter_chunks(files: list[str], opt: Options, skips: Skips | None = None,
-                notes: ReadNotes | None = None) -> Iterator[tuple[str, Chunk]]:
-    """Every input file, in order, as normalised chunks of events. Errors name the file.
+# ---------------------------------------------------------------------------------------------------
+# Blocks: the parts of the inputs that prepare's tasks read, each on its own
+# ---------------------------------------------------------------------------------------------------
+
+# A Parquet file of more rows than this is read as several blocks of whole row groups, so that one big
+# file keeps several processes busy; any other file is one block.
+BLOCK_ROWS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Block:
+    """A part of the inputs that one task reads: a whole file, or a run of a Parquet file's row groups.
+
+    The blocks are a property of the inputs alone (plan_blocks), never of how many processes read them,
+    so the corpus is the same however many do. What reading one block needs of the blocks before it is
+    given here: first_row, the file's rows before it (rows in messages count from the file's start);
+    line_base, for text, the key of its first line (the lines of the files before it); unit, the unit
+    of the file's numeric times that the blocks before it settled (None: not known, read_block finds
+    it from the `earlier` row groups).
+    """
+
+    index: int
+    path: str
+    row_groups: tuple[int, ...] | None = None  # None: the whole file
+    first_row: int = 0
+    rows: int | None = None                    # known before reading (Parquet's metadata), for progress
+    earlier: tuple[tuple[int, ...], ...] = ()  # the row groups of the file's blocks before this one
+    line_base: int = 0
+    unit: str | None = None
+
+    @property
+    def whole_file(self) -> bool:
+        return self.row_groups is None
+
+
+def plan_blocks(files: list[str], opt: Options) -> list[Block]:
+    """The blocks of the inputs, in input order: a Parquet file of more than BLOCK_ROWS rows in runs of
+    whole row groups of about equal rows, every other file whole. A file whose footer cannot be read is
+    one block: reading it says what is wrong, in its turn."""
+    blocks: list[Block] = []
+    for path in files:
+        groups = None
+        if opt.format != "text" and _file_kind(path) == "parquet":
+            try:
+                meta = pq.ParquetFile(_input(path, random_access=True)).metadata if _size(path) else None
+            except (pa.ArrowException, OSError, ValueError):
+                meta = None
+            if meta is not None and meta.num_rows > BLOCK_ROWS and meta.num_row_groups > 1:
+                groups = _row_group_runs([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+            elif meta is not None:
+                blocks.append(Block(len(blocks), path, rows=meta.num_rows))
+                continue
+        if groups is None:
+            blocks.append(Block(len(blocks), path))
+            continue
+        first, earlier = 0, ()
+        for run, rows in groups:
+            blocks.append(Block(len(blocks), path, run, first, rows, earlier))
+            first += rows
+            earlier += (run,)
+    return blocks
+
+
+def _row_group_runs(sizes: list[int]) -> list[tuple[tuple[int, ...], int]]:
+    """Consecutive row groups in runs of about total / ceil(total / BLOCK_ROWS) rows: (groups, rows)."""
+    total = sum(sizes)
+    target = total / math.ceil(total / BLOCK_ROWS)
+    runs, run, rows = [], [], 0
+    for g, n in enumerate(sizes):
+        run.append(g)
+        rows += n
+        if rows >= target and g < len(sizes) - 1:
+            runs.append((tuple(run), rows))
+            run, rows = [], 0
+    if run:
+        runs.append((tuple(run), rows))
+    return runs
+
+
+class BlockState:
+    """What reading a block learnt beyond its chunks: its rows (text: lines), how each batch's times
+    were read, in order (prepare checks them across the inputs, TimeKinds), and the unit of the file's
+    numeric times after it (the next block of the file starts from it)."""
+
+    def __init__(self, unit: str | None = None):
+        self.rows = 0
+        self.readings: list[TimeReading] = []
+        self.unit = unit
+
+
+def count_lines(block: Block) -> int:
+    """The lines of a text file, as read_block counts them (the last one need not end in a newline):
+    the keys of the next file's lines start after them."""
+    try:
+        if _size(block.path) == 0:
+            return 0
+        stream = _stream(block.path)
+        lines, last = 0, b"\n"
+        while data := stream.read(TEXT_BLOCK_BYTES):
+            lines += data.count(b"\n")
+            last = data[-1:]
+        return lines + (last != b"\n")
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise CorpusError(f"{block.path}: cannot read: {_read_error(e, block.path, 0)}") from e
+
+
+def read_block(block: Block, opt: Options, state: BlockState, skips: Skips | None = None,
+               notes: ReadNotes | None = None) -> Iterator[Chunk]:
+    """A block of the inputs as normalised chunks of events. Errors name the file (and row).
 
     Rows with a null or empty key, text lines that are not UTF-8 and empty files are left out here
     and, when `skips` is given (pass 1; pass 2 reads the same rows again), counted in it; keys and
     tokens are stripped of leading and trailing whitespace, and times made epoch seconds (_time_seconds),
-    which `notes` (pass 1 too) records.
+    which `notes` (pass 1 too) records; `state` gathers the rest (BlockState).
     """
-    line_base = 0  # text: keys are line numbers across all inputs
-    kinds = _TimeKinds()
-    for path in files:
-        row = 0  # rows (text: lines) of this file read so far
-        try:
-            if os.path.getsize(path) == 0:  # an empty Parquet file is not even Parquet: do not open it
-                if skips is not None:
-                    skips.add("empty_files", 1, path)
-                continue
-            if opt.format == "text":
-                for lines, bad in _text_lines(path):
-                    n = len(lines)
-                    keys = pa.array(np.arange(line_base, line_base + n, dtype=np.int64)).cast(pa.string())
-                    if bad.size:
-                        # The line keeps its number: the keys of the lines after it do not move.
-                        if skips is not None:
-                            skips.add("invalid_utf8_lines", bad.size, path, "line", row, bad)
-                        valid = lines.is_valid()
-                        keys, lines = keys.filter(valid), lines.filter(valid)
-                    words = pc.utf8_split_whitespace(lines)
-                    key, token, pad = _flatten_lists(keys, words, drop_empty=True)
-                    line_base += n
-                    row += n
-                    yield path, Chunk(key, token, None, n, pad)
+    path = block.path
+    row = block.first_row  # rows (text: lines) of this file read so far
+    try:
+        if block.whole_file and _size(path) == 0:  # an empty Parquet file is not even Parquet
+            if skips is not None:
+                skips.add("empty_files", 1, path)
+            return
+        if opt.format == "text":
+            line_base = block.line_base
+            for lines, bad in _text_lines(path):
+                n = len(lines)
+                keys = pa.array(np.arange(line_base, line_base + n, dtype=np.int64)).cast(pa.string())
+                if bad.size:
+                    # The line keeps its number: the keys of the lines after it do not move.
+                    if skips is not None:
+                        skips.add("invalid_utf8_lines", bad.size, path, "line", row, bad)
+                    valid = lines.is_valid()
+                    keys, lines = keys.filter(valid), lines.filter(valid)
+                words = pc.utf8_split_whitespace(lines)
+                key, token, pad = _flatten_lists(keys, words, drop_empty=True)
+                line_base += n
+                row += n
+                state.rows += n
+                yield Chunk(key, token, None, n, pad)
+        else:
+            columns = [opt.doc_col, opt.token_col] + ([opt.time_col] if opt.time_col else [])
+            kind = _file_kind(path)
+            if opt.format == "lists" and kind not in ("parquet", "json"):
+                raise CorpusError(f"{path}: --format lists reads Parquet or JSON lines, not {kind}")
+            if kind == "parquet":
+                batches = _parquet_batches(path, columns, block.row_groups)
+                if state.unit is None and block.earlier and opt.time_col and opt.time_unit is None:
+                    state.unit = _earlier_unit(path, block.earlier, opt)
+            elif kind in ("csv", "tsv"):
+                batches = _csv_batches(path, columns, kind, opt.delimiter)
             else:
-                columns = [opt.doc_col, opt.token_col] + ([opt.time_col] if opt.time_col else [])
-                kind = _file_kind(path)
-                if opt.format == "lists" and kind not in ("parquet", "json"):
-                    raise CorpusError(f"{path}: --format lists reads Parquet or JSON lines, not {kind}")
-                if kind == "parquet":
-                    batches = _parquet_batches(path, columns)
-                elif kind in ("csv", "tsv"):
-                    batches = _csv_batches(path, columns, kind, opt.delimiter)
+                batches = _json_batches(path, columns, opt.token_col if opt.format == "lists" else None)
+            for batch in batches:
+                # Every column is converted whole, before rows are dropped, so that the row
+                # numbers in its errors are those of the file.
+                n = batch.num_rows
+                key = _stripped(_as_strings(batch.column(opt.doc_col), path, opt.doc_col, row), opt.doc_col,
+                                path, row, notes)
+                time = None
+                if opt.format == "lists":
+                    token = _as_string_lists(batch.column(opt.token_col), path, opt.token_col, row)
                 else:
-                    batches = _json_batches(path, columns, opt.token_col if opt.format == "lists" else None)
-                file_unit = None  # the unit this file's numeric times were found in
-                for batch in batches:
-                    # Every column is converted whole, before rows are dropped, so that the row
-                    # numbers in its errors are those of the file.
-                    n = batch.num_rows
-                    key = _stripped(_as_strings(batch.column(opt.doc_col), path, opt.doc_col, row), opt.doc_col,
-                                    path, row, notes)
-                    time = None
-                    if opt.format == "lists":
-                        token = _as_string_lists(batch.column(opt.token_col), path, opt.token_col, row)
-                    else:
-                        token = _stripped(_as_strings(batch.column(opt.token_col), path, opt.token_col, row),
-                                          opt.token_col, path, row, notes)
-                        if opt.time_col:
-                            time, reading = _time_seconds(batch.column(opt.time_col), path, opt.time_col, row, opt,
-                                                          file_unit)
-                            if reading is not None:
-                                kinds.check(path, opt.time_col, reading)
-                                file_unit = reading.unit or file_unit
-                                if notes is not None:
-                                    notes.read_time(path, reading)
-                    usable = _usable_keys(key, path, row, skips)
-                    if usable is not None:
-                        key, token = key.filter(usable), token.filter(usable)
-                        if time is not None:
-                            time = time[usable.to_numpy(zero_copy_only=False)]
-                    pad = 0
-                    if opt.format == "lists":
-                        key, token, pad = _flatten_lists(key, token, drop_empty=False)
-                        token = _stripped(token, opt.token_col, path, row, notes, rows=False)
-                    row += n
-                    yield path, Chunk(key, token, time, n, pad)
-        except CorpusError:
-            raise
-        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-            raise CorpusError(f"{path}: cannot read: {_read_error(e, path, row)}") from e
-        if row == 0 and skips is not None:  # a header, a schema, blank space: no rows
-            skips.add("empty_files", 1, path)
+                    token = _stripped(_as_strings(batch.column(opt.token_col), path, opt.token_col, row),
+                                      opt.token_col, path, row, notes)
+                    if opt.time_col:
+                        time, reading = _time_seconds(batch.column(opt.time_col), path, opt.time_col, row, opt,
+                                                      state.unit)
+                        if reading is not None:
+                            state.readings.append(reading)
+                            state.unit = reading.unit or state.unit
+                            if notes is not None:
+                                notes.read_time(path, reading)
+                usable = _usable_keys(key, path, row, skips)
+                if usable is not None:
+                    key, token = key.filter(usable), token.filter(usable)
+                    if time is not None:
+                        time = time[usable.to_numpy(zero_copy_only=False)]
+                pad = 0
+                if opt.format == "lists":
+                    key, token, pad = _flatten_lists(key, token, drop_empty=False)
+                    token = _stripped(token, opt.token_col, path, row, notes, rows=False)
+                row += n
+                state.rows += n
+                yield Chunk(key, token, time, n, pad)
+    except CorpusError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+        raise CorpusError(f"{path}: cannot read: {_read_error(e, path, row)}") from e
+    if block.whole_file and row == 0 and skips is not None:  # a header, a schema, blank space: no rows
+        skips.add("empty_files", 1, path)
+
+
+def _earlier_unit(path: str, earlier: tuple[tuple[int, ...], ...], opt: Options) -> str | None:
+    """The unit of a Parquet file's numeric times as the blocks before a block settled it (the first
+    batch with a time decides it for the whole file, _epoch_numbers): their time column read in the
+    same batches, up to that batch. An error on the way is theirs to report, first."""
+    pf, row, unit = pq.ParquetFile(_input(path, random_access=True)), 0, None
+    for groups in earlier:
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[opt.time_col], row_groups=list(groups)):
+            _, reading = _time_seconds(batch.column(0), path, opt.time_col, row, opt, unit)
+            if reading is not None and reading.unit is not None:
+                return reading.unit
+            row += batch.num_rows
+    return None
 
 
 def _usable_keys(key: pa.Array, path: str, row: int, skips: Skips | None) -> pa.Array | None:

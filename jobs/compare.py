@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "jobs"))
 import yaml
 
 from doc2vec_dist.cli import _add_config_flags
-from doc2vec_dist.config import TrainConfig, build
+from doc2vec_dist.config import PrepareConfig, TrainConfig, build
 from doc2vec_dist.evaluate import heldout_metrics, labels_metrics
 from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.memwatch import MemoryWatch
@@ -62,8 +62,8 @@ def synthetic(work: str, users: int, urls: int, seed: int, events_per_user: floa
             timings = json.load(fh)
     if not os.path.exists(os.path.join(corpus, "corpus.json")):
         t0 = time.perf_counter()
-        prepare([os.path.join(data, "events")], corpus, time_col="ts", holdout=0.2, holdout_out=heldout,
-                seed=seed, overwrite=True, progress=progress)
+        prepare([os.path.join(data, "events")], corpus, PrepareConfig(time_col="ts", holdout=0.2, holdout_out=heldout,
+                seed=seed), overwrite=True, progress=progress)
         timings["prepare_seconds"] = time.perf_counter() - t0
     with open(timings_path, "w") as fh:
         json.dump(timings, fh)

@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from doc2vec_dist.baseline import train_gensim
-from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.evaluate import pairs_metrics
 from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.prepare import prepare
@@ -51,7 +51,7 @@ def run(work: str, seeds: list[int], epochs: int = 40, dim: int = 100, min_count
     os.makedirs(work, exist_ok=True)
     text = write_lee_text(os.path.join(work, "lee.txt"))
     corpus = os.path.join(work, "corpus")
-    prepare([text], corpus, format="text", min_count=min_count, overwrite=True, progress=progress)
+    prepare([text], corpus, PrepareConfig(format="text", min_count=min_count), overwrite=True, progress=progress)
     ratings = lee_paths()["ratings"]
     rows = {"doc2vec-dist": [], "gensim": []}
     speed = {"doc2vec-dist": [], "gensim": []}

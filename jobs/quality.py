@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from doc2vec_dist.config import TrainConfig, build, load_yaml
+from doc2vec_dist.config import PrepareConfig, TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.logs import to_terminal
 
@@ -101,7 +101,7 @@ def _lee(work: str, reverse: bool, quick: bool) -> Set:
     pairs = os.path.join(root, "pairs.parquet")
     pq.write_table(pa.table({"key1": [str(first_test + a) for a in i], "key2": [str(first_test + b) for b in j],
                              "score": ratings[i, j]}), pairs)
-    corpus = _prepared(os.path.join(root, "corpus"), lambda out: prepare([text], out, format="text", min_count=2,
+    corpus = _prepared(os.path.join(root, "corpus"), lambda out: prepare([text], out, PrepareConfig(format="text", min_count=2),
                                                                          overwrite=True, progress=False))
 
     def score(model: str) -> float:
@@ -177,7 +177,7 @@ def _newsgroups(work: str, quick: bool) -> Set:
     text = os.path.join(root, "docs.txt")
     with open(text, "w", encoding="utf-8") as fh:
         fh.writelines(" ".join(simple_preprocess(t)) + "\n" for t in texts)
-    corpus = _prepared(os.path.join(root, "corpus"), lambda out: prepare([text], out, format="text", min_count=2,
+    corpus = _prepared(os.path.join(root, "corpus"), lambda out: prepare([text], out, PrepareConfig(format="text", min_count=2),
                                                                          overwrite=True, progress=False))
 
     labels = os.path.join(root, "labels.parquet")  # for tune --labels: key (line number), label (group)
@@ -220,7 +220,7 @@ def _generated(work: str, name: str, users: int, urls: int, epochs: int, about: 
     if not os.path.exists(os.path.join(events, "generate.json")):
         generate(events, users, urls, seed=1, progress=False, **generate_args)
     corpus = _prepared(os.path.join(root, "corpus"), lambda out: prepare(
-        [events], out, time_col="ts", holdout=0.2, holdout_out=heldout, overwrite=True, progress=False))
+        [events], out, PrepareConfig(time_col="ts", holdout=0.2, holdout_out=heldout), overwrite=True, progress=False))
 
     def score(model: str) -> float:
         from doc2vec_dist.evaluate import heldout_metrics

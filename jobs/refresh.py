@@ -49,7 +49,7 @@ from doc2vec_dist.runners import calm_openmp
 
 calm_openmp()  # before faiss is imported
 
-from train import _output_resolver
+from train import _output_resolver, on_cluster
 
 from doc2vec_dist import outputs, storage
 from doc2vec_dist.cli import _add_config_flags
@@ -223,11 +223,9 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
                     "out": job.out, "old_index": job.index, "stages": stages}
 
     t = time.perf_counter()
-    corpus = prepare(job.events, job.path("corpus"), format=prep.format, doc_col=prep.doc_col,
-                     token_col=prep.token_col, time_col=prep.time_col, min_count=prep.min_count,
-                     max_vocab=prep.max_vocab, seed=cfg.seed, progress=cfg.progress, report=True,
-                     base=job.base_corpus or job.base_model, window_days=prep.window_days,
-                     time_unit=prep.time_unit, delimiter=prep.delimiter)
+    corpus = prepare(job.events, job.path("corpus"),
+                     dataclasses.replace(on_cluster(prep, cfg), base=job.base_corpus or job.base_model),
+                     progress=cfg.progress, report=True)
     stages["prepare"] = time.perf_counter() - t
     result["prepare"] = {k: corpus.meta.get(k) for k in ("num_docs", "num_tokens", "vocab_size", "refresh", "skipped",
                                                          "time_range", "window_days")}

@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from doc2vec_dist.cli import _add_config_flags
-from doc2vec_dist.config import TrainConfig, build, load_yaml
+from doc2vec_dist.config import PrepareConfig, TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.ids import hash_strings
 from doc2vec_dist.logs import to_terminal
@@ -119,7 +119,8 @@ def time_split(events: str | list[str], out: str, seed: int, new_users: float = 
 
     heldout = os.path.join(out, "heldout.parquet")
     scratch = os.path.join(out, "heldout-corpus")  # only for H: no model trains on it
-    prepare([world_path], scratch, time_col="ts", holdout=holdout, holdout_out=heldout, seed=seed, progress=progress)
+    prepare([world_path], scratch, PrepareConfig(time_col="ts", holdout=holdout, holdout_out=heldout, seed=seed),
+            progress=progress)
     shutil.rmtree(scratch)
     os.remove(world_path)
     pairs = pq.read_table(heldout, columns=["key", "token"]).rename_columns(["user_id", "url"])
@@ -222,13 +223,14 @@ def run_seed(seed: int, s: Settings, bar: tqdm) -> dict:
         bar.update()
 
         step(f"base: prepare, train {s.epochs} epochs")
-        base_corpus = prepare([paths["base"]], d("base-corpus"), time_col="ts", seed=seed, progress=s.progress).path
+        base_corpus = prepare([paths["base"]], d("base-corpus"), PrepareConfig(time_col="ts", seed=seed),
+                              progress=s.progress).path
         train(base_corpus, d("base-model"), config(s.epochs))
         bar.update()
 
         step(f"refresh: prepare on the base, train {s.refresh_epochs} epoch(s)")
         t = time.perf_counter()
-        fresh = prepare([paths["day"]], d("refresh-corpus"), time_col="ts", seed=seed, base=base_corpus,
+        fresh = prepare([paths["day"]], d("refresh-corpus"), PrepareConfig(time_col="ts", seed=seed, base=base_corpus),
                         progress=s.progress)
         t_prepare = time.perf_counter() - t
         summary = train(fresh.path, d("refresh-model"), config(s.refresh_epochs, init_from=d("base-model"),
@@ -240,7 +242,8 @@ def run_seed(seed: int, s: Settings, bar: tqdm) -> dict:
 
         step(f"cold: prepare all days, train {s.epochs} epochs")
         t = time.perf_counter()
-        cold_corpus = prepare([paths["all"]], d("cold-corpus"), time_col="ts", seed=seed, progress=s.progress).path
+        cold_corpus = prepare([paths["all"]], d("cold-corpus"), PrepareConfig(time_col="ts", seed=seed),
+                              progress=s.progress).path
         t_prepare = time.perf_counter() - t
         summary = train(cold_corpus, d("cold-model"), config(s.epochs))
         result["cold"] = {"prepare_seconds": t_prepare, "train_seconds": time.perf_counter() - t - t_prepare,

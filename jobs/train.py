@@ -11,6 +11,7 @@ paths in the config must then be on storage every node sees.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -156,10 +157,7 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     else:
         if not job.input:
             raise UserError(f"{job.corpus} does not exist and no 'input' is configured to prepare it from")
-        prepare(job.input, job.corpus, format=prep.format, doc_col=prep.doc_col, token_col=prep.token_col,
-                time_col=prep.time_col, min_count=prep.min_count, max_vocab=prep.max_vocab,
-                holdout=prep.holdout, holdout_out=prep.holdout_out, seed=cfg.seed, progress=cfg.progress,
-                time_unit=prep.time_unit, delimiter=prep.delimiter)
+        prepare(job.input, job.corpus, on_cluster(prep, cfg), progress=cfg.progress)
     stages["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -191,6 +189,17 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig) -> dict:
                          .column("neighbor").to_pylist()}
     storage.write_local(os.path.join(job.exports, "job.json"), storage.json_bytes(result))
     return result
+
+
+def on_cluster(prep: PrepareConfig, cfg: TrainConfig) -> PrepareConfig:
+    """The prepare settings of a job: on a cluster (an address, RAY_ADDRESS as `ray job submit` sets it,
+    or a Ray this process is already connected to) its passes run as Ray tasks on every CPU of it
+    unless --parallel says otherwise; else in this process, without starting a Ray for it. The seed
+    and the address are training's."""
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    parallel = prep.parallel if prep.parallel is not None else 0 if address or connected else None
+    return dataclasses.replace(prep, parallel=parallel, address=address, seed=cfg.seed)
 
 
 def _first_key(model: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -47,12 +48,12 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def sample_corpus(tmp_path_factory):
     """The bundled sample prepared with 20% of each user's URLs held out: (corpus dir, held-out file)."""
+    from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
 
     root = tmp_path_factory.mktemp("sample")
     heldout = str(root / "heldout.parquet")
-    corpus = prepare([SAMPLE_EVENTS], str(root / "corpus"), time_col="ts", holdout=0.2, holdout_out=heldout,
-                     seed=1, progress=False)
+    corpus = prepare([SAMPLE_EVENTS], str(root / "corpus"), PrepareConfig(time_col="ts", holdout=0.2, holdout_out=heldout, seed=1), progress=False)
     return corpus.path, heldout
 
 
@@ -221,3 +222,42 @@ class SmallModels:
 def small_models() -> type[SmallModels]:
     """SmallModels: small model directories written without training."""
     return SmallModels
+
+
+# -- corpora compared, record batches apart (prepare in one process and as Ray tasks, issue 30) ---------
+
+# corpus.json's fields that say how and when a corpus was made, not what it is
+HOW = ("created", "parallel", "seconds", "holdout_out")
+
+
+def corpus_tables(path: str) -> dict:
+    """Every Arrow file of a corpus directory (or a held-out Parquet file) as one table each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        return {"heldout": pq.read_table(path)}
+    found = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            if name.endswith(".arrow"):
+                full = os.path.join(root, name)
+                found[os.path.relpath(full, path)] = pa.ipc.open_file(pa.memory_map(full)).read_all()
+    return found
+
+
+def corpus_meta(path: str) -> dict:
+    """corpus.json but for when and how the corpus was made."""
+    with open(os.path.join(path, "corpus.json")) as fh:
+        return {k: v for k, v in json.load(fh).items() if k not in HOW}
+
+
+def assert_same_corpus(single: str, parallel: str, heldout: tuple[str, str] | None = None) -> None:
+    """The same tables (record batches apart) and the same corpus.json but for when and how it was made."""
+    one, other = corpus_tables(single), corpus_tables(parallel)
+    assert sorted(one) == sorted(other)
+    for name in one:
+        assert one[name].equals(other[name]), name
+    assert corpus_meta(single) == corpus_meta(parallel)
+    if heldout:
+        assert corpus_tables(heldout[0])["heldout"].equals(corpus_tables(heldout[1])["heldout"])

@@ -365,6 +365,11 @@ CASES = [
     Case("tune --searcher optuna with a grid", "tune --corpus {corpus} --heldout {heldout} --out {t}/s --space "
          "{t}/g.yaml --searcher optuna", "error", "{t}/g.yaml: alpha: grid is not searched by --searcher optuna",
          {"g.yaml": b"alpha: {grid: [0.01, 0.05]}\nepochs: 2\n"}, "{t}/s"),
+    # --- issue 30: prepare --parallel, and its inputs on object storage ----------------------------------
+    Case("prepare --parallel below 0", "prepare {t}/good.csv --out {t}/c --parallel -1", "error",
+         "--parallel must be >= 0 (0: a task per CPU of the Ray cluster), not -1", {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("prepare from a storage scheme pyarrow has no filesystem for", "prepare nosuch://bucket/events --out {t}/c",
+         "error", "nosuch://bucket/events: cannot open this storage location", untouched="{t}/c"),
 ]
 
 

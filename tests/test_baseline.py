@@ -13,7 +13,7 @@ import pytest
 from doc2vec_dist import checkpoint, storage
 from doc2vec_dist.baseline import train_gensim
 from doc2vec_dist.checkpoint import ModelDir
-from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import export
@@ -264,7 +264,7 @@ def test_iterable_mode_says_it_cuts_documents_longer_than_10000_tokens(tmp_path,
 
     lines = [" ".join(f"w{i % 50}" for i in range(12_000))] + ["w1 w2 w3 w4"] * 20
     (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
-    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), format="text", progress=False)
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text"), progress=False)
     summary = train_gensim(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, progress=False), workers=1)
     assert summary["docs_cut"] == 1
     assert "cuts 1 document(s) longer than 10,000 tokens" in logged.text

@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import corpus as corpus_mod
-from doc2vec_dist import prepare as prepare_mod
+from doc2vec_dist import passes as passes_mod
 from doc2vec_dist import readers as readers_mod
+from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.prepare import prepare
@@ -63,9 +64,13 @@ def _leftovers(directory) -> list[str]:
     return sorted(n for n in os.listdir(directory) if ".tmp-" in n or n.startswith("out") or ".old-" in n)
 
 
+CALL = ("overwrite", "progress", "report")  # prepare's own keywords; the others are PrepareConfig's
+
+
 def _prepare(inputs, out, **kw):
     kw.setdefault("progress", False)
-    return prepare([str(i) for i in inputs], str(out), **kw)
+    call = {k: kw.pop(k) for k in CALL if k in kw}
+    return prepare([str(i) for i in inputs], str(out), PrepareConfig(**kw), **call)
 
 
 # ------------------------------------------------------------------------------------------- events
@@ -412,7 +417,7 @@ def test_failure_in_the_last_pass_leaves_nothing_behind(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(prepare_mod, "write_shard", boom)
+    monkeypatch.setattr(passes_mod, "write_shard", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         _prepare([src], tmp_path / "out", num_shards=2)
     assert _leftovers(tmp_path) == []
@@ -635,8 +640,7 @@ def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, mo
     lines = [b"good one", b"bad \xff line", b"caf\xc3\xa9 ok", b"\xc3 truncated", b"last good"]
     (tmp_path / "a.txt").write_bytes(b"\n".join(lines) + b"\n")
     (tmp_path / "b.txt").write_bytes(b"\xfe\xfe\nmore text\n")
-    c = prepare([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], str(tmp_path / "out"), format="text",
-                progress=False, report=True)
+    c = prepare([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], str(tmp_path / "out"), PrepareConfig(format="text"), progress=False, report=True)
     # Bad lines 1, 3 (a.txt) and 5 (b.txt line 0) are gone; later lines keep their numbers as keys.
     assert _documents(c) == {"0": ["good", "one"], "2": ["café", "ok"], "4": ["last", "good"], "6": ["more", "text"]}
     assert c.meta["skipped"]["invalid_utf8_lines"] == 3
@@ -677,7 +681,7 @@ def test_duplicate_events_are_dropped_only_with_a_time_column(tmp_path, logged):
             (None, "a", 0), ("u1", "a", None)]
     a = _write_events(tmp_path / "a.parquet", rows)
     b = _write_events(tmp_path / "b.csv", [("u1", "b", 1), ("u2", "a", 1), ("u3", "c", 5)])  # repeats across files
-    c = prepare([a, b], str(tmp_path / "out"), time_col="ts", progress=False, report=True)
+    c = prepare([a, b], str(tmp_path / "out"), PrepareConfig(time_col="ts"), progress=False, report=True)
     assert c.meta["skipped"]["duplicate_events"] == 3 and c.meta["skipped"]["null_keys"] == 1
     # u1: a@1, b@1 (a@1 again and b@1 from b.csv dropped), a@2, then the two timeless a's (never duplicates).
     assert _documents(c) == {"u1": ["a", "b", "a", "a", "a"], "u2": ["a"], "u3": ["c"]}
@@ -805,6 +809,6 @@ def test_keys_and_tokens_with_edge_whitespace_are_stripped_counted_and_reported(
             f"without it (first: {tmp_path}/e.csv row 1") in logged.text
 
     pq.write_table(pa.table({"user_id": ["d"], "url": [["a ", " a", "b"]]}), tmp_path / "l.parquet")
-    c = prepare([str(tmp_path / "l.parquet")], str(tmp_path / "lists"), format="lists", progress=False)
+    c = prepare([str(tmp_path / "l.parquet")], str(tmp_path / "lists"), PrepareConfig(format="lists"), progress=False)
     assert _documents(c) == {"d": ["a", "a", "b"]} and c.meta["stripped_whitespace"] == {"url": 2}
     assert c.meta["stripped_where"] == {"url": [f"{tmp_path}/l.parquet"]}

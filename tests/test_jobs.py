@@ -17,6 +17,10 @@ import time
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import assert_same_corpus
+
+from doc2vec_dist.config import PrepareConfig, TrainConfig
+from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
@@ -53,10 +57,40 @@ def check_outputs(base, dim=16):
 
 
 def test_job_runs_prepare_train_export_index_in_process(ray_cluster, tmp_path, capsys):
+    """On the session's Ray, prepare's passes ran as Ray tasks on its 2 CPUs (issue 30, item 5), and
+    made the corpus and held-out file that one process makes."""
     assert load_job().main(["--config", job_config(tmp_path), "--no-progress"]) == 0
     check_outputs(tmp_path)
     out = capsys.readouterr().out
     assert "held-out recall@10: model" in out and "similar users" in out
+    meta = json.loads((tmp_path / "corpus" / "corpus.json").read_text())
+    assert meta["parallel"] == 2
+    settings = {k: meta[k] for k in ("time_col", "min_count", "holdout", "seed")}
+    single = str(tmp_path / "single")
+    prepare(meta["inputs"], single, PrepareConfig(**settings, holdout_out=single + ".parquet"), progress=False)
+    assert_same_corpus(single, str(tmp_path / "corpus"), heldout=(single + ".parquet", str(tmp_path / "heldout.parquet")))
+
+
+def test_a_job_prepares_on_the_cluster_it_runs_on(monkeypatch):
+    """jobs/train.py and jobs/refresh.py prepare with Ray tasks on every CPU of the cluster they run
+    on (an address, RAY_ADDRESS as `ray job submit` sets it, a Ray already connected), unless
+    --parallel says otherwise; on one machine with no Ray, in their own process."""
+    import ray
+
+    job = load_job()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    train = TrainConfig(seed=7)
+    alone = job.on_cluster(PrepareConfig(), train)
+    assert (alone.parallel, alone.address, alone.seed) == (None, None, 7)
+    assert job.on_cluster(PrepareConfig(), TrainConfig(address="10.0.0.1:6379")).parallel == 0
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
+    submitted = job.on_cluster(PrepareConfig(), train)
+    assert (submitted.parallel, submitted.address) == (0, "10.0.0.2:6379")
+    assert job.on_cluster(PrepareConfig(parallel=3), train).parallel == 3
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    assert job.on_cluster(PrepareConfig(), train).parallel == 0
 
 
 def test_job_reuses_a_prepared_corpus_and_flags_override_yaml(ray_cluster, tmp_path, capsys):

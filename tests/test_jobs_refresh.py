@@ -17,10 +17,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import assert_same_corpus
 
 from doc2vec_dist import outputs
 from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus
+from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAY = 86_400
@@ -38,7 +41,7 @@ def load_job(name: str):
 def days(ray_cluster, tmp_path_factory):
     """The sample's events in three files (day1, day2, day3 by time), and day 1's corpus, model (dim 8,
     2 servers) and IVF-PQ index, as a first run of the job's schedule would leave them."""
-    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.config import PrepareConfig, TrainConfig
     from doc2vec_dist.index import build_index
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.trainer import train
@@ -55,7 +58,7 @@ def days(ray_cluster, tmp_path_factory):
         found[name] = str(root / f"{name}.parquet")
         pq.write_table(events.filter(pa.array(keep)), found[name])
     day1 = root / "day1"
-    corpus = prepare([found["events1"]], str(day1 / "corpus"), time_col="ts", progress=False).path
+    corpus = prepare([found["events1"]], str(day1 / "corpus"), PrepareConfig(time_col="ts"), progress=False).path
     found["model"] = str(day1 / "model")
     train(corpus, found["model"], TrainConfig(dim=8, epochs=1, sample=0, num_ps=2, cpus_per_worker=1, progress=False))
     found["index"] = str(day1 / "index")
@@ -99,6 +102,13 @@ def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_pa
     assert f"users: {len(old_keys):,} known, {refresh['new_docs']:,} new, {refresh['grown_docs']:,} grown" in out
     assert "drift    users cosine(old, new) median" in out and "index    flat: " in out
     assert "times    prepare" in out
+    # on the session's Ray, prepare ran as Ray tasks and made the single process's refresh (issue 30, item 5)
+    assert corpus.meta["parallel"] == 2
+    settings = {k: corpus.meta[k] for k in ("format", "doc_col", "token_col", "time_col", "min_count", "max_vocab",
+                                            "seed", "window_days")}
+    single = prepare([days["events2"]], str(tmp_path / "single"), PrepareConfig(**settings, base=days["model"]),
+                     progress=False)
+    assert_same_corpus(single.path, corpus.path)
 
 
 def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path, snapshot, capsys):

@@ -82,11 +82,12 @@ def test_leave_one_out_accuracy_counts_every_document(tmp_path):
     """Two tight clusters with their own labels: every document's neighbours share its label; labels
     unrelated to the clusters score near chance."""
     from doc2vec_dist import checkpoint
+    from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
 
     quality = load_quality()
     (tmp_path / "t.txt").write_text("".join(f"w{i % 2} w{i % 2 + 2}\n" for i in range(24)))
-    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), format="text", progress=False)
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text"), progress=False)
     model = str(tmp_path / "m")
     checkpoint.start_model_dir(model, corpus.path, overwrite=False)
     rng = np.random.default_rng(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
 from doc2vec_dist.prepare import prepare
 from doc2vec_dist.sharding import shard_of
@@ -35,7 +37,7 @@ def days(tmp_path_factory):
     for name, keep in (("old", seconds < cut), ("new", seconds >= cut), ("all", np.ones(len(seconds), bool))):
         paths[name] = str(root / f"{name}.parquet")
         pq.write_table(events.filter(pa.array(keep)), paths[name])
-    paths["base"] = prepare([paths["old"]], str(root / "base"), time_col="ts", progress=False).path
+    paths["base"] = prepare([paths["old"]], str(root / "base"), PrepareConfig(time_col="ts"), progress=False).path
     return paths
 
 
@@ -59,7 +61,7 @@ def test_a_refresh_keeps_every_id_and_its_documents_equal_a_cold_prepare(days, t
 
     base_path = days["base"]
     if path == "by 4 shards":
-        base_path = prepare([days["old"]], str(tmp_path / "base4"), time_col="ts", num_shards=4, progress=False).path
+        base_path = prepare([days["old"]], str(tmp_path / "base4"), PrepareConfig(time_col="ts", num_shards=4), progress=False).path
     if path == "re-bucketed":
         base_path = str(tmp_path / "old-base")
         shutil.copytree(days["base"], base_path)
@@ -69,10 +71,9 @@ def test_a_refresh_keeps_every_id_and_its_documents_equal_a_cold_prepare(days, t
         with open(os.path.join(base_path, "corpus.json"), "w") as fh:
             json.dump(meta, fh)
     base = Corpus(base_path)
-    fresh = prepare([days["new"]], str(tmp_path / "refreshed"), time_col="ts", base=base_path, progress=False,
-                    num_shards=3 if path == "re-bucketed" else None)
+    fresh = prepare([days["new"]], str(tmp_path / "refreshed"), PrepareConfig(time_col="ts", base=base_path, num_shards=3 if path == "re-bucketed" else None), progress=False)
     assert fresh.num_shards == (3 if path == "re-bucketed" else base.num_shards)
-    cold = prepare([days["all"]], str(tmp_path / "cold"), time_col="ts", progress=False)
+    cold = prepare([days["all"]], str(tmp_path / "cold"), PrepareConfig(time_col="ts"), progress=False)
 
     keys, old_keys = fresh.docs().column("key").to_pylist(), base.docs().column("key").to_pylist()
     assert keys[:len(old_keys)] == old_keys and fresh.docs().column("id").to_pylist() == list(range(len(keys)))
@@ -100,7 +101,7 @@ def test_a_refresh_keeps_every_id_and_its_documents_equal_a_cold_prepare(days, t
 
 def test_new_users_spread_evenly_over_the_servers(days, tmp_path):
     """Row r lives on server r % S: the appended (cold) rows go round the servers."""
-    fresh = prepare([days["new"]], str(tmp_path / "c"), time_col="ts", base=days["base"], progress=False)
+    fresh = prepare([days["new"]], str(tmp_path / "c"), PrepareConfig(time_col="ts", base=days["base"]), progress=False)
     new_ids = np.arange(Corpus(days["base"]).num_docs, fresh.num_docs)
     for servers in (2, 3, 4):
         per_server = np.bincount(shard_of(new_ids, servers), minlength=servers)
@@ -111,8 +112,7 @@ def test_a_window_keeps_the_ids_of_users_and_urls_that_no_longer_appear(days, tm
     """--window-days: documents are the last days' events only; a known user with none keeps its id
     and an empty row, a known URL with none keeps its id with count 0; both are reported."""
     base = Corpus(days["base"])
-    fresh = prepare([days["all"]], str(tmp_path / "w"), time_col="ts", base=days["base"], window_days=2,
-                    progress=False)
+    fresh = prepare([days["all"]], str(tmp_path / "w"), PrepareConfig(time_col="ts", base=days["base"], window_days=2), progress=False)
     docs = fresh.docs()
     assert docs.column("key").to_pylist()[:base.num_docs] == base.docs().column("key").to_pylist()
     lengths = docs.column("length").to_numpy()
@@ -134,7 +134,7 @@ def test_a_window_keeps_the_ids_of_users_and_urls_that_no_longer_appear(days, tm
 
 def test_a_model_is_a_base_through_its_corpus(trained_model, sample_corpus, days, tmp_path):
     """--base MODEL takes the ids of the model's key tables, and the documents of its corpus."""
-    fresh = prepare([days["new"]], str(tmp_path / "m"), time_col="ts", base=trained_model, progress=False)
+    fresh = prepare([days["new"]], str(tmp_path / "m"), PrepareConfig(time_col="ts", base=trained_model), progress=False)
     model_keys = pa.ipc.open_file(os.path.join(trained_model, "docs.arrow")).read_all().column("key").to_pylist()
     assert fresh.docs().column("key").to_pylist()[:len(model_keys)] == model_keys
     assert fresh.meta["refresh"]["base_kind"] == "model"
@@ -150,13 +150,13 @@ def test_a_model_is_a_base_through_its_corpus(trained_model, sample_corpus, days
 ])
 def test_refusals_name_the_problem_and_write_nothing(days, tmp_path, case, message):
     out = tmp_path / "out"
-    args = {"inputs": [days["new"]], "out": str(out), "time_col": "ts", "base": days["base"], "progress": False}
+    args = {"time_col": "ts", "base": days["base"]}
     if case == "text":
         args.update(format="text", time_col=None)
     elif case == "holdout":
         args.update(holdout=0.2, holdout_out=str(tmp_path / "h.parquet"))
     elif case == "same":
-        args.update(out=days["base"])
+        out = Path(days["base"])
     elif case == "neither":
         (tmp_path / "folder").mkdir()
         args.update(base=str(tmp_path / "folder"))
@@ -164,8 +164,8 @@ def test_refusals_name_the_problem_and_write_nothing(days, tmp_path, case, messa
         args.update(time_col=None, window_days=3)
     before = sorted(os.listdir(days["base"]))
     with pytest.raises(CorpusError, match=message):
-        prepare(**args)
-    assert not out.exists() and sorted(os.listdir(days["base"])) == before
+        prepare([days["new"]], str(out), PrepareConfig(**args), progress=False)
+    assert (case == "same" or not out.exists()) and sorted(os.listdir(days["base"])) == before
 
 
 def test_joining_needs_the_models_corpus_and_a_window_does_not(trained_model, days, tmp_path):
@@ -184,8 +184,8 @@ def test_joining_needs_the_models_corpus_and_a_window_does_not(trained_model, da
         json.dump(config, fh)
     assert ModelDir(model).corpus_path().endswith("gone")
     with pytest.raises(CorpusError, match="needs the corpus the model was trained on"):
-        prepare([days["new"]], str(tmp_path / "join"), time_col="ts", base=model, progress=False)
-    fresh = prepare([days["all"]], str(tmp_path / "window"), time_col="ts", base=model, window_days=3, progress=False)
+        prepare([days["new"]], str(tmp_path / "join"), PrepareConfig(time_col="ts", base=model), progress=False)
+    fresh = prepare([days["all"]], str(tmp_path / "window"), PrepareConfig(time_col="ts", base=model, window_days=3), progress=False)
     assert fresh.meta["refresh"]["mode"] == "window" and fresh.meta["refresh"]["base_kind"] == "model"
 
 
@@ -204,8 +204,7 @@ def old_model(ray_cluster, days, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def refreshed(days, tmp_path_factory):
-    return prepare([days["new"]], str(tmp_path_factory.mktemp("refreshed") / "corpus"), time_col="ts",
-                   base=days["base"], progress=False).path
+    return prepare([days["new"]], str(tmp_path_factory.mktemp("refreshed") / "corpus"), PrepareConfig(time_col="ts", base=days["base"]), progress=False).path
 
 
 def _table(model: str, name: str) -> np.ndarray:
@@ -265,7 +264,7 @@ def test_init_from_refuses_a_corpus_whose_ids_moved_and_never_touches_the_old_mo
     from doc2vec_dist.trainer import train
 
     before = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(old_model, "**"), recursive=True)}
-    cold = prepare([days["all"]], str(tmp_path / "cold"), time_col="ts", progress=False).path  # ids by frequency
+    cold = prepare([days["all"]], str(tmp_path / "cold"), PrepareConfig(time_col="ts"), progress=False).path  # ids by frequency
     config = {"dim": 16, "epochs": 1, "sample": 0, "num_ps": 2, "cpus_per_worker": 1, "init_from": old_model,
               "progress": False}
     with pytest.raises(UserError, match=r"do not keep the ids they have in .*prepare it with .*--base"):
@@ -383,9 +382,8 @@ def test_a_first_epoch_of_changed_users_needs_a_refreshed_corpus(days, tmp_path)
 def test_joining_onto_a_window_fills_the_documents_it_left_empty(days, tmp_path):
     """A window leaves known users with an empty document; joining the next day's events onto it gives
     each user its window's tokens then its new events, the empty ones included, ids kept."""
-    window = prepare([days["old"]], str(tmp_path / "window"), time_col="ts", base=days["base"], window_days=3,
-                     progress=False)
-    joined = prepare([days["new"]], str(tmp_path / "joined"), time_col="ts", base=window.path, progress=False)
+    window = prepare([days["old"]], str(tmp_path / "window"), PrepareConfig(time_col="ts", base=days["base"], window_days=3), progress=False)
+    joined = prepare([days["new"]], str(tmp_path / "joined"), PrepareConfig(time_col="ts", base=window.path), progress=False)
     assert joined.docs().column("key").to_pylist()[:window.num_docs] == window.docs().column("key").to_pylist()
     before, after = _documents(window), _documents(joined)
     events = pq.read_table(days["new"]).sort_by([("ts", "ascending")])
@@ -400,6 +398,45 @@ def test_joining_onto_a_window_fills_the_documents_it_left_empty(days, tmp_path)
     for key in keys:
         assert after.get(key, []) == before.get(key, []) + new_events.get(key, []), key
     assert joined.meta["refresh"]["events_not_after_base"] == 0
+
+
+# -- one pass 3 for both ways of joining (issue 30, item 4) --------------------------------------------
+
+def test_both_ways_of_joining_count_duplicates_early_events_and_single_tokens_alike(tmp_path):
+    """The same refresh joined shard by shard and re-bucketed (a base from before corpus.json said
+    "shards_by") gives the same documents and counts: an event logged twice at the base's latest time
+    is one early event and one duplicate both ways (the re-bucketed path used to keep both copies and
+    count two early events), and documents of a single token are counted alike."""
+    import shutil
+
+    def events(rows):
+        return pa.table({"user_id": [r[0] for r in rows], "url": [r[1] for r in rows],
+                         "ts": pa.array([r[2] for r in rows], pa.int64())})
+
+    old, new = str(tmp_path / "old.parquet"), str(tmp_path / "new.parquet")
+    t0 = 1_700_000_000
+    pq.write_table(events([("u1", "a", t0), ("u1", "b", t0 + 2), ("u2", "c", t0 + 1), ("u3", "a", t0 + 3),
+                           ("u5", "b", t0)]), old)
+    pq.write_table(events([("u1", "c", t0 + 3), ("u1", "c", t0 + 3), ("u4", "d", t0 + 9), ("u2", "a", t0 + 5),
+                           ("u6", "a", t0 + 7), ("u6", "a", t0 + 7)]), new)
+    by_shard = prepare([old], str(tmp_path / "base"), PrepareConfig(time_col="ts", num_shards=2), progress=False).path
+    unsaid = str(tmp_path / "base-unsaid")
+    shutil.copytree(by_shard, unsaid)
+    with open(os.path.join(unsaid, "corpus.json")) as fh:
+        meta = json.load(fh)
+    del meta["shards_by"]
+    with open(os.path.join(unsaid, "corpus.json"), "w") as fh:
+        json.dump(meta, fh)
+    found = {}
+    for name, base in (("joined", by_shard), ("re-bucketed", unsaid)):
+        fresh = prepare([new], str(tmp_path / name), PrepareConfig(time_col="ts", base=base, num_shards=(
+            None if name == "joined" else 2)), progress=False)
+        found[name] = (_documents(fresh), fresh.meta["skipped"]["duplicate_events"], fresh.meta["docs_with_one_token"],
+                       fresh.meta["refresh"]["events_not_after_base"])
+    assert found["joined"][0] == {"u1": ["a", "b", "c"], "u2": ["c", "a"], "u3": ["a"], "u5": ["b"], "u4": ["d"],
+                                  "u6": ["a"]}
+    assert found["joined"][1:] == (2, 4, 1)  # u1's c and u6's a logged twice; u3, u4, u5, u6 of one token
+    assert found["re-bucketed"] == found["joined"]
 
 
 # -- a base that does not fit the inputs (issue 26, item 3) -------------------------------------------
@@ -425,19 +462,18 @@ def test_a_base_that_knows_no_user_of_the_inputs_is_refused(trained_model, days,
     users = "[\\d,]+" if window else f"{users:,}"
     with pytest.raises(CorpusError, match=rf"{base}: --base shares no user with {inputs}: 0 of the {users} users in "
                                           rf"{inputs} and [\d,]+ of their [\d,]+ URLs are known to it \([\d,]+ users"):
-        prepare([events], str(tmp_path / "out"), time_col="ts", base=base, window_days=window, progress=False)
+        prepare([events], str(tmp_path / "out"), PrepareConfig(time_col="ts", base=base, window_days=window), progress=False)
     assert not (tmp_path / "out").exists()
 
 
 def test_a_base_that_knows_few_users_of_the_inputs_is_a_warning_with_the_share(days, tmp_path, logged):
     events, users, kept = _renamed_users(days["new"], str(tmp_path / "few.parquet"), 3)
-    fresh = prepare([events], str(tmp_path / "few"), time_col="ts", base=days["base"], progress=False)
+    fresh = prepare([events], str(tmp_path / "few"), PrepareConfig(time_col="ts", base=days["base"]), progress=False)
     assert fresh.meta["refresh"]["input_users"] == users and fresh.meta["refresh"]["known_input_users"] == kept
     assert (f"{days['base']}: --base knows only {kept / users:.1%} of the users in the inputs: {kept} of the "
             f"{users:,} users") in logged.text
     logged.clear()
-    ordinary = prepare([days["new"]], str(tmp_path / "ordinary"), time_col="ts", base=days["base"], progress=False,
-                       report=True)
+    ordinary = prepare([days["new"]], str(tmp_path / "ordinary"), PrepareConfig(time_col="ts", base=days["base"]), progress=False, report=True)
     r = ordinary.meta["refresh"]
     assert r["known_input_users"] >= 0.1 * r["input_users"] and "--base knows only" not in logged.text
     assert f"of the inputs' {r['input_users']:,} users, {r['known_input_users']:,} known" in logged.text

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import readers
+from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
 from doc2vec_dist.prepare import prepare
 
@@ -79,8 +80,9 @@ def _documents(c: Corpus) -> dict[str, list[str]]:
             for i, d in enumerate(doc_ids)}
 
 
-def _prepare(inputs, out, **kw) -> Corpus:
-    return prepare([str(i) for i in inputs], str(out), time_col="ts", progress=False, **kw)
+def _prepare(inputs, out, report: bool | None = None, **kw) -> Corpus:
+    return prepare([str(i) for i in inputs], str(out), PrepareConfig(**{"time_col": "ts", **kw}), progress=False,
+                   report=report)
 
 
 # ------------------------------------------------------------------------------- the cases
@@ -108,7 +110,7 @@ def test_iso_and_millisecond_files_give_one_time_range_in_seconds(tmp_path, logg
     half = np.arange(len(ev["ms"])) % 2 == 0
     iso = _csv(tmp_path / "a.csv", _take(ev, half), time=_iso)
     ms = _csv(tmp_path / "b.csv.gz", _take(ev, ~half))
-    c = prepare([iso, ms], str(tmp_path / "c"), time_col="ts", progress=False, report=True)
+    c = prepare([iso, ms], str(tmp_path / "c"), PrepareConfig(time_col="ts"), progress=False, report=True)
     assert c.meta["time_unit"] == "s"
     assert c.meta["time_range"] == [ev["ms"].min() / 1000, ev["ms"].max() / 1000]
     assert _documents(c) == _expected(ev)
@@ -179,7 +181,7 @@ def test_time_unit_says_the_unit_of_numbers(tmp_path):
                                           r"milliseconds \(--time-unit ms\)"):
         _prepare([path], tmp_path / "c2", time_unit="s")
     with pytest.raises(CorpusError, match="--time-unit needs a time column"):
-        prepare([path], str(tmp_path / "c3"), time_unit="ms", progress=False)
+        prepare([path], str(tmp_path / "c3"), PrepareConfig(time_unit="ms"), progress=False)
     assert not os.path.exists(tmp_path / "c2") and not os.path.exists(tmp_path / "c3")
 
 
@@ -299,7 +301,7 @@ def test_a_base_from_before_time_units_still_joins(tmp_path, split, stored, toda
     _old_corpus_json(base, {"milliseconds": [first, last], "seconds": [first / 1000, last / 1000],
                             "seconds and milliseconds mixed": [first / 1000, last]}[stored])
     new = _csv(tmp_path / "new.csv", new_ev, time=_iso if today == "ISO" else str)
-    fresh = prepare([new], str(tmp_path / "fresh"), time_col="ts", base=base.path, progress=False, report=True)
+    fresh = prepare([new], str(tmp_path / "fresh"), PrepareConfig(time_col="ts", base=base.path), progress=False, report=True)
     r = fresh.meta["refresh"]
     assert r["grown_docs"] == len(known_with_new) and r["events_not_after_base"] == 0
     assert fresh.meta["time_unit"] == "s"
@@ -317,5 +319,5 @@ def test_a_base_whose_times_were_sequence_numbers_is_refused_for_timed_events(tm
         _prepare([_csv(tmp_path / "new.csv", new_ev)], tmp_path / "fresh", base=base.path)
     assert not os.path.exists(tmp_path / "fresh")
     # without a time column nothing compares times: the base joins
-    fresh = prepare([str(tmp_path / "new.csv")], str(tmp_path / "fresh"), base=base.path, progress=False)
+    fresh = prepare([str(tmp_path / "new.csv")], str(tmp_path / "fresh"), PrepareConfig(base=base.path), progress=False)
     assert fresh.meta["refresh"]["grown_docs"] > 0

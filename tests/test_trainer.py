@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from doc2vec_dist import checkpoint
-from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
@@ -69,7 +69,7 @@ def test_trained_vectors_are_finite_and_moved(trained_model):
 def test_plan_units_cover_every_document_once(tmp_path):
     lines = [" ".join(f"w{j % 7}" for j in range(i % 13 + 1)) for i in range(200)]
     (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
-    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), format="text", progress=False)
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text"), progress=False)
     for workers in (1, 3, 5):
         plan = plan_units(corpus, workers)
         assert len(plan) == workers
@@ -139,7 +139,7 @@ def test_chunks_whose_tokens_are_all_subsampled_away_still_train(ray_cluster, tm
     # macro-batches keep no pair at all
     lines = ["common " * 40 + f"rare{i % 5}" for i in range(300)]
     (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
-    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), format="text", progress=False)
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text"), progress=False)
     summary = train(corpus.path, str(tmp_path / "m"),
                     TrainConfig(dim=8, epochs=2, sample=1e-6, macro_batch=64, progress=False))
     assert summary["tokens"] == 2 * corpus.num_tokens
