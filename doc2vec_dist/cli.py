@@ -132,11 +132,12 @@ def _misplaced_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | N
                     return f"{flag}: flags are spelled with dashes here, and {name} is a switch that takes no value: " \
                            f"write {name} to turn it on, leave it out to keep it off"
                 return f"{flag}: flags are spelled with dashes here; use {given}"
-            if command in _TRAINERS and name in sub["prepare"]._option_string_actions:
-                return _prepare_option(name[2:].replace("-", "_"), value, command)
+            # before prepare's: --address is both (prepare's Ray tasks, train's cluster)
             if command == "baseline" and name in sub["train"]._option_string_actions:
                 threads = " (its threads: --workers)" if name in ("--num-workers", "--cpus-per-worker") else ""
                 return f"{name} is a doc2vec-dist engine option; gensim's baseline does not use it{threads}"
+            if command in _TRAINERS and name in sub["prepare"]._option_string_actions:
+                return _prepare_option(name[2:].replace("-", "_"), value, command)
             pointer = gensim_pointer(name, as_flags=True)
             if command in _TRAINERS and pointer:
                 return f"{flag} is gensim's name; doc2vec-dist {command} uses {pointer}"
