@@ -76,7 +76,7 @@ BASELINE_NODES = ("head+ps", "trainer")
 
 # The driver's own lines in a job's log (not Ray's, which carry a prefix or a date): its errors and
 # warnings, restart notices and the resume line.
-DRIVER_LINE = re.compile(r"(error|training stopped|interrupted|warning|worker \d|parameter server|node \S+ is dead)")
+DRIVER_LINE = re.compile(r"(error|training stopped|interrupted|warning|worker \d|parameter server|node \S+ (\(\w+\) )?is dead)")
 
 
 def driver_lines(log: str) -> list[str]:
@@ -218,6 +218,8 @@ class Case:
             with open(log1) as fh:
                 text = fh.read()
             rec["lines"] = driver_lines(text)
+            status = re.search(r"Status message: (.*?)(, last available logs|$)", text, re.MULTILINE)
+            rec["ray_status"] = status.group(1) if status else None
             rec["finished"] = rc == 0
             rec["latest_after"] = latest(self.model)
             if "fault_at" in rec:
@@ -302,7 +304,8 @@ def table(records: list[dict]) -> str:
     rows = ["| fault | what the run printed | finished? | resumed? | recall@10 vs undisturbed | lost |",
             "|---|---|---|---|---|---|"]
     for r in records:
-        printed = "<br>".join(short(line) for line in r.get("lines", [])) or "(nothing)"
+        printed = "<br>".join(short(line) for line in r.get("lines", [])) or (
+            f"(nothing; Ray: {r['ray_status']})" if r.get("ray_status") else "(nothing)")
         if r.get("hang"):
             printed += f"<br>**{r['hang']}**"
         finished = "yes" if r.get("finished") else "no" + (f" (stopped {r['ended_after_fault_seconds']:g} s after the "
@@ -327,9 +330,9 @@ def table(records: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", required=True, help="a corpus made by prepare")
-    ap.add_argument("--heldout", required=True, help="its held-out file (prepare --holdout)")
-    ap.add_argument("--work", required=True, help="a folder for the models and job logs (each fault's is replaced)")
+    ap.add_argument("--corpus", help="a corpus made by prepare (required but with --from-json)")
+    ap.add_argument("--heldout", help="its held-out file (prepare --holdout)")
+    ap.add_argument("--work", help="a folder for the models and job logs (each fault's is replaced)")
     ap.add_argument("--faults", nargs="+", choices=list(FAULTS), default=[f for f in FAULTS if f != "ps-killed-no-room"])
     ap.add_argument("--no-baseline", action="store_true", help="skip the undisturbed run")
     ap.add_argument("--epochs", type=int, default=8)
@@ -343,9 +346,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet-lock", default="/work/scratch/quiet.lock",
                     help="wait while this file exists before each cluster starts ('' : never)")
     ap.add_argument("--json", help="write every record here")
+    ap.add_argument("--from-json", nargs="+", metavar="JSON",
+                    help="run nothing: print the table of the records these --json files hold (runs made in parts)")
     ap.add_argument("train_args", nargs=argparse.REMAINDER, help="-- more flags for train (e.g. -- --dim 64)")
     args = ap.parse_args(argv)
     args.train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    if args.from_json:
+        records = []
+        for path in args.from_json:
+            with open(path) as fh:
+                records += json.load(fh)["records"]
+        report(sorted(records, key=lambda r: r["fault"] != "undisturbed"))
+        return 0
+    for flag in ("corpus", "heldout", "work"):
+        if not getattr(args, flag):
+            ap.error(f"--{flag} is required")
     args.corpus, args.heldout, args.work = (os.path.abspath(p) for p in (args.corpus, args.heldout, args.work))
     why = netcluster.available()
     if why:
@@ -373,12 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("network_faults: interrupted; every namespace and process of the current run removed", file=sys.stderr)
         return 130
+    report(records)
+    return 0
+
+
+def report(records: list[dict]) -> None:
+    """The table, then each run's commands."""
     print(table(records))
     print()
     for r in records:
         print(f"- {r['fault']}: `{' '.join(r['command'])}`" + (f"; then `{' '.join(r['resume_command'])}`"
                                                               if r.get("resume_command") else ""))
-    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ Running entrypoint for job raysubmit_x: python -m doc2vec_dist train --corpus /c
 engine: 1 worker(s) x 2 CPU(s), 2 parameter server(s); kernel exact
 worker 0 failed (The actor 0464 is unavailable: RpcError); restarting it from its last checkpointed position
 \x1b[33m(raylet)\x1b[0m The node with node id: d8b3 and address: 10.213.0.3 has been marked dead
+node 10.213.0.3 (6ad92c29) is dead (Ray: health check failed): it ran worker 0; Ray restarts it on a live node
+worker 0 is back, on node b902109c
 training stopped: the model at /m is kept up to checkpoint v3; resume with `doc2vec-dist train --corpus /c --out /m --resume`
 error: node 10.213.0.3 (d8b3232e) is dead (Ray: health check failed): it ran worker 0, which cannot be restarted
 2026-11-26 15:46:16,453	ERR cli.py:75 -- Job 'raysubmit_x' failed
@@ -36,7 +38,7 @@ error: node 10.213.0.3 (d8b3232e) is dead (Ray: health check failed): it ran wor
 
 def test_the_drivers_lines_are_its_notices_and_errors_once_and_the_resume_command_is_read_from_them():
     lines = faults.driver_lines(LOG)
-    assert [line.split(" ")[0] for line in lines] == ["worker", "training", "error:"]  # not Ray's, not repeated
+    assert [line.split(" ")[0] for line in lines] == ["worker", "node", "worker", "training", "error:"]  # not Ray's, not repeated
     assert faults.resume_line(lines) == "doc2vec-dist train --corpus /c --out /m --resume"
     assert faults.resume_line(lines[:1]) is None
 
