@@ -76,7 +76,8 @@ BASELINE_NODES = ("head+ps", "trainer")
 
 # The driver's own lines in a job's log (not Ray's, which carry a prefix or a date): its errors and
 # warnings, restart notices and the resume line.
-DRIVER_LINE = re.compile(r"(error|training stopped|interrupted|warning|worker \d|parameter server|node \S+ (\(\w+\) )?is dead)")
+DRIVER_LINE = re.compile(r"(error|training stopped|interrupted|warning|worker \d|parameter server|node \S+ (\(\w+\) )?is dead"
+                         r"|resumed from|removed checkpoint)")
 
 
 def driver_lines(log: str) -> list[str]:
@@ -217,9 +218,7 @@ class Case:
                 rec["job_seconds"] = round(time.monotonic() - t_job, 1)
             with open(log1) as fh:
                 text = fh.read()
-            rec["lines"] = driver_lines(text)
-            status = re.search(r"Status message: (.*?)(, last available logs|$)", text, re.MULTILINE)
-            rec["ray_status"] = status.group(1) if status else None
+            rec.update(read_log(text))
             rec["finished"] = rc == 0
             rec["latest_after"] = latest(self.model)
             if "fault_at" in rec:
@@ -292,6 +291,27 @@ class Case:
         rec["resume_lines"] = driver_lines(text)
 
 
+def read_log(text: str) -> dict:
+    """What a job printed: the driver's lines, and Ray's status message for a job that failed."""
+    status = re.search(r"Status message: (.*?)(, last available logs|$)", text, re.MULTILINE)
+    return {"lines": driver_lines(text), "ray_status": status.group(1) if status else None}
+
+
+def reread(records: list[dict], work: str) -> None:
+    """Each record's lines read again from its job logs under `work`, where they are still there (so that
+    runs made in parts show their lines as this version of driver_lines picks them)."""
+    for r in records:
+        for log, key in (("job1.log", None), ("job2.log", "resume_lines")):
+            path = os.path.join(work, r["fault"], log)
+            if os.path.exists(path) and (key is None or r.get("resumed")):
+                with open(path) as fh:
+                    found = read_log(fh.read())
+                if key:
+                    r[key] = found["lines"]
+                else:
+                    r.update(found)
+
+
 def short(line: str, width: int = 160) -> str:
     line = line.replace("|", "\\|")
     return line if len(line) <= width else line[:width - 1] + "…"
@@ -308,11 +328,11 @@ def table(records: list[dict]) -> str:
             f"(nothing; Ray: {r['ray_status']})" if r.get("ray_status") else "(nothing)")
         if r.get("hang"):
             printed += f"<br>**{r['hang']}**"
-        finished = "yes" if r.get("finished") else "no" + (f" (stopped {r['ended_after_fault_seconds']:g} s after the "
-                                                          "fault)" if "ended_after_fault_seconds" in r else "")
+        finished = f"yes (job {r['job_seconds']:g} s)" if r.get("finished") else "no" + (
+            f" (stopped {r['ended_after_fault_seconds']:g} s after the fault)" if "ended_after_fault_seconds" in r else "")
         if r.get("resumed"):
-            resumed = "yes, " + ("finished" if r.get("resume_finished") else "**failed**: "
-                                 + "<br>".join(short(x) for x in r.get("resume_lines", [])))
+            resumed = "yes, " + (f"finished (job {r['resume_seconds']:g} s)" if r.get("resume_finished") else "**failed**")
+            resumed += "".join(f"<br>{short(x)}" for x in r.get("resume_lines", []))
         else:
             resumed = "no"
         got = r.get("recall@10")
@@ -355,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         records = []
         for path in args.from_json:
             with open(path) as fh:
-                records += json.load(fh)["records"]
+                saved = json.load(fh)
+            reread(saved["records"], saved["settings"]["work"])
+            records += saved["records"]
         report(sorted(records, key=lambda r: r["fault"] != "undisturbed"))
         return 0
     for flag in ("corpus", "heldout", "work"):

@@ -52,13 +52,15 @@ def test_lost_is_latest_going_back_or_missing_epochs():
 
 
 def test_the_table_compares_each_fault_with_the_undisturbed_run():
-    records = [{"fault": "undisturbed", "what": "none", "lines": [], "finished": True, "recall@10": 0.2001,
-                "lost": "nothing"},
+    records = [{"fault": "undisturbed", "what": "none", "lines": [], "finished": True, "job_seconds": 90.0,
+                "recall@10": 0.2001, "lost": "nothing"},
                {"fault": "trainer-killed", "what": "trainer killed", "finished": False, "ended_after_fault_seconds": 17.0,
-                "lines": ["error: a | b"], "resumed": True, "resume_finished": True, "recall@10": 0.1990,
+                "lines": ["error: a | b"], "resumed": True, "resume_finished": True, "resume_seconds": 41.5,
+                "resume_lines": ["resumed from v3 (epoch 2, 9,574,406 tokens)"], "recall@10": 0.1990,
                 "lost": "nothing", "latest_before": 3, "latest_after": 3, "latest_final": 9}]
     rows = faults.table(records).splitlines()
     assert rows[0].count("|") == 7 and len(rows) == 4
-    assert rows[2] == "| none | (nothing) | yes | no | 0.2001 | nothing |"
-    assert rows[3] == ("| trainer killed | error: a \\| b | no (stopped 17 s after the fault) | yes, finished | "
+    assert rows[2] == "| none | (nothing) | yes (job 90 s) | no | 0.2001 | nothing |"
+    assert rows[3] == ("| trainer killed | error: a \\| b | no (stopped 17 s after the fault) | yes, finished (job 41.5 s)"
+                       "<br>resumed from v3 (epoch 2, 9,574,406 tokens) | "
                        "0.1990 vs 0.2001 (-0.0011) | nothing (LATEST v3 → v3 → v9) |")
