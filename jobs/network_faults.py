@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", help="a corpus made by prepare (required but with --from-json)")
     ap.add_argument("--heldout", help="its held-out file (prepare --holdout)")
     ap.add_argument("--work", help="a folder for the models and job logs (each fault's is replaced)")
-    ap.add_argument("--faults", nargs="+", choices=list(FAULTS), default=[f for f in FAULTS if f != "ps-killed-no-room"])
+    ap.add_argument("--faults", nargs="*", choices=list(FAULTS), default=[f for f in FAULTS if f != "ps-killed-no-room"])
     ap.add_argument("--no-baseline", action="store_true", help="skip the undisturbed run")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--checkpoint-every", type=float, default=20.0, help="train's --checkpoint-every, seconds")
