@@ -768,10 +768,13 @@ class _Run:
                             "add a node")
         for key, since in self.down.items():
             node = dead.get(self.node_of[key])
-            what = f"{_node_death(node) if node else 'its node is dead'}: it ran {_actor_name(key)}"
+            # every actor of that node still down: a node that held both servers lost both
+            gone = [k for k in self.down if self.node_of[k] == self.node_of[key]]
+            what = f"{_node_death(node) if node else 'its node is dead'}: it ran {_actor_names(gone)}"
             if not missing:
                 if now - since > RESTART_SECONDS:
-                    raise TrainingStopped(f"{what}, and Ray did not restart it within {RESTART_SECONDS:g}s")
+                    raise TrainingStopped(f"{what}, and Ray did not restart {'it' if len(gone) == 1 else 'them'} "
+                                          f"within {RESTART_SECONDS:g}s")
             elif self.grows is False:
                 raise TrainingStopped(f"{what}, which cannot be restarted: {missing}; the Ray cluster cannot grow "
                                       "(it runs no autoscaler)")
