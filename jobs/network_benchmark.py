@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="time from the cluster's first job (by default a one-epoch job runs first, untimed: numba "
                          "compiles its kernels in each cluster's copy of the code)")
     ap.add_argument("--work", help="models and job logs (default: a new temporary folder)")
+    ap.add_argument("--warmup-corpus", help="the corpus of the untimed first job (default: --corpus; a small one "
+                                            "saves an epoch of a large corpus)")
+    ap.add_argument("--ps-memory-gib", type=float, default=4.0,
+                    help="Ray `memory` of each ps node, GiB: at least its server's slice of the tables (plan says)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     why = netcluster.available()
@@ -170,10 +174,12 @@ def main(argv: list[str] | None = None) -> dict:
     for w in args.workers:
         cpus = max(1, args.cpus // w)
         nodes = ["head"] + ["ps"] * args.num_ps + ["trainer"] * w
-        with netcluster.NetCluster(nodes, ps_units=1, trainer_units=1, trainer_cpus=cpus) as cluster:
+        with netcluster.NetCluster(nodes, ps_units=1, trainer_units=1, trainer_cpus=cpus,
+                                   ps_memory=int(args.ps_memory_gib * 1024) * netcluster.MiB) as cluster:
             print(f"[network] {w} worker(s), {cpus} CPU(s) each:\n{cluster.describe()}", file=sys.stderr, flush=True)
             if not args.no_warmup:  # numba compiles its kernels in each new cluster's copy of the code: not timed
-                run_one(cluster, corpus, work, dataclasses.replace(config, epochs=1), w, cpus, 0, f"warmup-w{w}")
+                warm = os.path.abspath(args.warmup_corpus or corpus)
+                run_one(cluster, warm, work, dataclasses.replace(config, epochs=1), w, cpus, 0, f"warmup-w{w}")
             for gbps in args.gbps:
                 row = run_one(cluster, corpus, work, config, w, cpus, gbps)
                 result["runs"].append(row)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -261,3 +263,13 @@ def assert_same_corpus(single: str, parallel: str, heldout: tuple[str, str] | No
     assert corpus_meta(single) == corpus_meta(parallel)
     if heldout:
         assert corpus_tables(heldout[0])["heldout"].equals(corpus_tables(heldout[1])["heldout"])
+
+
+def load_job(name: str, module: str | None = None):
+    """jobs/NAME.py as a module (the jobs are scripts, not a package), registered in sys.modules as
+    `module` (default NAME_job), where its dataclasses look their annotations up."""
+    spec = importlib.util.spec_from_file_location(module or f"{name}_job", os.path.join(ROOT, "jobs", f"{name}.py"))
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded

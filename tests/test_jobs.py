@@ -2,7 +2,6 @@
 to a real Ray head with token authentication on."""
 
 import contextlib
-import importlib.util
 import json
 import os
 import secrets
@@ -17,20 +16,13 @@ import time
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import assert_same_corpus
+from conftest import assert_same_corpus, load_job
 
 from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
-
-
-def load_job(name: str = "train"):
-    spec = importlib.util.spec_from_file_location(f"{name}_job", os.path.join(ROOT, "jobs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def job_config(tmp_path, **overrides) -> str:
@@ -59,7 +51,7 @@ def check_outputs(base, dim=16):
 def test_job_runs_prepare_train_export_index_in_process(ray_cluster, tmp_path, capsys):
     """On the session's Ray, prepare's passes ran as Ray tasks on its 2 CPUs (issue 30, item 5), and
     made the corpus and held-out file that one process makes."""
-    assert load_job().main(["--config", job_config(tmp_path), "--no-progress"]) == 0
+    assert load_job("train").main(["--config", job_config(tmp_path), "--no-progress"]) == 0
     check_outputs(tmp_path)
     out = capsys.readouterr().out
     assert "held-out recall@10: model" in out and "similar users" in out
@@ -77,7 +69,7 @@ def test_a_job_prepares_on_the_cluster_it_runs_on(monkeypatch):
     --parallel says otherwise; on one machine with no Ray, in their own process."""
     import ray
 
-    job = load_job()
+    job = load_job("train")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     train = TrainConfig(seed=7)
@@ -94,7 +86,7 @@ def test_a_job_prepares_on_the_cluster_it_runs_on(monkeypatch):
 
 
 def test_job_reuses_a_prepared_corpus_and_flags_override_yaml(ray_cluster, tmp_path, capsys):
-    job = load_job()
+    job = load_job("train")
     config = job_config(tmp_path)
     assert job.main(["--config", config, "--no-progress"]) == 0
     assert job.main(["--config", config, "--no-progress", "--dim", "24"]) == 0
@@ -105,7 +97,7 @@ def test_job_reuses_a_prepared_corpus_and_flags_override_yaml(ray_cluster, tmp_p
 def test_job_reports_a_bad_config_in_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("epochz: 3\n")
-    assert load_job().main(["--config", str(bad)]) == 2
+    assert load_job("train").main(["--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "unknown config key(s): epochz" in err and str(bad) in err
 
@@ -113,7 +105,7 @@ def test_job_reports_a_bad_config_in_one_line(tmp_path, capsys):
 def test_the_job_takes_an_init_from_models_shape_as_train_does(trained_model, tmp_path):
     """Issue 26, item 8: jobs/train.py --init-from takes the model's dim (32 here) like train --init-from;
     the config's own dim, when it says another, is refused naming the file."""
-    job = load_job()
+    job = load_job("train")
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump({"corpus": str(tmp_path / "corpus"), "out": str(tmp_path / "model"), "epochs": 1}))
     _, _, cfg, _ = job.parse(["--config", str(config), "--init-from", trained_model])
@@ -158,7 +150,7 @@ def test_a_config_of_training_keys_only_runs_on_the_sample(capsys):
     """`python jobs/train.py --config jobs/configs/fast.yaml` (then a recipe of training keys) crashed with a
     TypeError on the unset corpus; a config with no input, corpus or out now runs on the bundled sample,
     with its own model."""
-    job, prep, cfg, _ = load_job().parse(["--config", os.path.join(ROOT, "jobs", "configs", "gpu.yaml")])
+    job, prep, cfg, _ = load_job("train").parse(["--config", os.path.join(ROOT, "jobs", "configs", "gpu.yaml")])
     assert job.input == [os.path.join(ROOT, "data", "sample", "events")]
     assert job.corpus == os.path.join(ROOT, "runs", "sample", "corpus")  # shared with the sample's run
     assert job.out == os.path.join(ROOT, "runs", "gpu", "model")  # but a model of its own
@@ -171,7 +163,7 @@ def test_a_config_of_training_keys_only_runs_on_the_sample(capsys):
 def test_relative_outputs_inside_a_submitted_job_need_a_root(tmp_path, monkeypatch):
     """Under `ray job submit --working-dir`, the working dir is a temporary copy: a relative output there
     vanishes with the job, so it is refused, and --root puts relative outputs where they last."""
-    job_mod = load_job()
+    job_mod = load_job("train")
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip"}}))
     with pytest.raises(job_mod.UserError, match=r"sample.yaml: 'corpus' is the relative path runs/sample/corpus, "
                                                 r"which inside `ray job submit --working-dir` lands in Ray's temporary"):

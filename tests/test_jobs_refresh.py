@@ -5,11 +5,9 @@ job runs in this process, on the session's Ray."""
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 import shutil
-import sys
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,7 +15,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import assert_same_corpus
+from conftest import assert_same_corpus, load_job
 
 from doc2vec_dist import outputs
 from doc2vec_dist.checkpoint import ModelDir
@@ -27,14 +25,6 @@ from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAY = 86_400
-
-
-def load_job(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_job", os.path.join(ROOT, "jobs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # where its dataclasses look their annotations up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

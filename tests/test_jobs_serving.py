@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -10,18 +9,12 @@ import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
+from conftest import load_job
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.checkpoint import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_job(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_job", os.path.join(ROOT, "jobs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, trained_model, tmp_path, capsys):

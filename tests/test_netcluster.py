@@ -15,7 +15,6 @@ within Ray's detection time, nothing committed is lost, and the resumed job comp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -25,19 +24,12 @@ import sys
 import time
 
 import pytest
+from conftest import load_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("netcluster", os.path.join(ROOT, "jobs", "netcluster.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["netcluster"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-netcluster = _load()
+netcluster = load_job("netcluster", "netcluster")
 WHY_NOT = netcluster.available()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(WHY_NOT is not None, reason=f"{WHY_NOT}")]
 

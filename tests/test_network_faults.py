@@ -3,22 +3,9 @@ the resume command they name, what counts as lost, and the table (issue 28, item
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+from conftest import load_job
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("network_faults", os.path.join(ROOT, "jobs", "network_faults.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["network_faults"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-faults = _load()
+faults = load_job("network_faults", "network_faults")
 
 LOG = """2026-11-26 15:45:35,028	INFO job_manager.py:581 -- Runtime env is setting up.
 Running entrypoint for job raysubmit_x: python -m doc2vec_dist train --corpus /c --out /m --no-progress
