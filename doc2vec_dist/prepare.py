@@ -238,15 +238,28 @@ def _runner(config: PrepareConfig):
         yield found
 
 
-def _ray_memory(runner, wanted: int) -> int:
-    """The memory a Ray task of prepare reserves; refused in one line when no node has that much."""
+def _ray_memory(runner, wanted: int, say: bool = False) -> int:
+    """The memory a Ray task of prepare reserves; refused in one line when no node has that much.
+    say: log what that means for a node (the partition and shard tasks' reservation, said once)."""
     if runner.in_process:
         return 0
     largest = runners.largest_node_memory()
     if largest is not None and wanted > largest:
         raise UserError(f"a task of prepare needs about {wanted / 2**30:.1f} GiB, and the largest node of the Ray "
                         f"cluster offers {largest / 2**30:.1f} GiB: give a smaller --memory-budget-bytes")
+    if say:
+        log.info(task_memory_line(wanted, runner.tasks, largest))
     return wanted
+
+
+def task_memory_line(wanted: int, tasks: int, largest: int | None) -> str:
+    """What prepare's tasks ask of the nodes: each task's reservation, the whole job's at `tasks` at
+    once, and how many fit the largest node's memory (its CPUs permitting)."""
+    line = (f"prepare: each partition and shard task reserves {wanted / 2**30:.2f} GiB of Ray memory; {tasks} at "
+            f"once need {tasks * wanted / 2**30:.2f} GiB across the cluster")
+    if largest:
+        line += f"; the largest node ({largest / 2**30:.1f} GiB) runs up to {largest // wanted} at once"
+    return line
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -668,7 +681,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         vocab_tokens = p1.vocab["token"].combine_chunks()
         with pa.OSFile(s.vocab_path(), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("token", pa.string())])) as w:
             w.write_table(pa.table({"token": vocab_tokens}), max_chunksize=1 << 20)
-        memory = _ray_memory(runner, passes.task_bytes(c.memory_budget_bytes, len(vocab_tokens)))
+        memory = _ray_memory(runner, passes.task_bytes(c.memory_budget_bytes, len(vocab_tokens)), say=True)
         parts = blocks + (found_base.parts(join) if s.base_rows else [])
         bar.start("partition")
         spills = _pass2(parts, s, runner, bar, memory)

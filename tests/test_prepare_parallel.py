@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,9 +41,25 @@ def _both(inputs, tmp_path, name: str, holdout: bool = False, **settings) -> tup
     return made[0], made[1]
 
 
-def test_the_sample_prepared_by_ray_tasks_is_the_single_process_corpus(ray_cluster, tmp_path):
+def test_the_sample_prepared_by_ray_tasks_is_the_single_process_corpus(ray_cluster, tmp_path, logged):
     one, _ = _both([SAMPLE_EVENTS], tmp_path, "sample", holdout=True, time_col="ts", num_shards=3)
     assert corpus_meta(one)["num_shards"] == 3 and corpus_meta(one)["heldout_pairs"] > 0
+    # what the tasks ask of the nodes, said once: each task's reservation, the job's, the largest node's share
+    said = [r.getMessage() for r in logged.records if "Ray memory" in r.getMessage()]
+    assert len(said) == 1, said
+    each, whole, fits = map(float, re.match(r"prepare: each partition and shard task reserves ([\d.]+) GiB of Ray "
+                                            r"memory; 2 at once need ([\d.]+) GiB across the cluster; the largest "
+                                            r"node \([\d.]+ GiB\) runs up to (\d+) at once", said[0]).groups())
+    assert each > 0 and whole == pytest.approx(2 * each, abs=0.011) and fits >= 1
+
+
+def test_the_memory_line_counts_tasks_and_the_largest_node():
+    from doc2vec_dist.prepare import task_memory_line
+
+    assert task_memory_line(1 << 30, 4, 10 << 30) == ("prepare: each partition and shard task reserves 1.00 GiB of "
+                                                      "Ray memory; 4 at once need 4.00 GiB across the cluster; the "
+                                                      "largest node (10.0 GiB) runs up to 10 at once")
+    assert task_memory_line(1 << 30, 1, None).endswith("1 at once need 1.00 GiB across the cluster")
 
 
 @pytest.mark.parametrize("parallel", [1, 2])
