@@ -238,17 +238,14 @@ def _runner(config: PrepareConfig):
         yield found
 
 
-def _ray_memory(runner, wanted: int, say: bool = False) -> int:
-    """The memory a Ray task of prepare reserves; refused in one line when no node has that much.
-    say: log what that means for a node (the partition and shard tasks' reservation, said once)."""
+def _ray_memory(runner, wanted: int) -> int:
+    """The memory a Ray task of prepare reserves; refused in one line when no node has that much."""
     if runner.in_process:
         return 0
     largest = runners.largest_node_memory()
     if largest is not None and wanted > largest:
         raise UserError(f"a task of prepare needs about {wanted / 2**30:.1f} GiB, and the largest node of the Ray "
                         f"cluster offers {largest / 2**30:.1f} GiB: give a smaller --memory-budget-bytes")
-    if say:
-        log.info(task_memory_line(wanted, runner.tasks, largest))
     return wanted
 
 
@@ -681,7 +678,9 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         vocab_tokens = p1.vocab["token"].combine_chunks()
         with pa.OSFile(s.vocab_path(), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("token", pa.string())])) as w:
             w.write_table(pa.table({"token": vocab_tokens}), max_chunksize=1 << 20)
-        memory = _ray_memory(runner, passes.task_bytes(c.memory_budget_bytes, len(vocab_tokens)), say=True)
+        memory = _ray_memory(runner, passes.task_bytes(c.memory_budget_bytes, len(vocab_tokens)))
+        # what the tasks ask of the nodes, said once the bar has closed (a line under a live bar breaks it)
+        memory_line = task_memory_line(memory, runner.tasks, runners.largest_node_memory()) if memory else None
         parts = blocks + (found_base.parts(join) if s.base_rows else [])
         bar.start("partition")
         spills = _pass2(parts, s, runner, bar, memory)
@@ -694,6 +693,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         seconds = bar.timings()
     finally:
         bar.close()
+    if memory_line:
+        log.info(memory_line)
     if p3.refresh is not None:
         _check_overlap(found_base, p3.refresh, p1, c.doc_col, window is not None)
 
