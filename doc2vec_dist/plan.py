@@ -42,7 +42,7 @@ Time
       startup (servers initialise their rows: calibration startup + the extra rows × the init time
       of one row, measured here), checkpoints (table bytes / the calibration's checkpoint rate).
 
-Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers, each bounded by three rates; _expected_rate
+Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers, each bounded by three rates; expected_rate
 combines them: the streamed rows' traffic overlaps compute, the held rows' adds to it)
 
     compute: W × the calibrated tokens/s of one worker;
@@ -260,13 +260,13 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
                  "servers": config.num_ps * rows_per_busy_second / (per_token / row)
                  if rows_per_busy_second and per_token else None,
                  "network": links / per_token if per_token else None}
-        expected, bound = _expected_rate(rates, moved, links)
+        expected, bound = expected_rate(rates, moved, links)
         out.append({"workers": w, "bytes_per_token": moved, "total_bytes_per_token": per_token,
                     "rates": rates, "tokens_per_second": expected, "bound": bound})
     return out
 
 
-def _expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None, str | None]:
+def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None, str | None]:
     """The expected tokens/s and what bounds it. The rows streamed with each macro-batch (pulled,
     pushed) move while the worker computes, so compute and that traffic overlap; the rows a worker
     holds (its block each round, its resident tables) move at a round's or an epoch's end while it

@@ -99,15 +99,15 @@ def run_one(cluster: netcluster.NetCluster, corpus: str, work: str, config: Trai
 
 
 def expected(rows: list[dict]) -> None:
-    """Each capped row's expected rate, as plan combines its bounds (plan._expected_rate): its network
+    """Each capped row's expected rate, as plan combines its bounds (plan.expected_rate): its network
     rate, and for compute what the same cluster trained uncapped; and measured ÷ expected."""
-    from doc2vec_dist.plan import _expected_rate
+    from doc2vec_dist.plan import expected_rate
 
     for row in rows:
         free = [r["tokens_per_second"] for r in rows if r["workers"] == row["workers"] and not r["gbps"]]
         if row["gbps"] and row["planned_network"]:
             rates = {"compute": free[0] if free else None, "servers": None, "network": row["planned_network"]}
-            row["expected"], row["bound"] = _expected_rate(rates, row["planned_bytes"],
+            row["expected"], row["bound"] = expected_rate(rates, row["planned_bytes"],
                                                            row["planned_link_bytes_per_second"])
             row["measured_over_expected"] = row["tokens_per_second"] / row["expected"]
 
