@@ -173,6 +173,9 @@ class TrainConfig:
                                         "refused (0: refuse at once); a cluster that cannot grow is refused at once",
                                    engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
+    resident_docs: bool = _f(True, "on the block schedule, each worker keeps its documents' rows for the epoch; the "
+                                   "trainer turns it off where only that makes the run fit the cluster's memory",
+                             flag=False, engine=True)
 
     def __post_init__(self) -> None:
         """Refuse a config no run could train, at construction: a library caller building one gets
@@ -208,7 +211,7 @@ class TrainConfig:
         """Rows of docs each worker keeps resident for the run: on the block schedule, its share of
         the documents (none else writes them), where they fit RESIDENT_AUTO_BYTES; else none (each
         macro-batch pulls and pushes its own)."""
-        if not self.blocks():
+        if not self.blocks() or not self.resident_docs:
             return 0
         share = -(-num_docs // self.num_workers)
         return share if share * 4 * self.table("docs", num_docs).width <= RESIDENT_AUTO_BYTES else 0

@@ -22,6 +22,7 @@ measure: one figure for both.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -210,6 +211,26 @@ def fit_problems(config: Any, tables: dict[str, TableSpec], resources: dict[str,
                         f"{have / 2**30:.1f} GiB of memory; lower --num-ps or --num-workers (each is a process of "
                         "its own), or run `doc2vec-dist plan` for the details")
     return problems
+
+
+def without_resident_documents(config: Any, tables: dict[str, TableSpec], resources: dict[str, float]) -> Any | None:
+    """The config whose workers do not keep their documents resident (each macro-batch pulls and pushes its
+    documents' rows instead, as with one worker), where that alone makes a run that does not fit
+    `resources` fit them; else None. On the block schedule a worker keeps its share of the documents for
+    the epoch, beside the servers' copy: a second copy of the largest table."""
+    if not config.resident_documents(tables["docs"].rows):
+        return None
+    lighter = dataclasses.replace(config, resident_docs=False)
+    return None if fit_problems(lighter, tables, resources) else lighter
+
+
+def resident_documents_line(config: Any, tables: dict[str, TableSpec], resources: dict[str, float]) -> str:
+    """What a run that drops its resident documents prints: why, in memory."""
+    per_ps, per_worker = run_memory_bytes(config, tables)
+    need = config.num_ps * per_ps + config.num_workers * per_worker
+    return (f"the workers do not keep their documents resident: with them the run needs {need / 2**30:.1f} GiB, "
+            f"the Ray cluster has {resources.get('memory', 0) / 2**30:.1f} GiB; each macro-batch pulls and pushes "
+            "its documents' rows instead")
 
 
 # -- does each actor fit a node ----------------------------------------------------------------------

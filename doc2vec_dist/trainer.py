@@ -36,7 +36,9 @@ from .placement import (
     node_fit_problem,
     node_label,
     ps_options,
+    resident_documents_line,
     run_bundles,
+    without_resident_documents,
     worker_options,
 )
 from .ps import ParameterServer, table_specs
@@ -107,25 +109,34 @@ def local_object_store_bytes() -> int:
     return int(min(max(0.15 * ram, 1 << 30), 4 << 30))
 
 
-def check_fit(config: TrainConfig, tables: dict[str, TableSpec], started_here: bool | None) -> None:
-    """Refuse a run whose servers and workers cannot fit, before any actor starts.
+def check_fit(config: TrainConfig, tables: dict[str, TableSpec], started_here: bool | None) -> TrainConfig:
+    """Refuse a run whose servers and workers cannot fit, before any actor starts; returns the config to run.
 
     started_here None: before connecting, for a local Ray that connect() will start (its resources are
     known without starting it, so the refusal is immediate). True: a local Ray we started. False: a
     cluster we joined: each actor must fit one live node (placement.node_fit_problem) and all of them
-    the cluster's totals (placement.fit_problems). What does not fit is refused at once where the
-    cluster cannot grow, and where GPUs are missing (GPU nodes are up before a job, deploy/README.md);
-    elsewhere the run waits up to --wait-for-resources seconds for the autoscaler (wait_for_nodes).
+    the cluster's totals (placement.fit_problems). A run that fits only without the workers' resident
+    documents runs without them, saying so (placement.without_resident_documents). What does not fit is
+    refused at once where the cluster cannot grow, and where GPUs are missing (GPU nodes are up before a
+    job, deploy/README.md); elsewhere the run waits up to --wait-for-resources seconds for the
+    autoscaler (wait_for_nodes).
     """
     if started_here is None:
-        problems = fit_problems(config, tables, local_resources(local_object_store_bytes()))
+        resources = local_resources(local_object_store_bytes())
+        problems = fit_problems(config, tables, resources)
     else:
+        resources = ray.cluster_resources()
         problems = _cluster_problems(config, tables)
     if not problems:
-        return
+        return config
+    lighter = without_resident_documents(config, tables, resources)
+    if lighter is not None and (started_here is None or not _cluster_problems(lighter, tables)):
+        log.info(resident_documents_line(config, tables, resources))
+        return lighter
     if started_here is not False or " GPU" in problems[0]:
         raise UserError(problems[0])
     wait_for_nodes(config, tables, problems[0])
+    return config
 
 
 def _cluster_problems(config: TrainConfig, tables: dict[str, TableSpec]) -> list[str]:
@@ -359,7 +370,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
                  + ", ".join(f"{name} {rows:,} of {tables[name].rows:,} rows" for name, rows in warm.rows.items()))
     local = not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS"))
     if local:
-        check_fit(config, tables, None)  # a local Ray's resources are known before starting it
+        config = check_fit(config, tables, None)  # a local Ray's resources are known before starting it
     warned = quality_warnings(config, corpus)
     for message in warned:
         log.warning(f"warning: {message}")
@@ -369,7 +380,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     started_here = connect(config.address)
     try:
         t_start = time.perf_counter()
-        check_fit(config, tables, started_here)  # before anything is written
+        config = check_fit(config, tables, started_here)  # before anything is written
         if not config.resume:
             made = checkpoint.start_model_dir(out, corpus.path, overwrite)
         run = _Run(out, config, corpus, resume, on_epoch, report_at, warm)

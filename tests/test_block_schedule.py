@@ -149,3 +149,23 @@ def test_the_scaling_job_measures_workers_and_threads_beside_gensim(ray_cluster,
     assert result["threads"][0]["ours"] is result["workers"][0]  # 1 thread: the one-worker run, not run twice
     assert all(r["gensim"]["tokens_per_second"] > 0 for r in result["threads"])
     assert json.loads(out.read_text())["threads"][1]["threads"] == 2
+
+
+def test_a_block_run_without_resident_documents_trains_the_same_rows(ray_cluster, sample_corpus, tmp_path, monkeypatch,
+                                                                     logged):
+    """A run that fits the cluster only without its workers' resident documents runs without them (each
+    batch pulls and pushes its documents' rows) and, each document still having one writer, trains the
+    same model bit for bit; the batches' counters show the documents moving."""
+    from doc2vec_dist import trainer
+
+    corpus = sample_corpus[0]
+    kept = train(corpus, str(tmp_path / "a"), TrainConfig(**TWO, checkpoint_every=0))
+    # the cluster, as check_fit sees it, has room only for workers without their documents
+    real = trainer._cluster_problems
+    monkeypatch.setattr(trainer, "_cluster_problems",
+                        lambda config, tables: ["too big"] if config.resident_docs else real(config, tables))
+    dropped = train(corpus, str(tmp_path / "b"), TrainConfig(**TWO, checkpoint_every=0))
+    assert "the workers do not keep their documents resident: with them the run needs" in logged.text
+    assert kept["bytes_per_token"]["pulled"] == 0 < dropped["bytes_per_token"]["pulled"]
+    for name, matrix in tables_of(kept["model"]).items():
+        np.testing.assert_array_equal(tables_of(dropped["model"])[name], matrix, err_msg=name)

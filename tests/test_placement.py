@@ -91,6 +91,30 @@ def test_a_workers_memory_need_counts_its_resident_url_rows_where_they_live():
     assert gpu == base
 
 
+def test_a_run_that_fits_only_without_resident_documents_runs_without_them():
+    """20M users on 4 workers once needed 20.6 GiB of a 20.2 GiB machine: each worker's share of the
+    documents, resident beside the servers' copy, was the excess. Where dropping those rows alone makes the
+    run fit, the run drops them (each batch pulls its documents, as one worker does); where it does not, or
+    nothing is resident, there is nothing to drop."""
+    tables = specs(docs=(4_000_000, 100), words_out=(100_000, 100))
+    config = TrainConfig(dim=100, num_workers=4, cpus_per_worker=1)
+    assert config.resident_documents(4_000_000) == 1_000_000
+    per_ps, per_worker = placement.run_memory_bytes(config, tables)
+    need = config.num_ps * per_ps + 4 * per_worker
+    lighter_need = need - 4 * 1_000_000 * 100 * 4
+    resources = {"CPU": 4, "memory": (need + lighter_need) / 2}
+    assert placement.fit_problems(config, tables, resources)
+    lighter = placement.without_resident_documents(config, tables, resources)
+    assert lighter is not None and not lighter.resident_docs and lighter.resident_documents(4_000_000) == 0
+    assert not placement.fit_problems(lighter, tables, resources)
+    assert (lighter.num_workers, lighter.dim, lighter.schedule) == (4, 100, config.schedule)
+    line = placement.resident_documents_line(config, tables, resources)
+    assert line.startswith(f"the workers do not keep their documents resident: with them the run needs {need / 2**30:.1f} GiB")
+    # too small even without them: refused as before; nothing resident: nothing to drop
+    assert placement.without_resident_documents(config, tables, {"CPU": 4, "memory": lighter_need - 1}) is None
+    assert placement.without_resident_documents(TrainConfig(dim=100, num_workers=1), tables, {"CPU": 4, "memory": 1}) is None
+
+
 def test_a_tune_trial_reserves_what_its_actors_request():
     """run_bundles: one bundle per worker and, on a cluster with `ps` nodes, one per server, each
     holding exactly what that actor's options ask Ray for."""
