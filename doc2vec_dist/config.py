@@ -390,6 +390,9 @@ def typed(f: dataclasses.Field, value: Any, where: str = "") -> Any:
     if kind == "float" and isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
         return float(value)  # 1e-4: a number in YAML 1.2, text to PyYAML (YAML 1.1 wants 1.0e-4)
     if kind == "str" and isinstance(value, (str, os.PathLike)):
+        choices = f.metadata.get("choices")
+        if choices and os.fspath(value) not in choices:  # said here, so that a YAML file's line names the file
+            raise UserError(f"{where}bad value for {f.name}: {os.fspath(value)!r} (choose from {', '.join(choices)})")
         return os.fspath(value)
     if kind == "list[str]":
         values = [value] if isinstance(value, (str, os.PathLike)) else value
