@@ -57,7 +57,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from . import outputs, storage
+from . import outputs, precision, storage
 from .config import lr_at
 from .errors import UserError
 from .storage import (
@@ -173,9 +173,33 @@ def _vrel(version: int, rel: str = "") -> str:
 
 
 def vectors_array(matrix: np.ndarray) -> pa.FixedSizeListArray:
-    """A [n, dim] float32 (or float16) matrix as fixed_size_list<float>[dim], without copying."""
-    matrix = np.ascontiguousarray(matrix, dtype=np.float16 if matrix.dtype == np.float16 else np.float32)
+    """A [n, dim] float32 (or float16, or bfloat16's bits as uint16) matrix as fixed_size_list<float>[dim],
+    without copying."""
+    kept = np.float16 if matrix.dtype == np.float16 else np.uint16 if matrix.dtype == np.uint16 else np.float32
+    matrix = np.ascontiguousarray(matrix, dtype=kept)
     return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+
+
+# A part file's vectors by the table's dtype (precision.py): Arrow's float and halffloat, and bfloat16
+# as its bits (Arrow has no bfloat16), named in the schema's metadata under DTYPE_KEY
+PART_VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "bfloat16": pa.uint16()}
+DTYPE_KEY = b"doc2vec.dtype"
+
+
+def part_dtype(schema: pa.Schema) -> str | None:
+    """The dtype of a part file's vectors by its schema (None: not one a part holds)."""
+    vector = schema.field("vector").type if "vector" in schema.names else None
+    if vector is None or not pa.types.is_fixed_size_list(vector):
+        return None
+    named = (schema.metadata or {}).get(DTYPE_KEY, b"").decode(errors="replace") or None
+    value = vector.value_type
+    if value == pa.float32() and named in (None, "float32"):
+        return "float32"
+    if value == pa.float16() and named in (None, "float16"):
+        return "float16"
+    if value == pa.uint16() and named == "bfloat16":
+        return "bfloat16"
+    return None
 
 
 def matrix_of(vectors: pa.Array | pa.ChunkedArray, dim: int) -> np.ndarray:
@@ -192,7 +216,7 @@ def matrix_of(vectors: pa.Array | pa.ChunkedArray, dim: int) -> np.ndarray:
 
 def write_slice(model: str, version: int, table: str, shard: int, num_shards: int,
                 ids: np.ndarray, matrix: np.ndarray, state: np.ndarray | None = None,
-                rows_per_batch: int = 65536, *, fs: pafs.FileSystem | None = None) -> dict:
+                rows_per_batch: int = 65536, *, dtype: str = "float32", fs: pafs.FileSystem | None = None) -> dict:
     """Write one shard's slice of a table as an Arrow file; returns its manifest entry.
 
     `ids` are the global rows of shard `shard` of `num_shards` (r % num_shards == shard), in any
@@ -200,6 +224,10 @@ def write_slice(model: str, version: int, table: str, shard: int, num_shards: in
     none of its rows. state [n, 1], if given and not empty, is the rows' optimiser state (row-wise
     Adagrad's accumulator), written as the column `adagrad` beside the vectors. The sha256 is
     computed on the bytes as they are written.
+
+    dtype: the table's (precision.py), which `matrix` holds: float32, float16 (written as Arrow's
+    halffloat) or bfloat16 (its bits, uint16, written as such with the type named in the schema's
+    metadata); the state is float32 whatever the dtype.
     """
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r} (choose from {', '.join(TABLES)})")
@@ -211,11 +239,11 @@ def write_slice(model: str, version: int, table: str, shard: int, num_shards: in
     if len(ids) and (ids.min() < 0 or np.any(ids % num_shards != shard)):
         raise ValueError(f"ids of shard {shard} of {num_shards} must all be ≡ {shard} (mod {num_shards})")
     rel = f"{table}/{part_name(shard, num_shards)}"
-    fields = [("id", pa.int64()), ("vector", pa.list_(pa.float32(), matrix.shape[1]))]
+    fields = [("id", pa.int64()), ("vector", pa.list_(PART_VALUE_TYPES[dtype], matrix.shape[1]))]
     with_state = state is not None and state.shape[1] > 0
     if with_state:
         fields.append(("adagrad", pa.float32()))
-    schema = pa.schema(fields)
+    schema = pa.schema(fields, metadata=None if dtype == "float32" else {DTYPE_KEY: dtype.encode()})
 
     def produce(sink: HashingSink) -> None:
         with pa.PythonFile(sink, mode="w") as out, pa.ipc.new_file(out, schema) as writer:
@@ -275,8 +303,9 @@ def _latest(store: Store, strict: bool) -> int | None:
 
 
 def commit(model: str, version: int, tables: dict[str, list[dict]], dims: dict[str, int],
-           extra: dict, keep: int, *, fs: pafs.FileSystem | None = None) -> str:
+           extra: dict, keep: int, *, dtype: str = "float32", fs: pafs.FileSystem | None = None) -> str:
     """Write the manifest of a version whose parts are all written, then point LATEST at it, then prune.
+    dtype: the type the parts hold the vectors in (write_slice), recorded per table.
 
     The manifest is validated as a reader would, and every part it lists must be there with its
     size, before anything is written: LATEST moves only to a whole version.
@@ -291,7 +320,7 @@ def commit(model: str, version: int, tables: dict[str, list[dict]], dims: dict[s
         "format_version": FORMAT_VERSION,
         "version": version,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "tables": {name: {"rows": sum(p["rows"] for p in parts), "dim": dims[name], "dtype": "float32",
+        "tables": {name: {"rows": sum(p["rows"] for p in parts), "dim": dims[name], "dtype": dtype,
                           "parts": parts} for name, parts in tables.items()},
     }
     clash = set(extra) & set(manifest)
@@ -346,7 +375,7 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
         done = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
         planned = corpus.tokens_before(config.epochs, config.first_epoch)
         lr = lr_at(config.alpha, config.min_alpha, done, planned)
-        commit(out, version, tables, {name: config.dim for name in tables},
+        commit(out, version, tables, {name: config.dim for name in tables}, dtype=config.dtype, extra=
                {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],
                 "lr": lr, "num_ps": config.num_ps,
                 "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
@@ -389,12 +418,13 @@ def discard_partial_versions(model: str, *, fs: pafs.FileSystem | None = None) -
 
 def version_bytes(tables, parts: int = 1) -> int:
     """About the bytes of one checkpoint version of `tables` (TableSpecs) written by `parts` servers:
-    each row's id (int64), vector and optimiser state (float32), as write_slice lays them out, and
-    the Arrow framing of each part file and record batch. What a disk needs free for a checkpoint."""
+    each row's id (int64), vector (in the table's dtype) and optimiser state (float32), as write_slice
+    lays them out, and the Arrow framing of each part file and record batch. What a disk needs free
+    for a checkpoint."""
     size = 0
     for t in tables:
         batches = t.rows // 65536 + parts  # each part's batches of up to 65,536 rows
-        size += t.rows * (8 + 4 * (t.dim + t.state)) + 1024 * parts + 256 * batches
+        size += t.rows * (8 + t.row_bytes) + 1024 * parts + 256 * batches
     return size
 
 
@@ -492,8 +522,8 @@ def validate_manifest(manifest: Any, where: str, version: int | None = None) -> 
             raise bad(f"{f}.dim", "a positive integer", spec.get("dim"))
         if not _is_int(spec.get("rows")) or spec["rows"] < 0:
             raise bad(f"{f}.rows", "a non-negative integer", spec.get("rows"))
-        if spec.get("dtype", "float32") != "float32":
-            raise bad(f"{f}.dtype", "'float32'", spec.get("dtype"))
+        if spec.get("dtype", "float32") not in PART_VALUE_TYPES:
+            raise bad(f"{f}.dtype", " or ".join(repr(d) for d in PART_VALUE_TYPES), spec.get("dtype"))
         parts = spec.get("parts")
         if not isinstance(parts, list) or not parts:
             raise bad(f"{f}.parts", "a non-empty list")
@@ -592,13 +622,16 @@ class _Part:
         return "adagrad" in self.reader.schema.names
 
     def batches(self, dim: int, rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-        """(ids, vectors [n, dim], adagrad [n, 1] or None) per record batch, zero-copy views of the map."""
+        """(ids, vectors [n, dim] float32, adagrad [n, 1] or None) per record batch, zero-copy views of
+        the map; a 16-bit part's vectors (float16, bfloat16: precision.py) widened to float32 a batch
+        at a time, so every reader gets float32 whatever the run's --dtype."""
         schema = self.reader.schema
         vector = schema.field("vector").type if "vector" in schema.names else None
-        if ("id" not in schema.names or schema.field("id").type != pa.int64()
-                or vector is None or not pa.types.is_fixed_size_list(vector) or vector.value_type != pa.float32()
+        dtype = part_dtype(schema)
+        if ("id" not in schema.names or schema.field("id").type != pa.int64() or dtype is None
                 or (self.has_state and schema.field("adagrad").type != pa.float32())):
-            raise UserError(f"{self.shown}: not a checkpoint part (expected columns id, vector float32[{dim}])")
+            raise UserError(f"{self.shown}: not a checkpoint part (expected columns id, vector float32[{dim}], "
+                            "or halffloat, or bfloat16's bits as uint16 named in the schema's metadata)")
         if vector.list_size != dim:
             raise UserError(f"{self.shown}: vectors have {vector.list_size} dims, the manifest says {dim}")
         with_state = self.has_state
@@ -615,7 +648,8 @@ class _Part:
                 break
             if batch.num_rows:
                 state = batch.column("adagrad").to_numpy(zero_copy_only=False)[:, None] if with_state else None
-                yield batch.column("id").to_numpy(), matrix_of(batch.column("vector"), dim), state
+                vectors = precision.widen(matrix_of(batch.column("vector"), dim), dtype)
+                yield batch.column("id").to_numpy(), vectors, state
             self._release(batch)
         if seen != rows:
             raise UserError(f"{self.shown}: {seen} rows, the manifest says {rows}; the checkpoint is damaged")
@@ -828,7 +862,7 @@ def _scatter(out: np.ndarray, seen: np.ndarray, local: np.ndarray, rows: np.ndar
 
 
 def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: int | None = None,
-               verify: bool = True, out: np.ndarray | None = None,
+               verify: bool = True, out: np.ndarray | None = None, dtype: str = "float32",
                fs: pafs.FileSystem | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """This shard's rows of a table: global row r (r % num_shards == shard) at local row r // num_shards.
 
@@ -841,6 +875,10 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
     optimiser state). With `out` (float32 [n, ≥ dim]), vectors go to out[:, :dim] and the state, if
     the checkpoint has one and `out` has room, to out[:, dim:dim + 1]; the returned arrays are views
     of it (columns of `out` the checkpoint has nothing for are left as they are).
+
+    dtype: the type `out` holds (precision.py; a 16-bit server's table, its float32 state in the
+    columns after the vectors): the checkpoint's rows, whatever their own type, are narrowed to it
+    (to nearest: exact for rows written in that type) a record batch at a time.
     """
     if not 0 <= shard < num_shards:
         raise ValueError(f"shard {shard} of {num_shards} is out of range")
@@ -848,10 +886,11 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
     store, version, spec = found.store, found.version, found.spec(table)
     dim = spec["dim"]
     n = len(range(shard, spec["rows"], num_shards))
+    kept = precision.stored(dtype)
     if out is None:
-        out = np.empty((n, dim), dtype=np.float32)
-    elif out.shape[0] != n or out.shape[1] < dim or out.dtype != np.float32:
-        raise ValueError(f"out must be float32 [{n}, >= {dim}], got {out.dtype} {list(out.shape)}")
+        out = np.empty((n, dim), dtype=kept)
+    elif out.shape[0] != n or out.shape[1] < dim or out.dtype != kept:
+        raise ValueError(f"out must be {kept} [{n}, >= {dim}], got {out.dtype} {list(out.shape)}")
     vectors, state, has_state = out[:, :dim], None, None
     seen = np.zeros(n, dtype=bool)
     for part in spec["parts"]:
@@ -863,7 +902,8 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
         if has_state is None:
             has_state = opened.has_state
             if has_state:
-                state = out[:, dim:dim + 1] if out.shape[1] > dim else np.empty((n, 1), np.float32)
+                state = (precision.state_view(out, dtype, dim)[:, :1] if out.shape[1] > dim
+                         else np.empty((n, 1), np.float32))
         elif opened.has_state != has_state:
             raise UserError(f"{opened.shown}: optimiser state in some parts only; the checkpoint is damaged")
         for ids, rows, rows_state in opened.batches(dim, part["rows"]):
@@ -873,7 +913,7 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
                     ids, rows = ids[mine], rows[mine]
                     rows_state = rows_state[mine] if rows_state is not None else None
                 ids = ids // num_shards
-            where = _scatter(vectors, seen, ids, rows, opened.shown, n)
+            where = _scatter(vectors, seen, ids, precision.narrow(rows, dtype), opened.shown, n)
             if state is not None and where is not None:
                 state[where] = rows_state
     if not seen.all():

@@ -72,8 +72,21 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls, engine: bool = True,
             continue
         kind = str(f.type)
         conv = int if kind.startswith("int") else float if kind.startswith("float") else str
-        parser.add_argument(*flags, dest=f.name, type=conv, default=None, choices=f.metadata.get("choices"),
+        choices = f.metadata.get("choices")
+        if choices:  # one line naming the flag for a value not among them, not argparse's usage and error
+            conv, metavar = _one_of(flags[0], choices), "{" + ",".join(choices) + "}"
+        parser.add_argument(*flags, dest=f.name, type=conv, default=None, metavar=metavar if choices else None,
                             help=help_text, action=_OneSetting if len(flags) > 1 else "store")
+
+
+def _one_of(flag: str, choices: tuple[str, ...]):
+    """A flag's argparse type that takes one of `choices`, else a UserError naming the flag and them."""
+    def conv(value: str) -> str:
+        if value not in choices:
+            raise UserError(f"bad value for {flag}: {value!r} (choose from {', '.join(choices)})")
+        return value
+
+    return conv
 
 
 # Flags a user may well give to a command that does not take them (prepare's to a trainer, gensim's names,

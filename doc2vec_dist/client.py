@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import precision
 from .sampling import unique_rows
 from .sharding import Routing
 
@@ -86,7 +87,8 @@ def stage(rows, servers: list):
 
 # -- a worker's side of the servers: routing, the compact layout, pulls, pushes, resident rows ----------------
 
-# What a worker's counters split its traffic with the servers into (bytes, as the arrays hold them):
+# What a worker's counters split its traffic with the servers into (bytes, as the arrays carry them: a
+# 16-bit --dtype's rows count 2 bytes a value):
 # the rows of its macro-batches (documents', and URLs' where they are shared), and the resident rows
 # (the block it holds, or --cache-rows) pulled and pushed whole.
 TRAFFIC = ("pulled", "pushed", "resident_pulled", "resident_pushed")
@@ -249,11 +251,17 @@ class ParameterClient:
 
     def __init__(self, servers: list, table_rows: dict[str, int], *, workers: int, resident: int,
                  resident_tables: tuple[str, ...] = ("words_out",), sole_writer: bool = False,
-                 max_inflight_pushes: int = 2, row_bytes: int = 0):
-        """row_bytes: the bytes of one row as pulled and pushed (its dim and optimiser state, float32),
-        for the traffic counters."""
+                 max_inflight_pushes: int = 2, row_bytes: int = 0, dtype: str = "float32", dim: int = 0,
+                 key: tuple[int, ...] = (0,), rounding: str = "stochastic"):
+        """row_bytes: the bytes of one row as pulled and pushed (its dim in `dtype`, its optimiser state
+        float32), for the traffic counters. dtype, dim: the servers' tables hold rows of `dim` values
+        of `dtype` (precision.py), which this widens to float32 as they arrive and narrows as they
+        leave; with a 16-bit dtype and stochastic `rounding`, push k draws from precision.rng_of(*key, k)
+        (key: the run's seed and the worker), so a run narrows the same way each time."""
         self.servers = connect(servers)
         self.row_bytes = row_bytes
+        self.dtype, self.dim, self.key, self.rounding = dtype, dim, tuple(key), rounding
+        self.narrowed = 0  # pushes narrowed so far: the key of the next one's rounding
         self.num_shards = len(self.servers)
         self.table_rows, self.workers = table_rows, workers
         # a sole writer (the token path) pushes each batch's rows as they are, from a thread of its own
@@ -347,15 +355,24 @@ class ParameterClient:
         self.traffic["pulled"] += rows * self.row_bytes
         return [server.pull.remote(layout.request(s)) for s, server in enumerate(self.servers)]
 
-    @staticmethod
-    def fill(layout: Layout, pulled: list[np.ndarray], local: dict[str, np.ndarray]) -> None:
-        """Copy the pulled rows (read-only, zero-copy from the object store) into the compact matrices."""
+    def fill(self, layout: Layout, pulled: list[np.ndarray], local: dict[str, np.ndarray]) -> None:
+        """Copy the pulled rows (read-only, zero-copy from the object store) into the compact matrices,
+        widened to float32 from a 16-bit dtype."""
         for s, rows in enumerate(pulled):
             at = 0
             for _, name, where, _ in layout.blocks(s):
                 n = where.stop - where.start
-                local[name][where] = rows[at:at + n]
+                precision.widen_rows(rows[at:at + n], self.dtype, self.dim, out=local[name][where])
                 at += n
+
+    def _narrow(self, rows: np.ndarray) -> np.ndarray:
+        """float32 rows (new rows, or deltas) as the servers' dtype carries them: `rows` itself for
+        float32; else narrowed, stochastically from this worker's next Generator unless --rounding nearest."""
+        if self.dtype == "float32":
+            return rows
+        rng = precision.rng_of(*self.key, self.narrowed) if self.rounding == "stochastic" else None
+        self.narrowed += 1
+        return precision.narrow_rows(rows, self.dtype, self.dim, rng)
 
     def push(self, layout: Layout, pulled: list[np.ndarray], local: dict[str, np.ndarray], label: str) -> None:
         """Push what the batch trained, one call per server it pulled from: new − pulled, weighted
@@ -368,8 +385,10 @@ class ParameterClient:
             self.traffic["pushed"] += rows.nbytes
             if self.sole_writer:  # its document rows, one block per server, copied once where the call takes them
                 (_, name, where, _), = (b for b in layout.blocks(s) if b[2].stop > b[2].start)
-                pushes.append((server, layout.request(s), stage(local[name][where], self.servers), label, True))
+                pushes.append((server, layout.request(s), stage(self._narrow(local[name][where]), self.servers),
+                               label, True))
                 continue
+            rows = precision.widen_rows(rows, self.dtype, self.dim)
             delta = np.empty_like(rows)
             at = 0
             for table, name, where, own in layout.blocks(s):
@@ -379,7 +398,7 @@ class ParameterClient:
                 if weights is not None:
                     delta[at:at + n] *= weights[own, None]
                 at += n
-            pushes.append((server, layout.request(s), delta, label, False))
+            pushes.append((server, layout.request(s), self._narrow(delta), label, False))
         if self.pusher is not None:  # sent from its own thread while the next batch computes
             self.pusher.submit(pushes)
         else:
@@ -469,7 +488,7 @@ class ParameterClient:
         """Push a table's resident rows (deltas, or with assign the rows themselves; in id order) and
         wait until every server has applied its part, in calls of at most RESIDENT_CALL_BYTES."""
         held = self._held(table)
-        rows = rows[held.order]
+        rows = self._narrow(rows[held.order])
         self.traffic["resident_pushed"] += rows.nbytes
         calls = []
         for s, server in enumerate(self.servers):
@@ -484,7 +503,6 @@ class ParameterClient:
         """A table's resident rows as the servers hold them, in id order (in calls of at most
         RESIDENT_CALL_BYTES)."""
         held = self._held(table)
-        width = self.row_bytes // 4 if self.row_bytes else None
         parts, at = [], []
         for s, server in enumerate(self.servers):
             for lo, hi in held.pieces(s, self.row_bytes or 1):
@@ -492,10 +510,11 @@ class ParameterClient:
                                                                              hi - held.route.bounds[s]]}))
                 at.append((lo, hi))
         pulled = get(parts)
-        fresh = np.empty((len(held.ids), pulled[0].shape[1] if pulled else (width or 0)), dtype=np.float32)
+        stored = pulled[0].shape[1] if pulled else self.row_bytes // precision.stored(self.dtype).itemsize
+        fresh = np.empty((len(held.ids), precision.float_width(self.dtype, self.dim, stored)), dtype=np.float32)
         grouped = np.empty_like(fresh)
         for (lo, hi), rows in zip(at, pulled):
-            grouped[lo:hi] = rows
+            precision.widen_rows(rows, self.dtype, self.dim, out=grouped[lo:hi])
+            self.traffic["resident_pulled"] += rows.nbytes
         fresh[held.order] = grouped
-        self.traffic["resident_pulled"] += fresh.nbytes
         return fresh

@@ -76,6 +76,10 @@ class PrepareConfig:
         _check_choices(self)
 
 
+# bytes of one value of a table's vectors, by --dtype (precision.py holds the conversions; config.py
+# imports nothing of ours but errors)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
 RESIDENT_AUTO_BYTES = 2 << 30  # resident words_out rows a single worker keeps by default (cache_rows None)
 
 
@@ -97,19 +101,28 @@ class TableSpec:
     dim: int
     state: int = 0
     init: str = "uniform"
+    dtype: str = "float32"
 
     @property
     def width(self) -> int:
-        """Floats a row takes, in a server's table and in a worker's matrices: the vector and its state."""
+        """Floats a row takes in a worker's matrices (float32, whatever the dtype): the vector and its state."""
         return self.dim + self.state
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of a row in a server's table, a pull and a push: the vector in the table's dtype
+        (precision.py), its optimiser state float32."""
+        return self.dim * DTYPE_BYTES[self.dtype] + 4 * self.state
+
     def to_json(self) -> dict:
-        """What a plan's JSON lists under the table's name."""
-        return {"rows": self.rows, "dim": self.dim, "init": self.init, "state": self.state}
+        """What a plan's JSON lists under the table's name (a dtype other than float32 too)."""
+        listed = {"rows": self.rows, "dim": self.dim, "init": self.init, "state": self.state}
+        return listed if self.dtype == "float32" else {**listed, "dtype": self.dtype}
 
     @classmethod
     def from_json(cls, name: str, data: dict) -> TableSpec:
-        return cls(name, data["rows"], data["dim"], state=data.get("state", 0), init=data.get("init", "uniform"))
+        return cls(name, data["rows"], data["dim"], state=data.get("state", 0), init=data.get("init", "uniform"),
+                   dtype=data.get("dtype", "float32"))
 
 
 @dataclass
@@ -128,6 +141,12 @@ class TrainConfig:
     ns_exponent: float = _f(0.75, "exponent of the unigram distribution negatives are drawn from")
     shared_negatives: int = _f(0, "share this many negatives among all examples of a micro-batch, scored as "
                                   "one matrix product (for GPU workers; 0: each example draws its own)", engine=True)
+    dtype: str = _f("float32", "type the parameter servers hold the tables' vectors in, that pulls, pushes and "
+                               "checkpoints carry: 16-bit types halve their bytes; the math stays float32 and "
+                               "Adagrad's accumulator float32", tuple(DTYPE_BYTES), engine=True)
+    rounding: str = _f("stochastic", "how a 16-bit --dtype rounds updated rows: stochastic (seeded, so that an update "
+                                     "below half a unit in the last place still lands on average) or to nearest",
+                       ("stochastic", "nearest"), engine=True)
     optimizer: str = _f("sgd", "sgd (gensim's update) or row-wise adagrad", ("sgd", "adagrad"), engine=True)
     num_ps: int = _f(2, "parameter-server actors; row r lives on server r %% num_ps", engine=True)
     num_workers: int = _f(1, "training worker actors (one per machine: a worker uses all its CPUs' threads)",
@@ -184,7 +203,7 @@ class TrainConfig:
 
     def table(self, name: str, rows: int, init: str = "uniform") -> TableSpec:
         """A table of this run: `rows` rows of dim floats, and row-wise Adagrad's accumulator column."""
-        return TableSpec(name, rows, self.dim, state=int(self.optimizer == "adagrad"), init=init)
+        return TableSpec(name, rows, self.dim, state=int(self.optimizer == "adagrad"), init=init, dtype=self.dtype)
 
     def resident_tables(self, vocab: int) -> dict[str, int]:
         """Rows of each URL table a worker keeps resident: words_out's (resident_rows), and on the
@@ -374,6 +393,9 @@ def typed(f: dataclasses.Field, value: Any, where: str = "") -> Any:
     if kind == "float" and isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
         return float(value)  # 1e-4: a number in YAML 1.2, text to PyYAML (YAML 1.1 wants 1.0e-4)
     if kind == "str" and isinstance(value, (str, os.PathLike)):
+        choices = f.metadata.get("choices")
+        if choices and os.fspath(value) not in choices:  # said here, so that a YAML file's line names the file
+            raise UserError(f"{where}bad value for {f.name}: {os.fspath(value)!r} (choose from {', '.join(choices)})")
         return os.fspath(value)
     if kind == "list[str]":
         values = [value] if isinstance(value, (str, os.PathLike)) else value

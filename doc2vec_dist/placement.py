@@ -49,17 +49,17 @@ PROCESS_BYTES = 512 << 20
 # Above the tables: up to max_concurrency pull results being assembled, the id array a checkpoint
 # writes beside each slice (8 bytes a row), allocator slack.
 PS_HEADROOM = 0.25
-FLOAT_BYTES = 4  # tables are float32
+FLOAT_BYTES = 4  # a worker's matrices are float32 (a server's rows are TableSpec.row_bytes: --dtype)
 
 
 def table_bytes_per_ps(tables: dict[str, TableSpec], num_ps: int) -> int:
     """Bytes of the largest server's slice of every table, optimizer state included.
 
-    tables: the trainer's table specs (ps.table_specs; a row is TableSpec.width floats: Adagrad keeps
-    one float32 accumulator per row). Row r lives on server r % num_ps, so server 0 holds
+    tables: the trainer's table specs (ps.table_specs; a row is TableSpec.row_bytes: its vector in the
+    run's --dtype, Adagrad's float32 accumulator). Row r lives on server r % num_ps, so server 0 holds
     ceil(rows / num_ps) rows of each table.
     """
-    return sum(-(-spec.rows // num_ps) * spec.width * FLOAT_BYTES for spec in tables.values())
+    return sum(-(-spec.rows // num_ps) * spec.row_bytes for spec in tables.values())
 
 
 def ps_memory_bytes(table_bytes: int) -> int:

@@ -105,24 +105,27 @@ OOM_FRACTION = 0.95  # Ray's OOM killer acts above this share of a node's memory
 # -- arithmetic -------------------------------------------------------------------------------------
 
 def shard_table_bytes(tables: dict[str, TableSpec], num_ps: int) -> list[dict[str, int]]:
-    """Per server: bytes of its rows of each table, optimiser columns included (exact row counts).
+    """Per server: bytes of its rows of each table, optimiser columns included (exact row counts), in
+    the tables' dtype (TableSpec.row_bytes: a 16-bit table's vectors take half).
 
     tables: the trainer's table specs (ps.table_specs: docs, words when dbow_words or PV-DM trains
     it, words_out)."""
-    return [{name: rows_on_shard(s, num_ps, spec.rows) * spec.width * FLOAT_BYTES
+    return [{name: rows_on_shard(s, num_ps, spec.rows) * spec.row_bytes
              for name, spec in tables.items()} for s in range(num_ps)]
 
 
 def worker_batch_bytes(profile: dict, width: int) -> int:
     """Private bytes a worker holds for macro-batches: two alive (examples and positions each), the
-    local copy of one batch's pulled rows and its push delta."""
+    local copy of one batch's pulled rows and its push delta (float32, whatever the tables' dtype: the
+    worker's math is float32)."""
     return int(2 * profile["example_bytes"] + 2 * profile["unique_rows"] * width * FLOAT_BYTES)
 
 
 def resident_plan(config: TrainConfig, words_out: TableSpec, docs: TableSpec | None = None) -> dict:
     """The URL rows each worker keeps resident between macro-batches, and where: words_out's hottest
     (all of them with one worker, within 2 GiB), and on the token path words' too where they are
-    trained; in the worker's host memory, or on its GPU."""
+    trained; in the worker's host memory, or on its GPU. They are float32 there whatever the tables'
+    dtype (the worker trains them in place)."""
     tables = config.resident_tables(words_out.rows)
     if docs is not None and config.resident_documents(docs.rows):  # the block schedule: its share of the documents
         tables = {**tables, "docs": config.resident_documents(docs.rows)}
@@ -141,7 +144,7 @@ def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict
     resident = resident_plan(config, tables["words_out"], tables["docs"])
     on_host = resident["bytes"] if resident["on"] == "host" else 0  # on a GPU, its memory holds them
     worker = {"batch": batch, "fixed": worker_fixed, "resident": on_host, "total": batch + worker_fixed + on_host}
-    row_bytes = profile["unique_rows"] * width * FLOAT_BYTES
+    row_bytes = profile["unique_rows"] * tables["words_out"].row_bytes  # in the object store: the tables' dtype
     in_flight = config.num_workers * (2 + config.max_inflight_pushes) * row_bytes
     processes = sum(p["total"] for p in ps) + config.num_workers * worker["total"] + driver + ray_system
     return {"ps": ps, "worker": worker, "resident": resident, "driver": driver, "ray_system": ray_system,
@@ -198,10 +201,11 @@ SCALING_SAMPLE_DOCS = 50_000  # documents counted for the blocks their tokens to
 
 def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: dict | None = None) -> dict:
     """The bytes a run of `workers` workers (else as `config`) moves to and from the servers per token
-    trained, by the workers' counters' kinds (client.TRAFFIC), over an epoch of the corpus."""
+    trained, by the workers' counters' kinds (client.TRAFFIC), over an epoch of the corpus; rows
+    in the tables' dtype (TableSpec.row_bytes)."""
     cfg = dataclasses.replace(config, num_workers=workers)
     tables = table_specs(cfg, corpus)
-    row = tables["words_out"].width * FLOAT_BYTES
+    row = tables["words_out"].row_bytes
     vocab, tokens = corpus.vocab_size, max(corpus.num_tokens, 1)
     if not cfg.token_path(vocab):  # the shared schedule: each macro-batch's unique rows, there and back
         prof = profile if profile is not None and profile["macro_batch"] == effective_macro_batch(
@@ -246,7 +250,7 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
     calibration, the bytes alone."""
     s = (cal or {}).get("summary", {})
     per_worker = s.get("tokens_per_second", 0.0) / max(config.num_workers, 1) or None
-    row = table_specs(config, corpus)["words_out"].width * FLOAT_BYTES
+    row = table_specs(config, corpus)["words_out"].row_bytes
     moved_rows = sum(s.get("bytes", {}).values()) / row
     busy = s.get("server_busy_seconds")
     rows_per_busy_second = moved_rows / busy if busy else None  # one server's rate
@@ -471,7 +475,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     measured = {p["label"]: p for p in (cal or {}).get("processes", [])}
     servers = [p for p in measured.values() if p["role"] == "ps"]
     workers = [p for p in measured.values() if p["role"] == "worker"]
-    pull_per_ps = profile["unique_rows"] * width * FLOAT_BYTES / config.num_ps
+    pull_per_ps = profile["unique_rows"] * tables["words_out"].row_bytes / config.num_ps
     ps_overhead = (ps_fixed or PROCESS_BYTES) + int(PS_RETAINED_PULLS * pull_per_ps)
     sources["ps_overhead"] = (("empty PS measured in a probe actor" if ps_fixed else "a process, modelled")
                               + f" + {PS_RETAINED_PULLS} × one pull's bytes (modelled)")
@@ -578,7 +582,8 @@ def _s(x: float | None) -> str:
 def format_plan(p: dict) -> str:
     c, cfg, mem, prof = p["corpus"], p["config"], p["memory"], p["macro_batch"]
     src = mem["sources"]
-    width = TableSpec.from_json("words_out", p["tables"]["words_out"]).width
+    words_out = TableSpec.from_json("words_out", p["tables"]["words_out"])
+    width, row_bytes = words_out.width, words_out.row_bytes
     mode = cfg["mode"] + (" + dbow_words" if cfg["dbow_words"] else "")
     lines = [f"plan: {c['path']}"]
     lines.append(f"  corpus {c['docs']:,} docs, {c['tokens']:,} tokens ({c['tokens_per_doc']:.1f} a doc), "
@@ -587,7 +592,8 @@ def format_plan(p: dict) -> str:
                  f"{_n(cfg['num_ps'], 'parameter server')}, {_n(cfg['num_workers'], 'worker')}, {_n(cfg['epochs'], 'epoch')}")
     lines.append(f"  macro-batch {prof['macro_batch']:,} tokens: {prof['examples']:,} examples, unique rows "
                  f"{prof['docs']:,} docs + {prof['words']:,} words + {prof['words_out']:,} words_out "
-                 f"= {_gb(prof['unique_rows'] * width * FLOAT_BYTES)} pulled and pushed")
+                 f"= {_gb(prof['unique_rows'] * row_bytes)} pulled and pushed"
+                 + (f" ({words_out.dtype})" if words_out.dtype != "float32" else ""))
     res = mem["resident"]
     held = " + ".join(f"{n} {'all ' if res['all'] else ''}{r:,} rows" for n, r in res["tables"].items() if r)
     lines.append(f"  resident in each worker (its {res['on']} memory): "
@@ -599,9 +605,9 @@ def format_plan(p: dict) -> str:
     lines.append("")
     row("memory (private, per process)", "planned", "how")
     big = max(mem["ps"], key=lambda x: x["total"])
-    parts = ", ".join(f"{n} {b / (width * FLOAT_BYTES):,.0f} rows" for n, b in big["tables"].items())
+    parts = ", ".join(f"{n} {b / row_bytes:,.0f} rows" for n, b in big["tables"].items())
     row(f"parameter server (largest of {len(mem['ps'])})", _gb(big["total"]),
-        f"rows {_gb(big['table_bytes'])} ({parts} × {width} × 4 B) + overhead {_gb(big['overhead'])} "
+        f"rows {_gb(big['table_bytes'])} ({parts} × {row_bytes} B) + overhead {_gb(big['overhead'])} "
         f"[{src['ps_overhead']}]")
     w = mem["worker"]
     row("worker (each)", _gb(w["total"]), f"batches {_gb(w['batch'])} (2 × examples + 2 × {prof['unique_rows']:,} "

@@ -8,6 +8,12 @@ Pushes carry deltas (new − pulled) and are added under the table's lock, so tw
 same row both land; a worker that is the only writer of its rows pushes the rows themselves, written
 over. Pulls take no lock: a pull racing a push may see part of it, which only adds the staleness that
 asynchronous SGD already has.
+
+With a 16-bit --dtype (precision.py) the tables hold 16 bits a value, and pulls and pushes carry them:
+a pushed delta is widened, added to the widened rows and narrowed again, rounded stochastically from
+a Generator keyed by the run's seed, the shard, the table and that table's count of applied pushes
+(applied under its lock, so the same order of pushes gives the same rows); pushed rows (a sole
+writer's) were narrowed by the worker and are written as they come.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, precision
 from .logs import quiet_exit_in_finalizers
 from .sharding import global_rows, rows_on_shard
 
@@ -66,20 +72,21 @@ def _set_rows(table: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
         table[ids[i]] = rows[i]
 
 
-def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 16) -> None:
-    """out[:] = U[-1, 1) / dim, a block of rows at a time: a 10M-row table needs no second copy."""
+def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 16, dtype: str = "float32") -> None:
+    """out[:] = U[-1, 1) / dim, a block of rows at a time: a 10M-row table needs no second copy. A
+    16-bit table takes the same draws rounded to nearest."""
     dim = out.shape[1]
     for at in range(0, len(out), block):
         rows = rng.random((min(block, len(out) - at), dim), dtype=np.float32)
         rows *= 2.0
         rows -= 1.0
         rows /= dim
-        out[at:at + len(rows)] = rows
+        out[at:at + len(rows)] = precision.narrow(rows, dtype)
 
 
 class ParameterServer:
     def __init__(self, shard: int, num_shards: int, tables: dict[str, TableSpec], seed: int, model: str | None = None,
-                 warm: WarmStart | None = None, journal: str | None = None):
+                 warm: WarmStart | None = None, journal: str | None = None, rounding: str = "stochastic"):
         """tables: name → its TableSpec (global row count, dim, init, optimiser state columns).
 
         init "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim
@@ -98,6 +105,11 @@ class ParameterServer:
 
         journal: a directory where every push is also written down, one JSON line per table pushed
         to (its label, the table, the global rows): how the tests see who wrote which rows when.
+
+        The tables are held in their spec's dtype (precision.stored: float32, float16, or bfloat16's
+        bits), the optimiser state float32 within the row; a checkpoint or warm start of another dtype
+        is narrowed (to nearest) or widened as it is read. rounding: "stochastic" or "nearest", how an
+        applied delta is narrowed in a 16-bit table.
         """
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this server is removed: no traceback on the console
         self.shard, self.num_shards = shard, num_shards
@@ -106,6 +118,9 @@ class ParameterServer:
         self.rows: dict[str, int] = {}  # global row count of each table
         self.dims: dict[str, int] = {}
         self.locks: dict[str, threading.Lock] = {}
+        self.dtype = next(iter(tables.values())).dtype if tables else "float32"  # every table has the run's
+        self.seed, self.rounding = seed, rounding
+        self.applied: dict[str, int] = {}  # pushes of deltas applied to each table: its rounding's key
         self.restored_version: int | None = None
         manifest = None
         if model is not None and checkpoint.latest_version(model) is not None:
@@ -116,19 +131,22 @@ class ParameterServer:
             if manifest is not None:
                 table = self._restore(model, manifest, spec, n)
             else:
-                table = np.zeros((n, spec.width), dtype=np.float32)
+                table = np.zeros((n, precision.stored_width(self.dtype, spec.dim, spec.state)),
+                                 dtype=precision.stored(self.dtype))
                 if spec.init == "uniform":
-                    _fill_uniform(table[:, :spec.dim], np.random.default_rng([seed, i, shard]))
+                    _fill_uniform(table[:, :spec.dim], np.random.default_rng([seed, i, shard]), dtype=self.dtype)
                 if warm is not None and name in warm.rows:
                     # the old rows of this shard: global rows r ≡ shard (mod S) below the old row count,
                     # which are this slice's first local rows (row r sits at r // S)
                     known = rows_on_shard(shard, num_shards, warm.rows[name])
                     checkpoint.read_shard(warm.model, name, shard, num_shards, version=warm.version,
-                                          out=table[:known])
+                                          out=table[:known], dtype=self.dtype)
             self.tables[name] = table
             self.rows[name] = spec.rows
             self.dims[name] = spec.dim
             self.locks[name] = threading.Lock()
+            self.applied[name] = 0
+        self.table_index = {name: i for i, name in enumerate(sorted(self.tables))}
         self.pushes = 0
         self.apply_seconds = 0.0  # time spent applying pushes (under the tables' locks)
         self.pull_seconds = 0.0   # ... and gathering pulls
@@ -142,9 +160,9 @@ class ParameterServer:
             have = "absent" if saved is None else f"{saved['rows']} × {saved['dim']}"
             raise ValueError(f"{model}: checkpoint v{manifest['version']} table {spec.name!r} is {have}; this run "
                              f"needs {spec.rows} × {spec.dim}")
-        table = np.zeros((n, spec.width), dtype=np.float32)
+        table = np.zeros((n, precision.stored_width(self.dtype, spec.dim, spec.state)), dtype=precision.stored(self.dtype))
         checkpoint.read_shard(model, spec.name, self.shard, self.num_shards, version=int(manifest["version"]),
-                              out=table)
+                              out=table, dtype=self.dtype)
         return table
 
     def info(self) -> dict:
@@ -154,11 +172,12 @@ class ParameterServer:
                 "apply_seconds": self.apply_seconds, "pull_seconds": self.pull_seconds}
 
     def pull(self, request: dict[str, np.ndarray]) -> np.ndarray:
-        """Rows for each table in request order, stacked into one contiguous [n, dim] array."""
+        """Rows for each table in request order, stacked into one contiguous [n, width] array of the
+        tables' stored type (precision.py: the worker widens them)."""
         t0 = time.perf_counter()
         total = sum(len(ids) for ids in request.values())
         dim = next(iter(self.tables.values())).shape[1]  # every table has the same width
-        out = np.empty((total, dim), dtype=np.float32)
+        out = np.empty((total, dim), dtype=precision.stored(self.dtype))
         at = 0
         for name, ids in request.items():
             np.take(self.tables[name], ids, axis=0, out=out[at:at + len(ids)])
@@ -172,18 +191,30 @@ class ParameterServer:
         their new values, no delta to compute, and a retried call lands the same).
 
         A non-finite delta is refused before anything is applied.
+
+        In a 16-bit table, `delta` is of its stored type (precision.py); a delta is widened and added
+        to the widened rows, which are narrowed back (_add_narrowed).
         """
+        wide = delta
+        if self.dtype != "float32":
+            dim = next(iter(self.dims.values()))
+            wide = precision.widen_rows(delta, self.dtype, dim)
         # one pass, no temporary: NaN and ±inf anywhere make the sum non-finite (so would a sum past
         # 3e38, which only a diverged run produces)
-        if not np.isfinite(delta.sum()):
+        if not np.isfinite(wide.sum()):
             raise NonFiniteUpdate(f"shard {self.shard}: non-finite values in the push of {step}; "
                                   "the learning rate is probably too high")
         at = 0
         t0 = time.perf_counter()
         for name, ids in request.items():
+            ids = np.asarray(ids, dtype=np.int64)
             with self.locks[name]:
-                (_set_rows if assign else _add_rows)(self.tables[name], np.asarray(ids, dtype=np.int64),
-                                                     delta[at:at + len(ids)])
+                if self.dtype == "float32":
+                    (_set_rows if assign else _add_rows)(self.tables[name], ids, delta[at:at + len(ids)])
+                elif assign:
+                    self.tables[name][ids] = delta[at:at + len(ids)]
+                elif len(ids):
+                    self._add_narrowed(name, ids, wide[at:at + len(ids)])
             at += len(ids)
             if self.journal is not None and len(ids):
                 rows = np.asarray(ids, dtype=np.int64) * self.num_shards + self.shard
@@ -193,6 +224,25 @@ class ParameterServer:
         self.pushes += 1
         return self.pushes
 
+    def _add_narrowed(self, name: str, ids: np.ndarray, delta: np.ndarray) -> None:
+        """table[ids] += delta in a 16-bit table, under its lock: the rows widened, the float32 delta
+        added (a repeated id's deltas summed first), the vectors narrowed back, stochastically from the
+        table's next Generator (precision.rng_of; 0 sets the servers' keys apart from the workers' 1)
+        unless --rounding nearest; the optimiser state is float32 and added exactly."""
+        table, dim = self.tables[name], self.dims[name]
+        if len(np.unique(ids)) != len(ids):
+            ids, inverse = np.unique(ids, return_inverse=True)
+            summed = np.zeros((len(ids), delta.shape[1]), dtype=np.float32)
+            np.add.at(summed, inverse, delta)
+            delta = summed
+        rows = precision.widen_rows(table[ids], self.dtype, dim)
+        rows += delta
+        rng = None
+        if self.rounding == "stochastic":
+            rng = precision.rng_of(self.seed, 0, self.shard, self.table_index[name], self.applied[name])
+        table[ids] = precision.narrow_rows(rows, self.dtype, dim, rng)
+        self.applied[name] += 1
+
     def save(self, model: str, version: int) -> dict[str, dict]:
         """Write this shard's slice of every table into version `version` of the model; entries per table."""
         entries = {}
@@ -201,7 +251,9 @@ class ParameterServer:
                 ids = global_rows(self.shard, self.num_shards, self.rows[name])
                 dim = self.dims[name]
                 entries[name] = checkpoint.write_slice(model, version, name, self.shard, self.num_shards,
-                                                       ids, table[:, :dim], state=table[:, dim:])
+                                                       ids, table[:, :dim],
+                                                       state=precision.state_view(table, self.dtype, dim),
+                                                       dtype=self.dtype)
         return entries
 
     def memory(self) -> dict:

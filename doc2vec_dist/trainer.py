@@ -261,6 +261,7 @@ RESUMABLE_CHANGES = frozenset({
     "epochs", "alpha", "min_alpha", "num_ps", "num_workers", "cpus_per_worker", "gpus_per_worker",
     "schedule", "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
     "checkpoint_every", "keep_checkpoints", "resume", "address", "progress", "wait_for_resources",
+    "dtype", "rounding",  # the servers narrow or widen the checkpoint's rows to the run's dtype (precision.py)
 })
 
 
@@ -546,7 +547,8 @@ class _Run:
         journal = os.environ.get(PUSH_JOURNAL_ENV)  # every push written down: for tests
         self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
                                            max_task_retries=-1, **server_placement).remote(
-            s, config.num_ps, tables, config.seed, self.out, self.warm, journal) for s in range(config.num_ps)]
+            s, config.num_ps, tables, config.seed, self.out, self.warm, journal, config.rounding)
+            for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.

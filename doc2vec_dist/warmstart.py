@@ -36,10 +36,12 @@ from .errors import UserError
 # that contradicts them is refused. dim: the width of every row; mode: what a user's vector and words_out
 # are trained to do together (predict a URL from the user alone, or from the user and the URLs around it).
 MODEL_SHAPE = ("dim", "mode")
-# Taken too, but a run may change it: dbow_words on trains a `words` table the old model may lack, fresh
-# (warm_start), and off leaves it out; the tables both runs share keep their shape and meaning. The other
-# settings (window, negative, alpha, the engine's) are the run's own: its defaults, YAML and flags.
-TAKEN = (*MODEL_SHAPE, "dbow_words")
+# Taken too, but a run may change them: dbow_words on trains a `words` table the old model may lack, fresh
+# (warm_start), and off leaves it out; the tables both runs share keep their shape and meaning. dtype and
+# rounding: a daily refresh keeps the tables' type unless told otherwise (the servers widen or narrow the
+# old rows to the run's). The other settings (window, negative, alpha, the engine's) are the run's own: its
+# defaults, YAML and flags.
+TAKEN = (*MODEL_SHAPE, "dbow_words", "dtype", "rounding")
 DRIFT_SAMPLE = 20_000  # rows per table whose cosine is measured (every row when fewer): medians to 3 decimals, in 0.5 s
 
 

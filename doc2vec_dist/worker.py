@@ -312,7 +312,8 @@ class Worker:
         self.client = client.ParameterClient(
             servers, {name: spec.rows for name, spec in tables.items()}, workers=config.num_workers,
             resident=self.cached, resident_tables=tuple(resident), sole_writer=self.token_path,
-            max_inflight_pushes=config.max_inflight_pushes, row_bytes=4 * self.width)
+            max_inflight_pushes=config.max_inflight_pushes, row_bytes=words_out.row_bytes, dtype=words_out.dtype,
+            dim=words_out.dim, key=(config.seed, 1, index), rounding=config.rounding)
         if self.docs_head:
             self.client.hold_documents(own)
         self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)

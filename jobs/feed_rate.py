@@ -53,10 +53,11 @@ def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, comp
         import ray
 
         server_cls = ray.remote(ParameterServer)
-        servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed)
+        servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed,
+                                                                rounding=config.rounding)
                    for s in range(config.num_ps)]
     else:
-        servers = [client.LocalServer(ParameterServer(s, config.num_ps, tables, config.seed))
+        servers = [client.LocalServer(ParameterServer(s, config.num_ps, tables, config.seed, rounding=config.rounding))
                    for s in range(config.num_ps)]
 
     def close():

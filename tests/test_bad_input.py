@@ -370,6 +370,14 @@ CASES = [
          "--parallel must be >= 0 (0: a task per CPU of the Ray cluster), not -1", {"good.csv": GOOD_CSV}, "{t}/c"),
     Case("prepare from a storage scheme pyarrow has no filesystem for", "prepare nosuch://bucket/events --out {t}/c",
          "error", "nosuch://bucket/events: cannot open this storage location", untouched="{t}/c"),
+    # --- issue 29, item 1: --dtype and --rounding (16-bit tables) --------------------------------------
+    Case("--dtype float64", "train --corpus {corpus} --out {t}/m --dtype float64", "error",
+         "bad value for --dtype: 'float64' (choose from float32, bfloat16, float16)", untouched="{t}/m"),
+    Case("dtype: half in a train YAML", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
+         "{t}/c.yaml: bad value for dtype: 'half' (choose from float32, bfloat16, float16)",
+         {"c.yaml": b"dtype: half\n"}, "{t}/m"),
+    Case("--rounding up", "train --corpus {corpus} --out {t}/m --dtype bfloat16 --rounding up", "error",
+         "bad value for --rounding: 'up' (choose from stochastic, nearest)", untouched="{t}/m"),
 ]
 
 

@@ -414,7 +414,8 @@ def test_a_whole_jobs_yaml_keeps_working_for_a_trainer_and_says_its_prepare_keys
 
     sample = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs", "sample.yaml")
     values = _trainer_yaml(argparse.Namespace(config=sample, command="train"))
-    assert values == {"dim": 64, "epochs": 10, "sample": 0.0, "num_ps": 2, "num_workers": 1}
+    assert values == {"dim": 64, "epochs": 10, "sample": 0.0, "num_ps": 2, "num_workers": 1,
+                      "dtype": "float32"}
     assert "prepare keys (time_col, min_count, holdout, holdout_out) are for jobs/train.py" in capsys.readouterr().err
 
 

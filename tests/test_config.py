@@ -17,7 +17,7 @@ def test_the_choice_fields_are_the_ones_with_choices():
     assert {(cls.__name__, name) for cls, name, _ in CHOICE_FIELDS} == {
         ("PrepareConfig", "format"), ("PrepareConfig", "time_unit"), ("TrainConfig", "mode"),
         ("TrainConfig", "optimizer"), ("TrainConfig", "kernel"), ("TrainConfig", "first_epoch"),
-        ("TrainConfig", "schedule")}
+        ("TrainConfig", "schedule"), ("TrainConfig", "dtype"), ("TrainConfig", "rounding")}
 
 
 @pytest.mark.parametrize("cls, name, choices", CHOICE_FIELDS, ids=[f"{c.__name__}.{n}" for c, n, _ in CHOICE_FIELDS])
@@ -67,6 +67,14 @@ def test_a_table_spec_is_listed_in_a_plan_as_before():
     spec = TrainConfig(dim=8, optimizer="adagrad").table("words_out", 3, init="zeros")
     assert spec.to_json() == {"rows": 3, "dim": 8, "init": "zeros", "state": 1}
     assert TableSpec.from_json("words_out", spec.to_json()) == spec
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_table_is_half_the_bytes_with_its_accumulator_float32(dtype):
+    spec = TrainConfig(dim=8, optimizer="adagrad", dtype=dtype).table("words_out", 3, init="zeros")
+    assert spec.dtype == dtype and spec.width == 9  # the worker's float32 matrices are as wide as ever
+    assert spec.row_bytes == 8 * 2 + 4 and TrainConfig(dim=8, optimizer="adagrad").table("x", 3).row_bytes == 36
+    assert spec.to_json()["dtype"] == dtype and TableSpec.from_json("words_out", spec.to_json()) == spec
 
 
 # --- issue 26, item 13: values are checked against their field's type, not coerced ------------------------

@@ -169,6 +169,48 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert "scaling" in text and "bound" in text
 
 
+# --- issue 29: a 16-bit --dtype, counted -----------------------------------------------------------------
+
+def test_a_16_bit_dtype_halves_each_servers_rows_but_not_the_workers_float32_matrices():
+    profile = {"unique_rows": 1000, "example_bytes": 8000}
+    sizes = {"ps_overhead": 0, "worker_fixed": 0, "driver": 0, "ray_system": 0, "object_store": 0}
+    for optimizer, row, half in (("sgd", 100 * 4, 100 * 2), ("adagrad", 101 * 4, 100 * 2 + 4)):
+        wide = TrainConfig(dim=100, num_ps=2, num_workers=3, schedule="shared", optimizer=optimizer)
+        narrow = dataclasses.replace(wide, dtype="bfloat16")
+        planned = {c.dtype: planmod.memory_plan(_tables(c, 20_000_000, 1_000_000), c, profile, **sizes)
+                   for c in (wide, narrow)}
+        assert [p["table_bytes"] for p in planned["bfloat16"]["ps"]] == [10_500_000 * half] * 2
+        assert [p["table_bytes"] for p in planned["float32"]["ps"]] == [10_500_000 * row] * 2
+        assert planned["bfloat16"]["object_store"]["in_flight"] == 3 * (2 + 2) * 1000 * half  # pulls, pushes
+        assert planned["bfloat16"]["worker"] == planned["float32"]["worker"]  # the math is float32
+        assert placement.table_bytes_per_ps(_tables(narrow, 20_000_000, 1_000_000), 2) == 10_500_000 * half
+
+
+@pytest.mark.slow
+def test_a_bfloat16_run_moves_about_half_the_bytes_as_the_plan_counts(ray_cluster, sample_corpus, trained_model,
+                                                                        tmp_path):
+    """trained_model's run (float32) again in bfloat16: plan says ≤ 0.55 of float32's bytes a token,
+    and the run's own counters agree with plan, as they do for float32
+    (test_plan_on_the_sample_against_a_real_run)."""
+    from doc2vec_dist.trainer import train
+
+    cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False,
+                      dtype="bfloat16")
+    corpus = Corpus(sample_corpus[0])
+    planned = planmod.bytes_per_token(corpus, cfg, 2)
+    assert sum(planned.values()) <= 0.55 * sum(planmod.bytes_per_token(corpus, TrainConfig(
+        **{**dataclasses.asdict(cfg), "dtype": "float32"}), 2).values())
+    model = str(tmp_path / "m")
+    train(sample_corpus[0], model, cfg)
+    counted = {}
+    for path in (model, trained_model):
+        with open(os.path.join(path, "config.json")) as fh:
+            counted[path] = json.load(fh)["summary"]["bytes_per_token"]
+    for kind, value in counted[model].items():
+        assert planned[kind] == pytest.approx(value, rel=0.1, abs=0.25), kind
+    assert sum(counted[model].values()) <= 0.55 * sum(counted[trained_model].values())
+
+
 def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     """More workers move more bytes per token (each round's blocks); a slow link makes the network the bound."""
     corpus = Corpus(sample_corpus[0])

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from doc2vec_dist import checkpoint, precision
 from doc2vec_dist.config import TableSpec
 from doc2vec_dist.ps import NonFiniteUpdate, ParameterServer
 
@@ -81,3 +82,70 @@ def test_an_assigning_push_writes_its_rows_over_and_refuses_non_finite_values():
     with pytest.raises(NonFiniteUpdate, match="step 2"):
         ps.push({"docs": ids}, bad, "step 2", assign=True)
     np.testing.assert_array_equal(ps.tables["docs"][ids], rows)
+
+
+# --- issue 29: tables held in 16 bits (--dtype) ------------------------------------------------------------
+
+def _tables(dtype: str, state: int = 0) -> dict:
+    return {name: TableSpec(name, spec.rows, spec.dim, state=state, init=spec.init, dtype=dtype)
+            for name, spec in TABLES.items()}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_server_holds_and_serves_half_the_bytes(dtype):
+    wide, half = ParameterServer(0, 2, TABLES, seed=1), ParameterServer(0, 2, _tables(dtype), seed=1)
+    assert half.tables["docs"].dtype == precision.stored(dtype)
+    assert sum(half.memory().values()) * 2 == sum(wide.memory().values())
+    request = {"docs": np.array([3, 0]), "words_out": np.array([7, 2, 9])}
+    pulled = half.pull(request)
+    assert pulled.dtype == precision.stored(dtype) and pulled.nbytes * 2 == wide.pull(request).nbytes
+    # the same draws as float32's initialisation, rounded to nearest
+    np.testing.assert_array_equal(pulled, precision.narrow(wide.pull(request), dtype))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_push_adds_the_widened_delta_with_seeded_stochastic_rounding(dtype):
+    ids = np.arange(0, 50, dtype=np.int64)
+    start = np.ones((50, 8), np.float32)
+    delta = np.full((50, 8), 2e-4, np.float32)  # below half a unit in the last place of 1.0 in both types
+
+    def run(seed: int, rounding: str = "stochastic") -> np.ndarray:
+        ps = ParameterServer(0, 1, _tables(dtype), seed=seed, rounding=rounding)
+        ps.push({"words_out": ids}, precision.narrow(start, dtype), assign=True)
+        for _ in range(40):
+            ps.push({"words_out": ids}, precision.narrow(delta, dtype, precision.rng_of(seed)))
+        return precision.widen(ps.tables["words_out"], dtype)
+
+    stochastic = run(1)
+    np.testing.assert_array_equal(stochastic, run(1))  # reproducible bit for bit
+    assert not np.array_equal(stochastic, run(2))
+    assert abs(stochastic.mean() - 1.008) < 0.002  # 40 updates of 2e-4 landed on average
+    np.testing.assert_array_equal(run(1, "nearest"), start)  # to nearest, each one is lost
+
+
+def test_a_16_bit_table_keeps_adagrads_accumulator_float32_and_saves_it_so(tmp_path):
+    ps = ParameterServer(0, 1, _tables("bfloat16", state=1), seed=1)
+    assert ps.tables["docs"].shape == (101, 8 + 2)  # the accumulator's 4 bytes in two columns
+    ids = np.array([4, 9], dtype=np.int64)
+    delta = np.zeros((2, 9), np.float32)
+    delta[:, 8] = [1e-7, 123.456]  # a float32 accumulator's increments, kept to the last bit
+    ps.push({"docs": ids}, precision.narrow_rows(delta, "bfloat16", 8, precision.rng_of(1)))
+    pulled = precision.widen_rows(ps.pull({"docs": ids}), "bfloat16", 8)
+    np.testing.assert_array_equal(pulled[:, 8], delta[:, 8])
+    entries = ps.save(str(tmp_path / "m"), 1)
+    checkpoint.commit(str(tmp_path / "m"), 1, {n: [e] for n, e in entries.items()}, {n: 8 for n in entries}, {},
+                      keep=1, dtype="bfloat16")
+    vectors, state = checkpoint.read_shard(str(tmp_path / "m"), "docs", 0, 1)  # a float32 reader
+    assert vectors.dtype == np.float32
+    np.testing.assert_array_equal(vectors, precision.widen(ps.tables["docs"][:, :8], "bfloat16"))
+    np.testing.assert_array_equal(state[ids, 0], delta[:, 8])
+
+
+def test_a_16_bit_push_refuses_non_finite_values():
+    ps = ParameterServer(0, 1, _tables("bfloat16"), seed=1)
+    before = ps.tables["docs"].copy()
+    bad = np.zeros((2, 8), np.float32)
+    bad[1, 1] = np.inf
+    with pytest.raises(NonFiniteUpdate, match="step 4"):
+        ps.push({"docs": np.array([1, 2])}, precision.narrow(bad, "bfloat16"), "step 4")
+    np.testing.assert_array_equal(ps.tables["docs"], before)

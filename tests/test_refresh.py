@@ -309,7 +309,8 @@ def test_train_init_from_takes_the_old_models_shape_and_refuses_a_contradiction(
 def test_the_settings_a_run_takes_from_an_earlier_model(old_model):
     from doc2vec_dist.warmstart import taken_settings
 
-    assert taken_settings(old_model, []) == {"dim": 16, "mode": "dbow", "dbow_words": False}
+    assert taken_settings(old_model, []) == {"dim": 16, "mode": "dbow", "dbow_words": False, "dtype": "float32",
+                                             "rounding": "stochastic"}  # a refresh keeps the tables' type
     # the same values are no contradiction, and dbow_words may change (a fresh `words` table)
     assert taken_settings(old_model, [("", {"dim": 16, "mode": "dbow", "dbow_words": True})])["dim"] == 16
 

@@ -267,3 +267,47 @@ def test_the_room_a_model_replaced_with_overwrite_frees_counts_as_free(trained_m
     another = os.path.join(disk, "another")
     with pytest.raises(UserError, match=f"^{another}: 0.0 MiB free on its disk, and the first checkpoint needs about "):
         trainer.check_room(another, config, corpus, tables, trainer._Resume(), replaces=False)
+
+
+# --- issue 29: a run's --dtype may change on resume, and a model of one dtype starts a run of another ---------
+
+@pytest.mark.parametrize("first, then", [("float32", "bfloat16"), ("bfloat16", "float32"), ("float16", "bfloat16")])
+def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulator(ray_cluster, sample_corpus,
+                                                                                    tmp_path, first, then):
+    import pyarrow as pa
+
+    from doc2vec_dist import precision
+    from doc2vec_dist.ps import ParameterServer, table_specs
+    from doc2vec_dist.warmstart import WarmStart
+
+    model = str(tmp_path / "model")
+    train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 1}, optimizer="adagrad", alpha=0.05, dtype=first))
+    found = checkpoint.ModelDir(model)
+    assert {t["dtype"] for t in found.manifest["tables"].values()} == {first}
+    before = {t: found.read_table(t) for t in ("docs", "words_out")}  # every reader widens to float32
+    state = checkpoint.read_shard(model, "docs", 0, 1)[1]
+    # --init-from: a server of the other dtype starts from the model's rows, narrowed to nearest or widened
+    config = TrainConfig(**SAMPLE, optimizer="adagrad", dtype=then)
+    tables = table_specs(config, Corpus(sample_corpus[0]))
+    warm = ParameterServer(0, 1, tables, 1, warm=WarmStart(model, found.version, {"docs": len(before["docs"])}))
+    np.testing.assert_array_equal(precision.widen(warm.tables["docs"][:, :32], then),
+                                  precision.widen(precision.narrow(before["docs"], then), then))
+    np.testing.assert_array_equal(precision.state_view(warm.tables["docs"], then, 32), state)
+
+    # nothing left to train: the rows go through the other dtype's servers (and 3 of them) and back to disk
+    summary = train(sample_corpus[0], model, resumed_config(model, {"dtype": then, "num_ps": 3}))
+    assert summary["tokens"] == 0
+    found = checkpoint.ModelDir(model)
+    assert {t["dtype"] for t in found.manifest["tables"].values()} == {then}
+    for table, matrix in before.items():
+        np.testing.assert_array_equal(found.read_table(table), precision.widen(precision.narrow(matrix, then), then))
+    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1)[1], state)  # float32, to the bit
+    part = found.spec("docs")["parts"][0]["path"]
+    with pa.memory_map(os.path.join(checkpoint.version_dir(model, found.version), part)) as source:
+        schema = pa.ipc.open_file(source).schema
+    assert schema.field("vector").type.value_type == checkpoint.PART_VALUE_TYPES[then]
+    assert checkpoint.part_dtype(schema) == then and schema.field("adagrad").type == pa.float32()
+    # and training goes on in the new dtype
+    summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 2}))
+    assert summary["tokens"] == Corpus(sample_corpus[0]).num_tokens
+    assert checkpoint.ModelDir(model).manifest["config"]["dtype"] == then

@@ -18,6 +18,7 @@ import threading
 import numpy as np
 import pytest
 
+from doc2vec_dist import precision
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.ps import ParameterServer, table_specs
@@ -38,9 +39,11 @@ def start_worker(ray, corpus_path: str, config: TrainConfig, **server_options) -
     return servers, rows, worker
 
 
-def served(ray, servers: list, name: str, n: int) -> np.ndarray:
-    """Rows 0..n-1 of table `name` as the servers hold them (row r on server r % NUM_PS)."""
+def served(ray, servers: list, name: str, n: int, dtype: str = "float32", dim: int = 0) -> np.ndarray:
+    """Rows 0..n-1 of table `name` as the servers hold them (row r on server r % NUM_PS), widened to
+    float32 from a 16-bit `dtype` whose vectors have `dim` values."""
     slices = ray.get([s.pull.remote({name: np.arange(len(range(i, n, NUM_PS)))}) for i, s in enumerate(servers)])
+    slices = [precision.widen_rows(part, dtype, dim) for part in slices]
     full = np.empty((n, slices[0].shape[1]), dtype=np.float32)
     for i, part in enumerate(slices):
         full[i::NUM_PS] = part
@@ -82,7 +85,7 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
             s = worker.run_epoch(epoch, start)
             start = Position(epoch, round=r + 1, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"])
         stats.append(s)
-    out = {name: served(ray, servers, name, n) for name, n in rows.items()}
+    out = {name: served(ray, servers, name, n, config.dtype, config.dim) for name, n in rows.items()}
     for s in servers:
         ray.kill(s)
     return out, {"host": {k: len(v) for k, v in worker._host.items()}, "stats": stats, "paused": paused}
@@ -97,8 +100,14 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
     {"mode": "dbow", "dbow_words": True, "window": 3},  # the token path, skip-gram windows drawn on the device
     # the block schedule: worker 0 of 2, its block on the device, swapped each round; its documents resident too
     {"mode": "dbow", "num_workers": 2},
+    # issue 29: 16-bit tables, narrowed stochastically by the worker (rows it writes over) or by the servers
+    # (deltas, the float32 accumulator beside them), the same draws in both paths
+    {"mode": "dbow", "dtype": "bfloat16"},
+    {"mode": "dbow", "cache_rows": 300, "optimizer": "adagrad", "alpha": 0.1, "dtype": "float16"},
+    {"mode": "dbow", "num_workers": 2, "dtype": "bfloat16"},
 ], ids=["dbow-tokens-on-device", "dbow-resident-shared", "dbow-adagrad", "dm-tokens-on-device", "dbow-words-host",
-        "dbow-words-tokens-on-device", "dbow-blocks"])
+        "dbow-words-tokens-on-device", "dbow-blocks", "bfloat16-tokens-on-device", "float16-adagrad-resident-shared",
+        "bfloat16-blocks"])
 def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluster, sample_corpus, settings):
     # the staged path is the batched kernel's (GPU workers'); the exact kernel trains the host matrices
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, macro_batch=8192, kernel="batched",

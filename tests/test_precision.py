@@ -1,0 +1,74 @@
+"""precision.py: 16-bit tables (--dtype), narrowing float32 to them (to nearest, or stochastically) and back."""
+
+import numpy as np
+import pytest
+import torch
+
+from doc2vec_dist import precision
+
+SPECIAL = np.array([0.0, -0.0, 1.0, -2.5, 3.14159, 1e-30, 1e-41, np.inf, -np.inf, 3.3e38, -3.3e38, 65504.0, 7e4,
+                    1e-6, 6e-8], np.float32)
+
+
+def test_bfloat16_to_nearest_is_torchs_bfloat16_bit_for_bit():
+    values = np.concatenate([SPECIAL, np.random.default_rng(0).standard_normal(10_000).astype(np.float32)])
+    ours = precision.narrow(values, "bfloat16")
+    assert ours.dtype == np.uint16
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(precision.widen(ours, "bfloat16"),
+                                  torch.from_numpy(values).to(torch.bfloat16).float().numpy())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nan_and_inf_stay_what_they_are(dtype, rounding):
+    rng = precision.rng_of(1, 2) if rounding == "stochastic" else None
+    values = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    back = precision.widen(precision.narrow(values, dtype, rng), dtype)
+    assert np.isnan(back[:2]).all()
+    np.testing.assert_array_equal(back[2:], values[2:])
+    assert np.signbit(back[5]) and not np.signbit(back[4])
+
+
+@pytest.mark.parametrize("dtype, step", [("bfloat16", 2.0 ** -7), ("float16", 2.0 ** -10)])
+def test_stochastic_rounding_is_unbiased_where_nearest_loses_the_update(dtype, step):
+    """1 + step/8 lies an eighth of the way to the next value: to nearest it is 1 (the update lost);
+    stochastically it is the next value an eighth of the time, 1 + step/8 on average."""
+    values = np.full(400_000, 1.0 + step / 8, np.float32)
+    assert (precision.widen(precision.narrow(values, dtype), dtype) == 1.0).all()
+    back = precision.widen(precision.narrow(values, dtype, precision.rng_of(3)), dtype)
+    assert set(np.unique(back)) == {1.0, 1.0 + step}
+    assert abs(back.mean() - (1.0 + step / 8)) < 0.01 * step  # to nearest is off by step / 8
+    negative = precision.widen(precision.narrow(-values, dtype, precision.rng_of(3)), dtype)
+    np.testing.assert_array_equal(negative, -back)  # sign-magnitude: the same draws round |x| the same way
+
+
+def test_stochastic_rounding_is_seeded_and_exact_values_never_move():
+    values = np.random.default_rng(1).standard_normal((50, 7)).astype(np.float32)
+    for dtype in ("bfloat16", "float16"):
+        once = precision.narrow(values, dtype, precision.rng_of(9, 1))
+        np.testing.assert_array_equal(once, precision.narrow(values, dtype, precision.rng_of(9, 1)))
+        assert not np.array_equal(once, precision.narrow(values, dtype, precision.rng_of(9, 2)))
+        exact = precision.widen(once, dtype)  # representable: every draw keeps it
+        np.testing.assert_array_equal(precision.narrow(exact, dtype, precision.rng_of(5)), once)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rows_carry_their_float32_state_bit_for_bit_in_half_the_vector_bytes(dtype):
+    dim = 5
+    rows = np.random.default_rng(2).random((4, dim + 1), dtype=np.float32)
+    rows[:, dim] = [1e-30, 3.3e38, 0.123456789, 7.0]  # an accumulator's float32, none of it rounded
+    stored = precision.narrow_rows(rows, dtype, dim, precision.rng_of(1))
+    assert stored.dtype == precision.stored(dtype) and stored.shape == (4, dim + 2)
+    assert stored.nbytes == 4 * precision.row_bytes(dtype, dim, 1) == 4 * (2 * dim + 4)
+    back = precision.widen_rows(stored, dtype, dim)
+    np.testing.assert_array_equal(back[:, dim], rows[:, dim])
+    np.testing.assert_allclose(back[:, :dim], rows[:, :dim], rtol=2 ** -7)
+    assert precision.float_width(dtype, dim, stored.shape[1]) == dim + 1
+
+
+def test_float32_is_passed_through_untouched():
+    rows = np.random.default_rng(3).random((3, 4), dtype=np.float32)
+    assert precision.narrow_rows(rows, "float32", 3, precision.rng_of(1)) is rows
+    assert precision.widen_rows(rows, "float32", 3) is rows
