@@ -271,7 +271,7 @@ def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None,
     pushed) move while the worker computes, so compute and that traffic overlap; the rows a worker
     holds (its block each round, its resident tables) move at a round's or an epoch's end while it
     waits, so their time adds to the rest. Servers apply pushes on their own: the lower rate bounds.
-    Measured over tbf-capped links (jobs/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
+    Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
     Mbit/s): 0.83 to 1.05 of this; the block schedule's 2 workers at 100 Mbit/s trained at 0.67 of
     the links' rate alone."""
     known = {k: v for k, v in rates.items() if v}

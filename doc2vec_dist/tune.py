@@ -477,7 +477,7 @@ def trial_resources(base: dict, corpus: Corpus) -> Callable[[dict], object]:
 # A trial's cost that plan's calibration does not see: Ray Tune starts its actor (a new Python process
 # importing torch and this package), its placement group and its bookkeeping. Measured on this 2-core
 # machine (search.overhead_seconds_per_trial: the search's wall time less its trials' own clocks), over
-# jobs/quality.py --tune 8's five searches of 13-14 trials: 2.8, 3.0, 3.1, 3.5 and 4.2 s.
+# benchmarks/quality.py --tune 8's five searches of 13-14 trials: 2.8, 3.0, 3.1, 3.5 and 4.2 s.
 TRIAL_OVERHEAD_SECONDS = 3.5
 
 

@@ -67,7 +67,7 @@ def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer:
     cost per round); Lee trains an epoch in one round. With the examples drawn on the device the host
     only moves the documents' rows, and the rounds' fixed costs are most of its work: 1,048,576-token
     macro-batches fed 21.6-27.4M tokens/s on the 200k corpus against 13.6-21.6M at 262,144
-    (jobs/feed_rate.py, no kernel).
+    (benchmarks/feed_rate.py, no kernel).
     """
     if sole_writer:
         return int(macro_batch or (DEVICE_MACRO_BATCH if on_device else SOLE_WRITER_MACRO_BATCH))
@@ -192,7 +192,7 @@ def only_documents(chunks, wanted: np.ndarray):
 @dataclass(frozen=True)
 class Compute:
     """What a worker runs on each macro-batch's examples, as arguments rather than module globals:
-    jobs/feed_rate.py swaps them for nothing to time the host side alone."""
+    benchmarks/feed_rate.py swaps them for nothing to time the host side alone."""
 
     batched: Callable          # kernels.train: micro-batches of summed updates, torch (CPU or CUDA)
     exact: Callable            # cpu_kernel.train: each update applied at once, on examples the host built

@@ -1,7 +1,7 @@
 """Scaling: tokens/s of ours over workers and over threads, in one local Ray, beside gensim's threads.
 
-    python jobs/scaling.py --users 200000 --urls 100000 --workers 1 2 4 8 --threads 1 2 4 8 16
-    python jobs/scaling.py --corpus CORPUS --workers 1 2 --threads 1 2 --epochs 2     # this 2-core machine
+    python benchmarks/scaling.py --users 200000 --urls 100000 --workers 1 2 4 8 --threads 1 2 4 8 16
+    python benchmarks/scaling.py --corpus CORPUS --workers 1 2 --threads 1 2 --epochs 2     # this 2-core machine
 
 Two series on the same corpus (generated under --workdir and reused, or given), PV-DBOW, dim 100,
 negative 5, sample 0 unless flags say otherwise:
@@ -16,7 +16,7 @@ negative 5, sample 0 unless flags say otherwise:
 Every figure is the training alone (the trainer's own clock), one run each, after a warm-up run on
 a tiny corpus (numba compiles its kernels once per machine). The local Ray gets as
 many logical CPUs as the largest point needs (the --num-ps servers reserve none). Prints a table and
-writes JSON (--json). Quality is not measured here: jobs/quality.py --workers does that.
+writes JSON (--json). Quality is not measured here: benchmarks/quality.py --workers does that.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "jobs"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml

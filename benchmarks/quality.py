@@ -1,11 +1,11 @@
 """Quality on real and skewed data: ours against gensim at its best (its iterable mode), over seeds.
 
-    python jobs/quality.py                                  # every set, PV-DBOW, seeds 1 2 3, the defaults
-    python jobs/quality.py --sets lee lee-reversed --modes dbow dbow_words --config my.yaml
-    python jobs/quality.py --sets skewed --seeds 1 --quick  # a smoke run: smaller sets, fewer epochs
-    python jobs/quality.py --tune 8                         # tune each set, then tuned vs its settings vs gensim
-    python jobs/quality.py --tune 8 --searcher optuna       # the same with Optuna's TPE drawing the trials
-    python jobs/quality.py --workers 1 2 4 8 --ray-cpus 8 --no-gensim   # more workers against one worker
+    python benchmarks/quality.py                                  # every set, PV-DBOW, seeds 1 2 3, the defaults
+    python benchmarks/quality.py --sets lee lee-reversed --modes dbow dbow_words --config my.yaml
+    python benchmarks/quality.py --sets skewed --seeds 1 --quick  # a smoke run: smaller sets, fewer epochs
+    python benchmarks/quality.py --tune 8                         # tune each set, then tuned vs its settings vs gensim
+    python benchmarks/quality.py --tune 8 --searcher optuna       # the same with Optuna's TPE drawing the trials
+    python benchmarks/quality.py --workers 1 2 4 8 --ray-cpus 8 --no-gensim   # more workers against one worker
 
 Each set is trained by ours (`train`, the defaults plus the set's own model settings plus --config)
 and by gensim (`baseline --gensim-mode iterable`, its most accurate mode, all cores) with the same

@@ -6,7 +6,7 @@ ratings of the 50 test documents. Both trainers see one text corpus: the 50 test
 tokenised with gensim's simple_preprocess. The figure is the Pearson correlation between the cosine
 similarity of the 50 learned document vectors and the human ratings (1,225 pairs).
 
-    python jobs/lee.py [--seeds 1 2 3] [--epochs 40] [--work runs/lee]
+    python benchmarks/lee.py [--seeds 1 2 3] [--epochs 40] [--work runs/lee]
 """
 
 from __future__ import annotations
