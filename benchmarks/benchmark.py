@@ -386,19 +386,19 @@ def main(argv: list[str] | None = None) -> dict:
             run["popularity_recall"] = m[f"popularity_recall@{args.k}"]
 
     import ray
+    from harness import local_ray
 
     from doc2vec_dist.plan import empty_ps_bytes
-    from doc2vec_dist.trainer import local_object_store_bytes
 
     points = sweep_points(config, args.sweep_macro_batch, args.sweep_workers)
     cpus = max([os.cpu_count() or 1] + [p["num_workers"] * config.cpus_per_worker for p in points])
-    ray.init(address="local", num_cpus=cpus, object_store_memory=local_object_store_bytes(), include_dashboard=False,
-             logging_level="WARNING")
+    started = local_ray(cpus)
     try:
         result["empty_ps_bytes"] = empty_ps_bytes()
         result["sweep"] = run_sweep(corpus.path, config, points, args.sweep_epochs, work)
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
 
     raw = ps_raw_bytes(config, corpus.num_docs, corpus.vocab_size)
     result["ps_raw_bytes"] = raw

@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
 
         started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, config.num_ps + 1), include_dashboard=False,
-                 logging_level="ERROR", log_to_driver=False)
+        from harness import local_ray
+
+        local_ray(max(os.cpu_count() or 1, config.num_ps + 1), logging_level="ERROR", log_to_driver=False)
     try:
         runs = [feed(args.corpus, config, kernel, use_ray=not args.no_ray)
                 for kernel in ((False,) if args.no_kernel_only else (False, True))]

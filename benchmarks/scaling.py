@@ -87,17 +87,14 @@ def main(argv: list[str] | None = None) -> dict:
         corpus = synthetic(args.workdir, args.users, args.urls, seed=1, progress=False)[0]
 
     import ray
+    from harness import local_ray
 
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.plan import bytes_per_token
-    from doc2vec_dist.trainer import local_object_store_bytes
 
     found = Corpus(corpus)
     cpus = max([w * base.cpus_per_worker for w in args.workers] + list(args.threads) + [os.cpu_count() or 1])
-    started = not ray.is_initialized()  # (a caller's Ray is used as it is)
-    if started:
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING",
-                 object_store_memory=local_object_store_bytes())
+    started = local_ray(cpus)  # (a caller's Ray is used as it is)
     result: dict = {"corpus": {"path": found.path, "docs": found.num_docs, "tokens": found.num_tokens,
                                "vocab": found.vocab_size}, "config": dataclasses.asdict(base), "cpus": os.cpu_count(),
                     "workers": [], "threads": []}
