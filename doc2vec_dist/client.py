@@ -5,7 +5,7 @@ Changes when how a worker talks to the servers changes (routing, layout, pulls, 
 
 A worker calls `server.pull.remote(request)` and `server.push.remote(...)` and waits with `get`. On a
 cluster the servers are Ray actor handles (or their names, looked up here). Without Ray, e.g. to
-measure one worker on a GPU machine that has no Ray (jobs/feed_rate.py --no-ray), they are
+measure one worker on a GPU machine that has no Ray (benchmarks/feed_rate.py --no-ray), they are
 `LocalServer`s: a ParameterServer object whose calls run, one at a time as an actor's would, on a
 thread of its own, so that pulls and pushes still overlap the worker's compute. Ray is imported only
 where a Ray handle is met.

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("parquet", "word2vec", "npy")
 # Unique keys and float vectors gain nothing from dictionary pages or vector statistics, and
-# computing them halves the write speed (measured: 0.6M vs 1.4M rows/s per writer at dim 100).
+# computing them halves the write speed (docs/benchmarks.md, "Figures behind the code's constants").
 # Trained float vectors do not compress (snappy saved 3% at 1M × 100 for a third more CPU), keys do.
 PARQUET_OPTIONS = {"compression": {"key": "snappy", "vector": "none"}, "use_dictionary": False,
                    "write_statistics": ["key"]}

@@ -314,9 +314,9 @@ def train_ivfpq(index: faiss.IndexIVFPQ, sample: np.ndarray) -> None:
     """Coarse k-means on all cores, then the product quantizer on residuals on one thread.
 
     PQ trains a small k-means per 2-dim sub-vector: too little work per step for OpenMP's fork and
-    join. Measured for 50 sub-quantizers on 65k rows on this 2-core machine: 1.97 s on one thread
-    vs 1.75 s on two when idle, but 4.8 s vs 26 s at load ~10 (threads spinning; see
-    export.calm_openmp). A small sample gets one thread for the coarse k-means too.
+    join: one thread is about as fast as two on an idle machine and several times faster on a loaded
+    one (threads spinning; see runners.calm_openmp). A small sample gets one thread for the coarse
+    k-means too.
     """
     threads = faiss.omp_get_max_threads() if len(sample) >= 65536 else 1
     with omp_threads(threads):
@@ -578,8 +578,8 @@ def _search_warning(kind: str, search: int | None, nlist: int | None, recall: fl
     Below it: the widest search tried fell short on the tuning queries (tune_recall < target), or the
     recall on fresh queries lies more than RECALL_SLACK under the target (0.942 against 0.96 was seen
     and went unsaid). Seen on a 1M-user model trained for one epoch: vectors still close to their
-    random start have no cluster structure, IVF-PQ needed 1024 of 2048 lists (141 queries/s) and
-    HNSW reached only 0.82 at efSearch 1024, while an exact scan of 1M × 100 serves ~650–730 queries/s.
+    random start have no cluster structure: IVF-PQ needed half of its lists and HNSW fell short of the
+    target at efSearch 1024, both slower than an exact scan.
     """
     if kind == "ivfpq" and search and nlist and search > nlist // 8:
         return (f"reaching recall {target} took nprobe {search} of {nlist} lists: these vectors have little cluster "

@@ -75,9 +75,9 @@ DIR_KINDS = {k.name: k for k in (
     # refresh (and other commands) out of it, since a refresh writes only into a new or empty directory
     Kind("refresh", "a daily refresh", "jobs/refresh.py", ("corpus", "model", "exports", "index", "refresh.json",
                                                           "*.tmp-*"), marked_only=True),
-    # jobs/serving_benchmark.py's --work: its synthetic models, export, indexes and results; the marker is
+    # benchmarks/serving_benchmark.py's --work: its synthetic models, export, indexes and results; the marker is
     # what lets its --clean and its steps delete what they find under these names
-    Kind("serving-benchmark", "a serving benchmark's work directory", "jobs/serving_benchmark.py",
+    Kind("serving-benchmark", "a serving benchmark's work directory", "benchmarks/serving_benchmark.py",
          ("model", "model-refreshed", "users", "index-*", "results.json", "*.tmp-*", "*.old-*"), marked_only=True),
 )}
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",

@@ -40,10 +40,9 @@ PS_RESOURCE = "ps"  # custom resource of the nodes that host parameter servers (
 TRAINER_RESOURCE = "trainer"  # custom resource of the nodes that host workers (deploy/)
 
 # One of our processes (a parameter server, a worker, the driver) before its data: Python, numpy, Ray's
-# core worker, a worker's torch. Measured on this project's machine (Ray 2.60, torch 2.x), private
-# memory in runs: a server with tiny tables 211-222 MB, a worker 224-232 MB, the driver 226 MB; 320 MB
-# resident. The same order for each role, so one figure, rounded up so that what is asked for is never
-# short: what a server asks Ray for beside its rows, what the fit check counts for a server and a worker,
+# core worker, a worker's torch: about a quarter of a GiB of private memory for each role (the figures,
+# with Ray 2.60 and torch 2.x, are in docs/benchmarks.md). One figure, rounded up so that what is asked
+# for is never short: what a server asks Ray for beside its rows, what the fit check counts for a server and a worker,
 # and what `plan` counts for a process it cannot measure.
 PROCESS_BYTES = 512 << 20
 # Above the tables: up to max_concurrency pull results being assembled, the id array a checkpoint

@@ -88,15 +88,15 @@ from .trainer import effective_macro_batch, quality_warnings
 from .worker import ROUNDS_PER_EPOCH
 
 GiB = 1 << 30
-# Sizes the calibration slice before anything is measured: tokens/s of one CPU worker on this
-# project's 2-core machine (0.43M with 2 workers at 200k users). The measured rate replaces it.
+# Sizes the calibration slice before anything is measured: tokens/s of one CPU worker, a low guess (a
+# slower worker calibrates on a few more tokens than it needs). The measured rate replaces it.
 GUESS_TOKENS_PER_SECOND_PER_WORKER = 200_000
 MAX_CALIBRATION_EPOCHS = 5
 # Where a process cannot be observed (a remote cluster), it counts placement.PROCESS_BYTES.
 VOCAB_BYTES_PER_WORD = 40  # counts int64, keep probability, alias table (p, accept, alias), marker arrays
 # A server's private memory above an empty one grows with the size of the pulls it serves (the
-# allocator keeps freed pull results of its 4 threads): measured 110 MB over 7.5 MB pulls (50k users)
-# and 190 MB over 14.5 MB pulls (200k users, 100k URLs) on this project's machine.
+# allocator keeps freed pull results of its 4 threads): about 14 pulls' worth, in runs at 50k and 200k
+# users (docs/benchmarks.md, "Figures behind the code's constants").
 PS_RETAINED_PULLS = 14
 RAY_SYSTEM_BYTES = 600 << 20  # raylet, GCS, agents (PSS), when not measured
 OOM_FRACTION = 0.95  # Ray's OOM killer acts above this share of a node's memory
@@ -275,7 +275,7 @@ def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None,
     pushed) move while the worker computes, so compute and that traffic overlap; the rows a worker
     holds (its block each round, its resident tables) move at a round's or an epoch's end while it
     waits, so their time adds to the rest. Servers apply pushes on their own: the lower rate bounds.
-    Measured over tbf-capped links (jobs/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
+    Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
     Mbit/s): 0.83 to 1.05 of this; the block schedule's 2 workers at 100 Mbit/s trained at 0.67 of
     the links' rate alone."""
     known = {k: v for k, v in rates.items() if v}
@@ -376,8 +376,8 @@ def calibrate(corpus: Corpus, config: TrainConfig, seconds: float, workdir: str,
 
     An epoch has fixed costs besides its tokens (the first pulls, resident rows synced at its start
     and end, the last pushes drained) that a full epoch of hundreds of seconds hides and a short
-    calibration does not: on 20M users, a 9.7 s calibration gave 1.23M tokens/s against the run's
-    1.61M (+31% on the epoch). So when the first slice trains in under half of `seconds`, a second
+    calibration does not (on 20M users a single short slice overestimated the epoch by about a third).
+    So when the first slice trains in under half of `seconds`, a second
     slice sized from its rate to fill `seconds` is trained too, and tokens/s is taken from the
     difference of the two, (tokens₂ − tokens₁) / (time₂ − time₁), in which the fixed costs cancel.
     """

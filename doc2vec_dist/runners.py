@@ -223,9 +223,8 @@ def calm_openmp() -> None:
 
     Call it before faiss is first imported (faiss loads its own OpenMP runtime, which reads this
     once). By default a waiting thread spins for a while; next to other busy processes (Ray workers,
-    other jobs) that turns every parallel step into a fight for the cores. Measured on this 2-core
-    machine at load ~10: PQ training took 28 s spinning, 4.4 s sleeping. At load ~1.5 the two are
-    within noise (PQ 1.42 vs 1.48 s; IVF-PQ search 13.7k vs 13.6k queries/s).
+    other jobs) that turns every parallel step into a fight for the cores: on a loaded machine PQ
+    training was several times faster sleeping, and on a quiet one the two are within noise.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

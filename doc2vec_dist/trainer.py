@@ -185,7 +185,7 @@ def wait_for_nodes(config: TrainConfig, tables: dict[str, TableSpec], problem: s
 
 
 # Settings measured to lose quality (200k users x 100k URLs, PV-DBOW, dim 100, 5 epochs, sample 0,
-# recall@10 on held-out URLs; gensim 0.1625-0.1638; README, "Measured"):
+# recall@10 on held-out URLs; gensim 0.1625-0.1638; docs/benchmarks.md, "Stale rows and shared negatives"):
 # - A worker trains rows of words_out as the other workers left them at its pull: as stale as the
 #   tokens they train meanwhile, (workers - 1) x macro-batch. Held at 150k and below with 2 workers
 #   (0.165); 4 workers: 0.1667 at 16k-token macro-batches (49k stale), 0.1596 at 32k (98k), 0.1505
@@ -214,7 +214,7 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     if config.num_workers > 1 and config.dbow_words:
         found.append(f"{config.num_workers} workers with --dbow-words share the URL rows (the block schedule trains plain "
                      "PV-DBOW only): measured on Lee with 2 workers, quality held (Pearson 0.4477 against one worker's "
-                     "0.4472, 3 seeds) but the speed barely grew (0.127M against 0.111M tokens/s); one worker on all "
+                     "0.4472, 3 seeds) but the speed barely grew (+14% tokens/s); one worker on all "
                      "the machine's CPUs is as good")
     macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
     stale = 0 if config.blocks() else (config.num_workers - 1) * macro  # on the block schedule nothing is stale

@@ -475,14 +475,14 @@ def trial_resources(base: dict, corpus: Corpus) -> Callable[[dict], object]:
 
 
 # A trial's cost that plan's calibration does not see: Ray Tune starts its actor (a new Python process
-# importing torch and this package), its placement group and its bookkeeping. Measured on this 2-core
-# machine (search.overhead_seconds_per_trial: the search's wall time less its trials' own clocks), over
-# jobs/quality.py --tune 8's five searches of 13-14 trials: 2.8, 3.0, 3.1, 3.5 and 4.2 s.
+# importing torch and this package), its placement group and its bookkeeping: the middle of what
+# search.overhead_seconds_per_trial (the search's wall time less its trials' own clocks) gave over the five
+# searches of benchmarks/quality.py --tune 8 (docs/benchmarks.md).
 TRIAL_OVERHEAD_SECONDS = 3.5
 
 
-# Row-wise Adagrad's cost per token against SGD's: 0.233M against 0.433M tokens/s in the README's
-# PV-DBOW table (the same corpus, engine and machine); the accumulator column is read, updated and pushed.
+# Row-wise Adagrad's cost per token against SGD's, on the same corpus, engine and machine
+# (docs/benchmarks.md): the accumulator column is read, updated and pushed.
 ADAGRAD_COST = 1.9
 COST_DRAWS = 256  # draws of the space that average a trial's cost per epoch
 

@@ -62,12 +62,10 @@ def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer:
     Where rows are shared, on a small corpus one huge macro-batch would leave every worker training on
     a copy of words_out that is an epoch old (Lee corpus: -0.02 Pearson). A sole writer (one worker
     holding every words_out row resident, and its documents' rows its own) trains nothing another
-    writes, so its rounds only cost calls: on the 200k corpus 262,144-token macro-batches trained at
-    2.07-2.84M tokens/s against 1.68-1.97M at 65,536 (the push of a batch's document rows is a fixed
-    cost per round); Lee trains an epoch in one round. With the examples drawn on the device the host
-    only moves the documents' rows, and the rounds' fixed costs are most of its work: 1,048,576-token
-    macro-batches fed 21.6-27.4M tokens/s on the 200k corpus against 13.6-21.6M at 262,144
-    (jobs/feed_rate.py, no kernel).
+    writes, so its rounds only cost calls, and fewer, larger rounds train faster (the push of a batch's
+    document rows is a fixed cost per round); Lee trains an epoch in one round. With the examples drawn
+    on the device the host only moves the documents' rows, and the rounds' fixed costs are most of its
+    work, so its rounds are larger still (the figures: docs/benchmarks.md).
     """
     if sole_writer:
         return int(macro_batch or (DEVICE_MACRO_BATCH if on_device else SOLE_WRITER_MACRO_BATCH))
@@ -192,7 +190,7 @@ def only_documents(chunks, wanted: np.ndarray):
 @dataclass(frozen=True)
 class Compute:
     """What a worker runs on each macro-batch's examples, as arguments rather than module globals:
-    jobs/feed_rate.py swaps them for nothing to time the host side alone."""
+    benchmarks/feed_rate.py swaps them for nothing to time the host side alone."""
 
     batched: Callable          # kernels.train: micro-batches of summed updates, torch (CPU or CUDA)
     exact: Callable            # cpu_kernel.train: each update applied at once, on examples the host built

@@ -69,10 +69,10 @@ NOT_CARRIED = ("init_from", "resume", "address", "progress")
 EPOCHS_HELP = ("passes over the refreshed corpus (default: 1 for a refresh, not the base model's: known users and "
                "URLs start from trained vectors, so one pass adapts them to the new events and trains the new "
                "rows; the issue's target is 1 epoch within 0.005 recall@10 of a 5-epoch cold retrain in a third of "
-               "its time, measured by jobs/refresh_benchmark.py)")
+               "its time, measured by benchmarks/refresh_benchmark.py)")
 FIRST_EPOCH_HELP = ("changed (the default for a refresh, not the base model's): the first epoch trains only the users "
                     "that are new or have new events, the others keep their vectors bit for bit, so the index update "
-                    "replaces only their rows; all: every user. Measured (jobs/refresh_benchmark.py, 200k users, 3 "
+                    "replaces only their rows; all: every user. Measured (benchmarks/refresh_benchmark.py, 200k users, 3 "
                     "seeds): changed +0.0003 recall@10 against the cold retrain in 0.31 of its time, the index "
                     "replacing 38%% of its rows; all -0.0031 in 0.40, replacing 97%%")
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 
 import pytest
@@ -265,11 +266,21 @@ def assert_same_corpus(single: str, parallel: str, heldout: tuple[str, str] | No
         assert corpus_tables(heldout[0])["heldout"].equals(corpus_tables(heldout[1])["heldout"])
 
 
-def load_job(name: str, module: str | None = None):
-    """jobs/NAME.py as a module (the jobs are scripts, not a package), registered in sys.modules as
-    `module` (default NAME_job), where its dataclasses look their annotations up."""
-    spec = importlib.util.spec_from_file_location(module or f"{name}_job", os.path.join(ROOT, "jobs", f"{name}.py"))
+def _load_script(folder: str, name: str, module: str) -> types.ModuleType:
+    """FOLDER/NAME.py as a module (the scripts are not a package), registered in sys.modules as `module`,
+    where its dataclasses look their annotations up."""
+    spec = importlib.util.spec_from_file_location(module, os.path.join(ROOT, folder, f"{name}.py"))
     loaded = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = loaded
     spec.loader.exec_module(loaded)
     return loaded
+
+
+def load_job(name: str, module: str | None = None):
+    """jobs/NAME.py, an entry point a user submits to Ray, as a module named `module` (default NAME_job)."""
+    return _load_script("jobs", name, module or f"{name}_job")
+
+
+def load_benchmark(name: str, module: str | None = None):
+    """benchmarks/NAME.py, a measuring script, as a module named `module` (default NAME_job)."""
+    return _load_script("benchmarks", name, module or f"{name}_job")

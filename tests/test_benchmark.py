@@ -1,4 +1,4 @@
-"""jobs/benchmark.py: its pieces on known numbers, and one small run end to end (ours through Ray and gensim)."""
+"""benchmarks/benchmark.py: its pieces on known numbers, and one small run end to end (ours through Ray and gensim)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from doc2vec_dist.config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOB = os.path.join(ROOT, "jobs", "benchmark.py")
+JOB = os.path.join(ROOT, "benchmarks", "benchmark.py")
 
 
 @pytest.fixture(scope="module")

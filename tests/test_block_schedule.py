@@ -134,7 +134,7 @@ def test_the_scaling_job_measures_workers_and_threads_beside_gensim(ray_cluster,
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("scaling_job", os.path.join(root, "jobs", "scaling.py"))
+    spec = importlib.util.spec_from_file_location("scaling_job", os.path.join(root, "benchmarks", "scaling.py"))
     job = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = job
     spec.loader.exec_module(job)

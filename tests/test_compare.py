@@ -1,4 +1,4 @@
-"""jobs/compare.py: ours and gensim side by side in one run, and the memory watch it relies on."""
+"""benchmarks/compare.py: ours and gensim side by side in one run, and the memory watch it relies on."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_compare_runs_both_trainers_and_prints_one_table(sample_corpus, tmp_path
     corpus, heldout = sample_corpus
     work = tmp_path / "cmp"
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "jobs", "compare.py"), "--corpus", corpus, "--heldout", heldout,
+        [sys.executable, os.path.join(ROOT, "benchmarks", "compare.py"), "--corpus", corpus, "--heldout", heldout,
          "--labels", os.path.join(ROOT, "data", "sample", "truth", "users.parquet"), "--modes", "dbow", "dbow_adagrad",
          "--dim", "16", "--epochs", "3", "--num-workers", "1", "--num-ps", "1", "--work", str(work)],
         check=False, capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import assert_same_corpus, load_job
+from conftest import assert_same_corpus, load_benchmark, load_job
 
 from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.prepare import prepare
@@ -271,7 +271,7 @@ def test_ray_job_submit_with_token_auth_and_a_leftover_ray_start(tmp_path, sampl
 def test_feed_rate_times_one_worker_with_and_without_the_kernel(ray_cluster, sample_corpus, tmp_path, capsys):
     from doc2vec_dist.corpus import Corpus
 
-    feed_rate = load_job("feed_rate")
+    feed_rate = load_benchmark("feed_rate")
     out = tmp_path / "feed.json"
     assert feed_rate.main(["--corpus", sample_corpus[0], "--num-ps", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
@@ -294,7 +294,7 @@ def test_feed_rate_without_ray_runs_the_device_token_path_against_servers_in_the
                                                                                         capsys):
     from doc2vec_dist.corpus import Corpus
 
-    feed_rate = load_job("feed_rate")
+    feed_rate = load_benchmark("feed_rate")
     config = tmp_path / "batched.yaml"
     config.write_text("kernel: batched\n")
     out = tmp_path / "feed.json"
@@ -309,11 +309,11 @@ def test_feed_rate_without_ray_runs_the_device_token_path_against_servers_in_the
 
 
 def test_gpu_bench_trains_one_device_worker_without_ray_and_scores_the_model_it_wrote(sample_corpus, tmp_path, capsys):
-    """jobs/gpu_bench.py with the CPU as the device: the token path's worker against servers in the
+    """benchmarks/gpu_bench.py with the CPU as the device: the token path's worker against servers in the
     process, a model directory the library reads, and held-out recall above popularity."""
     from doc2vec_dist import Model
 
-    gpu_bench = load_job("gpu_bench")
+    gpu_bench = load_benchmark("gpu_bench")
     config = tmp_path / "small.yaml"
     config.write_text("dim: 32\nsample: 0\n")
     out, model = tmp_path / "bench.json", tmp_path / "model"

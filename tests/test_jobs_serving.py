@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
-from conftest import load_job
+from conftest import load_benchmark, load_job
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.checkpoint import ModelDir
@@ -121,11 +121,11 @@ def test_index_job_updates_an_index_staging_the_new_source_in_ray_tasks(ray_clus
 
 
 def test_serving_benchmark_updates_the_base_index_to_a_refreshed_model(tmp_path, capsys):
-    """jobs/serving_benchmark.py --steps ivfpq,update: the refreshed model keeps every row but the moved
+    """benchmarks/serving_benchmark.py --steps ivfpq,update: the refreshed model keeps every row but the moved
     share bit for bit and appends the new ones, so the update replaces about that share, adds exactly
     the new rows, and is timed against a rebuild of the same model."""
     work = str(tmp_path / "work")
-    assert load_job("serving_benchmark").main(["--rows", "5000", "--dim", "16", "--parts", "2", "--clusters", "50",
+    assert load_benchmark("serving_benchmark").main(["--rows", "5000", "--dim", "16", "--parts", "2", "--clusters", "50",
                                                "--steps", "ivfpq,update", "--changed", "0.3", "--new", "0.02",
                                                "--work", work]) == 0
     with open(os.path.join(work, "results.json")) as fh:
@@ -149,7 +149,7 @@ def test_serving_benchmark_refuses_a_work_folder_it_did_not_make(tmp_path, capsy
     (work / "model" / "LATEST").write_text("v3\n")
     (work / "notes.txt").write_text("the user's notes\n")
     before = snapshot(str(work))
-    assert load_job("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 2
+    assert load_benchmark("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [(f"error: --work {work}: holds model, notes.txt, and this benchmark did not make it; give a new or "
                    "empty directory (the benchmark replaces what it finds under its own names there, and --clean "
@@ -159,12 +159,12 @@ def test_serving_benchmark_refuses_a_work_folder_it_did_not_make(tmp_path, capsy
 
 def test_serving_benchmark_clean_deletes_only_what_it_wrote(tmp_path, capsys):
     work = tmp_path / "work"
-    assert load_job("serving_benchmark").main([*SMALL, "--work", str(work)]) == 0
+    assert load_benchmark("serving_benchmark").main([*SMALL, "--work", str(work)]) == 0
     assert sorted(os.listdir(work)) == [".doc2vec-dist.json", "index-flat", "model", "results.json"]
     (work / "mine.txt").write_text("dropped in by someone\n")
-    assert load_job("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 0  # reuses its model
+    assert load_benchmark("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 0  # reuses its model
     assert os.listdir(work) == ["mine.txt"]
     assert f"--clean: left mine.txt in {work}, which the benchmark did not write" in capsys.readouterr().err
     os.remove(work / "mine.txt")
-    assert load_job("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 0
+    assert load_benchmark("serving_benchmark").main([*SMALL, "--work", str(work), "--clean"]) == 0
     assert os.listdir(tmp_path) == []  # WORK goes too, once empty

@@ -1,4 +1,4 @@
-"""Ray nodes in network namespaces, joined by bandwidth-capped links (jobs/netcluster.py), and a node
+"""Ray nodes in network namespaces, joined by bandwidth-capped links (benchmarks/netcluster.py), and a node
 killed under a training job (issue 28, items 1, 2 and 4).
 
 These tests make network namespaces, veth pairs, a bridge and tc qdiscs, which needs root: CI runs as
@@ -24,12 +24,12 @@ import sys
 import time
 
 import pytest
-from conftest import load_job
+from conftest import load_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-netcluster = load_job("netcluster", "netcluster")
+netcluster = load_benchmark("netcluster", "netcluster")
 WHY_NOT = netcluster.available()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(WHY_NOT is not None, reason=f"{WHY_NOT}")]
 
@@ -102,7 +102,7 @@ def test_namespaces_reach_only_each_other_and_the_capped_link_holds_its_rate():
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_run_leaves_no_namespace_behind(sig):
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "jobs", "netcluster.py"), "--no-ray", "--nodes", "head",
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "netcluster.py"), "--no-ray", "--nodes", "head",
                              "trainer", "--gbps", "0.1", "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
     try:
         prefix = f"{netcluster.PREFIX}-{proc.pid}-"

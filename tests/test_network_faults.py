@@ -1,11 +1,11 @@
-"""jobs/network_faults.py's own logic, without namespaces: which lines of a job's log are the driver's,
+"""benchmarks/network_faults.py's own logic, without namespaces: which lines of a job's log are the driver's,
 the resume command they name, what counts as lost, and the table (issue 28, item 3)."""
 
 from __future__ import annotations
 
-from conftest import load_job
+from conftest import load_benchmark
 
-faults = load_job("network_faults", "network_faults")
+faults = load_benchmark("network_faults", "network_faults")
 
 LOG = """2026-11-26 15:45:35,028	INFO job_manager.py:581 -- Runtime env is setting up.
 Running entrypoint for job raysubmit_x: python -m doc2vec_dist train --corpus /c --out /m --no-progress

@@ -356,12 +356,12 @@ def test_ctrl_c_during_a_parallel_prepare_leaves_nothing(generated, tmp_path, in
 
 
 def test_the_prepare_benchmark_times_1_and_2_processes_and_finds_the_same_corpus(tmp_path, capsys):
-    """jobs/prepare_benchmark.py on the sample: each run's pass times, its processes (the driver, and
+    """benchmarks/prepare_benchmark.py on the sample: each run's pass times, its processes (the driver, and
     with 2 the Ray task workers that ran the passes) with their peak memory, the bytes written, and the
     corpora compared."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("prepare_benchmark", os.path.join(ROOT, "jobs", "prepare_benchmark.py"))
+    spec = importlib.util.spec_from_file_location("prepare_benchmark", os.path.join(ROOT, "benchmarks", "prepare_benchmark.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "bench"

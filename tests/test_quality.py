@@ -1,4 +1,4 @@
-"""jobs/quality.py: the real and skewed sets it scores, and one short run of it end to end.
+"""benchmarks/quality.py: the real and skewed sets it scores, and one short run of it end to end.
 
 The figures themselves come from running the job (README, "Quality"); here it is checked that the sets
 are what they claim, that gensim runs in its iterable mode, and that the tables and JSON come out.
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_quality():
-    spec = importlib.util.spec_from_file_location("quality_job", os.path.join(ROOT, "jobs", "quality.py"))
+    spec = importlib.util.spec_from_file_location("quality_job", os.path.join(ROOT, "benchmarks", "quality.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass resolves annotations through sys.modules
     spec.loader.exec_module(module)

@@ -2,7 +2,7 @@
 
 The issue's bar: the Pearson correlation of cosine similarity with the human ratings of the 50 test
 documents (dbow, dim 100, 40 epochs, min_count 2) within 0.03 of gensim's. Two seeds each, to keep the
-run short; `python jobs/lee.py` gives the three-seed figure.
+run short; `python benchmarks/lee.py` gives the three-seed figure.
 """
 
 import importlib.util
@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_lee_correlation_within_003_of_gensim(ray_cluster, tmp_path):
-    spec = importlib.util.spec_from_file_location("lee", os.path.join(ROOT, "jobs", "lee.py"))
+    spec = importlib.util.spec_from_file_location("lee", os.path.join(ROOT, "benchmarks", "lee.py"))
     lee = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lee)
     result = lee.run(str(tmp_path), seeds=[1, 2], epochs=40)

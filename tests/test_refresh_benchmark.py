@@ -1,4 +1,4 @@
-"""jobs/refresh_benchmark.py: its time split (new users and URLs only after the cut, the held-out pairs in
+"""benchmarks/refresh_benchmark.py: its time split (new users and URLs only after the cut, the held-out pairs in
 no file), and a --quick run of the whole measurement on the session's Ray."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def load_bench():
     spec = importlib.util.spec_from_file_location("refresh_benchmark_job",
-                                                  os.path.join(ROOT, "jobs", "refresh_benchmark.py"))
+                                                  os.path.join(ROOT, "benchmarks", "refresh_benchmark.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # where its dataclasses look their annotations up
     spec.loader.exec_module(module)

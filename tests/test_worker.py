@@ -208,7 +208,7 @@ def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers
 
 
 def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_corpus):
-    """jobs/feed_rate.py --no-ray (a GPU machine without Ray): the real worker against ParameterServer
+    """benchmarks/feed_rate.py --no-ray (a GPU machine without Ray): the real worker against ParameterServer
     objects in its process, run where any import of Ray fails; the token paths and the host's examples."""
     probe = textwrap.dedent(f"""
         import sys, json

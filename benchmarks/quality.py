@@ -1,11 +1,11 @@
 """Quality on real and skewed data: ours against gensim at its best (its iterable mode), over seeds.
 
-    python jobs/quality.py                                  # every set, PV-DBOW, seeds 1 2 3, the defaults
-    python jobs/quality.py --sets lee lee-reversed --modes dbow dbow_words --config my.yaml
-    python jobs/quality.py --sets skewed --seeds 1 --quick  # a smoke run: smaller sets, fewer epochs
-    python jobs/quality.py --tune 8                         # tune each set, then tuned vs its settings vs gensim
-    python jobs/quality.py --tune 8 --searcher optuna       # the same with Optuna's TPE drawing the trials
-    python jobs/quality.py --workers 1 2 4 8 --ray-cpus 8 --no-gensim   # more workers against one worker
+    python benchmarks/quality.py                                  # every set, PV-DBOW, seeds 1 2 3, the defaults
+    python benchmarks/quality.py --sets lee lee-reversed --modes dbow dbow_words --config my.yaml
+    python benchmarks/quality.py --sets skewed --seeds 1 --quick  # a smoke run: smaller sets, fewer epochs
+    python benchmarks/quality.py --tune 8                         # tune each set, then tuned vs its settings vs gensim
+    python benchmarks/quality.py --tune 8 --searcher optuna       # the same with Optuna's TPE drawing the trials
+    python benchmarks/quality.py --workers 1 2 4 8 --ray-cpus 8 --no-gensim   # more workers against one worker
 
 Each set is trained by ours (`train`, the defaults plus the set's own model settings plus --config)
 and by gensim (`baseline --gensim-mode iterable`, its most accurate mode, all cores) with the same
@@ -45,6 +45,7 @@ from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout without installing the package
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import numpy as np
 import pyarrow as pa
@@ -79,24 +80,16 @@ class Set:
 def _lee(work: str, reverse: bool, quick: bool) -> Set:
     """Lee: one document per line, simple_preprocess tokens; the ratings as (key1, key2, score) pairs
     keyed by the test documents' line numbers in this order."""
-    from gensim.test.utils import datapath
-    from gensim.utils import simple_preprocess
+    import harness
 
     from doc2vec_dist.prepare import prepare
 
     name = "lee-reversed" if reverse else "lee"
     root = os.path.join(work, name)
-    os.makedirs(root, exist_ok=True)
-    parts = {}
-    for part in ("test", "background"):
-        with open(datapath("lee.cor" if part == "test" else "lee_background.cor"), encoding="latin-1") as fh:
-            parts[part] = [" ".join(simple_preprocess(line)) for line in fh]
     order = ("background", "test") if reverse else ("test", "background")
-    first_test = len(parts["background"]) if reverse else 0
     text = os.path.join(root, "lee.txt")
-    with open(text, "w", encoding="utf-8") as fh:
-        fh.writelines(line + "\n" for part in order for line in parts[part])
-    ratings = np.loadtxt(datapath("similarities0-1.txt"))
+    first_test = harness.write_lee_text(text, background_first=reverse)
+    ratings = np.loadtxt(harness.lee_ratings_path())
     i, j = np.triu_indices(len(ratings), 1)
     pairs = os.path.join(root, "pairs.parquet")
     pq.write_table(pa.table({"key1": [str(first_test + a) for a in i], "key2": [str(first_test + b) for b in j],
@@ -439,11 +432,9 @@ def main(argv: list[str] | None = None) -> int:
 
         started = False
         if args.ray_cpus and not ray.is_initialized():
-            from doc2vec_dist.trainer import local_object_store_bytes
+            from harness import local_ray
 
-            ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False,
-                     object_store_memory=local_object_store_bytes(), logging_level="WARNING")
-            started = True
+            started = local_ray(args.ray_cpus)
         else:
             started = connect(None)  # one local Ray for every run (each train() would start its own)
         results = []

@@ -1,9 +1,9 @@
 """Training over capped links: tokens/s and bytes per trained token, in a cluster of network namespaces.
 
-    python jobs/network_benchmark.py --corpus CORPUS --gbps 0 10 1 0.1 --workers 1 2 --epochs 2
-    python jobs/network_benchmark.py --corpus CORPUS --gbps 1 --workers 1 --epochs 1 --json net.json
+    python benchmarks/network_benchmark.py --corpus CORPUS --gbps 0 10 1 0.1 --workers 1 2 --epochs 2
+    python benchmarks/network_benchmark.py --corpus CORPUS --gbps 1 --workers 1 --epochs 1 --json net.json
 
-For each worker count W, one cluster of network namespaces (jobs/netcluster.py): the head, two `ps`
+For each worker count W, one cluster of network namespaces (benchmarks/netcluster.py): the head, two `ps`
 nodes holding one parameter server each, and W `trainer` nodes holding one worker each, every node
 on a link of its own. That is the layout `plan`'s network bound assumes: a link per worker and one
 per server. Then, for each rate (0: uncapped), every link is capped with tc's `tbf` and the same
@@ -39,7 +39,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "jobs"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import netcluster
 

@@ -9,7 +9,7 @@ by table (docs, vocab, shards: the same tables, record batches apart); it exits 
 DIR/result.json holds every figure.
 
     python -m doc2vec_dist generate --users 1000000 --urls 200000 --out runs/g1m
-    python jobs/prepare_benchmark.py runs/g1m --out runs/prepare-bench --parallel 1 2 -- --time-col ts
+    python benchmarks/prepare_benchmark.py runs/g1m --out runs/prepare-bench --parallel 1 2 -- --time-col ts
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Scaling: tokens/s of ours over workers and over threads, in one local Ray, beside gensim's threads.
 
-    python jobs/scaling.py --users 200000 --urls 100000 --workers 1 2 4 8 --threads 1 2 4 8 16
-    python jobs/scaling.py --corpus CORPUS --workers 1 2 --threads 1 2 --epochs 2     # this 2-core machine
+    python benchmarks/scaling.py --users 200000 --urls 100000 --workers 1 2 4 8 --threads 1 2 4 8 16
+    python benchmarks/scaling.py --corpus CORPUS --workers 1 2 --threads 1 2 --epochs 2     # this 2-core machine
 
 Two series on the same corpus (generated under --workdir and reused, or given), PV-DBOW, dim 100,
 negative 5, sample 0 unless flags say otherwise:
@@ -16,7 +16,7 @@ negative 5, sample 0 unless flags say otherwise:
 Every figure is the training alone (the trainer's own clock), one run each, after a warm-up run on
 a tiny corpus (numba compiles its kernels once per machine). The local Ray gets as
 many logical CPUs as the largest point needs (the --num-ps servers reserve none). Prints a table and
-writes JSON (--json). Quality is not measured here: jobs/quality.py --workers does that.
+writes JSON (--json). Quality is not measured here: benchmarks/quality.py --workers does that.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "jobs"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
@@ -87,17 +87,14 @@ def main(argv: list[str] | None = None) -> dict:
         corpus = synthetic(args.workdir, args.users, args.urls, seed=1, progress=False)[0]
 
     import ray
+    from harness import local_ray
 
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.plan import bytes_per_token
-    from doc2vec_dist.trainer import local_object_store_bytes
 
     found = Corpus(corpus)
     cpus = max([w * base.cpus_per_worker for w in args.workers] + list(args.threads) + [os.cpu_count() or 1])
-    started = not ray.is_initialized()  # (a caller's Ray is used as it is)
-    if started:
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="WARNING",
-                 object_store_memory=local_object_store_bytes())
+    started = local_ray(cpus)  # (a caller's Ray is used as it is)
     result: dict = {"corpus": {"path": found.path, "docs": found.num_docs, "tokens": found.num_tokens,
                                "vocab": found.vocab_size}, "config": dataclasses.asdict(base), "cpus": os.cpu_count(),
                     "workers": [], "threads": []}

@@ -6,7 +6,7 @@ ratings of the 50 test documents. Both trainers see one text corpus: the 50 test
 tokenised with gensim's simple_preprocess. The figure is the Pearson correlation between the cosine
 similarity of the 50 learned document vectors and the human ratings (1,225 pairs).
 
-    python jobs/lee.py [--seeds 1 2 3] [--epochs 40] [--work runs/lee]
+    python benchmarks/lee.py [--seeds 1 2 3] [--epochs 40] [--work runs/lee]
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import harness
 
 from doc2vec_dist.baseline import train_gensim
 from doc2vec_dist.config import PrepareConfig, TrainConfig
@@ -27,22 +31,9 @@ from doc2vec_dist.prepare import prepare
 from doc2vec_dist.trainer import train
 
 
-def lee_paths() -> dict[str, str]:
-    from gensim.test.utils import datapath
-
-    return {"test": datapath("lee.cor"), "background": datapath("lee_background.cor"),
-            "ratings": datapath("similarities0-1.txt")}
-
-
 def write_lee_text(path: str) -> str:
     """Test documents then background documents, one per line, simple_preprocess tokens."""
-    from gensim.utils import simple_preprocess
-
-    src = lee_paths()
-    with open(path, "w", encoding="utf-8") as out:
-        for name in ("test", "background"):
-            with open(src[name], encoding="latin-1") as fh:
-                out.writelines(" ".join(simple_preprocess(line)) + "\n" for line in fh)
+    harness.write_lee_text(path)
     return path
 
 
@@ -52,7 +43,7 @@ def run(work: str, seeds: list[int], epochs: int = 40, dim: int = 100, min_count
     text = write_lee_text(os.path.join(work, "lee.txt"))
     corpus = os.path.join(work, "corpus")
     prepare([text], corpus, PrepareConfig(format="text", min_count=min_count), overwrite=True, progress=progress)
-    ratings = lee_paths()["ratings"]
+    ratings = harness.lee_ratings_path()
     rows = {"doc2vec-dist": [], "gensim": []}
     speed = {"doc2vec-dist": [], "gensim": []}
     for seed in seeds:

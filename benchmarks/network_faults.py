@@ -1,10 +1,10 @@
 """Faults over the network: a training job in a cluster of network namespaces, and a node, a link or
 the driver taken away mid-run (issue 28, item 3).
 
-    python jobs/network_faults.py --corpus CORPUS --heldout HELDOUT --work DIR --epochs 8 --json faults.json
-    python jobs/network_faults.py --corpus CORPUS --heldout HELDOUT --work DIR --faults trainer-killed link-flap
+    python benchmarks/network_faults.py --corpus CORPUS --heldout HELDOUT --work DIR --epochs 8 --json faults.json
+    python benchmarks/network_faults.py --corpus CORPUS --heldout HELDOUT --work DIR --faults trainer-killed link-flap
 
-Each fault gets a cluster of its own (jobs/netcluster.py: one network namespace per node, every link
+Each fault gets a cluster of its own (benchmarks/netcluster.py: one network namespace per node, every link
 capped with tc's `tbf` at --gbps) and the same training job, submitted with `ray job submit` as a
 user would. Once the job has committed --after-version checkpoints (and --delay seconds more, so the
 fault lands mid-epoch), the fault is injected:
@@ -49,7 +49,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "jobs"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import netcluster
 

@@ -1,8 +1,8 @@
 """Serving benchmark: export, index builds, recall@10 vs exact and batch query throughput.
 
-    nice -n 10 python jobs/serving_benchmark.py --rows 1000000 --work /tmp/serving-1m
-    nice -n 10 python jobs/serving_benchmark.py --rows 20000000 --steps export,auto --work /tmp/serving-20m --clean
-    python jobs/serving_benchmark.py --rows 1000000 --steps ivfpq,update --changed 0.4 --new 0.02   # daily refresh
+    nice -n 10 python benchmarks/serving_benchmark.py --rows 1000000 --work /tmp/serving-1m
+    nice -n 10 python benchmarks/serving_benchmark.py --rows 20000000 --steps export,auto --work /tmp/serving-20m --clean
+    python benchmarks/serving_benchmark.py --rows 1000000 --steps ivfpq,update --changed 0.4 --new 0.02   # daily refresh
 
 WORK is the benchmark's own: a new or empty directory, which it marks as its own (`.doc2vec-dist.json`),
 or one it marked before (its model is reused when the sizes fit). A folder it did not make is refused,

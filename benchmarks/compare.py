@@ -7,9 +7,9 @@ models are evaluated the same way: held-out URL prediction (recall@k, MRR) and, 
 known (the synthetic generator's planted communities), k-NN label accuracy. With --lee the Lee
 corpus runs too (Pearson with human similarity, mean over seeds).
 
-    python jobs/compare.py --generate 200000 --urls 100000 --epochs 5      # synthetic, made if missing
-    python jobs/compare.py --corpus CORPUS --heldout HELDOUT.parquet --modes dbow dm
-    python jobs/compare.py --lee --lee-only                                # the Lee corpus only
+    python benchmarks/compare.py --generate 200000 --urls 100000 --epochs 5      # synthetic, made if missing
+    python benchmarks/compare.py --corpus CORPUS --heldout HELDOUT.parquet --modes dbow dm
+    python benchmarks/compare.py --lee --lee-only                                # the Lee corpus only
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "jobs"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import yaml
 

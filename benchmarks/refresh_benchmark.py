@@ -1,9 +1,9 @@
 """The daily refresh's targets (issue 17), measured on a time-split synthetic corpus against a cold retrain.
 
-    python jobs/refresh_benchmark.py                                  # 200k users × 100k URLs, seeds 1 2 3
-    python jobs/refresh_benchmark.py --quick                          # a tiny smoke run (about a minute)
-    python jobs/refresh_benchmark.py --users 1000000 --urls 1000000 --seeds 1 --epochs 5 --dim 100
-    python jobs/refresh_benchmark.py --first-epoch changed          # the refresh trains only changed users
+    python benchmarks/refresh_benchmark.py                                  # 200k users × 100k URLs, seeds 1 2 3
+    python benchmarks/refresh_benchmark.py --quick                          # a tiny smoke run (about a minute)
+    python benchmarks/refresh_benchmark.py --users 1000000 --urls 1000000 --seeds 1 --epochs 5 --dim 100
+    python benchmarks/refresh_benchmark.py --first-epoch changed          # the refresh trains only changed users
 
 Per seed, everything in one process and one local Ray (started once, so no run pays for Ray's start;
 each training pays for its own actors):

@@ -1,10 +1,10 @@
 """A Ray cluster of network namespaces on this one machine, joined by bandwidth-capped links.
 
-    python jobs/netcluster.py --nodes head ps trainer --gbps 1 -- \\
+    python benchmarks/netcluster.py --nodes head ps trainer --gbps 1 -- \\
         python -m doc2vec_dist train --corpus C --out M --num-ps 2 --num-workers 1
-    python jobs/netcluster.py --nodes head+ps trainer trainer --gbps 0.1 --json run.json -- \\
+    python benchmarks/netcluster.py --nodes head+ps trainer trainer --gbps 0.1 --json run.json -- \\
         python jobs/train.py --config jobs/configs/multinode.yaml --corpus /tmp/c --out /tmp/m
-    python jobs/netcluster.py --sweep   # what a killed (SIGKILL) run left: its namespaces and processes
+    python benchmarks/netcluster.py --sweep   # what a killed (SIGKILL) run left: its namespaces and processes
 
 Every node is a network namespace of its own with one address, 10.213.0.N/24, on a veth pair whose
 other end sits on a bridge in one more namespace (the switch). Nothing is created in the machine's

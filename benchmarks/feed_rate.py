@@ -1,0 +1,170 @@
+"""Feed rate: the tokens/s one worker's CPU side can deliver, with the kernel and without it.
+
+A GPU worker is bounded by the CPU work around its micro-batches: reading its shard, building the
+examples, pulling and pushing rows. This job runs one real worker in this process against real
+parameter-server actors on a local Ray, first with the kernel replaced by nothing (the rate at which
+a device could be fed, however fast), then with the real kernel on the config's device (CUDA with
+--gpus-per-worker > 0). It prints tokens/s and where the worker's time went for each. Every run
+trains --epochs epochs and is timed on the last: the first pays for starting the servers and the
+first pulls.
+
+    python benchmarks/feed_rate.py --corpus CORPUS                                      # the defaults: exact CPU kernel
+    python benchmarks/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml       # on a GPU machine
+    python benchmarks/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml --no-ray   # ... without Ray
+
+With --no-ray the servers are ParameterServer objects in this process, each on a thread of its own
+(client.LocalServer): what the host side costs without Ray's object store, and a run on a machine
+that has no Ray. On the token path "nothing" also replaces drawing the examples on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # runs from a checkout without installing the package
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from benchmark import worker_split
+
+from doc2vec_dist.config import TrainConfig, build, load_yaml
+from doc2vec_dist.errors import UserError
+from doc2vec_dist.logs import to_terminal
+
+
+def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, compute=None):
+    """Parameter servers for `corpus_path` and the real worker 0 of a one-worker run against them:
+    (servers, worker, close). The servers are Ray actors, or (use_ray False) ParameterServer objects
+    in this process, each on a thread of its own (client.LocalServer). compute: worker.Compute (None:
+    the real kernels)."""
+    from doc2vec_dist import client
+    from doc2vec_dist import worker as worker_mod
+    from doc2vec_dist.corpus import Corpus
+    from doc2vec_dist.ps import ParameterServer, table_specs
+
+    corpus = Corpus(corpus_path)
+    tables = table_specs(config, corpus)
+    if use_ray:
+        import ray
+
+        server_cls = ray.remote(ParameterServer)
+        servers = [server_cls.options(max_concurrency=4).remote(s, config.num_ps, tables, config.seed,
+                                                                rounding=config.rounding)
+                   for s in range(config.num_ps)]
+    else:
+        servers = [client.LocalServer(ParameterServer(s, config.num_ps, tables, config.seed, rounding=config.rounding))
+                   for s in range(config.num_ps)]
+
+    def close():
+        for server in servers:
+            if use_ray:
+                ray.kill(server)
+            else:
+                server.close()
+
+    try:
+        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, config, servers, tables,
+                                   compute=compute)
+    except BaseException:
+        close()
+        raise
+    return servers, worker, close
+
+
+def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True) -> dict:
+    """One worker's last epoch of `config.epochs`, with the real kernel or with none; its servers Ray
+    actors, or (use_ray False) ParameterServer objects in this process, each on a thread of its own."""
+    from doc2vec_dist import worker as worker_mod
+
+    # every kernel (batched, exact, exact drawing its own examples) and the device's example drawing
+    nothing = worker_mod.Compute(batched=lambda *args, **kwargs: 0.0, exact=lambda *args, **kwargs: 0.0,
+                                 tokens=lambda *args, **kwargs: (0.0, 0), device_examples=_no_examples)
+    _, worker, close = one_worker(corpus_path, config, use_ray, compute=None if kernel else nothing)
+    try:
+        for epoch in range(config.epochs - 1):
+            worker.run_epoch(epoch)
+        t0 = time.perf_counter()
+        stats = worker.run_epoch(config.epochs - 1)
+        seconds = time.perf_counter() - t0
+    finally:
+        close()
+    tokens = stats["tokens"]
+    return {"kernel": kernel, "servers": "Ray actors" if use_ray else "in this process", "device": str(worker.device),
+            "tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_second": tokens / seconds, "macro_batch": worker.macro_batch,
+            "worker_seconds": {k: round(v, 3) for k, v in stats["seconds"].items()}}
+
+
+def _no_examples(doc_rows, offsets, tokens, tables, negative, gen, micro_batch, shape=None):
+    """device_examples.build, by nothing: drawing the token path's examples is the device's work."""
+    from doc2vec_dist.device_examples import DeviceExamples
+
+    empty = tokens[:0].long()
+    return DeviceExamples(ctx=empty[:, None], target=empty, neg=empty.view(0, 0), neg_mask=empty.view(0, 0) > 0,
+                          micro_batch=1)
+
+
+def line(r: dict) -> str:
+    parts = worker_split(r["worker_seconds"], digits=2)
+    what = "kernel on " + r["device"] if r["kernel"] else "no kernel (the feed ceiling)"
+    return (f"{what:<30} {r['tokens_per_second'] / 1e6:6.2f}M tokens/s  ({r['tokens']:,} tokens in "
+            f"{r['seconds']:.2f}s)\n    {parts}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    to_terminal()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", required=True, help="a prepared corpus (doc2vec-dist prepare)")
+    ap.add_argument("--config", help="YAML of training flags (one worker is used whatever it says)")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs per run, timed on the last (default 2)")
+    ap.add_argument("--num-ps", type=int, help="parameter servers (default: the config's)")
+    ap.add_argument("--no-kernel-only", action="store_true", help="only the run without the kernel")
+    ap.add_argument("--no-ray", action="store_true",
+                    help="servers as objects in this process, each on a thread of its own: no Ray needed")
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args(argv)
+    try:
+        config = build(TrainConfig, load_yaml(args.config) if args.config else {},
+                       {"num_ps": args.num_ps}).validate()
+        config = dataclasses.replace(config, epochs=args.epochs, num_workers=1, progress=False, checkpoint_every=0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.no_ray:
+        ray = None
+        started_here = False
+    else:
+        import ray
+
+        started_here = not ray.is_initialized()
+    if started_here:
+        from harness import local_ray
+
+        local_ray(max(os.cpu_count() or 1, config.num_ps + 1), logging_level="ERROR", log_to_driver=False)
+    try:
+        runs = [feed(args.corpus, config, kernel, use_ray=not args.no_ray)
+                for kernel in ((False,) if args.no_kernel_only else (False, True))]
+    except RuntimeError as exc:  # e.g. --gpus-per-worker on a machine without CUDA
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if started_here:
+            ray.shutdown()
+    print(f"feed rate of one worker: {args.corpus}, macro-batch {runs[0]['macro_batch']:,} tokens, "
+          f"{config.num_ps} PS ({runs[0]['servers']}), epoch {config.epochs} of {config.epochs}")
+    for r in runs:
+        print(line(r))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"corpus": args.corpus, "config": dataclasses.asdict(config), "runs": runs}, fh, indent=2)
+        print(f"saved {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
