@@ -149,7 +149,8 @@ def _engine_only_flags() -> list[str]:
 
     from doc2vec_dist.config import TrainConfig
 
-    return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig) if f.metadata.get("engine")]
+    return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig)
+            if f.metadata.get("engine") and f.metadata.get("flag", True)]
 
 
 MODEL_FLAGS = ["--dim", "--vector-size", "--epochs", "--mode", "--dbow-words", "--window", "--negative", "--sample",
@@ -161,7 +162,7 @@ def test_engine_only_fields_are_marked_in_the_config():
     assert {"--num-ps", "--num-workers", "--cpus-per-worker", "--gpus-per-worker", "--cache-rows", "--macro-batch",
             "--micro-batch", "--max-inflight-pushes", "--checkpoint-every", "--keep-checkpoints", "--max-restarts",
             "--address", "--resume", "--shared-negatives", "--optimizer", "--kernel", "--init-from",
-            "--first-epoch", "--wait-for-resources", "--schedule"} == set(_engine_only_flags())
+            "--first-epoch", "--wait-for-resources", "--schedule", "--dtype", "--rounding"} == set(_engine_only_flags())
 
 
 def test_baseline_help_lists_only_the_flags_gensim_uses(capsys):
