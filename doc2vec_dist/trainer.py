@@ -208,8 +208,8 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     found = []
     if config.blocks() and (getattr(corpus, "meta", None) or {}).get("format") == "text":
         found.append(f"{config.num_workers} workers on the block schedule were measured to lose quality on text corpora "
-                     "(Lee: -0.014 to -0.038 Pearson with 2 to 8 workers; mini_newsgroup: -0.003 and -0.007 accuracy "
-                     "with 4 and 8) while holding it on browsing logs; for text, one worker on all the machine's "
+                     "(Lee: -0.008 Pearson with 2 workers over 8 seeds, -0.014 to -0.038 with 2 to 8 over 3; mini_newsgroup: "
+                     "-0.003 and -0.007 accuracy with 4 and 8) while holding it on browsing logs; for text, one worker on all the machine's "
                      "CPUs (--num-workers 1 --cpus-per-worker N) is the measured best")
     if config.num_workers > 1 and config.dbow_words:
         found.append(f"{config.num_workers} workers with --dbow-words share the URL rows (the block schedule trains plain "
