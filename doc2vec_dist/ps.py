@@ -131,8 +131,7 @@ class ParameterServer:
             if manifest is not None:
                 table = self._restore(model, manifest, spec, n)
             else:
-                table = np.zeros((n, precision.stored_width(self.dtype, spec.dim, spec.state)),
-                                 dtype=precision.stored(self.dtype))
+                table = self._zeros(spec, n)
                 if spec.init == "uniform":
                     _fill_uniform(table[:, :spec.dim], np.random.default_rng([seed, i, shard]), dtype=self.dtype)
                 if warm is not None and name in warm.rows:
@@ -154,13 +153,18 @@ class ParameterServer:
         if journal:
             os.makedirs(journal, exist_ok=True)
             self.journal = open(os.path.join(journal, f"ps{shard}-{os.getpid()}.jsonl"), "a")  # noqa: SIM115
+    def _zeros(self, spec: TableSpec, n: int) -> np.ndarray:
+        """An empty slice of `n` rows of a table, as this server holds it: the run's dtype, the optimiser
+        state float32 within the row (precision.stored_width)."""
+        return np.zeros((n, precision.stored_width(self.dtype, spec.dim, spec.state)), dtype=precision.stored(self.dtype))
+
     def _restore(self, model: str, manifest: dict, spec: TableSpec, n: int) -> np.ndarray:
         saved = manifest["tables"].get(spec.name)
         if saved is None or saved["rows"] != spec.rows or saved["dim"] != spec.dim:
             have = "absent" if saved is None else f"{saved['rows']} × {saved['dim']}"
             raise ValueError(f"{model}: checkpoint v{manifest['version']} table {spec.name!r} is {have}; this run "
                              f"needs {spec.rows} × {spec.dim}")
-        table = np.zeros((n, precision.stored_width(self.dtype, spec.dim, spec.state)), dtype=precision.stored(self.dtype))
+        table = self._zeros(spec, n)
         checkpoint.read_shard(model, spec.name, self.shard, self.num_shards, version=int(manifest["version"]),
                               out=table, dtype=self.dtype)
         return table
@@ -217,7 +221,7 @@ class ParameterServer:
                     self._add_narrowed(name, ids, wide[at:at + len(ids)])
             at += len(ids)
             if self.journal is not None and len(ids):
-                rows = np.asarray(ids, dtype=np.int64) * self.num_shards + self.shard
+                rows = ids * self.num_shards + self.shard
                 self.journal.write(json.dumps({"label": step, "table": name, "rows": rows.tolist()}) + "\n")
                 self.journal.flush()
         self.apply_seconds += time.perf_counter() - t0
