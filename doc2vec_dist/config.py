@@ -158,6 +158,10 @@ class TrainConfig:
                                "(PV-DBOW); shared: every worker trains every row from copies it pulls, summing "
                                "their updates (any mode; costs quality as workers are added); auto: blocks where "
                                "the mode allows", ("auto", "blocks", "shared"), engine=True)
+    segments: int = _f(1, "on the block schedule, each worker's documents are cut into this many segments, each "
+                          "trained through a whole rotation of the blocks: a document's rounds follow one another "
+                          "instead of spreading over the epoch (small text corpora keep more of one worker's "
+                          "quality), and the blocks move once per segment", engine=True)
     cache_rows: int | None = _f(None, "hottest words_out rows kept resident in each worker (on its GPU, if any) "
                                       "between macro-batches: neither pulled nor pushed every step; synced every "
                                       "few batches (default: every row that fits 2 GiB with one worker, none with "
@@ -248,6 +252,11 @@ class TrainConfig:
         return ((plain or not self.exact_kernel()) and self.num_workers == 1 and not self.shared_negatives
                 and self.resident_rows(words_out_rows) == words_out_rows)
 
+    def rounds(self) -> int:
+        """Rounds in an epoch: on the block schedule, a rotation of the blocks (one per worker) for each
+        segment of the workers' documents; else one."""
+        return self.num_workers * self.segments if self.blocks() else 1
+
     def blocks(self) -> bool:
         """Whether several workers take turns at blocks of the URL rows (schedule.py): --schedule blocks,
         or auto for plain PV-DBOW with each example's own negatives and no --cache-rows. The windows of
@@ -284,6 +293,7 @@ class TrainConfig:
             (0 <= self.min_alpha <= self.alpha, "min_alpha must lie in [0, alpha]"),
             (self.num_ps > 0, "num_ps must be > 0"),
             (self.num_workers > 0, "num_workers must be > 0"),
+            (self.segments > 0, "segments must be > 0"),
             (self.cpus_per_worker > 0, "cpus_per_worker must be > 0"),
             (self.gpus_per_worker >= 0, "gpus_per_worker must be >= 0"),
             ((self.macro_batch is None or self.macro_batch > 0) and self.micro_batch > 0,

@@ -230,8 +230,8 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
         pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
     resident = config.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
     url_rows = sum(resident.values())
-    if blocks.num_blocks > 1:  # each round, every block pulled by its holder and pushed home
-        pulled_urls = pushed_urls = url_rows * blocks.num_blocks
+    if blocks.num_blocks > 1:  # each round, every block pulled by its holder and pushed home; a rotation a segment
+        pulled_urls = pushed_urls = url_rows * blocks.num_blocks * cfg.segments
         return {"pulled": 0.0 if resident_docs else pulled_docs * row / tokens,
                 "pushed": 0.0 if resident_docs else pushed_docs * row / tokens,
                 "resident_pulled": (pulled_urls + resident_docs * pulled_docs) * row / tokens,

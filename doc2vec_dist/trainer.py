@@ -246,7 +246,8 @@ def engine_line(config: TrainConfig, words_out_rows: int) -> str:
               if config.exact_kernel() else f"batched ({config.micro_batch:,}-example micro-batches"
               + ("; examples drawn on its device)" if token_path else ")"))
     where = (f"all {words_out_rows:,} rows" if resident == words_out_rows else
-             f"a block of ~{resident:,} rows, one of {config.num_workers} that rotate over the workers each epoch"
+             f"a block of ~{resident:,} rows, one of {config.num_workers} that rotate over the workers "
+             + ("each epoch" if config.segments == 1 else f"{config.segments} times an epoch (--segments)")
              if config.blocks() else f"the {resident:,} hottest rows" if resident else "none")
     return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"
             + (f" + {config.gpus_per_worker:g} GPU(s)" if config.gpus_per_worker else "")
@@ -259,7 +260,7 @@ def engine_line(config: TrainConfig, words_out_rows: int) -> str:
 # continue a different model.
 RESUMABLE_CHANGES = frozenset({
     "epochs", "alpha", "min_alpha", "num_ps", "num_workers", "cpus_per_worker", "gpus_per_worker",
-    "schedule", "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
+    "schedule", "segments", "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
     "checkpoint_every", "keep_checkpoints", "resume", "address", "progress", "wait_for_resources",
     "dtype", "rounding",  # the servers narrow or widen the checkpoint's rows to the run's dtype (precision.py)
 })
@@ -315,6 +316,10 @@ class _Resume:
         if positions and positions[0].round > 0 and not config.blocks():
             raise UserError(f"{out}: the checkpoint stopped in round {positions[0].round + 1} of an epoch of the block "
                             "schedule; resume with --schedule blocks (or auto), then change it at an epoch's end")
+        segments = int((manifest.get("config") or {}).get("segments", 1))
+        if positions and segments != config.segments:  # the rounds of the epoch under way are numbered by them
+            raise UserError(f"{out}: the checkpoint stopped mid-epoch with --segments {segments}; resume with "
+                            f"--segments {segments}, then change it at an epoch's end")
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
         tokens = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
@@ -607,7 +612,7 @@ class _Run:
     def _run_epoch(self, epoch: int, starts: list[Position] | None, bar: tqdm) -> dict:
         """One epoch: on the block schedule its rounds, one after another (every worker ends a round, its
         block pushed home, before any starts the next), else one round; returns the epoch's counters."""
-        rounds = self.config.num_workers if self.config.blocks() else 1
+        rounds = self.config.rounds()
         starts = starts or [Position(epoch)] * self.config.num_workers
         every: list[dict] = []
         last: list[dict] = []

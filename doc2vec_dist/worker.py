@@ -79,11 +79,11 @@ class Position:
     before it. Workers report it when a checkpoint pauses them (Worker.pause), the checkpoint's manifest
     keeps one per worker (to_json, from_json), and a resumed or restarted worker starts from it
     (Worker.run_epoch). Position(epoch) is the epoch's start. On the block schedule an epoch is several
-    rounds, each a pass over the worker's units; the counters (tokens, pairs, loss) run on over the
+    rounds, each a pass over the worker's units (over one segment of them: TrainConfig.segments); the counters (tokens, pairs, loss) run on over the
     rounds of an epoch, the step starts again at 0 each round."""
 
     epoch: int
-    unit: int = 0             # index of its unit among the worker's units (len(units): the round is done)
+    unit: int = 0             # index of its unit among the round's units (len(units): the round is done)
     row: int | None = None    # shard-file row of that unit to start at (None: the unit's start)
     step: int = 0             # macro-batches trained before it this epoch (each one's draws are seeded by it)
     tokens: int = 0           # this epoch's counters up to it
@@ -141,6 +141,32 @@ def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
     for i, unit in enumerate(units):
         plan[i % num_workers].append(unit)
     return plan
+
+
+def segment_units(units: list[Unit], segments: int) -> list[list[Unit]]:
+    """A worker's units cut into `segments` runs of consecutive documents of about equal tokens, in
+    their order (TrainConfig.segments; a segment may be empty where there are fewer documents)."""
+    if segments == 1:
+        return [list(units)]
+    lengths: dict[str, np.ndarray] = {}
+    for path in {u.path for u in units}:
+        lengths[path] = np.concatenate([np.diff(offsets) for _, offsets, _ in iter_shard(path)] or [np.zeros(0)])
+    unit_of = np.concatenate([np.full(u.end - u.start, i) for i, u in enumerate(units)] or [np.zeros(0, int)])
+    row_of = np.concatenate([np.arange(u.start, u.end) for u in units] or [np.zeros(0, int)])
+    cum = np.concatenate([[0], np.cumsum(np.concatenate([lengths[u.path][u.start:u.end] for u in units]
+                                                         or [np.zeros(0)]))])
+    cuts = np.searchsorted(cum, np.linspace(0, cum[-1], segments + 1), side="left")
+    cuts[0], cuts[-1] = 0, len(row_of)
+    out: list[list[Unit]] = []
+    for a, b in itertools.pairwise(cuts):
+        segment = []
+        while a < b:  # the documents [a, b), one unit's run at a time
+            u = int(unit_of[a])
+            end = min(b, int(np.searchsorted(unit_of, u, side="right")))
+            segment.append(Unit(units[u].path, int(row_of[a]), int(row_of[end - 1]) + 1, int(cum[end] - cum[a])))
+            a = end
+        out.append(segment)
+    return out
 
 
 def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_row: int | None = None):
@@ -294,6 +320,10 @@ class Worker:
         # The block schedule (schedule.py): several workers on the token path, each holding one block of
         # the URL rows per round, its sole writer. One worker holds one block: every row.
         self.num_blocks = config.num_workers if config.blocks() else 1
+        # --segments: round r trains segment r // num_blocks of the units, with block held(index, r)
+        self.rounds = config.rounds()
+        self._segments: list[list[Unit]] | None = None  # segment_units, at the first round that needs them
+        self._round_units = units  # the units of the round under way
         self._blocks: Blocks | None = None  # this epoch's blocks
         self.held: Block | None = None      # the block this worker holds (the token path)
         self._device_tables = None  # device_examples.DeviceTables of the held block, made at its first device batch
@@ -374,20 +404,23 @@ class Worker:
     def _block_chunks(self, epoch: int, start: Position, chunks):
         """The chunks' tokens of the block held, as its local rows (documents with none left out).
 
-        A round that starts at the beginning of its data reads it once for every round: in round 0
-        each chunk is split for every block at once (schedule.Blocks.split) and the other blocks'
-        parts are kept, within CHUNK_CACHE_BYTES, for the epoch's later rounds, which read nothing.
+        A round that starts at the beginning of its data reads it once for every round: in the first
+        round of a segment each chunk is split for every block at once (schedule.Blocks.split) and the
+        other blocks' parts are kept, within CHUNK_CACHE_BYTES, for the segment's later rounds, which
+        read nothing.
         """
         held, blocks = self.held.index, self._blocks
         whole = start.unit == 0 and start.row is None
-        if whole and start.round > 0 and self._parts is not None and self._parts[0] == epoch:
+        first = start.round % self.num_blocks == 0  # the first round of its segment
+        segment = (epoch, start.round // self.num_blocks)
+        if whole and not first and self._parts is not None and self._parts[0] == segment:
             for at, parts in self._parts[1]:
                 part = parts.pop(held, None)
                 if part is not None:
                     yield at, part
             return
         self._parts = None
-        kept: list | None = [] if whole and start.round == 0 else None
+        kept: list | None = [] if whole and first else None
         size = 0
         for at, chunk in chunks:
             if kept is None:
@@ -403,7 +436,15 @@ class Worker:
             if len(part[0]):
                 yield at, part
         if kept is not None:
-            self._parts = (epoch, kept)
+            self._parts = (segment, kept)
+
+    def _units_of(self, round_: int) -> list[Unit]:
+        """The units round `round_` trains: all of them, or its segment's (TrainConfig.segments)."""
+        if self.rounds == self.num_blocks:
+            return self.units
+        if self._segments is None:
+            self._segments = segment_units(self.units, self.rounds // self.num_blocks)
+        return self._segments[round_ // self.num_blocks]
 
     def _when(self, epoch: int) -> str:
         """The epoch, and on the block schedule the round, as the labels of its pushes name them."""
@@ -418,7 +459,7 @@ class Worker:
     # -- data positions and pausing for checkpoints --------------------------------------------
     def _position_at(self, epoch: int, batch: Batch | None, step: int) -> Position:
         """Where this worker's data stands: the next macro-batch to train (None: the epoch is done)."""
-        unit, row = batch.start if batch is not None else (len(self.units), None)
+        unit, row = batch.start if batch is not None else (len(self._round_units), None)
         return Position(epoch, unit, row, step, tokens=self.stats["tokens"], pairs=self.stats["pairs"],
                         loss=self.stats["loss"], round=self._round)
 
@@ -492,7 +533,8 @@ class Worker:
         done_before = (self.first_epoch_tokens + (epoch - 1) * self.tokens_per_epoch if epoch else 0) + start.tokens
         if self.token_path:
             self._hold(epoch, start.round)
-        chunks = read_chunks(self.units, self.read_tokens, start.unit, start.row)
+        self._round_units = self._units_of(start.round)
+        chunks = read_chunks(self._round_units, self.read_tokens, start.unit, start.row)
         if epoch == 0 and self.changed is not None:
             chunks = only_documents(chunks, self.changed)
         if self.num_blocks > 1:  # only the tokens of the block held, as its local rows
@@ -581,7 +623,7 @@ class Worker:
             # the resident documents go home once their last round of the epoch is done; the push is
             # named after the last step trained (its learning rate shows in an error of the push)
             self._sync(f"{self._when(epoch)} end of worker {self.index}" + (f", after {label}" if trained else ""),
-                       pull=False, docs=start.round == self.num_blocks - 1)
+                       pull=False, docs=start.round == self.rounds - 1)
             self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:

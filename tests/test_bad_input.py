@@ -378,6 +378,9 @@ CASES = [
          {"c.yaml": b"dtype: half\n"}, "{t}/m"),
     Case("--rounding up", "train --corpus {corpus} --out {t}/m --dtype bfloat16 --rounding up", "error",
          "bad value for --rounding: 'up' (choose from stochastic, nearest)", untouched="{t}/m"),
+    # --- issue 27: --segments ------------------------------------------------------------------------------
+    Case("--segments 0", "train --corpus {corpus} --out {t}/m --num-workers 2 --segments 0", "error",
+         "bad training config: segments must be > 0", untouched="{t}/m"),
 ]
 
 

@@ -15,7 +15,7 @@ from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.prepare import prepare
 from doc2vec_dist.trainer import quality_warnings, train
-from doc2vec_dist.worker import plan_units
+from doc2vec_dist.worker import plan_units, segment_units
 
 
 def read_config(model: str) -> dict:
@@ -79,6 +79,28 @@ def test_plan_units_cover_every_document_once(tmp_path):
         loads = [sum(u.tokens for u in units) for units in plan]
         assert sum(loads) == corpus.num_tokens
         assert max(loads) - min(loads) <= 26  # balanced to within about two documents
+
+
+def test_segments_cut_a_workers_units_into_runs_of_consecutive_documents_of_even_tokens(tmp_path):
+    lines = [" ".join(f"w{j % 7}" for j in range(i % 13 + 1)) for i in range(200)]
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text"), progress=False)
+    units = plan_units(corpus, 3)[1]  # one file cut for 3 workers: a row range of it
+    assert segment_units(units, 1) == [units]
+    for segments in (2, 4, 7):
+        cut = segment_units(units, segments)
+        assert len(cut) == segments
+        rows = [(u.path, u.start, u.end) for segment in cut for u in segment]
+        # the same documents, in their order, each once
+        assert [r for a, b in ((u.start, u.end) for u in units) for r in range(a, b)] == \
+            [r for _, a, b in rows for r in range(a, b)]
+        loads = [sum(u.tokens for u in segment) for segment in cut]
+        assert sum(loads) == sum(u.tokens for u in units)
+        assert max(loads) - min(loads) <= 26, loads  # within about two documents
+    # more segments than documents: the documents still each once, the rest empty
+    few = [units[0].__class__(units[0].path, units[0].start, units[0].start + 3, 0)]
+    cut = segment_units(few, 5)
+    assert len(cut) == 5 and sum(u.end - u.start for segment in cut for u in segment) == 3
 
 
 def test_existing_model_is_not_overwritten_silently(trained_model, sample_corpus):
