@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -105,7 +106,7 @@ def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path
     """The schedule: day 2 refreshes day 1's model (every user, --first-epoch all) and updates its IVF-PQ
     index; day 3 does the same from day 2's, its first epoch on the changed users only (the default). Each index update adds the new users and
     keeps its kind; flags and the YAML override the base model's settings; yesterday's outputs are only
-    read."""
+    read. Day 2 also changes the tables' type (float32 to bfloat16: issue 29), which day 3 keeps."""
     job = load_job("refresh")
     day1 = snapshot(os.path.dirname(days["model"]))
     config = tmp_path / "refresh.yaml"
@@ -113,7 +114,7 @@ def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path
     day2, day3 = tmp_path / "day2", tmp_path / "day3"
     assert job.main(["--events", days["events2"], "--base-model", days["model"], "--index", days["index"],
                      "--out", str(day2), "--config", str(config), "--alpha", "0.01", "--first-epoch", "all",
-                     "--no-progress"]) == 0
+                     "--dtype", "bfloat16", "--no-progress"]) == 0
     day2_files = snapshot(str(day2))
     assert job.main(["--events", days["events3"], "--base-model", str(day2 / "model"), "--index", str(day2 / "index"),
                      "--out", str(day3), "--no-progress"]) == 0  # a refresh's first epoch: the changed users
@@ -125,6 +126,11 @@ def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path
     config3 = ModelDir(str(day3 / "model")).config()
     assert (config3.epochs, config3.alpha, config3.init_from, config3.first_epoch) == (1, 0.01, str(day2 / "model"),
                                                                                      "changed")
+    assert (ModelDir(days["model"]).config().dtype, config2.dtype, config3.dtype) == ("float32", "bfloat16", "bfloat16")
+    for day in (day2, day3):  # 16-bit rows in the checkpoint, widened to float32 by every reader
+        assert ModelDir(str(day / "model")).spec("docs")["dtype"] == "bfloat16"
+        docs = ModelDir(str(day / "model")).read_table("docs")
+        assert docs.dtype == np.float32 and np.isfinite(docs).all() and np.abs(docs).max() > 0
     keys1, keys2, keys3 = _keys(days["model"]), _keys(str(day2 / "model")), _keys(str(day3 / "model"))
     assert keys3[:len(keys2)] == keys2 and keys2[:len(keys1)] == keys1 and len(keys3) > len(keys2) > len(keys1)
     for day, before, after, old_index in ((day2, keys1, keys2, days["index"]), (day3, keys2, keys3, str(day2 / "index"))):
