@@ -374,12 +374,20 @@ class Counted(Read):
 
 def count(block: Block, s: Settings, tick=None) -> Counted:
     """Pass 1 of a block: its rows, events, key bytes and token counts, what it skipped and noted."""
-    state, skips, notes, counter = BlockState(block.unit), Skips(), ReadNotes(), TokenCounter()
+    state, skips, notes = BlockState(block.unit), Skips(), ReadNotes()
+    return count_chunks(read_block(block, s.opt, state, skips, notes), block.path, s, state, skips, notes, tick)
+
+
+def count_chunks(chunks, path: str, s: Settings, state: BlockState, skips: Skips, notes: ReadNotes,
+                 tick=None) -> Counted:
+    """Pass 1 of the chunks of one file (a block read by read_block, or a batch another reader read):
+    their events, key bytes and token counts; `state`, `skips` and `notes` are those the reading fills."""
+    counter = TokenCounter()
     events = key_bytes = null_tokens = empty_tokens = 0
     try:
-        for chunk in read_block(block, s.opt, state, skips, notes):
+        for chunk in chunks:
             s.go_on()
-            chunk = windowed(chunk, s, block.path, skips)
+            chunk = windowed(chunk, s, path, skips)
             events += len(chunk.token)
             key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
             tokens = chunk.token.drop_null()
@@ -439,8 +447,13 @@ def spill(part: Block | BasePart, index: int, s: Settings, tick=None) -> Spilled
     """Pass 2 of a block of the inputs, or of a part of a base: its events with word ids, hashed by key
     into s.buckets buckets, written to spill file `index` (input order kept within each bucket)."""
     _fault_once(s)
+    return write_spill(spill_path(s, index), _spill_batches(part, s, s.spill_schema(), tick), s)
+
+
+def write_spill(path: str, events, s: Settings) -> Spilled:
+    """(record batch, input rows it covers) of pass 2, in input order, hashed by key into s.buckets buckets
+    and written to the spill file `path`, a record batch per bucket (input order kept within each)."""
     schema = s.spill_schema()
-    path = spill_path(s, index)
     pending: list[list[pa.RecordBatch]] = [[] for _ in range(s.buckets)]
     held = 0
     written: list[int] = []
@@ -453,7 +466,7 @@ def spill(part: Block | BasePart, index: int, s: Settings, tick=None) -> Spilled
                     written.append(b)
                     batches.clear()
 
-        for batch, n in _spill_batches(part, s, schema, tick):
+        for batch, n in events:
             s.go_on()
             rows += n
             if batch.num_rows == 0:
@@ -480,7 +493,6 @@ def spill(part: Block | BasePart, index: int, s: Settings, tick=None) -> Spilled
 
 def _spill_batches(part: Block | BasePart, s: Settings, schema: pa.Schema, tick):
     """(record batch, input rows it covers) of the events a part spills."""
-    timed = "time" in schema.names
     if isinstance(part, BasePart):
         base = _base(s.base, s.join)
         if part.what == "docs":
@@ -497,21 +509,25 @@ def _spill_batches(part: Block | BasePart, s: Settings, schema: pa.Schema, tick)
                     [keys.take(pa.array(docs)).combine_chunks(), pa.array(tokens, pa.int32()),
                      pa.array(np.full(len(tokens), -np.inf)), pa.array(docs)], schema=schema), 0
         return
-    token_ids = _token_ids(s.vocab_path())
-    state = BlockState(part.unit)
-    for chunk in read_block(part, s.opt, state):
-        chunk = windowed(chunk, s, part.path)
-        ids = token_ids.lookup(chunk.token)
-        keep = keep_mask(chunk.key, ids)
-        columns = [chunk.key, pa.array(ids)]
-        if timed:
-            columns.append(pa.array(chunk.time if chunk.time is not None else np.zeros(len(ids))))
-        if s.base_rows:
-            columns.append(pa.array(np.full(len(ids), -1, np.int64)))
-        batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    for chunk in read_block(part, s.opt, BlockState(part.unit)):
         if tick:
             tick(chunk.rows)
-        yield (batch if keep.all() else batch.filter(pa.array(keep))), chunk.rows
+        yield mapped(chunk, part.path, s, schema), chunk.rows
+
+
+def mapped(chunk: Chunk, path: str, s: Settings, schema: pa.Schema) -> pa.RecordBatch:
+    """A chunk of a file's events as pass 2 spills them: in the window, tokens as word ids (-1 out of the
+    vocabulary), out-of-vocabulary rows dropped but for one of each key that has no other (keep_mask)."""
+    chunk = windowed(chunk, s, path)
+    ids = _token_ids(s.vocab_path()).lookup(chunk.token)
+    keep = keep_mask(chunk.key, ids)
+    columns = [chunk.key, pa.array(ids)]
+    if "time" in schema.names:
+        columns.append(pa.array(chunk.time if chunk.time is not None else np.zeros(len(ids))))
+    if s.base_rows:
+        columns.append(pa.array(np.full(len(ids), -1, np.int64)))
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    return batch if keep.all() else batch.filter(pa.array(keep))
 
 
 def _fault_once(s: Settings) -> None:
