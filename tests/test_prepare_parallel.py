@@ -28,14 +28,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
 
 
-def _both(inputs, tmp_path, name: str, holdout: bool = False, **settings) -> tuple[str, str]:
-    """The corpus made in this process and by 2 Ray tasks at a time, compared; their paths."""
+def _both(inputs, tmp_path, name: str, holdout: bool = False, engine: str = "tasks", **settings) -> tuple[str, str]:
+    """The corpus made in this process and by 2 Ray tasks at a time (engine data: passes 1 and 2 through
+    Ray Data), compared; their paths."""
     made = []
     for parallel in (1, 2):
         out = str(tmp_path / f"{name}-{parallel}")
         extra = {"holdout": 0.2, "holdout_out": out + ".parquet"} if holdout else {}
+        if parallel > 1:
+            extra["engine"] = engine
         corpus = prepare(inputs, out, PrepareConfig(parallel=parallel, **settings, **extra), progress=False)
         assert corpus.meta["parallel"] == parallel
+        assert corpus.meta["engine"] == ("process" if parallel == 1 else engine)
         made.append(out)
     assert_same_corpus(*made, heldout=tuple(m + ".parquet" for m in made) if holdout else None)
     return made[0], made[1]
