@@ -423,19 +423,15 @@ class Spilled:
 
 
 def keep_mask(key: pa.Array, ids: np.ndarray) -> np.ndarray:
-    """Rows worth spilling: every in-vocabulary event, plus the first row of each key that has none
-    in this batch, so pass 3 still knows the document exists (and can report it as empty)."""
+    """Rows worth spilling: every in-vocabulary event, plus the first row of each key in this batch, so
+    that pass 3 knows every document (and can report one left empty) and where it first appears in the
+    input (its place among the bucket's documents), wherever the batches begin: the Ray Data runner's
+    blocks begin elsewhere than the files' batches that the Ray tasks read."""
     keep = ids >= 0
     if keep.all():
         return keep
-    lost = ~keep
-    lost_keys = key.filter(pa.array(lost))
-    orphan = ~pc.is_in(lost_keys, value_set=key.filter(pa.array(keep))).to_numpy(zero_copy_only=False)
-    if orphan.any():
-        rows = np.flatnonzero(lost)[orphan]
-        codes = pc.dictionary_encode(key.take(pa.array(rows))).indices.to_numpy()
-        _, first = np.unique(codes, return_index=True)
-        keep[rows[first]] = True
+    _, first = np.unique(pc.dictionary_encode(key).indices.to_numpy(), return_index=True)
+    keep[first] = True
     return keep
 
 

@@ -155,7 +155,7 @@ class _Recorded:
 class _Part:
     """What a block did with the rows of one file."""
 
-    path: str               # as Ray Data names the file
+    path: str               # the file, as prepare names it
     result: object          # passes.Counted (pass 1), passes.Spilled (pass 2)
     recorded: _Recorded | None = None
 
@@ -172,7 +172,8 @@ def _count_block(batch: pa.Table, s: passes.Settings, named: dict) -> dict:
             except (pa.ArrowException, ValueError, KeyError) as e:
                 raise CorpusError(f"{named[path]}: cannot read: {e}") from e
 
-        found.append(_Part(path, passes.count_chunks(chunks(), named[path], s, state, recorded, recorded), recorded))
+        found.append(_Part(named[path], passes.count_chunks(chunks(), named[path], s, state, recorded, recorded),
+                           recorded))
     return {"part": _objects(found)}
 
 
@@ -185,7 +186,7 @@ def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict) 
         chunk = batch_chunk(rows, named[path], 0, s.opt, BlockState(units.get(named[path])))
         spilled = passes.write_spill(os.path.join(s.spill_dir, f"data-{uuid.uuid4().hex}.arrow"),
                                      [(passes.mapped(chunk, named[path], s, schema), chunk.rows)], s)
-        found.append(_Part(path, spilled))
+        found.append(_Part(named[path], spilled))
     return {"part": _objects(found)}
 
 
@@ -196,21 +197,26 @@ def _objects(found: list) -> np.ndarray:
     return column
 
 
-def _parts(ds, fn, fn_kwargs: dict, tasks: int) -> Iterator[_Part]:
-    """fn over every block of the dataset, `tasks` at a time, each block's parts in input order."""
+def _parts(files: list[str], opt: Options, fn, fn_kwargs: dict, tasks: int) -> Iterator[_Part]:
+    """fn(block, named=..., **fn_kwargs) over every block of the files' dataset (_dataset), `tasks` at a
+    time, each block's parts in input order."""
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
-    before = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
-    ctx.execution_options.preserve_order = True
+    options = ctx.execution_options
+    before = (options.preserve_order, options.resource_limits, ctx.enable_progress_bars)
+    options.preserve_order = True
+    # `tasks` CPUs at a time, set for the whole job: a concurrency of map_batches' own would keep it from
+    # running in the read's task (operator fusion), and each block would pass through the object store
+    options.resource_limits = ray.data.ExecutionResources(cpu=tasks)
     ctx.enable_progress_bars = False
-    try:
-        mapped = ds.map_batches(fn, fn_kwargs=fn_kwargs, batch_size=None, batch_format="pyarrow", num_cpus=1,
-                                compute=ray.data.TaskPoolStrategy(size=tasks))
+    try:  # (a dataset takes the context as it is when it is made)
+        ds, named = _dataset(files, opt)
+        mapped = ds.map_batches(fn, fn_kwargs={**fn_kwargs, "named": named}, batch_size=None, batch_format="pyarrow")
         for batch in mapped.iter_batches(batch_size=None, batch_format="pyarrow"):
             yield from batch.column("part").to_pylist()
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars = before
+        options.preserve_order, options.resource_limits, ctx.enable_progress_bars = before
 
 
 def count(files: list[str], s: passes.Settings, tasks: int, progress=None,
@@ -226,13 +232,12 @@ def count(files: list[str], s: passes.Settings, tasks: int, progress=None,
     sized = [f for f in files if _size(f)]
     if sized:
         try:
-            ds, named = _dataset(sized, s.opt)
-            for part in _parts(ds, _count_block, {"s": s, "named": named}, tasks):
+            for part in _parts(sized, s.opt, _count_block, {"s": s}, tasks):
                 if progress is not None:
                     progress.update(part.result.rows)
                 if arrive is not None:
                     arrive(part.result)
-                results[named[part.path]].append(part)
+                results[part.path].append(part)
         except Exception as e:
             raise Unreadable(one_line(e)) from e
     found, index = [], 0
@@ -267,12 +272,11 @@ def spill(files: list[str], s: passes.Settings, units: dict, tasks: int, progres
     sized = [f for f in files if _size(f)]
     if not sized:
         return []
-    ds, named = _dataset(sized, s.opt)
     order = {path: i for i, path in enumerate(sized)}
     found = []
-    for part in _parts(ds, _spill_block, {"s": s, "named": named, "units": units}, tasks):
+    for part in _parts(sized, s.opt, _spill_block, {"s": s, "units": units}, tasks):
         if progress is not None:
             progress.update(part.result.rows)
         found.append(part)
     # Ray Data hands the blocks in input order; sorted (stably) by file all the same, as pass 3 needs them so
-    return [p.result for p in sorted(found, key=lambda p: order[named[p.path]])]
+    return [p.result for p in sorted(found, key=lambda p: order[p.path])]

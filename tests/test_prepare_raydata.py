@@ -24,6 +24,17 @@ def test_the_sample_through_ray_data_is_the_single_process_corpus(ray_cluster, t
     assert corpus_meta(one)["heldout_pairs"] > 0
 
 
+def test_documents_keep_their_order_wherever_ray_data_blocks_begin(ray_cluster, tmp_path, monkeypatch):
+    """Tokens out of the vocabulary (min_count 5) and Ray Data blocks of 256 KiB, which begin elsewhere
+    than the batches one process reads: each document is still numbered where its user first appears,
+    as one process numbers it (passes.keep_mask keeps each key's first row of every batch)."""
+    import ray.data
+
+    monkeypatch.setattr(ray.data.DataContext.get_current(), "target_max_block_size", 256 << 10)
+    one, _ = _both([SAMPLE_EVENTS], tmp_path, "rare", engine="data", time_col="ts", num_shards=2, min_count=5)
+    assert corpus_meta(one)["skipped"]["tokens_below_min_count"] > 0
+
+
 def test_a_generated_corpus_through_ray_data_is_the_same_with_the_same_skips(ray_cluster, generated, tmp_path):  # noqa: F811
     """Five Parquet files (one of them in row groups, its times numbers in milliseconds) and a CSV file
     of rows to skip, read as one dataset: the corpus, the skips and where they are, as one process."""
