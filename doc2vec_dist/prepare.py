@@ -250,12 +250,12 @@ def _ray_memory(runner, wanted: int) -> int:
 
 
 def _data_engine(c: PrepareConfig, files: list[str], opt, runner) -> bool:
-    """Whether passes 1 and 2 run through Ray Data (--engine data, on inputs it reads as the tasks do)."""
+    """Whether pass 2 runs through Ray Data (--engine data, on inputs it reads as the tasks do)."""
     if c.engine != "data" or runner.in_process:
         return False
     why = raydata.unsupported(files, opt)
     if why:
-        log.info(f"prepare: --engine data: {why}; passes 1 and 2 run as Ray tasks")
+        log.info(f"prepare: --engine data: {why}; pass 2 runs as Ray tasks")
     return why is None
 
 
@@ -311,14 +311,11 @@ class _Pass1:
     notes: ReadNotes
     input_words: int = 0  # distinct tokens of the inputs
     known_words: int = 0  # of which the base knows (with a base)
-    units: dict = dataclasses.field(default_factory=dict)  # each file's unit of numeric times
-    data: bool = False    # read through Ray Data (raydata.count)
+    units: dict = dataclasses.field(default_factory=dict)  # each file's unit of numeric times (for Ray Data)
 
 
 def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, max_vocab: int | None, runner,
-           progress, base_tokens: pa.Array | None = None, data: bool = False) -> tuple[_Pass1, list[Block]]:
-    """The vocabulary, and the blocks with their file's unit of numeric times. data: through Ray Data
-    (raydata.count), whose blocks are its own; the files' units are then in _Pass1.units."""
+           progress, base_tokens: pa.Array | None = None) -> tuple[_Pass1, list[Block]]:
     counter, kinds, skips, notes, reads = TokenCounter(), TimeKinds(), Skips(), ReadNotes(), {}
     rows = events = key_bytes = null_tokens = empty_tokens = 0
     units: dict[str, str | None] = {}
@@ -328,22 +325,10 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
             counter.add_counts(found.counts)
             found.counts = None
 
-    results = None
-    if data:
-        try:
-            results = raydata.count(files, s, runner.tasks, progress, lambda found: arrive(None, found))
-        except raydata.Unreadable as e:
-            log.info(f"prepare: Ray Data cannot read the inputs ({e}); passes 1 and 2 run as Ray tasks")
-            counter, data = TokenCounter(), False
-    if results is None:
-        results = ((blocks[i], found) for i, found in _run(runner, passes.count, [(b, s) for b in blocks], progress,
-                                                            _ray_memory(runner, 256 << 20), arrive,
-                                                            rows=lambda r: r.rows))
-
-    for block, found in results:
-        i = block.index
-        _checked(block, found, kinds, s.opt)
-        units[block.path] = found.unit or units.get(block.path)
+    for i, found in _run(runner, passes.count, [(b, s) for b in blocks], progress, _ray_memory(runner, 256 << 20),
+                         arrive, rows=lambda r: r.rows):
+        _checked(blocks[i], found, kinds, s.opt)
+        units[blocks[i].path] = found.unit or units.get(blocks[i].path)
         rows += found.rows
         events += found.events
         key_bytes += found.key_bytes
@@ -385,9 +370,8 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     vocab = vocab.append_column("id", pa.array(np.arange(vocab.num_rows, dtype=np.int32)))
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
-    return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words, units,
-                   data),
-            blocks if data else _next_units(blocks, reads))
+    return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words, units),
+            _next_units(blocks, reads))
 
 
 def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_events: int = 0) -> int:
@@ -563,7 +547,7 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
     if c.parallel is not None and c.parallel < 0:
         raise CorpusError(f"--parallel must be >= 0 (0: a task per CPU of the Ray cluster), not {c.parallel}")
     if c.engine == "data" and c.parallel in (None, 1):
-        raise CorpusError("--engine data runs the passes on Ray: give --parallel N (N > 1, or 0: a task per CPU)")
+        raise CorpusError("--engine data runs pass 2 on Ray: give --parallel N (N > 1, or 0: a task per CPU)")
     if not 0 <= c.holdout < 1:
         raise CorpusError(f"holdout must lie in [0, 1), not {c.holdout}")
     if c.holdout > 0 and not c.holdout_out:
@@ -702,10 +686,10 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
             window = _Window(c.window_days, latest - c.window_days * DAY_SECONDS, latest)
             s = dataclasses.replace(s, window_start=window.cutoff)
         join = window is None
-        data = _data_engine(c, files, opt, runner)
         bar.start("count")
         p1, blocks = _pass1(blocks, files, s, c.min_count, c.max_vocab, runner, bar,
-                            found_base.vocab_tokens if found_base else None, data)
+                            found_base.vocab_tokens if found_base else None)
+        data = _data_engine(c, files, opt, runner)
         bar.know_rows(p1.rows)
         # a join keeps the base's shards by key hash, adding each user's new events to its own shard
         by_shard = (found_base is not None and join and c.num_shards is None
@@ -722,7 +706,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         memory_line = task_memory_line(memory, runner.tasks, runners.largest_node_memory()) if memory else None
         parts = blocks + (found_base.parts(join) if s.base_rows else [])
         bar.start("partition")
-        spills = _pass2(parts, s, runner, bar, memory, files if p1.data else None, p1.units)
+        spills = _pass2(parts, s, runner, bar, memory, files if data else None, p1.units)
         bar.start("shards")
         p3 = _pass3(spills, s, len(vocab_tokens), runner, bar, memory, p1.rows, found_base if found_base else None)
         if hold_tmp:
@@ -761,8 +745,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "window_days": c.window_days, "shards_by": "key_hash",  # shard b holds the keys hashing to b
         "window_start": window.cutoff if window else None,
         "parallel": runner.tasks, "seconds": seconds,
-        # what read passes 1 and 2: this process, Ray tasks, or Ray Data (--engine data)
-        "engine": "data" if p1.data else "process" if runner.in_process else "tasks",
+        # what ran pass 2: this process, Ray tasks, or Ray Data (--engine data)
+        "engine": "data" if data else "process" if runner.in_process else "tasks",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if p3.refresh is not None:

@@ -1,19 +1,15 @@
-"""prepare's passes 1 and 2 through Ray Data (--engine data): the inputs read by ray.data.read_parquet or
-read_csv from their filesystem, each block counted (pass 1) or mapped and spilled (pass 2) by
-map_batches calling the same functions as the Ray tasks of passes.py (readers.batch_chunk,
-passes.count_chunks, passes.mapped, passes.write_spill).
+"""prepare's pass 2 through Ray Data (--engine data): the inputs read by ray.data.read_parquet or read_csv
+from their filesystem, each block mapped to word ids and spilled by map_batches calling the functions
+the Ray tasks call (readers.batch_chunk, passes.mapped, passes.write_spill).
 
-Changes when what Ray Data reads, or how its blocks are traced back to their files' rows, changes.
+Changes when what Ray Data reads, or how its blocks are traced back to their files, changes.
 
-What a block does not know, and the driver does. A Ray Data block carries its file's path
-(include_paths) but not the row of its file it starts at, nor the unit the file's first rows gave its
-numeric times. So a block is read as if it were its file's start (rows from 0, its own unit); what it
-skipped and stripped is recorded (_Recorded), not written down, and the driver, which receives the
-blocks in input order (preserve_order), writes it down at the block's real rows. A block whose time
-unit differs from its file's earlier blocks, or that met an error, makes the driver read that file
-again with passes.count (one process, in order), so that the error named is exactly the one the Ray
-tasks name. The inputs it reads: Parquet, or CSV/TSV without compression (events); others (JSON
-lines, text, compressed CSV) are the Ray tasks'.
+Pass 1 stays Ray tasks (it measured faster as tasks), and has read every row by the time pass 2 runs:
+its errors and skips name the file, column and row as always, and it found each file's unit of
+numeric times, which a Ray Data block, not knowing where in its file it begins, is handed. A block
+carries its file's path (include_paths) and arrives in input order (preserve_order), so the spills
+are in input order, as pass 3 needs them. The inputs it reads: Parquet, and CSV/TSV without
+compression (events); JSON lines, text and compressed CSV stay Ray tasks.
 """
 
 from __future__ import annotations
@@ -31,28 +27,18 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from . import passes, storage
-from .corpus import CorpusError, one_line
 from .readers import (
     CSV_JSON_BLOCK_BYTES,
-    Block,
     BlockState,
     Options,
-    ReadNotes,
-    Skips,
     _file_kind,
     _input,
     _size,
     _strip_compression,
     batch_chunk,
-    plan_blocks,
 )
 
 PATH = "path"  # the column include_paths adds
-
-
-class Unreadable(Exception):
-    """Ray Data could not read the inputs (a missing column, a file that is not what its name says): the
-    Ray tasks read them instead, and name what is wrong as they do."""
 
 
 def unsupported(files: list[str], opt: Options) -> str | None:
@@ -118,63 +104,12 @@ def _segments(batch: pa.Table) -> Iterator[tuple[str, pa.Table]]:
         yield paths.dictionary[int(codes[a])].as_py(), batch.slice(int(a), int(b - a)).drop_columns([PATH])
 
 
-class _Recorded:
-    """Stands for a Skips and a ReadNotes while a block's rows in its file are not known: keeps each call
-    (with at most EXAMPLES positions), for the driver to make on the real ones at the block's first row."""
-
-    def __init__(self):
-        self.calls: list[tuple] = []
-
-    def add(self, reason, count, path=None, unit="row", base=0, at=None) -> None:
-        if count:
-            self.calls.append(("add", reason, count, path, unit, base, None if at is None else at[:Skips.EXAMPLES]))
-
-    def strip(self, column, count, path, at, base) -> None:
-        if count:
-            self.calls.append(("strip", column, count, path, None if at is None else at[:ReadNotes.EXAMPLES], base))
-
-    def read_time(self, path, reading) -> None:
-        self.calls.append(("read_time", path, reading))
-
-    def replay(self, row: int) -> tuple[Skips, ReadNotes]:
-        """The skips and notes of the block, its rows counted from `row` of its file."""
-        skips, notes = Skips(), ReadNotes()
-        for call in self.calls:
-            if call[0] == "add":
-                _, reason, count, path, unit, base, at = call
-                skips.add(reason, count, path, unit, base + row, at)
-            elif call[0] == "strip":
-                _, column, count, path, at, base = call
-                notes.strip(column, count, path, at, base + row)
-            else:
-                notes.read_time(call[1], call[2])
-        return skips, notes
-
-
 @dataclasses.dataclass
 class _Part:
     """What a block did with the rows of one file."""
 
     path: str               # the file, as prepare names it
-    result: object          # passes.Counted (pass 1), passes.Spilled (pass 2)
-    recorded: _Recorded | None = None
-
-
-def _count_block(batch: pa.Table, s: passes.Settings, named: dict) -> dict:
-    """map_batches' pass 1: each file's rows of the block counted by passes.count_chunks."""
-    found = []
-    for path, rows in _segments(batch):
-        recorded, state = _Recorded(), BlockState()
-
-        def chunks(rows=rows, path=path, state=state, recorded=recorded):
-            try:
-                yield batch_chunk(rows, named[path], 0, s.opt, state, recorded, recorded)
-            except (pa.ArrowException, ValueError, KeyError) as e:
-                raise CorpusError(f"{named[path]}: cannot read: {e}") from e
-
-        found.append(_Part(named[path], passes.count_chunks(chunks(), named[path], s, state, recorded, recorded),
-                           recorded))
-    return {"part": _objects(found)}
+    result: passes.Spilled
 
 
 def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict) -> dict:
@@ -219,56 +154,10 @@ def _parts(files: list[str], opt: Options, fn, fn_kwargs: dict, tasks: int) -> I
         options.preserve_order, options.resource_limits, ctx.enable_progress_bars = before
 
 
-def count(files: list[str], s: passes.Settings, tasks: int, progress=None,
-          arrive=None) -> list[tuple[Block, passes.Counted]]:
-    """Pass 1 through Ray Data: (block, what passes.count would say of it) in input order, a block being a
-    Ray Data block's rows of one file, its skips and notes at their rows of the file. An empty file
-    is its own block (Ray Data reads no rows of it); a file where a block met an error, or found its
-    numeric times in another unit than the file's other blocks, is read again by passes.count, one
-    block of readers.plan_blocks after another, so that the error is the one a single process names.
-    arrive(result) sees each result first, in any order (to merge its counts and free them). Raises
-    Unreadable when Ray Data cannot read the inputs at all."""
-    results: dict[str, list[_Part]] = {f: [] for f in files}
-    sized = [f for f in files if _size(f)]
-    if sized:
-        try:
-            for part in _parts(sized, s.opt, _count_block, {"s": s}, tasks):
-                if progress is not None:
-                    progress.update(part.result.rows)
-                if arrive is not None:
-                    arrive(part.result)
-                results[part.path].append(part)
-        except Exception as e:
-            raise Unreadable(one_line(e)) from e
-    found, index = [], 0
-    for f in files:
-        parts = results[f]
-        units = {p.result.unit for p in parts} - {None}
-        if not parts or any(p.result.error is not None for p in parts) or len(units) > 1:
-            unit = None
-            for block in plan_blocks([f], s.opt):
-                counted = passes.count(dataclasses.replace(block, index=index, unit=block.unit or unit), s)
-                if arrive is not None:
-                    arrive(counted)
-                unit = counted.unit or unit
-                found.append((dataclasses.replace(block, index=index), counted))
-                index += 1
-                if counted.error is not None:
-                    return found
-            continue
-        row, unit = 0, units.pop() if units else None
-        for part in parts:
-            part.result.skips, part.result.notes = part.recorded.replay(row)
-            part.result.unit = unit
-            row += part.result.rows
-            found.append((Block(index, f), part.result))
-            index += 1
-    return found
-
-
 def spill(files: list[str], s: passes.Settings, units: dict, tasks: int, progress=None) -> list[passes.Spilled]:
     """Pass 2 through Ray Data: each block's events of each file mapped and spilled (passes.write_spill),
-    the spills in input order; `units`: each file's unit of numeric times, as pass 1 found it."""
+    the spills in input order; `units`: each file's unit of numeric times, as pass 1 found it. Empty
+    files are left out (Ray Data cannot read an empty Parquet file; pass 1 counted them)."""
     sized = [f for f in files if _size(f)]
     if not sized:
         return []

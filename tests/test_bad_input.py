@@ -372,7 +372,7 @@ CASES = [
          "error", "nosuch://bucket/events: cannot open this storage location", untouched="{t}/c"),
     # --- issue 30, Ray Data: --engine data --------------------------------------------------------------
     Case("prepare --engine data in one process", "prepare {t}/good.csv --out {t}/c --engine data", "error",
-         "--engine data runs the passes on Ray: give --parallel N (N > 1, or 0: a task per CPU)",
+         "--engine data runs pass 2 on Ray: give --parallel N (N > 1, or 0: a task per CPU)",
          {"good.csv": GOOD_CSV}, "{t}/c"),
     Case("prepare --engine spark", "prepare {t}/good.csv --out {t}/c --engine spark --parallel 2", "error",
          "bad value for --engine: 'spark' (choose from tasks, data)", {"good.csv": GOOD_CSV}, "{t}/c"),

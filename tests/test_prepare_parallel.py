@@ -117,6 +117,19 @@ def test_a_generated_corpus_read_in_many_blocks_is_the_same(ray_cluster, generat
                                        "epoch seconds (detected)"]
 
 
+def test_documents_are_numbered_where_their_user_first_appears_whatever_the_batch_size(tmp_path, monkeypatch):
+    """Tokens out of the vocabulary (min_count 5): a user whose first events are rare URLs is numbered
+    where it first appears, whether the Parquet file is read in batches of 256k rows or of 1,000 (pass 2
+    keeps each key's first row of a batch, passes.keep_mask), so batch sizes never change the ids."""
+    made = []
+    for rows in (readers.PARQUET_BATCH_ROWS, 1_000):
+        monkeypatch.setattr(readers, "PARQUET_BATCH_ROWS", rows)
+        made.append(prepare([SAMPLE_EVENTS], str(tmp_path / f"b{rows}"),
+                            PrepareConfig(time_col="ts", num_shards=2, min_count=5), progress=False).path)
+    assert corpus_meta(made[0])["skipped"]["tokens_below_min_count"] > 0
+    assert_same_corpus(*made)
+
+
 def test_text_files_keep_their_line_numbers_as_keys(ray_cluster, tmp_path):
     paths = []
     for i, lines in enumerate([["a b c", "b c", "", "c d"], ["d e", "a a a"], ["e f g h", "f"]]):
