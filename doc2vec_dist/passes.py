@@ -374,20 +374,12 @@ class Counted(Read):
 
 def count(block: Block, s: Settings, tick=None) -> Counted:
     """Pass 1 of a block: its rows, events, key bytes and token counts, what it skipped and noted."""
-    state, skips, notes = BlockState(block.unit), Skips(), ReadNotes()
-    return count_chunks(read_block(block, s.opt, state, skips, notes), block.path, s, state, skips, notes, tick)
-
-
-def count_chunks(chunks, path: str, s: Settings, state: BlockState, skips: Skips, notes: ReadNotes,
-                 tick=None) -> Counted:
-    """Pass 1 of the chunks of one file (a block read by read_block, or a batch another reader read):
-    their events, key bytes and token counts; `state`, `skips` and `notes` are those the reading fills."""
-    counter = TokenCounter()
+    state, skips, notes, counter = BlockState(block.unit), Skips(), ReadNotes(), TokenCounter()
     events = key_bytes = null_tokens = empty_tokens = 0
     try:
-        for chunk in chunks:
+        for chunk in read_block(block, s.opt, state, skips, notes):
             s.go_on()
-            chunk = windowed(chunk, s, path, skips)
+            chunk = windowed(chunk, s, block.path, skips)
             events += len(chunk.token)
             key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
             tokens = chunk.token.drop_null()
