@@ -8,8 +8,14 @@ Each run is `doc2vec-dist prepare INPUTS --out DIR/p<N> --parallel N` as its own
 by table (docs, vocab, shards: the same tables, record batches apart); it exits 1 if they differ.
 DIR/result.json holds every figure.
 
+With --engines tasks data, each run of N > 1 processes is made once by each engine (prepare --engine),
+and with --repeat R the whole sequence R times, interleaved (tasks, data, tasks, data), so that a
+machine whose load changes meanwhile weighs on both alike.
+
     python -m doc2vec_dist generate --users 1000000 --urls 200000 --out runs/g1m
     python benchmarks/prepare_benchmark.py runs/g1m --out runs/prepare-bench --parallel 1 2 -- --time-col ts
+    python benchmarks/prepare_benchmark.py runs/g1m --out runs/engines --parallel 2 --engines tasks data \
+        --repeat 2 -- --time-col ts
 """
 
 from __future__ import annotations
@@ -87,11 +93,11 @@ def _program(title: str) -> str:
     return words[0] if words else "?"
 
 
-def run(inputs: list[str], out: str, parallel: int, extra: list[str]) -> dict:
+def run(inputs: list[str], out: str, parallel: int, extra: list[str], engine: str = "tasks") -> dict:
     """One prepare as its own process: wall time, its corpus.json's pass times, every process's peak
     memory and CPU time, and the bytes written."""
     argv = [sys.executable, "-m", "doc2vec_dist", "prepare", *inputs, "--out", out, "--parallel", str(parallel),
-            "--overwrite", "--no-progress", *extra]
+            "--overwrite", "--no-progress", *(["--engine", engine] if engine != "tasks" else []), *extra]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT})
@@ -104,7 +110,8 @@ def run(inputs: list[str], out: str, parallel: int, extra: list[str]) -> dict:
         meta = json.load(fh)
     written = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(out) for name in names)
     table = processes.table()
-    return {"parallel": parallel, "wall_seconds": round(wall, 1), "pass_seconds": meta["seconds"],
+    return {"parallel": parallel, "engine": meta.get("engine"), "wall_seconds": round(wall, 1),
+            "pass_seconds": meta["seconds"],
             # what the wall time holds besides the passes: Python's and (parallel > 1) Ray's start and stop
             "start_stop_seconds": round(wall - meta["seconds"]["total"], 1),
             "cpu_seconds": round(sum(p["cpu_seconds"] for p in table), 1),
@@ -129,32 +136,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("inputs", nargs="+", help="prepare's inputs")
     ap.add_argument("--out", required=True, help="a directory for the corpora and result.json")
     ap.add_argument("--parallel", type=int, nargs="+", default=[1, 2], help="the --parallel of each run")
+    ap.add_argument("--engines", nargs="+", default=["tasks"], choices=("tasks", "data"),
+                    help="prepare --engine of each run of N > 1 processes, one run each")
+    ap.add_argument("--repeat", type=int, default=1, help="the whole sequence of runs this many times, in turn")
     ap.add_argument("--keep", action="store_true", help="keep the corpora (default: removed after comparing)")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     os.makedirs(args.out, exist_ok=True)
-    rows = []
-    for parallel in args.parallel:
-        rows.append(run(args.inputs, os.path.join(args.out, f"p{parallel}"), parallel, extra))
+    plan = [(parallel, engine, rep) for rep in range(args.repeat) for parallel in args.parallel
+            for engine in (args.engines if parallel > 1 else ["tasks"])]
+    rows, names = [], []
+    for parallel, engine, rep in plan:
+        names.append(f"p{parallel}" + (f"-{engine}" if engine != "tasks" else "") + (f"-{rep}" if args.repeat > 1 else ""))
+        rows.append({"run": names[-1], **run(args.inputs, os.path.join(args.out, names[-1]), parallel, extra, engine)})
         print(json.dumps(rows[-1]), flush=True)
-    first = os.path.join(args.out, f"p{args.parallel[0]}")
-    for row in rows[1:]:
-        row["same_corpus_as_first"] = same_corpus(first, os.path.join(args.out, f"p{row['parallel']}"))
+    first = os.path.join(args.out, names[0])
+    for name, row in zip(names[1:], rows[1:]):
+        row["same_corpus_as_first"] = same_corpus(first, os.path.join(args.out, name))
         row["speedup"] = round(rows[0]["wall_seconds"] / row["wall_seconds"], 2)
         row["speedup_of_the_passes"] = round(rows[0]["pass_seconds"]["total"] / row["pass_seconds"]["total"], 2)
     result = {"inputs": args.inputs, "extra": extra, "runs": rows}
     with open(os.path.join(args.out, "result.json"), "w") as fh:
         json.dump(result, fh, indent=2)
-    print(json.dumps({r["parallel"]: {k: r.get(k) for k in ("wall_seconds", "cpu_seconds", "speedup",
-                                                              "speedup_of_the_passes", "peak_task_rss_bytes",
-                                                              "bytes_written", "same_corpus_as_first")}
+    print(json.dumps({r["run"]: {k: r.get(k) for k in ("wall_seconds", "cpu_seconds", "speedup", "speedup_of_the_passes",
+                                                         "peak_task_rss_bytes", "bytes_written", "same_corpus_as_first")}
                       for r in rows}))
     if not all(r.get("same_corpus_as_first", True) for r in rows):
         print("error: the corpora differ", file=sys.stderr)
         return 1
     if not args.keep:
-        for parallel in args.parallel:
-            shutil.rmtree(os.path.join(args.out, f"p{parallel}"), ignore_errors=True)
+        for name in names:
+            shutil.rmtree(os.path.join(args.out, name), ignore_errors=True)
     return 0
 
 

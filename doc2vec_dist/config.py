@@ -67,6 +67,9 @@ class PrepareConfig:
                                     "time, on a local Ray started here or on the cluster at --address or "
                                     "RAY_ADDRESS; 0: one per CPU of that cluster; the corpus is the same (default: "
                                     "1, this process alone; jobs/train.py and jobs/refresh.py on a cluster: 0)")
+    engine: str = _f("tasks", "what runs --parallel's pass 2 (map and bucket): Ray tasks, or Ray Data (read_parquet/"
+                              "read_csv and map_batches; Parquet and uncompressed CSV, other inputs run as tasks); the "
+                              "corpus is the same", ("tasks", "data"))
     seed: int = _f(1, "seed of the held-out split", flag=False)  # prepare's --seed, a job's seed
     address: str | None = _f(None, "Ray address for --parallel (default: RAY_ADDRESS, else a local Ray started "
                                    "here)", flag=False)  # prepare's --address, a job's address

@@ -415,19 +415,15 @@ class Spilled:
 
 
 def keep_mask(key: pa.Array, ids: np.ndarray) -> np.ndarray:
-    """Rows worth spilling: every in-vocabulary event, plus the first row of each key that has none
-    in this batch, so pass 3 still knows the document exists (and can report it as empty)."""
+    """Rows worth spilling: every in-vocabulary event, plus the first row of each key in this batch, so
+    that pass 3 knows every document (and can report one left empty) and where it first appears in the
+    input (its place among the bucket's documents), wherever the batches begin: the Ray Data runner's
+    blocks begin elsewhere than the files' batches that the Ray tasks read."""
     keep = ids >= 0
     if keep.all():
         return keep
-    lost = ~keep
-    lost_keys = key.filter(pa.array(lost))
-    orphan = ~pc.is_in(lost_keys, value_set=key.filter(pa.array(keep))).to_numpy(zero_copy_only=False)
-    if orphan.any():
-        rows = np.flatnonzero(lost)[orphan]
-        codes = pc.dictionary_encode(key.take(pa.array(rows))).indices.to_numpy()
-        _, first = np.unique(codes, return_index=True)
-        keep[rows[first]] = True
+    _, first = np.unique(pc.dictionary_encode(key).indices.to_numpy(), return_index=True)
+    keep[first] = True
     return keep
 
 
@@ -439,8 +435,13 @@ def spill(part: Block | BasePart, index: int, s: Settings, tick=None) -> Spilled
     """Pass 2 of a block of the inputs, or of a part of a base: its events with word ids, hashed by key
     into s.buckets buckets, written to spill file `index` (input order kept within each bucket)."""
     _fault_once(s)
+    return write_spill(spill_path(s, index), _spill_batches(part, s, s.spill_schema(), tick), s)
+
+
+def write_spill(path: str, events, s: Settings) -> Spilled:
+    """(record batch, input rows it covers) of pass 2, in input order, hashed by key into s.buckets buckets
+    and written to the spill file `path`, a record batch per bucket (input order kept within each)."""
     schema = s.spill_schema()
-    path = spill_path(s, index)
     pending: list[list[pa.RecordBatch]] = [[] for _ in range(s.buckets)]
     held = 0
     written: list[int] = []
@@ -453,7 +454,7 @@ def spill(part: Block | BasePart, index: int, s: Settings, tick=None) -> Spilled
                     written.append(b)
                     batches.clear()
 
-        for batch, n in _spill_batches(part, s, schema, tick):
+        for batch, n in events:
             s.go_on()
             rows += n
             if batch.num_rows == 0:
@@ -480,7 +481,6 @@ def spill(part: Block | BasePart, index: int, s: Settings, tick=None) -> Spilled
 
 def _spill_batches(part: Block | BasePart, s: Settings, schema: pa.Schema, tick):
     """(record batch, input rows it covers) of the events a part spills."""
-    timed = "time" in schema.names
     if isinstance(part, BasePart):
         base = _base(s.base, s.join)
         if part.what == "docs":
@@ -497,21 +497,25 @@ def _spill_batches(part: Block | BasePart, s: Settings, schema: pa.Schema, tick)
                     [keys.take(pa.array(docs)).combine_chunks(), pa.array(tokens, pa.int32()),
                      pa.array(np.full(len(tokens), -np.inf)), pa.array(docs)], schema=schema), 0
         return
-    token_ids = _token_ids(s.vocab_path())
-    state = BlockState(part.unit)
-    for chunk in read_block(part, s.opt, state):
-        chunk = windowed(chunk, s, part.path)
-        ids = token_ids.lookup(chunk.token)
-        keep = keep_mask(chunk.key, ids)
-        columns = [chunk.key, pa.array(ids)]
-        if timed:
-            columns.append(pa.array(chunk.time if chunk.time is not None else np.zeros(len(ids))))
-        if s.base_rows:
-            columns.append(pa.array(np.full(len(ids), -1, np.int64)))
-        batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    for chunk in read_block(part, s.opt, BlockState(part.unit)):
         if tick:
             tick(chunk.rows)
-        yield (batch if keep.all() else batch.filter(pa.array(keep))), chunk.rows
+        yield mapped(chunk, part.path, s, schema), chunk.rows
+
+
+def mapped(chunk: Chunk, path: str, s: Settings, schema: pa.Schema) -> pa.RecordBatch:
+    """A chunk of a file's events as pass 2 spills them: in the window, tokens as word ids (-1 out of the
+    vocabulary), out-of-vocabulary rows dropped but for one of each key that has no other (keep_mask)."""
+    chunk = windowed(chunk, s, path)
+    ids = _token_ids(s.vocab_path()).lookup(chunk.token)
+    keep = keep_mask(chunk.key, ids)
+    columns = [chunk.key, pa.array(ids)]
+    if "time" in schema.names:
+        columns.append(pa.array(chunk.time if chunk.time is not None else np.zeros(len(ids))))
+    if s.base_rows:
+        columns.append(pa.array(np.full(len(ids), -1, np.int64)))
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    return batch if keep.all() else batch.filter(pa.array(keep))
 
 
 def _fault_once(s: Settings) -> None:

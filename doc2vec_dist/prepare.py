@@ -77,7 +77,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import outputs, passes, runners, storage
+from . import outputs, passes, raydata, runners, storage
 from .config import PrepareConfig
 from .corpus import (
     DOCS_SCHEMA,
@@ -249,6 +249,16 @@ def _ray_memory(runner, wanted: int) -> int:
     return wanted
 
 
+def _data_engine(c: PrepareConfig, files: list[str], opt, runner) -> bool:
+    """Whether pass 2 runs through Ray Data (--engine data, on inputs it reads as the tasks do)."""
+    if c.engine != "data" or runner.in_process:
+        return False
+    why = raydata.unsupported(files, opt)
+    if why:
+        log.info(f"prepare: --engine data: {why}; pass 2 runs as Ray tasks")
+    return why is None
+
+
 def task_memory_line(wanted: int, tasks: int, largest: int | None) -> str:
     """What prepare's tasks ask of the nodes: each task's reservation, the whole job's at `tasks` at
     once, and how many fit the largest node's memory (its CPUs permitting)."""
@@ -301,12 +311,14 @@ class _Pass1:
     notes: ReadNotes
     input_words: int = 0  # distinct tokens of the inputs
     known_words: int = 0  # of which the base knows (with a base)
+    units: dict = dataclasses.field(default_factory=dict)  # each file's unit of numeric times (for Ray Data)
 
 
 def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, max_vocab: int | None, runner,
            progress, base_tokens: pa.Array | None = None) -> tuple[_Pass1, list[Block]]:
     counter, kinds, skips, notes, reads = TokenCounter(), TimeKinds(), Skips(), ReadNotes(), {}
     rows = events = key_bytes = null_tokens = empty_tokens = 0
+    units: dict[str, str | None] = {}
 
     def arrive(i, found):  # the counts merge in any order; what they weigh is freed at once
         if found.counts is not None:
@@ -316,6 +328,7 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     for i, found in _run(runner, passes.count, [(b, s) for b in blocks], progress, _ray_memory(runner, 256 << 20),
                          arrive, rows=lambda r: r.rows):
         _checked(blocks[i], found, kinds, s.opt)
+        units[blocks[i].path] = found.unit or units.get(blocks[i].path)
         rows += found.rows
         events += found.events
         key_bytes += found.key_bytes
@@ -357,7 +370,7 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     vocab = vocab.append_column("id", pa.array(np.arange(vocab.num_rows, dtype=np.int32)))
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
-    return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words),
+    return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words, units),
             _next_units(blocks, reads))
 
 
@@ -377,12 +390,19 @@ def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_e
 # Passes 2 and 3: spills → shards, then the files made of every bucket's parts
 # ---------------------------------------------------------------------------------------------------
 
-def _pass2(parts: list, s: Settings, runner, progress, memory: int) -> list[passes.Spilled]:
+def _pass2(parts: list, s: Settings, runner, progress, memory: int, data_files: list[str] | None = None,
+           units: dict | None = None) -> list[passes.Spilled]:
+    """The spills of the parts (blocks of the inputs, then a base's parts) in their order; data_files: the
+    inputs, read through Ray Data (raydata.spill) in place of the parts that are blocks."""
+    first = []
+    if data_files is not None:
+        first = raydata.spill(data_files, s, units, runner.tasks, progress)
+        parts = [p for p in parts if not isinstance(p, Block)]
     spills: list[passes.Spilled] = [None] * len(parts)
     for i, found in _run(runner, passes.spill, [(part, i, s) for i, part in enumerate(parts)], progress, memory,
                          rows=lambda r: r.rows):
         spills[i] = found
-    return spills
+    return first + spills
 
 
 @dataclass
@@ -526,6 +546,8 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
         raise CorpusError(f"memory_budget_bytes must be >= 1, not {c.memory_budget_bytes}")
     if c.parallel is not None and c.parallel < 0:
         raise CorpusError(f"--parallel must be >= 0 (0: a task per CPU of the Ray cluster), not {c.parallel}")
+    if c.engine == "data" and c.parallel in (None, 1):
+        raise CorpusError("--engine data runs pass 2 on Ray: give --parallel N (N > 1, or 0: a task per CPU)")
     if not 0 <= c.holdout < 1:
         raise CorpusError(f"holdout must lie in [0, 1), not {c.holdout}")
     if c.holdout > 0 and not c.holdout_out:
@@ -667,6 +689,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         bar.start("count")
         p1, blocks = _pass1(blocks, files, s, c.min_count, c.max_vocab, runner, bar,
                             found_base.vocab_tokens if found_base else None)
+        data = _data_engine(c, files, opt, runner)
         bar.know_rows(p1.rows)
         # a join keeps the base's shards by key hash, adding each user's new events to its own shard
         by_shard = (found_base is not None and join and c.num_shards is None
@@ -683,7 +706,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         memory_line = task_memory_line(memory, runner.tasks, runners.largest_node_memory()) if memory else None
         parts = blocks + (found_base.parts(join) if s.base_rows else [])
         bar.start("partition")
-        spills = _pass2(parts, s, runner, bar, memory)
+        spills = _pass2(parts, s, runner, bar, memory, files if data else None, p1.units)
         bar.start("shards")
         p3 = _pass3(spills, s, len(vocab_tokens), runner, bar, memory, p1.rows, found_base if found_base else None)
         if hold_tmp:
@@ -722,6 +745,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "window_days": c.window_days, "shards_by": "key_hash",  # shard b holds the keys hashing to b
         "window_start": window.cutoff if window else None,
         "parallel": runner.tasks, "seconds": seconds,
+        # what ran pass 2: this process, Ray tasks, or Ray Data (--engine data)
+        "engine": "data" if data else "process" if runner.in_process else "tasks",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if p3.refresh is not None:

@@ -1070,43 +1070,57 @@ def read_block(block: Block, opt: Options, state: BlockState, skips: Skips | Non
             else:
                 batches = _json_batches(path, columns, opt.token_col if opt.format == "lists" else None)
             for batch in batches:
-                # Every column is converted whole, before rows are dropped, so that the row
-                # numbers in its errors are those of the file.
-                n = batch.num_rows
-                key = _stripped(_as_strings(batch.column(opt.doc_col), path, opt.doc_col, row), opt.doc_col,
-                                path, row, notes)
-                time = None
-                if opt.format == "lists":
-                    token = _as_string_lists(batch.column(opt.token_col), path, opt.token_col, row)
-                else:
-                    token = _stripped(_as_strings(batch.column(opt.token_col), path, opt.token_col, row),
-                                      opt.token_col, path, row, notes)
-                    if opt.time_col:
-                        time, reading = _time_seconds(batch.column(opt.time_col), path, opt.time_col, row, opt,
-                                                      state.unit)
-                        if reading is not None:
-                            state.readings.append(reading)
-                            state.unit = reading.unit or state.unit
-                            if notes is not None:
-                                notes.read_time(path, reading)
-                usable = _usable_keys(key, path, row, skips)
-                if usable is not None:
-                    key, token = key.filter(usable), token.filter(usable)
-                    if time is not None:
-                        time = time[usable.to_numpy(zero_copy_only=False)]
-                pad = 0
-                if opt.format == "lists":
-                    key, token, pad = _flatten_lists(key, token, drop_empty=False)
-                    token = _stripped(token, opt.token_col, path, row, notes, rows=False)
-                row += n
-                state.rows += n
-                yield Chunk(key, token, time, n, pad)
+                chunk = batch_chunk(batch, path, row, opt, state, skips, notes)
+                row += chunk.rows
+                yield chunk
     except CorpusError:
         raise
     except (pa.ArrowException, OSError, ValueError, KeyError) as e:
         raise CorpusError(f"{path}: cannot read: {_read_error(e, path, row)}") from e
     if block.whole_file and row == 0 and skips is not None:  # a header, a schema, blank space: no rows
         skips.add("empty_files", 1, path)
+
+
+def batch_chunk(batch: pa.RecordBatch | pa.Table, path: str, row: int, opt: Options, state: BlockState,
+                skips: Skips | None = None, notes: ReadNotes | None = None) -> Chunk:
+    """One batch of an events or lists file's columns (doc_col, token_col[, time_col]) as a normalised
+    chunk (read_block's, for each batch it reads): `row` is the file's row of its first row, which the
+    errors, skips and notes name; `state` has the unit of the file's numeric times so far, and gets
+    this batch's rows and time reading."""
+    # Every column is converted whole, before rows are dropped, so that the row numbers in its errors
+    # are those of the file.
+    n = batch.num_rows
+    key = _stripped(_as_strings(_column(batch, opt.doc_col), path, opt.doc_col, row), opt.doc_col, path, row, notes)
+    time = None
+    if opt.format == "lists":
+        token = _as_string_lists(_column(batch, opt.token_col), path, opt.token_col, row)
+    else:
+        token = _stripped(_as_strings(_column(batch, opt.token_col), path, opt.token_col, row), opt.token_col, path,
+                          row, notes)
+        if opt.time_col:
+            time, reading = _time_seconds(_column(batch, opt.time_col), path, opt.time_col, row, opt, state.unit)
+            if reading is not None:
+                state.readings.append(reading)
+                state.unit = reading.unit or state.unit
+                if notes is not None:
+                    notes.read_time(path, reading)
+    usable = _usable_keys(key, path, row, skips)
+    if usable is not None:
+        key, token = key.filter(usable), token.filter(usable)
+        if time is not None:
+            time = time[usable.to_numpy(zero_copy_only=False)]
+    pad = 0
+    if opt.format == "lists":
+        key, token, pad = _flatten_lists(key, token, drop_empty=False)
+        token = _stripped(token, opt.token_col, path, row, notes, rows=False)
+    state.rows += n
+    return Chunk(key, token, time, n, pad)
+
+
+def _column(batch: pa.RecordBatch | pa.Table, name: str) -> pa.Array:
+    """A column of a record batch, or of a table (one array either way)."""
+    found = batch.column(name)
+    return found.combine_chunks() if isinstance(found, pa.ChunkedArray) else found
 
 
 def _earlier_unit(path: str, earlier: tuple[tuple[int, ...], ...], opt: Options) -> str | None:

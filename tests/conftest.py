@@ -230,7 +230,7 @@ def small_models() -> type[SmallModels]:
 # -- corpora compared, record batches apart (prepare in one process and as Ray tasks, issue 30) ---------
 
 # corpus.json's fields that say how and when a corpus was made, not what it is
-HOW = ("created", "parallel", "seconds", "holdout_out")
+HOW = ("created", "parallel", "engine", "seconds", "holdout_out")
 
 
 def corpus_tables(path: str) -> dict:

@@ -370,6 +370,12 @@ CASES = [
          "--parallel must be >= 0 (0: a task per CPU of the Ray cluster), not -1", {"good.csv": GOOD_CSV}, "{t}/c"),
     Case("prepare from a storage scheme pyarrow has no filesystem for", "prepare nosuch://bucket/events --out {t}/c",
          "error", "nosuch://bucket/events: cannot open this storage location", untouched="{t}/c"),
+    # --- issue 30, Ray Data: --engine data --------------------------------------------------------------
+    Case("prepare --engine data in one process", "prepare {t}/good.csv --out {t}/c --engine data", "error",
+         "--engine data runs pass 2 on Ray: give --parallel N (N > 1, or 0: a task per CPU)",
+         {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("prepare --engine spark", "prepare {t}/good.csv --out {t}/c --engine spark --parallel 2", "error",
+         "bad value for --engine: 'spark' (choose from tasks, data)", {"good.csv": GOOD_CSV}, "{t}/c"),
     # --- issue 29, item 1: --dtype and --rounding (16-bit tables) --------------------------------------
     Case("--dtype float64", "train --corpus {corpus} --out {t}/m --dtype float64", "error",
          "bad value for --dtype: 'float64' (choose from float32, bfloat16, float16)", untouched="{t}/m"),

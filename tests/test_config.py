@@ -15,7 +15,7 @@ CHOICE_FIELDS = [(cls, f.name, f.metadata["choices"]) for cls in SECTIONS for f 
 
 def test_the_choice_fields_are_the_ones_with_choices():
     assert {(cls.__name__, name) for cls, name, _ in CHOICE_FIELDS} == {
-        ("PrepareConfig", "format"), ("PrepareConfig", "time_unit"), ("TrainConfig", "mode"),
+        ("PrepareConfig", "format"), ("PrepareConfig", "time_unit"), ("PrepareConfig", "engine"), ("TrainConfig", "mode"),
         ("TrainConfig", "optimizer"), ("TrainConfig", "kernel"), ("TrainConfig", "first_epoch"),
         ("TrainConfig", "schedule"), ("TrainConfig", "dtype"), ("TrainConfig", "rounding")}
 

@@ -28,14 +28,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_EVENTS = os.path.join(ROOT, "data", "sample", "events")
 
 
-def _both(inputs, tmp_path, name: str, holdout: bool = False, **settings) -> tuple[str, str]:
-    """The corpus made in this process and by 2 Ray tasks at a time, compared; their paths."""
+def _both(inputs, tmp_path, name: str, holdout: bool = False, engine: str = "tasks", **settings) -> tuple[str, str]:
+    """The corpus made in this process and by 2 Ray tasks at a time (engine data: passes 1 and 2 through
+    Ray Data), compared; their paths."""
     made = []
     for parallel in (1, 2):
         out = str(tmp_path / f"{name}-{parallel}")
         extra = {"holdout": 0.2, "holdout_out": out + ".parquet"} if holdout else {}
+        if parallel > 1:
+            extra["engine"] = engine
         corpus = prepare(inputs, out, PrepareConfig(parallel=parallel, **settings, **extra), progress=False)
         assert corpus.meta["parallel"] == parallel
+        assert corpus.meta["engine"] == ("process" if parallel == 1 else engine)
         made.append(out)
     assert_same_corpus(*made, heldout=tuple(m + ".parquet" for m in made) if holdout else None)
     return made[0], made[1]
@@ -111,6 +115,19 @@ def test_a_generated_corpus_read_in_many_blocks_is_the_same(ray_cluster, generat
     assert meta["stripped_where"] == {"user_id": [f"{generated}/zz.csv row 2"], "url": [f"{generated}/zz.csv row 2"]}
     assert list(meta["time_read"]) == ["timestamps (ms, UTC)", "epoch milliseconds (detected)",
                                        "epoch seconds (detected)"]
+
+
+def test_documents_are_numbered_where_their_user_first_appears_whatever_the_batch_size(tmp_path, monkeypatch):
+    """Tokens out of the vocabulary (min_count 5): a user whose first events are rare URLs is numbered
+    where it first appears, whether the Parquet file is read in batches of 256k rows or of 1,000 (pass 2
+    keeps each key's first row of a batch, passes.keep_mask), so batch sizes never change the ids."""
+    made = []
+    for rows in (readers.PARQUET_BATCH_ROWS, 1_000):
+        monkeypatch.setattr(readers, "PARQUET_BATCH_ROWS", rows)
+        made.append(prepare([SAMPLE_EVENTS], str(tmp_path / f"b{rows}"),
+                            PrepareConfig(time_col="ts", num_shards=2, min_count=5), progress=False).path)
+    assert corpus_meta(made[0])["skipped"]["tokens_below_min_count"] > 0
+    assert_same_corpus(*made)
 
 
 def test_text_files_keep_their_line_numbers_as_keys(ray_cluster, tmp_path):

@@ -1,0 +1,58 @@
+"""prepare --parallel --engine data (issue 30): pass 2 through Ray Data (read_parquet/read_csv and
+map_batches) gives the single process's corpus, on the sample, a generated corpus of Parquet and CSV
+read in small blocks, tokens out of the vocabulary, and Parquet on the S3 emulator. Pass 1 stays Ray
+tasks, so errors and skips are theirs. On the session's Ray (2 CPUs)."""
+
+from __future__ import annotations
+
+import logging
+
+from conftest import corpus_meta
+from test_prepare_parallel import SAMPLE_EVENTS, _both, generated, s3_events  # noqa: F401 (fixtures)
+
+from doc2vec_dist.config import PrepareConfig
+from doc2vec_dist.prepare import prepare
+
+
+def test_the_sample_through_ray_data_is_the_single_process_corpus(ray_cluster, tmp_path):
+    one, _ = _both([SAMPLE_EVENTS], tmp_path, "sample", holdout=True, engine="data", time_col="ts", num_shards=3)
+    assert corpus_meta(one)["heldout_pairs"] > 0
+
+
+def test_documents_keep_their_order_wherever_ray_data_blocks_begin(ray_cluster, tmp_path, monkeypatch):
+    """Tokens out of the vocabulary (min_count 5) and Ray Data blocks of 256 KiB, which begin elsewhere
+    than the batches one process reads: each document is still numbered where its user first appears,
+    as one process numbers it (passes.keep_mask keeps each key's first row of every batch)."""
+    import ray.data
+
+    monkeypatch.setattr(ray.data.DataContext.get_current(), "target_max_block_size", 256 << 10)
+    one, _ = _both([SAMPLE_EVENTS], tmp_path, "rare", engine="data", time_col="ts", num_shards=2, min_count=5)
+    assert corpus_meta(one)["skipped"]["tokens_below_min_count"] > 0
+
+
+def test_a_generated_corpus_through_ray_data_is_the_same(ray_cluster, generated, tmp_path, monkeypatch):  # noqa: F811
+    """Five Parquet files (one of them in row groups, its times numbers in milliseconds), their columns'
+    types not all alike (one read each), and a CSV file of rows to skip, in Ray Data blocks of 64 KiB
+    (each handed its file's unit of times by pass 1): the corpus one process makes."""
+    import ray.data
+
+    monkeypatch.setattr(ray.data.DataContext.get_current(), "target_max_block_size", 64 << 10)
+    one, _ = _both([generated], tmp_path, "gen", holdout=True, engine="data", time_col="ts",
+                   memory_budget_bytes=200_000)
+    assert corpus_meta(one)["num_shards"] > 3
+
+
+def test_parquet_on_object_storage_through_ray_data_is_the_single_process_corpus(ray_cluster, s3_events, tmp_path):  # noqa: F811
+    uri, files, _ = s3_events
+    folder, query = uri.split("?")
+    objects = [f"{folder}/part-{i:05d}.parquet?{query}" for i in range(len(files))]
+    _both(objects, tmp_path, "s3", engine="data", time_col="ts")
+
+
+def test_inputs_ray_data_does_not_read_run_as_ray_tasks(ray_cluster, tmp_path, logged):
+    path = tmp_path / "e.jsonl"
+    path.write_text('{"user_id": "u1", "url": "a"}\n{"user_id": "u2", "url": "b"}\n')
+    corpus = prepare([str(path)], str(tmp_path / "c"), PrepareConfig(parallel=2, engine="data"), progress=False)
+    assert corpus.meta["engine"] == "tasks"
+    said = [r.getMessage() for r in logged.records if r.levelno == logging.INFO and "--engine data" in r.getMessage()]
+    assert said == ["prepare: --engine data: json input is read by Ray tasks; pass 2 runs as Ray tasks"]
