@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -46,15 +44,16 @@ def test_worker_time_is_shown_in_the_order_of_a_macro_batch(bench):
     assert "compute 6.0 s (60%)" in text
 
 
-def test_one_small_run_prints_the_table_and_writes_json_and_png(sample_corpus, tmp_path):
+def test_one_small_run_prints_the_table_and_writes_json_and_png(bench, ray_cluster, sample_corpus, tmp_path, capsys):
+    """main() in this process: both trainers still run as processes of their own (each with its own
+    Ray, watched for memory, as the script runs them); the sweep, which trains in the script's own
+    process, runs on the session's Ray, as it does on any Ray the script finds already up."""
     corpus, heldout = sample_corpus
     work = tmp_path / "bench"
-    out = subprocess.run(
-        [sys.executable, JOB, "--corpus", corpus, "--heldout", heldout, "--workdir", str(work), "--epochs", "1",
-         "--dim", "16", "--num-ps", "2", "--num-workers", "1", "--sweep-macro-batch", "4096", "--sweep-workers"],
-        check=False, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    text = out.stdout
+    bench.main(["--corpus", corpus, "--heldout", heldout, "--workdir", str(work), "--epochs", "1", "--dim", "16",
+                "--num-ps", "2", "--num-workers", "1", "--sweep-macro-batch", "4096", "--sweep-workers"])
+    assert ray_cluster.is_initialized()  # the script left the Ray it found up as it was
+    text = capsys.readouterr().out
     for needle in ("tokens/s", "recall@10 (held out; gensim iterable)", "wall: train", "wall: checkpoint", "wall: export",
                    "ps0", "ps1", "worker0", "gensim driver", "where the workers' time went", "macro-batch 4,096"):
         assert needle in text, needle

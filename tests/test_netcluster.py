@@ -123,6 +123,14 @@ def test_an_interrupted_run_leaves_no_namespace_behind(sig):
 
 # -- a training job, and its trainer node killed ------------------------------------------------------
 
+# Ray's GCS marks a node dead after `health_check_failure_threshold` failed checks, one every
+# `health_check_period_ms` (defaults 5 and 3000: about 15 s for a node whose processes died). The test
+# cluster checks every second and gives up after 3: a dead node is found in about 3 s, while a live but
+# slow raylet (on a loaded 2-core machine) still has 3 timeouts of 10 s each to answer. Test-only
+# settings of Ray's own (RAY_<config name> in the nodes' environment); users' clusters keep Ray's.
+FAST_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+
+
 def _train(corpus: str, model: str, *extra: str) -> list[str]:
     return ["python", "-m", "doc2vec_dist", "train", "--corpus", corpus, "--out", model, "--dim", "32", "--sample", "0",
             "--num-ps", "2", "--num-workers", "1", "--cpus-per-worker", "1", "--no-progress", *extra]
@@ -144,7 +152,8 @@ def test_a_killed_trainer_node_stops_the_job_with_the_resume_line_and_the_resume
     corpus, heldout = sample_corpus
     model = str(tmp_path / "model")
     cluster = netcluster.NetCluster(["head+ps", "trainer"], link_gbps={"trainer": 0.1}, trainer_units=1,
-                                    trainer_cpus=1, ps_memory=1536 << 20, object_store=100 << 20)
+                                    trainer_cpus=1, ps_memory=1536 << 20, object_store=100 << 20,
+                                    env={**os.environ, **FAST_DEATH})
     t0 = time.monotonic()
     with cluster:
         t_up = time.monotonic() - t0
@@ -168,7 +177,7 @@ def test_a_killed_trainer_node_stops_the_job_with_the_resume_line_and_the_resume
         moved = netcluster.traffic(before, cluster.counters())
 
         # one error line naming the dead node and what it ran, and the resume command; within Ray's
-        # detection (about 15 s for a node whose processes died) and the driver's check
+        # detection (about 3 s for a node whose processes died, with FAST_DEATH) and the driver's check
         assert job.returncode != 0, log[-3000:]
         errors = [line for line in lines if line.startswith("error: ")]
         assert len(errors) == 1, lines

@@ -113,14 +113,14 @@ def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cl
     # PV-DM on the token path: the words rows resident in the worker too, and written back
     {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "mode": "dm", "window": 3},
 ], ids=["two-workers", "tokens-on-device", "dm-words-resident"])
-def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster, sample_corpus, tmp_path, engine):
+def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster, small_corpus, tmp_path, engine):
     model = str(tmp_path / "model")
-    train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 2, **engine}, optimizer="adagrad", alpha=0.05))
+    train(small_corpus, model, TrainConfig(**{**SAMPLE, "epochs": 2, **engine}, optimizer="adagrad", alpha=0.05))
     tables = ("docs", "words_out") + (("words",) if engine.get("mode") == "dm" else ())
     before = {t: checkpoint.ModelDir(model).read_table(t) for t in tables}
     model_id = checkpoint.ModelDir(model).manifest["model_id"]
     # nothing left to train: the rows go through 3 servers' load and save unchanged
-    summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3}))
+    summary = train(small_corpus, model, resumed_config(model, {"num_ps": 3}))
     assert summary["tokens"] == 0
     _, manifest = checkpoint.load_manifest(model)
     assert manifest["num_ps"] == 3 and len(manifest["tables"]["docs"]["parts"]) == 3
@@ -128,8 +128,8 @@ def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster
     for table, matrix in before.items():
         np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table(table), matrix)
     # and training goes on from there with 3 servers (one more epoch)
-    summary = train(sample_corpus[0], model, resumed_config(model, {"num_ps": 3, "epochs": 3}))
-    assert summary["tokens"] == Corpus(sample_corpus[0]).num_tokens and summary["resumed_from_epoch"] == 2
+    summary = train(small_corpus, model, resumed_config(model, {"num_ps": 3, "epochs": 3}))
+    assert summary["tokens"] == Corpus(small_corpus).num_tokens and summary["resumed_from_epoch"] == 2
     for table in tables:  # every table trained on, the resident ones included
         assert not np.array_equal(checkpoint.ModelDir(model).read_table(table), before[table]), table
 
@@ -272,7 +272,7 @@ def test_the_room_a_model_replaced_with_overwrite_frees_counts_as_free(trained_m
 # --- issue 29: a run's --dtype may change on resume, and a model of one dtype starts a run of another ---------
 
 @pytest.mark.parametrize("first, then", [("float32", "bfloat16"), ("bfloat16", "float32"), ("float16", "bfloat16")])
-def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulator(ray_cluster, sample_corpus,
+def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulator(ray_cluster, small_corpus,
                                                                                     tmp_path, first, then):
     import pyarrow as pa
 
@@ -281,21 +281,21 @@ def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulat
     from doc2vec_dist.warmstart import WarmStart
 
     model = str(tmp_path / "model")
-    train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 1}, optimizer="adagrad", alpha=0.05, dtype=first))
+    train(small_corpus, model, TrainConfig(**{**SAMPLE, "epochs": 1}, optimizer="adagrad", alpha=0.05, dtype=first))
     found = checkpoint.ModelDir(model)
     assert {t["dtype"] for t in found.manifest["tables"].values()} == {first}
     before = {t: found.read_table(t) for t in ("docs", "words_out")}  # every reader widens to float32
     state = checkpoint.read_shard(model, "docs", 0, 1)[1]
     # --init-from: a server of the other dtype starts from the model's rows, narrowed to nearest or widened
     config = TrainConfig(**SAMPLE, optimizer="adagrad", dtype=then)
-    tables = table_specs(config, Corpus(sample_corpus[0]))
+    tables = table_specs(config, Corpus(small_corpus))
     warm = ParameterServer(0, 1, tables, 1, warm=WarmStart(model, found.version, {"docs": len(before["docs"])}))
     np.testing.assert_array_equal(precision.widen(warm.tables["docs"][:, :32], then),
                                   precision.widen(precision.narrow(before["docs"], then), then))
     np.testing.assert_array_equal(precision.state_view(warm.tables["docs"], then, 32), state)
 
     # nothing left to train: the rows go through the other dtype's servers (and 3 of them) and back to disk
-    summary = train(sample_corpus[0], model, resumed_config(model, {"dtype": then, "num_ps": 3}))
+    summary = train(small_corpus, model, resumed_config(model, {"dtype": then, "num_ps": 3}))
     assert summary["tokens"] == 0
     found = checkpoint.ModelDir(model)
     assert {t["dtype"] for t in found.manifest["tables"].values()} == {then}
@@ -308,6 +308,6 @@ def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulat
     assert schema.field("vector").type.value_type == checkpoint.PART_VALUE_TYPES[then]
     assert checkpoint.part_dtype(schema) == then and schema.field("adagrad").type == pa.float32()
     # and training goes on in the new dtype
-    summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 2}))
-    assert summary["tokens"] == Corpus(sample_corpus[0]).num_tokens
+    summary = train(small_corpus, model, resumed_config(model, {"epochs": 2}))
+    assert summary["tokens"] == Corpus(small_corpus).num_tokens
     assert checkpoint.ModelDir(model).manifest["config"]["dtype"] == then

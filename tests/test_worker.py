@@ -108,12 +108,12 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
 ], ids=["dbow-tokens-on-device", "dbow-resident-shared", "dbow-adagrad", "dm-tokens-on-device", "dbow-words-host",
         "dbow-words-tokens-on-device", "dbow-blocks", "bfloat16-tokens-on-device", "float16-adagrad-resident-shared",
         "bfloat16-blocks"])
-def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluster, sample_corpus, settings):
+def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluster, small_corpus, settings):
     # the staged path is the batched kernel's (GPU workers'); the exact kernel trains the host matrices
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, macro_batch=8192, kernel="batched",
                          progress=False, **{"num_workers": 1, **settings})
-    in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False)
-    staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True)
+    in_place, info_a = train_one_worker(ray_cluster, small_corpus, config, staged=False)
+    staged, info_b = train_one_worker(ray_cluster, small_corpus, config, staged=True)
     # staged: two slots of host matrices, one batch's arriving while the other's trains; in place: nothing staged
     assert info_b["host"].keys() == {"inputs0", "outputs0", "inputs1", "outputs1"} and not info_a["host"]
     if "cache_rows" not in settings:  # the token path: every URL row resident on the device, none in host memory
@@ -134,15 +134,15 @@ def test_the_staged_path_trains_exactly_what_the_in_place_path_trains(ray_cluste
     {"mode": "dbow", "cache_rows": 300},  # host examples, users' and URLs' rows pulled
     {"mode": "dbow", "macro_batch": 8192},  # the token path
 ], ids=["host-examples", "tokens-on-device"])
-def test_a_checkpoint_pause_between_staged_batches_trains_what_the_in_place_path_trains(ray_cluster, sample_corpus,
+def test_a_checkpoint_pause_between_staged_batches_trains_what_the_in_place_path_trains(ray_cluster, small_corpus,
                                                                                         settings):
     """The staged worker's next batch is already arriving (pulled, assembled, copied to its device
     slot) when a checkpoint pauses it: after the pause it is pulled and staged again, as the in-place
     worker pulls it again, so both train the same thing bit for bit."""
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, kernel="batched", progress=False,
                          **{"macro_batch": 4096, **settings})
-    in_place, info_a = train_one_worker(ray_cluster, sample_corpus[0], config, staged=False, pause_at=3)
-    staged, info_b = train_one_worker(ray_cluster, sample_corpus[0], config, staged=True, pause_at=3)
+    in_place, info_a = train_one_worker(ray_cluster, small_corpus, config, staged=False, pause_at=3)
+    staged, info_b = train_one_worker(ray_cluster, small_corpus, config, staged=True, pause_at=3)
     assert info_a["paused"] and info_a["paused"] == info_b["paused"] and info_a["paused"][0].step >= 1
     for name, table in in_place.items():
         np.testing.assert_array_equal(staged[name], table, err_msg=name)
