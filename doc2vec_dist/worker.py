@@ -131,11 +131,9 @@ def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
     pieces = -(-num_workers // len(shards))
     units: list[Unit] = []
     for path, docs, tokens in shards:
-        lengths = np.concatenate([np.diff(offsets) for _, offsets, _ in iter_shard(path)] or [np.zeros(0)])
+        lengths = _document_tokens(path)
         cum = np.concatenate([[0], np.cumsum(lengths)])
-        cuts = np.searchsorted(cum, np.linspace(0, cum[-1], pieces + 1), side="left")
-        cuts[0], cuts[-1] = 0, len(lengths)
-        for a, b in itertools.pairwise(cuts):
+        for a, b in itertools.pairwise(_even_cuts(cum, pieces)):
             units.append(Unit(path, int(a), int(b), int(cum[b] - cum[a])))
     plan = [[] for _ in range(num_workers)]
     for i, unit in enumerate(units):
@@ -143,22 +141,31 @@ def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
     return plan
 
 
+def _document_tokens(path: str) -> np.ndarray:
+    """Each document's token count in one shard file, by row."""
+    return np.concatenate([np.diff(offsets) for _, offsets, _ in iter_shard(path)] or [np.zeros(0)])
+
+
+def _even_cuts(cum: np.ndarray, pieces: int) -> np.ndarray:
+    """Document boundaries that cut documents with cumulative tokens `cum` (from 0) into `pieces` runs of
+    about equal tokens."""
+    cuts = np.searchsorted(cum, np.linspace(0, cum[-1], pieces + 1), side="left")
+    cuts[0], cuts[-1] = 0, len(cum) - 1
+    return cuts
+
+
 def segment_units(units: list[Unit], segments: int) -> list[list[Unit]]:
     """A worker's units cut into `segments` runs of consecutive documents of about equal tokens, in
     their order (TrainConfig.segments; a segment may be empty where there are fewer documents)."""
     if segments == 1:
         return [list(units)]
-    lengths: dict[str, np.ndarray] = {}
-    for path in {u.path for u in units}:
-        lengths[path] = np.concatenate([np.diff(offsets) for _, offsets, _ in iter_shard(path)] or [np.zeros(0)])
+    lengths = {path: _document_tokens(path) for path in {u.path for u in units}}
     unit_of = np.concatenate([np.full(u.end - u.start, i) for i, u in enumerate(units)] or [np.zeros(0, int)])
     row_of = np.concatenate([np.arange(u.start, u.end) for u in units] or [np.zeros(0, int)])
     cum = np.concatenate([[0], np.cumsum(np.concatenate([lengths[u.path][u.start:u.end] for u in units]
                                                          or [np.zeros(0)]))])
-    cuts = np.searchsorted(cum, np.linspace(0, cum[-1], segments + 1), side="left")
-    cuts[0], cuts[-1] = 0, len(row_of)
     out: list[list[Unit]] = []
-    for a, b in itertools.pairwise(cuts):
+    for a, b in itertools.pairwise(_even_cuts(cum, segments)):
         segment = []
         while a < b:  # the documents [a, b), one unit's run at a time
             u = int(unit_of[a])
@@ -323,7 +330,6 @@ class Worker:
         # --segments: round r trains segment r // num_blocks of the units, with block held(index, r)
         self.rounds = config.rounds()
         self._segments: list[list[Unit]] | None = None  # segment_units, at the first round that needs them
-        self._round_units = units  # the units of the round under way
         self._blocks: Blocks | None = None  # this epoch's blocks
         self.held: Block | None = None      # the block this worker holds (the token path)
         self._device_tables = None  # device_examples.DeviceTables of the held block, made at its first device batch
@@ -459,7 +465,7 @@ class Worker:
     # -- data positions and pausing for checkpoints --------------------------------------------
     def _position_at(self, epoch: int, batch: Batch | None, step: int) -> Position:
         """Where this worker's data stands: the next macro-batch to train (None: the epoch is done)."""
-        unit, row = batch.start if batch is not None else (len(self._round_units), None)
+        unit, row = batch.start if batch is not None else (len(self._units_of(self._round)), None)
         return Position(epoch, unit, row, step, tokens=self.stats["tokens"], pairs=self.stats["pairs"],
                         loss=self.stats["loss"], round=self._round)
 
@@ -533,8 +539,7 @@ class Worker:
         done_before = (self.first_epoch_tokens + (epoch - 1) * self.tokens_per_epoch if epoch else 0) + start.tokens
         if self.token_path:
             self._hold(epoch, start.round)
-        self._round_units = self._units_of(start.round)
-        chunks = read_chunks(self._round_units, self.read_tokens, start.unit, start.row)
+        chunks = read_chunks(self._units_of(start.round), self.read_tokens, start.unit, start.row)
         if epoch == 0 and self.changed is not None:
             chunks = only_documents(chunks, self.changed)
         if self.num_blocks > 1:  # only the tokens of the block held, as its local rows
