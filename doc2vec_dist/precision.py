@@ -124,7 +124,8 @@ def _narrow_f16_stochastic(values: np.ndarray, rng: np.random.Generator) -> np.n
                 up = (draw[tiny] >> np.uint64(38)) < size[small][tiny] * np.float32(2.0 ** 48)
                 part[tiny] = np.where(up, sign * np.float16(2.0 ** -24), sign * np.float16(0))
             out[small] = part
-        if not np.isfinite(size.max()) or size.max() >= np.float32(65504):  # NaN, ±inf, and the edge of range
+        top = size.max(initial=0)
+        if not np.isfinite(top) or top >= np.float32(65504):  # NaN, ±inf, and the edge of range
             edge = ~np.isfinite(values) | (size >= np.float32(65504))
             out[edge] = values[edge].astype(np.float16)  # as a cast makes them (the largest finite stays)
     return out.reshape(shape)
