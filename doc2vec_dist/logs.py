@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 LOGGER = "doc2vec_dist"
 _interrupted = threading.Event()  # a Ctrl-C came while a command ran (command's latch)
+_pending: list[threading.Timer] = []  # Ctrl-Cs raised again by _interrupt_again, not yet fired
 
 
 class _Stderr(logging.StreamHandler):
@@ -70,6 +71,8 @@ def command(work: Callable[[], object]) -> int:
         return 130
     finally:
         sys.unraisablehook = hook
+        while _pending:  # a Ctrl-C raised again after the command ended would be a traceback, not "interrupted"
+            _pending.pop().cancel()
         if handler is not None:
             signal.signal(signal.SIGINT, handler)
     return 0
@@ -112,8 +115,13 @@ def _interrupt_again(hook, unraisable) -> None:
     goes on, and so did the command, to its end.
     """
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        # as if Ctrl-C came again, a moment later: a call made here would be handled inside this hook
-        threading.Timer(0.01, _thread.interrupt_main).start()
+        # noted at once, so that the command ends as interrupted even if the timer below fires only after
+        # its work is done (a loaded machine); then as if Ctrl-C came again, a moment later, to stop the
+        # work now: a call made here would be handled inside this hook
+        _interrupted.set()
+        again = threading.Timer(0.01, _thread.interrupt_main)
+        _pending.append(again)
+        again.start()
         return
     hook(unraisable)
 
