@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One command on the GPU machine that does the whole GPU check and leaves a table under $OUT.
+# Prepared here, so that the machine's few minutes go to measuring, not to typing.
+#
+#   here, once:   ../shared/gpu/pack.sh && cp benchmarks/gpu/*.sh .gpu/
+#                 (the pack: Ray, gensim and faiss for the device's Python 3.12, in .gpu/, which git ignores;
+#                 pack.sh copies its own starting-point check.sh there: this one replaces it)
+#   on the GPU machine:   bash .gpu/check.sh   (with .gpu/ carried along; allow it 480 s)
+#   here, to try it on the CPU first (small, no GPU; the venv active, whose Python is not 3.12, so the pack is not used):
+#       DEVICE=cpu USERS=20000 URLS=10000 BUDGET=300 SCALE_WORKERS="1 2" SCALE_THREADS="1 2" bash .gpu/check.sh
+#
+# Steps, each timed and each allowed to fail without stopping the others:
+#   1. install what .gpu/ carries (Ray, gensim, faiss), nvidia-smi
+#   2. generate USERS x URLS synthetic browsing logs and prepare them with a held-out split
+#   3. benchmarks/gpu_bench.py: one worker on the device against in-process servers, tokens/s per epoch, recall@10
+#   4. benchmarks/feed_rate.py --no-ray: the host side alone (no kernel), and with the kernel
+#   5. gensim on every core (corpus_file mode, its fastest) on the same corpus and settings
+#   6. benchmarks/scaling.py on every core: CPU workers W = 1, 2, 4, 8 and one worker with 1..16 threads beside gensim (issue 27)
+# Everything printed goes to $OUT/log too; figures go to $OUT/*.json and one table, $OUT/summary.md.
+set -u
+OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
+DEVICE=${DEVICE:-cuda} USERS=${USERS:-500000} URLS=${URLS:-250000} EPOCHS=${EPOCHS:-3} BUDGET=${BUDGET:-440}
+SCALE_WORKERS=${SCALE_WORKERS:-1 2 4 8} SCALE_THREADS=${SCALE_THREADS:-1 2 4 8 16}
+export PYTHONUNBUFFERED=1
+exec > >(tee -a "$OUT/log") 2>&1
+start=$SECONDS
+left() { echo $(( BUDGET - (SECONDS - start) )); }
+step() { echo; echo "=== $1 (t=$((SECONDS - start))s, $(left)s left)"; }
+summary() { echo "$1" >> "$OUT/summary.md"; }
+: > "$OUT/summary.md"
+summary "| step | result | seconds |"; summary "|---|---|---|"
+
+step "install"
+t=$SECONDS
+if [ -f .gpu/site.tar.xz ] && python3 -c "import sys; sys.exit(sys.version_info[:2] != (3, 12))"; then  # the pack is for 3.12 (the device); a CPU try uses its own venv
+  mkdir -p /tmp/site && tar -xJf .gpu/site.tar.xz -C /tmp/site \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/*.whl
+  export PYTHONPATH=$PWD:/tmp/site
+else
+  export PYTHONPATH=$PWD
+fi
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "no nvidia-smi"
+nproc; free -g | head -2
+summary "| install | $(python3 -c 'import ray, gensim, faiss; print("ray", ray.__version__, "gensim", gensim.__version__)' 2>&1 | tail -1) | $((SECONDS - t)) |"
+
+step "corpus: $USERS users x $URLS URLs"
+t=$SECONDS
+W=/tmp/gpu-check-work; rm -rf "$W"; mkdir -p "$W"
+python3 -m doc2vec_dist generate --users "$USERS" --urls "$URLS" --out "$W/gen" --seed 7 \
+  && python3 -m doc2vec_dist prepare "$W/gen" --out "$W/corpus" --time-col ts --holdout 0.1 --holdout-out "$W/heldout.parquet"
+rc=$?
+summary "| corpus | rc $rc, $(python3 -c "import json; c=json.load(open('$W/corpus/corpus.json')); print(c.get('num_docs', c.get('docs')), 'docs', c.get('num_tokens', c.get('tokens')), 'tokens')" 2>/dev/null) | $((SECONDS - t)) |"
+[ $rc = 0 ] || { echo "no corpus: stopping"; exit 1; }
+
+# gpu.yaml as it is on CUDA; with the CPU as the device (a trial run here), no GPU and this machine's CPUs
+CFG="$W/check.yaml"
+python3 - "$DEVICE" "$CFG" <<'PY'
+import sys, os, yaml
+cfg = yaml.safe_load(open("jobs/configs/gpu.yaml")) or {}
+if sys.argv[1] == "cpu":
+    cfg.update(gpus_per_worker=0, cpus_per_worker=min(os.cpu_count() or 1, int(cfg.get("cpus_per_worker", 1))))
+yaml.safe_dump(cfg, open(sys.argv[2], "w"))
+PY
+
+step "gpu_bench on $DEVICE, $EPOCHS epochs"
+t=$SECONDS
+timeout $(( $(left) > 60 ? $(left) / 2 : 30 )) python3 benchmarks/gpu_bench.py --corpus "$W/corpus" --heldout "$W/heldout.parquet" \
+  --device "$DEVICE" --epochs "$EPOCHS" --out "$W/model" --overwrite --json "$OUT/gpu_bench.json"
+rc=$?
+summary "| gpu_bench ($DEVICE) | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/gpu_bench.json')); print(f\"{r['tokens_per_second']/1e6:.2f}M tok/s overall, {r['last_epoch_tokens_per_second']/1e6:.2f}M last epoch, recall@10 {r.get('heldout',{}).get('model_recall@10','-')}\")" 2>/dev/null) | $((SECONDS - t)) |"
+
+step "host feed without Ray (no kernel, then the kernel)"
+t=$SECONDS
+timeout $(( $(left) > 60 ? $(left) / 3 : 30 )) python3 benchmarks/feed_rate.py --corpus "$W/corpus" --config "$CFG" --no-ray --json "$OUT/feed_rate.json"
+rc=$?
+summary "| feed_rate --no-ray | rc $rc; $(python3 -c "import json; print('; '.join(f\"kernel {x.get('kernel')}: {x['tokens_per_second']/1e6:.2f}M tok/s\" for x in json.load(open('$OUT/feed_rate.json'))['runs']))" 2>/dev/null) | $((SECONDS - t)) |"
+
+step "gensim, corpus_file, every core, 1 epoch"
+t=$SECONDS
+timeout $(( $(left) > 60 ? $(left) / 2 : 30 )) python3 -m doc2vec_dist baseline --corpus "$W/corpus" --out "$W/gensim" --gensim-mode corpus_file \
+  --mode dbow --dim 100 --negative 5 --epochs 1 --overwrite > "$OUT/gensim.log" 2>&1
+rc=$?; tail -3 "$OUT/gensim.log"
+summary "| gensim corpus_file, $(nproc) threads, 1 epoch | rc $rc; $(grep -o '[0-9.]*M tokens/s' "$OUT/gensim.log" | tail -1) | $((SECONDS - t)) |"
+
+step "scaling on every core: CPU workers W = $SCALE_WORKERS (block schedule), one worker with T = $SCALE_THREADS threads beside gensim"
+t=$SECONDS
+timeout $(( $(left) > 40 ? $(left) - 20 : 20 )) python3 benchmarks/scaling.py --corpus "$W/corpus" --workers $SCALE_WORKERS \
+  --threads $SCALE_THREADS --epochs 1 --num-ps 4 --workdir "$W/scaling" --json "$OUT/scaling.json"
+rc=$?
+summary "| scaling, $(nproc) cores, 1 epoch | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/scaling.json')); print('workers ' + ', '.join(f\"{x['workers']}: {x['tokens_per_second']/1e6:.2f}M ({x['efficiency']:.2f})\" for x in r['workers']) + '; threads ours/gensim ' + ', '.join(f\"{x['threads']}: {x['ours']['tokens_per_second']/1e6:.2f}M/{x.get('gensim',{}).get('tokens_per_second',0)/1e6:.2f}M\" for x in r['threads']))" 2>/dev/null) | $((SECONDS - t)) |"
+grep "\[scaling\]" "$OUT/log" | sed 's/^/    /' >> "$OUT/summary.md"
+echo; cat "$OUT/summary.md"
