@@ -25,6 +25,12 @@ for _name, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "
                       "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
     os.environ.setdefault(_name, _value)
 
+# A shell starts a background job (`pytest … &` in a script) with SIGINT ignored, and the commands the tests
+# start inherit that: every Ctrl-C test would then see its SIGINT do nothing. The tests are about our
+# handling of Ctrl-C, so the session and its children get Python's own.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture
 def logged(caplog, monkeypatch):
