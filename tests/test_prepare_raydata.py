@@ -56,3 +56,30 @@ def test_inputs_ray_data_does_not_read_run_as_ray_tasks(ray_cluster, tmp_path, l
     assert corpus.meta["engine"] == "tasks"
     said = [r.getMessage() for r in logged.records if r.levelno == logging.INFO and "--engine data" in r.getMessage()]
     assert said == ["prepare: --engine data: json input is read by Ray tasks; pass 2 runs as Ray tasks"]
+
+
+def test_files_of_no_rows_and_of_skipped_rows_through_ray_data(ray_cluster, tmp_path):
+    """Beside the sample: a CSV of a header alone, a CSV of a blank line, a Parquet file of no rows (none
+    of them empty, all of them skipped as empty files by pass 1, which Ray Data reads otherwise or not at
+    all), a CSV whose every row is skipped, and twelve small Parquet files given in reverse order of
+    their names, which Ray Data may read several to a task: the single process's corpus and skips."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    inputs = [SAMPLE_EVENTS]
+    for name, text in (("header.csv", "user_id,url,ts\n"), ("blank.csv", "\n"),
+                       ("skipped.csv", "user_id,url,ts\n,https://a.example/,1700000000\n,x,1700000001\n")):
+        (tmp_path / "in" / name).write_text(text)
+        inputs.append(str(tmp_path / "in" / name))
+    sample = pq.read_table(SAMPLE_EVENTS)
+    pq.write_table(sample.slice(0, 0), tmp_path / "in" / "none.parquet")
+    inputs.append(str(tmp_path / "in" / "none.parquet"))
+    for i in reversed(range(12)):  # given in reverse order of their names
+        path = str(tmp_path / "in" / f"small-{i:02d}.parquet")
+        pq.write_table(sample.slice(i * 50, 50).set_column(0, "user_id", pa.array([f"s{i % 5}-{j % 7}" for j in range(50)])),
+                       path)
+        inputs.append(path)
+    one, _ = _both(inputs, tmp_path, "edges", engine="data", time_col="ts", num_shards=2)
+    skipped = corpus_meta(one)["skipped"]
+    assert skipped["empty_files"] == 3 and skipped["null_keys"] == 2
