@@ -151,7 +151,7 @@ def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict) 
     with _running(s):
         segments = list(_segments(batch))
         if not segments:
-            return {"part": _objects([])}
+            return _table([])
         schema = s.spill_schema()
 
         def events():
@@ -162,14 +162,25 @@ def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict) 
                     yield passes.mapped(chunk, named[path], s, schema), chunk.rows
 
         spilled = passes.write_spill(os.path.join(s.spill_dir, f"data-{uuid.uuid4().hex}.arrow"), events(), s)
-        return {"part": _objects([_Part(named[segments[0][0]], named[segments[-1][0]], spilled)])}
+        return _table([_Part(named[segments[0][0]], named[segments[-1][0]], spilled)])
 
 
-def _objects(found: list) -> np.ndarray:
-    """A column of Python objects, as map_batches hands them on."""
-    column = np.empty(len(found), dtype=object)
-    column[:] = found
-    return column
+PART_SCHEMA = pa.schema([("first", pa.string()), ("last", pa.string()), ("spill", pa.string()),
+                         ("buckets", pa.list_(pa.int32())), ("rows", pa.int64())])
+
+
+def _table(parts: list[_Part]) -> pa.Table:
+    """Parts as map_batches hands them on: a table (a column of Python objects would be pickled, and
+    Ray Data says so in a warning for every block)."""
+    return pa.table({"first": [p.first for p in parts], "last": [p.last for p in parts],
+                     "spill": [p.result.path for p in parts], "buckets": [p.result.buckets for p in parts],
+                     "rows": [p.result.rows for p in parts]}, schema=PART_SCHEMA)
+
+
+def _from_table(table: pa.Table) -> Iterator[_Part]:
+    for row in table.to_pylist():
+        yield _Part(row["first"], row["last"], passes.Spilled(row["spill"], np.array(row["buckets"], np.int32),
+                                                              row["rows"]))
 
 
 def _reserving(fn, memory: int) -> dict:
@@ -222,10 +233,11 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
         ds, named = _dataset(files, s.opt, memory)
         mapped = ds.map_batches(fn, fn_kwargs={**fn_kwargs, "named": named}, batch_size=None,
                                 batch_format="pyarrow", **({"memory": int(memory)} if memory else {}))
-        batches = iter(mapped.iter_batches(batch_size=None, batch_format="pyarrow"))
+        # each block as soon as it is in (prefetching one would hold the one before it back)
+        batches = iter(mapped.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0))
         try:
             for batch in batches:
-                yield from batch.column("part").to_pylist()
+                yield from _from_table(batch)
         except Exception as e:  # a reading or writing error as itself, in one line (as RayTasks hands it)
             found = _cause(e)
             if found is None:

@@ -83,3 +83,47 @@ def test_files_of_no_rows_and_of_skipped_rows_through_ray_data(ray_cluster, tmp_
     one, _ = _both(inputs, tmp_path, "edges", engine="data", time_col="ts", num_shards=2)
     skipped = corpus_meta(one)["skipped"]
     assert skipped["empty_files"] == 3 and skipped["null_keys"] == 2
+
+
+def test_ray_data_calls_still_running_when_pass_2_stops_end_when_asked(ray_cluster, tmp_path):
+    """When pass 2 through Ray Data stops early (an error, Ctrl-C: its generator is closed), the calls
+    under way are asked to end through the stop file, as the Ray tasks are, and waited for: none is
+    left running (its marker, raydata._running) when the close returns."""
+    import os
+    import time
+
+    import numpy as np
+
+    from doc2vec_dist import passes, raydata, readers
+
+    s = passes.Settings(readers.Options("events", "user_id", "url", "ts"), str(tmp_path / "staging"))
+    os.makedirs(s.tmp)
+    files = [str(tmp_path / f"{name}.csv") for name in ("a", "b")]
+    for path in files:
+        with open(path, "w") as fh:
+            fh.write("user_id,url,ts\nu1,x,1700000000\n")
+
+    def call(batch, s, named):
+        with raydata._running(s):
+            paths = set(batch.column(raydata.PATH).to_pylist())
+            deadline = time.monotonic() + 60
+            if any(p.endswith("b.csv") for p in paths):
+                open(os.path.join(s.tmp, "started"), "w").close()
+            while any(p.endswith("b.csv") for p in paths) and time.monotonic() < deadline:  # b's runs until asked
+                try:
+                    s.go_on()
+                except passes.Stopped:
+                    open(os.path.join(s.tmp, "asked"), "w").close()
+                    raise
+                time.sleep(0.05)
+            return raydata._table([raydata._Part(named[paths.pop()], "", passes.Spilled("", np.zeros(0, np.int32)))])
+
+    parts = raydata._parts(files, s, call, {"s": s}, tasks=2)
+    assert next(parts).first == files[0]
+    while not os.path.exists(os.path.join(s.tmp, "started")):  # b's call under way
+        time.sleep(0.05)
+    started = time.monotonic()
+    parts.close()  # the caller stops early
+    assert time.monotonic() - started < 30
+    assert os.path.exists(os.path.join(s.tmp, "asked")) and os.path.exists(s.stop_path())
+    assert os.listdir(os.path.join(s.tmp, raydata.RUNNING)) == []
