@@ -356,7 +356,7 @@ def test_a_task_whose_process_dies_is_run_again_by_ray(generated, tmp_path, engi
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert (faults / "died").exists()  # a task did die
-    assert corpus_meta(str(tmp_path / "parallel"))["engine"] == engine
+    assert json.loads((tmp_path / "parallel" / "corpus.json").read_text())["engine"] == engine
     assert_same_corpus(single, str(tmp_path / "parallel"))
 
 
