@@ -312,6 +312,7 @@ class _Pass1:
     input_words: int = 0  # distinct tokens of the inputs
     known_words: int = 0  # of which the base knows (with a base)
     units: dict = dataclasses.field(default_factory=dict)  # each file's unit of numeric times (for Ray Data)
+    read_rows: set = dataclasses.field(default_factory=set)  # the files it read rows from (for Ray Data)
 
 
 def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, max_vocab: int | None, runner,
@@ -319,6 +320,7 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     counter, kinds, skips, notes, reads = TokenCounter(), TimeKinds(), Skips(), ReadNotes(), {}
     rows = events = key_bytes = null_tokens = empty_tokens = 0
     units: dict[str, str | None] = {}
+    read_rows: set[str] = set()
 
     def arrive(i, found):  # the counts merge in any order; what they weigh is freed at once
         if found.counts is not None:
@@ -329,6 +331,8 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
                          arrive, rows=lambda r: r.rows):
         _checked(blocks[i], found, kinds, s.opt)
         units[blocks[i].path] = found.unit or units.get(blocks[i].path)
+        if found.rows:
+            read_rows.add(blocks[i].path)
         rows += found.rows
         events += found.events
         key_bytes += found.key_bytes
@@ -370,7 +374,8 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     vocab = vocab.append_column("id", pa.array(np.arange(vocab.num_rows, dtype=np.int32)))
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
-    return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words, units),
+    return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words, units,
+                   read_rows),
             _next_units(blocks, reads))
 
 
@@ -393,10 +398,10 @@ def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_e
 def _pass2(parts: list, s: Settings, runner, progress, memory: int, data_files: list[str] | None = None,
            units: dict | None = None) -> list[passes.Spilled]:
     """The spills of the parts (blocks of the inputs, then a base's parts) in their order; data_files: the
-    inputs, read through Ray Data (raydata.spill) in place of the parts that are blocks."""
+    inputs that hold rows, read through Ray Data (raydata.spill) in place of the parts that are blocks."""
     first = []
     if data_files is not None:
-        first = raydata.spill(data_files, s, units, runner.tasks, progress)
+        first = raydata.spill(data_files, s, units, runner.tasks, progress, memory)
         parts = [p for p in parts if not isinstance(p, Block)]
     spills: list[passes.Spilled] = [None] * len(parts)
     for i, found in _run(runner, passes.spill, [(part, i, s) for i, part in enumerate(parts)], progress, memory,
@@ -706,7 +711,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         memory_line = task_memory_line(memory, runner.tasks, runners.largest_node_memory()) if memory else None
         parts = blocks + (found_base.parts(join) if s.base_rows else [])
         bar.start("partition")
-        spills = _pass2(parts, s, runner, bar, memory, files if data else None, p1.units)
+        spills = _pass2(parts, s, runner, bar, memory, [f for f in files if f in p1.read_rows] if data else None,
+                        p1.units)
         bar.start("shards")
         p3 = _pass3(spills, s, len(vocab_tokens), runner, bar, memory, p1.rows, found_base if found_base else None)
         if hold_tmp:

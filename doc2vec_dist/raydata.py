@@ -14,9 +14,13 @@ compression (events); JSON lines, text and compressed CSV stay Ray tasks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import itertools
 import os
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -27,13 +31,14 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from . import passes, storage
+from .errors import UserError
 from .readers import (
     CSV_JSON_BLOCK_BYTES,
+    PARQUET_BATCH_ROWS,
     BlockState,
     Options,
     _file_kind,
     _input,
-    _size,
     _strip_compression,
     batch_chunk,
 )
@@ -61,42 +66,49 @@ def _columns(opt: Options) -> list[str]:
     return [opt.doc_col, opt.token_col] + ([opt.time_col] if opt.time_col else [])
 
 
-def _dataset(files: list[str], opt: Options):
+def _dataset(files: list[str], opt: Options, memory: int):
     """The input files as one Ray Data dataset of their columns and the path of each row (a read of each
-    run of files of one kind, in input order), and the path Ray Data names each file by → the file
-    as prepare names it."""
+    run of files of one kind, one filesystem and, for Parquet, one type of each column, in input order),
+    and the path Ray Data names each file by → the file as prepare names it. Each read task reserves
+    `memory` bytes, as the map after it does (so that the two run as one task)."""
     import ray.data
 
     named, parts = {}, []
     columns = _columns(opt)
 
-    def like(f: str) -> tuple:  # a dataset has one schema: a file whose columns' types differ starts a new read
+    def like(f: str, fs) -> tuple:  # a dataset has one schema: a file whose columns' types differ starts a new read
         if _file_kind(f) != "parquet":
             return (_file_kind(f),)
         schema = pq.read_schema(_input(f, random_access=True))
         return ("parquet",) + tuple(str(schema.field(c).type) if c in schema.names else None for c in columns)
 
-    for (kind, *_), run in itertools.groupby(files, key=like):
-        inner = []
-        for f in run:
-            fs, path = storage.resolve(f)
-            inner.append(path)
-            named[path] = f
+    runs: list[tuple[tuple, object, list[str]]] = []  # (kind and types, filesystem, paths inside it)
+    for f in files:
+        fs, path = storage.resolve(f)
+        named[path] = f
+        key = like(f, fs)
+        if runs and runs[-1][0] == key and runs[-1][1].equals(fs):
+            runs[-1][2].append(path)
+        else:
+            runs.append((key, fs, [path]))
+    for (kind, *_), fs, inner in runs:
         if kind == "parquet":
-            parts.append(ray.data.read_parquet(inner, filesystem=fs, include_paths=True).select_columns(
-                columns + [PATH]))
+            parts.append(ray.data.read_parquet(inner, filesystem=fs, include_paths=True,
+                                               **_reserving(ray.data.read_parquet, memory)).select_columns(columns + [PATH]))
         else:
             parse = pcsv.ParseOptions(delimiter=opt.delimiter or ("\t" if kind == "tsv" else ","))
             convert = pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.binary() for c in columns},
                                           strings_can_be_null=True, null_values=[""])
             parts.append(ray.data.read_csv(inner, filesystem=fs, include_paths=True, parse_options=parse,
-                                           convert_options=convert,
+                                           convert_options=convert, **_reserving(ray.data.read_csv, memory),
                                            read_options=pcsv.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)))
     return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0], named
 
 
 def _segments(batch: pa.Table) -> Iterator[tuple[str, pa.Table]]:
     """A block's rows file by file (a block may hold the end of one file and the start of the next)."""
+    if batch.num_rows == 0:
+        return
     paths = pc.dictionary_encode(batch.column(PATH).combine_chunks())
     codes = paths.indices.to_numpy()
     starts = np.concatenate([[0], np.flatnonzero(np.diff(codes)) + 1, [len(codes)]])
@@ -106,37 +118,107 @@ def _segments(batch: pa.Table) -> Iterator[tuple[str, pa.Table]]:
 
 @dataclasses.dataclass
 class _Part:
-    """What a block did with the rows of one file."""
+    """What map_batches made of one block: its spill, and the first and last file of its rows (prepare's
+    names), by which the driver checks that the blocks came in input order."""
 
-    path: str               # the file, as prepare names it
+    first: str
+    last: str
     result: passes.Spilled
 
 
-def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict) -> dict:
-    """map_batches' pass 2: each file's rows of the block mapped by passes.mapped into a spill file."""
-    found = []
-    schema = s.spill_schema()
-    for path, rows in _segments(batch):
+RUNNING = "running"  # the staging directory's folder of markers of the map calls under way (_running)
+
+
+@contextlib.contextmanager
+def _running(s: passes.Settings) -> Iterator[None]:
+    """A marker file for the length of one map call, named by its host and process, so that a stopping
+    driver can wait until no call still writes (_wait_running). The stop file is checked after the
+    marker is made: a call that the driver's wait did not see stops before writing anything."""
+    marker = os.path.join(s.tmp, RUNNING, f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
+    open(marker, "x").close()
+    try:
         s.go_on()
-        chunk = batch_chunk(rows, named[path], 0, s.opt, BlockState(units.get(named[path])))
-        spilled = passes.write_spill(os.path.join(s.spill_dir, f"data-{uuid.uuid4().hex}.arrow"),
-                                     [(passes.mapped(chunk, named[path], s, schema), chunk.rows)], s)
-        found.append(_Part(named[path], spilled))
-    return {"part": _objects(found)}
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker)
 
 
-def _objects(found: list) -> np.ndarray:
-    """A column of Python objects, as map_batches hands them on."""
-    column = np.empty(len(found), dtype=object)
-    column[:] = found
-    return column
+def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict) -> dict:
+    """map_batches' pass 2: a block's events, file by file, in slices of the rows a task's read hands
+    (readers.PARQUET_BATCH_ROWS), mapped by passes.mapped into one spill file (passes.write_spill)."""
+    passes._fault_once(s)
+    with _running(s):
+        segments = list(_segments(batch))
+        if not segments:
+            return _table([])
+        schema = s.spill_schema()
+
+        def events():
+            for path, rows in segments:
+                state = BlockState(units.get(named[path]))
+                for start in range(0, rows.num_rows, PARQUET_BATCH_ROWS):
+                    chunk = batch_chunk(rows.slice(start, PARQUET_BATCH_ROWS), named[path], 0, s.opt, state)
+                    yield passes.mapped(chunk, named[path], s, schema), chunk.rows
+
+        spilled = passes.write_spill(os.path.join(s.spill_dir, f"data-{uuid.uuid4().hex}.arrow"), events(), s)
+        return _table([_Part(named[segments[0][0]], named[segments[-1][0]], spilled)])
 
 
-def _parts(files: list[str], opt: Options, fn, fn_kwargs: dict, tasks: int) -> Iterator[_Part]:
+PART_SCHEMA = pa.schema([("first", pa.string()), ("last", pa.string()), ("spill", pa.string()),
+                         ("buckets", pa.list_(pa.int32())), ("rows", pa.int64())])
+
+
+def _table(parts: list[_Part]) -> pa.Table:
+    """Parts as map_batches hands them on: a table (a column of Python objects would be pickled, and
+    Ray Data says so in a warning for every block)."""
+    return pa.table({"first": [p.first for p in parts], "last": [p.last for p in parts],
+                     "spill": [p.result.path for p in parts], "buckets": [p.result.buckets for p in parts],
+                     "rows": [p.result.rows for p in parts]}, schema=PART_SCHEMA)
+
+
+def _from_table(table: pa.Table) -> Iterator[_Part]:
+    for row in table.to_pylist():
+        yield _Part(row["first"], row["last"], passes.Spilled(row["spill"], np.array(row["buckets"], np.int32),
+                                                              row["rows"]))
+
+
+def _reserving(fn, memory: int) -> dict:
+    """fn's arguments that have each of its tasks reserve `memory` bytes (a named parameter of Ray Data's
+    reads since ray_remote_args was deprecated, that dict before). A task whose process dies is retried
+    by Ray Data's own default (max_retries -1: until it ends), as the Ray tasks are retried."""
+    if not memory:
+        return {}
+    if "memory" in inspect.signature(fn).parameters:
+        return {"memory": int(memory)}
+    return {"ray_remote_args": {"memory": int(memory)}}
+
+
+def _cause(exc: BaseException) -> BaseException | None:
+    """What a map call raised (a UserError, an OSError, Stopped), found inside Ray's wrappers."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (UserError, OSError, passes.Stopped)):
+            return exc
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    return None
+
+
+def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int, memory: int = 0) -> Iterator[_Part]:
     """fn(block, named=..., **fn_kwargs) over every block of the files' dataset (_dataset), `tasks` at a
-    time, each block's parts in input order."""
+    time, each block's parts in input order.
+
+    Stopped early (an error, Ctrl-C: the caller closes this generator), it does what RayTasks does: it
+    asks the calls under way to end (the stop file, which fn checks between batches), ends the
+    execution (Ray Data stops starting tasks and interrupts those running) and waits, at most
+    RayTasks.STOP_SECONDS, until no call is still writing (_wait_running), so that the staging
+    directory can then be removed whole."""
     import ray.data
 
+    from .runners import RayTasks
+
+    os.makedirs(os.path.join(s.tmp, RUNNING), exist_ok=True)
     ctx = ray.data.DataContext.get_current()
     options = ctx.execution_options
     before = (options.preserve_order, options.resource_limits, ctx.enable_progress_bars)
@@ -145,27 +227,81 @@ def _parts(files: list[str], opt: Options, fn, fn_kwargs: dict, tasks: int) -> I
     # running in the read's task (operator fusion), and each block would pass through the object store
     options.resource_limits = ray.data.ExecutionResources(cpu=tasks)
     ctx.enable_progress_bars = False
+    finished = False
+    batches = None
     try:  # (a dataset takes the context as it is when it is made)
-        ds, named = _dataset(files, opt)
-        mapped = ds.map_batches(fn, fn_kwargs={**fn_kwargs, "named": named}, batch_size=None, batch_format="pyarrow")
-        for batch in mapped.iter_batches(batch_size=None, batch_format="pyarrow"):
-            yield from batch.column("part").to_pylist()
+        ds, named = _dataset(files, s.opt, memory)
+        mapped = ds.map_batches(fn, fn_kwargs={**fn_kwargs, "named": named}, batch_size=None,
+                                batch_format="pyarrow", **({"memory": int(memory)} if memory else {}))
+        # each block as soon as it is in (prefetching one would hold the one before it back)
+        batches = iter(mapped.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0))
+        try:
+            for batch in batches:
+                yield from _from_table(batch)
+        except Exception as e:  # a reading or writing error as itself, in one line (as RayTasks hands it)
+            found = _cause(e)
+            if found is None:
+                raise
+            raise found from None
+        finished = True
     finally:
         options.preserve_order, options.resource_limits, ctx.enable_progress_bars = before
+        if not finished:
+            with contextlib.suppress(OSError):  # the staging directory gone: nothing is left to stop
+                open(s.stop_path(), "a").close()
+            if batches is not None and hasattr(batches, "close"):
+                batches.close()  # Ray Data ends the execution
+            _wait_running(os.path.join(s.tmp, RUNNING), RayTasks.STOP_SECONDS)
 
 
-def spill(files: list[str], s: passes.Settings, units: dict, tasks: int, progress=None) -> list[passes.Spilled]:
-    """Pass 2 through Ray Data: each block's events of each file mapped and spilled (passes.write_spill),
-    the spills in input order; `units`: each file's unit of numeric times, as pass 1 found it. Empty
-    files are left out (Ray Data cannot read an empty Parquet file; pass 1 counted them)."""
-    sized = [f for f in files if _size(f)]
-    if not sized:
+def _wait_running(folder: str, seconds: float) -> None:
+    """Wait until the markers in `folder` (_running) are gone, or are of processes of this host that
+    have died (a killed process writes nothing more), at most `seconds`."""
+    host, deadline = socket.gethostname(), time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        alive = []
+        for name in names:
+            where, pid, _ = name.rsplit("-", 2)
+            if where != host or _alive(int(pid)):
+                alive.append(name)
+        if not alive:
+            return
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def spill(files: list[str], s: passes.Settings, units: dict, tasks: int, progress=None,
+          memory: int = 0) -> list[passes.Spilled]:
+    """Pass 2 through Ray Data: each block's events mapped and spilled (passes.write_spill), one spill file
+    a block, the spills in input order; `files`: the inputs that pass 1 read rows from (a file of no rows,
+    whose CSV header or Parquet schema is all it holds, if even that, Ray Data reads otherwise or not at
+    all); `units`: each file's unit of numeric times, as pass 1 found it; each task reserves `memory`."""
+    if not files:
         return []
-    order = {path: i for i, path in enumerate(sized)}
+    order = {f: i for i, f in enumerate(files)}
     found = []
-    for part in _parts(sized, s.opt, _spill_block, {"s": s, "units": units}, tasks):
+    for part in _parts(files, s, _spill_block, {"s": s, "units": units}, tasks, memory):
         if progress is not None:
             progress.update(part.result.rows)
         found.append(part)
-    # Ray Data hands the blocks in input order; sorted (stably) by file all the same, as pass 3 needs them so
-    return [p.result for p in sorted(found, key=lambda p: order[p.path])]
+    # Each read hands its blocks in order, but a union of reads (files whose columns' types differ) may
+    # interleave them: sorted (stably) by their first file, the order pass 3 numbers documents in, and
+    # checked, so that a read that reordered its files could never give another corpus silently
+    found.sort(key=lambda p: order[p.first])
+    for before, after in itertools.pairwise(found):
+        if order[after.first] < order[before.last]:
+            raise RuntimeError(f"Ray Data handed rows of {after.first} and of {before.last} out of input order")
+    return [p.result for p in found]

@@ -343,23 +343,28 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 
 
-def test_a_task_whose_process_dies_is_run_again_by_ray(generated, tmp_path):
-    """The first spill task kills its own process (passes.FAULT_ENV), as a lost machine would: Ray runs
-    it again, and the corpus is the single process's. Its own local Ray, whose workers see the hook."""
+@pytest.mark.parametrize("engine", ["tasks", "data"])
+def test_a_task_whose_process_dies_is_run_again_by_ray(generated, tmp_path, engine):
+    """The first spill task (engine data: the first Ray Data task of pass 2) kills its own process
+    (passes.FAULT_ENV), as a lost machine would: Ray runs it again, and the corpus is the single
+    process's. Its own local Ray, whose workers see the hook."""
     faults = tmp_path / "faults"
     faults.mkdir()
     single = prepare([generated], str(tmp_path / "single"), PrepareConfig(time_col="ts"), progress=False).path
     proc = _cli(generated, "--out", str(tmp_path / "parallel"), "--time-col", "ts", "--parallel", "2",
-                env={passes.FAULT_ENV: str(faults)})
+                "--engine", engine, env={passes.FAULT_ENV: str(faults)})
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert (faults / "died").exists()  # a task did die
+    assert json.loads((tmp_path / "parallel" / "corpus.json").read_text())["engine"] == engine
     assert_same_corpus(single, str(tmp_path / "parallel"))
 
 
-def test_ctrl_c_during_a_parallel_prepare_leaves_nothing(generated, tmp_path, interrupt_when):
+@pytest.mark.parametrize("engine", ["tasks", "data"])
+def test_ctrl_c_during_a_parallel_prepare_leaves_nothing(generated, tmp_path, interrupt_when, engine):
     out = tmp_path / "corpus"
-    proc = _cli(generated, "--out", str(out), "--time-col", "ts", "--parallel", "2", "--memory-budget-bytes", "100000")
+    proc = _cli(generated, "--out", str(out), "--time-col", "ts", "--parallel", "2", "--memory-budget-bytes", "100000",
+                "--engine", engine)
 
     def spilling() -> bool:  # pass 2 under way: a spill file in the staging folder
         return any(os.path.isdir(os.path.join(tmp_path, d, "spill")) and os.listdir(os.path.join(tmp_path, d, "spill"))

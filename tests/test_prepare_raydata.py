@@ -56,3 +56,74 @@ def test_inputs_ray_data_does_not_read_run_as_ray_tasks(ray_cluster, tmp_path, l
     assert corpus.meta["engine"] == "tasks"
     said = [r.getMessage() for r in logged.records if r.levelno == logging.INFO and "--engine data" in r.getMessage()]
     assert said == ["prepare: --engine data: json input is read by Ray tasks; pass 2 runs as Ray tasks"]
+
+
+def test_files_of_no_rows_and_of_skipped_rows_through_ray_data(ray_cluster, tmp_path):
+    """Beside the sample: a CSV of a header alone, a CSV of a blank line, a Parquet file of no rows (none
+    of them empty, all of them skipped as empty files by pass 1, which Ray Data reads otherwise or not at
+    all), a CSV whose every row is skipped, and twelve small Parquet files given in reverse order of
+    their names, which Ray Data may read several to a task: the single process's corpus and skips."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    inputs = [SAMPLE_EVENTS]
+    for name, text in (("header.csv", "user_id,url,ts\n"), ("blank.csv", "\n"),
+                       ("skipped.csv", "user_id,url,ts\n,https://a.example/,1700000000\n,x,1700000001\n")):
+        (tmp_path / "in" / name).write_text(text)
+        inputs.append(str(tmp_path / "in" / name))
+    sample = pq.read_table(SAMPLE_EVENTS)
+    pq.write_table(sample.slice(0, 0), tmp_path / "in" / "none.parquet")
+    inputs.append(str(tmp_path / "in" / "none.parquet"))
+    for i in reversed(range(12)):  # given in reverse order of their names
+        path = str(tmp_path / "in" / f"small-{i:02d}.parquet")
+        pq.write_table(sample.slice(i * 50, 50).set_column(0, "user_id", pa.array([f"s{i % 5}-{j % 7}" for j in range(50)])),
+                       path)
+        inputs.append(path)
+    one, _ = _both(inputs, tmp_path, "edges", engine="data", time_col="ts", num_shards=2)
+    skipped = corpus_meta(one)["skipped"]
+    assert skipped["empty_files"] == 3 and skipped["null_keys"] == 2
+
+
+def test_ray_data_calls_still_running_when_pass_2_stops_end_when_asked(ray_cluster, tmp_path):
+    """When pass 2 through Ray Data stops early (an error, Ctrl-C: its generator is closed), the calls
+    under way are asked to end through the stop file, as the Ray tasks are, and waited for: none is
+    left running (its marker, raydata._running) when the close returns."""
+    import os
+    import time
+
+    import numpy as np
+
+    from doc2vec_dist import passes, raydata, readers
+
+    s = passes.Settings(readers.Options("events", "user_id", "url", "ts"), str(tmp_path / "staging"))
+    os.makedirs(s.tmp)
+    files = [str(tmp_path / f"{name}.csv") for name in ("a", "b")]
+    for path in files:
+        with open(path, "w") as fh:
+            fh.write("user_id,url,ts\nu1,x,1700000000\n")
+
+    def call(batch, s, named):
+        with raydata._running(s):
+            paths = set(batch.column(raydata.PATH).to_pylist())
+            deadline = time.monotonic() + 60
+            if any(p.endswith("b.csv") for p in paths):
+                open(os.path.join(s.tmp, "started"), "w").close()
+            while any(p.endswith("b.csv") for p in paths) and time.monotonic() < deadline:  # b's runs until asked
+                try:
+                    s.go_on()
+                except passes.Stopped:
+                    open(os.path.join(s.tmp, "asked"), "w").close()
+                    raise
+                time.sleep(0.05)
+            return raydata._table([raydata._Part(named[paths.pop()], "", passes.Spilled("", np.zeros(0, np.int32)))])
+
+    parts = raydata._parts(files, s, call, {"s": s}, tasks=2)
+    assert next(parts).first == files[0]
+    while not os.path.exists(os.path.join(s.tmp, "started")):  # b's call under way
+        time.sleep(0.05)
+    started = time.monotonic()
+    parts.close()  # the caller stops early
+    assert time.monotonic() - started < 30
+    assert os.path.exists(os.path.join(s.tmp, "asked")) and os.path.exists(s.stop_path())
+    assert os.listdir(os.path.join(s.tmp, raydata.RUNNING)) == []
