@@ -22,6 +22,7 @@ import os
 import socket
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -183,10 +184,19 @@ def _from_table(table: pa.Table) -> Iterator[_Part]:
                                                               row["rows"]))
 
 
+def _retries() -> dict:
+    """map_batches' remote arguments beside its named ones: a task whose process dies is run again at most
+    TASK_RETRIES times (Ray Data's default retries it without end). Ray 2.60 has no named parameter for it and
+    calls both ways to pass it deprecated, to be removed in 2.64; DataContext.max_map_retries counts only the
+    exceptions a task raises, not a process that dies."""
+    from .runners import RayTasks
+
+    return {"max_retries": RayTasks.TASK_RETRIES}
+
+
 def _reserving(fn, memory: int) -> dict:
     """fn's arguments that have each of its tasks reserve `memory` bytes (a named parameter of Ray Data's
-    reads since ray_remote_args was deprecated, that dict before). A task whose process dies is retried
-    by Ray Data's own default (max_retries -1: until it ends), as the Ray tasks are retried."""
+    reads since ray_remote_args was deprecated, that dict before)."""
     if not memory:
         return {}
     if "memory" in inspect.signature(fn).parameters:
@@ -216,7 +226,7 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
     directory can then be removed whole."""
     import ray.data
 
-    from .runners import RayTasks
+    from .runners import RayTasks, died
 
     os.makedirs(os.path.join(s.tmp, RUNNING), exist_ok=True)
     ctx = ray.data.DataContext.get_current()
@@ -231,8 +241,13 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
     batches = None
     try:  # (a dataset takes the context as it is when it is made)
         ds, named = _dataset(files, s.opt, memory)
-        mapped = ds.map_batches(fn, fn_kwargs={**fn_kwargs, "named": named}, batch_size=None,
-                                batch_format="pyarrow", **({"memory": int(memory)} if memory else {}))
+        # a task whose process dies is run again as the Ray tasks are, at most TASK_RETRIES times (Ray Data's
+        # own default retries it without end: a task killed for memory every time would never stop the run)
+        with warnings.catch_warnings():  # (the cap has no other spelling in Ray 2.60; see _retries)
+            warnings.filterwarnings("ignore", message=".*ray_remote_args_fn.*deprecated")
+            mapped = ds.map_batches(fn, fn_kwargs={**fn_kwargs, "named": named}, batch_size=None,
+                                    batch_format="pyarrow", ray_remote_args_fn=_retries,
+                                    **({"memory": int(memory)} if memory else {}))
         # each block as soon as it is in (prefetching one would hold the one before it back)
         batches = iter(mapped.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0))
         try:
@@ -240,6 +255,8 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
                 yield from _from_table(batch)
         except Exception as e:  # a reading or writing error as itself, in one line (as RayTasks hands it)
             found = _cause(e)
+            if isinstance(e, (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError)):
+                found = died(e, RayTasks.TASK_RETRIES)
             if found is None:
                 raise
             raise found from None

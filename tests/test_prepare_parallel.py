@@ -361,6 +361,25 @@ def test_a_task_whose_process_dies_is_run_again_by_ray(generated, tmp_path, engi
 
 
 @pytest.mark.parametrize("engine", ["tasks", "data"])
+def test_a_task_that_dies_every_time_stops_prepare_after_its_retries(generated, tmp_path, engine):
+    """A spill task whose process always dies (killed for memory on every node, say) is retried a bounded
+    number of times, then prepare ends with one error line and leaves nothing: it never retries forever."""
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "always").touch()
+    out = tmp_path / "parallel"
+    proc = _cli(generated, "--out", str(out), "--time-col", "ts", "--parallel", "2", "--engine", engine,
+                env={passes.FAULT_ENV: str(faults)})
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode not in (0, 130), err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: a task's process died 4 times"), err[-3000:]
+    if engine == "tasks":  # (Ray Data logs its own execution's failure, with its stack, before the line)
+        assert "Traceback" not in err, err[-3000:]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("engine", ["tasks", "data"])
 def test_ctrl_c_during_a_parallel_prepare_leaves_nothing(generated, tmp_path, interrupt_when, engine):
     out = tmp_path / "corpus"
     proc = _cli(generated, "--out", str(out), "--time-col", "ts", "--parallel", "2", "--memory-budget-bytes", "100000",
