@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Iterator
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
@@ -254,9 +255,7 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
             for batch in batches:
                 yield from _from_table(batch)
         except Exception as e:  # a reading or writing error as itself, in one line (as RayTasks hands it)
-            found = _cause(e)
-            if isinstance(e, (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError)):
-                found = died(e, RayTasks.TASK_RETRIES)
+            found = died(e, RayTasks.TASK_RETRIES) or _cause(e)
             if found is None:
                 raise
             raise found from None
@@ -283,21 +282,11 @@ def _wait_running(folder: str, seconds: float) -> None:
         alive = []
         for name in names:
             where, pid, _ = name.rsplit("-", 2)
-            if where != host or _alive(int(pid)):
+            if where != host or psutil.pid_exists(int(pid)):
                 alive.append(name)
         if not alive:
             return
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def spill(files: list[str], s: passes.Settings, units: dict, tasks: int, progress=None,

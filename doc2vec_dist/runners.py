@@ -127,8 +127,11 @@ class RayTasks:
                     result = ray.get(done[0])
                 except ray.exceptions.RayTaskError as exc:  # a reading or writing error as itself, in one line
                     result = exc.cause if isinstance(exc.cause, (UserError, OSError)) else exc
-                except (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError) as exc:
-                    raise died(exc, self.TASK_RETRIES) from None
+                except ray.exceptions.RayError as exc:  # its process died on every try: one line, not Ray's traceback
+                    line = died(exc, self.TASK_RETRIES)
+                    if line is None:
+                        raise
+                    raise line from None
                 yield i, result
         finally:
             self._stop(list(running))
@@ -150,9 +153,13 @@ class RayTasks:
         _kill(refs)
 
 
-def died(exc: BaseException, retries: int) -> UserError:
+def died(exc: BaseException, retries: int) -> UserError | None:
     """One line for a task whose process died on every one of its tries (Ray's out-of-memory killer, a node
-    lost each time), which Ray reports with a traceback of the driver's."""
+    lost each time), which Ray reports with a traceback of the driver's; None for any other error."""
+    import ray
+
+    if not isinstance(exc, (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError)):
+        return None
     why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return UserError(f"a task's process died {retries + 1} times, so prepare stopped and wrote nothing to --out "
                      f"({type(exc).__name__}: {why}); if Ray's memory monitor killed it, give the nodes more memory "
