@@ -185,7 +185,9 @@ def test_ctrl_c_ends_a_run_waiting_on_a_worker_that_stopped_answering(sample_cor
         if not frozen:
             for child in psutil.Process(proc.pid).children(recursive=True):
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                    if child.cmdline()[0].startswith("ray::") and child.status() == psutil.STATUS_STOPPED:
+                    # a process starting or ending has no command line yet (or no more): [], not ours
+                    title = child.cmdline()[:1]
+                    if title and title[0].startswith("ray::") and child.status() == psutil.STATUS_STOPPED:
                         frozen.append(child)
                         seen.append(time.monotonic())
         return bool(seen) and time.monotonic() - seen[0] > 2  # the driver has waited on it a while
