@@ -2,6 +2,7 @@
 
     python benchmarks/network_benchmark.py --corpus CORPUS --gbps 0 10 1 0.1 --workers 1 2 --epochs 2
     python benchmarks/network_benchmark.py --corpus CORPUS --gbps 1 --workers 1 --epochs 1 --json net.json
+    python benchmarks/network_benchmark.py --corpus CORPUS --gbps 0 0.1 --workers 1 --dtypes float32 bfloat16
 
 For each worker count W, one cluster of network namespaces (benchmarks/netcluster.py): the head, two `ps`
 nodes holding one parameter server each, and W `trainer` nodes holding one worker each, every node
@@ -63,14 +64,15 @@ def planned(corpus_path: str, config: TrainConfig, workers: int, gbps: float) ->
 def train_args(corpus: str, out: str, config: TrainConfig, workers: int, cpus: int) -> list[str]:
     return ["python", "-m", "doc2vec_dist", "train", "--corpus", corpus, "--out", out, "--no-progress",
             "--epochs", str(config.epochs), "--num-ps", str(config.num_ps), "--num-workers", str(workers),
-            "--cpus-per-worker", str(cpus), "--seed", str(config.seed), "--checkpoint-every", "0"]
+            "--cpus-per-worker", str(cpus), "--seed", str(config.seed), "--checkpoint-every", "0",
+            "--dtype", config.dtype]
 
 
 def run_one(cluster: netcluster.NetCluster, corpus: str, work: str, config: TrainConfig, workers: int, cpus: int,
             gbps: float, label: str = "") -> dict:
     for node in cluster.nodes:
         cluster.cap(node.name, gbps or None)
-    label = label or f"w{workers}-{gbps:g}"
+    label = label or f"w{workers}-{config.dtype}-{gbps:g}"
     out, log_path = os.path.join(work, f"model-{label}"), os.path.join(work, f"job-{label}.log")
     before = cluster.counters()
     t0 = time.monotonic()
@@ -88,7 +90,7 @@ def run_one(cluster: netcluster.NetCluster, corpus: str, work: str, config: Trai
         return sum(t["tx_bytes"] + t["rx_bytes"] for name, t in moved.items() if role in cluster.node(name).roles)
 
     plan = planned(corpus, config, workers, gbps)
-    return {"workers": workers, "gbps": gbps, "tokens": tokens, "tokens_per_second": s["tokens_per_second"],
+    return {"workers": workers, "dtype": config.dtype, "gbps": gbps, "tokens": tokens, "tokens_per_second": s["tokens_per_second"],
             "train_seconds": s["train_seconds"], "job_seconds": wall,
             "engine_bytes_per_token": sum(s["bytes"].values()) / tokens,
             "trainer_link_bytes_per_token": link_bytes("trainer") / tokens,
@@ -104,7 +106,8 @@ def expected(rows: list[dict]) -> None:
     from doc2vec_dist.plan import expected_rate
 
     for row in rows:
-        free = [r["tokens_per_second"] for r in rows if r["workers"] == row["workers"] and not r["gbps"]]
+        free = [r["tokens_per_second"] for r in rows
+                if r["workers"] == row["workers"] and r["dtype"] == row["dtype"] and not r["gbps"]]
         if row["gbps"] and row["planned_network"]:
             rates = {"compute": free[0] if free else None, "servers": None, "network": row["planned_network"]}
             row["expected"], row["bound"] = expected_rate(rates, row["planned_bytes"],
@@ -118,16 +121,16 @@ def report(r: dict) -> str:
              "added delay (netem does not exist here)" + (f"; gensim corpus_file {g['threads']} thread(s) "
                                                           f"{g['tokens_per_second'] / 1e6:.3f}M tokens/s" if g else ""),
              "",
-             ("| workers | link | tokens/s | vs gensim | engine B/token | trainer links B/token | ps links B/token "
+             ("| workers | dtype | link | tokens/s | vs gensim | engine B/token | trainer links B/token | ps links B/token "
              "| plan B/token | plan network bound | expected (bound) | measured/expected |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["runs"]:
         link = f"{row['gbps']:g} Gbit/s" if row["gbps"] else "uncapped"
         ratio = f"{row['tokens_per_second'] / g['tokens_per_second']:.2f}×" if g else "-"
         bound = f"{row['planned_network'] / 1e6:.3f}M" if row["planned_network"] else "-"
         want = (f"{row['expected'] / 1e6:.3f}M ({row['bound']}) | {row['measured_over_expected']:.2f}"
                 if row.get("expected") else "- | -")
-        lines.append(f"| {row['workers']} | {link} | {row['tokens_per_second'] / 1e6:.3f}M | {ratio} "
+        lines.append(f"| {row['workers']} | {row['dtype']} | {link} | {row['tokens_per_second'] / 1e6:.3f}M | {ratio} "
                      f"| {row['engine_bytes_per_token']:.1f} | {row['trainer_link_bytes_per_token']:.1f} "
                      f"| {row['ps_link_bytes_per_token']:.1f} | {row['planned_bytes_per_token']:.1f} | {bound} "
                      f"| {want} |")
@@ -147,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--num-ps", type=int, default=2, help="parameter servers, one `ps` node each (default: 2)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"],
+                    help="the tables' dtypes, each run at every rate in the same cluster (default: float32)")
     ap.add_argument("--no-gensim", action="store_true")
     ap.add_argument("--no-warmup", action="store_true",
                     help="time from the cluster's first job (by default a one-epoch job runs first, untimed: numba "
@@ -180,10 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
             if not args.no_warmup:  # numba compiles its kernels in each new cluster's copy of the code: not timed
                 warm = os.path.abspath(args.warmup_corpus or corpus)
                 run_one(cluster, warm, work, dataclasses.replace(config, epochs=1), w, cpus, 0, f"warmup-w{w}")
-            for gbps in args.gbps:
-                row = run_one(cluster, corpus, work, config, w, cpus, gbps)
+            for gbps, dtype in ((g, d) for g in args.gbps for d in args.dtypes):  # the dtypes interleaved
+                row = run_one(cluster, corpus, work, dataclasses.replace(config, dtype=dtype), w, cpus, gbps)
                 result["runs"].append(row)
-                print(f"[network] {w} worker(s), " + (f"{gbps:g} Gbit/s" if gbps else "uncapped") + ": "
+                print(f"[network] {w} worker(s), {dtype}, " + (f"{gbps:g} Gbit/s" if gbps else "uncapped") + ": "
                       f"{row['tokens_per_second'] / 1e6:.3f}M tokens/s, {row['trainer_link_bytes_per_token']:.1f} "
                       "B/token on the trainer links", file=sys.stderr, flush=True)
     if not args.no_gensim:
