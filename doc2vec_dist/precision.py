@@ -113,6 +113,45 @@ def _bf16_stochastic(bits: np.ndarray, key: np.uint64) -> np.ndarray:
     return out
 
 
+@numba.njit(nogil=True, cache=True)
+def _bf16_add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray, dim: int, key: np.uint64,
+                   stochastic: bool) -> None:
+    # table[ids, :dim] += delta[:, :dim] in bfloat16 bits, each sum narrowed as _narrow_bf16 does it
+    # (the same bits: value k of the [n, dim] block draws at position k), ids distinct
+    wide = np.empty(dim, np.float32)
+    bits = wide.view(np.uint32)
+    for i in range(ids.size):
+        row = ids[i]
+        for j in range(dim):
+            bits[j] = np.uint32(table[row, j]) << np.uint32(16)
+            wide[j] += delta[i, j]
+            b = np.uint64(bits[j])
+            if b & np.uint64(0x7FFFFFFF) > np.uint64(0x7F800000):
+                table[row, j] = ((b >> np.uint64(16)) & np.uint64(0x8000)) | np.uint64(0x7FC0)
+            elif stochastic:
+                table[row, j] = (b + (_hash(key, i * dim + j) >> np.uint64(48))) >> np.uint64(16)
+            else:
+                table[row, j] = (b + np.uint64(0x7FFF) + ((b >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+
+
+def add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray, dtype: str, dim: int,
+             rng: np.random.Generator | None = None) -> None:
+    """table[ids] += delta for stored 16-bit rows and float32 `delta` rows [n, dim + state], ids
+    distinct: the vectors widened, added and narrowed back as narrow_rows does (the same bits for the
+    same `rng`), the state added in float32. bfloat16 in one compiled pass over the rows, without the
+    temporaries of gathering, widening, adding, narrowing and scattering in turn."""
+    if dtype == "bfloat16":
+        _bf16_add_rows(table, ids, np.ascontiguousarray(delta, dtype=np.float32), dim,
+                       _key(rng) if rng is not None else np.uint64(0), rng is not None)
+        if delta.shape[1] > dim:
+            state = state_view(table, dtype, dim)
+            state[ids] += delta[:, dim:]
+        return
+    rows = widen_rows(table[ids], dtype, dim)
+    rows += delta
+    table[ids] = narrow_rows(rows, dtype, dim, rng)
+
+
 def _narrow_bf16(values: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
     bits = np.ascontiguousarray(values).view(np.uint32)
     if rng is not None:

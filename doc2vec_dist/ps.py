@@ -239,12 +239,10 @@ class ParameterServer:
             summed = np.zeros((len(ids), delta.shape[1]), dtype=np.float32)
             np.add.at(summed, inverse, delta)
             delta = summed
-        rows = precision.widen_rows(table[ids], self.dtype, dim)
-        rows += delta
         rng = None
         if self.rounding == "stochastic":
             rng = precision.rng_of(self.seed, 0, self.shard, self.table_index[name], self.applied[name])
-        table[ids] = precision.narrow_rows(rows, self.dtype, dim, rng)
+        precision.add_rows(table, ids, delta, self.dtype, dim, rng)
         self.applied[name] += 1
 
     def save(self, model: str, version: int) -> dict[str, dict]:

@@ -101,3 +101,27 @@ def test_float32_is_passed_through_untouched():
     rows = np.random.default_rng(3).random((3, 4), dtype=np.float32)
     assert precision.narrow_rows(rows, "float32", 3, precision.rng_of(1)) is rows
     assert precision.widen_rows(rows, "float32", 3) is rows
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_bfloat16_rows_added_in_one_pass_are_the_rows_widened_added_and_narrowed(rounding):
+    """A server's push into a bfloat16 table (precision.add_rows, one compiled pass) leaves exactly the
+    bits of the three-step path it replaced, the Adagrad state added in float32."""
+    gen = np.random.default_rng(3)
+    dim = 6
+    wide = gen.normal(0, 0.5, (50, dim + 1)).astype(np.float32)
+    wide[:, dim] = np.abs(wide[:, dim])
+    wide[7, 2] = np.inf  # kept as it is by either path
+    table = precision.narrow_rows(wide, "bfloat16", dim)
+    ids = np.r_[7, gen.choice(np.r_[0:7, 8:50], 19, replace=False)]
+    delta = gen.normal(0, 1e-3, (20, dim + 1)).astype(np.float32)
+    expected = table.copy()
+    rows = precision.widen_rows(expected[ids], "bfloat16", dim)
+    rows += delta
+
+    def rng():
+        return precision.rng_of(4) if rounding == "stochastic" else None
+    expected[ids] = precision.narrow_rows(rows, "bfloat16", dim, rng())
+    precision.add_rows(table, ids, delta, "bfloat16", dim, rng())
+    np.testing.assert_array_equal(table, expected)
+    assert not np.array_equal(table, precision.narrow_rows(wide, "bfloat16", dim))  # the push changed rows
