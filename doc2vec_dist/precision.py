@@ -98,18 +98,24 @@ def _key(rng: np.random.Generator) -> np.uint64:
     return np.uint64(rng.integers(0, 1 << 63, dtype=np.int64))
 
 
+@numba.njit(nogil=True, inline="always")
+def _bf16_round(b: np.uint64, key: np.uint64, position: int, stochastic: bool) -> np.uint64:
+    # the bfloat16 bits of float32 bits `b`: stochastically, a random 16-bit integer added to the low half
+    # carries into the kept bits with the right odds; to nearest, ties to even, 0x7fff and the lowest kept
+    # bit are added. ±inf has a zero low half, so it stays; the largest finite values may carry into inf,
+    # as they should; NaN could carry into the sign bit or to inf, so it is set apart as a quiet NaN
+    if b & np.uint64(0x7FFFFFFF) > np.uint64(0x7F800000):
+        return ((b >> np.uint64(16)) & np.uint64(0x8000)) | np.uint64(0x7FC0)
+    if stochastic:
+        return (b + (_hash(key, position) >> np.uint64(48))) >> np.uint64(16)
+    return (b + np.uint64(0x7FFF) + ((b >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+
+
 @numba.njit(nogil=True, cache=True)
 def _bf16_stochastic(bits: np.ndarray, key: np.uint64) -> np.ndarray:
-    # a random 16-bit integer added to the low half carries into the kept bits with the right odds;
-    # ±inf has a zero low half, so it stays; the largest finite values may carry into inf, as they
-    # should; NaN could carry into the sign bit or to inf, so it is set apart as a quiet NaN
     out = np.empty(bits.size, np.uint16)
     for i in range(bits.size):
-        b = np.uint64(bits[i])
-        if b & np.uint64(0x7FFFFFFF) > np.uint64(0x7F800000):
-            out[i] = ((b >> np.uint64(16)) & np.uint64(0x8000)) | np.uint64(0x7FC0)
-        else:
-            out[i] = (b + (_hash(key, i) >> np.uint64(48))) >> np.uint64(16)
+        out[i] = _bf16_round(np.uint64(bits[i]), key, i, True)
     return out
 
 
@@ -125,13 +131,7 @@ def _bf16_add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray, dim: i
         for j in range(dim):
             bits[j] = np.uint32(table[row, j]) << np.uint32(16)
             wide[j] += delta[i, j]
-            b = np.uint64(bits[j])
-            if b & np.uint64(0x7FFFFFFF) > np.uint64(0x7F800000):
-                table[row, j] = ((b >> np.uint64(16)) & np.uint64(0x8000)) | np.uint64(0x7FC0)
-            elif stochastic:
-                table[row, j] = (b + (_hash(key, i * dim + j) >> np.uint64(48))) >> np.uint64(16)
-            else:
-                table[row, j] = (b + np.uint64(0x7FFF) + ((b >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+            table[row, j] = _bf16_round(np.uint64(bits[j]), key, i * dim + j, stochastic)
 
 
 def add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray, dtype: str, dim: int,
@@ -158,7 +158,7 @@ def _narrow_bf16(values: np.ndarray, rng: np.random.Generator | None) -> np.ndar
         return _bf16_stochastic(bits.reshape(-1), _key(rng)).reshape(bits.shape)
     # round to nearest, ties to even: add 0x7fff and the lowest kept bit, then truncate
     wide = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
-    out = (wide >> 16).astype(np.uint16)  # as above for ±inf and the largest finite values
+    out = (wide >> 16).astype(np.uint16)  # as _bf16_round says for ±inf, the largest finite values and NaN
     nan = np.isnan(values)
     if nan.any():
         out[nan] = ((bits[nan] >> 16) & np.uint32(0x8000)) | np.uint32(0x7FC0)
