@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from compare import run_trainer, write_config
+from harness import save_json
 from scaling import run_gensim
 
 from doc2vec_dist.config import TrainConfig
@@ -95,9 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
         from feed_rate import feed
         from harness import local_ray
 
-        started_here = not ray.is_initialized()
-        if started_here:
-            local_ray(max(os.cpu_count() or 1, config.num_ps + 1), logging_level="ERROR", log_to_driver=False)
+        started_here = local_ray(max(os.cpu_count() or 1, config.num_ps + 1), logging_level="ERROR",
+                                 log_to_driver=False)
         try:
             for r in range(args.rounds):
                 for dtype in args.dtypes:
@@ -110,10 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
             if started_here:
                 ray.shutdown()
     print(report(result))
-    path = args.json or os.path.join(args.work, "dtype_speed.json")
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"saved {path}")
+    save_json(result, args.json or os.path.join(args.work, "dtype_speed.json"))
     return result
 
 

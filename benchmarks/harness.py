@@ -4,6 +4,7 @@ documents' pairs), so that every script scores Lee on the same text."""
 
 from __future__ import annotations
 
+import json
 import os
 
 
@@ -20,6 +21,13 @@ def local_ray(cpus: int, logging_level: str = "WARNING", **kwargs) -> bool:
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging_level,
              **{"object_store_memory": local_object_store_bytes(), **kwargs})
     return True
+
+
+def save_json(result: dict, path: str) -> None:
+    """A script's figures as JSON at `path`, and the line that says where."""
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(f"saved {path}")
 
 
 def lee_documents() -> dict[str, list[str]]:

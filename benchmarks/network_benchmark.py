@@ -43,6 +43,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import netcluster
+from harness import save_json
 
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.logs import to_terminal
@@ -198,10 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["gensim"] = {"threads": threads, **run_gensim(corpus, work, config, threads)}
     expected(result["runs"])
     print(report(result))
-    path = args.json or os.path.join(work, "network.json")
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"saved {path}")
+    save_json(result, args.json or os.path.join(work, "network.json"))
     return result
 
 

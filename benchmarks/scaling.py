@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -31,6 +30,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from harness import save_json
 
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
@@ -129,10 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
         for row in result["workers"]:
             row["efficiency"] = row["tokens_per_second"] / (row["workers"] * one)
     print(report(result))
-    path = args.json or os.path.join(args.workdir, "scaling.json")
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=2)
-    print(f"saved {path}")
+    save_json(result, args.json or os.path.join(args.workdir, "scaling.json"))
     return result
 
 
