@@ -5,22 +5,27 @@
 #   here, once:   ../shared/gpu/pack.sh && cp benchmarks/gpu/*.sh .gpu/
 #                 (the pack: Ray, gensim and faiss for the device's Python 3.12, in .gpu/, which git ignores;
 #                 pack.sh copies its own starting-point check.sh there: this one replaces it)
-#   on the GPU machine:   bash .gpu/check.sh   (with .gpu/ carried along; allow it 480 s)
+#   on the GPU machine:   bash .gpu/check.sh   (with .gpu/ carried along; allow it 590 s)
 #   here, to try it on the CPU first (small, no GPU; the venv active, whose Python is not 3.12, so the pack is not used):
-#       DEVICE=cpu USERS=20000 URLS=10000 BUDGET=300 SCALE_WORKERS="1 2" SCALE_THREADS="1 2" bash .gpu/check.sh
+#       DEVICE=cpu USERS=20000 URLS=10000 BUDGET=300 SCALE_WORKERS="1 2" SCALE_THREADS="1 2" \
+#           PREP_USERS=100000 PREP_PARALLEL="1 2" bash .gpu/check.sh
 #
 # Steps, each timed and each allowed to fail without stopping the others:
 #   1. install what .gpu/ carries (Ray, gensim, faiss), nvidia-smi
 #   2. generate USERS x URLS synthetic browsing logs and prepare them with a held-out split
-#   3. benchmarks/gpu_bench.py: one worker on the device against in-process servers, tokens/s per epoch, recall@10
+#   3. benchmarks/gpu_bench.py: one worker on the device against in-process servers, tokens/s per epoch, recall@10,
+#      once per table dtype in DTYPES (issue 29)
 #   4. benchmarks/feed_rate.py --no-ray: the host side alone (no kernel), and with the kernel
 #   5. gensim on every core (corpus_file mode, its fastest) on the same corpus and settings
-#   6. benchmarks/scaling.py on every core: CPU workers W = 1, 2, 4, 8 and one worker with 1..16 threads beside gensim (issue 27)
+#   6. prepare_benchmark.py on a generated PREP_USERS-user corpus, --parallel 1 4 8 16 (issue 30)
+#   7. benchmarks/scaling.py on every core: CPU workers W = 1, 2, 4, 8 and one worker with 1..16 threads beside gensim (issue 27)
 # Everything printed goes to $OUT/log too; figures go to $OUT/*.json and one table, $OUT/summary.md.
 set -u
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
-DEVICE=${DEVICE:-cuda} USERS=${USERS:-500000} URLS=${URLS:-250000} EPOCHS=${EPOCHS:-3} BUDGET=${BUDGET:-440}
-SCALE_WORKERS=${SCALE_WORKERS:-1 2 4 8} SCALE_THREADS=${SCALE_THREADS:-1 2 4 8 16}
+DEVICE=${DEVICE:-cuda} USERS=${USERS:-500000} URLS=${URLS:-250000} EPOCHS=${EPOCHS:-3} BUDGET=${BUDGET:-540}
+SCALE_WORKERS=${SCALE_WORKERS-1 2 4 8} SCALE_THREADS=${SCALE_THREADS-1 2 4 8 16}
+DTYPES=${DTYPES-float32 bfloat16 float16}  # gpu_bench once per table dtype (issue 29)
+PREP_USERS=${PREP_USERS:-5000000} PREP_EVENTS=${PREP_EVENTS:-12} PREP_PARALLEL=${PREP_PARALLEL-1 4 8 16}  # issue 30
 export PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUT/log") 2>&1
 start=$SECONDS
@@ -63,12 +68,21 @@ if sys.argv[1] == "cpu":
 yaml.safe_dump(cfg, open(sys.argv[2], "w"))
 PY
 
-step "gpu_bench on $DEVICE, $EPOCHS epochs"
-t=$SECONDS
-timeout $(( $(left) > 60 ? $(left) / 2 : 30 )) python3 benchmarks/gpu_bench.py --corpus "$W/corpus" --heldout "$W/heldout.parquet" \
-  --device "$DEVICE" --epochs "$EPOCHS" --out "$W/model" --overwrite --json "$OUT/gpu_bench.json"
-rc=$?
-summary "| gpu_bench ($DEVICE) | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/gpu_bench.json')); print(f\"{r['tokens_per_second']/1e6:.2f}M tok/s overall, {r['last_epoch_tokens_per_second']/1e6:.2f}M last epoch, recall@10 {r.get('heldout',{}).get('model_recall@10','-')}\")" 2>/dev/null) | $((SECONDS - t)) |"
+for dt in $DTYPES; do
+  step "gpu_bench on $DEVICE, $EPOCHS epochs, dtype $dt"
+  t=$SECONDS
+  python3 - "$CFG" "$dt" "$W/$dt.yaml" <<'PY'
+import sys, yaml
+cfg = yaml.safe_load(open(sys.argv[1])) or {}
+cfg["dtype"] = sys.argv[2]
+yaml.safe_dump(cfg, open(sys.argv[3], "w"))
+PY
+  timeout $(( $(left) > 60 ? $(left) / 3 : 30 )) python3 benchmarks/gpu_bench.py --corpus "$W/corpus" --heldout "$W/heldout.parquet" \
+    --config "$W/$dt.yaml" --device "$DEVICE" --epochs "$EPOCHS" --out "$W/model-$dt" --overwrite --json "$OUT/gpu_bench-$dt.json"
+  rc=$?
+  summary "| gpu_bench ($DEVICE, $dt) | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/gpu_bench-$dt.json')); print(f\"{r['tokens_per_second']/1e6:.2f}M tok/s overall, {r['last_epoch_tokens_per_second']/1e6:.2f}M last epoch, recall@10 {r.get('heldout',{}).get('model_recall@10','-')}\")" 2>/dev/null) | $((SECONDS - t)) |"
+  rm -rf "$W/model-$dt"
+done
 
 step "host feed without Ray (no kernel, then the kernel)"
 t=$SECONDS
@@ -83,6 +97,17 @@ timeout $(( $(left) > 60 ? $(left) / 2 : 30 )) python3 -m doc2vec_dist baseline 
 rc=$?; tail -3 "$OUT/gensim.log"
 summary "| gensim corpus_file, $(nproc) threads, 1 epoch | rc $rc; $(grep -o '[0-9.]*M tokens/s' "$OUT/gensim.log" | tail -1) | $((SECONDS - t)) |"
 
+if [ -n "$PREP_PARALLEL" ] && [ "$(left)" -gt 120 ]; then
+  step "prepare on every core: $PREP_USERS users x $PREP_EVENTS events, --parallel $PREP_PARALLEL (issue 30)"
+  t=$SECONDS
+  rm -rf "$W/model"* "$W/gensim"
+  timeout $(( $(left) - 10 )) bash -c "python3 -m doc2vec_dist generate --users $PREP_USERS --urls $((PREP_USERS / 5)) --events-per-user $PREP_EVENTS \
+      --out $W/gprep --seed 11 --no-progress && python3 benchmarks/prepare_benchmark.py $W/gprep --out $W/prep --parallel $PREP_PARALLEL -- --time-col ts"
+  rc=$?; cp "$W/prep/result.json" "$OUT/prepare_scaling.json" 2>/dev/null
+  summary "| prepare, $(nproc) cores, --parallel $PREP_PARALLEL | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/prepare_scaling.json')); print('; '.join(f\"{x['run']}: {x['wall_seconds']:.1f} s wall, passes {x['pass_seconds']['total']:.1f} s, {x.get('speedup', 1)}x\" for x in r['runs']))" 2>/dev/null) | $((SECONDS - t)) |"
+fi
+
+if [ -n "$SCALE_WORKERS" ] && [ "$(left)" -gt 60 ]; then
 step "scaling on every core: CPU workers W = $SCALE_WORKERS (block schedule), one worker with T = $SCALE_THREADS threads beside gensim"
 t=$SECONDS
 timeout $(( $(left) > 40 ? $(left) - 20 : 20 )) python3 benchmarks/scaling.py --corpus "$W/corpus" --workers $SCALE_WORKERS \
@@ -90,4 +115,5 @@ timeout $(( $(left) > 40 ? $(left) - 20 : 20 )) python3 benchmarks/scaling.py --
 rc=$?
 summary "| scaling, $(nproc) cores, 1 epoch | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/scaling.json')); print('workers ' + ', '.join(f\"{x['workers']}: {x['tokens_per_second']/1e6:.2f}M ({x['efficiency']:.2f})\" for x in r['workers']) + '; threads ours/gensim ' + ', '.join(f\"{x['threads']}: {x['ours']['tokens_per_second']/1e6:.2f}M/{x.get('gensim',{}).get('tokens_per_second',0)/1e6:.2f}M\" for x in r['threads']))" 2>/dev/null) | $((SECONDS - t)) |"
 grep "\[scaling\]" "$OUT/log" | sed 's/^/    /' >> "$OUT/summary.md"
+fi
 echo; cat "$OUT/summary.md"
