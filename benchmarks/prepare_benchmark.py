@@ -100,7 +100,7 @@ def run(inputs: list[str], out: str, parallel: int, extra: list[str], engine: st
             "--overwrite", "--no-progress", *(["--engine", engine] if engine != "tasks" else []), *extra]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
     with MemoryWatch(proc.pid, interval=0.5) as watch, ProcessWatch(proc.pid) as processes:
         output, _ = proc.communicate()
     wall = time.perf_counter() - t0
