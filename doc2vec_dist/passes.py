@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +73,10 @@ SPILL_BUFFER_ROWS = 1 << 21
 BASE_DOCS_ROWS = 1 << 22
 # The file whose existence asks the running tasks of a stopping prepare to end (runners.RayTasks).
 STOP_NAME = "stop"
+# The file in which prepare leaves its run's token (Settings.run) for its tasks to find: a task on a node
+# that does not see the staging directory says so in one line instead of failing on a missing path.
+RUN_NAME = "prepare-run"
+_SEEN: set[str] = set()  # the staging directories a task of this process has found its run's token in
 # A test's hook: a directory; the first pass-2 task of a run to find no file "died" in it makes one and
 # then kills its own process, as a machine lost mid-task would (Ray runs the task again).
 FAULT_ENV = "DOC2VEC_DIST_PREPARE_FAULT"
@@ -222,6 +227,7 @@ class Settings:
     join: bool = True                     # a base's documents are joined (not --window-days)
     by_shard: bool = False                # joined shard by shard: bucket b is base shard b (_joined)
     base_rows: bool = False               # the spills carry a base column (a base re-bucketed with the events)
+    run: str = ""                         # the token prepare wrote to tmp/RUN_NAME ("": not checked)
 
     @property
     def has_time(self) -> bool:
@@ -251,6 +257,22 @@ class Settings:
         between batches, so that a task ends within a batch of the request and writes nothing after."""
         if os.path.exists(self.stop_path()):
             raise Stopped(f"{self.tmp}: prepare stopped")
+        if self.run and self.tmp not in _SEEN:
+            self.check_seen()
+
+    def check_seen(self) -> None:
+        """Raise a one-line CorpusError when this process does not find the run's token in the staging
+        directory: a task on a node of the cluster that does not see the output's storage."""
+        try:
+            with open(os.path.join(self.tmp, RUN_NAME)) as fh:
+                found = fh.read()
+        except OSError:
+            found = None
+        if found != self.run:
+            raise CorpusError(f"{self.tmp}: prepare's staging directory is not on node {socket.gethostname()}, "
+                              "where one of its tasks ran: through Ray on several nodes, --out (where the passes "
+                              "write) and the inputs must be on storage every node sees (NFS or another shared mount)")
+        _SEEN.add(self.tmp)
 
     def vocab_path(self) -> str:
         """The vocabulary's tokens in id order, written after pass 1 for passes 2 and 3 to read."""

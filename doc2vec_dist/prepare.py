@@ -68,6 +68,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -681,6 +682,9 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         s = Settings(opt, tmp, holdout=c.holdout, seed=c.seed, base=found_base.path if found_base else None)
         os.makedirs(s.spill_dir)
         os.makedirs(s.parts_dir)
+        s = dataclasses.replace(s, run=uuid.uuid4().hex)
+        with open(os.path.join(tmp, passes.RUN_NAME), "w") as fh:  # for the tasks to find (Settings.check_seen)
+            fh.write(s.run)
         runner = runner.stopping_with(s.stop_path())  # Ray tasks still running when the run stops end at once
         if c.format == "text":
             blocks = _line_bases(blocks, runner)
@@ -719,6 +723,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
             _write_heldout(s, hold_tmp)
         shutil.rmtree(s.spill_dir)
         shutil.rmtree(s.parts_dir)
+        os.remove(os.path.join(tmp, passes.RUN_NAME))
         seconds = bar.timings()
     finally:
         bar.close()

@@ -251,6 +251,31 @@ def test_of_several_bad_files_the_first_is_named_as_by_one_process(ray_cluster, 
     assert sorted(os.listdir(tmp_path)) == [f"{i}.parquet" for i in range(5)]
 
 
+def test_a_task_on_a_node_that_does_not_see_the_output_says_so_in_one_line(ray_cluster, tmp_path):
+    # prepare leaves its run's token in the staging directory; a task that cannot read it there (a node
+    # whose disk is not the driver's) names the directory and its node instead of failing on a missing path
+    from doc2vec_dist import runners
+
+    opt = readers.Options("events", "user_id", "url", None)
+    block = readers.plan_blocks([os.path.join(SAMPLE_EVENTS, sorted(os.listdir(SAMPLE_EVENTS))[0])], opt)[0]
+    elsewhere = tmp_path / "staging"          # what another node finds at that path: a directory of its own
+    elsewhere.mkdir()
+    (elsewhere / passes.RUN_NAME).write_text("another run")
+    settings = passes.Settings(opt, str(elsewhere), run="this run")
+    results = list(runners.RayTasks(2).map(passes.count, [(block, settings)]))
+    error = results[0][1].error
+    assert isinstance(error, CorpusError), results
+    assert re.fullmatch(rf"{re.escape(str(elsewhere))}: prepare's staging directory is not on node \S+, where one "
+                        r"of its tasks ran: through Ray on several nodes, --out .* storage every node sees .*",
+                        str(error)), str(error)
+    # the token of the run itself is found, and a prepare leaves no token in the corpus it made
+    settings = passes.Settings(opt, str(elsewhere), run="another run")
+    assert list(runners.RayTasks(2).map(passes.count, [(block, settings)]))[0][1].error is None
+    out = tmp_path / "made"
+    prepare([SAMPLE_EVENTS], str(out), PrepareConfig(parallel=2), progress=False)
+    assert passes.RUN_NAME not in os.listdir(out)
+
+
 def test_a_file_whose_later_block_holds_times_of_another_unit_is_refused_alike(ray_cluster, tmp_path, monkeypatch):
     """The unit of a file's numeric times is its first batch's: a later block of the file, read by a task
     of its own, finds that unit and refuses its sequence numbers as one process does (read alone, they
