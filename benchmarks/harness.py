@@ -23,11 +23,12 @@ def local_ray(cpus: int, logging_level: str = "WARNING", **kwargs) -> bool:
     return True
 
 
-def save_json(result: dict, path: str) -> None:
-    """A script's figures as JSON at `path`, and the line that says where."""
+def save_json(result: dict, path: str, say: bool = True) -> None:
+    """A script's figures as JSON at `path`, and (say) the line that says where."""
     with open(path, "w") as fh:
         json.dump(result, fh, indent=2)
-    print(f"saved {path}")
+    if say:
+        print(f"saved {path}")
 
 
 def lee_documents() -> dict[str, list[str]]:

@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"corpus": {"path": found.path, "docs": found.num_docs, "tokens": found.num_tokens,
                                "vocab": found.vocab_size}, "config": dataclasses.asdict(base), "cpus": os.cpu_count(),
                     "workers": [], "threads": []}
+    partial = (args.json or os.path.join(args.workdir, "scaling.json")) + ".partial"
     try:
         if not args.no_warmup:  # numba compiles each kernel once per machine (its cache): not in a measured run
             from compare import synthetic
@@ -111,7 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
             row = {"workers": w, **run_ours(corpus, args.workdir, config, f"w{w}"),
                    "planned_bytes_per_token": bytes_per_token(found, config, w)}
             result["workers"].append(row)
-            print(f"[scaling] {w} worker(s): {row['tokens_per_second'] / 1e6:.3f}M tokens/s", file=sys.stderr, flush=True)
+            # the split said at once and the figures saved after each run: a run killed by a time limit (the
+            # GPU machine's) keeps what it measured
+            split = ", ".join(f"{k} {v:.0%}" for k, v in sorted(row["split"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
+            print(f"[scaling] {w} worker(s): {row['tokens_per_second'] / 1e6:.3f}M tokens/s; worker time: {split}",
+                  file=sys.stderr, flush=True)
+            save_json(result, partial, say=False)
         for t in args.threads:
             config = dataclasses.replace(base, num_workers=1, cpus_per_worker=t)
             same = [r for r in result["workers"] if r["workers"] == 1 and base.cpus_per_worker == t]
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"[scaling] {t} thread(s): ours {row['ours']['tokens_per_second'] / 1e6:.3f}M tokens/s"
                   + (f", gensim {row['gensim']['tokens_per_second'] / 1e6:.3f}M" if "gensim" in row else ""),
                   file=sys.stderr, flush=True)
+            save_json(result, partial, say=False)
     finally:
         if started:
             ray.shutdown()
@@ -131,6 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
             row["efficiency"] = row["tokens_per_second"] / (row["workers"] * one)
     print(report(result))
     save_json(result, args.json or os.path.join(args.workdir, "scaling.json"))
+    if os.path.exists(partial):
+        os.remove(partial)
     return result
 
 

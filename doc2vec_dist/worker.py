@@ -15,7 +15,9 @@ outstanding. The client owns every call to a server (routing, layout, resident r
 the worker owns the matrices and the math.
 
 torch (and kernels.py, which needs it) is imported where a worker first uses it, not here: the driver
-imports this module to start the actors, and torch's import is 0.8 s of train's start-up.
+imports this module to start the actors, and torch's import is 0.8 s of train's start-up. A CPU worker
+on the exact kernel (the CPU default) never imports it: its matrices are numpy arrays, trained by
+cpu_kernel's compiled loops, and each run's workers start that much sooner.
 """
 
 from __future__ import annotations
@@ -232,10 +234,46 @@ class Compute:
 
     @staticmethod
     def default() -> Compute:
-        from . import device_examples, kernels  # torch: imported in the worker, never in the driver
+        # kernels and device_examples need torch: imported at their first call, so that a worker on the
+        # exact kernel never imports it
+        return Compute(batched=_batched, exact=cpu_kernel.train, tokens=cpu_kernel.train_tokens,
+                       device_examples=_device_examples)
 
-        return Compute(batched=kernels.train, exact=cpu_kernel.train, tokens=cpu_kernel.train_tokens,
-                       device_examples=device_examples.build)
+
+def _batched(*args, **kwargs):
+    from .kernels import train
+
+    return train(*args, **kwargs)
+
+
+def _device_examples(*args, **kwargs):
+    from .device_examples import build
+
+    return build(*args, **kwargs)
+
+
+def _numpy(matrix) -> np.ndarray:
+    """A CPU matrix as numpy: itself, or a torch tensor's view of the same memory."""
+    return matrix if isinstance(matrix, np.ndarray) else matrix.numpy()
+
+
+class _CPU:
+    """The device of a worker that never imports torch (the exact kernel on CPU): what the code and the
+    benchmarks read of a torch.device."""
+
+    type = "cpu"
+
+    def __str__(self) -> str:
+        return "cpu"
+
+
+def ends_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,
+                planned_tokens: int) -> np.ndarray:
+    """kernels.micro_batch_alphas(..., n_micro=1, ends=True) without torch: the rates at a batch's start
+    and end, float32, the same bits (the same float64 operations in the same order)."""
+    points = done_before + np.arange(2, dtype=np.float64) * float(batch_tokens)
+    progress = np.clip(points / max(planned_tokens, 1), 0.0, 1.0)
+    return np.maximum(alpha0 - (alpha0 - min_alpha) * progress, min_alpha).astype(np.float32)
 
 
 @dataclass
@@ -279,20 +317,25 @@ class Worker:
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
         client.LocalServers (no Ray at all). tables: the servers' table specs (ps.table_specs).
         compute: what trains the examples (Compute.default())."""
-        import torch
-
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         self.index, self.units, self.config = index, units, config
         self.node = ray_node_id()
         self.compute = compute or Compute.default()
-        torch.set_num_threads(int(config.cpus_per_worker))
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
         self.exact = config.exact_kernel()
         self.adagrad = config.optimizer == "adagrad"
         use_cuda = config.gpus_per_worker > 0
-        if use_cuda and not torch.cuda.is_available():
-            raise RuntimeError(f"worker {index}: gpus_per_worker > 0 but torch sees no CUDA device")
-        self.device = torch.device("cuda" if use_cuda else "cpu")
+        # torch only where the batched kernel or a GPU needs it; else numpy matrices (the module's docstring)
+        self.torch = use_cuda or not self.exact
+        if self.torch:
+            import torch
+
+            torch.set_num_threads(int(config.cpus_per_worker))
+            if use_cuda and not torch.cuda.is_available():
+                raise RuntimeError(f"worker {index}: gpus_per_worker > 0 but torch sees no CUDA device")
+            self.device = torch.device("cuda" if use_cuda else "cpu")
+        else:
+            self.device = _CPU()
         # Staged: a macro-batch's rows are assembled in persistent host matrices (pinned on CUDA), copied
         # to matrices on the device, trained there and copied back for the push; unstaged (CPU), the host
         # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
@@ -350,14 +393,18 @@ class Worker:
             dim=words_out.dim, key=(config.seed, 1, index), rounding=config.rounding)
         if self.docs_head:
             self.client.hold_documents(own)
-        self._outputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
-        self._inputs = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
+        self._outputs = self._empty()
+        self._inputs = self._empty()
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
         # Staged workers double-buffer the users' rows: while batch t trains, a thread of their own waits
         # for batch t+1's pull, assembles it in the other slot's pinned host matrices and copies them to
         # the other slot's device matrices, on a CUDA stream of its own (_arrive)
         self._arrivals: ThreadPoolExecutor | None = None  # made at the first staged batch
-        self._copy_stream = torch.cuda.Stream(self.device) if use_cuda else None
+        self._copy_stream = None
+        if use_cuda:
+            import torch
+
+            self._copy_stream = torch.cuda.Stream(self.device)
         self._incoming: list[dict[str, torch.Tensor]] = [{}, {}]  # per slot: device matrices of pulled rows
         # Checkpoints pause every worker between two macro-batches (pause/resume, served from a second
         # thread while run_epoch works): its pushes drained, it reports the position of the next batch.
@@ -526,8 +573,6 @@ class Worker:
         """Train this worker's data for one epoch (on the block schedule, one round of it: start.round),
         from the beginning or from a checkpointed position (`start`, as pause() reported it); returns
         the epoch's counters so far."""
-        from .kernels import micro_batch_alphas
-
         cfg = self.config
         start = start or Position(epoch)
         self._round = start.round
@@ -606,8 +651,13 @@ class Worker:
                 # it interpolates between the two ends once its examples are drawn
                 ends = self.exact or ex is None
                 n_micro = 1 if ends else max(1, -(-len(ex) // ex.micro_batch))
-                alphas = micro_batch_alphas(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens,
-                                            self.planned_tokens, n_micro, ends=ends)
+                if self.exact:
+                    alphas = ends_alphas(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens, self.planned_tokens)
+                else:
+                    from .kernels import micro_batch_alphas
+
+                    alphas = micro_batch_alphas(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens,
+                                                self.planned_tokens, n_micro, ends=ends)
                 loss, pairs = self._compute(batch, arrival, alphas)
                 t2 = time.perf_counter()
                 seconds["compute"] += t2 - t1
@@ -643,14 +693,14 @@ class Worker:
         """Wait for the batch's pulled rows and put them where it trains: the compact host matrices
         (_assemble), and, staged, the device matrices of `slot` (on CUDA on the copy stream, whose
         event the compute waits for). Staged workers run this on their arrivals thread."""
-        import torch
-
         pulled = client.get(batch.pulls)
         # staged, the host matrices hold only the pulled rows: the resident heads live on the device
         layout = dataclasses.replace(batch.layout, cached=0, inputs_head=0) if self.staged else batch.layout
         local = self._assemble(layout, pulled, slot)
         if not self.staged:
             return Arrival(pulled, layout, local)
+        import torch
+
         empty = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
         device = {}
         with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else contextlib.nullcontext():
@@ -678,21 +728,32 @@ class Worker:
         if self.staged:  # one pair per slot: the next batch's arrive while this one's are trained and pushed
             local = {name: self._host_buffer(f"{name}{slot}", sizes[name]) for name in ("inputs", "outputs")}
         else:
-            local = {"inputs": self._inputs_buffer(sizes["inputs"]).numpy(),
-                     "outputs": self._outputs_buffer(sizes["outputs"]).numpy()}
+            local = {"inputs": _numpy(self._inputs_buffer(sizes["inputs"])),
+                     "outputs": _numpy(self._outputs_buffer(sizes["outputs"]))}
         self.client.fill(layout, pulled, local)
         return local
 
-    @staticmethod
-    def _grown(buffer: torch.Tensor, rows: int, keep: int = 0, pin: bool = False) -> torch.Tensor:
-        """`buffer` if it has `rows` rows, else a bigger one (by 1/4 at least, so growth is rare) with
-        its first `keep` rows carried over."""
+    def _empty(self):
+        """An empty matrix of this worker's rows: a torch tensor on its device, or (no torch) numpy."""
+        if not self.torch:
+            return np.empty((0, self.width), dtype=np.float32)
         import torch
 
+        return torch.empty((0, self.width), dtype=torch.float32, device=self.device)
+
+    @staticmethod
+    def _grown(buffer, rows: int, keep: int = 0, pin: bool = False):
+        """`buffer` (a torch tensor or a numpy array) if it has `rows` rows, else a bigger one (by 1/4
+        at least, so growth is rare) with its first `keep` rows carried over."""
         if len(buffer) >= rows:
             return buffer
-        grown = torch.empty((max(rows, len(buffer) * 5 // 4), buffer.shape[1]), dtype=buffer.dtype,
-                            device=buffer.device, pin_memory=pin)
+        shape = (max(rows, len(buffer) * 5 // 4), buffer.shape[1])
+        if isinstance(buffer, np.ndarray):
+            grown = np.empty(shape, dtype=buffer.dtype)
+        else:
+            import torch
+
+            grown = torch.empty(shape, dtype=buffer.dtype, device=buffer.device, pin_memory=pin)
         keep = min(keep, len(buffer))
         grown[:keep] = buffer[:keep]
         return grown
@@ -721,8 +782,6 @@ class Worker:
 
     def _compute(self, batch: Batch, arrival: Arrival, alphas: torch.Tensor) -> tuple[float, int]:
         """Train the batch on its compact matrices; returns (summed loss, examples trained)."""
-        import torch
-
         cfg, ex, local = self.config, batch.examples, arrival.local
         dev = self.device
         cuda = dev.type == "cuda"
@@ -750,6 +809,8 @@ class Worker:
                                       threads=int(cfg.cpus_per_worker))
             self._count_resident_uses(batch)
             return loss, len(ex)
+        import torch
+
         if self.staged:  # only the pulled rows travel: the resident ones are already on the device
             # `local`, pinned
             host = {name: self._host[f"{name}{arrival.slot}"][:len(local[name])] for name in ("inputs", "outputs")}
@@ -813,9 +874,13 @@ class Worker:
         return self._inputs_buffer(self.words_head)
 
     def _read_resident(self, table: str) -> np.ndarray:
-        return self._resident(table).cpu().numpy()
+        rows = self._resident(table)
+        return rows if isinstance(rows, np.ndarray) else rows.cpu().numpy()
 
     def _write_resident(self, table: str, rows: np.ndarray) -> None:
+        if not self.torch:
+            self._resident(table)[:] = rows
+            return
         import torch
 
         self._resident(table)[:] = torch.from_numpy(rows).to(self.device)

@@ -196,9 +196,9 @@ def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers
     for epoch in range(config.epochs):
         worker.run_epoch(epoch)
     assert pulls == (["words_out", "words"] if words else ["words_out"])
-    held = {"words_out": worker._outputs[:worker.cached].numpy()}
+    held = {"words_out": np.asarray(worker._outputs[:worker.cached])}  # numpy, or torch (batched)
     if words:
-        held["words"] = worker._inputs[:worker.words_head].numpy()
+        held["words"] = np.asarray(worker._inputs[:worker.words_head])
         assert (np.abs(held["words"] - start).sum(1) > 0).mean() > 0.9  # trained (a word alone in its documents is not)
     for name, rows_held in held.items():  # written over, not summed
         np.testing.assert_array_equal(served(ray_cluster, servers, name, len(rows_held)), rows_held, err_msg=name)
@@ -244,3 +244,30 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
         assert run["tokens"] == [total] * 3, name
         assert run["loss"][2] < run["loss"][1] < 0.98 * run["loss"][0], (name, run["loss"])
         assert run["moved"] > 1e-3, name  # the servers hold what the worker trained
+
+
+def test_a_cpu_worker_on_the_exact_kernel_trains_without_importing_torch(small_corpus):
+    """torch's import is most of a CPU worker's start (1-1.7 s here, in every actor of every run): the
+    exact kernel's worker trains numpy matrices and never imports it; the batched kernel's does."""
+    script = textwrap.dedent(f"""
+        import sys
+        from doc2vec_dist import client
+        from doc2vec_dist.config import TrainConfig
+        from doc2vec_dist.corpus import Corpus
+        from doc2vec_dist.ps import ParameterServer, table_specs
+        from doc2vec_dist.worker import Worker, plan_units
+
+        for kernel in ("exact", "batched"):
+            config = TrainConfig(dim=8, epochs=1, sample=0, num_ps=2, kernel=kernel, progress=False)
+            corpus = Corpus({small_corpus!r})
+            tables = table_specs(config, corpus)
+            servers = [client.LocalServer(ParameterServer(s, 2, tables, 1)) for s in range(2)]
+            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, tables)
+            stats = worker.run_epoch(0)
+            for server in servers:
+                server.close()
+            print(kernel, stats["tokens"] == corpus.num_tokens, "torch" in sys.modules, str(worker.device))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["exact True False cpu", "batched True True cpu"], done.stdout
