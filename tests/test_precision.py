@@ -70,7 +70,9 @@ def test_float16_stochastic_rounding_costs_about_what_bfloat16s_does():
             precision.narrow(values, dtype, precision.rng_of(k))
             best = min(best, time.perf_counter() - t0)
         return best
-    assert cost("float16") < 3 * cost("bfloat16")
+    # quiet, float16 costs 2.4-2.6x bfloat16 here (its range checks, and its subnormals on a slower path);
+    # under the test run's load once 3.1x. The 8x it guards against stays far outside 5x.
+    assert cost("float16") < 5 * cost("bfloat16")
 
 
 def test_stochastic_rounding_is_seeded_and_exact_values_never_move():
