@@ -385,8 +385,12 @@ class ParameterClient:
             self.traffic["pushed"] += rows.nbytes
             if self.sole_writer:  # its document rows, one block per server, copied once where the call takes them
                 (_, name, where, _), = (b for b in layout.blocks(s) if b[2].stop > b[2].start)
-                pushes.append((server, layout.request(s), stage(self._narrow(local[name][where]), self.servers),
-                               label, True))
+                rows = self._narrow(local[name][where])
+                # float32 rows are the buffer the next batch reuses: copied here, before it does; 16-bit
+                # rows are already a copy of their own, which the pusher's thread puts in the object store
+                # while this one goes on (the narrowing is then all the 16 bits cost this thread)
+                pushes.append((server, layout.request(s), stage(rows, self.servers) if self.dtype == "float32" or
+                               self.pusher is None else rows, label, True))
                 continue
             rows = precision.widen_rows(rows, self.dtype, self.dim)
             delta = np.empty_like(rows)
