@@ -526,6 +526,13 @@ class Worker:
             self._pause_requested = True
             while self._running and self._paused_at is None:
                 self._cv.wait()
+            if self._paused_at is None:
+                # idle: between epochs, or on the block schedule between two rounds of one, waiting for
+                # the others. Its resident documents go home only after the epoch's last round, so
+                # those its rounds so far trained go into the checkpoint now (a run resumed from it
+                # lost them, and trained other vectors than one that never stopped). Under the lock:
+                # a round that starts meanwhile waits.
+                self._sync(f"checkpoint of worker {self.index}", pull=False, docs=True)
             return self._paused_at or self._position
 
     def resume(self) -> None:

@@ -271,3 +271,39 @@ def test_a_cpu_worker_on_the_exact_kernel_trains_without_importing_torch(small_c
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["exact True False cpu", "batched True True cpu"], done.stdout
+
+
+def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_checkpoint(small_corpus):
+    """On the block schedule a worker's resident documents go home after the epoch's last round; a
+    checkpoint taken while it waits between two rounds (its round done, the other worker's not) must
+    still hold what its round trained, or a run resumed from it trains other vectors (the test of
+    tests/test_block_schedule.py that resumes mid-epoch failed this way under load)."""
+    from doc2vec_dist import client
+
+    config = TrainConfig(dim=8, epochs=1, sample=0, num_ps=NUM_PS, num_workers=2, cpus_per_worker=1,
+                         macro_batch=8192, progress=False)
+    corpus = Corpus(small_corpus)
+    tables = table_specs(config, corpus)
+    servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
+    try:
+        worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, config, servers, tables)
+        assert config.blocks() and worker.rounds == 2 and worker.docs_head > 0
+
+        def on_servers(ids):  # row r lives on server r % NUM_PS, at r // NUM_PS
+            rows = np.empty((len(ids), worker.width), np.float32)
+            for s, server in enumerate(servers):
+                mine = ids % NUM_PS == s
+                rows[mine] = client.get(server.pull.remote({"docs": ids[mine] // NUM_PS}))
+            return rows
+
+        worker.run_epoch(0, Position(0))  # round 0 of 2: the worker now waits for the other's round
+        ids = worker.client.docs.ids
+        trained = worker._read_resident("docs").copy()
+        assert not np.array_equal(on_servers(ids), trained)  # still only in the worker
+        position = worker.pause()
+        np.testing.assert_array_equal(on_servers(ids), trained)  # in the servers, for the checkpoint
+        assert (position.epoch, position.round, position.unit) == (0, 0, len(worker.units))
+        worker.resume()
+    finally:
+        for server in servers:
+            server.close()
