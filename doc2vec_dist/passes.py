@@ -77,8 +77,8 @@ STOP_NAME = "stop"
 # that does not see the staging directory says so in one line instead of failing on a missing path.
 RUN_NAME = "prepare-run"
 _SEEN: set[str] = set()  # the staging directories a task of this process has found its run's token in
-# A test's hook: a directory; the first pass-2 task of a run to find no file "died" in it makes one and
-# then kills its own process, as a machine lost mid-task would (Ray runs the task again).
+# A test's hook: a directory; a pass-2 task that finds a file "once" in it (and takes it) or "always" kills
+# its own process, as a machine lost mid-task would (Ray runs the task again): _fault_once.
 FAULT_ENV = "DOC2VEC_DIST_PREPARE_FAULT"
 
 
@@ -541,17 +541,19 @@ def mapped(chunk: Chunk, path: str, s: Settings, schema: pa.Schema) -> pa.Record
 
 
 def _fault_once(s: Settings) -> None:
-    """FAULT_ENV's test hook: the first spill task to come here in a run dies, once (every time while a
-    file `always` is in the folder: a task that can never finish)."""
+    """FAULT_ENV's test hook, a folder: while it holds a file `once`, the first spill task to take it (the
+    file removed) kills its own process; while it holds `always`, every one does (a task that can never
+    finish). Each leaves a file `died`. Inert while neither is there, so the tests' shared Ray carries it."""
     where = os.environ.get(FAULT_ENV)
     if not where:
         return
-    if os.path.exists(os.path.join(where, "always")):
-        os._exit(17)
-    try:
-        os.close(os.open(os.path.join(where, "died"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return
+    if not os.path.exists(os.path.join(where, "always")):
+        try:
+            os.remove(os.path.join(where, "once"))  # one process only takes it
+        except FileNotFoundError:
+            return
+    with open(os.path.join(where, "died"), "a"):
+        pass
     os._exit(17)
 
 

@@ -6,9 +6,12 @@ import importlib.util
 import json
 import logging
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable
@@ -42,16 +45,39 @@ def logged(caplog, monkeypatch):
     return caplog
 
 
+PREPARE_FAULTS = os.path.join(tempfile.gettempdir(), f"doc2vec-dist-faults-{os.getpid()}")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray with 2 CPUs and a small object store, shared by every test that trains."""
+    """A local Ray with 2 CPUs and a small object store, shared by every test that trains. Its workers
+    (not this process) carry prepare's fault hook (passes.FAULT_ENV), inert until a test arms it
+    (prepare_faults)."""
     import ray
 
+    from doc2vec_dist.passes import FAULT_ENV
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False,
-                 logging_level="ERROR", log_to_driver=False)
+        os.makedirs(PREPARE_FAULTS, exist_ok=True)
+        os.environ[FAULT_ENV] = PREPARE_FAULTS  # for the raylet to pass on to the workers it starts
+        try:
+            ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False,
+                     logging_level="ERROR", log_to_driver=False)
+        finally:
+            del os.environ[FAULT_ENV]
     yield ray
     ray.shutdown()
+    shutil.rmtree(PREPARE_FAULTS, ignore_errors=True)
+
+
+@pytest.fixture
+def prepare_faults(ray_cluster):
+    """The session Ray's fault folder (passes._fault_once), empty; emptied again after the test."""
+    for name in os.listdir(PREPARE_FAULTS):
+        os.remove(os.path.join(PREPARE_FAULTS, name))
+    yield pathlib.Path(PREPARE_FAULTS)
+    for name in os.listdir(PREPARE_FAULTS):
+        os.remove(os.path.join(PREPARE_FAULTS, name))
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from conftest import assert_same_corpus, corpus_meta, corpus_tables
 from doc2vec_dist import passes, readers
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import CorpusError
+from doc2vec_dist.errors import UserError
 from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -369,38 +370,30 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("engine", ["tasks", "data"])
-def test_a_task_whose_process_dies_is_run_again_by_ray(generated, tmp_path, engine):
+def test_a_task_whose_process_dies_is_run_again_by_ray(generated, prepare_faults, tmp_path, engine):
     """The first spill task (engine data: the first Ray Data task of pass 2) kills its own process
-    (passes.FAULT_ENV), as a lost machine would: Ray runs it again, and the corpus is the single
-    process's. Its own local Ray, whose workers see the hook."""
-    faults = tmp_path / "faults"
-    faults.mkdir()
+    (passes._fault_once), as a lost machine would: Ray runs it again, and the corpus is the single
+    process's. On the session's Ray, whose workers carry the hook."""
     single = prepare([generated], str(tmp_path / "single"), PrepareConfig(time_col="ts"), progress=False).path
-    proc = _cli(generated, "--out", str(tmp_path / "parallel"), "--time-col", "ts", "--parallel", "2",
-                "--engine", engine, env={passes.FAULT_ENV: str(faults)})
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    assert (faults / "died").exists()  # a task did die
-    assert json.loads((tmp_path / "parallel" / "corpus.json").read_text())["engine"] == engine
+    (prepare_faults / "once").touch()
+    made = prepare([generated], str(tmp_path / "parallel"), PrepareConfig(time_col="ts", parallel=2, engine=engine),
+                   progress=False)
+    assert (prepare_faults / "died").exists() and not (prepare_faults / "once").exists()  # a task did die, once
+    assert made.meta["engine"] == engine
     assert_same_corpus(single, str(tmp_path / "parallel"))
 
 
 @pytest.mark.parametrize("engine", ["tasks", "data"])
-def test_a_task_that_dies_every_time_stops_prepare_after_its_retries(generated, tmp_path, engine):
+def test_a_task_that_dies_every_time_stops_prepare_after_its_retries(generated, prepare_faults, tmp_path, engine):
     """A spill task whose process always dies (killed for memory on every node, say) is retried a bounded
-    number of times, then prepare ends with one error line and leaves nothing: it never retries forever."""
-    faults = tmp_path / "faults"
-    faults.mkdir()
-    (faults / "always").touch()
+    number of times, then prepare ends with one error (the command prints it as its one line) and leaves
+    nothing: it never retries forever."""
+    (prepare_faults / "always").touch()
     out = tmp_path / "parallel"
-    proc = _cli(generated, "--out", str(out), "--time-col", "ts", "--parallel", "2", "--engine", engine,
-                env={passes.FAULT_ENV: str(faults)})
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode not in (0, 130), err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("error: a task's process died 4 times"), err[-3000:]
-    if engine == "tasks":  # (Ray Data logs its own execution's failure, with its stack, before the line)
-        assert "Traceback" not in err, err[-3000:]
+    with pytest.raises(UserError) as e:
+        prepare([generated], str(out), PrepareConfig(time_col="ts", parallel=2, engine=engine), progress=False)
+    assert str(e.value).startswith("a task's process died 4 times, so prepare stopped and wrote nothing"), str(e.value)
+    assert "\n" not in str(e.value)
     assert not out.exists()
 
 
