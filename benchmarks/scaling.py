@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+from benchmark import worker_split
 from harness import save_json
 
 from doc2vec_dist.cli import _add_config_flags
@@ -46,6 +47,7 @@ def run_ours(corpus: str, work: str, config: TrainConfig, label: str) -> dict:
     busy = sum(s["worker_seconds"].values()) or 1.0
     return {"tokens_per_second": s["tokens_per_second"], "train_seconds": s["train_seconds"],
             "wall_seconds": time.perf_counter() - t0, "split": {k: v / busy for k, v in s["worker_seconds"].items()},
+            "worker_seconds": s["worker_seconds"],
             "bytes_per_token": s["bytes_per_token"], "server_busy_seconds": s.get("server_busy_seconds")}
 
 
@@ -114,9 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
             result["workers"].append(row)
             # the split said at once and the figures saved after each run: a run killed by a time limit (the
             # GPU machine's) keeps what it measured
-            split = ", ".join(f"{k} {v:.0%}" for k, v in sorted(row["split"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
-            print(f"[scaling] {w} worker(s): {row['tokens_per_second'] / 1e6:.3f}M tokens/s; worker time: {split}",
-                  file=sys.stderr, flush=True)
+            print(f"[scaling] {w} worker(s): {row['tokens_per_second'] / 1e6:.3f}M tokens/s; "
+                  f"worker time {worker_split(row['worker_seconds'])}", file=sys.stderr, flush=True)
             save_json(result, partial, say=False)
         for t in args.threads:
             config = dataclasses.replace(base, num_workers=1, cpus_per_worker=t)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import client, cpu_kernel
-from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig
+from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig, lr_at
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
 from .ps import ray_node_id
@@ -270,10 +270,9 @@ class _CPU:
 def ends_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,
                 planned_tokens: int) -> np.ndarray:
     """kernels.micro_batch_alphas(..., n_micro=1, ends=True) without torch: the rates at a batch's start
-    and end, float32, the same bits (the same float64 operations in the same order)."""
-    points = done_before + np.arange(2, dtype=np.float64) * float(batch_tokens)
-    progress = np.clip(points / max(planned_tokens, 1), 0.0, 1.0)
-    return np.maximum(alpha0 - (alpha0 - min_alpha) * progress, min_alpha).astype(np.float32)
+    and end (config.lr_at on plain numbers, the same float64 operations), float32, the same bits."""
+    return np.array([lr_at(alpha0, min_alpha, done_before + k * float(batch_tokens), planned_tokens) for k in (0, 1)],
+                    dtype=np.float32)
 
 
 @dataclass
@@ -708,7 +707,7 @@ class Worker:
             return Arrival(pulled, layout, local)
         import torch
 
-        empty = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
+        empty = self._empty()
         device = {}
         with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else contextlib.nullcontext():
             for name in ("inputs", "outputs"):

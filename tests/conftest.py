@@ -73,11 +73,13 @@ def ray_cluster():
 @pytest.fixture
 def prepare_faults(ray_cluster):
     """The session Ray's fault folder (passes._fault_once), empty; emptied again after the test."""
-    for name in os.listdir(PREPARE_FAULTS):
-        os.remove(os.path.join(PREPARE_FAULTS, name))
+    def empty() -> None:
+        for name in os.listdir(PREPARE_FAULTS):
+            os.remove(os.path.join(PREPARE_FAULTS, name))
+
+    empty()
     yield pathlib.Path(PREPARE_FAULTS)
-    for name in os.listdir(PREPARE_FAULTS):
-        os.remove(os.path.join(PREPARE_FAULTS, name))
+    empty()
 
 
 @pytest.fixture(scope="session")

@@ -258,7 +258,7 @@ def test_a_task_on_a_node_that_does_not_see_the_output_says_so_in_one_line(ray_c
     from doc2vec_dist import runners
 
     opt = readers.Options("events", "user_id", "url", None)
-    block = readers.plan_blocks([os.path.join(SAMPLE_EVENTS, sorted(os.listdir(SAMPLE_EVENTS))[0])], opt)[0]
+    block = readers.plan_blocks([os.path.join(SAMPLE_EVENTS, min(os.listdir(SAMPLE_EVENTS)))], opt)[0]
     elsewhere = tmp_path / "staging"          # what another node finds at that path: a directory of its own
     elsewhere.mkdir()
     (elsewhere / passes.RUN_NAME).write_text("another run")
@@ -271,7 +271,8 @@ def test_a_task_on_a_node_that_does_not_see_the_output_says_so_in_one_line(ray_c
                         str(error)), str(error)
     # the token of the run itself is found, and a prepare leaves no token in the corpus it made
     settings = passes.Settings(opt, str(elsewhere), run="another run")
-    assert list(runners.RayTasks(2).map(passes.count, [(block, settings)]))[0][1].error is None
+    (_, counted), = runners.RayTasks(2).map(passes.count, [(block, settings)])
+    assert counted.error is None
     out = tmp_path / "made"
     prepare([SAMPLE_EVENTS], str(out), PrepareConfig(parallel=2), progress=False)
     assert passes.RUN_NAME not in os.listdir(out)
