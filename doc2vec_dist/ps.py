@@ -53,6 +53,19 @@ def ray_node_id() -> str | None:
     return ray.get_runtime_context().get_node_id()
 
 
+@numba.njit(cache=True)
+def _compiled() -> int:
+    return 1
+
+
+def load_compiled() -> None:
+    """Load numba's machinery for compiled code now, in the background, while an actor starts: the
+    first compiled call in a process takes ~0.3 s however small (later ones, from numba's cache, a few
+    ms), and a server's first push, or a worker's first block, paid it in the middle of training; on
+    the block schedule every worker waited for it at the end of its first round."""
+    threading.Thread(target=_compiled, name="load-compiled", daemon=True).start()
+
+
 @numba.njit(nogil=True, cache=True)
 def _add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray) -> None:
     """table[ids[i]] += delta[i] for every i, in order (a repeated id gets every delta). Compiled and
@@ -112,6 +125,7 @@ class ParameterServer:
         applied delta is narrowed in a 16-bit table.
         """
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this server is removed: no traceback on the console
+        load_compiled()
         self.shard, self.num_shards = shard, num_shards
         self.node = ray_node_id()
         self.tables: dict[str, np.ndarray] = {}

@@ -39,7 +39,7 @@ from . import client, cpu_kernel
 from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig, lr_at
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
-from .ps import ray_node_id
+from .ps import load_compiled, ray_node_id
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
 
@@ -317,6 +317,7 @@ class Worker:
         client.LocalServers (no Ray at all). tables: the servers' table specs (ps.table_specs).
         compute: what trains the examples (Compute.default())."""
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
+        load_compiled()
         self.index, self.units, self.config = index, units, config
         self.node = ray_node_id()
         self.compute = compute or Compute.default()

@@ -149,3 +149,36 @@ def test_a_16_bit_push_refuses_non_finite_values():
     with pytest.raises(NonFiniteUpdate, match="step 4"):
         ps.push({"docs": np.array([1, 2])}, precision.narrow(bad, "bfloat16"), "step 4")
     np.testing.assert_array_equal(ps.tables["docs"], before)
+
+
+_FIRST_PUSH = """
+import sys, threading, time
+import numpy as np
+from doc2vec_dist import ps
+from doc2vec_dist.config import TableSpec
+if sys.argv[1] == "off":
+    ps.load_compiled = lambda: None
+server = ps.ParameterServer(0, 1, {"docs": TableSpec("docs", 100, 8)}, seed=1)
+for thread in threading.enumerate():
+    if thread.name == "load-compiled":
+        thread.join()
+ids = np.arange(10, dtype=np.int64)
+rows = np.ones((10, 8), dtype=np.float32)
+t0 = time.perf_counter()
+server.push({"docs": ids}, rows, assign=True)
+print(time.perf_counter() - t0)
+"""
+
+
+def test_a_server_loads_numbas_machinery_as_it_starts_not_at_its_first_push():
+    """The first compiled call of a process costs ~0.3 s; a server pays it while it starts, so its
+    first push does not (measured against a server that does not load it, each in a fresh process)."""
+    import subprocess
+    import sys
+
+    def first_push(mode: str) -> float:
+        out = subprocess.run([sys.executable, "-c", _FIRST_PUSH, mode], capture_output=True, text=True, check=True)
+        return float(out.stdout.split()[-1])
+
+    loaded, cold = first_push("on"), first_push("off")
+    assert loaded < cold / 3, (loaded, cold)
