@@ -57,12 +57,12 @@ def test_worker_data_positions_cover_the_rest_of_its_units_exactly(sample_corpus
 
 def test_checkpoints_are_taken_mid_epoch_with_each_workers_position(ray_cluster, sample_corpus, tmp_path):
     model = str(tmp_path / "model")
-    summary = train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 3}, checkpoint_every=0.1,
+    summary = train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 3}, checkpoint_every=0.02,
                                                          keep_checkpoints=1000))
     versions = range(1, latest(model) + 1)
     manifests = [manifest_of(model, v) for v in versions]
     mid = [m for m in manifests if m["positions"] is not None]
-    assert mid, "no mid-epoch checkpoint in a run with checkpoint_every 0.1 s"
+    assert mid, "no mid-epoch checkpoint in a run with checkpoint_every 0.02 s"
     for m in mid:
         assert len(m["positions"]) == 2
         assert all(p["epoch"] == m["epoch"] and p["tokens"] >= 0 for p in m["positions"])
