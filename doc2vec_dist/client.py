@@ -432,10 +432,13 @@ class ParameterClient:
         return (bool(self.resident) and self.workers > 1 and not self.sole_writer
                 and self.batches_since_sync >= CACHE_SYNC_BATCHES)
 
-    def sync(self, read, write, label: str, push: bool = True, pull: bool = True, docs: bool = False) -> None:
+    def sync(self, read, write, label: str, push: bool = True, pull: bool = True, docs: bool = False,
+             into=None) -> None:
         """Exchange the resident rows with the servers: push what they learned since the last pull
         (new − pulled, like any push), then pull them afresh (other workers' updates included).
-        `read(table)` gives the worker's resident rows in id order, `write(table, rows)` replaces them.
+        `read(table)` gives the worker's resident rows in id order, `write(table, rows)` replaces them;
+        `into(table)`, where given, is those rows as a float32 array to pull straight into (None where
+        they are not in host memory), so a sole writer's pulled rows are not copied twice more.
 
         Called at the start of an epoch (pull), every CACHE_SYNC_BATCHES macro-batches when several
         workers share the rows, before a checkpoint and at the end of an epoch (push only). Each
@@ -446,7 +449,7 @@ class ParameterClient:
         epoch's end, checkpoints): no other worker reads them meanwhile.
         """
         if self.sole_writer:
-            self._sync_sole_writer(read, write, label, push, pull, docs)
+            self._sync_sole_writer(read, write, label, push, pull, docs, into)
             return
         if not self.resident:
             return
@@ -462,7 +465,7 @@ class ParameterClient:
             write("words_out", self.base)
         self.batches_since_sync = 0
 
-    def _sync_sole_writer(self, read, write, label: str, push: bool, pull: bool, docs: bool) -> None:
+    def _sync_sole_writer(self, read, write, label: str, push: bool, pull: bool, docs: bool, into=None) -> None:
         """sync for the token path, whose worker alone writes every URL row it holds: the push writes
         the rows over the servers' (no delta, no copy of the rows as pulled), and once pulled they are
         never pulled again while it holds them: nothing else changes them. A restarted worker starts
@@ -477,12 +480,19 @@ class ParameterClient:
         if push and docs and self.docs_held and self.docs_dirty:
             self.push_resident(read("docs"), label, assign=True, table="docs")
             self.docs_dirty = False
+        def pull_table(table: str) -> None:
+            out = into(table) if into is not None else None
+            if out is None:
+                write(table, self.pull_resident(table))
+            else:
+                self.pull_resident(table, out=out)
+
         if pull and not self.held and self.resident:
             for table in self.resident_tables:
-                write(table, self.pull_resident(table))
+                pull_table(table)
             self.held = True
         if pull and self.docs is not None and not self.docs_held:
-            write("docs", self.pull_resident("docs"))
+            pull_table("docs")
             self.docs_held = True
 
     def _held(self, table: str) -> Held:
@@ -503,9 +513,10 @@ class ParameterClient:
                 calls = wait_oldest(calls, self.limit)
         get(calls)
 
-    def pull_resident(self, table: str = "words_out") -> np.ndarray:
+    def pull_resident(self, table: str = "words_out", out: np.ndarray | None = None) -> np.ndarray:
         """A table's resident rows as the servers hold them, in id order (in calls of at most
-        RESIDENT_CALL_BYTES)."""
+        RESIDENT_CALL_BYTES), widened to float32: into `out` where given, each call's rows put in
+        their places as they are (float32) or once widened."""
         held = self._held(table)
         parts, at = [], []
         for s, server in enumerate(self.servers):
@@ -514,11 +525,10 @@ class ParameterClient:
                                                                              hi - held.route.bounds[s]]}))
                 at.append((lo, hi))
         pulled = get(parts)
-        stored = pulled[0].shape[1] if pulled else self.row_bytes // precision.stored(self.dtype).itemsize
-        fresh = np.empty((len(held.ids), precision.float_width(self.dtype, self.dim, stored)), dtype=np.float32)
-        grouped = np.empty_like(fresh)
+        if out is None:
+            stored = pulled[0].shape[1] if pulled else self.row_bytes // precision.stored(self.dtype).itemsize
+            out = np.empty((len(held.ids), precision.float_width(self.dtype, self.dim, stored)), dtype=np.float32)
         for (lo, hi), rows in zip(at, pulled):
-            precision.widen_rows(rows, self.dtype, self.dim, out=grouped[lo:hi])
+            out[held.order[lo:hi]] = precision.widen_rows(rows, self.dtype, self.dim)
             self.traffic["resident_pulled"] += rows.nbytes
-        fresh[held.order] = grouped
-        return fresh
+        return out

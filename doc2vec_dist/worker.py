@@ -884,6 +884,13 @@ class Worker:
         rows = self._resident(table)
         return rows if isinstance(rows, np.ndarray) else rows.cpu().numpy()
 
+    def _resident_array(self, table: str) -> np.ndarray | None:
+        """The resident rows as a numpy array sharing their memory; None on CUDA (copied there)."""
+        if self.device.type != "cpu":
+            return None
+        rows = self._resident(table)
+        return rows if isinstance(rows, np.ndarray) else rows.numpy()
+
     def _write_resident(self, table: str, rows: np.ndarray) -> None:
         if not self.torch:
             self._resident(table)[:] = rows
@@ -895,4 +902,5 @@ class Worker:
     def _sync(self, label: str, push: bool = True, pull: bool = True, docs: bool = False) -> None:
         """Exchange the resident rows with the servers (client.ParameterClient.sync); with docs, the
         resident documents' too."""
-        self.client.sync(self._read_resident, self._write_resident, label, push=push, pull=pull, docs=docs)
+        self.client.sync(self._read_resident, self._write_resident, label, push=push, pull=pull, docs=docs,
+                         into=self._resident_array)

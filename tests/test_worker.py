@@ -192,7 +192,7 @@ def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers
     start = served(ray_cluster, servers, "words", rows["words"]) if words else None
     pulls = []
     pull = worker.client.pull_resident
-    worker.client.pull_resident = lambda table="words_out": pulls.append(table) or pull(table)
+    worker.client.pull_resident = lambda table="words_out", out=None: pulls.append(table) or pull(table, out=out)
     for epoch in range(config.epochs):
         worker.run_epoch(epoch)
     assert pulls == (["words_out", "words"] if words else ["words_out"])
