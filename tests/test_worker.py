@@ -324,3 +324,43 @@ def test_the_exact_kernels_two_rates_are_the_batched_paths_bit_for_bit():
         ours = ends_alphas(alpha, low, done, tokens, planned)
         torch_s = micro_batch_alphas(alpha, low, done, tokens, planned, 1, ends=True).numpy()
         np.testing.assert_array_equal(ours.view(np.uint32), torch_s.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_resident_rows_pulled_in_place_train_what_rows_copied_in_train(small_corpus, dtype):
+    """A CPU worker pulls its resident rows (its block, its documents) straight into its matrices; a
+    CUDA worker gets them as an array to copy to its device (`_resident_array` None). Both ways, two
+    rounds of the block schedule end in the same rows on the servers, bit for bit."""
+    from doc2vec_dist import client
+
+    config = TrainConfig(dim=8, epochs=2, sample=0, num_ps=NUM_PS, num_workers=2, cpus_per_worker=1,
+                         dtype=dtype, progress=False)
+    corpus = Corpus(small_corpus)
+    tables = table_specs(config, corpus)
+    finals = []
+    for copied in (False, True):
+        servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
+        try:
+            worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, config, servers, tables)
+            assert worker.docs_head > 0 and worker.rounds == 2
+            ids = worker.client.docs.ids  # row r lives on server r % NUM_PS, at r // NUM_PS
+            expected = np.empty((len(ids), worker.width), np.float32)
+            for s, server in enumerate(servers):
+                mine = ids % NUM_PS == s
+                expected[mine] = precision.widen_rows(client.get(server.pull.remote({"docs": ids[mine] // NUM_PS})),
+                                                      dtype, config.dim)
+            into = np.zeros_like(expected)
+            np.testing.assert_array_equal(worker.client.pull_resident("docs", out=into), expected)
+            np.testing.assert_array_equal(into, expected)
+            if copied:
+                worker._resident_array = lambda table: None
+            for epoch in range(config.epochs):
+                for r in range(worker.rounds):
+                    worker.run_epoch(epoch, Position(epoch, round=r))
+            finals.append({name: [s.server.tables[name].copy() for s in servers] for name in ("docs", "words_out")})
+        finally:
+            for server in servers:
+                server.close()
+    for name in ("docs", "words_out"):
+        for a, b in zip(finals[0][name], finals[1][name]):
+            np.testing.assert_array_equal(a, b)
