@@ -118,19 +118,27 @@ RESIDENT_CALL_BYTES = 64 << 20  # resident rows move in calls of at most this mu
 @dataclass
 class Held:
     """Rows a worker keeps resident (ascending global ids), and how they split over the servers:
-    `order[k]` is the row at place k of the by-server layout."""
+    `order[k]` is the row at place k of the by-server layout. With `grouped` the worker keeps them in
+    that layout (the row of ids[j] at route.position[j]), so a push reads and a pull fills one slice
+    per server with no reordering; else in id order."""
 
     ids: np.ndarray
     route: Routing
     order: np.ndarray
+    grouped: bool = False
 
     @classmethod
-    def of(cls, ids: np.ndarray, num_shards: int) -> Held:
+    def of(cls, ids: np.ndarray, num_shards: int, grouped: bool = False) -> Held:
         ids = np.asarray(ids, dtype=np.int64)
         route = Routing.of(ids, max(num_shards, 1))
         order = np.empty(len(ids), dtype=np.int64)
         order[route.position] = np.arange(len(ids))
-        return cls(ids, route, order)
+        return cls(ids, route, order, grouped)
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """Where the worker keeps the rows of `ids` (each one of self.ids)."""
+        at = np.searchsorted(self.ids, ids)
+        return self.route.position[at] if self.grouped else at
 
     def pieces(self, shard: int, row_bytes: int):
         """(lo, hi) places of server `shard`'s rows, in pieces of at most RESIDENT_CALL_BYTES."""
@@ -291,8 +299,10 @@ class ParameterClient:
     def hold_documents(self, ids: np.ndarray) -> None:
         """Keep the document rows `ids` (ascending: every document this worker reads) resident too, the
         head of `inputs` after any words rows: pulled at the next sync, pushed by syncs with docs=True
-        (the epoch's end, checkpoints), never pulled or pushed by a macro-batch."""
-        self.docs = Held.of(ids, self.num_shards)
+        (the epoch's end, checkpoints), never pulled or pushed by a macro-batch. Kept grouped by server:
+        the epoch's push of a worker's documents is then slices, not a reordering of all of them (on the
+        200k corpus most of the time the other worker waited for at the epoch's end)."""
+        self.docs = Held.of(ids, self.num_shards, grouped=True)
         self.docs_held = False
     def release(self) -> None:
         """The resident rows, pushed home, are no longer this worker's: the next sync pulls afresh."""
@@ -304,10 +314,10 @@ class ParameterClient:
         each document's row in `inputs`. Resident documents (hold_documents) are pulled with none."""
         words_head = self.resident if "words" in self.resident_tables else 0
         none = Routing.of(np.zeros(0, np.int64), self.num_shards)
-        if self.docs is not None:  # rows words_head.. of `inputs`, in id order
+        if self.docs is not None:  # rows words_head.. of `inputs`, grouped by server
             return (Layout(routes={"docs": none, "words_out": none}, cached=self.resident,
                            inputs_head=words_head + len(self.docs.ids)),
-                    words_head + np.searchsorted(self.docs.ids, doc_ids))
+                    words_head + self.docs.rows_of(doc_ids))
         route = Routing.of(doc_ids.astype(np.int64), self.num_shards)  # sorted, unique
         return (Layout(routes={"docs": route, "words_out": none}, cached=self.resident, inputs_head=words_head),
                 words_head + route.position)
@@ -499,10 +509,11 @@ class ParameterClient:
         return self.docs if table == "docs" else self.urls
 
     def push_resident(self, rows: np.ndarray, label: str, assign: bool, table: str = "words_out") -> None:
-        """Push a table's resident rows (deltas, or with assign the rows themselves; in id order) and
-        wait until every server has applied its part, in calls of at most RESIDENT_CALL_BYTES."""
+        """Push a table's resident rows (deltas, or with assign the rows themselves; in the worker's
+        layout of them: Held.grouped) and wait until every server has applied its part, in calls of at
+        most RESIDENT_CALL_BYTES."""
         held = self._held(table)
-        rows = self._narrow(rows[held.order])
+        rows = self._narrow(rows if held.grouped else rows[held.order])
         self.traffic["resident_pushed"] += rows.nbytes
         calls = []
         for s, server in enumerate(self.servers):
@@ -514,9 +525,9 @@ class ParameterClient:
         get(calls)
 
     def pull_resident(self, table: str = "words_out", out: np.ndarray | None = None) -> np.ndarray:
-        """A table's resident rows as the servers hold them, in id order (in calls of at most
-        RESIDENT_CALL_BYTES), widened to float32: into `out` where given, each call's rows put in
-        their places as they are (float32) or once widened."""
+        """A table's resident rows as the servers hold them, in the worker's layout of them (id order,
+        or by server: Held.grouped), in calls of at most RESIDENT_CALL_BYTES, widened to float32: into
+        `out` where given, each call's rows put in their places as they are (float32) or once widened."""
         held = self._held(table)
         parts, at = [], []
         for s, server in enumerate(self.servers):
@@ -529,6 +540,7 @@ class ParameterClient:
             stored = pulled[0].shape[1] if pulled else self.row_bytes // precision.stored(self.dtype).itemsize
             out = np.empty((len(held.ids), precision.float_width(self.dtype, self.dim, stored)), dtype=np.float32)
         for (lo, hi), rows in zip(at, pulled):
-            out[held.order[lo:hi]] = precision.widen_rows(rows, self.dtype, self.dim)
+            places = slice(lo, hi) if held.grouped else held.order[lo:hi]
+            out[places] = precision.widen_rows(rows, self.dtype, self.dim)
             self.traffic["resident_pulled"] += rows.nbytes
         return out

@@ -298,7 +298,7 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
 
         worker.run_epoch(0, Position(0))  # round 0 of 2: the worker now waits for the other's round
         ids = worker.client.docs.ids
-        trained = worker._read_resident("docs").copy()
+        trained = worker._read_resident("docs")[worker.client.docs.rows_of(ids)]  # kept grouped by server
         assert not np.array_equal(on_servers(ids), trained)  # still only in the worker
         position = worker.pause()
         np.testing.assert_array_equal(on_servers(ids), trained)  # in the servers, for the checkpoint
@@ -326,6 +326,18 @@ def test_the_exact_kernels_two_rates_are_the_batched_paths_bit_for_bit():
         np.testing.assert_array_equal(ours.view(np.uint32), torch_s.view(np.uint32))
 
 
+def _rows_on_servers(servers, table: str, ids: np.ndarray, width: int, config: TrainConfig) -> np.ndarray:
+    """Rows `ids` of a table as the servers hold them, widened (row r lives on server r % NUM_PS, at r // NUM_PS)."""
+    from doc2vec_dist import client
+
+    rows = np.empty((len(ids), width), np.float32)
+    for s, server in enumerate(servers):
+        mine = ids % NUM_PS == s
+        rows[mine] = precision.widen_rows(client.get(server.pull.remote({table: ids[mine] // NUM_PS})),
+                                          config.dtype, config.dim)
+    return rows
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_resident_rows_pulled_in_place_train_what_rows_copied_in_train(small_corpus, dtype):
     """A CPU worker pulls its resident rows (its block, its documents) straight into its matrices; a
@@ -343,20 +355,20 @@ def test_resident_rows_pulled_in_place_train_what_rows_copied_in_train(small_cor
         try:
             worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, config, servers, tables)
             assert worker.docs_head > 0 and worker.rounds == 2
-            ids = worker.client.docs.ids  # row r lives on server r % NUM_PS, at r // NUM_PS
-            expected = np.empty((len(ids), worker.width), np.float32)
-            for s, server in enumerate(servers):
-                mine = ids % NUM_PS == s
-                expected[mine] = precision.widen_rows(client.get(server.pull.remote({"docs": ids[mine] // NUM_PS})),
-                                                      dtype, config.dim)
-            into = np.zeros_like(expected)
-            np.testing.assert_array_equal(worker.client.pull_resident("docs", out=into), expected)
-            np.testing.assert_array_equal(into, expected)
+            docs = worker.client.docs  # kept grouped by server
+            on_servers = _rows_on_servers(servers, "docs", docs.ids, worker.width, config)
+            into = np.zeros_like(on_servers)
+            np.testing.assert_array_equal(worker.client.pull_resident("docs", out=into)[docs.rows_of(docs.ids)],
+                                          on_servers)
+            np.testing.assert_array_equal(into[docs.rows_of(docs.ids)], on_servers)
             if copied:
                 worker._resident_array = lambda table: None
             for epoch in range(config.epochs):
                 for r in range(worker.rounds):
                     worker.run_epoch(epoch, Position(epoch, round=r))
+            block = worker.client.urls  # the block it held last, kept in id order
+            np.testing.assert_array_equal(worker.client.pull_resident("words_out"),
+                                          _rows_on_servers(servers, "words_out", block.ids, worker.width, config))
             finals.append({name: [s.server.tables[name].copy() for s in servers] for name in ("docs", "words_out")})
         finally:
             for server in servers:
