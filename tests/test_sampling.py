@@ -40,6 +40,38 @@ def test_negative_table_follows_unigram_power():
     assert freq[4] == 0  # a word with count 0 is never a negative
 
 
+def _vose_in_python(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The alias table as it was built before it was compiled (runs must keep their draws)."""
+    n = len(p)
+    scaled = p * n
+    accept, alias = np.ones(n, dtype=np.float64), np.arange(n, dtype=np.int64)
+    small, large = list(np.flatnonzero(scaled < 1.0)), list(np.flatnonzero(scaled >= 1.0))
+    while small and large:
+        s, g = small.pop(), large[-1]
+        accept[s], alias[s] = scaled[s], g
+        scaled[g] -= 1.0 - scaled[s]
+        if scaled[g] < 1.0:
+            large.pop()
+            small.append(g)
+    return accept.astype(np.float32), alias
+
+
+@pytest.mark.parametrize("n, zeros", [(1, 0), (7, 2), (5000, 0), (50_000, 1000)])
+def test_the_alias_table_gives_each_word_its_probability_and_the_tables_of_before(n, zeros):
+    rng = np.random.default_rng(n)
+    counts = np.sort(rng.zipf(1.3, n))[::-1].astype(np.int64)  # by descending count, as ids are
+    counts[n - zeros:] = 0
+    table = NegativeTable(counts, 0.75)
+    accept, alias = _vose_in_python(table.p)
+    np.testing.assert_array_equal(table.accept, accept)
+    np.testing.assert_array_equal(table.alias, alias)
+    # slot i gives word i with accept[i], else alias[i]: each word's share of the n slots is its p
+    share = table.accept.astype(np.float64) + 0.0
+    implied = np.bincount(np.arange(n), weights=share, minlength=n) + np.bincount(table.alias, weights=1.0 - share,
+                                                                                  minlength=n)
+    np.testing.assert_allclose(implied / n, table.p, atol=1e-6 / n + 1e-7 * table.p.max())
+
+
 def test_dbow_examples_mask_negatives_equal_to_positive_and_drops_subsampled():
     rng = np.random.default_rng(2)
     counts = np.array([100, 1, 1])
