@@ -446,9 +446,10 @@ class ParameterClient:
              into=None) -> None:
         """Exchange the resident rows with the servers: push what they learned since the last pull
         (new − pulled, like any push), then pull them afresh (other workers' updates included).
-        `read(table)` gives the worker's resident rows in id order, `write(table, rows)` replaces them;
-        `into(table)`, where given, is those rows as a float32 array to pull straight into (None where
-        they are not in host memory), so a sole writer's pulled rows are not copied twice more.
+        `read(table)` gives the worker's resident rows in its layout of them (id order, or by server:
+        Held.grouped), `write(table, rows)` replaces them; `into(table)`, where given, is those rows as a
+        float32 array to pull straight into (None where they are not in host memory), so a sole writer's
+        pulled rows are not copied twice more.
 
         Called at the start of an epoch (pull), every CACHE_SYNC_BATCHES macro-batches when several
         workers share the rows, before a checkpoint and at the end of an epoch (push only). Each
@@ -490,6 +491,7 @@ class ParameterClient:
         if push and docs and self.docs_held and self.docs_dirty:
             self.push_resident(read("docs"), label, assign=True, table="docs")
             self.docs_dirty = False
+
         def pull_table(table: str) -> None:
             out = into(table) if into is not None else None
             if out is None:
