@@ -64,6 +64,28 @@ def _deal(weight: np.ndarray, blocks: int, noise: np.ndarray, slack: float) -> n
     return out
 
 
+@numba.njit(cache=True)
+def _split(block_of: np.ndarray, local_of: np.ndarray, offsets: np.ndarray, tokens: np.ndarray, local: np.ndarray,
+           blocks: int) -> tuple:
+    """A chunk's tokens grouped by block, each document's in their order, as their blocks' local rows
+    (into `local`): the bounds of each block's run, and each block's tokens per document [blocks, docs].
+    A counting sort in two passes (Blocks.split: the first round of a segment splits every chunk)."""
+    docs = len(offsets) - 1
+    sizes = np.zeros((blocks, docs), dtype=np.int64)
+    for d in range(docs):
+        for i in range(offsets[d], offsets[d + 1]):
+            sizes[block_of[tokens[i]], d] += 1
+    bounds = np.zeros(blocks + 1, dtype=np.int64)
+    for b in range(blocks):
+        bounds[b + 1] = bounds[b] + sizes[b].sum()
+    at = bounds[:-1].copy()
+    for i in range(len(tokens)):
+        b = block_of[tokens[i]]
+        local[at[b]] = local_of[tokens[i]]
+        at[b] += 1
+    return bounds, sizes
+
+
 @dataclass
 class Block:
     """One block of the URL rows as its holder trains it: its global ids (ascending), and the keep
@@ -140,18 +162,14 @@ class Blocks:
         tokens)] (what a worker stores to train in its later rounds without reading the chunk again)."""
         if self.num_blocks == 1:
             return [(doc_ids, offsets, tokens)]
-        block = self.block_of[tokens].astype(np.int16)
-        order = np.argsort(block, kind="stable")  # by block, each document's tokens in their order
-        doc = np.repeat(np.arange(len(doc_ids)), np.diff(offsets))[order]
-        local = self.local_of[tokens[order]].astype(tokens.dtype)
-        bounds = np.searchsorted(block[order], np.arange(self.num_blocks + 1))
+        local = np.empty(len(tokens), dtype=tokens.dtype)
+        bounds, sizes = _split(self.block_of, self.local_of, np.asarray(offsets, dtype=np.int64), tokens, local,
+                               self.num_blocks)
         parts = []
         for b in range(self.num_blocks):
-            lo, hi = bounds[b], bounds[b + 1]
-            sizes = np.bincount(doc[lo:hi], minlength=len(doc_ids))
-            live = sizes > 0
-            parts.append((doc_ids[live], np.concatenate([[0], np.cumsum(sizes[live])]).astype(offsets.dtype),
-                          local[lo:hi]))
+            live = sizes[b] > 0
+            parts.append((doc_ids[live], np.concatenate([[0], np.cumsum(sizes[b][live])]).astype(offsets.dtype),
+                          local[bounds[b]:bounds[b + 1]]))
         return parts
 
     def select(self, b: int, doc_ids: np.ndarray, offsets: np.ndarray, tokens: np.ndarray):
