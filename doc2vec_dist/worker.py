@@ -885,11 +885,9 @@ class Worker:
         return rows if isinstance(rows, np.ndarray) else rows.cpu().numpy()
 
     def _resident_array(self, table: str) -> np.ndarray | None:
-        """The resident rows as a numpy array sharing their memory; None on CUDA (copied there)."""
-        if self.device.type != "cpu":
-            return None
-        rows = self._resident(table)
-        return rows if isinstance(rows, np.ndarray) else rows.numpy()
+        """The resident rows as a numpy array sharing their memory (what _read_resident gives on the
+        CPU); None on CUDA, where _read_resident's rows are a copy."""
+        return self._read_resident(table) if self.device.type == "cpu" else None
 
     def _write_resident(self, table: str, rows: np.ndarray) -> None:
         if not self.torch:
