@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 # A directory: each parameter server writes down every push it applies there (ps.ParameterServer's
 # journal), for the tests that check who wrote which rows when
 PUSH_JOURNAL_ENV = "DOC2VEC_DIST_PUSH_JOURNAL"
+# Seconds each worker sleeps after every macro-batch: for the tests that need a round to outlast the
+# driver's tick, so that a checkpoint falls inside it whatever the machine's speed
+STEP_PAUSE_ENV = "DOC2VEC_DIST_STEP_PAUSE"
 
 
 class TrainingStopped(UserError):
@@ -562,12 +565,13 @@ class _Run:
             s, config.num_ps, tables, config.seed, self.out, self.warm, journal, config.rounding)
             for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
+        step_pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)  # for tests
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
                                            max_task_retries=0, **worker_placement).remote(
-            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables)
+            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables, step_pause=step_pause)
             for i in range(config.num_workers)]
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
             self._seen(("worker", i), answer)

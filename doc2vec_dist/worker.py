@@ -311,14 +311,17 @@ class Arrival:
 
 class Worker:
     def __init__(self, index: int, units: list[Unit], corpus_path: str, config: TrainConfig,
-                 servers: list, tables: dict[str, TableSpec], compute: Compute | None = None):
+                 servers: list, tables: dict[str, TableSpec], compute: Compute | None = None,
+                 step_pause: float = 0.0):
         """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
         client.LocalServers (no Ray at all). tables: the servers' table specs (ps.table_specs).
-        compute: what trains the examples (Compute.default())."""
+        compute: what trains the examples (Compute.default()). step_pause: seconds slept after each
+        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV)."""
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         load_compiled()
         self.index, self.units, self.config = index, units, config
+        self.step_pause = step_pause
         self.node = ray_node_id()
         self.compute = compute or Compute.default()
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
@@ -673,6 +676,8 @@ class Worker:
                 trained = True
                 self.client.push(arrival.layout, pulled, local, label)
                 seconds["push"] += time.perf_counter() - t2
+                if self.step_pause:
+                    time.sleep(self.step_pause)
 
                 done_before += batch.raw_tokens
                 self.stats["tokens"] += batch.raw_tokens

@@ -15,7 +15,7 @@ import pytest
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.config import TrainConfig
-from doc2vec_dist.trainer import PUSH_JOURNAL_ENV, resumed_config, train
+from doc2vec_dist.trainer import PUSH_JOURNAL_ENV, STEP_PAUSE_ENV, resumed_config, train
 
 TWO = {"dim": 16, "epochs": 2, "sample": 0, "num_ps": 2, "num_workers": 2, "cpus_per_worker": 1, "progress": False,
        "macro_batch": 8192}
@@ -86,13 +86,17 @@ def tables_of(model: str) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("segments", [1, 2])
 def test_a_block_run_is_reproducible_through_mid_round_checkpoints_and_a_resume_from_one(ray_cluster, sample_corpus,
-                                                                                        tmp_path, segments):
+                                                                                        tmp_path, monkeypatch,
+                                                                                        segments):
     corpus = sample_corpus[0]
     two = {**TWO, "segments": segments}
     straight = tables_of(train(corpus, str(tmp_path / "a"), TrainConfig(**two, checkpoint_every=0))["model"])
     # checkpoints every 50 ms pause the workers mid-round: their blocks go home and come back unchanged
+    # (each macro-batch followed by a 40 ms sleep: a round outlasts the driver's 25 ms tick on any machine)
     paused_model = str(tmp_path / "b")
-    train(corpus, paused_model, TrainConfig(**two, checkpoint_every=0.05, keep_checkpoints=1000))
+    with monkeypatch.context() as patch:
+        patch.setenv(STEP_PAUSE_ENV, "0.04")
+        train(corpus, paused_model, TrainConfig(**two, checkpoint_every=0.05, keep_checkpoints=1000))
     for name, matrix in tables_of(paused_model).items():
         np.testing.assert_array_equal(matrix, straight[name], err_msg=name)
     # a version taken mid-epoch (in a second round, where one fell there), resumed in a copy of the model,

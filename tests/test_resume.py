@@ -20,7 +20,7 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.trainer import TrainingStopped, resumed_config, train
+from doc2vec_dist.trainer import STEP_PAUSE_ENV, TrainingStopped, resumed_config, train
 from doc2vec_dist.worker import Unit, read_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,8 +55,10 @@ def test_worker_data_positions_cover_the_rest_of_its_units_exactly(sample_corpus
     assert list(read_chunks(units, macro_batch, len(units), None)) == []  # a finished worker reads nothing
 
 
-def test_checkpoints_are_taken_mid_epoch_with_each_workers_position(ray_cluster, sample_corpus, tmp_path):
+def test_checkpoints_are_taken_mid_epoch_with_each_workers_position(ray_cluster, sample_corpus, tmp_path,
+                                                                    monkeypatch):
     model = str(tmp_path / "model")
+    monkeypatch.setenv(STEP_PAUSE_ENV, "0.03")  # each macro-batch 30 ms longer: an epoch outlasts the tick anywhere
     summary = train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 3}, checkpoint_every=0.02,
                                                          keep_checkpoints=1000))
     versions = range(1, latest(model) + 1)
