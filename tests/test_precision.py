@@ -63,16 +63,15 @@ def test_float16_stochastic_rounding_costs_about_what_bfloat16s_does():
 
     values = np.random.default_rng(0).normal(0, 0.3, (20_000, 64)).astype(np.float32)
 
-    def cost(dtype):
-        best = np.inf
-        for k in range(5):
+    best = {"bfloat16": np.inf, "float16": np.inf}
+    for k in range(7):  # interleaved: a load on the machine falls on both
+        for dtype in ("bfloat16", "float16"):
             t0 = time.perf_counter()
             precision.narrow(values, dtype, precision.rng_of(k))
-            best = min(best, time.perf_counter() - t0)
-        return best
-    # quiet, float16 costs 2.4-2.6x bfloat16 here (its range checks, and its subnormals on a slower path);
-    # under the test run's load once 3.1x. The 8x it guards against stays far outside 5x.
-    assert cost("float16") < 5 * cost("bfloat16")
+            best[dtype] = min(best[dtype], time.perf_counter() - t0)
+    # quiet, float16 costs ~2.1x bfloat16 on this machine (AVX-512; its flagged values are left to a second
+    # pass); 6.4x when its loop noted their positions as it went, which kept it from vectorizing
+    assert best["float16"] < 5 * best["bfloat16"]
 
 
 def test_stochastic_rounding_is_seeded_and_exact_values_never_move():
