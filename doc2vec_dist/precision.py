@@ -167,25 +167,34 @@ def _narrow_bf16(values: np.ndarray, rng: np.random.Generator | None) -> np.ndar
 
 @numba.njit(nogil=True, cache=True)
 def _f16_stochastic_bits(bits: np.ndarray, key: np.uint64) -> tuple:
-    """The float16 bits of float32 `bits` in float16's normal range (and of ±0): each magnitude plus a
-    random integer below 2^13, its low 13 bits dropped, the rest re-biased (the cast, exact by then,
+    """The float16 bits of float32 `bits` below 65504, stochastically rounded (the cast, exact by then,
     done here: numpy's took 3 ns a value); and a flag on the values left for the caller (their bits 0
-    here): subnormal in float16, past its largest finite, inf, NaN. Without a branch, so that the
-    loop vectorizes (where it wrote the positions of those values as it met them, it ran at 3x the time)."""
+    here): from 65504 up, inf, NaN. Without a branch, so that the loop vectorizes (where it wrote the
+    positions of the values it left as it met them, subnormals among them, it ran at 2-3x the time)."""
     out = np.empty(bits.size, np.uint16)
     left = np.empty(bits.size, np.bool_)
     for i in range(bits.size):
         b = np.uint64(bits[i])
         size = b & np.uint64(0x7FFFFFFF)
         sign = (b >> np.uint64(16)) & np.uint64(0x8000)
-        rounded = (size + (_hash(key, i) >> np.uint64(51))) & np.uint64(0x7FFFE000)
+        draw = _hash(key, i)
+        # normal in float16: the magnitude plus a random integer below 2^13, its low 13 bits dropped,
+        # the rest re-biased
+        rounded = (size + (draw >> np.uint64(51))) & np.uint64(0x7FFFE000)
         exponent = rounded >> np.uint64(23)  # 113 (2^-14) ... 142 (2^15): float16's 1 ... 30
         half = sign | (((exponent - np.uint64(112)) << np.uint64(10)) & np.uint64(0x7C00)) | (
             (rounded >> np.uint64(13)) & np.uint64(0x3FF))
         half = (sign | np.uint64(0x7C00)) if exponent > np.uint64(142) else half  # rounded up past 65504
+        # subnormal in float16 (below 2^-14): a count of 2^-24, the 24-bit significand shifted right by
+        # `dropped` bits (14 at 2^-15, more below) after a random integer below 2^dropped is added (a
+        # count of 1024 is the smallest normal's bits, as it should be); float32's own subnormals give 0
+        biased = size >> np.uint64(23)
+        dropped = min(np.uint64(126) - biased, np.uint64(62)) if biased < np.uint64(113) else np.uint64(14)
+        significand = ((size & np.uint64(0x7FFFFF)) | np.uint64(0x800000)) if biased > np.uint64(0) else np.uint64(0)
+        small = sign | ((significand + (draw >> (np.uint64(64) - dropped))) >> dropped)
+        half = small if size < np.uint64(0x38800000) else half
         half = sign if size == np.uint64(0) else half
-        # below 2^-14 (but 0), from 65504 up: the caller's
-        special = (size != np.uint64(0)) & ((size < np.uint64(0x38800000)) | (size >= np.uint64(0x477FE000)))
+        special = size >= np.uint64(0x477FE000)
         out[i] = np.uint16(np.uint64(0) if special else half)
         left[i] = special
     return out, left
@@ -195,35 +204,16 @@ def _narrow_f16_stochastic(values: np.ndarray, rng: np.random.Generator) -> np.n
     # float16 keeps 10 fraction bits of a float32's 23 down to 2^-14, one fewer per halving below (its
     # subnormals), none below 2^-24. The bits it cannot hold are dropped after a random integer below
     # their weight is added to them, which carries into the kept bits with the right odds (as
-    # _narrow_bf16 does with 16); the cast of what is left is then exact. Bit arithmetic, because
-    # nextafter and a division per value made this 8x slower than bfloat16's, on every push's path.
+    # _narrow_bf16 does with 16). Bit arithmetic, because nextafter and a division per value made this
+    # 8x slower than bfloat16's, on every push's path.
     shape = np.shape(values)
     values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-    bits = values.view(np.uint32)
-    half, left = _f16_stochastic_bits(bits, _key(rng))
-    special = np.flatnonzero(left)
+    half, left = _f16_stochastic_bits(values.view(np.uint32), _key(rng))
     out = half.view(np.float16)
-    with np.errstate(over="ignore", invalid="ignore"):
-        if not len(special):
-            return out.reshape(shape)
-        size = np.abs(values[special])
-        small = special[(size < np.float32(2.0 ** -14)) & (size > 0)]
-        if len(small):  # subnormal in float16: fewer bits kept; below 2^-24 none, the value a chance of 2^-24
-            exponent = ((bits[small] >> 23) & np.uint32(0xFF)).astype(np.int64) - 127
-            dropped = (13 - 14 - exponent).astype(np.uint64)  # 14 at 2^-15 ... 23 at 2^-24, more below
-            draw = rng.integers(0, 1 << 62, size=len(small), dtype=np.uint64)
-            shift = np.minimum(dropped, 24)
-            rounded = ((bits[small].astype(np.uint64) + (draw >> (np.uint64(62) - shift)))
-                       & ~((np.uint64(1) << shift) - np.uint64(1)))
-            part = rounded.astype(np.uint32).view(np.float32).astype(np.float16)
-            tiny = dropped > 23  # below 2^-24: the mask would reach the exponent
-            if tiny.any():
-                sign = np.where(bits[small][tiny] >> 31, np.float16(-1), np.float16(1))
-                up = (draw[tiny] >> np.uint64(38)) < np.abs(values[small][tiny]) * np.float32(2.0 ** 48)
-                part[tiny] = np.where(up, sign * np.float16(2.0 ** -24), sign * np.float16(0))
-            out[small] = part
-        edge = special[~np.isfinite(size) | (size >= np.float32(65504))]  # NaN, ±inf, the edge of range
-        out[edge] = values[edge].astype(np.float16)  # as a cast makes them (the largest finite stays)
+    edge = np.flatnonzero(left)  # NaN, ±inf, the edge of range: as a cast makes them (the largest finite stays)
+    if len(edge):
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[edge] = values[edge].astype(np.float16)
     return out.reshape(shape)
 
 
