@@ -59,7 +59,12 @@ def widen(values: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
     if out is None:
         out = np.empty(values.shape, dtype=np.float32)
     if dtype == "float16":
-        out[...] = values
+        if values.ndim == out.ndim == 2:
+            _widen_f16(values.view(np.uint16), out)
+        elif values.flags.c_contiguous and out.flags.c_contiguous:
+            _widen_f16(values.view(np.uint16).reshape(1, -1), out.reshape(1, -1))
+        else:
+            out[...] = values
         return out
     bits = out.view(np.uint32) if out.flags.c_contiguous else None
     if bits is None:  # a strided destination: widen into a temporary
@@ -67,6 +72,30 @@ def widen(values: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
         return out
     np.left_shift(values, 16, out=bits, dtype=np.uint32)
     return out
+
+
+# 2^(e - 25) for float16's biased exponent e = 1..30 (its significand then counted with the implicit
+# 1024), 2^-24 for e = 0 (subnormals); 31 is inf or NaN
+_F16_SCALE = np.array([2.0 ** -24] + [2.0 ** (e - 25) for e in range(1, 31)] + [1.0], dtype=np.float32)
+
+
+@numba.njit(nogil=True, cache=True)
+def _widen_f16(halves: np.ndarray, out: np.ndarray) -> None:
+    """float16 bits [n, m] (uint16) as float32 values into `out` [n, m], which may be strided (the
+    vector columns of a row matrix): the significand times a power of two, exact, without a branch,
+    so that it vectorizes (numpy's cast took 1.6 ns a value here, bfloat16's widening 0.12). NaN
+    comes out as a NaN, not its payload."""
+    scale = _F16_SCALE
+    for i in range(halves.shape[0]):
+        for j in range(halves.shape[1]):
+            h = np.int32(halves[i, j])
+            exponent = (h >> 10) & 0x1F
+            fraction = h & 0x3FF
+            significand = fraction + (1024 if exponent > 0 else 0)
+            value = np.float32(significand) * scale[exponent]
+            if exponent == 31:
+                value = np.float32(np.inf) if fraction == 0 else np.float32(np.nan)
+            out[i, j] = -value if h & 0x8000 else value
 
 
 def narrow(values: np.ndarray, dtype: str, rng: np.random.Generator | None = None) -> np.ndarray:
