@@ -46,6 +46,7 @@ def bench(corpus_path: str, config: TrainConfig, out: str | None, heldout: str |
     corpus = Corpus(corpus_path)
     made = checkpoint.start_model_dir(out, corpus.path, overwrite) if out else None
     servers, worker, close = one_worker(corpus_path, config, use_ray=False)
+    worker.staged = True  # the device path on the CPU too: its bookkeeping, its 16-bit URL rows (--device-rows)
     epochs, stats_of = [], []
     try:
         for epoch in range(config.epochs):
@@ -70,6 +71,7 @@ def bench(corpus_path: str, config: TrainConfig, out: str | None, heldout: str |
     tokens = sum(e["tokens"] for e in epochs)
     seconds = sum(e["seconds"] for e in epochs)
     result = {"corpus": corpus.path, "device": str(worker.device), "token_path": worker.token_path,
+              "device_rows": str(worker._outputs.dtype).replace("torch.", ""),
               "macro_batch": worker.macro_batch, "config": dataclasses.asdict(config), "epochs": epochs,
               "tokens_per_second": tokens / seconds, "last_epoch_tokens_per_second": epochs[-1]["tokens_per_second"]}
     if out and heldout:

@@ -150,6 +150,10 @@ class TrainConfig:
     rounding: str = _f("stochastic", "how a 16-bit --dtype rounds updated rows: stochastic (seeded, so that an update "
                                      "below half a unit in the last place still lands on average) or to nearest",
                        ("stochastic", "nearest"), engine=True)
+    device_rows: str = _f("dtype", "type a GPU worker keeps its resident URL rows in where it holds them all (the token "
+                                   "path): dtype, the tables' --dtype (16 bits halve the device memory they take; "
+                                   "each micro-batch's update rounded as --rounding says), or float32",
+                          ("dtype", "float32"), engine=True)
     optimizer: str = _f("sgd", "sgd (gensim's update) or row-wise adagrad", ("sgd", "adagrad"), engine=True)
     num_ps: int = _f(2, "parameter-server actors; row r lives on server r %% num_ps", engine=True)
     num_workers: int = _f(1, "training worker actors (one per machine: a worker uses all its CPUs' threads)",
@@ -272,6 +276,14 @@ class TrainConfig:
     def trains_words(self) -> bool:
         """Whether the `words` table (input vectors of URLs) is trained: PV-DM, and dbow_words."""
         return self.mode == "dm" or self.dbow_words
+
+    def half_on_device(self, words_out_rows: int, staged: bool | None = None) -> bool:
+        """Whether device workers keep their resident URL rows in the tables' 16-bit dtype (kernels.py):
+        on the device (staged) path, where the token path holds every URL row there. staged: whether
+        workers run that path (None: where they have a GPU)."""
+        staged = self.gpus_per_worker > 0 if staged is None else staged
+        return bool(staged and self.dtype != "float32" and self.device_rows == "dtype" and not self.exact_kernel()
+                    and self.token_path(words_out_rows))
 
     def exact_kernel(self) -> bool:
         """Whether workers use cpu_kernel (each update applied at once) rather than kernels.train."""

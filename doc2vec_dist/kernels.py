@@ -16,6 +16,12 @@ parameter servers once.
 
 Row-wise Adagrad (PyTorch-BigGraph's row_adagrad) keeps one accumulator per row in an extra last
 column of the same matrix, so it travels with the row through pull, push and checkpoint.
+
+`outputs` may be 16-bit (bfloat16 or float16: a GPU worker's resident URL rows in the tables' --dtype,
+half the device memory). Its rows are widened as they are read, the math is float32, and a
+micro-batch's summed update is added to the widened rows, which are narrowed back with stochastic
+rounding (FBGEMM's default for 16-bit tables): an update below half a unit in the last place is kept
+on average instead of lost. Adagrad's accumulator stays float32, its 4 bytes in the last two columns.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ LOSS_EVERY = 4
 def train(inputs: torch.Tensor, outputs: torch.Tensor, ctx: torch.Tensor, target: torch.Tensor,
           neg: torch.Tensor, neg_mask: torch.Tensor | None, alphas: torch.Tensor, micro_batch: int, *,
           ctx_mask: torch.Tensor | None = None, scale: torch.Tensor | None = None, adagrad: bool = False,
-          shared_negatives: int = 0, learn_outputs: bool = True, learn_context_words: bool = True) -> float:
+          shared_negatives: int = 0, learn_outputs: bool = True, learn_context_words: bool = True,
+          rounding: torch.Generator | None = None) -> float:
     """Train all examples of one macro-batch in micro-batches; returns the summed loss.
 
     ctx [n, c] indexes rows of `inputs` (c = 1: one input row per example; c > 1: PV-DM's document in
@@ -46,12 +53,14 @@ def train(inputs: torch.Tensor, outputs: torch.Tensor, ctx: torch.Tensor, target
     alphas holds one learning rate per micro-batch. scale [n], if given, scales each example's update
     of its context rows (see sampling.doc_step_scale). With adagrad the matrices carry the accumulator
     as their last column. learn_outputs=False and learn_context_words=False freeze `outputs` and every
-    context column but the first (inference of new documents).
+    context column but the first (inference of new documents). rounding: the generator the stochastic
+    rounding of a 16-bit `outputs` draws from (see the module's docstring); None: to nearest.
     """
     n = target.shape[0]
     if n == 0:
         return 0.0
-    dim = outputs.shape[1] - int(adagrad)
+    half = outputs.dtype in HALF
+    dim = outputs.shape[1] - int(adagrad) * (2 if half else 1)
     loss = torch.zeros((), dtype=torch.float64, device=outputs.device)
     scored = 0  # examples whose loss was taken
     multi = ctx.shape[1] > 1
@@ -63,7 +72,7 @@ def train(inputs: torch.Tensor, outputs: torch.Tensor, ctx: torch.Tensor, target
         alpha = alphas[i]
         if multi:
             m = (ctx_mask[start:end] if ctx_mask is not None else torch.ones_like(c, dtype=torch.bool))
-            m = m.to(outputs.dtype)
+            m = m.to(inputs.dtype)
             hv = inputs.index_select(0, c.reshape(-1)).view(end - start, c.shape[1], -1)[..., :dim]
             h = (hv * m.unsqueeze(2)).sum(1) / m.sum(1, keepdim=True).clamp(min=1.0)
         else:
@@ -86,7 +95,10 @@ def train(inputs: torch.Tensor, outputs: torch.Tensor, ctx: torch.Tensor, target
         else:
             _apply(inputs, c[:, 0], work, alpha, adagrad, dim)
         if learn_outputs:
-            _apply(outputs, out_rows, out_upd, alpha, adagrad, dim)
+            if half:
+                _apply_narrowed(outputs, out_rows, out_upd, alpha, adagrad, dim, rounding)
+            else:
+                _apply(outputs, out_rows, out_upd, alpha, adagrad, dim)
     return float(loss) * n / scored
 
 
@@ -102,7 +114,7 @@ def _own_negatives(outputs, h, t, neg, neg_mask, dim, step, with_loss=True):
     rows = torch.cat([t.unsqueeze(1), neg], dim=1)                                  # [B, 1+k]
     labels = torch.zeros(rows.shape[1], dtype=h.dtype, device=h.device)
     labels[0] = 1.0
-    ov = outputs.index_select(0, rows.reshape(-1)).view(b, rows.shape[1], -1)[..., :dim]
+    ov = outputs.index_select(0, rows.reshape(-1)).view(b, rows.shape[1], -1)[..., :dim].to(h.dtype)
     # multiply-and-sum, not bmm: a batch of [1+k, dim]·[dim, 1] products is ~4× slower on CPU
     logits = (ov * h.unsqueeze(1)).sum(-1)                                         # [B, 1+k]
     g = labels - torch.sigmoid(logits)
@@ -118,8 +130,8 @@ def _own_negatives(outputs, h, t, neg, neg_mask, dim, step, with_loss=True):
 
 def _shared_negatives(outputs, h, t, shared, k, dim, step, with_loss=True):
     """All examples of the micro-batch against the same N negatives: two matrix products."""
-    o_pos = outputs.index_select(0, t)[:, :dim]                                     # [B, dim]
-    o_neg = outputs.index_select(0, shared)[:, :dim]                                # [N, dim]
+    o_pos = outputs.index_select(0, t)[:, :dim].to(h.dtype)                         # [B, dim]
+    o_neg = outputs.index_select(0, shared)[:, :dim].to(h.dtype)                    # [N, dim]
     pos = (h * o_pos).sum(-1)                                                       # [B]
     negl = h @ o_neg.T                                                              # [B, N]
     w = (shared.unsqueeze(0) != t.unsqueeze(1)).to(h.dtype) * (k / shared.shape[0])
@@ -143,6 +155,48 @@ def _apply(table: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha,
     current[:, dim] += grad.pow(2).mean(1)
     current[:, :dim] += alpha * grad / (current[:, dim:].sqrt() + ADAGRAD_EPS)
     table.index_copy_(0, uniq, current)
+
+
+def _apply_narrowed(table: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha, adagrad: bool, dim: int,
+                    gen: torch.Generator | None) -> None:
+    """_apply on a 16-bit table: each row's summed update added to its widened vector, which is
+    narrowed back stochastically from `gen` (None: to nearest); Adagrad's float32 accumulator (the
+    last two columns' 4 bytes) exactly."""
+    uniq, inverse = torch.unique(rows, return_inverse=True)
+    grad = torch.zeros((len(uniq), dim), dtype=update.dtype, device=table.device).index_add_(0, inverse, update)
+    stored = table.index_select(0, uniq)
+    vectors = stored[:, :dim].to(torch.float32)
+    if adagrad:
+        state = stored[:, dim:].contiguous().view(torch.float32) + grad.pow(2).mean(1, keepdim=True)
+        vectors += alpha * grad / (state.sqrt() + ADAGRAD_EPS)
+        stored[:, dim:] = state.view(table.dtype)
+    else:
+        vectors += grad
+    stored[:, :dim] = vectors.to(table.dtype) if gen is None else narrow_stochastic(vectors, table.dtype, gen)
+    table.index_copy_(0, uniq, stored)
+
+
+HALF = (torch.bfloat16, torch.float16)
+# float16's significand bits with the implicit one, and the lowest exponent frexp gives a normal value
+_GRID = {torch.float16: (11, -13)}
+
+
+def narrow_stochastic(values: torch.Tensor, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """float32 `values` as `dtype` (bfloat16 or float16), each rounded to one of its two neighbours
+    with the odds of its distance from the other (unbiased). bfloat16: a random 16-bit integer added to
+    the low half of the bits, which are then dropped (NaN and ±inf keep their top half). float16:
+    value / ulp plus a uniform draw, floored, times ulp, which it then holds exactly (below its normal
+    range its subnormals' step 2^-24; past its largest finite, inf, as a cast gives); NaN and ±inf
+    stay as they are."""
+    if dtype == torch.bfloat16:  # its bits are float32's top half: a random low half added carries with those odds
+        low = torch.randint(0, 1 << 16, values.shape, generator=gen, device=values.device, dtype=torch.int32)
+        return ((values.view(torch.int32) + low) >> 16).to(torch.int16).view(torch.bfloat16)
+    bits, lowest = _GRID[dtype]
+    _, exponent = torch.frexp(values)  # |values| = m · 2^exponent, m in [0.5, 1)
+    step = torch.clamp(exponent, min=lowest) - bits  # ulp = 2^step
+    draw = torch.rand(values.shape, generator=gen, device=values.device, dtype=torch.float32)
+    rounded = torch.ldexp(torch.floor(torch.ldexp(values, -step) + draw), step)
+    return torch.where(torch.isfinite(values), rounded, values).to(dtype)
 
 
 def micro_batch_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,

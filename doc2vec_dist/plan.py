@@ -124,13 +124,17 @@ def worker_batch_bytes(profile: dict, width: int) -> int:
 def resident_plan(config: TrainConfig, words_out: TableSpec, docs: TableSpec | None = None) -> dict:
     """The URL rows each worker keeps resident between macro-batches, and where: words_out's hottest
     (all of them with one worker, within 2 GiB), and on the token path words' too where they are
-    trained; in the worker's host memory, or on its GPU. They are float32 there whatever the tables'
-    dtype (the worker trains them in place)."""
+    trained; in the worker's host memory, or on its GPU. They are float32 there, but for a GPU's words_out
+    rows on the token path, which it keeps in the tables' dtype (TrainConfig.half_on_device)."""
     tables = config.resident_tables(words_out.rows)
     if docs is not None and config.resident_documents(docs.rows):  # the block schedule: its share of the documents
         tables = {**tables, "docs": config.resident_documents(docs.rows)}
-    return {"tables": tables, "bytes": sum(tables.values()) * words_out.width * FLOAT_BYTES,
-            "all": tables["words_out"] == words_out.rows, "on": "device" if config.gpus_per_worker > 0 else "host"}
+    half = config.half_on_device(words_out.rows)
+    url_row = words_out.row_bytes if half else words_out.width * FLOAT_BYTES
+    return {"tables": tables, "bytes": sum(tables.values()) * words_out.width * FLOAT_BYTES
+            - tables["words_out"] * (words_out.width * FLOAT_BYTES - url_row),
+            "all": tables["words_out"] == words_out.rows, "on": "device" if config.gpus_per_worker > 0 else "host",
+            "dtype": config.dtype if half else "float32"}
 
 
 def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict, *, ps_overhead: int,
@@ -597,7 +601,8 @@ def format_plan(p: dict) -> str:
     res = mem["resident"]
     held = " + ".join(f"{n} {'all ' if res['all'] else ''}{r:,} rows" for n, r in res["tables"].items() if r)
     lines.append(f"  resident in each worker (its {res['on']} memory): "
-                 + (f"{held} = {_gb(res['bytes'])}" if held else "none"))
+                 + (f"{held} = {_gb(res['bytes'])}" if held else "none")
+                 + (f" (words_out in {res['dtype']})" if res["dtype"] != "float32" else ""))
 
     def row(label: str, value: str, how: str) -> None:
         lines.append(f"  {label:<34}{value:>14}   {how}")

@@ -56,6 +56,13 @@ PUSH_JOURNAL_ENV = "DOC2VEC_DIST_PUSH_JOURNAL"
 # Seconds each worker sleeps after every macro-batch: for the tests that need a round to outlast the
 # driver's tick, so that a checkpoint falls inside it whatever the machine's speed
 STEP_PAUSE_ENV = "DOC2VEC_DIST_STEP_PAUSE"
+# "1": workers without a GPU run the device (staged) path with the CPU as the device, as a GPU worker's
+# bookkeeping runs: for the tests and measurements of that path where there is no GPU
+STAGED_ENV = "DOC2VEC_DIST_STAGED_ON_CPU"
+
+
+def staged_on_cpu() -> bool:
+    return os.environ.get(STAGED_ENV) == "1"
 
 
 class TrainingStopped(UserError):
@@ -246,9 +253,11 @@ def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     return found
 
 
-def engine_line(config: TrainConfig, words_out_rows: int) -> str:
+def engine_line(config: TrainConfig, words_out_rows: int, staged: bool | None = None) -> str:
     """How the run trains, in one line: workers and threads, kernel, resident rows of words_out (and of
-    words, which the token path holds too where they are trained)."""
+    words, which the token path holds too where they are trained), and their type where a device
+    worker keeps them in the tables' 16 bits. staged: whether workers run the device path (None:
+    where they have a GPU)."""
     resident = config.resident_rows(words_out_rows)
     token_path = config.token_path(words_out_rows)
     kernel = ("exact (each update applied at once, gensim's order"
@@ -262,7 +271,9 @@ def engine_line(config: TrainConfig, words_out_rows: int) -> str:
     return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"
             + (f" + {config.gpus_per_worker:g} GPU(s)" if config.gpus_per_worker else "")
             + f", {config.num_ps} parameter server(s); kernel {kernel}; words_out resident in each worker: {where}"
+            + (f", kept in {config.dtype} on its device" if config.half_on_device(words_out_rows, staged) else "")
             + ("; words too" if "words" in config.resident_tables(words_out_rows) else ""))
+
 
 
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
@@ -390,7 +401,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     warned = quality_warnings(config, corpus)
     for message in warned:
         log.warning(f"warning: {message}")
-    log.info(engine_line(config, corpus.vocab_size))
+    log.info(engine_line(config, corpus.vocab_size, staged=config.gpus_per_worker > 0 or staged_on_cpu()))
     made: list[str] | None = None  # what a fresh run created, to remove if it stops before a checkpoint
     run = None
     started_here = connect(config.address)
@@ -566,12 +577,13 @@ class _Run:
             for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         step_pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)  # for tests
+        staged = staged_on_cpu() or None
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
                                            max_task_retries=0, **worker_placement).remote(
-            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables, step_pause=step_pause)
+            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables, step_pause=step_pause, staged=staged)
             for i in range(config.num_workers)]
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
             self._seen(("worker", i), answer)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import client, cpu_kernel
+from . import client, cpu_kernel, precision
 from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig, lr_at
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 MIN_MACRO_BATCH = 4096
 ROUNDS_PER_EPOCH = 16  # pull/push rounds a worker makes at least per epoch where rows are shared (macro_batch_for)
+# folded into a batch's seed for the draws of a 16-bit `outputs` matrix's stochastic rounding (kernels.py)
+ROUNDING_SEED = 0x2545F4914F6CDD1D
 SHARED_MACRO_BATCH = 65536  # the default macro-batch where workers share rows (macro_batch_for)
 SOLE_WRITER_MACRO_BATCH = 262144  # ... and where one worker writes every row it trains
 DEVICE_MACRO_BATCH = 1048576  # ... and where it does with the examples drawn on its device
@@ -312,12 +314,13 @@ class Arrival:
 class Worker:
     def __init__(self, index: int, units: list[Unit], corpus_path: str, config: TrainConfig,
                  servers: list, tables: dict[str, TableSpec], compute: Compute | None = None,
-                 step_pause: float = 0.0):
+                 step_pause: float = 0.0, staged: bool | None = None):
         """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
         client.LocalServers (no Ray at all). tables: the servers' table specs (ps.table_specs).
         compute: what trains the examples (Compute.default()). step_pause: seconds slept after each
-        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV)."""
+        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV). staged:
+        whether it runs the device path (None: where it has a GPU; True on CPU: trainer.STAGED_ENV)."""
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         load_compiled()
         self.index, self.units, self.config = index, units, config
@@ -342,7 +345,7 @@ class Worker:
         # Staged: a macro-batch's rows are assembled in persistent host matrices (pinned on CUDA), copied
         # to matrices on the device, trained there and copied back for the push; unstaged (CPU), the host
         # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
-        self.staged = use_cuda
+        self.staged = use_cuda if staged is None else bool(staged) and not self.exact  # the exact kernel: host only
         counts = Corpus(corpus_path).counts()
         self.counts = counts
         self.keep_prob = keep_probabilities(counts, config.sample)
@@ -357,6 +360,7 @@ class Worker:
         self.planned_tokens = self.first_epoch_tokens + self.tokens_per_epoch * (config.epochs - 1)
         words_out = tables["words_out"]
         self.width = words_out.width  # adagrad's accumulator rides along
+        self.dtype, self.dim, self.url_rows = words_out.dtype, words_out.dim, words_out.rows
         self.stats = self._zero_stats()
         # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
         # here, at the head of the `outputs` matrix, between macro-batches; see client.ParameterClient.sync
@@ -770,9 +774,25 @@ class Worker:
         grown[:keep] = buffer[:keep]
         return grown
 
+    def _half_outputs(self):
+        """The torch type of a staged worker's `outputs` matrix where it keeps the URL rows resident in
+        the tables' 16-bit dtype (kernels.py: widened as read, narrowed stochastically as updated):
+        on the token path, where that matrix holds the resident rows only. None: float32."""
+        if not self.config.half_on_device(self.url_rows, self.staged):
+            return None
+        import torch
+
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+
     def _outputs_buffer(self, rows: int) -> torch.Tensor:
         """The persistent `outputs` matrix on the worker's device, at least `rows` long; its first
         `cached` rows are the resident rows of words_out and survive growing."""
+        half = self._half_outputs()
+        if half is not None and self._outputs.dtype != half:  # made before the staged flag was known
+            import torch
+
+            width = precision.stored_width(self.dtype, self.dim, self.width - self.dim)
+            self._outputs = torch.empty((0, width), dtype=half, device=self.device)
         self._outputs = self._grown(self._outputs, rows, keep=self.cached)
         return self._outputs[:rows]
 
@@ -831,7 +851,8 @@ class Worker:
             inputs = self._inputs_buffer(in_head + len(host["inputs"]))
             inputs[in_head:].copy_(arrival.device["inputs"])
             outputs = self._outputs_buffer(head + len(host["outputs"]))
-            outputs[head:].copy_(arrival.device["outputs"])
+            if len(host["outputs"]):  # none on the token path: every URL row is resident
+                outputs[head:].copy_(arrival.device["outputs"])
         else:  # the host matrices themselves, trained in place
             inputs, outputs = torch.from_numpy(local["inputs"]), torch.from_numpy(local["outputs"])
         shared = cfg.shared_negatives
@@ -841,9 +862,14 @@ class Worker:
             n_micro = max(1, -(-pairs // ex.micro_batch))
             mid = (torch.arange(n_micro, dtype=torch.float32) + 0.5) / n_micro
             alphas = alphas[0] + (alphas[1] - alphas[0]) * mid  # the rate at each micro-batch's midpoint
+            rounding = None
+            if outputs.dtype != torch.float32 and cfg.rounding == "stochastic":  # its own draws, seeded as the examples
+                from .device_examples import generator
+
+                rounding = generator(batch.seed ^ ROUNDING_SEED, dev)
             loss = self.compute.batched(inputs, outputs, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas.to(dev),
                                         ex.micro_batch, ctx_mask=ex.ctx_mask, scale=ex.scale,
-                                        adagrad=self.adagrad)
+                                        adagrad=self.adagrad, rounding=rounding)
         else:
             pairs = len(ex)
             loss = self.compute.batched(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos),
@@ -853,7 +879,8 @@ class Worker:
                                         shared_negatives=cfg.negative if shared else 0)
         if self.staged:  # bring the rows to push home, into the (pinned) host matrices
             host["inputs"].copy_(inputs[in_head:], non_blocking=True)
-            host["outputs"].copy_(outputs[head:], non_blocking=True)
+            if len(host["outputs"]):
+                host["outputs"].copy_(outputs[head:], non_blocking=True)
             if cuda:
                 torch.cuda.current_stream(dev).synchronize()
         self._count_resident_uses(batch)
@@ -886,21 +913,43 @@ class Worker:
         return self._inputs_buffer(self.words_head)
 
     def _read_resident(self, table: str) -> np.ndarray:
+        """The resident rows of `table` as float32 numpy rows (16-bit ones widened, their accumulator's
+        bytes as they are)."""
         rows = self._resident(table)
-        return rows if isinstance(rows, np.ndarray) else rows.cpu().numpy()
+        if isinstance(rows, np.ndarray):
+            return rows
+        import torch
+
+        if rows.dtype != torch.float32:
+            vectors = rows[:, :self.dim].float()
+            if rows.shape[1] > self.dim:
+                vectors = torch.cat([vectors, rows[:, self.dim:].contiguous().view(torch.float32)], 1)
+            rows = vectors
+        return rows.cpu().numpy()
 
     def _resident_array(self, table: str) -> np.ndarray | None:
         """The resident rows as a numpy array sharing their memory (what _read_resident gives on the
-        CPU); None on CUDA, where _read_resident's rows are a copy."""
-        return self._read_resident(table) if self.device.type == "cpu" else None
+        CPU); None on CUDA, and for 16-bit rows, where _read_resident's rows are a copy."""
+        if self.device.type != "cpu" or (table == "words_out" and self._half_outputs() is not None):
+            return None
+        return self._read_resident(table)
 
     def _write_resident(self, table: str, rows: np.ndarray) -> None:
+        """Replace the resident rows of `table` with float32 rows (pulled from the servers: in a 16-bit
+        table already of its values, so narrowing them to nearest keeps them exactly)."""
         if not self.torch:
             self._resident(table)[:] = rows
             return
         import torch
 
-        self._resident(table)[:] = torch.from_numpy(rows).to(self.device)
+        resident = self._resident(table)
+        if resident.dtype != torch.float32:
+            resident[:, :self.dim] = torch.from_numpy(rows[:, :self.dim]).to(self.device).to(resident.dtype)
+            if rows.shape[1] > self.dim:
+                state = torch.from_numpy(np.ascontiguousarray(rows[:, self.dim:]))
+                resident[:, self.dim:] = state.view(resident.dtype).to(self.device)
+            return
+        resident[:] = torch.from_numpy(rows).to(self.device)
 
     def _sync(self, label: str, push: bool = True, pull: bool = True, docs: bool = False) -> None:
         """Exchange the resident rows with the servers (client.ParameterClient.sync); with docs, the

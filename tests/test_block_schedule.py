@@ -15,7 +15,7 @@ import pytest
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.config import TrainConfig
-from doc2vec_dist.trainer import PUSH_JOURNAL_ENV, STEP_PAUSE_ENV, resumed_config, train
+from doc2vec_dist.trainer import PUSH_JOURNAL_ENV, STAGED_ENV, STEP_PAUSE_ENV, resumed_config, train
 
 TWO = {"dim": 16, "epochs": 2, "sample": 0, "num_ps": 2, "num_workers": 2, "cpus_per_worker": 1, "progress": False,
        "macro_batch": 8192}
@@ -84,13 +84,22 @@ def tables_of(model: str) -> dict[str, np.ndarray]:
     return {name: found.read_table(name) for name in ("docs", "words_out")}
 
 
-@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("segments, device", [(1, False), (2, False), (1, True)],
+                         ids=["1-segment", "2-segments", "device"])
 def test_a_block_run_is_reproducible_through_mid_round_checkpoints_and_a_resume_from_one(ray_cluster, sample_corpus,
                                                                                         tmp_path, monkeypatch,
-                                                                                        segments):
+                                                                                        segments, device, caplog):
+    """device: the GPU workers' path (the batched kernel, its block of URL rows on the device), the CPU
+    as the device (trainer.STAGED_ENV). (With a 16-bit --dtype a checkpoint's push narrows the rows a
+    worker holds in float32, its documents', so a paused run is not the straight one's bits.)"""
     corpus = sample_corpus[0]
     two = {**TWO, "segments": segments}
-    straight = tables_of(train(corpus, str(tmp_path / "a"), TrainConfig(**two, checkpoint_every=0))["model"])
+    if device:
+        monkeypatch.setenv(STAGED_ENV, "1")
+        two.update(kernel="batched")
+    with caplog.at_level("INFO", logger="doc2vec_dist.trainer"):
+        straight = tables_of(train(corpus, str(tmp_path / "a"), TrainConfig(**two, checkpoint_every=0))["model"])
+    assert ("examples drawn on its device" in caplog.text) == device
     # checkpoints every 50 ms pause the workers mid-round: their blocks go home and come back unchanged
     # (each macro-batch followed by a 40 ms sleep: a round outlasts the driver's 25 ms tick on any machine)
     paused_model = str(tmp_path / "b")

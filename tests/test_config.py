@@ -17,7 +17,8 @@ def test_the_choice_fields_are_the_ones_with_choices():
     assert {(cls.__name__, name) for cls, name, _ in CHOICE_FIELDS} == {
         ("PrepareConfig", "format"), ("PrepareConfig", "time_unit"), ("PrepareConfig", "engine"), ("TrainConfig", "mode"),
         ("TrainConfig", "optimizer"), ("TrainConfig", "kernel"), ("TrainConfig", "first_epoch"),
-        ("TrainConfig", "schedule"), ("TrainConfig", "dtype"), ("TrainConfig", "rounding")}
+        ("TrainConfig", "schedule"), ("TrainConfig", "dtype"), ("TrainConfig", "rounding"),
+        ("TrainConfig", "device_rows")}
 
 
 @pytest.mark.parametrize("cls, name, choices", CHOICE_FIELDS, ids=[f"{c.__name__}.{n}" for c, n, _ in CHOICE_FIELDS])

@@ -38,12 +38,27 @@ def test_the_plan_counts_each_workers_resident_url_rows_where_they_live():
     sizes = {"ps_overhead": 0, "worker_fixed": 0, "driver": 0, "ray_system": 0, "object_store": 0}
     cpu = TrainConfig(dim=100, num_workers=1)  # one worker: every words_out row, in its host memory
     mem = planmod.memory_plan(_tables(cpu, 50_000, 10_000), cpu, profile, **sizes)
-    assert mem["resident"] == {"tables": {"words_out": 10_000}, "bytes": 10_000 * 400, "all": True, "on": "host"}
+    assert mem["resident"] == {"tables": {"words_out": 10_000}, "bytes": 10_000 * 400, "all": True, "on": "host",
+                               "dtype": "float32"}
     assert mem["worker"]["total"] == mem["worker"]["batch"] + 10_000 * 400
     gpu = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm")  # the token path: words too, on the GPU
     mem = planmod.memory_plan(_tables(gpu, 50_000, 10_000), gpu, profile, **sizes)
     assert mem["resident"]["tables"] == {"words_out": 10_000, "words": 10_000} and mem["resident"]["on"] == "device"
     assert mem["resident"]["bytes"] == 2 * 10_000 * 400 and mem["worker"]["resident"] == 0
+    # a 16-bit --dtype: a GPU keeps its URL rows in it (words stay float32), unless --device-rows float32
+    for dtype, state in (("bfloat16", {}), ("float16", {"optimizer": "adagrad"})):
+        half = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, **state)
+        mem = planmod.memory_plan(_tables(half, 50_000, 10_000), half, profile, **sizes)
+        width = 100 + len(state)
+        assert mem["resident"]["dtype"] == dtype
+        assert mem["resident"]["bytes"] == 10_000 * (100 * 2 + 4 * len(state)) + 10_000 * width * 4
+        wide = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, device_rows="float32",
+                           **state)
+        assert planmod.memory_plan(_tables(wide, 50_000, 10_000), wide, profile, **sizes)["resident"]["bytes"] == \
+            2 * 10_000 * width * 4
+    # ... a CPU worker trains them in place, float32
+    cpu16 = TrainConfig(dim=100, num_workers=1, dtype="bfloat16")
+    assert planmod.memory_plan(_tables(cpu16, 50_000, 10_000), cpu16, profile, **sizes)["resident"]["bytes"] == 10_000 * 400
 
 
 def test_memory_plan_adds_up_for_known_sizes():
