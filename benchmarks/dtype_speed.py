@@ -2,6 +2,7 @@
 
     python benchmarks/dtype_speed.py --corpus CORPUS --rounds 3                     # float32, bfloat16, float16
     python benchmarks/dtype_speed.py --corpus CORPUS --rounds 3 --dtypes float32 bfloat16 --epochs 2
+    python benchmarks/dtype_speed.py --corpus CORPUS --rounds 6 --no-train           # the host feed alone
 
 Each round trains the corpus once per dtype, one after another (`doc2vec-dist train`, its own local Ray,
 the default settings otherwise), then gensim's fastest mode (corpus_file, all cores) once, so that a
@@ -40,7 +41,7 @@ def spread(values: list[float]) -> str:
 
 
 def report(r: dict) -> str:
-    base = statistics.fmean(r["train"]["float32"]) if "float32" in r["train"] else None
+    base = statistics.fmean(r["train"]["float32"]) if r["train"].get("float32") else None
     gensim = statistics.fmean(r["gensim"]) if r["gensim"] else None
     feed_base = statistics.fmean(r["feed"]["float32"]) if r["feed"].get("float32") else None
     lines = [f"corpus {r['corpus']}: {r['tokens']:,} tokens, {r['epochs']} epoch(s), {r['rounds']} round(s), "
@@ -49,10 +50,10 @@ def report(r: dict) -> str:
              "| dtype | train tokens/s (mean ± sd) | vs float32 | vs gensim | feed tokens/s, no kernel | feed vs float32 |",
              "|---|---|---|---|---|---|"]
     for dtype, values in r["train"].items():
-        mean = statistics.fmean(values)
+        mean = statistics.fmean(values) if values else None
         feed = r["feed"].get(dtype) or []
-        lines.append(f"| {dtype} | {spread(values)} | {mean / base:.2f}× | "
-                     + (f"{mean / gensim:.2f}×" if gensim else "-") + " | "
+        lines.append(f"| {dtype} | " + (f"{spread(values)} | {mean / base:.2f}× | " if mean and base else "- | - | ")
+                     + (f"{mean / gensim:.2f}×" if gensim and mean else "-") + " | "
                      + (f"{spread(feed)} | {statistics.fmean(feed) / feed_base:.2f}×" if feed and feed_base else "- | -")
                      + " |")
     return "\n".join(lines)
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gensim-threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-gensim", action="store_true")
     ap.add_argument("--no-feed", action="store_true")
+    ap.add_argument("--no-train", action="store_true", help="the feed only (and no gensim)")
     ap.add_argument("--work", default=os.path.join(ROOT, "runs", "dtype_speed"))
     ap.add_argument("--json", help="default: WORK/dtype_speed.json")
     args = ap.parse_args(argv)
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"corpus": corpus, "tokens": Corpus(corpus).num_tokens * args.epochs, "epochs": args.epochs,
                     "rounds": args.rounds, "gensim_threads": args.gensim_threads, "machine": f"{os.cpu_count()} cores",
                     "train": {d: [] for d in args.dtypes}, "feed": {}, "gensim": []}
-    for r in range(args.rounds):
+    for r in range(0 if args.no_train else args.rounds):
         for dtype in args.dtypes:
             path = write_config(dataclasses.replace(config, dtype=dtype), os.path.join(args.work, f"{dtype}.yaml"))
             run = run_trainer("train", corpus, os.path.join(args.work, f"model-{dtype}"), path, [])
