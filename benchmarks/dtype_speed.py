@@ -7,7 +7,7 @@
 Each round trains the corpus once per dtype, one after another (`doc2vec-dist train`, its own local Ray,
 the default settings otherwise), then gensim's fastest mode (corpus_file, all cores) once, so that a
 machine's drift during the run falls on every dtype alike and the ratio to gensim is of the same
-minutes. Then, per dtype and round, the host feed of one worker without the kernel
+minutes. Then, per dtype and round, the host feed of one worker without the kernel over --feed-epochs epochs
 (benchmarks/feed_rate.py: pulls, pushes and building the examples, the ceiling a device could be fed
 at). Prints the mean and spread per dtype and each one's ratio to float32 and to gensim; writes JSON.
 Speed needs a quiet machine: nothing else running.
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-gensim", action="store_true")
     ap.add_argument("--no-feed", action="store_true")
     ap.add_argument("--no-train", action="store_true", help="the feed only (and no gensim)")
+    ap.add_argument("--feed-epochs", type=int, default=4,
+                    help="epochs each feed run times, after one untimed (default 4: one epoch of the 200k "
+                         "corpus is a quarter of a second's feed, where a hiccup of Ray's is a large share)")
     ap.add_argument("--work", default=os.path.join(ROOT, "runs", "dtype_speed"))
     ap.add_argument("--json", help="default: WORK/dtype_speed.json")
     args = ap.parse_args(argv)
@@ -102,8 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             for r in range(args.rounds):
                 for dtype in args.dtypes:
-                    one = dataclasses.replace(config, dtype=dtype, num_workers=1)
-                    rate = feed(corpus, one, kernel=False)["tokens_per_second"]
+                    one = dataclasses.replace(config, dtype=dtype, num_workers=1, epochs=args.feed_epochs + 1)
+                    rate = feed(corpus, one, kernel=False, timed=args.feed_epochs)["tokens_per_second"]
                     result["feed"].setdefault(dtype, []).append(rate)
                     print(f"[dtype_speed] feed round {r + 1}: {dtype} {rate / 1e6:.2f}M tokens/s", file=sys.stderr,
                           flush=True)

@@ -76,28 +76,34 @@ def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, comp
     return servers, worker, close
 
 
-def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True) -> dict:
-    """One worker's last epoch of `config.epochs`, with the real kernel or with none; its servers Ray
-    actors, or (use_ray False) ParameterServer objects in this process, each on a thread of its own."""
+def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True, timed: int = 1) -> dict:
+    """One worker's last `timed` epochs of `config.epochs` (more than `timed`: the first pulls the URL
+    rows), with the real kernel or with none; its servers Ray actors, or (use_ray False)
+    ParameterServer objects in this process, each on a thread of its own."""
     from doc2vec_dist import worker as worker_mod
 
     # every kernel (batched, exact, exact drawing its own examples) and the device's example drawing
     nothing = worker_mod.Compute(batched=lambda *args, **kwargs: 0.0, exact=lambda *args, **kwargs: 0.0,
                                  tokens=lambda *args, **kwargs: (0.0, 0), device_examples=_no_examples)
     _, worker, close = one_worker(corpus_path, config, use_ray, compute=None if kernel else nothing)
+    first = config.epochs - timed
+    assert first >= 1, "the timed epochs follow at least one"
+    tokens, seconds, split = 0, 0.0, {}
     try:
-        for epoch in range(config.epochs - 1):
+        for epoch in range(first):
             worker.run_epoch(epoch)
-        t0 = time.perf_counter()
-        stats = worker.run_epoch(config.epochs - 1)
-        seconds = time.perf_counter() - t0
+        for epoch in range(first, config.epochs):
+            t0 = time.perf_counter()
+            stats = worker.run_epoch(epoch)
+            seconds += time.perf_counter() - t0
+            tokens += stats["tokens"]
+            split = {k: split.get(k, 0.0) + v for k, v in stats["seconds"].items()}
     finally:
         close()
-    tokens = stats["tokens"]
     return {"kernel": kernel, "servers": "Ray actors" if use_ray else "in this process", "device": str(worker.device),
             "tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_second": tokens / seconds, "macro_batch": worker.macro_batch,
-            "worker_seconds": {k: round(v, 3) for k, v in stats["seconds"].items()}}
+            "worker_seconds": {k: round(v, 3) for k, v in split.items()}}
 
 
 def _no_examples(doc_rows, offsets, tokens, tables, negative, gen, micro_batch, shape=None):
