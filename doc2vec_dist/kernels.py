@@ -177,26 +177,24 @@ def _apply_narrowed(table: torch.Tensor, rows: torch.Tensor, update: torch.Tenso
 
 
 HALF = (torch.bfloat16, torch.float16)
-# float16's significand bits with the implicit one, and the lowest exponent frexp gives a normal value
-_GRID = {torch.float16: (11, -13)}
 
 
 def narrow_stochastic(values: torch.Tensor, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     """float32 `values` as `dtype` (bfloat16 or float16), each rounded to one of its two neighbours
-    with the odds of its distance from the other (unbiased). bfloat16: a random 16-bit integer added to
-    the low half of the bits, which are then dropped (NaN and ±inf keep their top half). float16:
-    value / ulp plus a uniform draw, floored, times ulp, which it then holds exactly (below its normal
-    range its subnormals' step 2^-24; past its largest finite, inf, as a cast gives); NaN and ±inf
-    stay as they are."""
-    if dtype == torch.bfloat16:  # its bits are float32's top half: a random low half added carries with those odds
-        low = torch.randint(0, 1 << 16, values.shape, generator=gen, device=values.device, dtype=torch.int32)
-        return ((values.view(torch.int32) + low) >> 16).to(torch.int16).view(torch.bfloat16)
-    bits, lowest = _GRID[dtype]
-    _, exponent = torch.frexp(values)  # |values| = m · 2^exponent, m in [0.5, 1)
-    step = torch.clamp(exponent, min=lowest) - bits  # ulp = 2^step
-    draw = torch.rand(values.shape, generator=gen, device=values.device, dtype=torch.float32)
-    rounded = torch.ldexp(torch.floor(torch.ldexp(values, -step) + draw), step)
-    return torch.where(torch.isfinite(values), rounded, values).to(dtype)
+    with the odds of its distance from the other (unbiased): a random integer below the weight of the
+    bits the type drops is added to them, which carries into the kept bits with those odds (16 bits
+    for bfloat16, 13 for float16's normal range); below float16's normal range (2^-14), a count of its
+    subnormals' step 2^-24 plus a uniform draw, truncated. NaN and ±inf stay NaN and ±inf; past
+    float16's largest finite, inf, as a cast gives."""
+    drop = 16 if dtype == torch.bfloat16 else 13
+    low = torch.randint(0, 1 << drop, values.shape, generator=gen, device=values.device, dtype=torch.int32)
+    bits = values.view(torch.int32) + low
+    if dtype == torch.bfloat16:  # its bits are float32's top half
+        return (bits >> 16).to(torch.int16).view(torch.bfloat16)
+    rounded = (bits & -(1 << 13)).view(torch.float32)
+    steps = values * 2.0 ** 24 + torch.sign(values) * (low.to(torch.float32) * 2.0 ** -13)
+    small = torch.trunc(steps) * 2.0 ** -24
+    return torch.where(values.abs() < 2.0 ** -14, small, rounded).to(torch.float16)
 
 
 def micro_batch_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,

@@ -1,6 +1,7 @@
 """The micro-batch math against a one-pair-at-a-time reference of gensim's PV-DBOW update."""
 
 import numpy as np
+import pytest
 import torch
 
 from doc2vec_dist.kernels import micro_batch_alphas, train
@@ -167,3 +168,27 @@ def test_frozen_outputs_and_context_words_do_not_move():
     assert (O.numpy() == out).all()
     assert (I.numpy()[10:] == inputs[10:]).all()
     assert not np.allclose(I.numpy()[:10], inputs[:10])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_outputs_matrix_is_rounded_stochastically_to_a_neighbour_without_bias(dtype):
+    """kernels.narrow_stochastic (a device worker's 16-bit URL rows): each value becomes one of its two
+    neighbours in the type, the upper one with the odds of its distance from the lower, at every
+    scale float16 has (its subnormals and below them too); NaN and ±inf stay; a seed gives the same bits."""
+    from doc2vec_dist.kernels import narrow_stochastic
+
+    gen = torch.Generator().manual_seed(3)
+    for value in (0.0123456, -0.0123456, 1.2345, -7770.0, 3e-6, 1e-8, 2.0 ** -24 * 0.3):
+        x = torch.full((200_000,), value, dtype=torch.float32)
+        y = narrow_stochastic(x, dtype, gen).to(torch.float64)
+        low, high = torch.unique(y).tolist() if len(torch.unique(y)) == 2 else (y[0].item(), y[0].item())
+        assert low <= value <= high, (value, low, high)
+        share = (value - low) / (high - low) if high > low else 0.0  # the chance of the upper neighbour
+        spread = 5 * (share * (1 - share) / len(y)) ** 0.5 + 1e-9
+        assert abs((y == high).double().mean().item() - share) < spread, (value, share)
+        assert x.to(dtype).to(torch.float64).unique().tolist()[0] in (low, high)  # the cast's is a neighbour
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+    out = narrow_stochastic(special, dtype, gen)
+    assert out[0].isnan() and out[1] == float("inf") and out[2] == -float("inf") and (out[3:] == 0).all()
+    same = [narrow_stochastic(torch.linspace(-1, 1, 999), dtype, torch.Generator().manual_seed(5)) for _ in range(2)]
+    assert torch.equal(same[0].view(torch.int16), same[1].view(torch.int16))
