@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import ray
 from tqdm import tqdm
 
-from . import checkpoint, outputs, storage
+from . import checkpoint, outputs, storage, warmup
 from .config import TableSpec, TrainConfig, build
 from .corpus import Corpus
 from .errors import UserError
@@ -404,7 +404,13 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     log.info(engine_line(config, corpus.vocab_size, staged=config.gpus_per_worker > 0 or staged_on_cpu()))
     made: list[str] | None = None  # what a fresh run created, to remove if it stops before a checkpoint
     run = None
-    started_here = connect(config.address)
+    # a fresh install's first local run: its kernels compiled beside Ray's start, not in the first epoch
+    compiling = warmup.start(config, corpus.vocab_size) if local else None
+    try:
+        started_here = connect(config.address)
+    except BaseException:
+        warmup.stop(compiling)
+        raise
     try:
         t_start = time.perf_counter()
         config = check_fit(config, tables, started_here)  # before anything is written
@@ -412,6 +418,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
             made = checkpoint.start_model_dir(out, corpus.path, overwrite)
         run = _Run(out, config, corpus, resume, on_epoch, report_at, warm)
         run.start()
+        warmup.wait(compiling)
         t_ready = time.perf_counter()
         summary = run.train()
         summary["startup_seconds"] = round(t_ready - t_start, 3)
@@ -436,6 +443,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
             raise _one_line(exc) from None
         raise
     finally:
+        warmup.stop(compiling)
         _stop(run, started_here)
 
 

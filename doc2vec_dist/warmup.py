@@ -1,0 +1,133 @@
+"""Compile the workers' and servers' numba kernels once per install, beside a local run's start-up.
+
+numba compiles a kernel at its first call and caches the machine code on disk (cache=True), keyed by
+the source. A fresh install has no cache, so the first `train` compiled its kernels inside its first
+epoch, in the worker, and reported a fraction of its speed. A local run whose cache is cold now starts
+a process that trains a tiny corpus of its own through the same code path, in-process (no Ray), while
+the driver starts Ray and the actors; the driver waits for it before the first epoch, and the actors'
+first calls load what it cached. A warm cache starts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from .config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+WAIT_SECONDS = 300  # at most, before the first epoch; past it the workers compile what is left themselves
+
+
+def kernels(config: TrainConfig, vocab_size: int) -> list:
+    """The compiled functions a run of `config` calls first in its workers and servers."""
+    from . import cpu_kernel, ps
+
+    found = [ps._set_rows if config.token_path(vocab_size) else ps._add_rows]
+    if config.exact_kernel():
+        found.append(cpu_kernel._train_tokens if config.token_path(vocab_size) else cpu_kernel._train)
+    return found
+
+
+def cold(config: TrainConfig, vocab_size: int) -> bool:
+    """Whether numba's cache on this machine lacks a kernel the run calls (its index file missing, or
+    written for another version of the source)."""
+    try:
+        return any(not function._cache._cache_file._load_index() for function in kernels(config, vocab_size))
+    except Exception:  # noqa: BLE001 - numba's cache internals moved: compile where it always did
+        return False
+
+
+def start(config: TrainConfig, vocab_size: int) -> tuple[subprocess.Popen, float] | None:
+    """Where the cache is cold, the compiling process, started (and when); else None."""
+    if not cold(config, vocab_size):
+        return None
+    settings = {**dataclasses.asdict(config), "token_path": config.token_path(vocab_size)}
+    process = subprocess.Popen([sys.executable, "-m", "doc2vec_dist.warmup", json.dumps(settings)],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return process, time.perf_counter()
+
+
+def wait(started: tuple[subprocess.Popen, float] | None) -> None:
+    """Wait for the compiling process (at most WAIT_SECONDS in all), and say what it cost."""
+    if started is None:
+        return
+    process, t0 = started
+    try:
+        _, err = process.communicate(timeout=max(0.0, WAIT_SECONDS - (time.perf_counter() - t0)))
+    except subprocess.TimeoutExpired:
+        stop(started)
+        log.info("numba: compiling the kernels took over %ds; the workers compile what is left", WAIT_SECONDS)
+        return
+    if process.returncode:
+        last = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+        log.info("numba: compiling the kernels ahead failed (%s); the workers compile them", last[0])
+        return
+    log.info("numba: compiled the kernels for this install in %.1fs, beside the start-up (once: they are cached)",
+             time.perf_counter() - t0)
+
+
+def stop(started: tuple[subprocess.Popen, float] | None) -> None:
+    if started is not None and started[0].poll() is None:
+        started[0].kill()
+        started[0].wait()
+
+
+def compile_kernels(settings: dict) -> None:
+    """Train a tiny generated corpus with `settings` (a TrainConfig's fields, and whether the real run
+    takes the token path) for one epoch, in this process: the kernels it calls are compiled and cached."""
+    from .client import LocalServer
+    from .config import PrepareConfig
+    from .corpus import Corpus
+    from .prepare import prepare
+    from .ps import ParameterServer, table_specs
+    from .synthetic import generate
+    from .worker import Position, Worker, plan_units
+
+    token_path = settings.pop("token_path")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    config = TrainConfig(**{k: v for k, v in settings.items() if k in fields})
+    # the same path on a tiny corpus: its whole vocabulary is resident unless the real run's is not
+    # (a GPU run's device kernel is torch's: only the servers' and the host's compiled code is warmed, on the CPU)
+    config = dataclasses.replace(config, epochs=1, dim=8, num_ps=1, progress=False, checkpoint_every=0.0, resume=False,
+                                 init_from=None, first_epoch="all", address=None, gpus_per_worker=0,
+                                 kernel="exact" if config.exact_kernel() else "batched",
+                                 cache_rows=config.cache_rows if token_path else 0).validate()
+    with tempfile.TemporaryDirectory(prefix="doc2vec-dist-warmup-") as work:
+        generate(os.path.join(work, "logs"), users=200, urls=50, progress=False)
+        corpus = Corpus(prepare([os.path.join(work, "logs", "events")], os.path.join(work, "corpus"),
+                                PrepareConfig(time_col="ts"), progress=False).path)
+        tables = table_specs(config, corpus)
+        servers = [LocalServer(ParameterServer(0, 1, tables, config.seed, rounding=config.rounding))]
+        try:
+            worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, config, servers, tables)
+            for round_ in range(config.rounds()):
+                worker.run_epoch(0, Position(0, round=round_))
+        finally:
+            servers[0].close()
+    _read_only_pushes()
+
+
+def _read_only_pushes() -> None:
+    """The servers' row kernels as a push through Ray calls them: its ids and rows read-only, from the
+    object store (numba compiles read-only arrays apart)."""
+    import numpy as np
+
+    from .ps import _add_rows, _set_rows
+
+    table = np.zeros((4, 8), dtype=np.float32)
+    ids, rows = np.arange(2, dtype=np.int64), np.ones((2, 8), dtype=np.float32)
+    ids.flags.writeable = rows.flags.writeable = False
+    _set_rows(table, ids, rows)
+    _add_rows(table, ids, rows)
+
+
+if __name__ == "__main__":
+    compile_kernels(json.loads(sys.argv[1]))
