@@ -162,7 +162,8 @@ def test_engine_only_fields_are_marked_in_the_config():
     assert {"--num-ps", "--num-workers", "--cpus-per-worker", "--gpus-per-worker", "--cache-rows", "--macro-batch",
             "--micro-batch", "--max-inflight-pushes", "--checkpoint-every", "--keep-checkpoints", "--max-restarts",
             "--address", "--resume", "--shared-negatives", "--optimizer", "--kernel", "--init-from",
-            "--first-epoch", "--wait-for-resources", "--schedule", "--segments", "--dtype", "--rounding"} == set(_engine_only_flags())
+            "--first-epoch", "--wait-for-resources", "--schedule", "--segments", "--dtype", "--rounding",
+            "--device-rows"} == set(_engine_only_flags())
 
 
 def test_baseline_help_lists_only_the_flags_gensim_uses(capsys):
