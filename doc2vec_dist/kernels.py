@@ -95,10 +95,7 @@ def train(inputs: torch.Tensor, outputs: torch.Tensor, ctx: torch.Tensor, target
         else:
             _apply(inputs, c[:, 0], work, alpha, adagrad, dim)
         if learn_outputs:
-            if half:
-                _apply_narrowed(outputs, out_rows, out_upd, alpha, adagrad, dim, rounding)
-            else:
-                _apply(outputs, out_rows, out_upd, alpha, adagrad, dim)
+            _apply(outputs, out_rows, out_upd, alpha, adagrad, dim, rounding)
     return float(loss) * n / scored
 
 
@@ -144,36 +141,31 @@ def _shared_negatives(outputs, h, t, shared, k, dim, step, with_loss=True):
     return work, rows, upd, loss
 
 
-def _apply(table: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha, adagrad: bool, dim: int) -> None:
-    """Add summed updates to rows: plain SGD (alpha already in the update), or row-wise Adagrad."""
-    if not adagrad:
+def _apply(table: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha, adagrad: bool, dim: int,
+           rounding: torch.Generator | None = None) -> None:
+    """Add summed updates to rows: plain SGD (alpha already in the update), or row-wise Adagrad. A
+    16-bit table's rows are widened, updated and narrowed back, stochastically from `rounding` (None:
+    to nearest), Adagrad's float32 accumulator in its last two columns' 4 bytes exactly."""
+    half = table.dtype in HALF
+    if not adagrad and not half:
         table.index_add_(0, rows, update)
         return
     uniq, inverse = torch.unique(rows, return_inverse=True)
-    grad = torch.zeros((len(uniq), dim), dtype=table.dtype, device=table.device).index_add_(0, inverse, update)
-    current = table.index_select(0, uniq)
-    current[:, dim] += grad.pow(2).mean(1)
-    current[:, :dim] += alpha * grad / (current[:, dim:].sqrt() + ADAGRAD_EPS)
-    table.index_copy_(0, uniq, current)
-
-
-def _apply_narrowed(table: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha, adagrad: bool, dim: int,
-                    gen: torch.Generator | None) -> None:
-    """_apply on a 16-bit table: each row's summed update added to its widened vector, which is
-    narrowed back stochastically from `gen` (None: to nearest); Adagrad's float32 accumulator (the
-    last two columns' 4 bytes) exactly."""
-    uniq, inverse = torch.unique(rows, return_inverse=True)
     grad = torch.zeros((len(uniq), dim), dtype=update.dtype, device=table.device).index_add_(0, inverse, update)
-    stored = table.index_select(0, uniq)
-    vectors = stored[:, :dim].to(torch.float32)
+    current = table.index_select(0, uniq)
+    vectors = current[:, :dim].to(torch.float32)  # float32: a view of `current`, updated in place
     if adagrad:
-        state = stored[:, dim:].contiguous().view(torch.float32) + grad.pow(2).mean(1, keepdim=True)
+        state = current[:, dim:].contiguous().view(torch.float32) if half else current[:, dim:]
+        state += grad.pow(2).mean(1, keepdim=True)
         vectors += alpha * grad / (state.sqrt() + ADAGRAD_EPS)
-        stored[:, dim:] = state.view(table.dtype)
+        if half:
+            current[:, dim:] = state.view(table.dtype)
     else:
         vectors += grad
-    stored[:, :dim] = vectors.to(table.dtype) if gen is None else narrow_stochastic(vectors, table.dtype, gen)
-    table.index_copy_(0, uniq, stored)
+    if half:
+        current[:, :dim] = vectors.to(table.dtype) if rounding is None else narrow_stochastic(vectors, table.dtype,
+                                                                                              rounding)
+    table.index_copy_(0, uniq, current)
 
 
 HALF = (torch.bfloat16, torch.float16)

@@ -131,8 +131,8 @@ def resident_plan(config: TrainConfig, words_out: TableSpec, docs: TableSpec | N
         tables = {**tables, "docs": config.resident_documents(docs.rows)}
     half = config.half_on_device(words_out.rows)
     url_row = words_out.row_bytes if half else words_out.width * FLOAT_BYTES
-    return {"tables": tables, "bytes": sum(tables.values()) * words_out.width * FLOAT_BYTES
-            - tables["words_out"] * (words_out.width * FLOAT_BYTES - url_row),
+    float_rows = sum(tables.values()) - tables["words_out"]
+    return {"tables": tables, "bytes": float_rows * words_out.width * FLOAT_BYTES + tables["words_out"] * url_row,
             "all": tables["words_out"] == words_out.rows, "on": "device" if config.gpus_per_worker > 0 else "host",
             "dtype": config.dtype if half else "float32"}
 

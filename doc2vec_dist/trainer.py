@@ -275,7 +275,6 @@ def engine_line(config: TrainConfig, words_out_rows: int, staged: bool | None = 
             + ("; words too" if "words" in config.resident_tables(words_out_rows) else ""))
 
 
-
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
 # (the model's shape, its data and its sampling) must match the checkpoint's, or resuming would
 # continue a different model.
@@ -401,7 +400,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     warned = quality_warnings(config, corpus)
     for message in warned:
         log.warning(f"warning: {message}")
-    log.info(engine_line(config, corpus.vocab_size, staged=config.gpus_per_worker > 0 or staged_on_cpu()))
+    log.info(engine_line(config, corpus.vocab_size, staged=staged_on_cpu() or None))
     made: list[str] | None = None  # what a fresh run created, to remove if it stops before a checkpoint
     run = None
     # a fresh install's first local run: its kernels compiled beside Ray's start, not in the first epoch

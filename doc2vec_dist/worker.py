@@ -920,12 +920,10 @@ class Worker:
             return rows
         import torch
 
-        if rows.dtype != torch.float32:
-            vectors = rows[:, :self.dim].float()
-            if rows.shape[1] > self.dim:
-                vectors = torch.cat([vectors, rows[:, self.dim:].contiguous().view(torch.float32)], 1)
-            rows = vectors
-        return rows.cpu().numpy()
+        if rows.dtype == torch.float32:
+            return rows.cpu().numpy()
+        stored = rows.view(torch.int16).cpu().numpy().view(precision.stored(self.dtype))  # the servers' layout
+        return precision.widen_rows(stored, self.dtype, self.dim)
 
     def _resident_array(self, table: str) -> np.ndarray | None:
         """The resident rows as a numpy array sharing their memory (what _read_resident gives on the
@@ -944,10 +942,8 @@ class Worker:
 
         resident = self._resident(table)
         if resident.dtype != torch.float32:
-            resident[:, :self.dim] = torch.from_numpy(rows[:, :self.dim]).to(self.device).to(resident.dtype)
-            if rows.shape[1] > self.dim:
-                state = torch.from_numpy(np.ascontiguousarray(rows[:, self.dim:]))
-                resident[:, self.dim:] = state.view(resident.dtype).to(self.device)
+            stored = precision.narrow_rows(rows, self.dtype, self.dim)  # to nearest: exact
+            resident[:] = torch.from_numpy(stored.view(np.int16)).view(resident.dtype).to(self.device)
             return
         resident[:] = torch.from_numpy(rows).to(self.device)
 
