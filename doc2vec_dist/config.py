@@ -150,10 +150,11 @@ class TrainConfig:
     rounding: str = _f("stochastic", "how a 16-bit --dtype rounds updated rows: stochastic (seeded, so that an update "
                                      "below half a unit in the last place still lands on average) or to nearest",
                        ("stochastic", "nearest"), engine=True)
-    device_rows: str = _f("dtype", "type a GPU worker keeps its resident URL rows in where it holds them all (the token "
-                                   "path): dtype, the tables' --dtype (16 bits halve the device memory they take; "
-                                   "each micro-batch's update rounded as --rounding says), or float32",
-                          ("dtype", "float32"), engine=True)
+    device_rows: str = _f("float32", "type a GPU worker keeps its resident URL rows in where it holds them all (the "
+                                     "token path): float32, or dtype, the tables' --dtype, which halves the device "
+                                     "memory they take (for a --cache-rows beyond the default 2 GiB) at about half "
+                                     "the speed on a GPU, each micro-batch's update rounded as --rounding says",
+                          ("float32", "dtype"), engine=True)
     optimizer: str = _f("sgd", "sgd (gensim's update) or row-wise adagrad", ("sgd", "adagrad"), engine=True)
     num_ps: int = _f(2, "parameter-server actors; row r lives on server r %% num_ps", engine=True)
     num_workers: int = _f(1, "training worker actors (one per machine: a worker uses all its CPUs' threads)",

@@ -45,15 +45,16 @@ def test_the_plan_counts_each_workers_resident_url_rows_where_they_live():
     mem = planmod.memory_plan(_tables(gpu, 50_000, 10_000), gpu, profile, **sizes)
     assert mem["resident"]["tables"] == {"words_out": 10_000, "words": 10_000} and mem["resident"]["on"] == "device"
     assert mem["resident"]["bytes"] == 2 * 10_000 * 400 and mem["worker"]["resident"] == 0
-    # a 16-bit --dtype: a GPU keeps its URL rows in it (words stay float32), unless --device-rows float32
+    # a 16-bit --dtype: with --device-rows dtype a GPU keeps its URL rows in it (words stay float32); by
+    # default (--device-rows float32) they are float32 there
     for dtype, state in (("bfloat16", {}), ("float16", {"optimizer": "adagrad"})):
-        half = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, **state)
+        half = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, device_rows="dtype",
+                           **state)
         mem = planmod.memory_plan(_tables(half, 50_000, 10_000), half, profile, **sizes)
         width = 100 + len(state)
         assert mem["resident"]["dtype"] == dtype
         assert mem["resident"]["bytes"] == 10_000 * (100 * 2 + 4 * len(state)) + 10_000 * width * 4
-        wide = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, device_rows="float32",
-                           **state)
+        wide = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, **state)
         assert planmod.memory_plan(_tables(wide, 50_000, 10_000), wide, profile, **sizes)["resident"]["bytes"] == \
             2 * 10_000 * width * 4
     # ... a CPU worker trains them in place, float32

@@ -140,7 +140,7 @@ def test_a_staged_worker_keeps_its_url_rows_in_the_tables_16_bits_and_trains_as_
     the device memory), narrowing each micro-batch's update stochastically: not the host path's bits,
     but its training, and the same bits run after run."""
     config = TrainConfig(mode="dbow", dim=16, epochs=2, sample=0, num_ps=NUM_PS, macro_batch=8192, kernel="batched",
-                         progress=False, **{"num_workers": 1, **settings})
+                         device_rows="dtype", progress=False, **{"num_workers": 1, **settings})
     in_place, info_a = train_one_worker(ray_cluster, small_corpus, config, staged=False)
     staged, info_b = train_one_worker(ray_cluster, small_corpus, config, staged=True)
     assert info_a["outputs"] == "torch.float32" and info_b["outputs"] == f"torch.{settings['dtype']}"

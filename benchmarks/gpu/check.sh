@@ -24,8 +24,8 @@ set -u
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 DEVICE=${DEVICE:-cuda} USERS=${USERS:-500000} URLS=${URLS:-250000} EPOCHS=${EPOCHS:-3} BUDGET=${BUDGET:-540}
 SCALE_WORKERS=${SCALE_WORKERS-1 2 4 8} SCALE_THREADS=${SCALE_THREADS-1 2 4 8 16}
-# gpu_bench once per table dtype (issue 29); DTYPE:float32 keeps the device's URL rows float32 (--device-rows)
-DTYPES=${DTYPES-float32 bfloat16 bfloat16:float32 float16}
+# gpu_bench once per table dtype (issue 29); DTYPE:dtype keeps the device's URL rows in that dtype too (--device-rows dtype)
+DTYPES=${DTYPES-float32 bfloat16 bfloat16:dtype float16:dtype}
 PREP_USERS=${PREP_USERS:-5000000} PREP_EVENTS=${PREP_EVENTS:-12} PREP_PARALLEL=${PREP_PARALLEL-1 4 8 16}  # issue 30
 export PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUT/log") 2>&1
