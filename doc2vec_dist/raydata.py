@@ -20,6 +20,7 @@ import inspect
 import itertools
 import os
 import socket
+import threading
 import time
 import uuid
 import warnings
@@ -216,6 +217,13 @@ def _cause(exc: BaseException) -> BaseException | None:
     return None
 
 
+def _executions() -> set:
+    """Ray Data's executions running in this process: each is a thread of its own (its StreamingExecutor)."""
+    from ray.data._internal.execution.streaming_executor import StreamingExecutor
+
+    return {t for t in threading.enumerate() if isinstance(t, StreamingExecutor)}
+
+
 def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int, memory: int = 0) -> Iterator[_Part]:
     """fn(block, named=..., **fn_kwargs) over every block of the files' dataset (_dataset), `tasks` at a
     time, each block's parts in input order.
@@ -224,7 +232,9 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
     asks the calls under way to end (the stop file, which fn checks between batches), ends the
     execution (Ray Data stops starting tasks and interrupts those running) and waits, at most
     RayTasks.STOP_SECONDS, until no call is still writing (_wait_running), so that the staging
-    directory can then be removed whole."""
+    directory can then be removed whole. An execution a Ctrl-C caught starting (inside Ray Data, before
+    its iterator's own clean-up is set) is shut down here too: else Ray Data's finalizer ends it at the
+    interpreter's exit, after Ray, and prints a traceback under the command's last line."""
     import ray.data
 
     from .runners import RayTasks, died
@@ -240,6 +250,7 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
     ctx.enable_progress_bars = False
     finished = False
     batches = None
+    running = _executions()  # others' (a library caller's), left alone
     try:  # (a dataset takes the context as it is when it is made)
         ds, named = _dataset(files, s.opt, memory)
         # a task whose process dies is run again as the Ray tasks are, at most TASK_RETRIES times (Ray Data's
@@ -267,6 +278,9 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
                 open(s.stop_path(), "a").close()
             if batches is not None and hasattr(batches, "close"):
                 batches.close()  # Ray Data ends the execution
+            for execution in _executions() - running:  # one the close did not reach
+                with contextlib.suppress(Exception):
+                    execution.shutdown(force=True)
             _wait_running(os.path.join(s.tmp, RUNNING), RayTasks.STOP_SECONDS)
 
 

@@ -127,3 +127,45 @@ def test_ray_data_calls_still_running_when_pass_2_stops_end_when_asked(ray_clust
     assert time.monotonic() - started < 30
     assert os.path.exists(os.path.join(s.tmp, "asked")) and os.path.exists(s.stop_path())
     assert os.listdir(os.path.join(s.tmp, raydata.RUNNING)) == []
+
+
+def test_an_execution_a_ctrl_c_catches_starting_is_shut_down_with_pass_2(ray_cluster, tmp_path, monkeypatch):
+    """A Ctrl-C that lands while Ray Data starts an execution (inside iter_batches, before the iterator's
+    own clean-up is set) leaves it running: pass 2 shuts it down as it stops, so that Ray Data's finalizer
+    does not end it at the interpreter's exit, after Ray, with a traceback under the command's last line
+    (a CI run's `test_ctrl_c_during_a_parallel_prepare_leaves_nothing[data]`)."""
+    import os
+    import time
+
+    import pytest
+    from ray.data._internal.execution.streaming_executor import StreamingExecutor
+
+    from doc2vec_dist import passes, raydata, readers
+
+    s = passes.Settings(readers.Options("events", "user_id", "url", "ts"), str(tmp_path / "staging"))
+    os.makedirs(s.tmp)
+    path = str(tmp_path / "a.csv")
+    with open(path, "w") as fh:
+        fh.write("user_id,url,ts\nu1,x,1700000000\n")
+
+    def call(batch, s, named):  # runs until asked to stop, so that the execution is still under way
+        with raydata._running(s):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                s.go_on()
+                time.sleep(0.05)
+
+    started, execute = [], StreamingExecutor.execute
+
+    def interrupted(self, *args, **kwargs):  # the execution starts; the Ctrl-C lands before anything else
+        execute(self, *args, **kwargs)
+        started.append(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(StreamingExecutor, "execute", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        next(raydata._parts([path], s, call, {"s": s}, tasks=1))
+    assert len(started) == 1 and started[0]._shutdown
+    started[0].join(10)
+    assert not started[0].is_alive() and not raydata._executions()
+    assert os.listdir(os.path.join(s.tmp, raydata.RUNNING)) == []
