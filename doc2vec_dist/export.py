@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -137,12 +138,26 @@ def write_word2vec_lines(path: str, chunks, on_rows=None) -> int:
     return rows
 
 
+# numpy parses an .npy header with ast.literal_eval, which CPython 3.11 does not make safe for threads
+# (gh-106905: "SystemError: AST constructor recursion depth mismatch", seen in a CI run): the index and
+# export read .npy files from threads of their own
+_NPY_HEADERS = threading.Lock()
+
+
+def open_npy(path: str, mode: str = "r") -> np.memmap:
+    """np.load(path, mmap_mode=mode), its header parsed by one thread at a time."""
+    with _NPY_HEADERS:
+        return np.load(path, mmap_mode=mode)
+
+
 def npy_data_offset(path: str) -> int:
-    """Byte offset of the data of an .npy file (after its header)."""
-    header = np.load(path, mmap_mode="r")
-    offset = header.offset
-    del header
-    return offset
+    """Byte offset of the data of an .npy file (after its header), from its preamble: the magic string,
+    the format's version, and the header's length (2 bytes in version 1, 4 after)."""
+    with open(path, "rb") as fh:
+        major, _ = np.lib.format.read_magic(fh)
+        size = 2 if major == 1 else 4
+        length = int.from_bytes(fh.read(size), "little")
+    return np.lib.format.MAGIC_LEN + size + length
 
 
 def write_npy_rows(path: str, chunks, on_rows=None) -> int:

@@ -69,7 +69,7 @@ from tqdm import tqdm
 from . import checkpoint, outputs, provenance
 from .checkpoint import ModelDir
 from .errors import UserError
-from .export import npy_data_offset
+from .export import npy_data_offset, open_npy
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
 from .runners import Runner, run_local, where
 from .scoring import lookup, unit_rows
@@ -243,7 +243,7 @@ def encode_unit(trained: np.ndarray, vectors_path: str, offset: int, rows: int, 
 
 def iter_npy_rows(path: str, start: int, rows: int, chunk_rows: int = CHUNK_ROWS):
     """(first row, float32 chunk) over rows [start, start + rows) of a 2-d .npy, read (not mapped)."""
-    dim = np.load(path, mmap_mode="r").shape[1]
+    dim = open_npy(path).shape[1]
     with open(path, "rb") as fh:
         fh.seek(npy_data_offset(path) + start * dim * 4)
         for first in range(start, start + rows, chunk_rows):
@@ -363,7 +363,7 @@ class ServedIndex:
         if params["kind"] == "ivfpq":
             if not os.path.isfile(files["vectors.npy"]):
                 raise UserError(f"{files['vectors.npy']}: missing; IVF-PQ re-ranks its candidates with it")
-            vectors = np.load(files["vectors.npy"], mmap_mode="r")
+            vectors = open_npy(files["vectors.npy"])
         keys = live = None
         if params.get("dead"):  # an updated index: its dead ids are the rows whose key is null
             keys = read_keys(files["keys.parquet"])
@@ -552,7 +552,7 @@ def _build(tmp: str, source: Source, kind: str, progress: bool, runner: Runner |
 
     t = time.perf_counter()
     served = ServedIndex(index, {"kind": kind, "k_factor": K_FACTOR},
-                         np.load(vectors_path, mmap_mode="r") if kind == "ivfpq" else None)
+                         open_npy(vectors_path) if kind == "ivfpq" else None)
     search, recall, tune_recall, n_queries = _measure(served, vectors_path, source.rows, target_recall,
                                                       recall_queries, seed)
     timings["recall"] = time.perf_counter() - t
@@ -675,7 +675,7 @@ def _measure(served: ServedIndex, vectors_path: str, rows: int, target: float, n
     chosen = rng.choice(rows, min(rows, n_tune + n_eval), replace=False)
     # disjoint samples while the table allows it (a tiny table shares some)
     own = {"tune": np.sort(chosen[:n_tune]), "eval": np.sort(chosen[len(chosen) - n_eval:])}
-    stored = np.load(vectors_path, mmap_mode="r")
+    stored = open_npy(vectors_path)
     queries = {name: np.ascontiguousarray(stored[picked]) for name, picked in own.items()}
     del stored
     truth = exact_top_k(vectors_path, rows, np.concatenate([queries["tune"], queries["eval"]]), 11)
@@ -803,7 +803,7 @@ def _update(tmp: str, old: str, before: dict, source: Source, progress: bool, ru
     matched = np.zeros(source.rows, bool)
     matched[at[kept]] = True
     added = np.flatnonzero(~matched)  # in source order
-    fresh = np.load(fresh_path, mmap_mode="r")
+    fresh = open_npy(fresh_path)
     vectors_path = os.path.join(tmp, "vectors.npy")
     if kind == "ivfpq":  # the re-rank file is rewritten as the old ids are compared
         np.lib.format.open_memmap(vectors_path, mode="w+", dtype=np.float32, shape=(n_old + len(added), dim)).flush()
@@ -841,7 +841,7 @@ def _update(tmp: str, old: str, before: dict, source: Source, progress: bool, ru
     id_of_row[appended] = n_old + np.arange(len(appended))  # hnsw/flat: a changed key's new id replaces its old
     served_params = {"kind": kind, "k_factor": before.get("k_factor") or K_FACTOR}
     served = ServedIndex(index, served_params,
-                         np.load(vectors_path, mmap_mode="r") if kind == "ivfpq" else None, live=live)
+                         open_npy(vectors_path) if kind == "ivfpq" else None, live=live)
     search, recall, tune_recall, n_queries = _measure(served, fresh_path, source.rows, target_recall,
                                                       recall_queries, seed, id_of_row)
     timings["recall"] = time.perf_counter() - t
@@ -871,7 +871,7 @@ def _old_vectors(kind: str, old: str, index: faiss.Index, rows: int):
     re-rank file (a dead id's row is zero), or what flat and hnsw hold themselves."""
     if kind == "ivfpq":
         path = os.path.join(old, "vectors.npy")
-        if np.load(path, mmap_mode="r").shape != (rows, index.d):
+        if open_npy(path).shape != (rows, index.d):
             raise UserError(f"{path}: not {rows:,} rows of {index.d} dims as keys.parquet says; "
                             "rebuild the index (index without --update)")
         yield from iter_npy_rows(path, 0, rows)

@@ -305,3 +305,20 @@ def test_exports_record_the_model_version_and_table(three_part_model, tmp_path):
     files = [str(tmp_path / "one.parquet"), str(tmp_path / "u.keys.parquet"),
              *(str(tmp_path / "parts" / f"part-{p:05d}.parquet") for p in range(3))]
     assert [of_parquet(f) for f in files] == [expected] * 5
+
+
+def test_npy_data_offset_reads_the_preamble_of_every_header_version(tmp_path):
+    """The offset of an .npy file's data from its preamble alone, as numpy's parse of the whole header
+    finds it (that parse is not safe on threads in CPython 3.11), for versions 1 to 3 of the format."""
+    from doc2vec_dist.export import npy_data_offset, open_npy
+
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for version in ((1, 0), (2, 0), (3, 0)):
+        path = str(tmp_path / f"v{version[0]}.npy")
+        with open(path, "wb") as fh:
+            np.lib.format.write_array(fh, rows, version=version)
+        mapped = open_npy(path)
+        assert npy_data_offset(path) == mapped.offset
+        with open(path, "rb") as fh:
+            fh.seek(npy_data_offset(path))
+            np.testing.assert_array_equal(np.frombuffer(fh.read(), dtype=np.float32).reshape(3, 4), rows)
