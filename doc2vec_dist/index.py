@@ -243,9 +243,11 @@ def encode_unit(trained: np.ndarray, vectors_path: str, offset: int, rows: int, 
 
 def iter_npy_rows(path: str, start: int, rows: int, chunk_rows: int = CHUNK_ROWS):
     """(first row, float32 chunk) over rows [start, start + rows) of a 2-d .npy, read (not mapped)."""
-    dim = open_npy(path).shape[1]
+    header = open_npy(path)
+    dim, offset = header.shape[1], header.offset
+    del header
     with open(path, "rb") as fh:
-        fh.seek(npy_data_offset(path) + start * dim * 4)
+        fh.seek(offset + start * dim * 4)
         for first in range(start, start + rows, chunk_rows):
             n = min(chunk_rows, start + rows - first)
             yield first, np.fromfile(fh, dtype=np.float32, count=n * dim).reshape(n, dim)

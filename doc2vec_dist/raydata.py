@@ -218,8 +218,12 @@ def _cause(exc: BaseException) -> BaseException | None:
 
 
 def _executions() -> set:
-    """Ray Data's executions running in this process: each is a thread of its own (its StreamingExecutor)."""
-    from ray.data._internal.execution.streaming_executor import StreamingExecutor
+    """Ray Data's executions running in this process: each is a thread of its own (its StreamingExecutor;
+    none found where a Ray version keeps it elsewhere: only _parts' clean-up after a Ctrl-C relies on it)."""
+    try:
+        from ray.data._internal.execution.streaming_executor import StreamingExecutor
+    except ImportError:
+        return set()
 
     return {t for t in threading.enumerate() if isinstance(t, StreamingExecutor)}
 

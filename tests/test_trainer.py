@@ -274,8 +274,8 @@ def test_every_mode_learns_and_beats_most_popular_urls(ray_cluster, sample_corpu
 def test_a_device_worker_keeps_its_url_rows_in_16_bits_and_learns_as_with_float32(ray_cluster, sample_corpus, tmp_path,
                                                                                  monkeypatch, caplog):
     """The GPU workers' path, the CPU as the device (trainer.STAGED_ENV): with a 16-bit --dtype and
-    --device-rows dtype it keeps every URL row in it there, each micro-batch's update rounded stochastically, and learns what the
-    float32 rows learn (the sample, dim 64, 10 epochs: recall@10 0.2284 float32, 0.2281 bfloat16,
+    --device-rows dtype it keeps every URL row in it there, each micro-batch's update rounded
+    stochastically, and learns what the float32 rows learn (the sample, dim 64, 10 epochs: recall@10 0.2284 float32, 0.2281 bfloat16,
     0.2282 float16)."""
     from doc2vec_dist.trainer import STAGED_ENV
 
