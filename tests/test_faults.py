@@ -173,10 +173,12 @@ def test_ctrl_c_ends_a_run_waiting_on_a_worker_that_stopped_answering(sample_cor
     corpus, _ = sample_corpus
     model = str(tmp_path / "model")
     proc = subprocess.Popen([sys.executable, "-c", FROZEN_AT_PAUSE, "train", "--corpus", corpus, "--out", model,
-                             "--dim", "16", "--sample", "0", "--epochs", "500", "--num-ps", "2", "--num-workers", "1",
+                             "--dim", "100", "--sample", "0", "--epochs", "500", "--num-ps", "2", "--num-workers", "1",
                              "--cpus-per-worker", "1", "--no-progress",
-                             # mid-epoch checkpoints (a sample epoch is about 0.1 s), where workers pause
-                             "--checkpoint-every", "0.04"],
+                             # mid-epoch checkpoints, where workers pause: at dim 100 a sample epoch lasts several
+                             # of the driver's 0.02 s ticks (at dim 16 one took 0.03 s on a quiet machine, and
+                             # the run ended without a pause: the test failed)
+                             "--checkpoint-every", "0.02"],
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     frozen: list[psutil.Process] = []  # the driver's own Ray's worker, found among its descendants
     seen: list[float] = []  # when it was found frozen
