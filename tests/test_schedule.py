@@ -144,3 +144,35 @@ def test_a_block_draws_its_negatives_from_its_own_rows_by_count_to_the_075():
     np.testing.assert_array_equal(held.ids, np.arange(vocab))
     _, _, toks = one.select(0, np.arange(3), np.array([0, 2, 2, 5]), np.array([5, 6, 7, 8, 9], np.int32))
     np.testing.assert_array_equal(toks, [5, 6, 7, 8, 9])
+
+
+def test_the_in_process_copy_of_the_schedules_on_lee_trains_what_one_worker_trains_with_one_worker(tmp_path, capsys):
+    """benchmarks/schedule_lee.py: with one worker the block schedule and local SGD are the sole writer
+    (the same vectors as `one`); with two, each schedule trains something of its own; the table and the
+    JSON hold every (order, schedule, workers, segments)."""
+    import json
+
+    from conftest import load_benchmark
+
+    bench = load_benchmark("schedule_lee")
+    docs, counts, test_rows = bench.lee_corpus(str(tmp_path / "work"), background_first=True)
+    assert len(docs) == 350 and list(test_rows) == list(range(300, 350)) and all(len(d) for d in docs[300:])
+    one = bench.train(docs, counts, 1, "one", seed=1, epochs=2)
+    np.testing.assert_array_equal(bench.train(docs, counts, 1, "blocks", seed=1, epochs=2), one)
+    np.testing.assert_allclose(bench.train(docs, counts, 1, "local-sgd", seed=1, epochs=2), one, atol=1e-6)
+    two = {s: bench.train(docs, counts, 2, s, seed=1, epochs=2) for s in bench.SCHEDULES if s != "one"}
+    for s, vectors in two.items():
+        assert not np.allclose(vectors, one), s
+    assert not np.allclose(two["blocks"], two["sequential"]) and not np.allclose(two["blocks"], two["doc-negatives"])
+
+    out = tmp_path / "lee.json"
+    result = bench.main(["--workers", "2", "--segments", "1", "2", "--seeds", "1", "--epochs", "2",
+                         "--work", str(tmp_path / "work"), "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    runs = [(r["order"], r["schedule"], r["workers"], r["segments"]) for r in result["runs"]]
+    expected = [("one", 1, 1)] + [(s, 2, g) for s in bench.SCHEDULES[1:] for g in (1, 2)]
+    assert runs == [(o, *e) for o in ("test first", "background first") for e in expected]
+    assert all(-1 < r["mean"] < 1 for r in result["runs"])
+    table = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith(("| test first", "| background first"))]
+    assert len(table) == len(runs) and table[0].endswith("| - |")
