@@ -213,18 +213,23 @@ def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows
                            sole_writer=config.token_path(words_out_rows), on_device=not config.exact_kernel())
 
 
+# what more --segments measured on text (benchmarks/quality.py on Lee, 3 seeds; benchmarks/schedule_lee.py)
+SEGMENTS_MEASURED = ("Lee background first: -0.006, +0.002, -0.011 Pearson with 2, 4, 8 workers at --segments 16; "
+                     "at --segments 64, test first and background first, -0.008 and -0.004 with 2 workers, -0.005 "
+                     "and -0.007 with 4, which trained Lee 80 and 250 times slower than one worker")
+
+
 def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     """Warnings for settings measured to lose quality, each naming the flags to change."""
     found = []
     if config.blocks() and (getattr(corpus, "meta", None) or {}).get("format") == "text":
         if config.segments == 1:
             measured = ("(Lee: -0.008 Pearson with 2 workers over 8 seeds, -0.014 to -0.038 with 2 to 8 over 3; "
-                        "mini_newsgroup: -0.003 and -0.007 accuracy with 4 and 8) while holding it on browsing logs; "
-                        "--segments 16 narrows the loss (Lee background first: -0.006, +0.002, -0.011 with 2, 4, 8 workers; "
-                        "mini_newsgroup: -0.002, +0.003, -0.003) for 16 times the rounds")
+                        "mini_newsgroup: -0.003 and -0.007 accuracy with 4 and 8) while holding it on browsing logs: "
+                        "a document meets its words one block a round, and the rounds lie far apart; more --segments "
+                        f"shorten them and narrow the loss ({SEGMENTS_MEASURED}), each round a fixed cost")
         else:
-            measured = ("even with --segments 16 (Lee background first: -0.006, +0.002, -0.011 Pearson with 2, 4, 8 workers "
-                        "over 3 seeds; mini_newsgroup: -0.002, +0.003, -0.003 accuracy)")
+            measured = f"even with --segments {config.segments} ({SEGMENTS_MEASURED})"
         found.append(f"{config.num_workers} workers on the block schedule were measured to lose quality on text corpora "
                      f"{measured}; for text, one worker on all the machine's CPUs (--num-workers 1 --cpus-per-worker N) "
                      "is the measured best")
