@@ -18,7 +18,7 @@ import pytest
 from doc2vec_dist import checkpoint
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.trainer import train
+from doc2vec_dist.trainer import STEP_PAUSE_ENV, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -175,11 +175,12 @@ def test_ctrl_c_ends_a_run_waiting_on_a_worker_that_stopped_answering(sample_cor
     proc = subprocess.Popen([sys.executable, "-c", FROZEN_AT_PAUSE, "train", "--corpus", corpus, "--out", model,
                              "--dim", "100", "--sample", "0", "--epochs", "500", "--num-ps", "2", "--num-workers", "1",
                              "--cpus-per-worker", "1", "--no-progress",
-                             # mid-epoch checkpoints, where workers pause: at dim 100 a sample epoch lasts several
-                             # of the driver's 0.02 s ticks (at dim 16 one took 0.03 s on a quiet machine, and
-                             # the run ended without a pause: the test failed)
+                             # mid-epoch checkpoints, where workers pause: each macro-batch 30 ms longer, so an
+                             # epoch outlasts the driver's 0.02 s tick on any machine (at dim 16 and no pause an
+                             # epoch took 0.03 s on a quiet machine: no pause came, the run ended, the test failed)
                              "--checkpoint-every", "0.02"],
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT, STEP_PAUSE_ENV: "0.03"})
     frozen: list[psutil.Process] = []  # the driver's own Ray's worker, found among its descendants
     seen: list[float] = []  # when it was found frozen
 
