@@ -52,8 +52,10 @@ def lee_corpus(work: str, background_first: bool) -> tuple[list[np.ndarray], np.
     root = os.path.join(work, "lee-reversed" if background_first else "lee")
     text = os.path.join(root, "lee.txt")
     first_test = harness.write_lee_text(text, background_first=background_first)
-    corpus = Corpus(prepare([text], os.path.join(root, "corpus"), PrepareConfig(format="text", min_count=2),
-                            overwrite=True, progress=False).path)
+    out = os.path.join(root, "corpus")
+    if not os.path.exists(os.path.join(out, "corpus.json")):  # prepared once and kept, as quality.py keeps its sets
+        prepare([text], out, PrepareConfig(format="text", min_count=2), progress=False)
+    corpus = Corpus(out)
     table = corpus.docs()
     by_id = {}
     for path in corpus.shard_paths:
