@@ -72,14 +72,16 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
           dim: int = 100, epochs: int = 40, negative: int = 5, alpha: float = 0.025, min_alpha: float = 0.0001,
           sample: float = 1e-3, ns_exponent: float = 0.75) -> np.ndarray:
     """The document vectors after training with `schedule` on `workers` workers (see the docstring)."""
+    from doc2vec_dist.config import lr_at
     from doc2vec_dist.cpu_kernel import train_tokens
+    from doc2vec_dist.ps import _fill_uniform
     from doc2vec_dist.sampling import NegativeTable, keep_probabilities
     from doc2vec_dist.schedule import MAX_NEGATIVE_RATIO, Blocks
 
     if schedule == "one":
         workers = 1
-    rng = np.random.default_rng(seed)
-    inputs = ((rng.random((len(docs), dim)) - 0.5) / dim).astype(np.float32)  # gensim's initialisation
+    inputs = np.empty((len(docs), dim), np.float32)
+    _fill_uniform(inputs, np.random.default_rng(seed))  # the servers' (gensim 4's) U[-1, 1) / dim
     outputs = np.zeros((len(counts), dim), np.float32)
     keep = keep_probabilities(counts, sample)
     everything = NegativeTable(counts, ns_exponent)
@@ -94,9 +96,9 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
         # worker i's tokens, its learning rate decaying over its own planned tokens (as a worker's does)
         if len(tokens) == 0:
             return
-        start = alpha - (alpha - min_alpha) * done[i] / planned[i]
+        start = lr_at(alpha, min_alpha, done[i], planned[i])
         done[i] += len(tokens)
-        end = alpha - (alpha - min_alpha) * done[i] / planned[i]
+        end = lr_at(alpha, min_alpha, done[i], planned[i])
         calls[0] += 1
         train_tokens(inputs, rows, doc_of, tokens, keep_of, table.accept, table.alias, count, start, end,
                      seed * 1_000_003 + calls[0], threads=1)
@@ -152,9 +154,10 @@ def pearson(vectors: np.ndarray, test_rows: np.ndarray) -> float:
     import harness
     from scipy.stats import pearsonr
 
+    from doc2vec_dist.scoring import unit_rows
+
     ratings = np.loadtxt(harness.lee_ratings_path())
-    v = vectors[test_rows]
-    v = v / np.linalg.norm(v, axis=1, keepdims=True)
+    v = unit_rows(vectors[test_rows])
     i, j = np.triu_indices(len(test_rows), 1)
     return float(pearsonr((v[i] * v[j]).sum(1), ratings[i, j])[0])
 
