@@ -9,7 +9,9 @@ negative 5, sample 0 unless flags say otherwise:
   workers   W workers of --cpus-per-worker CPUs each (the block schedule from 2 workers on): tokens/s,
             parallel efficiency (tokens/s ÷ (W × one worker's)), where the workers' time went, the
             servers' busy seconds, and the bytes moved per token (the workers' counters) beside
-            `plan`'s prediction of them;
+            `plan`'s prediction of them; with --through-servers each W > 1 again with its blocks going
+            home through the servers at each round's end and pulled again (trainer.HANDOVER_ENV=0, the
+            path before the blocks were handed from worker to worker);
   threads   one worker with T threads (--cpus-per-worker T), beside gensim (corpus_file mode, its
             fastest) with T threads.
 
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2, 4, 8, 16],
                     help="thread counts of one worker and of gensim (none: skip)")
     ap.add_argument("--no-gensim", action="store_true", help="threads of ours only")
+    ap.add_argument("--through-servers", action="store_true",
+                    help="also run each W > 1 with the blocks going home through the servers each round")
     ap.add_argument("--no-warmup", action="store_true",
                     help="measure from the first run (by default a tiny corpus trains first, so that numba's "
                          "kernels are compiled and cached before any timed run)")
@@ -113,6 +117,17 @@ def main(argv: list[str] | None = None) -> dict:
             config = dataclasses.replace(base, num_workers=w)
             row = {"workers": w, **run_ours(corpus, args.workdir, config, f"w{w}"),
                    "planned_bytes_per_token": bytes_per_token(found, config, w)}
+            if args.through_servers and w > 1:
+                from doc2vec_dist.trainer import HANDOVER_ENV
+
+                os.environ[HANDOVER_ENV] = "0"
+                try:
+                    row["through_servers"] = run_ours(corpus, args.workdir, config, f"w{w}-servers")
+                finally:
+                    del os.environ[HANDOVER_ENV]
+                print(f"[scaling] {w} worker(s), blocks through the servers: "
+                      f"{row['through_servers']['tokens_per_second'] / 1e6:.3f}M tokens/s; "
+                      f"worker time {worker_split(row['through_servers']['worker_seconds'])}", file=sys.stderr, flush=True)
             result["workers"].append(row)
             # the split said at once and the figures saved after each run: a run killed by a time limit (the
             # GPU machine's) keeps what it measured
@@ -137,6 +152,8 @@ def main(argv: list[str] | None = None) -> dict:
         one = result["workers"][0]["tokens_per_second"] / result["workers"][0]["workers"]
         for row in result["workers"]:
             row["efficiency"] = row["tokens_per_second"] / (row["workers"] * one)
+            if "through_servers" in row:
+                row["through_servers"]["efficiency"] = row["through_servers"]["tokens_per_second"] / (row["workers"] * one)
     print(report(result))
     save_json(result, args.json or os.path.join(args.workdir, "scaling.json"))
     if os.path.exists(partial):
@@ -157,6 +174,11 @@ def report(r: dict) -> str:
             split = " ".join(f"{k} {100 * v:.0f}%" for k, v in row["split"].items())
             lines.append(f"{row['workers']:>8} {row['tokens_per_second'] / 1e6:>9.3f}M {row['efficiency']:>11.2f} "
                          f"{measured:>12.1f} {planned:>8.1f} {row['server_busy_seconds'] or 0:>12.1f}s  {split}")
+            if "through_servers" in row:
+                o = row["through_servers"]
+                lines.append(f"{'(servers)':>8} {o['tokens_per_second'] / 1e6:>9.3f}M {o['efficiency']:>11.2f} "
+                             f"{sum(o['bytes_per_token'].values()):>12.1f} {'':>8} {o['server_busy_seconds'] or 0:>12.1f}s  "
+                             + " ".join(f"{k} {100 * v:.0f}%" for k, v in o["split"].items()))
     if r["threads"]:
         lines.append(f"{'threads':>8} {'ours':>10} {'gensim':>10} {'ours/gensim':>12}")
         for row in r["threads"]:

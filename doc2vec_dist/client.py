@@ -89,9 +89,11 @@ def stage(rows, servers: list):
 
 # What a worker's counters split its traffic with the servers into (bytes, as the arrays carry them: a
 # 16-bit --dtype's rows count 2 bytes a value):
-# the rows of its macro-batches (documents', and URLs' where they are shared), and the resident rows
-# (the block it holds, or --cache-rows) pulled and pushed whole.
-TRAFFIC = ("pulled", "pushed", "resident_pulled", "resident_pushed")
+# the rows of its macro-batches (documents', and URLs' where they are shared), the resident rows
+# (the block it holds, or --cache-rows) pulled and pushed whole, and on the block schedule the block
+# handed straight to its next holder at a round's end (ParameterClient.hand_over; its copy written to
+# the servers behind it counts as resident_pushed).
+TRAFFIC = ("pulled", "pushed", "resident_pulled", "resident_pushed", "handed")
 
 # With several workers, each trains its own copy of the resident (--cache-rows) rows; they meet at the
 # servers this often (in macro-batches), as well as at checkpoints and epoch ends
@@ -287,6 +289,10 @@ class ParameterClient:
         self.uses = np.zeros(resident, dtype=np.int64)  # times each was used since then
         self.batches_since_sync = 0
         self.traffic = dict.fromkeys(TRAFFIC, 0)  # bytes moved, by kind (the worker resets it)
+        # the block schedule's handover (hand_over, take_over): the servers' writes of the block this
+        # worker holds by its previous holder, and of the blocks this worker handed on, not yet waited for
+        self.prior: list = []
+        self.writes: list = []
 
     def hold(self, ids: np.ndarray) -> None:
         """Make the rows `ids` (ascending) of words_out the resident rows: the block a sole writer holds
@@ -307,6 +313,60 @@ class ParameterClient:
     def release(self) -> None:
         """The resident rows, pushed home, are no longer this worker's: the next sync pulls afresh."""
         self.held = False
+
+    # -- the block handed from worker to worker (the block schedule) -------------------------------------
+    def hand_over(self, read, label: str) -> dict:
+        """The end of a round: the held block's rows, as a push would carry them (in the servers' order,
+        narrowed to their dtype), put once in the object store for the next holder, and written to the
+        servers behind it without waiting. The next holder starts from the rows themselves, so the
+        servers' apply and its pull are off the round's critical path; it waits for these writes before
+        it writes the block to the servers itself, and this worker waits for them before a checkpoint
+        (settle), so the servers never take an older copy over a newer one. Returns what the driver
+        passes on: {"rows": {table: rows}, "writes": [calls]}."""
+        self.settle()
+        rows_of, writes = {}, []
+        for table in self.resident_tables:
+            held = self._held(table)
+            rows = read(table)
+            rows = self._narrow(rows if held.grouped else rows[held.order])
+            self.traffic["resident_pushed"] += rows.nbytes
+            self.traffic["handed"] += rows.nbytes
+            writes.extend(self._push_pieces(table, rows, f"{label} (resident rows)", assign=True))
+            rows_of[table] = stage(rows, self.servers)
+        self.writes = writes
+        self.batches_since_sync = 0
+        return {"rows": rows_of, "writes": writes}
+
+    def take_over(self, handed: dict, write, into=None) -> bool:
+        """Hold the block another worker handed over (hand_over): its rows, widened and put in this
+        worker's layout (`write`, or straight into `into(table)`) as a pull would. Its servers' writes
+        are waited for before this worker writes the block (settle). False where the rows are gone
+        (the worker that put them died): then those writes are waited for here and the next sync pulls."""
+        self.prior = list(handed["writes"])
+        try:
+            arrived = {t: rows if isinstance(rows, np.ndarray) else get(rows) for t, rows in handed["rows"].items()}
+        except Exception:  # noqa: BLE001 (Ray's ObjectLostError and kin: the servers' copy is the one left)
+            self.settle()
+            return False
+        for table, stored in arrived.items():
+            held = self._held(table)
+            out = into(table) if into is not None else None
+            rows = precision.widen_rows(stored, self.dtype, self.dim)
+            if out is None:
+                out = np.empty((len(held.ids), rows.shape[1]), dtype=np.float32)
+                out[slice(None) if held.grouped else held.order] = rows
+                write(table, out)
+            else:
+                out[slice(None) if held.grouped else held.order] = rows
+        self.held = True
+        return True
+
+    def settle(self) -> None:
+        """Wait until the servers' writes of blocks handed over (this worker's and its block's previous
+        holder's) are applied: before this worker writes a block to the servers, and before a checkpoint."""
+        pending, self.prior, self.writes = self.prior + self.writes, [], []
+        if pending:
+            get(pending)
 
     # -- the compact layout -----------------------------------------------------------------------------
     def token_layout(self, doc_ids: np.ndarray) -> tuple[Layout, np.ndarray]:
@@ -443,7 +503,7 @@ class ParameterClient:
                 and self.batches_since_sync >= CACHE_SYNC_BATCHES)
 
     def sync(self, read, write, label: str, push: bool = True, pull: bool = True, docs: bool = False,
-             into=None) -> None:
+             into=None, hand: bool = False) -> dict | None:
         """Exchange the resident rows with the servers: push what they learned since the last pull
         (new − pulled, like any push), then pull them afresh (other workers' updates included).
         `read(table)` gives the worker's resident rows in its layout of them (id order, or by server:
@@ -457,13 +517,13 @@ class ParameterClient:
         (docs/shared-rows.md#resident-rows).
 
         A sole writer's resident documents are pulled once and pushed only when `docs` asks (the
-        epoch's end, checkpoints): no other worker reads them meanwhile.
+        epoch's end, checkpoints): no other worker reads them meanwhile. With `hand` (the block
+        schedule's round ends) its held block is handed over (hand_over), not pushed: returns that.
         """
         if self.sole_writer:
-            self._sync_sole_writer(read, write, label, push, pull, docs, into)
-            return
+            return self._sync_sole_writer(read, write, label, push, pull, docs, into, hand)
         if not self.resident:
-            return
+            return None
         if push and self.base is not None:
             delta = read("words_out") - self.base
             if self.workers > RESIDENT_OVERSHOOT:  # else every weight is 1: the plain sum
@@ -475,18 +535,24 @@ class ParameterClient:
             self.base = self.pull_resident("words_out")
             write("words_out", self.base)
         self.batches_since_sync = 0
+        return None
 
-    def _sync_sole_writer(self, read, write, label: str, push: bool, pull: bool, docs: bool, into=None) -> None:
+    def _sync_sole_writer(self, read, write, label: str, push: bool, pull: bool, docs: bool, into=None,
+                          hand: bool = False) -> dict | None:
         """sync for the token path, whose worker alone writes every URL row it holds: the push writes
         the rows over the servers' (no delta, no copy of the rows as pulled), and once pulled they are
         never pulled again while it holds them: nothing else changes them. A restarted worker starts
         without them and pulls. (On the 200k corpus the epoch's pull of the 100k rows was ~15% of a
         device worker's host time.)"""
+        handed = None
         if push and self.batches_since_sync:  # trained since the last push
+            self.docs_dirty = self.docs_dirty or self.docs is not None
+        if push and hand and self.held and self.resident:  # the round's end: to the next holder, whatever it trained
+            handed = self.hand_over(read, label)
+        elif push and self.batches_since_sync:
             if self.held and self.resident:
                 for table in self.resident_tables:
                     self.push_resident(read(table), label, assign=True, table=table)
-            self.docs_dirty = self.docs_dirty or self.docs is not None
             self.batches_since_sync = 0
         if push and docs and self.docs_held and self.docs_dirty:
             self.push_resident(read("docs"), label, assign=True, table="docs")
@@ -506,6 +572,7 @@ class ParameterClient:
         if pull and self.docs is not None and not self.docs_held:
             pull_table("docs")
             self.docs_held = True
+        return handed
 
     def _held(self, table: str) -> Held:
         return self.docs if table == "docs" else self.urls
@@ -514,17 +581,24 @@ class ParameterClient:
         """Push a table's resident rows (deltas, or with assign the rows themselves; in the worker's
         layout of them: Held.grouped) and wait until every server has applied its part, in calls of at
         most RESIDENT_CALL_BYTES."""
+        self.settle()
         held = self._held(table)
         rows = self._narrow(rows if held.grouped else rows[held.order])
         self.traffic["resident_pushed"] += rows.nbytes
-        calls = []
+        get(self._push_pieces(table, rows, f"{label} (resident rows)", assign))
+
+    def _push_pieces(self, table: str, rows: np.ndarray, label: str, assign: bool) -> list:
+        """Send a table's resident rows (in the servers' order, narrowed) to the servers in calls of at
+        most RESIDENT_CALL_BYTES, at most `limit` in flight; returns the calls still in flight."""
+        held = self._held(table)
+        calls: list = []
         for s, server in enumerate(self.servers):
             for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize):
                 calls.append(server.push.remote({table: held.route.local[s][lo - held.route.bounds[s]:
                                                                              hi - held.route.bounds[s]]},
-                                                 rows[lo:hi], f"{label} (resident rows)", assign))
+                                                 rows[lo:hi], label, assign))
                 calls = wait_oldest(calls, self.limit)
-        get(calls)
+        return calls
 
     def pull_resident(self, table: str = "words_out", out: np.ndarray | None = None) -> np.ndarray:
         """A table's resident rows as the servers hold them, in the worker's layout of them (id order,

@@ -52,8 +52,10 @@ combines them: the streamed rows' traffic overlaps compute, the held rows' adds 
       servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding.
     Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block
       schedule, each document's row pulled and pushed once per block its tokens fall in (counted on
-      the corpus's documents with the blocks' own deal), and each round every worker pulls and
-      pushes the block it holds (2 × vocabulary rows × W an epoch); one worker pulls its URL rows
+      the corpus's documents with the blocks' own deal), and each round every worker pushes the block
+      it holds to the servers (vocabulary rows × W an epoch) and, but in an epoch's last round, hands
+      it straight to its next holder (the same bytes again, "handed"), so only an epoch's first round
+      pulls them from the servers; one worker pulls its URL rows
       once and pushes them at each epoch's end; the shared schedule pulls and pushes each
       macro-batch's unique rows (macro_batch_profile).
 """
@@ -84,7 +86,7 @@ from .ps import table_specs
 from .sampling import NegativeTable, build_examples, keep_probabilities
 from .schedule import Blocks
 from .sharding import rows_on_shard
-from .trainer import effective_macro_batch, quality_warnings
+from .trainer import HANDOVER_ENV, effective_macro_batch, quality_warnings
 from .worker import ROUNDS_PER_EPOCH
 
 GiB = 1 << 30
@@ -215,7 +217,7 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
         prof = profile if profile is not None and profile["macro_batch"] == effective_macro_batch(
             cfg, corpus.num_tokens, vocab) else macro_batch_profile(corpus, cfg)
         per = prof["unique_rows"] * row / max(prof["tokens"], 1)
-        return {"pulled": per, "pushed": per, "resident_pulled": 0.0, "resident_pushed": 0.0}
+        return {"pulled": per, "pushed": per, "resident_pulled": 0.0, "resident_pushed": 0.0, "handed": 0.0}
     counts, keep = corpus.counts(), keep_probabilities(corpus.counts(), cfg.sample)
     blocks = Blocks(counts, keep, workers if cfg.blocks() else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
     epochs = max(cfg.epochs, 1)
@@ -234,15 +236,21 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
         pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
     resident = config.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
     url_rows = sum(resident.values())
-    if blocks.num_blocks > 1:  # each round, every block pulled by its holder and pushed home; a rotation a segment
-        pulled_urls = pushed_urls = url_rows * blocks.num_blocks * cfg.segments
+    if blocks.num_blocks > 1:  # each round every block is written home; a rotation a segment
+        rounds = blocks.num_blocks * cfg.segments
+        # pulled from the servers in an epoch's first round, handed to the next holder at the others' ends
+        # (HANDOVER_ENV=0: pulled in every round)
+        handed = (rounds - 1) * url_rows if os.environ.get(HANDOVER_ENV) != "0" else 0
+        pulled_urls, pushed_urls = url_rows * rounds - handed, url_rows * rounds
         return {"pulled": 0.0 if resident_docs else pulled_docs * row / tokens,
                 "pushed": 0.0 if resident_docs else pushed_docs * row / tokens,
                 "resident_pulled": (pulled_urls + resident_docs * pulled_docs) * row / tokens,
-                "resident_pushed": (pushed_urls + resident_docs * pushed_docs) * row / tokens}
+                "resident_pushed": (pushed_urls + resident_docs * pushed_docs) * row / tokens,
+                "handed": handed * row / tokens}
     # one worker: its URL rows pulled once, pushed at each epoch's end
     return {"pulled": pulled_docs * row / tokens, "pushed": pushed_docs * row / tokens,
-            "resident_pulled": url_rows / epochs * row / tokens, "resident_pushed": url_rows * row / tokens}
+            "resident_pulled": url_rows / epochs * row / tokens, "resident_pushed": url_rows * row / tokens,
+            "handed": 0.0}
 
 
 def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_gbps: float,
@@ -278,7 +286,8 @@ def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None,
     """The expected tokens/s and what bounds it. The rows streamed with each macro-batch (pulled,
     pushed) move while the worker computes, so compute and that traffic overlap; the rows a worker
     holds (its block each round, its resident tables) move at a round's or an epoch's end while it
-    waits, so their time adds to the rest. Servers apply pushes on their own: the lower rate bounds.
+    waits, so their time adds to the rest, but for the servers' copies of blocks handed straight
+    to their next holder, written while the next round computes. Servers apply pushes on their own: the lower rate bounds.
     Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
     Mbit/s): 0.83 to 1.05 of this; the block schedule's 2 workers at 100 Mbit/s trained at 0.67 of
     the links' rate alone."""
@@ -288,8 +297,9 @@ def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None,
     if not (rates["compute"] and rates["network"]):
         bound = min(known, key=known.get)
         return known[bound], bound
-    streamed = (moved["pulled"] + moved["pushed"]) / links  # seconds per token, overlapped with compute
-    held = (moved["resident_pulled"] + moved["resident_pushed"]) / links  # seconds per token, waited for
+    behind = moved["handed"]  # the servers' copies of the handed blocks: written during the next round
+    streamed = (moved["pulled"] + moved["pushed"] + behind) / links  # seconds per token, overlapped with compute
+    held = (moved["resident_pulled"] + moved["resident_pushed"] - behind + moved["handed"]) / links  # waited for
     compute = 1.0 / rates["compute"]
     rate = 1.0 / (max(compute, streamed) + held)
     bound = "network" if streamed + held > compute else "compute"

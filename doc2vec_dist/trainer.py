@@ -42,6 +42,7 @@ from .placement import (
     worker_options,
 )
 from .ps import ParameterServer, table_specs
+from .schedule import Blocks
 from .worker import Position, Worker, macro_batch_for, plan_units
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ STEP_PAUSE_ENV = "DOC2VEC_DIST_STEP_PAUSE"
 # "1": workers without a GPU run the device (staged) path with the CPU as the device, as a GPU worker's
 # bookkeeping runs: for the tests and measurements of that path where there is no GPU
 STAGED_ENV = "DOC2VEC_DIST_STAGED_ON_CPU"
+# "0": on the block schedule each block goes home through the servers at a round's end and its next
+# holder pulls it (the path before the handover): for the tests that compare the two
+HANDOVER_ENV = "DOC2VEC_DIST_HANDOVER"
 
 
 def staged_on_cpu() -> bool:
@@ -554,6 +558,7 @@ class _Run:
         self.last_positions = resume.positions  # the workers' positions in the last committed checkpoint
         self.last_epoch = resume.epoch
         self.starts: list = [None] * config.num_workers  # where each worker's current run_epoch began
+        self.handed: list = [None] * config.num_workers  # the block each was handed for it (Worker.run_epoch)
         self.epoch_stats: list[dict] = []
         self.worker_restarts = 0
         self.ckpt_seconds = 0.0
@@ -589,13 +594,15 @@ class _Run:
             for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         step_pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)  # for tests
+        handover = os.environ.get(HANDOVER_ENV) != "0"
         staged = staged_on_cpu() or None
         self.plan = plan_units(corpus, config.num_workers)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
                                            max_task_retries=0, **worker_placement).remote(
-            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables, step_pause=step_pause, staged=staged)
+            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables, step_pause=step_pause, staged=staged,
+            handover=handover)
             for i in range(config.num_workers)]
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
             self._seen(("worker", i), answer)
@@ -647,25 +654,31 @@ class _Run:
     def _run_epoch(self, epoch: int, starts: list[Position] | None, bar: tqdm) -> dict:
         """One epoch: on the block schedule its rounds, one after another (every worker ends a round, its
         block pushed home, before any starts the next), else one round; returns the epoch's counters."""
-        rounds = self.config.rounds()
-        starts = starts or [Position(epoch)] * self.config.num_workers
+        rounds, workers = self.config.rounds(), self.config.num_workers
+        starts = starts or [Position(epoch)] * workers
         every: list[dict] = []
         last: list[dict] = []
+        handed: list = [None] * workers  # a round's first holders pull: at an epoch's start, and resumed
         for r in range(starts[0].round, rounds):
             if every:  # each worker's counters run on from where its last round left them
                 starts = [Position(epoch, round=r, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"]) for s in last]
-            last = self._run_round(epoch, starts, bar)
+                # the blocks the last round's holders handed over, each to the worker that holds it now
+                by_block = {h["block"]: h for h in (s.pop("handover", None) for s in last) if h is not None}
+                handed = [by_block.get(Blocks.held(i, r, workers)) for i in range(workers)]
+            last = self._run_round(epoch, starts, bar, handed)
             every.extend(last)
+        for s in last:
+            s.pop("handover", None)
         # tokens, pairs and loss of the epoch are the last round's; seconds and bytes add up over the rounds
         return {"epoch": epoch, **combine(every), **{k: v for k, v in combine(last).items() if k in ("tokens", "pairs", "loss")}}
 
-    def _run_round(self, epoch: int, starts: list[Position], bar: tqdm) -> list[dict]:
+    def _run_round(self, epoch: int, starts: list[Position], bar: tqdm, handed: list) -> list[dict]:
         """Every worker trains its data (on the block schedule: the tokens of the block it holds this
-        round) from its start position; returns each worker's counters."""
+        round, as `handed` to it or pulled) from its start position; returns each worker's counters."""
         config, workers = self.config, self.workers
         base = self.corpus.tokens_before(epoch, config.first_epoch)
-        self.starts = list(starts)
-        pending = {w.run_epoch.remote(epoch, self.starts[i]): i for i, w in enumerate(workers)}
+        self.starts, self.handed = list(starts), list(handed)
+        pending = {w.run_epoch.remote(epoch, self.starts[i], self.handed[i]): i for i, w in enumerate(workers)}
         finished: dict[int, dict] = {}
         while pending:
             ready, _ = ray.wait(list(pending), timeout=self.tick, num_returns=len(pending))
@@ -725,7 +738,8 @@ class _Run:
         last = self.last_positions[i] if self.last_positions and self.last_epoch == epoch else None
         start = last if last is not None and last.round == round_start.round else round_start
         self.starts[i] = start
-        return self.workers[i].run_epoch.remote(epoch, start)
+        # from the round's start, the block as it was handed over; from a checkpoint, the servers' copy
+        return self.workers[i].run_epoch.remote(epoch, start, self.handed[i] if start is round_start else None)
 
     # -- watching the actors and their nodes ------------------------------------------------------
     def _settle(self, refs: list, within: float | None = None) -> None:

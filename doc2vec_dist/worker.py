@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 import warnings
@@ -45,6 +46,8 @@ from .schedule import Block, Blocks
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 MIN_MACRO_BATCH = 4096
 ROUNDS_PER_EPOCH = 16  # pull/push rounds a worker makes at least per epoch where rows are shared (macro_batch_for)
@@ -314,17 +317,20 @@ class Arrival:
 class Worker:
     def __init__(self, index: int, units: list[Unit], corpus_path: str, config: TrainConfig,
                  servers: list, tables: dict[str, TableSpec], compute: Compute | None = None,
-                 step_pause: float = 0.0, staged: bool | None = None):
+                 step_pause: float = 0.0, staged: bool | None = None, handover: bool = True):
         """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
         client.LocalServers (no Ray at all). tables: the servers' table specs (ps.table_specs).
         compute: what trains the examples (Compute.default()). step_pause: seconds slept after each
         macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV). staged:
-        whether it runs the device path (None: where it has a GPU; True on CPU: trainer.STAGED_ENV)."""
+        whether it runs the device path (None: where it has a GPU; True on CPU: trainer.STAGED_ENV).
+        handover: on the block schedule, hand the held block to its next holder at a round's end
+        (client.ParameterClient.hand_over) rather than through the servers (trainer.HANDOVER_ENV)."""
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         load_compiled()
         self.index, self.units, self.config = index, units, config
         self.step_pause = step_pause
+        self.handover = handover
         self.node = ray_node_id()
         self.compute = compute or Compute.default()
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
@@ -441,9 +447,10 @@ class Worker:
         return s
 
     # -- the block held (the token path) ---------------------------------------------------------
-    def _hold(self, epoch: int, round_: int) -> None:
+    def _hold(self, epoch: int, round_: int, handed: dict | None = None) -> None:
         """Take the block this worker holds in this round of the epoch (schedule.Blocks.held) as its
-        resident URL rows; the next sync pulls them. One worker holds every row, once for the run."""
+        resident URL rows: from `handed` where its last holder handed it over (run_epoch), else the next
+        sync pulls them. One worker holds every row, once for the run."""
         cfg = self.config
         if self.num_blocks == 1:
             if self.held is None:
@@ -460,6 +467,10 @@ class Worker:
         self.cached = len(self.held.ids)
         self._device_tables = None
         self.client.hold(self.held.ids)
+        if handed is not None and handed["block"] == b and not self.client.take_over(
+                handed, self._write_resident, into=self._resident_array):
+            log.warning(f"worker {self.index}: the rows of block {b} handed over in epoch {epoch} round {round_} "
+                        "are gone (the worker that held it died); it trains from the servers' copy")
 
     def _block_chunks(self, epoch: int, start: Position, chunks):
         """The chunks' tokens of the block held, as its local rows (documents with none left out).
@@ -540,6 +551,7 @@ class Worker:
                 # lost them, and trained other vectors than one that never stopped). Under the lock:
                 # a round that starts meanwhile waits.
                 self._sync(f"checkpoint of worker {self.index}", pull=False, docs=True)
+                self.client.settle()  # the blocks it handed over: written to the servers
             return self._paused_at or self._position
 
     def resume(self) -> None:
@@ -583,10 +595,13 @@ class Worker:
                      start=start, raw_tokens=ex.raw_tokens)
 
     # -- one epoch ---------------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, start: Position | None = None) -> dict:
+    def run_epoch(self, epoch: int, start: Position | None = None, handed: dict | None = None) -> dict:
         """Train this worker's data for one epoch (on the block schedule, one round of it: start.round),
         from the beginning or from a checkpointed position (`start`, as pause() reported it); returns
-        the epoch's counters so far."""
+        the epoch's counters so far. On the block schedule, `handed` is the block this round holds as
+        its last holder handed it over ({"block", "rows", "writes"}; None: pulled from the servers), and
+        the counters returned carry this round's handover for the next holder ("handover") but in the
+        epoch's last round, whose blocks go home to the servers."""
         cfg = self.config
         start = start or Position(epoch)
         self._round = start.round
@@ -597,7 +612,9 @@ class Worker:
         # drives the learning rate: the tokens of the epochs before this one, and of this one so far
         done_before = (self.first_epoch_tokens + (epoch - 1) * self.tokens_per_epoch if epoch else 0) + start.tokens
         if self.token_path:
-            self._hold(epoch, start.round)
+            t0 = time.perf_counter()
+            self._hold(epoch, start.round, handed)
+            seconds["pull"] += time.perf_counter() - t0  # the block held: handed over, or pulled at the sync below
         chunks = read_chunks(self._units_of(start.round), self.read_tokens, start.unit, start.row)
         if epoch == 0 and self.changed is not None:
             chunks = only_documents(chunks, self.changed)
@@ -634,7 +651,9 @@ class Worker:
         try:
             batch = next_batch()
             step = start.step
+            t0 = time.perf_counter()
             self._sync(f"{self._when(epoch)} start of worker {self.index}")
+            seconds["pull"] += time.perf_counter() - t0
             while batch is not None:
                 if self._hold_if_paused(epoch, batch, step):
                     if arriving is not None:  # rows pulled before the pause are stale
@@ -693,8 +712,12 @@ class Worker:
             self.client.drain()
             # the resident documents go home once their last round of the epoch is done; the push is
             # named after the last step trained (its learning rate shows in an error of the push)
-            self._sync(f"{self._when(epoch)} end of worker {self.index}" + (f", after {label}" if trained else ""),
-                       pull=False, docs=start.round == self.rounds - 1)
+            last = start.round == self.rounds - 1
+            handover = self._sync(f"{self._when(epoch)} end of worker {self.index}"
+                                  + (f", after {label}" if trained else ""), pull=False, docs=last,
+                                  hand=self.handover and self.num_blocks > 1 and not last)
+            if handover is not None:
+                handover["block"] = self.held.index
             self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
@@ -703,7 +726,7 @@ class Worker:
                 self._running = False
                 self._position = self._position_at(epoch, None, step_of_next)
                 self._cv.notify_all()
-        return self.progress()
+        return {**self.progress(), "handover": handover}
 
     def _arrive(self, batch: Batch, slot: int) -> Arrival:
         """Wait for the batch's pulled rows and put them where it trains: the compact host matrices
@@ -947,8 +970,9 @@ class Worker:
             return
         resident[:] = torch.from_numpy(rows).to(self.device)
 
-    def _sync(self, label: str, push: bool = True, pull: bool = True, docs: bool = False) -> None:
+    def _sync(self, label: str, push: bool = True, pull: bool = True, docs: bool = False,
+              hand: bool = False) -> dict | None:
         """Exchange the resident rows with the servers (client.ParameterClient.sync); with docs, the
-        resident documents' too."""
-        self.client.sync(self._read_resident, self._write_resident, label, push=push, pull=pull, docs=docs,
-                         into=self._resident_array)
+        resident documents' too; with hand, the held block handed over (returned), not pushed."""
+        return self.client.sync(self._read_resident, self._write_resident, label, push=push, pull=pull, docs=docs,
+                                into=self._resident_array, hand=hand)

@@ -15,7 +15,7 @@ import pytest
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.config import TrainConfig
-from doc2vec_dist.trainer import PUSH_JOURNAL_ENV, STAGED_ENV, STEP_PAUSE_ENV, resumed_config, train
+from doc2vec_dist.trainer import HANDOVER_ENV, PUSH_JOURNAL_ENV, STAGED_ENV, STEP_PAUSE_ENV, resumed_config, train
 
 TWO = {"dim": 16, "epochs": 2, "sample": 0, "num_ps": 2, "num_workers": 2, "cpus_per_worker": 1, "progress": False,
        "macro_batch": 8192}
@@ -194,3 +194,23 @@ def test_a_block_run_without_resident_documents_trains_the_same_rows(ray_cluster
     assert kept["bytes_per_token"]["pulled"] == 0 < dropped["bytes_per_token"]["pulled"]
     for name, matrix in tables_of(kept["model"]).items():
         np.testing.assert_array_equal(tables_of(dropped["model"])[name], matrix, err_msg=name)
+
+
+def test_blocks_handed_from_worker_to_worker_train_what_the_servers_path_trains(ray_cluster, sample_corpus, tmp_path,
+                                                                               monkeypatch):
+    """At a round's end each block goes straight to its next holder (client.ParameterClient.hand_over),
+    its servers' copy written behind it; a run trains the same model bit for bit as one whose blocks go
+    home through the servers and are pulled again, and only an epoch's first round pulls URL rows."""
+    corpus = sample_corpus[0]
+    two = {**TWO, "segments": 2}
+    handed = train(corpus, str(tmp_path / "handed"), TrainConfig(**two, checkpoint_every=0))
+    monkeypatch.setenv(HANDOVER_ENV, "0")
+    home = train(corpus, str(tmp_path / "home"), TrainConfig(**two, checkpoint_every=0))
+    for name, matrix in tables_of(home["model"]).items():
+        np.testing.assert_array_equal(tables_of(handed["model"])[name], matrix, err_msg=name)
+    assert home["bytes"]["handed"] == 0 < handed["bytes"]["handed"]
+    # each handed byte is a pull saved: 3 of an epoch's 4 rounds, every block (2 workers x 2 segments)
+    assert handed["bytes"]["resident_pulled"] + handed["bytes"]["handed"] == home["bytes"]["resident_pulled"]
+    assert handed["bytes"]["resident_pushed"] == home["bytes"]["resident_pushed"]
+    url_bytes = checkpoint.ModelDir(handed["model"]).spec("words_out")["rows"] * 16 * 4
+    assert handed["bytes"]["handed"] == 2 * 3 * url_bytes  # 2 epochs, 3 handovers of all the blocks each

@@ -18,12 +18,14 @@
 #   4. benchmarks/feed_rate.py --no-ray: the host side alone (no kernel), and with the kernel
 #   5. gensim on every core (corpus_file mode, its fastest) on the same corpus and settings
 #   6. prepare_benchmark.py on a generated PREP_USERS-user corpus, --parallel PREP_PARALLEL (issue 30; off by default)
-#   7. benchmarks/scaling.py on every core: CPU workers W = 1, 2, 4, 8 and one worker with 1..16 threads beside gensim (issue 27)
+#   7. benchmarks/kernel_bound.py: the CPU kernel alone in 1..16 processes at once, the machine's own bound on W workers'
+#      parallel efficiency (BOUND_PROCESSES; issue 27)
+#   8. benchmarks/scaling.py on every core: CPU workers W = 1, 2, 4, 8 and one worker with 1..16 threads beside gensim (issue 27)
 # Everything printed goes to $OUT/log too; figures go to $OUT/*.json and one table, $OUT/summary.md.
 set -u
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 DEVICE=${DEVICE:-cuda} USERS=${USERS:-500000} URLS=${URLS:-250000} EPOCHS=${EPOCHS:-3} BUDGET=${BUDGET:-540}
-SCALE_WORKERS=${SCALE_WORKERS-1 2 4 8} SCALE_THREADS=${SCALE_THREADS-1 2 4 8 16}
+SCALE_WORKERS=${SCALE_WORKERS-1 2 4 8} SCALE_THREADS=${SCALE_THREADS-1 2 4 8 16} BOUND_PROCESSES=${BOUND_PROCESSES-1 2 4 8 12 16}
 # gpu_bench once per table dtype (issue 29, resolved: float32 and bfloat16 by default, so that the scaling step has its
 # time); DTYPE:dtype keeps the device's URL rows in that dtype too (--device-rows dtype), e.g. "bfloat16:dtype float16:dtype"
 DTYPES=${DTYPES-float32 bfloat16}
@@ -49,7 +51,7 @@ else
 fi
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "no nvidia-smi"
-nproc; free -g | head -2
+nproc; free -g | head -2; lscpu 2>/dev/null | grep -i -E "model name|^socket|core|thread|mhz" || true
 summary "| install | $(python3 -c 'import ray, gensim, faiss; print("ray", ray.__version__, "gensim", gensim.__version__)' 2>&1 | tail -1) | $((SECONDS - t)) |"
 
 step "corpus: $USERS users x $URLS URLs"
@@ -111,6 +113,14 @@ if [ -n "$PREP_PARALLEL" ] && [ "$(left)" -gt 120 ]; then
       --out $W/gprep --seed 11 --no-progress && python3 benchmarks/prepare_benchmark.py $W/gprep --out $W/prep --parallel $PREP_PARALLEL -- --time-col ts"
   rc=$?; cp "$W/prep/result.json" "$OUT/prepare_scaling.json" 2>/dev/null
   summary "| prepare, $(nproc) cores, --parallel $PREP_PARALLEL | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/prepare_scaling.json')); print('; '.join(f\"{x['run']}: {x['wall_seconds']:.1f} s wall, passes {x['pass_seconds']['total']:.1f} s, {x.get('speedup', 1)}x\" for x in r['runs']))" 2>/dev/null) | $((SECONDS - t)) |"
+fi
+
+if [ -n "$BOUND_PROCESSES" ] && [ "$(left)" -gt 90 ]; then
+  step "the CPU kernel alone in $BOUND_PROCESSES processes at once: the machine's bound on parallel efficiency"
+  t=$SECONDS
+  timeout 120 python3 benchmarks/kernel_bound.py --processes $BOUND_PROCESSES --tokens 3000000 --json "$OUT/kernel_bound.json"
+  rc=$?
+  summary "| kernel alone, N processes | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/kernel_bound.json')); print(f\"threads/core {r['threads_per_core']}: \" + ', '.join(f\"{x['processes']}: {x['tokens_per_second']/1e6:.2f}M ({x['efficiency']:.2f})\" for x in r['runs']))" 2>/dev/null) | $((SECONDS - t)) |"
 fi
 
 if [ -n "$SCALE_WORKERS" ] && [ "$(left)" -gt 60 ]; then
