@@ -317,12 +317,13 @@ class ParameterClient:
     # -- the block handed from worker to worker (the block schedule) -------------------------------------
     def hand_over(self, read, label: str) -> dict:
         """The end of a round: the held block's rows, as a push would carry them (in the servers' order,
-        narrowed to their dtype), put once in the object store for the next holder, and written to the
-        servers behind it without waiting. The next holder starts from the rows themselves, so the
-        servers' apply and its pull are off the round's critical path; it waits for these writes before
-        it writes the block to the servers itself, and this worker waits for them before a checkpoint
-        (settle), so the servers never take an older copy over a newer one. Returns what the driver
-        passes on: {"rows": {table: rows}, "writes": [calls]}."""
+        narrowed to their dtype), put in the object store once, in the pieces a push sends each server:
+        each piece written to its server without waiting, and all of them passed to the next holder.
+        The next holder starts from the rows themselves, so the servers' apply and its pull are off the
+        round's critical path; it waits for these writes before it writes the block to the servers
+        itself, and this worker waits for them before a checkpoint (settle), so the servers never take
+        an older copy over a newer one. Returns what the driver passes on:
+        {"rows": {table: [(lo, hi, piece)]}, "writes": [calls]}."""
         self.settle()
         rows_of, writes = {}, []
         for table in self.resident_tables:
@@ -331,8 +332,11 @@ class ParameterClient:
             rows = self._narrow(rows if held.grouped else rows[held.order])
             self.traffic["resident_pushed"] += rows.nbytes
             self.traffic["handed"] += rows.nbytes
-            writes.extend(self._push_pieces(table, rows, f"{label} (resident rows)", assign=True))
-            rows_of[table] = stage(rows, self.servers)
+            pieces = [(lo, hi, stage(rows[lo:hi], self.servers))
+                      for s in range(self.num_shards) for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize)]
+            rows_of[table] = pieces
+            writes.extend(self._push_pieces(table, rows, f"{label} (resident rows)", assign=True,
+                                            staged=[piece for _, _, piece in pieces]))
         self.writes = writes
         self.batches_since_sync = 0
         return {"rows": rows_of, "writes": writes}
@@ -344,20 +348,22 @@ class ParameterClient:
         (the worker that put them died): then those writes are waited for here and the next sync pulls."""
         self.prior = list(handed["writes"])
         try:
-            arrived = {t: rows if isinstance(rows, np.ndarray) else get(rows) for t, rows in handed["rows"].items()}
+            arrived = {t: [(lo, hi, piece if isinstance(piece, np.ndarray) else get(piece)) for lo, hi, piece in pieces]
+                       for t, pieces in handed["rows"].items()}
         except Exception:  # noqa: BLE001 (Ray's ObjectLostError and kin: the servers' copy is the one left)
             self.settle()
             return False
-        for table, stored in arrived.items():
+        for table, pieces in arrived.items():
             held = self._held(table)
             out = into(table) if into is not None else None
-            rows = precision.widen_rows(stored, self.dtype, self.dim)
-            if out is None:
-                out = np.empty((len(held.ids), rows.shape[1]), dtype=np.float32)
-                out[slice(None) if held.grouped else held.order] = rows
+            whole = out is None
+            for lo, hi, stored in pieces:
+                rows = precision.widen_rows(stored, self.dtype, self.dim)
+                if out is None:
+                    out = np.empty((len(held.ids), rows.shape[1]), dtype=np.float32)
+                out[slice(lo, hi) if held.grouped else held.order[lo:hi]] = rows
+            if whole and out is not None:
                 write(table, out)
-            else:
-                out[slice(None) if held.grouped else held.order] = rows
         self.held = True
         return True
 
@@ -587,16 +593,19 @@ class ParameterClient:
         self.traffic["resident_pushed"] += rows.nbytes
         get(self._push_pieces(table, rows, f"{label} (resident rows)", assign))
 
-    def _push_pieces(self, table: str, rows: np.ndarray, label: str, assign: bool) -> list:
+    def _push_pieces(self, table: str, rows: np.ndarray, label: str, assign: bool, staged: list | None = None) -> list:
         """Send a table's resident rows (in the servers' order, narrowed) to the servers in calls of at
-        most RESIDENT_CALL_BYTES, at most `limit` in flight; returns the calls still in flight."""
+        most RESIDENT_CALL_BYTES (or the pieces already `staged`, in that order), at most `limit` in
+        flight; returns the calls still in flight."""
         held = self._held(table)
         calls: list = []
+        k = 0
         for s, server in enumerate(self.servers):
             for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize):
                 calls.append(server.push.remote({table: held.route.local[s][lo - held.route.bounds[s]:
                                                                              hi - held.route.bounds[s]]},
-                                                 rows[lo:hi], label, assign))
+                                                 rows[lo:hi] if staged is None else staged[k], label, assign))
+                k += 1
                 calls = wait_oldest(calls, self.limit)
         return calls
 

@@ -8,8 +8,9 @@ one writer. The URL rows (words_out) are what workers would share. Here they are
 per worker, and an epoch is as many rounds as there are workers. In round r worker i holds block
 (i + r) mod W: it is the only writer of that block, keeps its rows resident and trains only the
 tokens of its own documents that fall in it, with negatives drawn from the block. Between rounds each
-worker pushes its block to the servers and pulls the next, so every row is trained from its latest
-value, as in PyTorch-BigGraph's buckets or GraphVite's orthogonal blocks. Over the W rounds of an
+worker hands its block to the block's next holder (client.ParameterClient.hand_over; the servers'
+copy written behind it), so every row is trained from its latest value, as in PyTorch-BigGraph's
+buckets or GraphVite's orthogonal blocks. Over the W rounds of an
 epoch every worker meets every block once, so every token of the corpus trains once per epoch.
 
 Negatives come from the held block, each row drawn with probability ∝ count^ns_exponent within it.
