@@ -39,6 +39,7 @@ from harness import save_json
 from doc2vec_dist.cli import _add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.logs import to_terminal
+from doc2vec_dist.trainer import time_split
 
 
 def run_ours(corpus: str, work: str, config: TrainConfig, label: str) -> dict:
@@ -171,14 +172,14 @@ def report(r: dict) -> str:
         for row in r["workers"]:
             measured = sum(row["bytes_per_token"].values())
             planned = sum(row["planned_bytes_per_token"].values())
-            split = " ".join(f"{k} {100 * v:.0f}%" for k, v in row["split"].items())
             lines.append(f"{row['workers']:>8} {row['tokens_per_second'] / 1e6:>9.3f}M {row['efficiency']:>11.2f} "
-                         f"{measured:>12.1f} {planned:>8.1f} {row['server_busy_seconds'] or 0:>12.1f}s  {split}")
+                         f"{measured:>12.1f} {planned:>8.1f} {row['server_busy_seconds'] or 0:>12.1f}s  "
+                         f"{time_split(row['worker_seconds'])}")
             if "through_servers" in row:
                 o = row["through_servers"]
                 lines.append(f"{'(servers)':>8} {o['tokens_per_second'] / 1e6:>9.3f}M {o['efficiency']:>11.2f} "
                              f"{sum(o['bytes_per_token'].values()):>12.1f} {'':>8} {o['server_busy_seconds'] or 0:>12.1f}s  "
-                             + " ".join(f"{k} {100 * v:.0f}%" for k, v in o["split"].items()))
+                             f"{time_split(o['worker_seconds'])}")
     if r["threads"]:
         lines.append(f"{'threads':>8} {'ours':>10} {'gensim':>10} {'ours/gensim':>12}")
         for row in r["threads"]:

@@ -323,20 +323,14 @@ class ParameterClient:
         round's critical path; it waits for these writes before it writes the block to the servers
         itself, and this worker waits for them before a checkpoint (settle), so the servers never take
         an older copy over a newer one. Returns what the driver passes on:
-        {"rows": {table: [(lo, hi, piece)]}, "writes": [calls]}."""
+        {"rows": {table: [(server, lo, hi, piece)]}, "writes": [calls]}."""
         self.settle()
         rows_of, writes = {}, []
         for table in self.resident_tables:
-            held = self._held(table)
-            rows = read(table)
-            rows = self._narrow(rows if held.grouped else rows[held.order])
-            self.traffic["resident_pushed"] += rows.nbytes
+            rows = self._outgoing(table, read(table))
             self.traffic["handed"] += rows.nbytes
-            pieces = [(lo, hi, stage(rows[lo:hi], self.servers))
-                      for s in range(self.num_shards) for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize)]
-            rows_of[table] = pieces
-            writes.extend(self._push_pieces(table, rows, f"{label} (resident rows)", assign=True,
-                                            staged=[piece for _, _, piece in pieces]))
+            rows_of[table] = self._pieces(table, rows, staged=True)
+            writes.extend(self._push_pieces(table, rows_of[table], f"{label} (resident rows)", assign=True))
         self.writes = writes
         self.batches_since_sync = 0
         return {"rows": rows_of, "writes": writes}
@@ -348,22 +342,16 @@ class ParameterClient:
         (the worker that put them died): then those writes are waited for here and the next sync pulls."""
         self.prior = list(handed["writes"])
         try:
-            arrived = {t: [(lo, hi, piece if isinstance(piece, np.ndarray) else get(piece)) for lo, hi, piece in pieces]
-                       for t, pieces in handed["rows"].items()}
+            arrived = {table: [(s, lo, hi, piece if isinstance(piece, np.ndarray) else get(piece))
+                               for s, lo, hi, piece in pieces] for table, pieces in handed["rows"].items()}
         except Exception:  # noqa: BLE001 (Ray's ObjectLostError and kin: the servers' copy is the one left)
             self.settle()
             return False
         for table, pieces in arrived.items():
-            held = self._held(table)
             out = into(table) if into is not None else None
-            whole = out is None
-            for lo, hi, stored in pieces:
-                rows = precision.widen_rows(stored, self.dtype, self.dim)
-                if out is None:
-                    out = np.empty((len(held.ids), rows.shape[1]), dtype=np.float32)
-                out[slice(lo, hi) if held.grouped else held.order[lo:hi]] = rows
-            if whole and out is not None:
-                write(table, out)
+            rows = self._placed(self._held(table), pieces, out)
+            if out is None:
+                write(table, rows)
         self.held = True
         return True
 
@@ -588,25 +576,33 @@ class ParameterClient:
         layout of them: Held.grouped) and wait until every server has applied its part, in calls of at
         most RESIDENT_CALL_BYTES."""
         self.settle()
+        rows = self._outgoing(table, rows)
+        get(self._push_pieces(table, self._pieces(table, rows), f"{label} (resident rows)", assign))
+
+    def _outgoing(self, table: str, rows: np.ndarray) -> np.ndarray:
+        """A table's resident rows (in the worker's layout) as a push carries them: in the servers'
+        order, narrowed to their dtype; counted as pushed."""
         held = self._held(table)
         rows = self._narrow(rows if held.grouped else rows[held.order])
         self.traffic["resident_pushed"] += rows.nbytes
-        get(self._push_pieces(table, rows, f"{label} (resident rows)", assign))
+        return rows
 
-    def _push_pieces(self, table: str, rows: np.ndarray, label: str, assign: bool, staged: list | None = None) -> list:
-        """Send a table's resident rows (in the servers' order, narrowed) to the servers in calls of at
-        most RESIDENT_CALL_BYTES (or the pieces already `staged`, in that order), at most `limit` in
-        flight; returns the calls still in flight."""
+    def _pieces(self, table: str, rows: np.ndarray, staged: bool = False) -> list[tuple]:
+        """Outgoing rows (_outgoing) cut into each server's calls of at most RESIDENT_CALL_BYTES:
+        [(server, lo, hi, rows[lo:hi])], the rows put in the object store once where `staged`."""
+        held = self._held(table)
+        return [(s, lo, hi, stage(rows[lo:hi], self.servers) if staged else rows[lo:hi])
+                for s in range(self.num_shards) for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize)]
+
+    def _push_pieces(self, table: str, pieces: list[tuple], label: str, assign: bool) -> list:
+        """Send each piece (_pieces) to its server, at most `limit` calls in flight; returns the calls
+        still in flight."""
         held = self._held(table)
         calls: list = []
-        k = 0
-        for s, server in enumerate(self.servers):
-            for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize):
-                calls.append(server.push.remote({table: held.route.local[s][lo - held.route.bounds[s]:
-                                                                             hi - held.route.bounds[s]]},
-                                                 rows[lo:hi] if staged is None else staged[k], label, assign))
-                k += 1
-                calls = wait_oldest(calls, self.limit)
+        for s, lo, hi, rows in pieces:
+            calls.append(self.servers[s].push.remote(
+                {table: held.route.local[s][lo - held.route.bounds[s]:hi - held.route.bounds[s]]}, rows, label, assign))
+            calls = wait_oldest(calls, self.limit)
         return calls
 
     def pull_resident(self, table: str = "words_out", out: np.ndarray | None = None) -> np.ndarray:
@@ -619,13 +615,18 @@ class ParameterClient:
             for lo, hi in held.pieces(s, self.row_bytes or 1):
                 parts.append(server.pull.remote({table: held.route.local[s][lo - held.route.bounds[s]:
                                                                              hi - held.route.bounds[s]]}))
-                at.append((lo, hi))
+                at.append((s, lo, hi))
         pulled = get(parts)
+        self.traffic["resident_pulled"] += sum(rows.nbytes for rows in pulled)
+        return self._placed(held, [(*where, rows) for where, rows in zip(at, pulled)], out)
+
+    def _placed(self, held: Held, pieces: list[tuple], out: np.ndarray | None) -> np.ndarray:
+        """Rows as the servers store them, in pieces [(server, lo, hi, rows)] of the by-server layout (a
+        pull's, or a block's handed over), widened to float32 and put in their places in the worker's
+        layout of them: into `out` where given."""
         if out is None:
-            stored = pulled[0].shape[1] if pulled else self.row_bytes // precision.stored(self.dtype).itemsize
+            stored = pieces[0][3].shape[1] if pieces else self.row_bytes // precision.stored(self.dtype).itemsize
             out = np.empty((len(held.ids), precision.float_width(self.dtype, self.dim, stored)), dtype=np.float32)
-        for (lo, hi), rows in zip(at, pulled):
-            places = slice(lo, hi) if held.grouped else held.order[lo:hi]
-            out[places] = precision.widen_rows(rows, self.dtype, self.dim)
-            self.traffic["resident_pulled"] += rows.nbytes
+        for _, lo, hi, rows in pieces:
+            out[slice(lo, hi) if held.grouped else held.order[lo:hi]] = precision.widen_rows(rows, self.dtype, self.dim)
         return out

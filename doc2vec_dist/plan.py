@@ -297,9 +297,10 @@ def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None,
     if not (rates["compute"] and rates["network"]):
         bound = min(known, key=known.get)
         return known[bound], bound
-    behind = moved["handed"]  # the servers' copies of the handed blocks: written during the next round
-    streamed = (moved["pulled"] + moved["pushed"] + behind) / links  # seconds per token, overlapped with compute
-    held = (moved["resident_pulled"] + moved["resident_pushed"] - behind + moved["handed"]) / links  # waited for
+    # the servers' copies of the blocks handed over are written during the next round, overlapped with
+    # compute; the handed blocks themselves, as many bytes, are waited for in their place
+    streamed = (moved["pulled"] + moved["pushed"] + moved["handed"]) / links  # seconds per token, overlapped
+    held = (moved["resident_pulled"] + moved["resident_pushed"]) / links  # seconds per token, waited for
     compute = 1.0 / rates["compute"]
     rate = 1.0 / (max(compute, streamed) + held)
     bound = "network" if streamed + held > compute else "compute"
