@@ -67,6 +67,20 @@ def get(refs):
     return ray.get(refs)
 
 
+def settle_prior(writes: list) -> None:
+    """Wait for the servers' writes of a block its previous holder handed over. Where that worker died,
+    Ray lost the calls with it (their owner): each either landed or not, so the servers hold the block
+    as that worker left it or as it was before, the same as after any restart from a checkpoint, and
+    this worker goes on (it writes the block itself at its round's end)."""
+    import ray
+
+    for ref in writes:
+        try:
+            get(ref)
+        except ray.exceptions.ObjectLostError:  # OwnerDiedError: the holder's process is gone
+            pass
+
+
 def wait_oldest(inflight: list, limit: int) -> list:
     """Wait for the oldest calls until at most `limit` are left in flight; returns those."""
     if len(inflight) <= limit:
@@ -358,9 +372,11 @@ class ParameterClient:
     def settle(self) -> None:
         """Wait until the servers' writes of blocks handed over (this worker's and its block's previous
         holder's) are applied: before this worker writes a block to the servers, and before a checkpoint."""
-        pending, self.prior, self.writes = self.prior + self.writes, [], []
-        if pending:
-            get(pending)
+        prior, own, self.prior, self.writes = self.prior, self.writes, [], []
+        if prior:
+            settle_prior(prior)
+        if own:
+            get(own)
 
     # -- the compact layout -----------------------------------------------------------------------------
     def token_layout(self, doc_ids: np.ndarray) -> tuple[Layout, np.ndarray]:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -214,3 +215,56 @@ def test_blocks_handed_from_worker_to_worker_train_what_the_servers_path_trains(
     assert handed["bytes"]["resident_pushed"] == home["bytes"]["resident_pushed"]
     url_bytes = checkpoint.ModelDir(handed["model"]).spec("words_out")["rows"] * 16 * 4
     assert handed["bytes"]["handed"] == 2 * 3 * url_bytes  # 2 epochs, 3 handovers of all the blocks each
+
+
+def test_a_block_whose_holder_died_after_handing_it_over_is_taken_on_without_its_writes(ray_cluster):
+    """The worker that handed a block over died (its node, or a kill at a checkpoint) before the next
+    holder settled its writes: Ray lost those calls with it (their owner). The next holder goes on (its
+    run stopped with OwnerDiedError): from the rows handed over where they are still there, else from
+    the servers' copy (take_over is False); its settle, before it writes the block or checkpoints,
+    passes over the lost writes."""
+    import ray
+
+    from doc2vec_dist.client import ParameterClient
+
+    @ray.remote(num_cpus=0)
+    class Server:
+        def write(self):
+            time.sleep(3)  # still applying when the holder dies
+
+        def rows(self):
+            time.sleep(3)
+            return np.full((3, 4), 2, np.float32)
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def hand(self, server):  # what a hand_over returns, owned here: its pieces, its writes
+            return [ray.put(np.ones((3, 4), np.float32)), server.rows.remote(), server.write.remote()]
+
+    server = Server.remote()
+    holder = Holder.remote()
+    piece, lost_piece, write = ray.get(holder.hand.remote(server))
+    ray.kill(holder)
+    with pytest.raises(ray.exceptions.RayActorError):  # gone
+        ray.get(holder.hand.remote(server), timeout=60)
+    with pytest.raises(ray.exceptions.OwnerDiedError):
+        ray.get(write, timeout=30)
+
+    def client():
+        c = ParameterClient([object()], {"words_out": 10}, workers=2, resident=3)
+        c.hold(np.arange(3))
+        return c
+
+    written = []
+    taker = client()
+    assert taker.take_over({"rows": {"words_out": [(0, 0, 3, piece)]}, "writes": [write]},
+                           lambda table, rows: written.append(rows))
+    np.testing.assert_array_equal(written[0], np.ones((3, 4), np.float32))
+    assert taker.held and taker.prior == [write]
+    taker.settle()  # before it writes the block to the servers, or a checkpoint
+    assert taker.prior == taker.writes == []
+
+    puller = client()
+    assert not puller.take_over({"rows": {"words_out": [(0, 0, 3, lost_piece)]}, "writes": [write]},
+                                lambda table, rows: written.append(rows))
+    assert len(written) == 1 and not puller.held and puller.prior == []  # the next sync pulls
