@@ -59,6 +59,7 @@ import pyarrow.fs as pafs
 
 from . import outputs, precision, storage
 from .config import lr_at
+from .corpus import numpy_of
 from .errors import UserError
 from .storage import (
     CheckpointWriteError,
@@ -206,7 +207,7 @@ def matrix_of(vectors: pa.Array | pa.ChunkedArray, dim: int) -> np.ndarray:
     """fixed_size_list<float32>[dim] back to a [n, dim] float32 matrix (zero-copy for one chunk)."""
     if isinstance(vectors, pa.ChunkedArray):
         vectors = vectors.combine_chunks() if vectors.num_chunks != 1 else vectors.chunk(0)
-    flat = vectors.flatten().to_numpy(zero_copy_only=False)
+    flat = numpy_of(vectors.flatten())
     return flat.reshape(-1, dim)
 
 
@@ -647,9 +648,9 @@ class _Part:
             if seen > rows:
                 break
             if batch.num_rows:
-                state = batch.column("adagrad").to_numpy(zero_copy_only=False)[:, None] if with_state else None
+                state = numpy_of(batch.column("adagrad"))[:, None] if with_state else None
                 vectors = precision.widen(matrix_of(batch.column("vector"), dim), dtype)
-                yield batch.column("id").to_numpy(), vectors, state
+                yield numpy_of(batch.column("id")), vectors, state
             self._release(batch)
         if seen != rows:
             raise UserError(f"{self.shown}: {seen} rows, the manifest says {rows}; the checkpoint is damaged")

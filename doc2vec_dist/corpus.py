@@ -89,6 +89,23 @@ def write_changed(directory: str, doc_ids: np.ndarray) -> None:
 # Reading a corpus
 # ---------------------------------------------------------------------------------------------------
 
+def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An Arrow column of numbers as numpy, read-only and zero-copy where it is one chunk without nulls
+    (what Array.to_numpy() gives), but without pyarrow's pandas conversion, which imports pandas the
+    first time in a process (0.2-0.5 s): every worker and server reads Arrow as it starts, and a run
+    starts one process per actor. Anything else (nulls, several chunks, not numbers) goes to to_numpy."""
+    if isinstance(values, pa.ChunkedArray) and values.num_chunks == 1:
+        values = values.chunk(0)
+    kind = values.type
+    if (isinstance(values, pa.ChunkedArray) or values.null_count
+            or not (pa.types.is_integer(kind) or pa.types.is_floating(kind))):
+        return values.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(kind.to_pandas_dtype())
+    out = np.frombuffer(values.buffers()[1], dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
+    out.flags.writeable = False  # Arrow's memory (a memory-mapped file, often): as to_numpy gives it
+    return out
+
+
 def _read_ipc_file(path: str) -> pa.Table:
     try:
         return pa.ipc.open_file(pa.memory_map(path)).read_all()
@@ -143,7 +160,7 @@ class Corpus:
 
     def counts(self) -> np.ndarray:
         """int64 training count of each word id."""
-        return self.vocab()["count"].to_numpy().astype(np.int64, copy=False)
+        return numpy_of(self.vocab()["count"]).astype(np.int64, copy=False)
 
     def docs(self) -> pa.Table:
         """key string, id int64, length int64; sorted by id."""
@@ -154,7 +171,7 @@ class Corpus:
         path = os.path.join(self.path, "changed.arrow")
         if not os.path.isfile(path):
             return None
-        return _read_ipc_file(path).column("doc_id").to_numpy()
+        return numpy_of(_read_ipc_file(path).column("doc_id"))
 
     def epoch_tokens(self, epoch: int, first_epoch: str = "all") -> int:
         """Tokens epoch `epoch` trains: every one, except that with first_epoch "changed" (train
@@ -165,7 +182,7 @@ class Corpus:
         if changed is None:
             raise CorpusError(f"{self.path}: --first-epoch changed needs a corpus from prepare --base, which lists the "
                               "users it made new or gave new events (changed.arrow)")
-        return int(self.docs().column("length").to_numpy()[changed].sum())
+        return int(numpy_of(self.docs().column("length"))[changed].sum())
 
     def tokens_before(self, epoch: int, first_epoch: str = "all") -> int:
         """Tokens the epochs before `epoch` trained (what the learning rate's decay has covered)."""
@@ -204,10 +221,10 @@ def iter_shard(path: str, max_tokens: int = 1 << 20) -> Iterator[tuple[np.ndarra
         batch = reader.get_batch(i)
         if batch.num_rows == 0:
             continue
-        doc_ids = batch.column(0).to_numpy()
+        doc_ids = numpy_of(batch.column(0))
         lists = batch.column(1)
-        raw = lists.offsets.to_numpy()
-        values = lists.values.to_numpy()[raw[0]:raw[-1]]
+        raw = numpy_of(lists.offsets)
+        values = numpy_of(lists.values)[raw[0]:raw[-1]]
         offsets = raw.astype(np.int64) - raw[0]
         n = len(doc_ids)
         start = 0

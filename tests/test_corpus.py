@@ -812,3 +812,42 @@ def test_keys_and_tokens_with_edge_whitespace_are_stripped_counted_and_reported(
     c = prepare([str(tmp_path / "l.parquet")], str(tmp_path / "lists"), PrepareConfig(format="lists"), progress=False)
     assert _documents(c) == {"d": ["a", "a", "b"]} and c.meta["stripped_whitespace"] == {"url": 2}
     assert c.meta["stripped_where"] == {"url": [f"{tmp_path}/l.parquet"]}
+
+
+def test_numpy_of_gives_what_to_numpy_gives_read_only_and_zero_copy():
+    from doc2vec_dist.corpus import numpy_of
+
+    for values in (pa.array(np.arange(10, dtype=np.int64)).slice(3, 5), pa.array(np.arange(6, dtype=np.int32)),
+                   pa.array(np.linspace(0, 1, 7, dtype=np.float16)), pa.array(np.ones(4, np.uint16)).slice(1),
+                   pa.chunked_array([pa.array(np.arange(5, dtype=np.float32))])):
+        out = numpy_of(values)
+        expected = values.to_numpy()
+        assert out.dtype == expected.dtype and not out.flags.writeable
+        np.testing.assert_array_equal(out, expected)
+    view = pa.array(np.arange(8, dtype=np.int64))
+    assert np.shares_memory(numpy_of(view), np.frombuffer(view.buffers()[1], np.int64))  # no copy
+    # what a view cannot be: nulls, several chunks, strings, as to_numpy makes them
+    np.testing.assert_array_equal(numpy_of(pa.array([1.0, None, 3.0])), [1.0, np.nan, 3.0])
+    np.testing.assert_array_equal(numpy_of(pa.chunked_array([[1, 2], [3]])), [1, 2, 3])
+    assert list(numpy_of(pa.array(["a", "b"]))) == ["a", "b"]
+
+
+def test_a_worker_s_and_a_server_s_reading_imports_no_pandas(sample_corpus, trained_model):
+    """What a worker and a server read as they start (the vocabulary's counts, the shards, a checkpoint's
+    rows): pyarrow's to_numpy imported pandas for it, 0.2-0.5 s of every actor's start."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from doc2vec_dist import checkpoint
+from doc2vec_dist.corpus import Corpus, iter_shard
+c = Corpus({sample_corpus[0]!r})
+tokens = sum(len(t) for path in c.shard_paths for _, _, t in iter_shard(path))
+assert tokens == c.num_tokens and len(c.counts()) == c.vocab_size
+rows, state = checkpoint.read_shard({trained_model!r}, "words_out", 0, 2)
+assert len(rows) > 0
+print("pandas" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
