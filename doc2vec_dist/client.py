@@ -47,7 +47,7 @@ class LocalServer:
 
 
 def connect(servers: list) -> list:
-    """The servers as handles: a name is looked up among Ray's named actors; handles and LocalServers
+    """The servers as handles: a name is looked up among Ray's named actors; handles and LocalServer objects
     are used as they are."""
     if any(isinstance(s, str) for s in servers):
         import ray
@@ -91,7 +91,7 @@ def wait_oldest(inflight: list, limit: int) -> list:
 
 def stage(rows, servers: list):
     """A copy of `rows` that a later call may carry while the worker reuses its buffer: in Ray's
-    object store (one copy, which the call then passes by reference), or a plain copy for LocalServers."""
+    object store (one copy, which the call then passes by reference), or a plain copy for a LocalServer."""
     if servers and isinstance(servers[0], LocalServer):
         return rows.copy()
     import ray

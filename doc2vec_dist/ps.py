@@ -44,7 +44,7 @@ class NonFiniteUpdate(RuntimeError):
 def ray_node_id() -> str | None:
     """The Ray node this process runs on (None outside Ray): actors report it, and the driver watches
     whether Ray has marked it dead (trainer._Run._watch). Ray is not imported here for it: code that
-    runs the servers and workers in one process (client.LocalServers) does without Ray."""
+    runs the servers and workers in one process (client.LocalServer) does without Ray."""
     import sys
 
     ray = sys.modules.get("ray")

@@ -320,7 +320,7 @@ class Worker:
                  step_pause: float = 0.0, staged: bool | None = None, handover: bool = True):
         """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
-        client.LocalServers (no Ray at all). tables: the servers' table specs (ps.table_specs).
+        client.LocalServer objects (no Ray at all). tables: the servers' table specs (ps.table_specs).
         compute: what trains the examples (Compute.default()). step_pause: seconds slept after each
         macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV). staged:
         whether it runs the device path (None: where it has a GPU; True on CPU: trainer.STAGED_ENV).
