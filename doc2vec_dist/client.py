@@ -67,20 +67,6 @@ def get(refs):
     return ray.get(refs)
 
 
-def settle_prior(writes: list) -> None:
-    """Wait for the servers' writes of a block its previous holder handed over. Where that worker died,
-    Ray lost the calls with it (their owner): each either landed or not, so the servers hold the block
-    as that worker left it or as it was before, the same as after any restart from a checkpoint, and
-    this worker goes on (it writes the block itself at its round's end)."""
-    import ray
-
-    for ref in writes:
-        try:
-            get(ref)
-        except ray.exceptions.ObjectLostError:  # OwnerDiedError: the holder's process is gone
-            pass
-
-
 def wait_oldest(inflight: list, limit: int) -> list:
     """Wait for the oldest calls until at most `limit` are left in flight; returns those."""
     if len(inflight) <= limit:
@@ -105,8 +91,8 @@ def stage(rows, servers: list):
 # 16-bit --dtype's rows count 2 bytes a value):
 # the rows of its macro-batches (documents', and URLs' where they are shared), the resident rows
 # (the block it holds, or --cache-rows) pulled and pushed whole, and on the block schedule the block
-# handed straight to its next holder at a round's end (ParameterClient.hand_over; its copy written to
-# the servers behind it counts as resident_pushed).
+# handed straight to its next holder at a round's end (ParameterClient.hand_over; the servers' copy is
+# written only at the epoch's end, or at a checkpoint taken while it is handed: resident_pushed).
 TRAFFIC = ("pulled", "pushed", "resident_pulled", "resident_pushed", "handed")
 
 # With several workers, each trains its own copy of the resident (--cache-rows) rows; they meet at the
@@ -303,17 +289,20 @@ class ParameterClient:
         self.uses = np.zeros(resident, dtype=np.int64)  # times each was used since then
         self.batches_since_sync = 0
         self.traffic = dict.fromkeys(TRAFFIC, 0)  # bytes moved, by kind (the worker resets it)
-        # the block schedule's handover (hand_over, take_over): the servers' writes of the block this
-        # worker holds by its previous holder, and of the blocks this worker handed on, not yet waited for
-        self.prior: list = []
-        self.writes: list = []
+        # the block schedule's handover (hand_over): the block this worker last handed on, {table: rows as
+        # the servers store them}, until its next round holds another; the servers' copy is older
+        self.handed: dict[str, np.ndarray] | None = None
+        # ... and whether the block it holds is newer than the servers' copy without its having trained
+        # (taken over): its next push writes it, trained or not
+        self.taken = False
 
     def hold(self, ids: np.ndarray) -> None:
         """Make the rows `ids` (ascending) of words_out the resident rows: the block a sole writer holds
         on the block schedule (schedule.py). The next sync pulls them."""
         self.resident = len(ids)
         self.urls = Held.of(ids, self.num_shards)
-        self.held = False
+        self.held = self.taken = False
+        self.handed = None  # its next holder has it by now (every round starts after the last one ended)
         self.batches_since_sync = 0
 
     def hold_documents(self, ids: np.ndarray) -> None:
@@ -331,36 +320,47 @@ class ParameterClient:
     # -- the block handed from worker to worker (the block schedule) -------------------------------------
     def hand_over(self, read, label: str) -> dict:
         """The end of a round: the held block's rows, as a push would carry them (in the servers' order,
-        narrowed to their dtype), put in the object store once, in the pieces a push sends each server:
-        each piece written to its server without waiting, and all of them passed to the next holder.
-        The next holder starts from the rows themselves, so the servers' apply and its pull are off the
-        round's critical path; it waits for these writes before it writes the block to the servers
-        itself, and this worker waits for them before a checkpoint (settle), so the servers never take
-        an older copy over a newer one. Returns what the driver passes on:
-        {"rows": {table: [(server, lo, hi, piece)]}, "writes": [calls]}."""
-        self.settle()
-        rows_of, writes = {}, []
+        narrowed to their dtype), put in the object store once, in the pieces a push would send each
+        server, for the next holder, who starts from them. The servers' copy is not written: a round's
+        end costs the put and the next holder's get, no server's apply (docs/benchmarks.md, "Blocks
+        handed from worker to worker"). The epoch's last round sends every block home, and a checkpoint
+        taken before the next round starts writes it (write_handed). Where this worker dies before its
+        next holder has the rows, that holder trains from the servers' copy: the last checkpoint's, or
+        the epoch's start's. Non-finite rows stop the run here, as a server refuses them in a push
+        (ps.NonFiniteUpdate). Returns what the driver passes on: {"rows": {table: [(server, lo, hi,
+        piece)]}}."""
+        rows_of, self.handed = {}, {}
         for table in self.resident_tables:
-            rows = self._outgoing(table, read(table))
-            self.traffic["handed"] += rows.nbytes
+            rows = read(table)
+            if not np.isfinite(rows.sum()):  # as ParameterServer.push checks a push
+                from .ps import NonFiniteUpdate
+
+                raise NonFiniteUpdate(f"non-finite values in the push of {label} (the block handed over); "
+                                      "the learning rate is probably too high")
+            rows = self.handed[table] = self._outgoing(table, rows, "handed")
             rows_of[table] = self._pieces(table, rows, staged=True)
-            writes.extend(self._push_pieces(table, rows_of[table], f"{label} (resident rows)", assign=True))
-        self.writes = writes
         self.batches_since_sync = 0
-        return {"rows": rows_of, "writes": writes}
+        return {"rows": rows_of}
+
+    def write_handed(self, label: str) -> None:
+        """Write the block this worker handed over to the servers, and wait until they applied it: a
+        checkpoint taken between its rounds (its next holder has not started: no round starts while
+        a checkpoint is written). Nothing once its next round holds another block."""
+        handed, self.handed = self.handed, None
+        for table, rows in (handed or {}).items():
+            self.traffic["resident_pushed"] += rows.nbytes
+            get(self._push_pieces(table, self._pieces(table, rows), f"{label} (resident rows)", assign=True))
 
     def take_over(self, handed: dict, write, into=None) -> bool:
         """Hold the block another worker handed over (hand_over): its rows, widened and put in this
-        worker's layout (`write`, or straight into `into(table)`) as a pull would. Its servers' writes
-        are waited for before this worker writes the block (settle). False where the rows are gone
-        (the worker that put them died): then those writes are waited for here and the next sync pulls."""
-        self.prior = list(handed["writes"])
+        worker's layout (`write`, or straight into `into(table)`) as a pull would. False where the rows
+        are gone (the worker that put them died): the next sync pulls the servers' copy."""
         try:
             arrived = {table: [(s, lo, hi, piece if isinstance(piece, np.ndarray) else get(piece))
                                for s, lo, hi, piece in pieces] for table, pieces in handed["rows"].items()}
         except Exception:  # noqa: BLE001 (Ray's ObjectLostError and kin: the servers' copy is the one left)
-            self.settle()
             return False
+        self.taken = True
         for table, pieces in arrived.items():
             out = into(table) if into is not None else None
             rows = self._placed(self._held(table), pieces, out)
@@ -368,15 +368,6 @@ class ParameterClient:
                 write(table, rows)
         self.held = True
         return True
-
-    def settle(self) -> None:
-        """Wait until the servers' writes of blocks handed over (this worker's and its block's previous
-        holder's) are applied: before this worker writes a block to the servers, and before a checkpoint."""
-        prior, own, self.prior, self.writes = self.prior, self.writes, [], []
-        if prior:
-            settle_prior(prior)
-        if own:
-            get(own)
 
     # -- the compact layout -----------------------------------------------------------------------------
     def token_layout(self, doc_ids: np.ndarray) -> tuple[Layout, np.ndarray]:
@@ -559,11 +550,15 @@ class ParameterClient:
             self.docs_dirty = self.docs_dirty or self.docs is not None
         if push and hand and self.held and self.resident:  # the round's end: to the next holder, whatever it trained
             handed = self.hand_over(read, label)
-        elif push and self.batches_since_sync:
+            self.taken = False
+        # a block taken over goes home at the next push that must leave the servers whole (a checkpoint's,
+        # a round's end: they pull nothing), trained or not; a round's first sync leaves it in the worker
+        elif push and (self.batches_since_sync or (self.taken and not pull)):
             if self.held and self.resident:
                 for table in self.resident_tables:
                     self.push_resident(read(table), label, assign=True, table=table)
             self.batches_since_sync = 0
+            self.taken = False
         if push and docs and self.docs_held and self.docs_dirty:
             self.push_resident(read("docs"), label, assign=True, table="docs")
             self.docs_dirty = False
@@ -591,16 +586,15 @@ class ParameterClient:
         """Push a table's resident rows (deltas, or with assign the rows themselves; in the worker's
         layout of them: Held.grouped) and wait until every server has applied its part, in calls of at
         most RESIDENT_CALL_BYTES."""
-        self.settle()
         rows = self._outgoing(table, rows)
         get(self._push_pieces(table, self._pieces(table, rows), f"{label} (resident rows)", assign))
 
-    def _outgoing(self, table: str, rows: np.ndarray) -> np.ndarray:
+    def _outgoing(self, table: str, rows: np.ndarray, kind: str = "resident_pushed") -> np.ndarray:
         """A table's resident rows (in the worker's layout) as a push carries them: in the servers'
-        order, narrowed to their dtype; counted as pushed."""
+        order, narrowed to their dtype; counted as `kind` (client.TRAFFIC)."""
         held = self._held(table)
         rows = self._narrow(rows if held.grouped else rows[held.order])
-        self.traffic["resident_pushed"] += rows.nbytes
+        self.traffic[kind] += rows.nbytes
         return rows
 
     def _pieces(self, table: str, rows: np.ndarray, staged: bool = False) -> list[tuple]:

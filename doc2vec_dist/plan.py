@@ -52,10 +52,11 @@ combines them: the streamed rows' traffic overlaps compute, the held rows' adds 
       servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding.
     Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block
       schedule, each document's row pulled and pushed once per block its tokens fall in (counted on
-      the corpus's documents with the blocks' own deal), and each round every worker pushes the block
-      it holds to the servers (vocabulary rows × W an epoch) and, but in an epoch's last round, hands
-      it straight to its next holder (the same bytes again, "handed"), so only an epoch's first round
-      pulls them from the servers; one worker pulls its URL rows
+      the corpus's documents with the blocks' own deal), and at each round's end every worker hands
+      the block it holds straight to its next holder ("handed") but at an epoch's last, which pushes
+      them home, so only an epoch's first round pulls them from the servers and its last pushes them
+      (vocabulary rows once each way an epoch; with DOC2VEC_DIST_HANDOVER=0 every round pushes
+      its block home and pulls the next); one worker pulls its URL rows
       once and pushes them at each epoch's end; the shared schedule pulls and pushes each
       macro-batch's unique rows (macro_batch_profile).
 """
@@ -236,12 +237,12 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
         pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
     resident = config.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
     url_rows = sum(resident.values())
-    if blocks.num_blocks > 1:  # each round every block is written home; a rotation a segment
+    if blocks.num_blocks > 1:  # every block moves at each round's end; a rotation a segment
         rounds = blocks.num_blocks * cfg.segments
-        # pulled from the servers in an epoch's first round, handed to the next holder at the others' ends
-        # (HANDOVER_ENV=0: pulled in every round)
+        # pulled from the servers in an epoch's first round, pushed home at its last, handed to the next
+        # holder at the others' ends (HANDOVER_ENV=0: pushed and pulled in every round)
         handed = (rounds - 1) * url_rows if os.environ.get(HANDOVER_ENV) != "0" else 0
-        pulled_urls, pushed_urls = url_rows * rounds - handed, url_rows * rounds
+        pulled_urls = pushed_urls = url_rows * rounds - handed
         return {"pulled": 0.0 if resident_docs else pulled_docs * row / tokens,
                 "pushed": 0.0 if resident_docs else pushed_docs * row / tokens,
                 "resident_pulled": (pulled_urls + resident_docs * pulled_docs) * row / tokens,
@@ -286,8 +287,8 @@ def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None,
     """The expected tokens/s and what bounds it. The rows streamed with each macro-batch (pulled,
     pushed) move while the worker computes, so compute and that traffic overlap; the rows a worker
     holds (its block each round, its resident tables) move at a round's or an epoch's end while it
-    waits, so their time adds to the rest, but for the servers' copies of blocks handed straight
-    to their next holder, written while the next round computes. Servers apply pushes on their own: the lower rate bounds.
+    waits, so their time adds to the rest (the blocks handed straight to their next holder too).
+    Servers apply pushes on their own: the lower rate bounds.
     Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
     Mbit/s): 0.83 to 1.05 of this; the block schedule's 2 workers at 100 Mbit/s trained at 0.67 of
     the links' rate alone."""
@@ -297,10 +298,8 @@ def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None,
     if not (rates["compute"] and rates["network"]):
         bound = min(known, key=known.get)
         return known[bound], bound
-    # the servers' copies of the blocks handed over are written during the next round, overlapped with
-    # compute; the handed blocks themselves, as many bytes, are waited for in their place
-    streamed = (moved["pulled"] + moved["pushed"] + moved["handed"]) / links  # seconds per token, overlapped
-    held = (moved["resident_pulled"] + moved["resident_pushed"]) / links  # seconds per token, waited for
+    streamed = (moved["pulled"] + moved["pushed"]) / links  # seconds per token, overlapped
+    held = (moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]) / links  # seconds per token, waited for
     compute = 1.0 / rates["compute"]
     rate = 1.0 / (max(compute, streamed) + held)
     bound = "network" if streamed + held > compute else "compute"

@@ -9,7 +9,7 @@ per worker, and an epoch is as many rounds as there are workers. In round r work
 (i + r) mod W: it is the only writer of that block, keeps its rows resident and trains only the
 tokens of its own documents that fall in it, with negatives drawn from the block. Between rounds each
 worker hands its block to the block's next holder (client.ParameterClient.hand_over; the servers'
-copy written behind it), so every row is trained from its latest value, as in PyTorch-BigGraph's
+copy written at the epoch's end and at checkpoints), so every row is trained from its latest value, as in PyTorch-BigGraph's
 buckets or GraphVite's orthogonal blocks. Over the W rounds of an
 epoch every worker meets every block once, so every token of the corpus trains once per epoch.
 

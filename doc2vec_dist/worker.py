@@ -470,7 +470,8 @@ class Worker:
         if handed is not None and handed["block"] == b and not self.client.take_over(
                 handed, self._write_resident, into=self._resident_array):
             log.warning(f"worker {self.index}: the rows of block {b} handed over in epoch {epoch} round {round_} "
-                        "are gone (the worker that held it died); it trains from the servers' copy")
+                        "are gone (the worker that held it died); it trains from the servers' copy, the last "
+                        "checkpoint's or the epoch's start's")
 
     def _block_chunks(self, epoch: int, start: Position, chunks):
         """The chunks' tokens of the block held, as its local rows (documents with none left out).
@@ -551,7 +552,9 @@ class Worker:
                 # lost them, and trained other vectors than one that never stopped). Under the lock:
                 # a round that starts meanwhile waits.
                 self._sync(f"checkpoint of worker {self.index}", pull=False, docs=True)
-                self.client.settle()  # the blocks it handed over: written to the servers
+                # the block it handed over at its round's end: no round starts while a checkpoint is
+                # written, so its next holder has not taken it on, and the servers' copy is older
+                self.client.write_handed(f"checkpoint of worker {self.index}")
             return self._paused_at or self._position
 
     def resume(self) -> None:
@@ -599,7 +602,7 @@ class Worker:
         """Train this worker's data for one epoch (on the block schedule, one round of it: start.round),
         from the beginning or from a checkpointed position (`start`, as pause() reported it); returns
         the epoch's counters so far. On the block schedule, `handed` is the block this round holds as
-        its last holder handed it over ({"block", "rows", "writes"}; None: pulled from the servers), and
+        its last holder handed it over ({"block", "rows"}; None: pulled from the servers), and
         the counters returned carry this round's handover for the next holder ("handover") but in the
         epoch's last round, whose blocks go home to the servers."""
         cfg = self.config

@@ -16,6 +16,7 @@ import pytest
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.trainer import HANDOVER_ENV, PUSH_JOURNAL_ENV, STAGED_ENV, STEP_PAUSE_ENV, resumed_config, train
 
 TWO = {"dim": 16, "epochs": 2, "sample": 0, "num_ps": 2, "num_workers": 2, "cpus_per_worker": 1, "progress": False,
@@ -49,6 +50,10 @@ def test_no_url_row_is_pushed_by_two_workers_in_the_same_round(ray_cluster, samp
                                                                segments):
     journal = tmp_path / "journal"
     monkeypatch.setenv(PUSH_JOURNAL_ENV, str(journal))
+    # every round's block pushed home, so that the servers' journal holds what each round trained (handed
+    # from worker to worker, the default, the blocks reach the servers at an epoch's end only; the same
+    # model bit for bit: test_blocks_handed_from_worker_to_worker_train_what_the_servers_path_trains)
+    monkeypatch.setenv(HANDOVER_ENV, "0")
     summary = train(sample_corpus[0], str(tmp_path / "blocks"), TrainConfig(**TWO, segments=segments))
     # where the workers' time went includes the rounds' barrier: the waits for the last worker of a round
     assert summary["worker_seconds"]["barrier"] >= 0 and summary["worker_seconds"]["compute"] > 0
@@ -200,8 +205,8 @@ def test_a_block_run_without_resident_documents_trains_the_same_rows(ray_cluster
 def test_blocks_handed_from_worker_to_worker_train_what_the_servers_path_trains(ray_cluster, sample_corpus, tmp_path,
                                                                                monkeypatch):
     """At a round's end each block goes straight to its next holder (client.ParameterClient.hand_over),
-    its servers' copy written behind it; a run trains the same model bit for bit as one whose blocks go
-    home through the servers and are pulled again, and only an epoch's first round pulls URL rows."""
+    not to the servers; a run trains the same model bit for bit as one whose blocks go home through the
+    servers and are pulled again, and only an epoch's first round pulls URL rows, its last pushes them."""
     corpus = sample_corpus[0]
     two = {**TWO, "segments": 2}
     handed = train(corpus, str(tmp_path / "handed"), TrainConfig(**two, checkpoint_every=0))
@@ -212,43 +217,38 @@ def test_blocks_handed_from_worker_to_worker_train_what_the_servers_path_trains(
     assert home["bytes"]["handed"] == 0 < handed["bytes"]["handed"]
     # each handed byte is a pull saved: 3 of an epoch's 4 rounds, every block (2 workers x 2 segments)
     assert handed["bytes"]["resident_pulled"] + handed["bytes"]["handed"] == home["bytes"]["resident_pulled"]
-    assert handed["bytes"]["resident_pushed"] == home["bytes"]["resident_pushed"]
+    assert handed["bytes"]["resident_pushed"] + handed["bytes"]["handed"] == home["bytes"]["resident_pushed"]
     url_bytes = checkpoint.ModelDir(handed["model"]).spec("words_out")["rows"] * 16 * 4
     assert handed["bytes"]["handed"] == 2 * 3 * url_bytes  # 2 epochs, 3 handovers of all the blocks each
 
 
-def test_a_block_whose_holder_died_after_handing_it_over_is_taken_on_without_its_writes(ray_cluster):
+def test_a_block_whose_holder_died_after_handing_it_over_is_taken_on_or_pulled(ray_cluster):
     """The worker that handed a block over died (its node, or a kill at a checkpoint) before the next
-    holder settled its writes: Ray lost those calls with it (their owner). The next holder goes on (its
-    run stopped with OwnerDiedError): from the rows handed over where they are still there, else from
-    the servers' copy (take_over is False); its settle, before it writes the block or checkpoints,
-    passes over the lost writes."""
+    holder took it on. The next holder goes on: from the rows handed over where they are still there,
+    else from the servers' copy (take_over is False, the next sync pulls). No server write is sent at
+    a round's end, so none is lost with it: taken on, the block is written at the next push, trained
+    or not."""
     import ray
 
     from doc2vec_dist.client import ParameterClient
 
     @ray.remote(num_cpus=0)
     class Server:
-        def write(self):
-            time.sleep(3)  # still applying when the holder dies
-
         def rows(self):
             time.sleep(3)
             return np.full((3, 4), 2, np.float32)
 
     @ray.remote(num_cpus=0)
     class Holder:
-        def hand(self, server):  # what a hand_over returns, owned here: its pieces, its writes
-            return [ray.put(np.ones((3, 4), np.float32)), server.rows.remote(), server.write.remote()]
+        def hand(self, server):  # what a hand_over returns, owned here: its pieces
+            return [ray.put(np.ones((3, 4), np.float32)), server.rows.remote()]
 
     server = Server.remote()
     holder = Holder.remote()
-    piece, lost_piece, write = ray.get(holder.hand.remote(server))
+    piece, lost_piece = ray.get(holder.hand.remote(server))
     ray.kill(holder)
     with pytest.raises(ray.exceptions.RayActorError):  # gone
         ray.get(holder.hand.remote(server), timeout=60)
-    with pytest.raises(ray.exceptions.OwnerDiedError):
-        ray.get(write, timeout=30)
 
     def client():
         c = ParameterClient([object()], {"words_out": 10}, workers=2, resident=3)
@@ -257,14 +257,71 @@ def test_a_block_whose_holder_died_after_handing_it_over_is_taken_on_without_its
 
     written = []
     taker = client()
-    assert taker.take_over({"rows": {"words_out": [(0, 0, 3, piece)]}, "writes": [write]},
-                           lambda table, rows: written.append(rows))
+    assert taker.take_over({"rows": {"words_out": [(0, 0, 3, piece)]}}, lambda table, rows: written.append(rows))
     np.testing.assert_array_equal(written[0], np.ones((3, 4), np.float32))
-    assert taker.held and taker.prior == [write]
-    taker.settle()  # before it writes the block to the servers, or a checkpoint
-    assert taker.prior == taker.writes == []
+    assert taker.held and taker.taken  # newer than the servers' copy: its next push writes it
 
     puller = client()
-    assert not puller.take_over({"rows": {"words_out": [(0, 0, 3, lost_piece)]}, "writes": [write]},
+    assert not puller.take_over({"rows": {"words_out": [(0, 0, 3, lost_piece)]}},
                                 lambda table, rows: written.append(rows))
-    assert len(written) == 1 and not puller.held and puller.prior == []  # the next sync pulls
+    assert len(written) == 1 and not puller.held and not puller.taken  # the next sync pulls
+
+
+def test_a_handed_block_reaches_the_servers_only_at_a_checkpoint_before_its_next_round_or_its_next_push(sample_corpus):
+    """A round's end hands the block on without writing the servers' copy; a checkpoint taken before
+    the next round (the worker idle: Worker.pause) writes the block it handed over, and nothing once
+    its next round holds another; the next holder's first push writes the block it took over, though it
+    trained nothing since (a pause before its first batch, an empty last round of an epoch)."""
+    from doc2vec_dist.client import LocalServer, ParameterClient
+    from doc2vec_dist.ps import ParameterServer, table_specs
+
+    config = TrainConfig(**TWO)
+    tables = table_specs(config, Corpus(sample_corpus[0]))
+    servers = [LocalServer(ParameterServer(s, 2, tables, 1)) for s in range(2)]
+    words = tables["words_out"]
+
+    def client():
+        return ParameterClient(servers, {name: spec.rows for name, spec in tables.items()}, workers=2, resident=0,
+                               sole_writer=True, row_bytes=words.row_bytes, dtype=words.dtype, dim=words.dim)
+
+    def client_rows(ids):
+        c = client()
+        c.hold(ids)
+        return c.pull_resident()
+
+    try:
+        block, other = np.arange(0, 40, 2), np.arange(1, 40, 2)
+        holder, rows = client(), {}
+        holder.hold(block)
+        before = holder.pull_resident()
+        holder.held = True
+        rows["words_out"] = before + 1.0
+        handed = holder.hand_over(lambda table: rows[table], "epoch 0 round 0 end of worker 0")
+        np.testing.assert_array_equal(client_rows(block), before)  # the round's end wrote nothing home
+        assert holder.traffic["handed"] == before.nbytes and holder.traffic["resident_pushed"] == 0
+
+        taker, got = client(), {}
+        taker.hold(block)
+        assert taker.take_over(handed, lambda table, r: got.update({table: r}))
+        np.testing.assert_array_equal(got["words_out"], before + 1.0)
+
+        holder.write_handed("checkpoint of worker 0")  # idle at a checkpoint: its handed block goes home
+        np.testing.assert_array_equal(client_rows(block), before + 1.0)
+        holder.hold(other)  # its next round: the block it handed is its next holder's now
+        rows["words_out"] = np.zeros_like(before)
+        holder.write_handed("checkpoint of worker 0")
+        np.testing.assert_array_equal(client_rows(block), before + 1.0)
+
+        got["words_out"] += 1.0  # what the next holder holds is newer than the servers' copy, trained or not
+        taker.sync(lambda table: got[table], None, "epoch 0 round 1 end of worker 1", pull=False)
+        np.testing.assert_array_equal(client_rows(block), before + 2.0)
+
+        from doc2vec_dist.ps import NonFiniteUpdate  # a diverged block stops the run where it is handed on
+        got["words_out"][3, 1] = np.nan
+        taker.held = True
+        with pytest.raises(NonFiniteUpdate, match="non-finite values in the push of epoch 0 round 1 end of worker 1 "
+                                                  r"\(the block handed over\)"):
+            taker.hand_over(lambda table: got[table], "epoch 0 round 1 end of worker 1")
+    finally:
+        for server in servers:
+            server.close()
