@@ -320,15 +320,14 @@ class ParameterClient:
     # -- the block handed from worker to worker (the block schedule) -------------------------------------
     def hand_over(self, read, label: str) -> dict:
         """The end of a round: the held block's rows, as a push would carry them (in the servers' order,
-        narrowed to their dtype), put in the object store once, in the pieces a push would send each
-        server, for the next holder, who starts from them. The servers' copy is not written: a round's
+        narrowed to their dtype), put in the object store once, whole (one put: no server's call carries
+        them), for the next holder, who starts from them. The servers' copy is not written: a round's
         end costs the put and the next holder's get, no server's apply (docs/benchmarks.md, "Blocks
         handed from worker to worker"). The epoch's last round sends every block home, and a checkpoint
         taken before the next round starts writes it (write_handed). Where this worker dies before its
         next holder has the rows, that holder trains from the servers' copy: the last checkpoint's, or
         the epoch's start's. Non-finite rows stop the run here, as a server refuses them in a push
-        (ps.NonFiniteUpdate). Returns what the driver passes on: {"rows": {table: [(server, lo, hi,
-        piece)]}}."""
+        (ps.NonFiniteUpdate). Returns what the driver passes on: {"rows": {table: rows or their ref}}."""
         rows_of, self.handed = {}, {}
         for table in self.resident_tables:
             rows = read(table)
@@ -338,7 +337,7 @@ class ParameterClient:
                 raise NonFiniteUpdate(f"non-finite values in the push of {label} (the block handed over); "
                                       "the learning rate is probably too high")
             rows = self.handed[table] = self._outgoing(table, rows, "handed")
-            rows_of[table] = self._pieces(table, rows, staged=True)
+            rows_of[table] = stage(rows, self.servers)
         self.batches_since_sync = 0
         return {"rows": rows_of}
 
@@ -356,14 +355,13 @@ class ParameterClient:
         worker's layout (`write`, or straight into `into(table)`) as a pull would. False where the rows
         are gone (the worker that put them died): the next sync pulls the servers' copy."""
         try:
-            arrived = {table: [(s, lo, hi, piece if isinstance(piece, np.ndarray) else get(piece))
-                               for s, lo, hi, piece in pieces] for table, pieces in handed["rows"].items()}
+            arrived = {table: rows if isinstance(rows, np.ndarray) else get(rows) for table, rows in handed["rows"].items()}
         except Exception:  # noqa: BLE001 (Ray's ObjectLostError and kin: the servers' copy is the one left)
             return False
         self.taken = True
-        for table, pieces in arrived.items():
+        for table, whole in arrived.items():
             out = into(table) if into is not None else None
-            rows = self._placed(self._held(table), pieces, out)
+            rows = self._placed(self._held(table), [(None, 0, len(whole), whole)], out)
             if out is None:
                 write(table, rows)
         self.held = True
@@ -597,12 +595,12 @@ class ParameterClient:
         self.traffic[kind] += rows.nbytes
         return rows
 
-    def _pieces(self, table: str, rows: np.ndarray, staged: bool = False) -> list[tuple]:
+    def _pieces(self, table: str, rows: np.ndarray) -> list[tuple]:
         """Outgoing rows (_outgoing) cut into each server's calls of at most RESIDENT_CALL_BYTES:
-        [(server, lo, hi, rows[lo:hi])], the rows put in the object store once where `staged`."""
+        [(server, lo, hi, rows[lo:hi])]."""
         held = self._held(table)
-        return [(s, lo, hi, stage(rows[lo:hi], self.servers) if staged else rows[lo:hi])
-                for s in range(self.num_shards) for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize)]
+        return [(s, lo, hi, rows[lo:hi]) for s in range(self.num_shards)
+                for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize)]
 
     def _push_pieces(self, table: str, pieces: list[tuple], label: str, assign: bool) -> list:
         """Send each piece (_pieces) to its server, at most `limit` calls in flight; returns the calls

@@ -240,7 +240,7 @@ def test_a_block_whose_holder_died_after_handing_it_over_is_taken_on_or_pulled(r
 
     @ray.remote(num_cpus=0)
     class Holder:
-        def hand(self, server):  # what a hand_over returns, owned here: its pieces
+        def hand(self, server):  # what a hand_over returns, owned here: its rows
             return [ray.put(np.ones((3, 4), np.float32)), server.rows.remote()]
 
     server = Server.remote()
@@ -257,12 +257,12 @@ def test_a_block_whose_holder_died_after_handing_it_over_is_taken_on_or_pulled(r
 
     written = []
     taker = client()
-    assert taker.take_over({"rows": {"words_out": [(0, 0, 3, piece)]}}, lambda table, rows: written.append(rows))
+    assert taker.take_over({"rows": {"words_out": piece}}, lambda table, rows: written.append(rows))
     np.testing.assert_array_equal(written[0], np.ones((3, 4), np.float32))
     assert taker.held and taker.taken  # newer than the servers' copy: its next push writes it
 
     puller = client()
-    assert not puller.take_over({"rows": {"words_out": [(0, 0, 3, lost_piece)]}},
+    assert not puller.take_over({"rows": {"words_out": lost_piece}},
                                 lambda table, rows: written.append(rows))
     assert len(written) == 1 and not puller.held and not puller.taken  # the next sync pulls
 
