@@ -331,11 +331,9 @@ class ParameterClient:
         rows_of, self.handed = {}, {}
         for table in self.resident_tables:
             rows = read(table)
-            if not np.isfinite(rows.sum()):  # as ParameterServer.push checks a push
-                from .ps import NonFiniteUpdate
+            from .ps import refuse_non_finite  # (ps imports numba; a worker has it loaded by now)
 
-                raise NonFiniteUpdate(f"non-finite values in the push of {label} (the block handed over); "
-                                      "the learning rate is probably too high")
+            refuse_non_finite(rows, f"{label} (the block handed over)")
             rows = self.handed[table] = self._outgoing(table, rows, "handed")
             rows_of[table] = stage(rows, self.servers)
         self.batches_since_sync = 0

@@ -41,6 +41,15 @@ class NonFiniteUpdate(RuntimeError):
     pass
 
 
+def refuse_non_finite(rows: np.ndarray, push: str, who: str = "") -> None:
+    """Raise NonFiniteUpdate for the push named `push` (by `who`) where `rows` hold NaN or ±inf. One
+    pass, no temporary: they make the sum non-finite (so would a sum past 3e38, which only a diverged
+    run produces). The servers check every push; a block handed from worker to worker is checked by
+    its holder (client.ParameterClient.hand_over), as no server sees it."""
+    if not np.isfinite(rows.sum()):
+        raise NonFiniteUpdate(f"{who}non-finite values in the push of {push}; the learning rate is probably too high")
+
+
 def ray_node_id() -> str | None:
     """The Ray node this process runs on (None outside Ray): actors report it, and the driver watches
     whether Ray has marked it dead (trainer._Run._watch). Ray is not imported here for it: code that
@@ -217,11 +226,7 @@ class ParameterServer:
         if self.dtype != "float32":
             dim = next(iter(self.dims.values()))
             wide = precision.widen_rows(delta, self.dtype, dim)
-        # one pass, no temporary: NaN and ±inf anywhere make the sum non-finite (so would a sum past
-        # 3e38, which only a diverged run produces)
-        if not np.isfinite(wide.sum()):
-            raise NonFiniteUpdate(f"shard {self.shard}: non-finite values in the push of {step}; "
-                                  "the learning rate is probably too high")
+        refuse_non_finite(wide, step, f"shard {self.shard}: ")
         at = 0
         t0 = time.perf_counter()
         for name, ids in request.items():
