@@ -18,6 +18,12 @@ Schedules (--schedules):
   local-sgd      no blocks: each worker trains all its segment's tokens, negatives from the whole
                  vocabulary, on its own copy of the URL rows taken at the round's start; the copies'
                  changes are summed at its end (synchronous averaging of updates, a measured period)
+  delayed        blocks' positives, negatives from the whole vocabulary: a worker trains on its own copy of
+                 every row, the held block live, the others as it last held them; its changes to rows
+                 outside the block wait in the worker and are added to that block when it next holds it,
+                 or to every row at the epoch's end, after which each worker copies every row afresh (no
+                 row written by two workers at once). The engine's version of it, which does not
+                 gain what this copy gains, is on the branch negatives-from-vocabulary (docs/benchmarks.md)
   sequential     blocks' positives with negatives from the whole vocabulary, every row written at once:
                  what no parallel schedule can do (two workers would write the same rows), an upper bound
 
@@ -37,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SCHEDULES = ("one", "blocks", "doc-negatives", "local-sgd", "sequential")
+SCHEDULES = ("one", "blocks", "doc-negatives", "local-sgd", "sequential", "delayed")
 
 
 def lee_corpus(work: str, background_first: bool) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
@@ -119,6 +125,9 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
         held = [blocks.block(b, keep, counts, ns_exponent, everything if workers == 1 else None)
                 for b in range(workers)]  # each block's keep and negatives' table, once an epoch
         in_block = [[d[blocks.block_of[d] == b] for b in range(workers)] for d in docs]
+        if schedule == "delayed" and epoch == 0:
+            views = [outputs.copy() for _ in range(workers)]
+            pending = [np.zeros_like(outputs) for _ in range(workers)]
         for r in range(workers * segments):
             for i in range(workers):
                 b = Blocks.held(i, r % workers, workers)
@@ -126,7 +135,20 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
                 mine = np.array_split(owned[i], segments)[r // workers]
                 parts = [(d, in_block[d][b]) for d in mine]
                 parts = [(d, t) for d, t in parts if len(t)]
+                if schedule == "delayed":  # it holds the block, trained or not
+                    view, wait = views[i], pending[i]
+                    outputs[ids] += wait[ids]  # the changes it made to this block while another held it
+                    wait[ids] = 0
+                    view[ids] = outputs[ids]
                 if not parts:
+                    continue
+                if schedule == "delayed":
+                    before = view.copy()
+                    run(i, view, np.concatenate([np.full(len(t), d) for d, t in parts]),
+                        np.concatenate([t for _, t in parts]), keep, everything, negative)
+                    wait += view - before
+                    wait[ids] = 0
+                    outputs[ids] = view[ids]
                     continue
                 if schedule == "sequential":
                     run(i, outputs, np.concatenate([np.full(len(t), d) for d, t in parts]),
@@ -146,6 +168,11 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
                         np.concatenate([blocks.local_of[t] for _, t in parts]).astype(np.int32), block.keep,
                         block.negatives, block.negative)
                 outputs[ids] = rows
+        if schedule == "delayed":  # the epoch's end: what waits goes home, worker after worker, and every
+            for i in range(workers):  # worker goes on from the servers' rows (Worker.settle_waiting, refresh_rows)
+                outputs += pending[i]
+                pending[i][:] = 0
+            views = [outputs.copy() for _ in range(workers)]
     return inputs
 
 

@@ -8,6 +8,7 @@ it trains exactly what the in-place path trains: same pulls, same pushes, same t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -407,3 +408,57 @@ def test_resident_rows_pulled_in_place_train_what_rows_copied_in_train(small_cor
     for name in ("docs", "words_out"):
         for a, b in zip(finals[0][name], finals[1][name]):
             np.testing.assert_array_equal(a, b)
+
+
+def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_once(small_corpus):
+    """Two block-schedule workers in this process, driven round by round as the trainer drives them (each
+    block handed to its next holder, home at an epoch's end): the servers' words_out at the end is the
+    sum of every change their kernels made, none lost, none twice, and each kernel starts from the rows
+    of the block it holds as they truly are (all the changes made to them before)."""
+    from doc2vec_dist import client
+    from doc2vec_dist.cpu_kernel import train_tokens
+    from doc2vec_dist.schedule import Blocks
+    from doc2vec_dist.worker import Compute
+
+    epochs, workers = 3, 2
+    config = TrainConfig(dim=8, epochs=epochs, num_ps=NUM_PS, num_workers=workers, cpus_per_worker=1, macro_batch=2048,
+                         segments=2, progress=False)
+    corpus = Corpus(small_corpus)
+    tables = table_specs(config, corpus)
+    servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
+    rows = tables["words_out"].rows
+    made = np.zeros((rows, config.dim))  # every change the kernels made, summed in float64
+    worst = [0.0]
+
+    def counted(worker):
+        def tokens(inputs, outputs, *args, **kwargs):
+            ids = worker.held.ids  # the held block's rows, in its order
+            worst[0] = max(worst[0], float(np.abs(outputs[:len(ids)] - made[ids]).max()))
+            before = outputs.copy()
+            done = train_tokens(inputs, outputs, *args, **kwargs)
+            made[ids] += (outputs - before).astype(np.float64)[:len(ids)]
+            return done
+        return tokens
+
+    try:
+        plan = plan_units(corpus, workers)
+        pool = []
+        for i in range(workers):
+            worker = Worker(i, plan[i], corpus.path, config, servers, tables)
+            worker.compute = dataclasses.replace(Compute.default(), tokens=counted(worker))
+            pool.append(worker)
+        for epoch in range(epochs):  # as trainer._run_epoch drives them
+            starts, handed = [Position(epoch)] * workers, [None] * workers
+            for r in range(config.rounds()):
+                last = [w.run_epoch(epoch, starts[i], handed[i]) for i, w in enumerate(pool)]
+                by_block = {h["block"]: h for h in (s.pop("handover") for s in last) if h is not None}
+                handed = [by_block.get(Blocks.held(i, r + 1, workers)) for i in range(workers)]
+                starts = [Position(epoch, round=r + 1, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"])
+                          for s in last]
+        assert np.abs(made).max() > 0.1
+        assert worst[0] < 1e-5  # each round started from its block's rows as they were
+        ends = _rows_on_servers(servers, "words_out", np.arange(rows), config.dim, config)
+        np.testing.assert_allclose(ends, made, rtol=0, atol=1e-5)
+    finally:
+        for server in servers:
+            server.close()
