@@ -147,7 +147,7 @@ def test_a_block_draws_its_negatives_from_its_own_rows_by_count_to_the_075():
 
 
 def test_the_in_process_copy_of_the_schedules_on_lee_trains_what_one_worker_trains_with_one_worker(tmp_path, capsys):
-    """benchmarks/schedule_lee.py: with one worker the block schedule and local SGD are the sole writer
+    """benchmarks/schedule_lee.py: with one worker the block schedule, local SGD and delayed are the sole writer
     (the same vectors as `one`); with two, each schedule trains something of its own; the table and the
     JSON hold every (order, schedule, workers, segments)."""
     import json
@@ -160,10 +160,13 @@ def test_the_in_process_copy_of_the_schedules_on_lee_trains_what_one_worker_trai
     one = bench.train(docs, counts, 1, "one", seed=1, epochs=2)
     np.testing.assert_array_equal(bench.train(docs, counts, 1, "blocks", seed=1, epochs=2), one)
     np.testing.assert_allclose(bench.train(docs, counts, 1, "local-sgd", seed=1, epochs=2), one, atol=1e-6)
+    np.testing.assert_array_equal(bench.train(docs, counts, 1, "delayed", seed=1, epochs=2), one)
+    assert not np.allclose(bench.train(docs, counts, 1, "one", seed=1, epochs=2, hashed_seeds=True), one)
     two = {s: bench.train(docs, counts, 2, s, seed=1, epochs=2) for s in bench.SCHEDULES if s != "one"}
     for s, vectors in two.items():
         assert not np.allclose(vectors, one), s
     assert not np.allclose(two["blocks"], two["sequential"]) and not np.allclose(two["blocks"], two["doc-negatives"])
+    assert not np.allclose(two["delayed"], two["sequential"]) and not np.allclose(two["delayed"], two["blocks"])
 
     out = tmp_path / "lee.json"
     result = bench.main(["--workers", "2", "--segments", "1", "2", "--seeds", "1", "--epochs", "2",
