@@ -22,8 +22,8 @@ Schedules (--schedules):
                  every row, the held block live, the others as it last held them; its changes to rows
                  outside the block wait in the worker and are added to that block when it next holds it,
                  or to every row at the epoch's end, after which each worker copies every row afresh (no
-                 row written by two workers at once). The engine's version of it, which does not
-                 gain what this copy gains, is on the branch negatives-from-vocabulary (docs/benchmarks.md)
+                 row written by two workers at once). The engine's version of it, which has not yet
+                 shown what this copy gains, is on the branch negatives-from-vocabulary (docs/benchmarks.md)
   sequential     blocks' positives with negatives from the whole vocabulary, every row written at once:
                  what no parallel schedule can do (two workers would write the same rows), an upper bound
 
