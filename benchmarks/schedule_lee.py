@@ -119,6 +119,9 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
         train_tokens(inputs, rows, doc_of, tokens, keep_of, table.accept, table.alias, count, start, end,
                      call_seed(seed, calls[0], hashed_seeds), threads=1)
 
+    if schedule == "delayed":  # each worker's copy of every row, and its changes waiting to go home
+        views = [outputs.copy() for _ in range(workers)]
+        pending = [np.zeros_like(outputs) for _ in range(workers)]
     for epoch in range(epochs):
         if schedule == "local-sgd":
             for s in range(segments):
@@ -135,9 +138,6 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
         held = [blocks.block(b, keep, counts, ns_exponent, everything if workers == 1 else None)
                 for b in range(workers)]  # each block's keep and negatives' table, once an epoch
         in_block = [[d[blocks.block_of[d] == b] for b in range(workers)] for d in docs]
-        if schedule == "delayed" and epoch == 0:
-            views = [outputs.copy() for _ in range(workers)]
-            pending = [np.zeros_like(outputs) for _ in range(workers)]
         for r in range(workers * segments):
             for i in range(workers):
                 b = Blocks.held(i, r % workers, workers)
@@ -152,17 +152,17 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
                     view[ids] = outputs[ids]
                 if not parts:
                     continue
+                doc_of = np.concatenate([np.full(len(t), d) for d, t in parts])
+                tokens = np.concatenate([t for _, t in parts])  # global rows
                 if schedule == "delayed":
                     before = view.copy()
-                    run(i, view, np.concatenate([np.full(len(t), d) for d, t in parts]),
-                        np.concatenate([t for _, t in parts]), keep, everything, negative)
+                    run(i, view, doc_of, tokens, keep, everything, negative)
                     wait += view - before
                     wait[ids] = 0
                     outputs[ids] = view[ids]
                     continue
                 if schedule == "sequential":
-                    run(i, outputs, np.concatenate([np.full(len(t), d) for d, t in parts]),
-                        np.concatenate([t for _, t in parts]), keep, everything, negative)
+                    run(i, outputs, doc_of, tokens, keep, everything, negative)
                     continue
                 block = held[b]
                 rows = outputs[ids]
@@ -174,9 +174,8 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
                             block.negatives, float(np.clip(count, negative / MAX_NEGATIVE_RATIO,
                                                            negative * MAX_NEGATIVE_RATIO)))
                 else:
-                    run(i, rows, np.concatenate([np.full(len(t), d) for d, t in parts]),
-                        np.concatenate([blocks.local_of[t] for _, t in parts]).astype(np.int32), block.keep,
-                        block.negatives, block.negative)
+                    run(i, rows, doc_of, blocks.local_of[tokens].astype(np.int32), block.keep, block.negatives,
+                        block.negative)
                 outputs[ids] = rows
         if schedule == "delayed":  # the epoch's end: what waits goes home, worker after worker, and every
             for i in range(workers):  # worker goes on from the servers' rows (Worker.settle_waiting, refresh_rows)

@@ -328,11 +328,11 @@ class ParameterClient:
         next holder has the rows, that holder trains from the servers' copy: the last checkpoint's, or
         the epoch's start's. Non-finite rows stop the run here, as a server refuses them in a push
         (ps.NonFiniteUpdate). Returns what the driver passes on: {"rows": {table: rows or their ref}}."""
+        from .ps import refuse_non_finite  # (ps imports numba; a worker has it loaded by now)
+
         rows_of, self.handed = {}, {}
         for table in self.resident_tables:
             rows = read(table)
-            from .ps import refuse_non_finite  # (ps imports numba; a worker has it loaded by now)
-
             refuse_non_finite(rows, f"{label} (the block handed over)")
             rows = self.handed[table] = self._outgoing(table, rows, "handed")
             rows_of[table] = stage(rows, self.servers)

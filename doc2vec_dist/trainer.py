@@ -217,12 +217,11 @@ def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows
                            sole_writer=config.token_path(words_out_rows), on_device=not config.exact_kernel())
 
 
-# what more --segments measured on text (benchmarks/quality.py on Lee, 3 seeds; benchmarks/schedule_lee.py)
+# what more --segments measured on text (benchmarks/quality.py on Lee, 3 to 16 seeds; benchmarks/schedule_lee.py)
 SEGMENTS_MEASURED = ("Lee background first: -0.006, +0.002, -0.011 Pearson with 2, 4, 8 workers at --segments 16; "
-                     "at --segments 64, test first and background first, -0.008 (3 seeds) and -0.011 (16 seeds) with "
-                     "2 workers, -0.005 "
-                     "and -0.007 with 4, which trained Lee 29 times slower than one worker with 2 workers (250 "
-                     "with 4, before blocks went from worker to worker)")
+                     "at --segments 64, test first and background first, -0.008 (3 seeds) and -0.011 (16 seeds) "
+                     "with 2 workers, -0.005 and -0.007 with 4, which trained Lee 29 times slower than one worker "
+                     "with 2 workers (250 with 4, before blocks went from worker to worker)")
 
 
 def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
