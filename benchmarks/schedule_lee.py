@@ -29,11 +29,20 @@ Schedules (--schedules):
 
 --segments S cuts each worker's documents into S segments, each trained through all its rounds before
 the next (TrainConfig.segments): W x S rounds an epoch on the block schedules, S on local-sgd.
+
+--split: which documents are worker i's segment s (split()):
+  interleaved    the engine's plan (worker.plan_units) since 2026-11-28: the corpus cut into W x S pieces of
+                 about equal tokens, piece W*s + i is worker i's segment s (the rounds walk the corpus in order)
+  halves         the engine's plan before: each worker a run of about 1/W of the tokens, cut into S segments
+                 of about equal tokens
+  by-count       this copy's split before 2026-11-28 (the tables in docs/benchmarks.md until then): runs and
+                 segments of equal numbers of documents
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -74,6 +83,26 @@ def lee_corpus(work: str, background_first: bool) -> tuple[list[np.ndarray], np.
     return docs, corpus.counts().astype(np.float64), np.arange(first_test, first_test + 50)
 
 
+SPLITS = ("interleaved", "halves", "by-count")
+
+
+def split(lengths: np.ndarray, workers: int, segments: int, how: str = "interleaved") -> list[list[np.ndarray]]:
+    """Each worker's segments: the documents (indices, in corpus order) of worker i's segment s (--split)."""
+    from doc2vec_dist.worker import _even_cuts
+
+    def cut(docs: np.ndarray, pieces: int) -> list[np.ndarray]:
+        if how == "by-count":
+            return np.array_split(docs, pieces)
+        cuts = _even_cuts(np.concatenate([[0], np.cumsum(lengths[docs])]), pieces)
+        return [docs[a:b] for a, b in itertools.pairwise(cuts)]
+
+    everything = np.arange(len(lengths))
+    if how == "interleaved" and workers > 1 and segments > 1:  # as plan_units' interleaved plan
+        pieces = cut(everything, workers * segments)
+        return [pieces[i::workers] for i in range(workers)]
+    return [cut(own, segments) for own in cut(everything, workers)]
+
+
 def call_seed(seed: int, call: int, hashed: bool) -> int:
     """The kernel's seed for a call: consecutive integers (the tables in docs/benchmarks.md before
     2026-11-28), or hashed from (seed, call), as the engine's per-batch seeds are drawn. The choice
@@ -86,7 +115,8 @@ def call_seed(seed: int, call: int, hashed: bool) -> int:
 
 def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: str, seed: int, segments: int = 1,
           dim: int = 100, epochs: int = 40, negative: int = 5, alpha: float = 0.025, min_alpha: float = 0.0001,
-          sample: float = 1e-3, ns_exponent: float = 0.75, hashed_seeds: bool = False) -> np.ndarray:
+          sample: float = 1e-3, ns_exponent: float = 0.75, hashed_seeds: bool = False,
+          how: str = "interleaved") -> np.ndarray:
     """The document vectors after training with `schedule` on `workers` workers (see the docstring)."""
     from doc2vec_dist.config import lr_at
     from doc2vec_dist.cpu_kernel import train_tokens
@@ -103,7 +133,8 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
     everything = NegativeTable(counts, ns_exponent)
     q = counts ** ns_exponent
     q /= q.sum()
-    owned = np.array_split(np.arange(len(docs)), workers)  # each worker's documents, in corpus order
+    segmented = split(np.array([len(d) for d in docs]), workers, segments, how)  # worker i's segment s
+    owned = [np.concatenate(own) for own in segmented]  # each worker's documents, in corpus order
     planned = [epochs * sum(len(docs[d]) for d in own) for own in owned]
     done = [0] * workers
     calls = [0]
@@ -127,7 +158,7 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
             for s in range(segments):
                 start_rows, change = outputs.copy(), np.zeros_like(outputs)
                 for i in range(workers):
-                    mine = np.array_split(owned[i], segments)[s]
+                    mine = segmented[i][s]
                     copy = start_rows.copy()
                     run(i, copy, np.repeat(mine, [len(docs[d]) for d in mine]),
                         np.concatenate([docs[d] for d in mine] or [np.zeros(0, np.int32)]), keep, everything, negative)
@@ -142,7 +173,7 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
             for i in range(workers):
                 b = Blocks.held(i, r % workers, workers)
                 ids = blocks.ids(b)
-                mine = np.array_split(owned[i], segments)[r // workers]
+                mine = segmented[i][r // workers]
                 parts = [(d, in_block[d][b]) for d in mine]
                 parts = [(d, t) for d, t in parts if len(t)]
                 if schedule == "delayed":  # it holds the block, trained or not
@@ -207,12 +238,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--epochs", type=int, default=40, help="benchmarks/quality.py's Lee setting")
     ap.add_argument("--hashed-seeds", action="store_true",
                     help="seed the kernel's calls from a hash of (seed, call), not consecutive integers (call_seed)")
+    ap.add_argument("--split", default="interleaved", choices=SPLITS,
+                    help="which documents are each worker's segments (see above; default: the engine's plan)")
     ap.add_argument("--work", default=os.path.join(ROOT, "runs", "schedule_lee"))
     ap.add_argument("--json", help="default: WORK/schedule_lee.json")
     args = ap.parse_args(argv)
     from harness import save_json
 
-    result: dict = {"epochs": args.epochs, "seeds": args.seeds, "runs": []}
+    result: dict = {"epochs": args.epochs, "seeds": args.seeds, "split": args.split, "runs": []}
     print("| order | schedule | workers | segments | Pearson, mean | spread | against one worker |")
     print("|---|---|---|---|---|---|---|")
     for background_first in (False, True):
@@ -223,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
                                     for w in args.workers for g in args.segments]
         for schedule, workers, segments in combos:  # one worker first: the reference of every other row
             values = [pearson(train(docs, counts, workers, schedule, seed, segments, epochs=args.epochs,
-                                    hashed_seeds=args.hashed_seeds), test_rows)
+                                    hashed_seeds=args.hashed_seeds, how=args.split), test_rows)
                       for seed in args.seeds]
             mean = float(np.mean(values))
             one = mean if schedule == "one" else one

@@ -378,7 +378,7 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
         lr = lr_at(config.alpha, config.min_alpha, done, planned)
         commit(out, version, tables, {name: config.dim for name in tables}, dtype=config.dtype, extra=
                {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],
-                "lr": lr, "num_ps": config.num_ps,
+                "lr": lr, "num_ps": config.num_ps, "plan": config.plan(),
                 "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
                 "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
                 "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
@@ -484,6 +484,7 @@ _EXTRA_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lr": (lambda x: _is_number(x) and x >= 0, "a non-negative number"),
     "num_ps": (lambda x: _is_int(x) and x > 0, "a positive integer"),
     "num_workers": (lambda x: _is_int(x) and x > 0, "a positive integer"),
+    "plan": (lambda x: x in ("runs", "interleaved"), '"runs" or "interleaved"'),
     "corpus": (lambda x: isinstance(x, str), "a string"),
     "corpus_stats": (lambda x: isinstance(x, dict), "an object"),
     "losses": (lambda x: isinstance(x, list) and all(_is_number(v) or v is None for v in x), "a list of numbers"),

@@ -166,10 +166,11 @@ class TrainConfig:
                                "(PV-DBOW); shared: every worker trains every row from copies it pulls, summing "
                                "their updates (any mode; costs quality as workers are added); auto: blocks where "
                                "the mode allows", ("auto", "blocks", "shared"), engine=True)
-    segments: int = _f(1, "on the block schedule, each worker's documents are cut into this many segments, each "
-                          "trained through a whole rotation of the blocks: a document's rounds follow one another "
-                          "instead of spreading over the epoch (small text corpora keep more of one worker's "
-                          "quality), and the blocks move once per segment", engine=True)
+    segments: int = _f(1, "on the block schedule, the corpus is cut in order into workers x this many pieces, "
+                          "worker i's segment s being piece workers x s + i, each trained through a whole rotation "
+                          "of the blocks: the workers walk the corpus together as one worker would, a document's "
+                          "rounds follow one another instead of spreading over the epoch (small text corpora keep "
+                          "more of one worker's quality), and the blocks move once per segment", engine=True)
     cache_rows: int | None = _f(None, "hottest words_out rows kept resident in each worker (on its GPU, if any) "
                                       "between macro-batches: neither pulled nor pushed every step; synced every "
                                       "few batches (default: every row that fits 2 GiB with one worker, none with "
@@ -273,6 +274,12 @@ class TrainConfig:
             return False
         plain = self.mode == "dbow" and not self.dbow_words
         return plain and not self.shared_negatives and (self.schedule == "blocks" or self.cache_rows is None)
+
+    def plan(self) -> str:
+        """How the corpus is divided among the workers (worker.plan_units): "interleaved" where several
+        workers walk it in segments on the block schedule (piece W·s + i is worker i's segment s), else
+        "runs" (each worker its own run of it). A checkpoint's data positions hold only under its plan."""
+        return "interleaved" if self.blocks() and self.segments > 1 else "runs"
 
     def trains_words(self) -> bool:
         """Whether the `words` table (input vectors of URLs) is trained: PV-DM, and dbow_words."""

@@ -43,7 +43,7 @@ from .placement import (
 )
 from .ps import ParameterServer, table_specs
 from .schedule import Blocks
-from .worker import Position, Worker, macro_batch_for, plan_units
+from .worker import Position, Worker, macro_batch_for, plan_of
 
 if TYPE_CHECKING:
     from .warmstart import WarmStart
@@ -350,6 +350,11 @@ class _Resume:
         if positions and segments != config.segments:  # the rounds of the epoch under way are numbered by them
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with --segments {segments}; resume with "
                             f"--segments {segments}, then change it at an epoch's end")
+        if positions and manifest.get("plan", "runs") != config.plan():  # before 2026-11-28 every plan was runs
+            raise UserError(f"{out}: the checkpoint stopped mid-epoch with the corpus divided among the workers as "
+                            f"{manifest.get('plan', 'runs')} (an earlier version of doc2vec-dist), and this one divides "
+                            f"it as {config.plan()}: its data positions cannot be followed; finish the epoch with the "
+                            "version that wrote it")
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
         tokens = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
@@ -597,7 +602,7 @@ class _Run:
         step_pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)  # for tests
         handover = os.environ.get(HANDOVER_ENV) != "0"
         staged = staged_on_cpu() or None
-        self.plan = plan_units(corpus, config.num_workers)
+        self.plan = plan_of(corpus, config)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,

@@ -89,7 +89,7 @@ def compile_kernels(settings: dict) -> None:
     from .prepare import prepare
     from .ps import ParameterServer, table_specs
     from .synthetic import generate
-    from .worker import Position, Worker, plan_units
+    from .worker import Position, Worker, plan_of
 
     token_path = settings.pop("token_path")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -107,7 +107,7 @@ def compile_kernels(settings: dict) -> None:
         tables = table_specs(config, corpus)
         servers = [LocalServer(ParameterServer(0, 1, tables, config.seed, rounding=config.rounding))]
         try:
-            worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, config, servers, tables)
+            worker = Worker(0, plan_of(corpus, config)[0], corpus.path, config, servers, tables)
             for round_ in range(config.rounds()):
                 worker.run_epoch(0, Position(0, round=round_))
         finally:

@@ -118,15 +118,31 @@ class Unit:
     start: int
     end: int
     tokens: int
+    segment: int | None = None  # an interleaved plan's: the worker's segment this run belongs to (plan_units)
 
 
-def plan_units(corpus: Corpus, num_workers: int) -> list[list[Unit]]:
+def plan_of(corpus: Corpus, config: TrainConfig) -> list[list[Unit]]:
+    """The run's plan (TrainConfig.plan): plan_units with the segments of the block schedule."""
+    return plan_units(corpus, config.num_workers, config.segments if config.plan() == "interleaved" else 1)
+
+
+def plan_units(corpus: Corpus, num_workers: int, segments: int = 1) -> list[list[Unit]]:
     """Divide the corpus among workers with balanced token counts.
 
-    With at least as many shard files as workers, whole files are dealt out, largest first to the
-    least loaded worker. With fewer, each file is cut into row ranges of about equal tokens.
+    With several segments (TrainConfig.segments on the block schedule) the corpus, its files in
+    order, is cut into num_workers × segments pieces of about equal tokens, and piece W·s + i is
+    worker i's segment s: the workers' rounds walk the corpus together, in its order, as one worker
+    would walk it alone. (Each worker its own run of the corpus, cut into segments, put documents
+    half a corpus apart in the same round: with 2 workers and 64 segments Lee lost 0.010 / 0.009
+    Pearson against one worker, test / background first, and 0.000 / 0.003 interleaved, in
+    benchmarks/schedule_lee.py --split over 24 seeds; docs/benchmarks.md.)
+
+    Otherwise, with at least as many shard files as workers, whole files are dealt out, largest first
+    to the least loaded worker. With fewer, each file is cut into row ranges of about equal tokens.
     """
     shards = [(path, info["docs"], info["tokens"]) for path, info in zip(corpus.shard_paths, corpus.meta["shards"])]
+    if segments > 1 and num_workers > 1:
+        return _interleaved(corpus.shard_paths, num_workers, segments)
     if len(shards) >= num_workers:
         loads = [0] * num_workers
         plan: list[list[Unit]] = [[] for _ in range(num_workers)]
@@ -161,26 +177,49 @@ def _even_cuts(cum: np.ndarray, pieces: int) -> np.ndarray:
     return cuts
 
 
+def _runs(cuts: np.ndarray, paths: list[str], unit_of: np.ndarray, row_of: np.ndarray, cum: np.ndarray,
+          segment_of=lambda piece: None) -> list[list[Unit]]:
+    """The documents between consecutive `cuts` (indices into a sequence of documents: document k is
+    row row_of[k] of the file paths[unit_of[k]], `cum` their cumulative tokens from 0), each piece as
+    the Units of its runs within one file, in order."""
+    out: list[list[Unit]] = []
+    for piece, (a, b) in enumerate(itertools.pairwise(cuts)):
+        runs = []
+        while a < b:  # the documents [a, b), one file's run at a time
+            u = int(unit_of[a])
+            end = min(b, int(np.searchsorted(unit_of, u, side="right")))
+            runs.append(Unit(paths[u], int(row_of[a]), int(row_of[end - 1]) + 1, int(cum[end] - cum[a]),
+                             segment_of(piece)))
+            a = end
+        out.append(runs)
+    return out
+
+
+def _interleaved(paths: list[str], num_workers: int, segments: int) -> list[list[Unit]]:
+    """plan_units with segments: piece W·s + i of the corpus, in order, is worker i's segment s."""
+    lengths = [_document_tokens(path) for path in paths]
+    unit_of = np.concatenate([np.full(len(n), f) for f, n in enumerate(lengths)] or [np.zeros(0, int)])
+    row_of = np.concatenate([np.arange(len(n)) for n in lengths] or [np.zeros(0, int)])
+    cum = np.concatenate([[0], np.cumsum(np.concatenate(lengths or [np.zeros(0)]))])
+    pieces = _runs(_even_cuts(cum, num_workers * segments), paths, unit_of, row_of, cum,
+                   lambda piece: piece // num_workers)
+    return [[u for s in range(segments) for u in pieces[s * num_workers + i]] for i in range(num_workers)]
+
+
 def segment_units(units: list[Unit], segments: int) -> list[list[Unit]]:
     """A worker's units cut into `segments` runs of consecutive documents of about equal tokens, in
-    their order (TrainConfig.segments; a segment may be empty where there are fewer documents)."""
+    their order (TrainConfig.segments; a segment may be empty where there are fewer documents); an
+    interleaved plan's units (plan_units) are grouped by the segment it gave them."""
     if segments == 1:
         return [list(units)]
+    if units and units[0].segment is not None:
+        return [[u for u in units if u.segment == s] for s in range(segments)]
     lengths = {path: _document_tokens(path) for path in {u.path for u in units}}
     unit_of = np.concatenate([np.full(u.end - u.start, i) for i, u in enumerate(units)] or [np.zeros(0, int)])
     row_of = np.concatenate([np.arange(u.start, u.end) for u in units] or [np.zeros(0, int)])
     cum = np.concatenate([[0], np.cumsum(np.concatenate([lengths[u.path][u.start:u.end] for u in units]
                                                          or [np.zeros(0)]))])
-    out: list[list[Unit]] = []
-    for a, b in itertools.pairwise(_even_cuts(cum, segments)):
-        segment = []
-        while a < b:  # the documents [a, b), one unit's run at a time
-            u = int(unit_of[a])
-            end = min(b, int(np.searchsorted(unit_of, u, side="right")))
-            segment.append(Unit(units[u].path, int(row_of[a]), int(row_of[end - 1]) + 1, int(cum[end] - cum[a])))
-            a = end
-        out.append(segment)
-    return out
+    return _runs(_even_cuts(cum, segments), [u.path for u in units], unit_of, row_of, cum)
 
 
 def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_row: int | None = None):

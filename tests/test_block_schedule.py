@@ -135,6 +135,17 @@ def test_a_block_run_is_reproducible_through_mid_round_checkpoints_and_a_resume_
         with pytest.raises(UserError, match=f"stopped mid-epoch with --segments {segments}; resume with "
                                             f"--segments {segments}"):
             train(corpus, resumed, resumed_config(resumed, {"segments": 1}))
+        # a checkpoint of the plan before this version's (each worker one run of the corpus) is not followed
+        manifest = os.path.join(checkpoint.version_dir(resumed, mid[0]), "manifest.json")
+        with open(manifest) as fh:
+            saved = json.load(fh)
+        assert saved["plan"] == "interleaved"
+        with open(manifest, "w") as fh:
+            json.dump({k: v for k, v in saved.items() if k != "plan"}, fh)
+        with pytest.raises(UserError, match="divided among the workers as runs .* divides it as interleaved"):
+            train(corpus, resumed, resumed_config(resumed, {}))
+        with open(manifest, "w") as fh:
+            json.dump(saved, fh)
     train(corpus, resumed, resumed_config(resumed, {}))
     for name, matrix in tables_of(resumed).items():
         np.testing.assert_array_equal(matrix, straight[name], err_msg=name)

@@ -157,6 +157,15 @@ def test_the_in_process_copy_of_the_schedules_on_lee_trains_what_one_worker_trai
     bench = load_benchmark("schedule_lee")
     docs, counts, test_rows = bench.lee_corpus(str(tmp_path / "work"), background_first=True)
     assert len(docs) == 350 and list(test_rows) == list(range(300, 350)) and all(len(d) for d in docs[300:])
+    lengths = np.array([len(d) for d in docs])
+    for how in bench.SPLITS:  # every split trains every document once
+        cut = bench.split(lengths, 2, 8, how)
+        assert sorted(np.concatenate([np.concatenate(own) for own in cut])) == list(range(350))
+    interleaved = bench.split(lengths, 2, 8)  # round s: worker 0's segment s, then worker 1's: the corpus in order
+    assert list(np.concatenate([part for s in range(8) for part in (interleaved[0][s], interleaved[1][s])])) == \
+        list(range(350))
+    first_half = np.concatenate(bench.split(lengths, 2, 8, "halves")[0])  # the engine's plan before: a run
+    assert list(first_half) == list(range(len(first_half))) and 0 < len(first_half) < 350
     one = bench.train(docs, counts, 1, "one", seed=1, epochs=2)
     np.testing.assert_array_equal(bench.train(docs, counts, 1, "blocks", seed=1, epochs=2), one)
     np.testing.assert_allclose(bench.train(docs, counts, 1, "local-sgd", seed=1, epochs=2), one, atol=1e-6)

@@ -103,6 +103,27 @@ def test_segments_cut_a_workers_units_into_runs_of_consecutive_documents_of_even
     assert len(cut) == 5 and sum(u.end - u.start for segment in cut for u in segment) == 3
 
 
+def test_with_segments_the_workers_rounds_walk_the_corpus_together_in_its_order(tmp_path):
+    # two shard files, so that pieces cross a file's end
+    lines = [" ".join(f"w{j % 7}" for j in range(i % 13 + 1)) for i in range(300)]
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text", num_shards=2),
+                     progress=False)
+    assert len(corpus.shard_paths) == 2
+    order = [(path, r) for path, info in zip(corpus.shard_paths, corpus.meta["shards"]) for r in range(info["docs"])]
+    for workers, segments in ((2, 8), (3, 5)):
+        plan = plan_units(corpus, workers, segments)
+        cut = [segment_units(units, segments) for units in plan]
+        # round s of the rotation trains segment s of every worker: worker 0's, then 1's, ... is the corpus
+        walked = [(u.path, r) for s in range(segments) for i in range(workers) for u in cut[i][s]
+                  for r in range(u.start, u.end)]
+        assert walked == order
+        pieces = [sum(u.tokens for u in cut[i][s]) for s in range(segments) for i in range(workers)]
+        assert sum(pieces) == corpus.num_tokens
+        assert max(pieces) - min(pieces) <= 26, pieces  # within about two documents
+    assert plan_units(corpus, 2, 1) == plan_units(corpus, 2)  # one segment: the plan as it was
+
+
 def test_existing_model_is_not_overwritten_silently(trained_model, sample_corpus):
     with pytest.raises(UserError, match="already holds a model; pass --overwrite to replace it"):
         train(sample_corpus[0], trained_model, TrainConfig(epochs=1, progress=False))
