@@ -217,27 +217,30 @@ def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows
                            sole_writer=config.token_path(words_out_rows), on_device=not config.exact_kernel())
 
 
-# what more --segments measured on text (benchmarks/quality.py on Lee, 3 to 16 seeds; benchmarks/schedule_lee.py)
-SEGMENTS_MEASURED = ("Lee background first: -0.006, +0.002, -0.011 Pearson with 2, 4, 8 workers at --segments 16; "
-                     "at --segments 64, test first and background first, -0.008 (3 seeds) and -0.011 (16 seeds) "
-                     "with 2 workers, -0.005 and -0.007 with 4, which trained Lee 29 times slower than one worker "
-                     "with 2 workers (250 with 4, before blocks went from worker to worker)")
+# what --segments measured on text (benchmarks/quality.py, the engine, and benchmarks/schedule_lee.py, its
+# in-process copy; docs/benchmarks.md, "Segments interleaved")
+TEXT_SEGMENTS = 16
+SEGMENTS_MEASURED = ("at --segments 16 Lee, test first / background first, against one worker: 2 workers "
+                     "-0.001 / -0.004 Pearson over 16 seeds, 4 workers -0.001 / +0.003 and 8 workers -0.009 / -0.002 "
+                     "over 3 (the in-process copy over 24: -0.003 / -0.003 at 8); mini_newsgroup -0.002, 0.000, -0.002 "
+                     "accuracy with 2, 4, 8 workers; 2 workers trained "
+                     "Lee 8 times slower than one, its rounds a fixed cost on so small a corpus")
 
 
 def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     """Warnings for settings measured to lose quality, each naming the flags to change."""
     found = []
     if config.blocks() and (getattr(corpus, "meta", None) or {}).get("format") == "text":
-        if config.segments == 1:
-            measured = ("(Lee: -0.008 Pearson with 2 workers over 8 seeds, -0.014 to -0.038 with 2 to 8 over 3; "
-                        "mini_newsgroup: -0.003 and -0.007 accuracy with 4 and 8) while holding it on browsing logs: "
-                        "a document meets its words one block a round, and the rounds lie far apart; more --segments "
-                        f"shorten them and narrow the loss ({SEGMENTS_MEASURED}), each round a fixed cost")
-        else:
-            measured = f"even with --segments {config.segments} ({SEGMENTS_MEASURED})"
-        found.append(f"{config.num_workers} workers on the block schedule were measured to lose quality on text corpora "
-                     f"{measured}; for text, one worker on all the machine's CPUs (--num-workers 1 --cpus-per-worker N) "
-                     "is the measured best")
+        if config.segments < TEXT_SEGMENTS:
+            found.append(f"{config.num_workers} workers on the block schedule were measured to lose quality on text "
+                         f"corpora with --segments {config.segments} (Lee at --segments 1: -0.018 and -0.020 Pearson "
+                         "with 2 workers, -0.014 to -0.038 with 2 to 8, 3 seeds; in the in-process copy over 24 "
+                         "seeds, -0.010 / -0.019 at --segments 2, -0.007 with 4 workers at 4 and -0.005 at 8): a "
+                         "document meets its words one block a round, and the rounds lie far apart; use "
+                         f"--segments {TEXT_SEGMENTS} ({SEGMENTS_MEASURED})")
+        elif config.num_workers >= 8:
+            found.append(f"{config.num_workers} workers on the block schedule were measured at the edge of one "
+                         f"worker's quality on text corpora ({SEGMENTS_MEASURED}); 4 workers held it")
     if config.num_workers > 1 and config.dbow_words:
         found.append(f"{config.num_workers} workers with --dbow-words share the URL rows (the block schedule trains plain "
                      "PV-DBOW only): measured on Lee with 2 workers, quality held (Pearson 0.4477 against one worker's "
@@ -350,7 +353,7 @@ class _Resume:
         if positions and segments != config.segments:  # the rounds of the epoch under way are numbered by them
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with --segments {segments}; resume with "
                             f"--segments {segments}, then change it at an epoch's end")
-        if positions and manifest.get("plan", "runs") != config.plan():  # before 2026-11-28 every plan was runs
+        if positions and manifest.get("plan", "runs") != config.plan():  # a manifest without it: runs, the only plan once
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with the corpus divided among the workers as "
                             f"{manifest.get('plan', 'runs')} (an earlier version of doc2vec-dist), and this one divides "
                             f"it as {config.plan()}: its data positions cannot be followed; finish the epoch with the "

@@ -395,10 +395,14 @@ def test_settings_measured_to_lose_quality_are_warned_about_and_the_recipes_are_
 
     text_corpus = SimpleNamespace(num_tokens=Big.num_tokens, vocab_size=Big.vocab_size, meta={"format": "text"})
     (text,) = quality_warnings(TrainConfig(num_workers=2), text_corpus)
-    assert "text corpora" in text and "--num-workers 1" in text and "more --segments shorten them" in text
-    assert "at --segments 64" in text
-    (segmented,) = quality_warnings(TrainConfig(num_workers=2, segments=64), text_corpus)
-    assert "even with --segments 64 (" in segmented and "--num-workers 1" in segmented
+    assert "text corpora with --segments 1 (" in text and "; use --segments 16 (at --segments 16 Lee" in text
+    (few,) = quality_warnings(TrainConfig(num_workers=4, segments=8), text_corpus)
+    assert "with --segments 8 (" in few
+    # --segments 16 held it with 2 and 4 workers; 8 workers stayed at the edge, and say so
+    assert quality_warnings(TrainConfig(num_workers=2, segments=16), text_corpus) == []
+    assert quality_warnings(TrainConfig(num_workers=4, segments=64), text_corpus) == []
+    (edge,) = quality_warnings(TrainConfig(num_workers=8, segments=16), text_corpus)
+    assert "at the edge of one worker's quality on text corpora (at --segments 16 Lee" in edge
     assert quality_warnings(TrainConfig(num_workers=1), text_corpus) == []
     # ... but on a small corpus each worker caps its macro-batch at 1/16 of its share
     class Small:
