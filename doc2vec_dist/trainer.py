@@ -221,8 +221,8 @@ def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows
 # in-process copy; docs/benchmarks.md, "Segments interleaved")
 TEXT_SEGMENTS = 16
 SEGMENTS_MEASURED = ("at --segments 16 Lee, test first / background first, against one worker: 2 workers "
-                     "-0.001 / -0.004 Pearson over 16 seeds, 4 workers -0.001 / +0.003 and 8 workers -0.009 / -0.002 "
-                     "over 3 (the in-process copy over 24: -0.003 / -0.003 at 8); mini_newsgroup -0.002, 0.000, -0.002 "
+                     "-0.001 / -0.004 Pearson over 16 seeds, 4 workers -0.001 / +0.003 over 3, 8 workers -0.009 / -0.002 "
+                     "over 6 / 3 (the in-process copy over 24: -0.003 / -0.003 at 8); mini_newsgroup -0.002, 0.000, -0.002 "
                      "accuracy with 2, 4, 8 workers; 2 workers trained "
                      "Lee 8 times slower than one, its rounds a fixed cost on so small a corpus")
 
