@@ -183,12 +183,6 @@ def test_relative_outputs_inside_a_submitted_job_need_a_root(tmp_path, monkeypat
     assert job.out == os.path.join(ROOT, "runs", "sample", "model")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_ray_job_submit_with_token_auth_and_a_leftover_ray_start(tmp_path, sample_corpus):
     """A real head (token auth on, dashboard on loopback), started the way a user's leftover `ray start`
@@ -205,24 +199,42 @@ def test_ray_job_submit_with_token_auth_and_a_leftover_ray_start(tmp_path, sampl
     # process with the same environment looks for a running cluster, as with a default `ray start`
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": tmp_root}
     env.pop("RAY_ADDRESS", None)
-    dash = _free_port()
-    head = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", "--port", str(_free_port()), "--num-cpus", "2",
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
-         # own ports for the agents: the session's local Ray already holds the default ones
-         "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
-         "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
-         "--ray-client-server-port", str(_free_port())],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = os.path.join(tmp_root, "head.log")
+
+    def start_head():
+        with contextlib.ExitStack() as held:  # seven distinct ports: each socket held until all are picked
+            sockets = [held.enter_context(socket.socket()) for _ in range(7)]
+            for sock in sockets:
+                sock.bind(("127.0.0.1", 0))
+            dash, gcs, *agents = [sock.getsockname()[1] for sock in sockets]
+        with open(log, "w") as out:
+            return dash, subprocess.Popen(
+                [ray_bin, "start", "--head", "--block", "--port", str(gcs), "--num-cpus", "2",
+                 "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
+                 # own ports for the agents: the session's local Ray already holds the default ones
+                 *(arg for flag, port in zip(("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                                              "--runtime-env-agent-port", "--metrics-export-port",
+                                              "--ray-client-server-port"), agents) for arg in (flag, str(port)))],
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    dash, head = start_head()
     address = f"http://127.0.0.1:{dash}"
     try:
         deadline = time.time() + 90
         current = os.path.join(tmp_root, "ray", "ray_current_cluster")
         # `ray start` records the cluster only after the node is up, so the dashboard can answer first
+        retries = 2  # a free port picked here can be taken by the other test process before Ray binds it
         while not os.path.exists(current) or subprocess.run(
                 [ray_bin, "job", "list", "--address", address], env=env, capture_output=True,
                 check=False).returncode != 0:
-            assert time.time() < deadline and head.poll() is None, "Ray head did not come up"
+            if head.poll() is not None:
+                with open(log) as fh:
+                    said = fh.read()
+                assert retries and "port" in said.lower(), f"Ray head did not come up: {said[-2000:]}"
+                retries -= 1
+                dash, head = start_head()
+                address = f"http://127.0.0.1:{dash}"
+            assert time.time() < deadline, "Ray head did not come up in 90 s"
             time.sleep(2)
         no_token = {**env, "RAY_AUTH_TOKEN": "wrong-token"}
         refused = subprocess.run([ray_bin, "job", "list", "--address", address], env=no_token,
