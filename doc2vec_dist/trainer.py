@@ -355,9 +355,9 @@ class _Resume:
                             f"--segments {segments}, then change it at an epoch's end")
         if positions and manifest.get("plan", "runs") != config.plan():  # a manifest without it: runs, the only plan once
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with the corpus divided among the workers as "
-                            f"{manifest.get('plan', 'runs')} (an earlier version of doc2vec-dist), and this one divides "
-                            f"it as {config.plan()}: its data positions cannot be followed; finish the epoch with the "
-                            "version that wrote it")
+                            f"{manifest.get('plan', 'runs')} and this run divides it as {config.plan()} (another "
+                            "--schedule, or a checkpoint of an earlier version of doc2vec-dist): its data positions "
+                            "cannot be followed; finish the epoch with the settings and version that wrote it")
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
         tokens = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])

@@ -141,8 +141,10 @@ def plan_units(corpus: Corpus, num_workers: int, segments: int = 1) -> list[list
     to the least loaded worker. With fewer, each file is cut into row ranges of about equal tokens.
     """
     shards = [(path, info["docs"], info["tokens"]) for path, info in zip(corpus.shard_paths, corpus.meta["shards"])]
-    if segments > 1 and num_workers > 1:
-        return _interleaved(corpus.shard_paths, num_workers, segments)
+    if segments > 1 and num_workers > 1:  # piece W·s + i of the whole files, in order, is worker i's segment s
+        pieces = _cut([Unit(path, 0, docs, tokens) for path, docs, tokens in shards], num_workers * segments,
+                      lambda piece: piece // num_workers)
+        return [[u for s in range(segments) for u in pieces[s * num_workers + i]] for i in range(num_workers)]
     if len(shards) >= num_workers:
         loads = [0] * num_workers
         plan: list[list[Unit]] = [[] for _ in range(num_workers)]
@@ -177,33 +179,26 @@ def _even_cuts(cum: np.ndarray, pieces: int) -> np.ndarray:
     return cuts
 
 
-def _runs(cuts: np.ndarray, paths: list[str], unit_of: np.ndarray, row_of: np.ndarray, cum: np.ndarray,
-          segment_of=lambda piece: None) -> list[list[Unit]]:
-    """The documents between consecutive `cuts` (indices into a sequence of documents: document k is
-    row row_of[k] of the file paths[unit_of[k]], `cum` their cumulative tokens from 0), each piece as
-    the Units of its runs within one file, in order."""
+def _cut(units: list[Unit], pieces: int, segment_of=lambda piece: None) -> list[list[Unit]]:
+    """The documents of `units`, in their order, cut into `pieces` runs of about equal tokens (a run may
+    be empty where there are fewer documents), each as the Units of its runs within one unit; each
+    Unit's segment is segment_of(its run's index)."""
+    lengths = {path: _document_tokens(path) for path in {u.path for u in units}}
+    unit_of = np.concatenate([np.full(u.end - u.start, i) for i, u in enumerate(units)] or [np.zeros(0, int)])
+    row_of = np.concatenate([np.arange(u.start, u.end) for u in units] or [np.zeros(0, int)])
+    cum = np.concatenate([[0], np.cumsum(np.concatenate([lengths[u.path][u.start:u.end] for u in units]
+                                                         or [np.zeros(0)]))])
     out: list[list[Unit]] = []
-    for piece, (a, b) in enumerate(itertools.pairwise(cuts)):
+    for piece, (a, b) in enumerate(itertools.pairwise(_even_cuts(cum, pieces))):
         runs = []
-        while a < b:  # the documents [a, b), one file's run at a time
+        while a < b:  # the documents [a, b), one unit's run at a time
             u = int(unit_of[a])
             end = min(b, int(np.searchsorted(unit_of, u, side="right")))
-            runs.append(Unit(paths[u], int(row_of[a]), int(row_of[end - 1]) + 1, int(cum[end] - cum[a]),
+            runs.append(Unit(units[u].path, int(row_of[a]), int(row_of[end - 1]) + 1, int(cum[end] - cum[a]),
                              segment_of(piece)))
             a = end
         out.append(runs)
     return out
-
-
-def _interleaved(paths: list[str], num_workers: int, segments: int) -> list[list[Unit]]:
-    """plan_units with segments: piece W·s + i of the corpus, in order, is worker i's segment s."""
-    lengths = [_document_tokens(path) for path in paths]
-    unit_of = np.concatenate([np.full(len(n), f) for f, n in enumerate(lengths)] or [np.zeros(0, int)])
-    row_of = np.concatenate([np.arange(len(n)) for n in lengths] or [np.zeros(0, int)])
-    cum = np.concatenate([[0], np.cumsum(np.concatenate(lengths or [np.zeros(0)]))])
-    pieces = _runs(_even_cuts(cum, num_workers * segments), paths, unit_of, row_of, cum,
-                   lambda piece: piece // num_workers)
-    return [[u for s in range(segments) for u in pieces[s * num_workers + i]] for i in range(num_workers)]
 
 
 def segment_units(units: list[Unit], segments: int) -> list[list[Unit]]:
@@ -214,12 +209,7 @@ def segment_units(units: list[Unit], segments: int) -> list[list[Unit]]:
         return [list(units)]
     if units and units[0].segment is not None:
         return [[u for u in units if u.segment == s] for s in range(segments)]
-    lengths = {path: _document_tokens(path) for path in {u.path for u in units}}
-    unit_of = np.concatenate([np.full(u.end - u.start, i) for i, u in enumerate(units)] or [np.zeros(0, int)])
-    row_of = np.concatenate([np.arange(u.start, u.end) for u in units] or [np.zeros(0, int)])
-    cum = np.concatenate([[0], np.cumsum(np.concatenate([lengths[u.path][u.start:u.end] for u in units]
-                                                         or [np.zeros(0)]))])
-    return _runs(_even_cuts(cum, segments), [u.path for u in units], unit_of, row_of, cum)
+    return _cut(units, segments)
 
 
 def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_row: int | None = None):
