@@ -166,11 +166,13 @@ class TrainConfig:
                                "(PV-DBOW); shared: every worker trains every row from copies it pulls, summing "
                                "their updates (any mode; costs quality as workers are added); auto: blocks where "
                                "the mode allows", ("auto", "blocks", "shared"), engine=True)
-    segments: int = _f(1, "on the block schedule, the corpus is cut in order into workers x this many pieces, "
-                          "worker i's segment s being piece workers x s + i, each trained through a whole rotation "
-                          "of the blocks: the workers walk the corpus together as one worker would, a document's "
-                          "rounds follow one another instead of spreading over the epoch (small text corpora keep "
-                          "more of one worker's quality), and the blocks move once per segment", engine=True)
+    segments: int | None = _f(None, "on the block schedule, the corpus is cut in order into workers x this many "
+                                    "pieces, worker i's segment s being piece workers x s + i, each trained through "
+                                    "a whole rotation of the blocks: the workers walk the corpus together as one "
+                                    "worker would, a document's rounds follow one another instead of spreading over "
+                                    "the epoch, and the blocks move once per segment (default: 16 on text corpora, "
+                                    "where Lee measured it to keep one worker's quality; else 1, which browsing "
+                                    "logs hold at and which moves the blocks least)", engine=True)
     cache_rows: int | None = _f(None, "hottest words_out rows kept resident in each worker (on its GPU, if any) "
                                       "between macro-batches: neither pulled nor pushed every step; synced every "
                                       "few batches (default: every row that fits 2 GiB with one worker, none with "
@@ -264,7 +266,12 @@ class TrainConfig:
     def rounds(self) -> int:
         """Rounds in an epoch: on the block schedule, a rotation of the blocks (one per worker) for each
         segment of the workers' documents; else one."""
-        return self.num_workers * self.segments if self.blocks() else 1
+        return self.num_workers * self._segments() if self.blocks() else 1
+
+    def _segments(self) -> int:
+        if self.segments is None:  # the default depends on the corpus: settle_segments sets it
+            raise ValueError("segments is not settled for the corpus yet (config.settle_segments)")
+        return self.segments
 
     def blocks(self) -> bool:
         """Whether several workers take turns at blocks of the URL rows (schedule.py): --schedule blocks,
@@ -279,7 +286,7 @@ class TrainConfig:
         """How the corpus is divided among the workers (worker.plan_units): "interleaved" where several
         workers walk it in segments on the block schedule (piece W·s + i is worker i's segment s), else
         "runs" (each worker its own run of it). A checkpoint's data positions hold only under its plan."""
-        return "interleaved" if self.blocks() and self.segments > 1 else "runs"
+        return "interleaved" if self.blocks() and self._segments() > 1 else "runs"
 
     def trains_words(self) -> bool:
         """Whether the `words` table (input vectors of URLs) is trained: PV-DM, and dbow_words."""
@@ -316,7 +323,7 @@ class TrainConfig:
             (0 <= self.min_alpha <= self.alpha, "min_alpha must lie in [0, alpha]"),
             (self.num_ps > 0, "num_ps must be > 0"),
             (self.num_workers > 0, "num_workers must be > 0"),
-            (self.segments > 0, "segments must be > 0"),
+            (self.segments is None or self.segments > 0, "segments must be > 0"),
             (self.cpus_per_worker > 0, "cpus_per_worker must be > 0"),
             (self.gpus_per_worker >= 0, "gpus_per_worker must be >= 0"),
             ((self.macro_batch is None or self.macro_batch > 0) and self.micro_batch > 0,
@@ -391,6 +398,26 @@ def _check_choices(obj: Any) -> None:
         choices = f.metadata.get("choices")
         if choices and getattr(obj, f.name) not in choices and not (f.default is None and getattr(obj, f.name) is None):
             raise UserError(f"bad value for {f.name}: {getattr(obj, f.name)!r} (choose from {', '.join(choices)})")
+
+
+# --segments' default on text corpora (settle_segments): what Lee and mini_newsgroup measured to hold one
+# worker's quality with several workers (trainer.SEGMENTS_MEASURED, docs/benchmarks.md)
+TEXT_SEGMENTS = 16
+
+
+def is_text(corpus: Any) -> bool:
+    """Whether a corpus (corpus.Corpus) was prepared from text (prepare --format text): documents of words."""
+    return (getattr(corpus, "meta", None) or {}).get("format") == "text"
+
+
+def settle_segments(config: TrainConfig, corpus: Any) -> TrainConfig:
+    """The config with --segments' default settled for the corpus: TEXT_SEGMENTS on text, where several
+    workers measured to lose quality with fewer, else 1. One worker trains alike either way; the value is
+    kept in the checkpoint, so that a resume on more workers walks the corpus as the default would. A
+    value given stays."""
+    if config.segments is not None:
+        return config
+    return dataclasses.replace(config, segments=TEXT_SEGMENTS if is_text(corpus) else 1)
 
 
 def _check_types(obj: Any) -> None:

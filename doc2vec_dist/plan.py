@@ -78,7 +78,7 @@ import psutil
 import pyarrow as pa
 
 from . import outputs, storage
-from .config import TableSpec, TrainConfig
+from .config import TableSpec, TrainConfig, settle_segments
 from .corpus import Corpus, iter_shard, write_shard
 from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
@@ -210,7 +210,7 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
     """The bytes a run of `workers` workers (else as `config`) moves to and from the servers per token
     trained, by the workers' counters' kinds (client.TRAFFIC), over an epoch of the corpus; rows
     in the tables' dtype (TableSpec.row_bytes)."""
-    cfg = dataclasses.replace(config, num_workers=workers)
+    cfg = settle_segments(dataclasses.replace(config, num_workers=workers), corpus)
     tables = table_specs(cfg, corpus)
     row = tables["words_out"].row_bytes
     vocab, tokens = corpus.vocab_size, max(corpus.num_tokens, 1)
@@ -459,6 +459,7 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     """Memory per process and time per epoch of training `config` on the corpus, before training it."""
     config.validate()
     corpus = Corpus(corpus_path)
+    config = settle_segments(config, corpus)
     tables = table_specs(config, corpus)
     profile = macro_batch_profile(corpus, config)
     width = tables["words_out"].width

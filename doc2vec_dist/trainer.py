@@ -26,7 +26,7 @@ import ray
 from tqdm import tqdm
 
 from . import checkpoint, outputs, storage, warmup
-from .config import TableSpec, TrainConfig, build
+from .config import TEXT_SEGMENTS, TableSpec, TrainConfig, build, is_text, settle_segments
 from .corpus import Corpus
 from .errors import UserError
 from .placement import (
@@ -218,11 +218,10 @@ def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows
 
 
 # what --segments measured on text (benchmarks/quality.py, the engine, and benchmarks/schedule_lee.py, its
-# in-process copy; docs/benchmarks.md, "Segments interleaved")
-TEXT_SEGMENTS = 16
+# in-process copy; docs/benchmarks.md, "Segments interleaved"): TEXT_SEGMENTS, --segments' default there
 SEGMENTS_MEASURED = ("at --segments 16 Lee, test first / background first, against one worker: 2 workers "
-                     "-0.001 / -0.004 Pearson over 16 seeds, 4 workers -0.001 / +0.003 over 3, 8 workers -0.009 / -0.002 "
-                     "over 6 / 3 (the in-process copy over 24: -0.003 / -0.003 at 8); mini_newsgroup -0.002, 0.000, -0.002 "
+                     "-0.001 / -0.004 Pearson over 16 seeds, 4 workers -0.001 / +0.003 over 3, 8 workers -0.005 / -0.002 "
+                     "over 12 / 9 (the in-process copy over 24: -0.003 / -0.003 at 8); mini_newsgroup -0.002, 0.000, -0.002 "
                      "accuracy with 2, 4, 8 workers; 2 workers trained "
                      "Lee 8 times slower than one, its rounds a fixed cost on so small a corpus")
 
@@ -230,14 +229,15 @@ SEGMENTS_MEASURED = ("at --segments 16 Lee, test first / background first, again
 def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
     """Warnings for settings measured to lose quality, each naming the flags to change."""
     found = []
-    if config.blocks() and (getattr(corpus, "meta", None) or {}).get("format") == "text":
+    config = settle_segments(config, corpus)
+    if config.blocks() and is_text(corpus):
         if config.segments < TEXT_SEGMENTS:
             found.append(f"{config.num_workers} workers on the block schedule were measured to lose quality on text "
                          f"corpora with --segments {config.segments} (Lee at --segments 1: -0.018 and -0.020 Pearson "
                          "with 2 workers, -0.014 to -0.038 with 2 to 8, 3 seeds; in the in-process copy over 24 "
                          "seeds, -0.010 / -0.019 at --segments 2, -0.007 with 4 workers at 4 and -0.005 at 8): a "
                          "document meets its words one block a round, and the rounds lie far apart; use "
-                         f"--segments {TEXT_SEGMENTS} ({SEGMENTS_MEASURED})")
+                         f"--segments {TEXT_SEGMENTS}, the default on text ({SEGMENTS_MEASURED})")
         elif config.num_workers >= 8:
             found.append(f"{config.num_workers} workers on the block schedule were measured at the edge of one "
                          f"worker's quality on text corpora ({SEGMENTS_MEASURED}); 4 workers held it")
@@ -385,6 +385,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     """
     config.validate()
     corpus = Corpus(corpus_path)
+    config = settle_segments(config, corpus)
     out = storage.location(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
     replaces = False
     if config.resume:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import client, cpu_kernel, precision
-from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig, lr_at
+from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig, lr_at, settle_segments
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
 from .ps import load_compiled, ray_node_id
@@ -357,6 +357,8 @@ class Worker:
         (client.ParameterClient.hand_over) rather than through the servers (trainer.HANDOVER_ENV)."""
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         load_compiled()
+        corpus = Corpus(corpus_path)
+        config = settle_segments(config, corpus)  # the driver's is settled; one built by hand may not be
         self.index, self.units, self.config = index, units, config
         self.step_pause = step_pause
         self.handover = handover
@@ -381,14 +383,14 @@ class Worker:
         # to matrices on the device, trained there and copied back for the push; unstaged (CPU), the host
         # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
         self.staged = use_cuda if staged is None else bool(staged) and not self.exact  # the exact kernel: host only
-        counts = Corpus(corpus_path).counts()
+        counts = corpus.counts()
         self.counts = counts
         self.keep_prob = keep_probabilities(counts, config.sample)
         self.negatives = NegativeTable(counts, config.ns_exponent)
         self.tokens_per_epoch = sum(u.tokens for u in units)
         # --first-epoch changed: epoch 0 reads only the documents a refresh changed (the learning rate
         # decays over the tokens actually planned, so it still ends at min_alpha)
-        self.changed = Corpus(corpus_path).changed() if config.first_epoch == "changed" else None
+        self.changed = corpus.changed() if config.first_epoch == "changed" else None
         self.first_epoch_tokens = self.tokens_per_epoch if self.changed is None else sum(
             int(np.diff(offsets)[np.isin(doc_ids, self.changed)].sum())
             for _, (doc_ids, offsets, _) in read_chunks(units, 1 << 22))

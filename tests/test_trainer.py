@@ -14,7 +14,7 @@ from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.prepare import prepare
-from doc2vec_dist.trainer import quality_warnings, train
+from doc2vec_dist.trainer import quality_warnings, settle_segments, train
 from doc2vec_dist.worker import plan_units, segment_units
 
 
@@ -394,8 +394,13 @@ def test_settings_measured_to_lose_quality_are_warned_about_and_the_recipes_are_
     from types import SimpleNamespace
 
     text_corpus = SimpleNamespace(num_tokens=Big.num_tokens, vocab_size=Big.vocab_size, meta={"format": "text"})
-    (text,) = quality_warnings(TrainConfig(num_workers=2), text_corpus)
-    assert "text corpora with --segments 1 (" in text and "; use --segments 16 (at --segments 16 Lee" in text
+    # --segments' default settles to 16 there (trainer.settle_segments), so the default warns of nothing
+    assert quality_warnings(TrainConfig(num_workers=2), text_corpus) == []
+    assert settle_segments(TrainConfig(num_workers=2), text_corpus).segments == 16
+    assert settle_segments(TrainConfig(num_workers=2), Big).segments == 1
+    assert settle_segments(TrainConfig(num_workers=2, segments=3), text_corpus).segments == 3  # given: kept
+    (text,) = quality_warnings(TrainConfig(num_workers=2, segments=1), text_corpus)
+    assert "text corpora with --segments 1 (" in text and "; use --segments 16, the default on text (at --segments 16 Lee" in text
     (few,) = quality_warnings(TrainConfig(num_workers=4, segments=8), text_corpus)
     assert "with --segments 8 (" in few
     # --segments 16 held it with 2 and 4 workers; 8 workers stayed at the edge, and say so
