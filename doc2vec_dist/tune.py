@@ -60,7 +60,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from . import outputs, storage
-from .config import TrainConfig, build
+from .config import TrainConfig, build, is_text
 from .corpus import HOLDOUT_SCHEMA, Corpus, iter_shard, write_shard
 from .errors import UserError
 from .ids import hash_strings
@@ -106,7 +106,7 @@ def default_space(corpus: Corpus, base: TrainConfig | None = None) -> dict:
     epochs = (base or TrainConfig()).epochs
     space = {**DEFAULT_SPACE, "epochs": {"choice": sorted({math.ceil(epochs / 4), max(1, epochs // 2), epochs,
                                                            2 * epochs})}}
-    if corpus.meta.get("format") == "text":
+    if is_text(corpus):
         space.update(TEXT_SPACE)
     return space
 

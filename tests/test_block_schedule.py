@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 
 from doc2vec_dist import checkpoint
-from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.config import TEXT_SEGMENTS, TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.trainer import (
     HANDOVER_ENV,
     PUSH_JOURNAL_ENV,
     STAGED_ENV,
     STEP_PAUSE_ENV,
-    TEXT_SEGMENTS,
     resumed_config,
     train,
 )

@@ -9,12 +9,12 @@ import pyarrow as pa
 import pytest
 
 from doc2vec_dist import checkpoint
-from doc2vec_dist.config import PrepareConfig, TrainConfig
+from doc2vec_dist.config import PrepareConfig, TrainConfig, settle_segments
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.prepare import prepare
-from doc2vec_dist.trainer import quality_warnings, settle_segments, train
+from doc2vec_dist.trainer import quality_warnings, train
 from doc2vec_dist.worker import plan_units, segment_units
 
 
@@ -394,7 +394,7 @@ def test_settings_measured_to_lose_quality_are_warned_about_and_the_recipes_are_
     from types import SimpleNamespace
 
     text_corpus = SimpleNamespace(num_tokens=Big.num_tokens, vocab_size=Big.vocab_size, meta={"format": "text"})
-    # --segments' default settles to 16 there (trainer.settle_segments), so the default warns of nothing
+    # --segments' default settles to 16 there (config.settle_segments), so the default warns of nothing
     assert quality_warnings(TrainConfig(num_workers=2), text_corpus) == []
     assert settle_segments(TrainConfig(num_workers=2), text_corpus).segments == 16
     assert settle_segments(TrainConfig(num_workers=2), Big).segments == 1
