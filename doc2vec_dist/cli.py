@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
 import tempfile
+import warnings
 from collections.abc import Collection
 
 from . import outputs
@@ -171,6 +173,37 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
         sub[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _at_least_one(flag: str):
+    """A flag's argparse type for a count of answers (--k): a whole number >= 1, else a UserError naming the
+    flag (argparse's own error for '2.5' is a usage block, and -3 once reached faiss's assertion)."""
+    def conv(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise UserError(f"bad value for {flag}: {text!r} (a whole number >= 1)")
+        return value
+
+    return conv
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """The library's ServingWarnings (what an answer left out) as `warning:` lines of their own on stderr,
+    as its logged warnings are; other warnings as Python shows them."""
+    from .scoring import ServingWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        if issubclass(w.category, ServingWarning):
+            print(f"warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def _count_or_all(text: str) -> int:
@@ -354,8 +387,9 @@ def cmd_neighbors(args) -> None:
     if args.out:
         outputs.check_file(args.out, "neighbors")  # before the search: nothing there, or an earlier result
         outputs.check_writable(args.out)
-    result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index,
-                       vectors_file=args.vectors)
+    with _warnings_as_lines():
+        result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index,
+                           vectors_file=args.vectors, exclude_seen=args.exclude_seen, as_flags=True)
     if args.out:
         outputs.write_parquet_file(result, args.out, "neighbors")
         print(f"wrote {result.num_rows} rows to {args.out}")
@@ -391,7 +425,8 @@ def cmd_infer(args) -> None:
     r = infer(args.model, args.inputs, args.out, format=args.format, doc_col=args.doc_col, token_col=args.token_col,
               time_col=args.time_col, epochs=args.epochs, alpha=args.alpha, min_alpha=args.min_alpha, seed=args.seed,
               batch_users=args.batch_users, progress=not args.no_progress, tmp_dir=args.tmp_dir)
-    print(f"inferred {r['rows']:,} user vectors (dim {r['dim']}) to {r['path']} in {r['seconds']:.2f}s "
+    without = f", and {r['null_vectors']:,} users without one (a null vector)" if r["null_vectors"] else ""
+    print(f"inferred {r['rows']:,} user vectors (dim {r['dim']}) to {r['path']}{without} in {r['seconds']:.2f}s "
           f"({r['users_per_second']:,.0f} users/s)")
 
 
@@ -509,7 +544,7 @@ def make_parser() -> argparse.ArgumentParser:
     i.add_argument("--update", metavar="OLD_INDEX",
                    help="update this index to the new source instead of building anew: new keys added, changed "
                         "vectors replaced, keys gone removed, nothing trained again (--out may be OLD_INDEX)")
-    i.add_argument("--recall-queries", type=int, default=1000,
+    i.add_argument("--recall-queries", type=_at_least_one("--recall-queries"), default=1000,
                    help="sampled rows whose recall@10 vs exact search is measured")
 
     n = add("neighbors", cmd_neighbors, "similar users for a user, likeliest URLs for a user (--against words_out), "
@@ -520,11 +555,15 @@ def make_parser() -> argparse.ArgumentParser:
     n.add_argument("--keys-file", help="Parquet with a key column of queries")
     n.add_argument("--table", default="docs", choices=("docs", "words", "words_out"), help="table the keys are in")
     n.add_argument("--against", choices=("docs", "words", "words_out"), help="table searched (default: --table)")
-    n.add_argument("--k", type=int, default=10, help="neighbours per key")
+    n.add_argument("--k", type=_at_least_one("--k"), default=10, help="neighbours per key")
     n.add_argument("--index", help="search this saved index (from `index`) instead of an exact scan")
     n.add_argument("--vectors", metavar="PARQUET",
                    help="look the keys up in this key/vector Parquet (what `infer` or `export` wrote) instead of the "
                         "model: neighbours for users the model never saw")
+    n.add_argument("--exclude-seen", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --against words_out, leave out the URLs each user visited (read from the model's "
+                        "corpus, as evaluate does); still k URLs per user where the vocabulary has them (default: "
+                        "on for user keys; where the corpus is gone, a warning and the URLs left in)")
     n.add_argument("--out", help="write key, neighbor, score, rank to this Parquet instead of printing")
 
     inf = add("infer", cmd_infer, "vectors for new users from their events, with the model's words_out frozen "
@@ -554,7 +593,8 @@ def make_parser() -> argparse.ArgumentParser:
     ev.add_argument("--test-fraction", type=float, help="--labels: the share of keys queried (default 0.2; the rest are "
                                                         "the references); --pairs: score only this share of the "
                                                         "pairs, as tune's comparison does (default: every pair)")
-    ev.add_argument("--k", type=int, default=10, help="cut-off of recall@k and MRR, and neighbours of the k-NN vote")
+    ev.add_argument("--k", type=_at_least_one("--k"), default=10,
+                    help="cut-off of recall@k and MRR, and neighbours of the k-NN vote")
     ev.add_argument("--max-users", type=_count_or_all, default=20_000, metavar="N|all",
                     help="--heldout: evaluate a random sample of N of the users with held-out pairs (seed 0; the "
                          "output says how many of how many); all or 0: every one")

@@ -21,24 +21,11 @@ import torch
 
 from . import storage
 from .checkpoint import ModelDir
-from .corpus import Corpus, iter_shard
+from .corpus import Corpus
 from .errors import UserError
 from .ids import hash_strings
 from .model import Model
-from .scoring import lookup, unit_rows, url_log_prior, with_prior
-
-
-def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:
-    """The training tokens of the given documents, read from the corpus shards."""
-    wanted = np.unique(doc_ids)
-    seen: dict[int, np.ndarray] = {}
-    for path in Corpus(corpus_path).shard_paths:
-        for ids, offsets, tokens in iter_shard(path):
-            hit = np.flatnonzero(np.isin(ids, wanted, assume_unique=True))
-            for i in hit:
-                seen[int(ids[i])] = tokens[offsets[i]:offsets[i + 1]]
-    return seen
-
+from .scoring import check_k, lookup, seen_tokens, unit_rows, url_log_prior, with_prior
 
 SCORES_BYTES = 1 << 30  # the score matrices of one batch of users, at most
 
@@ -53,6 +40,7 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
     every trial, the baseline once). Past `max_users` users with pairs (None: no limit), a random
     sample of that many (by `seed`) is evaluated: `users` says how many, `users_with_pairs` of how many.
     """
+    k = check_k(k, "evaluate")
     table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
     found = ModelDir.served(model)
     doc_keys, vocab = found.keys("docs"), found.keys("words_out")
@@ -215,6 +203,7 @@ def labels_metrics(model: str, path: str, k: int = 10, key_col: str = "key", lab
     reference users is the baseline. part="validation" never looks at the test users: each reference
     user is voted on by its k nearest other reference users (what tune searches on).
     """
+    k = check_k(k, "evaluate")
     data = read_table_file(path, "labels", (key_col, label_col), string_cols=(key_col,))
     keys = data.column(key_col).cast(pa.string())
     found = ModelDir.served(model)

@@ -83,11 +83,16 @@ def export_part(model: str, version: int, table: str, part: int, format: str, pi
     return {"part": part, "rows": rows, **where()}
 
 
-def key_vector_table(keys: pa.Array, vectors: np.ndarray, source: dict | None = None) -> pa.Table:
+def key_vector_table(keys: pa.Array, vectors: np.ndarray, source: dict | None = None,
+                     missing: np.ndarray | None = None) -> pa.Table:
     """(key, vector) rows; the schema carries the marker of a vectors file (outputs), so a file written
     from it is one that export and infer may later replace, and the model they came from (`source`,
-    provenance.of_model), so an index or a query made from them can be checked against a model."""
-    return pa.table({"key": keys.cast(pa.string()), "vector": checkpoint.vectors_array(vectors)},
+    provenance.of_model), so an index or a query made from them can be checked against a model.
+    `missing` (bool per row) marks keys without a vector (users infer could not place): their vector is null."""
+    column = checkpoint.vectors_array(vectors)
+    if missing is not None and missing.any():
+        column = pa.FixedSizeListArray.from_arrays(column.values, column.type.list_size, mask=pa.array(missing))
+    return pa.table({"key": keys.cast(pa.string()), "vector": column},
                     metadata={**outputs.parquet_metadata("vectors"), **provenance.parquet_metadata(source)})
 
 

@@ -24,19 +24,28 @@ re-encoding what did not move. The new source is staged as a build stages it (no
 scratch vectors.npy); its keys are matched to the old keys.parquet, and each old row is compared
 with the new row of its key (changed: an element moved by more than CHANGE_TOLERANCE). Keys only in
 the new source are added, with ids after the old ones; keys gone from it are removed, so the index
-holds what a rebuild from the new source would. A removed id stays a dead row: its key is null in
-keys.parquet (and its vectors.npy row zero), so every other id keeps its row and
+holds what a rebuild from the new source would. In ivfpq and hnsw a removed id stays a dead row:
+its key is null in keys.parquet (and its vectors.npy row zero), so every other id keeps its row and
 "faiss id i = row i of keys.parquet (= row i of vectors.npy)" still holds.
-  ivfpq      nothing is trained again: a changed row is removed from its list and encoded again
-             under its own id, new rows are encoded with theirs; vectors.npy is rewritten with the
-             changed rows' new vectors and the new rows after the old ones.
-  hnsw/flat  faiss cannot take a node out of an HNSW graph (nor out of a flat index without
-             renumbering the rest), so a changed key gets a new id (a node added at the end) and its
-             old id is dead; dead ids stay in the graph as stepping stones and are kept out of
-             results by an IDSelectorBitmap of the live ids, passed to every search.
+  ivfpq  nothing is trained again: a changed row is removed from its list (remove_ids: ids are the
+         index's own, nothing renumbered) and encoded again under its own id, new rows are encoded
+         with theirs; vectors.npy is rewritten with the changed rows' new vectors and the new rows
+         after the old ones.
+  hnsw   faiss cannot take a node out of an HNSW graph (its remove_ids is not implemented), so a
+         changed key gets a new id (a node added at the end) and its old id is dead; dead ids stay
+         in the graph as stepping stones and are kept out of results by an IDSelectorBitmap of the
+         live ids, passed to every search.
+  flat   as hnsw, a changed key's new vector is added at the end; then the dead ids are dropped:
+         IndexFlat's remove_ids takes them out and moves every later id down, and keys.parquet
+         loses the same rows, so ids stay rows and a flat index has no dead id after an update
+         (the price: a key that stays may get a new id).
 Recall@10 vs exact is then measured, and the search knob tuned again, as after a build, against the
-exact top-10 of the new source's vectors. Dead ids cost memory (hnsw, flat) or disk (ivfpq), and a
-graph with many of them is searched less well: past DEAD_SHARE_REBUILD the update says to rebuild.
+exact top-10 of the new source's vectors. Dead ids cost memory (hnsw) or disk (ivfpq), and a graph
+with many of them is searched less well: past DEAD_SHARE_REBUILD the update says to rebuild.
+
+A key/vector Parquet may hold a null vector: infer writes one for a user it could not place. Such
+rows are left out of a build or an update (named in a warning, counted in params.json's
+null_vectors), as if the key were not in the source.
 
 IVF-PQ keeps only the PQ codes in memory (58 bytes a row with its id at dim 100, instead of 400)
 and re-ranks its candidates (5 × k) with exact inner products read from vectors.npy, which is
@@ -72,7 +81,7 @@ from .errors import UserError
 from .export import npy_data_offset, open_npy
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
 from .runners import Runner, run_local, where
-from .scoring import lookup, unit_rows
+from .scoring import NAMED, check_k, counted, lookup, named, unit_rows
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +174,8 @@ def parquet_vectors(path: str, keys: list[str]) -> tuple[np.ndarray, Source]:
     """The float32 vectors of `keys` in a key/vector Parquet file or directory (checked as
     parquet_source checks it; its source says which model it records), in the order asked. Only the
     row groups that can hold the keys are read (export writes the key column's statistics). An
-    unknown key is an error naming the file, with its closest keys; a key found twice gives its first row."""
+    unknown key is an error naming the file, with its closest keys; a key found twice gives its first row.
+    A key whose vector is null (a user infer could not place) gets a row of NaN, which neighbors skips."""
     import pyarrow.dataset as ds
 
     source = parquet_source(path)
@@ -178,21 +188,34 @@ def parquet_vectors(path: str, keys: list[str]) -> tuple[np.ndarray, Source]:
     at = pc.index_in(pa.array(keys, pa.string()), value_set=found.column("key").combine_chunks().cast(pa.string()))
     if at.null_count:  # the error names the file's closest keys
         lookup(data.to_table(columns=["key"]).column("key").combine_chunks(), keys, path)
-    vectors = checkpoint.matrix_of(found.column("vector").take(at), source.dim)
-    return np.ascontiguousarray(vectors, dtype=np.float32), source
+    column = found.column("vector").take(at)
+    vectors = np.full((len(keys), source.dim), np.nan, np.float32)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    vectors[valid] = checkpoint.matrix_of(column.filter(valid), source.dim)  # matrix_of of nulls would drop their rows
+    return vectors, source
 
 
 def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
-    """(keys, float32 vectors) of one unit, a batch at a time."""
+    """(keys, float32 vectors, keys without a vector) of one unit, a batch at a time. A row whose vector
+    is null (infer writes one for a user it could not place) is left out of the first two, its key
+    given in the third."""
     if source.model is not None:
         found = ModelDir(source.model, version=source.version)
         keys = found.keys(source.table) if keys is None else keys
         for ids, vectors in found.batches(source.table, unit.part):
-            yield keys.take(pa.array(ids)), vectors
+            yield keys.take(pa.array(ids)), vectors, _NO_KEYS
         return
     for batch in pq.ParquetFile(unit.path).iter_batches(batch_size=1 << 16, columns=["key", "vector"]):
-        vectors = checkpoint.matrix_of(batch.column("vector"), source.dim).astype(np.float32, copy=False)
-        yield batch.column("key"), vectors
+        batch_keys, column, no_vector = batch.column("key"), batch.column("vector"), _NO_KEYS
+        if column.null_count:
+            valid = column.is_valid()
+            no_vector = batch_keys.filter(pc.invert(valid))
+            batch_keys, column = batch_keys.filter(valid), column.filter(valid)
+        vectors = checkpoint.matrix_of(column, source.dim).astype(np.float32, copy=False)
+        yield batch_keys, vectors, no_vector
+
+
+_NO_KEYS = pa.array([], pa.string())
 
 
 def read_keys(path: str) -> pa.Array:
@@ -207,15 +230,19 @@ def read_keys(path: str) -> pa.Array:
 def stage_unit(source: Source, unit: Unit, vectors_path: str, keys_piece: str, sample_rows: int, seed: int,
                keys: pa.Array | None = None, on_rows=None) -> dict:
     """Normalise one unit's rows into their place in vectors.npy, its keys into a Parquet piece;
-    returns a uniform random sample of its normalised rows (for training) and where it ran."""
+    returns a uniform random sample of its normalised rows (for training) and where it ran. Rows
+    without a vector are left out (the unit's rows then end early: _stage closes the gap), counted,
+    and the first NAMED of their keys returned."""
     rng = np.random.default_rng([seed, unit.offset])
     picks = np.sort(rng.choice(unit.rows, min(sample_rows, unit.rows), replace=False))
-    sample, seen = [], 0
+    sample, seen, nulls, null_keys = [], 0, 0, []
     with open(vectors_path, "r+b") as fh, pq.ParquetWriter(keys_piece, KEY_SCHEMA) as key_writer:
         fh.seek(npy_data_offset(vectors_path) + unit.offset * source.dim * 4)
-        for chunk_keys, vectors in read_unit(source, unit, keys):
+        for chunk_keys, vectors, no_vector in read_unit(source, unit, keys):
+            nulls += len(no_vector)
+            null_keys += no_vector.slice(0, NAMED - len(null_keys)).cast(pa.string()).to_pylist()
             vectors = unit_rows(vectors)
-            if seen + len(vectors) > unit.rows:
+            if seen + nulls + len(vectors) > unit.rows:
                 break  # more rows than the file's metadata said: caught below
             fh.write(vectors.tobytes())
             key_writer.write_table(pa.table({"key": chunk_keys.cast(pa.string())}))
@@ -223,10 +250,11 @@ def stage_unit(source: Source, unit: Unit, vectors_path: str, keys_piece: str, s
             sample.append(vectors[picks[lo:hi] - seen])
             seen += len(vectors)
             if on_rows:
-                on_rows(len(vectors))
-    if seen != unit.rows:
-        raise UserError(f"{unit.path}: read {seen} rows, its metadata says {unit.rows}")
-    return {"rows": seen, "sample": np.concatenate(sample or [np.zeros((0, source.dim), np.float32)]), **where()}
+                on_rows(len(vectors) + len(no_vector))
+    if seen + nulls != unit.rows:
+        raise UserError(f"{unit.path}: read {seen + nulls} rows, its metadata says {unit.rows}")
+    return {"rows": seen, "null_vectors": nulls, "null_keys": null_keys,
+            "sample": np.concatenate(sample or [np.zeros((0, source.dim), np.float32)]), **where()}
 
 
 def encode_unit(trained: np.ndarray, vectors_path: str, offset: int, rows: int, sub_path: str, on_rows=None) -> dict:
@@ -334,7 +362,8 @@ class ServedIndex:
 
     search() takes unit-norm float32 queries and returns (cosine scores, faiss ids), best first; an
     id is a row of keys.parquet. live (after an update) marks which ids are searched: a dead id of
-    hnsw or flat is still in faiss and kept out of results by a selector (ivfpq removed its own).
+    hnsw (or of a flat index updated before flat dropped them) is still in faiss and kept out of
+    results by a selector (ivfpq and flat remove their own).
     """
 
     def __init__(self, index: faiss.Index, params: dict, vectors: np.ndarray | None = None, path: str | None = None,
@@ -393,7 +422,7 @@ class ServedIndex:
 
     def search(self, queries: np.ndarray, k: int, batch: int = 2048) -> tuple[np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        k = min(k, self.live_rows)
+        k = min(check_k(k, "search"), self.live_rows)
         if self.vectors is None:
             return self.index.search(queries, k, params=self._search_params)
         scores = np.empty((len(queries), k), np.float32)
@@ -515,9 +544,11 @@ def summary_line(p: dict) -> str:
     lines = [built]
     u = p.get("update") or {}
     if u:
+        dead = (f"{u['dropped']:,} dead ids dropped (flat removes them): none left" if "dropped" in u
+                else f"{p['dead']:,} dead ids of {p['ids']:,} ({u['dead_share']:.0%})")
         lines.append(f"updated from {u['from']}: {u['added']:,} added, {u['replaced']:,} replaced, "
                      f"{u['removed']:,} removed, {u['unchanged']:,} unchanged in {u['seconds']:.1f}s (then recall "
-                     f"measured); {p['dead']:,} dead ids of {p['ids']:,} ({u['dead_share']:.0%})")
+                     f"measured); {dead}")
     lines += [f"warning: {w}" for w in (p.get("warning"), u.get("warning")) if w]
     return "\n".join(lines)
 
@@ -531,7 +562,10 @@ def _build(tmp: str, source: Source, kind: str, progress: bool, runner: Runner |
     timings = {}
 
     t = time.perf_counter()
-    sample, tasks = _stage(tmp, source, vectors_path, shape.get("train_rows", 0), seed, runner, progress)
+    sample, tasks, source, nulls = _stage(tmp, source, vectors_path, shape.get("train_rows", 0), seed, runner,
+                                          progress)
+    if source.rows == 0:
+        raise UserError(f"{source.name}: no rows to index: every row has a null vector")
     timings["stage"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -564,7 +598,7 @@ def _build(tmp: str, source: Source, kind: str, progress: bool, runner: Runner |
         os.remove(vectors_path)  # flat and hnsw hold the vectors themselves
     return {"kind": kind, "rows": source.rows, "dim": source.dim, "metric": "inner_product_of_normalized",
             "warning": _search_warning(kind, search, shape.get("nlist"), recall, target_recall, tune_recall),
-            "source": source.name, "provenance": source.provenance,
+            "source": source.name, "provenance": source.provenance, "null_vectors": nulls,
             "search": search, "k_factor": K_FACTOR if kind == "ivfpq" else None, **shape,
             "recall_at_10_vs_exact": recall, "recall_queries": n_queries, "tuning_recall": tune_recall,
             "target_recall": target_recall,
@@ -614,26 +648,53 @@ def _runner_calls(runner: Runner | None, fn, calls: list[tuple], local_extra: tu
 
 
 def _stage(tmp: str, source: Source, vectors_path: str, train_rows: int, seed: int, runner, progress):
-    """Step 1 over all units; writes keys.parquet; returns the training sample (empty if none wanted)
-    and where each task ran."""
+    """Step 1 over all units; writes keys.parquet; returns the training sample (empty if none wanted),
+    where each task ran, the source as staged and the rows left out for a null vector. Those rows
+    (users infer could not place) are named in a warning, and the source returned counts only the
+    rows staged, whose faiss ids then run on without a gap (_close_gaps)."""
     pieces = [os.path.join(tmp, f"keys-{i:05d}.parquet") for i in range(len(source.units))]
     calls = [(source, unit, vectors_path, piece, round(train_rows * unit.rows / source.rows), seed)
              for unit, piece in zip(source.units, pieces)]
     bar = _bar(progress, source.rows, "stage vectors")
     shared = (ModelDir(source.model).keys(source.table) if source.model is not None else None, bar.update)
-    samples, tasks = {}, []
+    samples, tasks, null_keys = {}, [], {}
     for i, result in _runner_calls(runner, stage_unit, calls, shared):
-        samples[i] = result.pop("sample")
+        samples[i], null_keys[i] = result.pop("sample"), result.pop("null_keys")
         tasks.append({"step": "stage", "unit": i, **result})
         if runner is not None:
-            bar.update(result["rows"])
+            bar.update(result["rows"] + result["null_vectors"])
     bar.close()
+    tasks.sort(key=lambda t: t["unit"])
     with pq.ParquetWriter(os.path.join(tmp, "keys.parquet"), KEY_SCHEMA) as writer:
         for piece in pieces:  # in unit order: faiss id i is row i
             for batch in pq.ParquetFile(piece).iter_batches(batch_size=1 << 20):
                 writer.write_batch(batch)
             os.remove(piece)
-    return np.concatenate([samples[i] for i in range(len(source.units))]), sorted(tasks, key=lambda t: t["unit"])
+    nulls = sum(task["null_vectors"] for task in tasks)
+    if nulls:
+        keys = [key for i in range(len(source.units)) for key in null_keys[i]]
+        log.warning(f"warning: {source.name}: {counted(nulls, 'row')} with a null vector "
+                    f"({'a user' if nulls == 1 else 'users'} infer could not place) left out of the index: "
+                    f"{named(keys, nulls)}")
+        source = _close_gaps(vectors_path, source, [task["rows"] for task in tasks])
+    return np.concatenate([samples[i] for i in range(len(source.units))]), tasks, source, nulls
+
+
+def _close_gaps(vectors_path: str, source: Source, staged: list[int]) -> Source:
+    """vectors.npy rewritten with each unit's `staged` rows (at the start of its place) one after
+    another, and the source with each unit's rows and offset as they now are: the place a unit's null
+    rows left at its end is closed, so that faiss id i stays row i of keys.parquet."""
+    packed = os.path.join(os.path.dirname(vectors_path), "vectors-packed.npy")
+    np.lib.format.open_memmap(packed, mode="w+", dtype=np.float32, shape=(sum(staged), source.dim)).flush()
+    units, offset = [], 0
+    with open(packed, "r+b") as fh:
+        fh.seek(npy_data_offset(packed))
+        for unit, rows in zip(source.units, staged):
+            fh.writelines(chunk.tobytes() for _, chunk in iter_npy_rows(vectors_path, unit.offset, rows))
+            units.append(dataclasses.replace(unit, rows=rows, offset=offset))
+            offset += rows
+    os.replace(packed, vectors_path)
+    return dataclasses.replace(source, rows=offset, units=tuple(units))
 
 
 def _encode_and_merge(tmp: str, source: Source, trained: faiss.Index, vectors_path: str, runner, progress):
@@ -782,7 +843,9 @@ def _update(tmp: str, old: str, before: dict, source: Source, progress: bool, ru
     os.makedirs(scratch)
     fresh_path = os.path.join(scratch, "vectors.npy")
     np.lib.format.open_memmap(fresh_path, mode="w+", dtype=np.float32, shape=(source.rows, dim)).flush()
-    _, tasks = _stage(scratch, source, fresh_path, 0, seed, runner, progress)
+    _, tasks, source, nulls = _stage(scratch, source, fresh_path, 0, seed, runner, progress)
+    if source.rows == 0:
+        raise UserError(f"{source.name}: no rows to index: every row has a null vector")
     new_keys = read_keys(os.path.join(scratch, "keys.parquet"))
     if new_keys.null_count:  # a null key marks a dead id here, and a row without a key cannot be matched
         raise UserError(f"{source.name}: a null key in {new_keys.null_count:,} of its rows; an update matches rows by key")
@@ -793,7 +856,8 @@ def _update(tmp: str, old: str, before: dict, source: Source, progress: bool, ru
     index = faiss.read_index(os.path.join(old, "index.faiss"))
     n_old = len(old_keys)
     was_live = old_keys.is_valid().to_numpy(zero_copy_only=False)
-    held = int(was_live.sum()) if kind == "ivfpq" else n_old  # ivfpq removed its dead ids; the others keep them
+    # ivfpq removed its dead ids, hnsw keeps them; flat removes them since issue 47 (one from before may hold some)
+    held = int(was_live.sum()) if kind == "ivfpq" else n_old
     if index.d != dim or index.ntotal != held:
         raise UserError(f"{old}: index.faiss holds {index.ntotal:,} vectors of {index.d} dims where keys.parquet "
                         f"and params.json say {held:,} of {dim}; rebuild it (index without --update)")
@@ -832,15 +896,21 @@ def _update(tmp: str, old: str, before: dict, source: Source, progress: bool, ru
     live[newly_dead] = False
     keys = pc.if_else(pa.array(live[:n_old]), old_keys, pa.scalar(None, pa.string()))
     keys = pa.concat_arrays([keys, new_keys.take(pa.array(appended, pa.int64()))])
+    id_of_row = np.full(source.rows, -1, np.int64)  # faiss id of each row of the new source
+    id_of_row[at[kept]] = kept
+    id_of_row[appended] = n_old + np.arange(len(appended))  # hnsw/flat: a changed key's new id replaces its old
+    dropped = int((~live).sum()) if kind == "flat" else 0
+    if dropped:  # faiss's flat index removes ids, renumbering those after them; keys.parquet loses the same rows
+        index.remove_ids(np.flatnonzero(~live))
+        id_of_row = (np.cumsum(live) - 1)[id_of_row]
+        keys = keys.filter(pa.array(live))
+        live = np.ones(len(keys), bool)
     pq.write_table(pa.Table.from_arrays([keys], schema=KEY_SCHEMA), os.path.join(tmp, "keys.parquet"))
     faiss.write_index(index, os.path.join(tmp, "index.faiss"))
     timings["add"] = time.perf_counter() - t
     update_seconds = sum(timings.values())
 
     t = time.perf_counter()
-    id_of_row = np.full(source.rows, -1, np.int64)  # faiss id of each row of the new source
-    id_of_row[at[kept]] = kept
-    id_of_row[appended] = n_old + np.arange(len(appended))  # hnsw/flat: a changed key's new id replaces its old
     served_params = {"kind": kind, "k_factor": before.get("k_factor") or K_FACTOR}
     served = ServedIndex(index, served_params,
                          open_npy(vectors_path) if kind == "ivfpq" else None, live=live)
@@ -856,9 +926,11 @@ def _update(tmp: str, old: str, before: dict, source: Source, progress: bool, ru
     update = {"from": old, "added": len(added), "replaced": len(changed), "removed": len(removed),
               "unchanged": len(kept) - len(changed), "dead_share": round(dead / ids, 4),
               "seconds": round(update_seconds, 3), "warning": _dead_warning(kind, dead, ids)}
+    if kind == "flat":
+        update["dropped"] = dropped
     return {"kind": kind, "rows": ids - dead, "dim": dim, "metric": "inner_product_of_normalized",
             "warning": _search_warning(kind, search, shape.get("nlist"), recall, target_recall, tune_recall),
-            "source": source.name, "provenance": source.provenance,
+            "source": source.name, "provenance": source.provenance, "null_vectors": nulls,
             "search": search, "k_factor": served_params["k_factor"] if kind == "ivfpq" else None,
             **shape, "recall_at_10_vs_exact": recall, "recall_queries": n_queries, "tuning_recall": tune_recall,
             "target_recall": target_recall,

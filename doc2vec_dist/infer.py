@@ -16,9 +16,12 @@ The steps, in the order of the data flow:
    afterwards), so every input format, column flag, error message and time ordering is the one
    `prepare` has. Its tokens are then mapped to the MODEL's word ids through the model's vocab.arrow.
    Events whose URL the model never saw are dropped and counted ("skipped N events with URLs the
-   model never saw"); a user left with no known URL gets no vector (left out of the output and counted;
-   `Model.infer`, which answers in the order it was asked, gives such a user a row of zeros, the
-   project's mark of an untrained row: `unit_rows` keeps it zero and cosine with it is 0). Events
+   model never saw"). A user left with no known URL gets no vector, and a warning names such users
+   (the first few, and how many). They are not dropped: the Parquet that `infer` writes keeps their
+   key with a null vector, and the arrays (`Model.infer`, `infer` without `out`) hold a row of NaN
+   for them. A zero row would look like a vector: faiss scores it 0 against everything and answers
+   with arbitrary rows. Every reader of such a file (`neighbors --vectors`, `index --vectors`) and
+   `Model.neighbors` skip these rows and name them. Events
    none of whose URLs the model knows are refused before anything is written (they come from another
    site, or another column was read as the URL); when under LOW_OVERLAP of the events or of the users
    can be placed, a warning gives the shares.
@@ -52,8 +55,9 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -69,6 +73,7 @@ from .errors import UserError
 from .ids import mix64
 from .prepare import prepare
 from .sampling import NegativeTable, keep_probabilities
+from .scoring import NAMED, ServingWarning, counted, named
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +236,7 @@ class Counts:
     unknown_events: int = 0        # events whose URL the model never saw (dropped)
     unknown_urls: int = 0          # distinct such URLs
     users_without_known_urls: int = 0  # users left with no event at all: no vector
+    unplaced_keys: list[str] = field(default_factory=list)  # the first NAMED of them, to name them
     prepare_skipped: dict | None = None  # what prepare itself dropped (null/empty URLs, users without any)
 
     @property
@@ -254,18 +260,26 @@ class Counts:
         if self.unknown_events:
             out.append(f"skipped {self.unknown_events:,} events with URLs the model never saw "
                        f"({self.unknown_urls:,} distinct URLs)")
-        if self.users_without_known_urls:
-            out.append(f"{self.users_without_known_urls:,} users have no URL the model knows: no vector for them")
         lost = {k: v for k, v in (self.prepare_skipped or {}).items() if v}
         if lost:
             out.append("skipped while reading: " + ", ".join(f"{k} {v:,}" for k, v in lost.items()))
         return out
 
 
+def unplaced_line(keys: list[str], total: int, place: str | None) -> str:
+    """What a warning says of `total` users with no URL the model knows (`keys`: the first of them): their
+    rows in the file `place` have a null vector, or (None) are rows of NaN in an array."""
+    one = total == 1
+    rows = ("its row" if one else "their rows") + (f" in {place} {'has' if one else 'have'} a null vector" if place
+                                                  else f" {'is' if one else 'are'} NaN")
+    return f"{counted(total, 'user')} {'has' if one else 'have'} no URL the model knows ({named(keys, total)}): {rows}"
+
+
 def _batches(corpus: Corpus, id_map: np.ndarray, batch_users: int, counts: Counts,
-             bar: tqdm) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+             bar: tqdm) -> Iterator[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
     """(temporary doc ids, offsets, model word ids) of at most batch_users users each, in doc-id order
-    within each shard; unknown URLs dropped, users left with none skipped (both counted)."""
+    within each shard; unknown URLs dropped (counted). Users left with none come as (doc ids, None, None),
+    to be marked as having no vector (and counted)."""
     for path in corpus.shard_paths:
         for doc_ids, offsets, tokens in iter_shard(path):
             mapped = id_map[tokens]
@@ -275,6 +289,9 @@ def _batches(corpus: Corpus, id_map: np.ndarray, batch_users: int, counts: Count
             keep = lengths > 0
             counts.users_without_known_urls += int(np.count_nonzero(~keep))
             bar.update(int(np.count_nonzero(~keep)))
+            unplaced = doc_ids[~keep]
+            for start in range(0, len(unplaced), batch_users):
+                yield unplaced[start:start + batch_users], None, None
             doc_ids, lengths, mapped = doc_ids[keep], lengths[keep], mapped[known]
             ends = np.cumsum(lengths)
             for start in range(0, len(doc_ids), batch_users):
@@ -290,7 +307,8 @@ def iter_inferred(model: str, inputs, *, format: str = "events", doc_col: str = 
                   progress: bool = True, tmp_dir: str | None = None, counts: Counts | None = None,
                   table: Callable[[str], np.ndarray] | None = None,
                   name: str | None = None) -> Iterator[tuple[pa.Array, np.ndarray]]:
-    """(keys, [n, dim] float32 vectors) batch by batch; `counts`, if given, is filled in as we go.
+    """(keys, [n, dim] float32 vectors) batch by batch; `counts`, if given, is filled in as we go. A
+    user with no URL the model knows comes in a batch of such users, as a row of NaN (no vector).
 
     The model is checked and its frozen tables loaded now, before anything is read; the inputs are
     read when the first batch is asked for, and refused then (before any batch) if none of their
@@ -327,9 +345,15 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
         keys = corpus.docs().column("key").combine_chunks()
         with tqdm(total=corpus.num_docs, desc="infer", unit=" users", unit_scale=True, disable=not progress,
                   dynamic_ncols=True, file=sys.stderr) as bar:
-            for b, (doc_ids, offsets, tokens) in enumerate(_batches(corpus, id_map, settings.batch_users, counts, bar)):
+            trained = 0  # batches trained so far: batch b's draws come from (seed, b)
+            for doc_ids, offsets, tokens in _batches(corpus, id_map, settings.batch_users, counts, bar):
                 batch_keys = keys.take(pa.array(doc_ids)).cast(pa.string())
-                yield batch_keys, inferrer.vectors(batch_keys.to_pylist(), offsets, tokens, b)
+                if offsets is None:  # users with no URL the model knows: no vector, a row of NaN
+                    counts.unplaced_keys += batch_keys.slice(0, NAMED - len(counts.unplaced_keys)).to_pylist()
+                    yield batch_keys, np.full((len(doc_ids), settings.dim), np.nan, np.float32)
+                    continue
+                yield batch_keys, inferrer.vectors(batch_keys.to_pylist(), offsets, tokens, trained)
+                trained += 1
                 bar.update(len(doc_ids))
 
 
@@ -343,14 +367,16 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     With out=None returns (keys pa.StringArray, vectors float32 [n, dim]); the order is that of the
     temporary corpus (for a small input, the order in which users first appear). With `out` writes the
     Parquet file `out` (columns key, vector fixed_size_list<float32>[dim], one row group per batch;
-    written under a temporary name and renamed, an existing file is replaced) and returns a summary dict.
+    written under a temporary name and renamed, an existing file is replaced) and returns a summary dict
+    (`rows`: the vectors written, `null_vectors`: the rows without one).
     The file records the model and version it was inferred with (provenance), so neighbours and
     indexes made from it can be checked against the model.
 
     epochs, alpha, min_alpha default to the model's; seed seeds the start vectors and every draw;
-    batch_users bounds memory (users trained together). Users with no URL the model knows get no
-    vector; they and the events with unknown URLs are counted and reported on stderr. Inputs none of
-    whose URLs the model knows are a UserError, and nothing is written.
+    batch_users bounds memory (users trained together). A user with no URL the model knows gets no
+    vector: a null vector in the file, a row of NaN in the arrays, and a warning naming such users (a
+    log line with `out`, else a ServingWarning); the events with unknown URLs are counted on stderr.
+    Inputs none of whose URLs the model knows are a UserError, and nothing is written.
     """
     t0 = time.perf_counter()
     counts = Counts()
@@ -364,13 +390,16 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     if out is None:
         pieces = list(batches)
         _report(counts)
+        if counts.users_without_known_urls:
+            warnings.warn(unplaced_line(counts.unplaced_keys, counts.users_without_known_urls, None), ServingWarning,
+                          stacklevel=2)
         keys = pa.concat_arrays([k for k, _ in pieces]) if pieces else pa.array([], pa.string())
         vectors = np.concatenate([v for _, v in pieces]) if pieces else np.zeros((0, dim), np.float32)
         return keys, vectors
     out = os.path.abspath(os.fspath(out))
     from .export import PARQUET_OPTIONS, key_vector_table
 
-    rows = 0
+    rows = nulls = 0
     # nothing there, or a (key, vector) file of ours; the folders made for it go again if anything fails
     with outputs.replacing(out, "vectors") as staged:
         # one schema for every batch, and for an empty result
@@ -378,11 +407,15 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
         schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32), source).schema
         with pq.ParquetWriter(staged.path, schema, **PARQUET_OPTIONS) as writer:
             for keys, vectors in batches:
-                writer.write_table(key_vector_table(keys, vectors, source))
-                rows += len(keys)
+                missing = np.isnan(vectors).all(axis=1)  # a user with no URL the model knows: a null vector
+                writer.write_table(key_vector_table(keys, vectors, source, missing))
+                nulls += int(missing.sum())
+                rows += len(keys) - int(missing.sum())
     _report(counts)
+    if counts.users_without_known_urls:
+        log.warning("warning: " + unplaced_line(counts.unplaced_keys, counts.users_without_known_urls, out))
     seconds = time.perf_counter() - t0
-    return {"path": out, "rows": rows, "dim": dim, "seconds": seconds,
+    return {"path": out, "rows": rows, "null_vectors": nulls, "dim": dim, "seconds": seconds,
             "users_per_second": rows / seconds if seconds else 0.0, "users": counts.users_read,
             "events": counts.events_read,
             "unknown_events": counts.unknown_events, "unknown_urls": counts.unknown_urls,
@@ -431,7 +464,8 @@ def events_table(events, doc_col: str = "user_id", token_col: str = "url") -> tu
 def infer_events(model: str, events, *, doc_col: str = "user_id", token_col: str = "url", time_col: str | None = None,
                  table: Callable[[str], np.ndarray] | None = None, **options) -> np.ndarray:
     """Model.infer's work: in-memory events → [n_users, dim] float32 in the order users were given,
-    zeros for a user with no URL the model knows. options: epochs, alpha, min_alpha, seed, batch_users, progress."""
+    a row of NaN for a user with no URL the model knows (or none at all), named in a ServingWarning.
+    options: epochs, alpha, min_alpha, seed, batch_users, progress."""
     data, format, order = events_table(events, doc_col, token_col)
     options.setdefault("progress", False)
     counts = Counts()
@@ -442,8 +476,12 @@ def infer_events(model: str, events, *, doc_col: str = "user_id", token_col: str
                                     time_col=time_col, counts=counts, table=table, name="the events", **options))
     _report(counts)
     dim = model_settings(model).dim
-    result = np.zeros((len(order), dim), np.float32)
+    result = np.full((len(order), dim), np.nan, np.float32)  # a user prepare left out (no URL at all) stays NaN
     position = {k: i for i, k in enumerate(order)}
     for keys, vectors in pieces:
         result[[position[k] for k in keys.to_pylist()]] = vectors
+    unplaced = np.flatnonzero(np.isnan(result).all(axis=1))
+    if len(unplaced):  # Model.infer's caller: warnings.warn points at their line
+        warnings.warn(unplaced_line([order[i] for i in unplaced[:NAMED]], len(unplaced), None), ServingWarning,
+                      stacklevel=3)
     return result

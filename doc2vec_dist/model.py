@@ -6,7 +6,8 @@ Changes when what a loaded model offers a Python user changes (lookups, exact ne
     m = Model.load("runs/sample/model")
     m.vector("u54e266157a4c")                        # the user's vector
     m.neighbors("u54e266157a4c", k=10)                # similar users (cosine)
-    m.neighbors("u54e266157a4c", against="words_out") # the URLs the model finds likeliest for the user
+    m.neighbors("u54e266157a4c", against="words_out") # the URLs the model finds likeliest for the user, less
+                                                      # those it visited (exclude_seen=False keeps them)
     m.neighbors(vectors=m.infer({"alice": urls}))    # similar users for a user the model never saw
     m.neighbors("https://a.example/", table="words_out")           # similar URLs
     m.neighbors(many_users, k=10, index="runs/sample/users.index")  # a saved (approximate) index
@@ -15,11 +16,19 @@ Keys are the strings `prepare` made of the input's ids, so a number finds the us
 "100000"). Keys, tables and the exact faiss indexes are loaded on first use and kept, so many queries pay for
 them once. A vector looked up by key is read from the memory-mapped checkpoint parts, so a lookup in
 a 20M-row table does not load the table. Works the same on our models and on `baseline` (gensim) models.
+neighbors returns a pyarrow.Table (key, neighbor, score, rank).
+
+A user infer could not place (no URL the model knows) has no vector: a row of NaN from `infer`, a
+null vector in the Parquet the command writes. neighbors skips such a query and names it in a
+ServingWarning (the command line prints it as a `warning:` line); what a message tells a Python
+caller to give is an argument (table="words_out"), and the command line's, a flag (--table words_out).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import warnings
 
 import faiss
 import numpy as np
@@ -27,10 +36,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import checkpoint, provenance
+from .corpus import Corpus
 from .errors import UserError
 from .ids import id_string
 from .index import ServedIndex, parquet_vectors
-from .scoring import lookup, neighbor_table, prior_queries, prior_targets, unit_rows, url_log_prior
+from .scoring import (
+    ServingWarning,
+    check_k,
+    counted,
+    lookup,
+    named,
+    neighbor_table,
+    prior_queries,
+    prior_targets,
+    seen_tokens,
+    unit_rows,
+    url_log_prior,
+)
+
+SEARCH_BATCH = 1024  # queries searched together when each must look past the URLs its user visited
 
 
 @dataclasses.dataclass
@@ -68,6 +92,7 @@ class Model:
         self._served: dict[str, ServedIndex] = {}
         self._checked: set[tuple[str, str]] = set()  # (index or file, table) whose model was checked
         self._shown = path  # the model as the user named it, in messages (a remote one's URI, not its copy)
+        self.as_flags = False  # messages name the command line's flags (--table words_out), not arguments
 
     @classmethod
     def load(cls, path: str) -> Model:
@@ -103,11 +128,23 @@ class Model:
         except UserError:  # a model without that key table (one written by hand): nothing to say
             return None
         if pc.index_in(pa.array([key], pa.string()), value_set=known)[0].is_valid:
+            add, drop = ("add", "drop") if self.as_flags else ("give", "leave out")
             if other == "words_out":
-                return ": it is a URL of the model's vocabulary, not a user; add --table words_out for similar URLs"
-            return (f": it is a user of the model, not a URL; drop --table {table} for similar users (--against "
-                    "words_out: the URLs likeliest for the user)")
+                return (f": it is a URL of the model's vocabulary, not a user; {add} {self._option('table', 'words_out')}"
+                        " for similar URLs")
+            return (f": it is a user of the model, not a URL; {drop} {self._option('table', table)} for similar users "
+                    f"({self._option('against', 'words_out')}: the URLs likeliest for the user)")
         return None
+
+    def _option(self, name: str, value) -> str:
+        """How a message names an option: the command line's flag (--table words_out, --no-exclude-seen)
+        where `as_flags` is set, else the Python argument (table="words_out", exclude_seen=False)."""
+        if not self.as_flags:
+            return f'{name}="{value}"' if isinstance(value, str) else f"{name}={value!r}"
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            return f"--{flag}" if value else f"--no-{flag}"
+        return f"--{flag} {value}"
 
     def vector(self, key: str | int, table: str = "docs") -> np.ndarray:
         return self.vectors([key], table)[0]
@@ -164,25 +201,36 @@ class Model:
     def neighbors(self, keys: str | int | list | None = None, k: int = 10, table: str = "docs",
                   against: str | None = None, index: str | None = None, *,
                   vectors: np.ndarray | None = None, names: list[str] | None = None,
-                  vectors_file: str | None = None) -> pa.Table:
-        """Top-k of `against` (default: the same table) for each key, or for each of `vectors`.
+                  vectors_file: str | None = None, exclude_seen: bool | None = None) -> pa.Table:
+        """Top-k of `against` (default: the same table) for each key, or for each of `vectors`, as a
+        pyarrow.Table of key, neighbor, score, rank (1-based).
 
         keys: a key of `table` or a list of them; the query's own row is left out of its answer.
         vectors: instead of keys, a [dim] or [n, dim] array of vectors of the kind `table` holds, say
         users from `infer`; the key column then holds each vector's position ("0", "1", …), and
         nothing is left out (a vector equal to a row finds that row first). names: the vectors'
         keys instead of their positions; a row with its query's key is then left out, as a key's own row is.
+        A vector all NaN (`infer`'s mark of a user it could not place) is skipped, with a
+        ServingWarning naming it (by name, else position), and the others answered; NaN in part of
+        a row, or inf, is refused.
         vectors_file: the keys are looked up in this key/vector Parquet (what `infer` or `export`
         wrote) instead of the model, so users the model never saw can be queried; a file made from
         another model (or table) is refused, one made from an older version of it is warned about.
+        A key whose vector there is null (a user infer could not place) is skipped, as a NaN row is.
         Same table: cosine similarity. Users against words_out: d·o + ns_exponent·log count(url), the
         model's log P(url | user) up to a constant. With `index` (a saved index directory), that
         index is searched by cosine instead of an exact scan.
-        Returns key, neighbor, score, rank (1-based).
+        exclude_seen: leave out the URLs each user visited (read from the model's corpus, as
+        `evaluate` does), searching deeper so that each user still gets k URLs where the vocabulary
+        has them. Default: on for user keys against words_out; where the corpus is gone it says so
+        (a ServingWarning) and leaves them in. True where it cannot apply (vectors, similar users) is
+        an error, as is True without the corpus.
         """
+        k = check_k(k, "neighbors")
         if vectors_file is not None:
             if keys is None or vectors is not None:
-                raise UserError(f"{vectors_file}: give the keys to look up in it (--key or --keys-file)")
+                given = "--key or --keys-file" if self.as_flags else "the keys argument"
+                raise UserError(f"{vectors_file}: give the keys to look up in it ({given})")
             names = key_strings(keys)
             vectors, source = parquet_vectors(vectors_file, names)
             again = "infer or export them again with the model"
@@ -200,18 +248,83 @@ class Model:
             if names is not None and len(names) != len(queries):
                 raise UserError(f"neighbors: {len(names)} names for {len(queries)} vectors")
         leave_out = rows is not None or names is not None  # the query's own row, known by its row or its key
+        by_position = names is None
         names = [str(i) for i in range(len(queries))] if names is None else list(names)
+        exclude_seen = self._exclude_seen(exclude_seen, rows is not None, table, against or table)
+        if rows is None:
+            queries, names = self._skip_unplaced(queries, names, by_position, vectors_file)
+            if not names:
+                return neighbor_table([], np.zeros((0, 1), np.int64), np.zeros((0, 1), np.float32),
+                                      pa.array([], pa.string()), k, None)
         if index is not None:
             return self._saved_neighbors(names, queries, leave_out, k, table, against, index)
         against = against or table
         leave_out = leave_out and against == table
         queries = prior_queries(queries) if table == "docs" and against == "words_out" else unit_rows(queries)
         searched = self._index(table, against)
+        seen = self._seen_urls(rows, asked=exclude_seen is True) if exclude_seen is not False else None
+        if seen is not None:
+            scores, found = _search_unseen(searched, queries, seen, k)
+            return neighbor_table(names, found, scores, self.keys(against), k, None)
         scores, found = searched.search(np.ascontiguousarray(queries), min(k + int(leave_out), searched.ntotal))
         is_self = None
         if leave_out:
             is_self = found == rows[:, None] if rows is not None else _same_key(self.keys(against), found, names)
         return neighbor_table(names, found, scores, self.keys(against), k, is_self)
+
+    def _exclude_seen(self, asked: bool | None, by_key: bool, table: str, against: str) -> bool | None:
+        """Whether to leave out the URLs each user visited: `asked`, else (None: on) where it applies,
+        users of the model asked by key against words_out; asked where it does not apply: an error."""
+        applies = by_key and table == "docs" and against == "words_out"
+        if asked and not applies:
+            name = "--exclude-seen" if self.as_flags else "exclude_seen"
+            raise UserError(f"neighbors: {name} leaves out the URLs a user visited: it needs users of the model, by "
+                            f"key, {self._option('against', 'words_out')}")
+        return asked if applies else False
+
+    def _seen_urls(self, rows: np.ndarray, asked: bool) -> list[np.ndarray] | None:
+        """The URL ids each user of `rows` visited (its tokens in the model's corpus); None, with a
+        warning, where the corpus cannot be read (an error when exclude_seen was asked for)."""
+        problem, path = None, None
+        try:
+            path = self.dir.corpus_path()
+            if not os.path.exists(path):
+                problem = f"the model's corpus {path} is gone"
+            else:
+                corpus = Corpus(path)
+                if (corpus.num_docs, corpus.vocab_size) != (len(self.keys("docs")), len(self.keys("words_out"))):
+                    problem = (f"the model's corpus {path} is not the one it was trained on ({corpus.num_docs:,} "
+                               f"users and {corpus.vocab_size:,} URLs, the model {len(self.keys('docs')):,} and "
+                               f"{len(self.keys('words_out')):,})")
+        except UserError as exc:
+            problem = f"the model's corpus cannot be read ({exc})"
+        if problem is None:
+            seen = seen_tokens(path, rows)
+            return [seen.get(int(row), _NO_URLS) for row in rows]
+        if asked:
+            raise UserError(f"neighbors: {problem}: the URLs each user visited cannot be left out; give "
+                            f"{self._option('exclude_seen', False)}")
+        warnings.warn(f"neighbors: {problem}: the URLs each user visited are not left out of the answer",
+                      ServingWarning, stacklevel=3)
+        return None
+
+    def _skip_unplaced(self, queries: np.ndarray, names: list[str], by_position: bool,
+                       vectors_file: str | None) -> tuple[np.ndarray, list[str]]:
+        """The queries less those all NaN (users infer could not place: a null vector in `vectors_file`),
+        which a ServingWarning names."""
+        unplaced = np.isnan(queries).all(axis=1)
+        if not unplaced.any():
+            return queries, names
+        n, who = int(unplaced.sum()), "a user" if unplaced.sum() == 1 else "users"
+        skipped = [names[i] for i in np.flatnonzero(unplaced)]
+        if vectors_file is not None:
+            said = (f"{vectors_file}: {counted(n, 'key')} asked {'has' if n == 1 else 'have'} a null vector ({who} "
+                    f"infer could not place), left out of the answer: {named(skipped)}")
+        else:
+            listed = f"at position{'' if n == 1 else 's'} {named(skipped)}" if by_position else named(skipped)
+            said = f"neighbors: {counted(n, 'vector')} all NaN ({who} infer could not place) left out of the answer: {listed}"
+        warnings.warn(said, ServingWarning, stacklevel=3)
+        return queries[~unplaced], [name for name, out in zip(names, unplaced) if not out]
 
     def _check(self, recorded: dict | None, table: str, what: str, redo: str, remake: str) -> None:
         """provenance.check of vectors made from a model against this one, once per (index or file, table)."""
@@ -231,15 +344,21 @@ class Model:
         if queries.ndim != 2 or queries.shape[1] != spec["dim"]:
             raise UserError(f"neighbors: vectors of shape {np.shape(vectors)}, table {table} holds "
                             f"{spec['dim']}-dim vectors: give [{spec['dim']}] or [n, {spec['dim']}]")
-        if not np.isfinite(queries).all():
-            raise UserError("neighbors: vectors hold NaN or inf")
+        bad = ~np.isfinite(queries)
+        broken = bad.any(axis=1) & ~np.isnan(queries).all(axis=1)  # a row all NaN is a user without a vector
+        if broken.any():
+            i = int(np.argmax(broken))
+            raise UserError(f"neighbors: the vector at position {i} holds NaN or inf in {int(bad[i].sum())} of its "
+                            f"{spec['dim']} elements (only a row all NaN, a user infer could not place, is skipped)")
         return np.ascontiguousarray(queries)
 
     def _saved_neighbors(self, names, vectors, leave_out, k, table, against, path) -> pa.Table:
         served = self.saved_index(path)
         if against not in (None, table):
+            drop = "drop" if self.as_flags else "leave out"
             raise UserError(f"{path}: a saved index answers cosine similarity within its own table; "
-                            f"drop --against {against} or drop --index")
+                            f"{drop} {self._option('against', against)} or {drop} "
+                            f"{'--index' if self.as_flags else 'index='}")
         # an index of another model (or table) is refused
         self._check(served.params.get("provenance"), table, path,
                     f"update it: doc2vec-dist index --update {path} --model {self._shown} --table {table} --out {path}",
@@ -261,8 +380,9 @@ class Model:
             m.infer(events_table, time_col="ts")    # pyarrow Table (or pandas) with doc_col, token_col
 
         Returns [n_users, dim] float32, one row per user in the order users were given (dict order,
-        else first appearance). A user none of whose URLs the model knows gets a row of zeros; the
-        unknown URLs and such users are counted on stderr. options: epochs, alpha, min_alpha, seed
+        else first appearance). A user none of whose URLs the model knows gets a row of NaN (no
+        vector: neighbors skips it), and a ServingWarning names such users (the first few, and how
+        many); the events with unknown URLs are counted in the log. options: epochs, alpha, min_alpha, seed
         (default 1: the same events and seed give the same vectors), batch_users, progress. See
         doc2vec_dist.infer for the method (gensim's infer_vector, batched, frozen output weights).
         """
@@ -274,16 +394,39 @@ class Model:
 
 def neighbors(model: str, keys: list[str] | None = None, k: int = 10, table: str = "docs", against: str | None = None,
               index: str | None = None, *, vectors: np.ndarray | None = None,
-              vectors_file: str | None = None) -> pa.Table:
+              vectors_file: str | None = None, exclude_seen: bool | None = None, as_flags: bool = False) -> pa.Table:
     """Top-k rows of `against` (default: the same table) for each query key, excluding the query itself,
     or for each of `vectors` ([dim] or [n, dim], say users from infer) instead of keys, or for keys
     looked up in `vectors_file` (a key/vector Parquet from infer or export) instead of the model.
 
     With `index`, a saved index (from build_index) is searched instead of an exact scan. Returns a
-    table of key, neighbor, score, rank (1-based). Model.neighbors, for repeated queries, keeps what it loads.
+    pyarrow.Table of key, neighbor, score, rank (1-based). exclude_seen as Model.neighbors; as_flags:
+    messages name the command line's flags (the CLI's call). Model.neighbors, for repeated queries,
+    keeps what it loads.
     """
-    return Model.load(model).neighbors(keys, k=k, table=table, against=against, index=index, vectors=vectors,
-                                       vectors_file=vectors_file)
+    found = Model.load(model)
+    found.as_flags = as_flags
+    return found.neighbors(keys, k=k, table=table, against=against, index=index, vectors=vectors,
+                           vectors_file=vectors_file, exclude_seen=exclude_seen)
+
+
+_NO_URLS = np.zeros(0, np.int32)
+
+
+def _search_unseen(searched: faiss.Index, queries: np.ndarray, seen: list[np.ndarray],
+                   k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) [n, k] of each query's best rows less its `seen` ids (-1 past what is left): each
+    batch of queries searched k + (most seen in the batch) deep, so every query keeps k where it can."""
+    scores = np.full((len(queries), k), -np.inf, np.float32)
+    found = np.full((len(queries), k), -1, np.int64)
+    for start in range(0, len(queries), SEARCH_BATCH):
+        mine = seen[start:start + SEARCH_BATCH]
+        width = min(k + max(len(s) for s in mine), searched.ntotal)
+        got_scores, got = searched.search(np.ascontiguousarray(queries[start:start + len(mine)]), width)
+        for j, visited in enumerate(mine):
+            keep = np.flatnonzero((got[j] >= 0) & ~np.isin(got[j], visited))[:k]
+            found[start + j, :len(keep)], scores[start + j, :len(keep)] = got[j, keep], got_scores[j, keep]
+    return scores, found
 
 
 def _same_key(keys: pa.Array, found: np.ndarray, names: list[str]) -> np.ndarray:

@@ -21,7 +21,49 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .checkpoint import ModelDir
+from .corpus import Corpus, iter_shard
 from .errors import UserError
+
+NAMED = 5  # keys a message names before it says how many more
+
+
+class ServingWarning(UserWarning):
+    """What an answer left out, or could not do, said to a library caller through `warnings` (the command
+    line prints it as a `warning:` line): a user without a vector skipped, the URLs a user visited
+    left in because the model's corpus is gone."""
+
+
+def check_k(k, what: str) -> int:
+    """k, the answers wanted per query, as an int: a whole number >= 1, else a UserError. faiss takes
+    k <= 0 for an empty answer or fails on an assertion, and a float for a type error."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise UserError(f"{what}: k must be a whole number >= 1, not {k!r}")
+    return int(k)
+
+
+def counted(n: int, thing: str, plural: str | None = None) -> str:
+    """'1 user', '2 users'."""
+    return f"{n:,} {thing if n == 1 else (plural or thing + 's')}"
+
+
+def named(keys: list[str], total: int | None = None) -> str:
+    """The first NAMED of `keys`, and how many more of `total` (default: len(keys)) there are."""
+    total = len(keys) if total is None else total
+    shown = ", ".join(str(k) for k in keys[:NAMED])
+    return shown + (f" and {total - min(len(keys), NAMED):,} more" if total > NAMED else "")
+
+
+def seen_tokens(corpus_path: str, doc_ids: np.ndarray) -> dict[int, np.ndarray]:
+    """The training tokens (word ids) of the given documents, read from the corpus shards: the URLs
+    each user visited, which a ranking of URLs for the user leaves out (evaluate, neighbors)."""
+    wanted = np.unique(doc_ids)
+    seen: dict[int, np.ndarray] = {}
+    for path in Corpus(corpus_path).shard_paths:
+        for ids, offsets, tokens in iter_shard(path):
+            hit = np.flatnonzero(np.isin(ids, wanted, assume_unique=True))
+            for i in hit:
+                seen[int(ids[i])] = tokens[offsets[i]:offsets[i + 1]]
+    return seen
 
 
 def unit_rows(matrix: np.ndarray) -> np.ndarray:

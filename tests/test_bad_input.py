@@ -109,10 +109,12 @@ def _older_index(t: str) -> None:
 
 
 def _inferred(t: str) -> None:
-    """{t}/inferred.parquet: the vector `infer` gives user `newcomer`, who visited five of the sample's URLs."""
+    """{t}/inferred.parquet: the vector `infer` gives user `newcomer`, who visited five of the sample's URLs, and
+    the null vector it writes for `stranger`, whose one URL the model never saw."""
     events = os.path.join(t, "_new.csv")
     with open(events, "w") as fh:
-        fh.write("user_id,url\n" + "".join(f"newcomer,{url}\n" for url in _sample_urls()[10:15]))
+        fh.write("user_id,url\n" + "".join(f"newcomer,{url}\n" for url in _sample_urls()[10:15])
+                 + "stranger,https://never.example/\n")
     assert main(["infer", "--model", _model_of(t), events, "--out", os.path.join(t, "inferred.parquet"),
                  "--no-progress"]) == 0
     os.remove(events)
@@ -387,6 +389,29 @@ CASES = [
     # --- issue 27: --segments ------------------------------------------------------------------------------
     Case("--segments 0", "train --corpus {corpus} --out {t}/m --num-workers 2 --segments 0", "error",
          "bad training config: segments must be > 0", untouched="{t}/m"),
+    # --- issue 47: k, and users infer cannot place ---------------------------------------------------------
+    Case("neighbors --k -3", "neighbors --model {model} --key u54e266157a4c --k -3", "error",
+         "bad value for --k: '-3' (a whole number >= 1)"),
+    Case("neighbors --k 0", "neighbors --model {model} --key u54e266157a4c --k 0", "error",
+         "bad value for --k: '0' (a whole number >= 1)"),
+    Case("neighbors --k 2.5", "neighbors --model {model} --key u54e266157a4c --k 2.5", "error",
+         "bad value for --k: '2.5' (a whole number >= 1)"),
+    Case("evaluate --k 0", "evaluate --model {model} --heldout {heldout} --k 0", "error",
+         "bad value for --k: '0' (a whole number >= 1)", untouched="{model}"),
+    Case("index --recall-queries 0", "index --model {model} --out {t}/i --recall-queries 0", "error",
+         "bad value for --recall-queries: '0' (a whole number >= 1)", untouched="{t}/i"),
+    Case("infer names the users it cannot place", "infer --model {model} {t}/e.csv --out {t}/u.parquet", "says",
+         "warning: 2 users have no URL the model knows (v1, v2): their rows in {t}/u.parquet have a null vector",
+         {"e.csv": b"user_id,url\nv1,https://never.example/1\n" + b"".join(b"u1,%s\n" % u.encode()
+                                                                             for u in _sample_urls()[:20])
+          + b"v2,https://never.example/2\n"}),
+    Case("neighbors --vectors of a user infer could not place", "neighbors --model {model} --vectors "
+         "{t}/inferred.parquet --key newcomer --key stranger", "says", "warning: {t}/inferred.parquet: 1 key asked has "
+         "a null vector (a user infer could not place), left out of the answer: stranger",
+         {"inferred.parquet": _inferred}),
+    Case("index --vectors with a user infer could not place", "index --vectors {t}/inferred.parquet --out {t}/i",
+         "says", "warning: {t}/inferred.parquet: 1 row with a null vector (a user infer could not place) left out of "
+         "the index: stranger", {"inferred.parquet": _inferred}),
 ]
 
 

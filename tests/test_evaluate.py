@@ -280,3 +280,17 @@ def test_a_split_of_pairs_scores_each_side_apart(trained_model, tmp_path):
     write([(b, a, 9.0 * s if t else s) for (a, b, s), t in zip(rows, in_test)])  # swapped, test scores changed
     assert pairs_metrics(trained_model, path, test_fraction=0.5, part="validation") == val
     assert pairs_metrics(trained_model, path, test_fraction=0.5, part="test")["pairs"] == test["pairs"]
+
+
+@pytest.mark.parametrize("k", [0, -3])
+def test_k_below_one_is_refused_before_any_work(trained_model, sample_corpus, tmp_path, k):
+    """issue 47: k 0 once failed deep in torch's topk (IndexError); labels' k-NN vote took it too."""
+    from doc2vec_dist.evaluate import labels_metrics
+
+    with pytest.raises(UserError, match=rf"^evaluate: k must be a whole number >= 1, not {k}$"):
+        heldout_metrics(trained_model, sample_corpus[1], k=k)
+    labels = str(tmp_path / "labels.parquet")
+    keys = ModelDir(trained_model).keys("docs").to_pylist()[:100]
+    pq.write_table(pa.table({"key": keys, "label": [str(i % 3) for i in range(100)]}), labels)
+    with pytest.raises(UserError, match=rf"^evaluate: k must be a whole number >= 1, not {k}$"):
+        labels_metrics(trained_model, labels, k=k)

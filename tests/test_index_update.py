@@ -33,10 +33,13 @@ def unit(vectors: np.ndarray) -> np.ndarray:
     return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
 
 
-def write_source(path: str, table: dict[str, np.ndarray]) -> str:
+def write_source(path: str, table: dict[str, np.ndarray], nulls: frozenset[str] = frozenset()) -> str:
+    """A key/vector Parquet of `table`; the keys in `nulls` get a null vector (what infer writes for a user it
+    cannot place)."""
     keys, vectors = list(table), np.stack(list(table.values())).astype(np.float32)
-    pq.write_table(pa.table({"key": keys, "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()),
-                                                                                      vectors.shape[1])}), path)
+    mask = pa.array([k in nulls for k in keys]) if nulls else None
+    pq.write_table(pa.table({"key": keys, "vector": pa.FixedSizeListArray.from_arrays(
+        pa.array(vectors.ravel()), vectors.shape[1], mask=mask)}), path)
     return path
 
 
@@ -232,13 +235,21 @@ def test_ids_stay_rows_of_keys_over_two_updates(day0, day1, tmp_path, kind):
     assert (params["ids"], params["dead"]) == expected and params["rows"] == len(day2) == expected[0] - expected[1]
 
 
-def test_flat_update_answers_exactly(day0, day1, tmp_path):
+def test_flat_update_answers_exactly_and_drops_its_dead_ids(day0, day1, tmp_path, logged):
+    """faiss's flat index removes ids (remove_ids, renumbering those after them), so an update of a flat index
+    leaves no dead id: keys.parquet loses the same rows (issue 47)."""
     new, _ = day1
     old, updated = str(tmp_path / "old"), str(tmp_path / "updated")
     build_index(old, kind="flat", vectors_path=write_source(str(tmp_path / "day0.parquet"), day0), progress=False)
     params = update_index(old, updated, vectors_path=write_source(str(tmp_path / "day1.parquet"), new),
-                          progress=False)
-    assert (params["kind"], params["update"]["replaced"], params["dead"]) == ("flat", 150, 250)
+                          progress=False, report=True)
+    assert (params["kind"], params["update"]["replaced"], params["dead"], params["ids"], params["rows"]) == (
+        "flat", 150, 0, ROWS + 100, ROWS + 100)
+    assert params["update"]["dropped"] == 250 and params["update"]["dead_share"] == 0
+    assert None not in read_keys(updated)
+    assert any(m.startswith(f"updated from {old}: 200 added, 150 replaced, 100 removed, 2,750 unchanged in ") and
+               m.endswith("(then recall measured); 250 dead ids dropped (flat removes them): none left")
+               for m in logged.messages), logged.messages
     assert_ids_are_rows(updated, new)
     queries = list(new)[::20]
     found, _ = search_keys(updated, unit(np.stack([new[q] for q in queries])), 11)
@@ -397,3 +408,32 @@ def test_an_update_to_the_models_next_version_or_a_refresh_of_it_is_what_updates
     # and back to the older model: done, but said
     update_index(index, index, model=base, progress=False)
     assert "newer than the model at" in logged.text and "this update takes it back to older vectors" in logged.text
+
+
+# -- rows with a null vector: users infer could not place (issue 47) ------------------------------------
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
+def test_rows_with_a_null_vector_stay_out_of_a_build_and_of_an_update(day0, day1, tmp_path, kind, logged):
+    """A source of two files, each with a user infer could not place: the index holds the other rows, with
+    ids that are rows of keys.parquet, and the warning names the users left out."""
+    nulls = frozenset({"u5", "u1700", "u2999"})
+    items = list(day0.items())
+    folder = tmp_path / "day0"
+    folder.mkdir()
+    write_source(str(folder / "part-0.parquet"), dict(items[:1500]), nulls)
+    write_source(str(folder / "part-1.parquet"), dict(items[1500:]), nulls)
+    index = str(tmp_path / "users.index")
+    params = build_index(index, kind=kind, vectors_path=str(folder), progress=False)
+    assert (params["rows"], params["null_vectors"]) == (ROWS - 3, 3)
+    assert f"warning: {folder}: 3 rows with a null vector (users infer could not place) left out of the index: u5, " \
+           "u1700, u2999" in logged.messages
+    assert_ids_are_rows(index, {k: v for k, v in day0.items() if k not in nulls})
+
+    # an update: a key whose new vector is null is gone from the index, as a key gone from the source is
+    new, what = day1
+    placed_now = [k for k in new if k not in set(what["added"])][:2]
+    updated = update_index(index, str(tmp_path / "updated"),
+                           vectors_path=write_source(str(tmp_path / "day1.parquet"), new, frozenset(placed_now)),
+                           progress=False)
+    assert updated["null_vectors"] == 2 and updated["rows"] == len(new) - 2
+    assert_ids_are_rows(str(tmp_path / "updated"), {k: v for k, v in new.items() if k not in placed_now})

@@ -119,15 +119,21 @@ def test_unknown_urls_are_counted_and_reported_not_silently_dropped(trained_mode
     err = logged.text
     assert (summary["unknown_events"], summary["unknown_urls"], summary["users_without_known_urls"]) == (5, 3, 1)
     assert "skipped 5 events with URLs the model never saw (3 distinct URLs)" in err
-    assert "1 users have no URL the model knows" in err
+    # the user it cannot place is named, in a warning of its own (issue 47), and kept in the file with a null vector
+    warnings = [r.getMessage() for r in logged.records if r.levelname == "WARNING"]
+    assert warnings == [(f"warning: 1 user has no URL the model knows (newcomer): its row in {summary['path']} has a "
+                        "null vector")]
     written = pq.read_table(summary["path"])
-    assert summary["rows"] == written.num_rows == len(users)
-    assert "newcomer" not in written.column("key").to_pylist()
-    # Model.infer answers in the order asked: a row of zeros for the user it cannot place
+    assert summary["rows"] == len(users) and summary["null_vectors"] == 1 and written.num_rows == len(users) + 1
+    vector_of = dict(zip(written.column("key").to_pylist(), written.column("vector").to_pylist()))
+    assert vector_of["newcomer"] is None and all(v is not None for k, v in vector_of.items() if k != "newcomer")
+    # Model.infer answers in the order asked: a row of NaN for the user it cannot place, and a warning naming it
     logged.clear()
-    vectors = Model.load(trained_model).infer({"newcomer": ["https://never.example/c"], users[0]: ["nope", *[
-        u for u in events.filter(pc.equal(events.column("user_id"), users[0])).column("url").to_pylist()]]})
-    assert not vectors[0].any() and vectors[1].any()
+    with pytest.warns(UserWarning) as caught:
+        vectors = Model.load(trained_model).infer({"newcomer": ["https://never.example/c"], users[0]: ["nope", *[
+            u for u in events.filter(pc.equal(events.column("user_id"), users[0])).column("url").to_pylist()]]})
+    assert [str(w.message) for w in caught] == ["1 user has no URL the model knows (newcomer): its row is NaN"]
+    assert np.isnan(vectors[0]).all() and np.isfinite(vectors[1]).all()
     assert "skipped 2 events" in logged.text
     # nobody left: refused (issue 26, item 3), nothing written; no longer an empty file and exit 0
     events_path = _write(strangers, tmp_path)
@@ -249,7 +255,9 @@ def test_events_that_barely_overlap_the_model_get_a_warning_with_the_shares(trai
     warnings = [r.getMessage() for r in logged.records if r.levelname == "WARNING"]
     assert warnings == [(f"warning: only 4.8% of the events (30 of 630) have a URL the model knows, and "
                          f"{placed / summary['users']:.1%} of the users ({placed:,} of {summary['users']:,}) get a "
-                         "vector: these events hardly fit the model (another site, or another column read as the URL?)")]
+                         "vector: these events hardly fit the model (another site, or another column read as the URL?)"),
+                        ("warning: 200 users have no URL the model knows (v0, v1, v2, v3, v4 and 195 more): their rows "
+                         f"in {summary['path']} have a null vector")]
     logged.clear()
     infer(trained_model, [path], str(tmp_path / "fits.parquet"), progress=False)  # the model's own site: no word
     assert not [r for r in logged.records if r.levelname == "WARNING"]
@@ -277,3 +285,46 @@ def test_inferred_vectors_record_the_model_and_neighbors_reads_them_by_key(train
     shown = [line.split("\t")[1] for line in lines[1:]]
     assert shown == [n for n in expected["neighbor"] if n != key][:4]
     assert all(line.startswith(f"{key}\t") for line in lines[1:])
+
+
+# -- users infer cannot place: named, marked, and skipped by every reader (issue 47) ---------------------
+
+def test_users_without_a_known_url_are_named_and_every_reader_of_the_file_skips_them(trained_model, few_users_file,
+                                                                                   tmp_path, capsys):
+    from doc2vec_dist.index import build_index
+
+    path, _users = few_users_file
+    events = pq.read_table(path, columns=["user_id", "url"]).slice(0, 200)
+    placed = pc.unique(events.column("user_id")).to_pylist()
+    strangers = [f"stranger{i}" for i in range(7)]
+    lost = pa.table({"user_id": strangers, "url": [f"https://never.example/{i}" for i in range(7)]})
+    mixed = _write(pa.concat_tables([events, lost]), tmp_path)
+    out = str(tmp_path / "inferred.parquet")
+    assert main(["infer", "--model", trained_model, mixed, "--out", out, "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert (f"warning: 7 users have no URL the model knows (stranger0, stranger1, stranger2, stranger3, stranger4 and "
+            f"2 more): their rows in {out} have a null vector") in captured.err.splitlines()
+    assert f"inferred {len(placed)} user vectors (dim 32) to {out}" in captured.out
+    assert "and 7 users without one (a null vector)" in captured.out
+    written = pq.read_table(out)
+    assert written.num_rows == len(placed) + 7 and written.column("vector").null_count == 7
+
+    # neighbors --vectors: the keys without a vector are skipped, named, and the others answered
+    assert main(["neighbors", "--model", trained_model, "--vectors", out, "--key", placed[0], "--key", "stranger3",
+                 "--k", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [(f"warning: {out}: 1 key asked has a null vector (a user infer could not "
+                                         "place), left out of the answer: stranger3")]
+    lines = captured.out.splitlines()
+    assert lines[0] == "key\tneighbor\tscore\trank" and len(lines) == 4
+    assert all(line.startswith(f"{placed[0]}\t") for line in lines[1:])
+
+    # index --vectors: the null rows stay out of the index, named; the others are indexed
+    params = build_index(str(tmp_path / "users.index"), kind="flat", vectors_path=out, progress=False)
+    assert params["rows"] == len(placed) and params["null_vectors"] == 7
+    keys = pq.read_table(str(tmp_path / "users.index" / "keys.parquet")).column("key").to_pylist()
+    assert sorted(keys) == sorted(placed)
+    assert main(["index", "--vectors", out, "--kind", "hnsw", "--out", str(tmp_path / "hnsw.index"),
+                 "--no-progress"]) == 0
+    assert (f"warning: {out}: 7 rows with a null vector (users infer could not place) left out of the index: "
+            "stranger0, stranger1, stranger2, stranger3, stranger4 and 2 more") in capsys.readouterr().err.splitlines()

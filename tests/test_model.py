@@ -37,7 +37,7 @@ def test_neighbors_of_many_keys_at_once_and_cosine_scores(trained_model):
 def test_urls_for_a_user_are_scored_by_log_probability(trained_model):
     model = Model.load(trained_model)
     user = ModelDir(trained_model).keys("docs")[5].as_py()
-    top = model.neighbors(user, k=3, against="words_out").to_pylist()
+    top = model.neighbors(user, k=3, against="words_out", exclude_seen=False).to_pylist()  # the whole ranking
     d = model.vector(user)
     from doc2vec_dist.scoring import url_log_prior
 
@@ -161,7 +161,7 @@ def test_neighbors_of_vectors_score_as_those_of_keys(numeric_model):
         np.testing.assert_allclose([r["score"] for r in mine[1:]], [r["score"] for r in theirs], atol=1e-6)
     # URLs for a user: the same d·o + ns_exponent·log count as for its key
     urls_by_vector = model.neighbors(vectors=model.vector(keys[0]), k=5, against="words_out")
-    urls_by_key = model.neighbors(keys[0], k=5, against="words_out")
+    urls_by_key = model.neighbors(keys[0], k=5, against="words_out", exclude_seen=False)  # a vector has no visits
     assert urls_by_vector.column("neighbor").to_pylist() == urls_by_key.column("neighbor").to_pylist()
     np.testing.assert_allclose(urls_by_vector.column("score").to_numpy(), urls_by_key.column("score").to_numpy(),
                                rtol=1e-6)
@@ -195,13 +195,17 @@ def test_neighbors_of_a_user_just_inferred(numeric_model, tmp_path):
 def test_a_url_asked_as_a_user_says_it_is_a_url_and_which_table_to_give(trained_model):
     model = Model.load(trained_model)
     url, user = model.keys("words_out")[3].as_py(), model.keys("docs")[3].as_py()
+    # a Python caller is told the argument to give (issue 47); the command line names its flags (test_bad_input)
+    for ask in (model.neighbors, model.vector):
+        with pytest.raises(UserError) as err:
+            ask(url)
+        assert str(err.value) == (f"unknown docs key {url!r}: it is a URL of the model's vocabulary, not a user; give "
+                                  'table="words_out" for similar URLs')
     with pytest.raises(UserError) as err:
-        model.neighbors(url)
-    assert str(err.value) == (f"unknown docs key {url!r}: it is a URL of the model's vocabulary, not a user; add "
-                              "--table words_out for similar URLs")
-    with pytest.raises(UserError, match=f"unknown words_out key {user!r}: it is a user of the model, not a URL; drop "
-                                        r"--table words_out for similar users \(--against words_out"):
         model.neighbors(user, table="words_out")
+    assert str(err.value) == (f"unknown words_out key {user!r}: it is a user of the model, not a URL; leave out "
+                              'table="words_out" for similar users (against="words_out": the URLs likeliest for '
+                              "the user)")
     with pytest.raises(UserError, match="did you mean"):  # a near miss of neither kind still gets the closest keys
         model.neighbors(user[:-1])
 
@@ -235,3 +239,138 @@ def test_a_vectors_file_of_another_model_is_refused_naming_both(small_models, tm
 
 def test_a_baseline_model_has_an_id_too(numeric_model):
     assert len(ModelDir(numeric_model).manifest["model_id"]) == 32
+
+
+# -- rows without a vector, k, and the URLs a user visited (issue 47) -----------------------------------
+
+def test_neighbors_skip_all_nan_rows_naming_them_and_answer_the_others(trained_model):
+    """Model.infer gives NaN rows for users it cannot place: a query of them is skipped with a warning
+    that names them, not answered with arbitrary users at score 0."""
+    model = Model.load(trained_model)
+    keys = model.keys("docs").to_pylist()
+    vectors = model.vectors(keys[:3])
+    vectors[1] = np.nan
+    with pytest.warns(UserWarning) as caught:
+        result = model.neighbors(vectors=vectors, k=4)
+    assert [str(w.message) for w in caught] == [
+        "neighbors: 1 vector all NaN (a user infer could not place) left out of the answer: at position 1"]
+    assert result.column("key").to_pylist() == ["0"] * 4 + ["2"] * 4  # the others keep their positions
+    alone = model.neighbors(vectors=vectors[[0, 2]], k=4)
+    assert result.column("neighbor").to_pylist() == alone.column("neighbor").to_pylist()
+    with pytest.warns(UserWarning, match=r"2 vectors all NaN .* left out of the answer: bob, carol$"):
+        named = model.neighbors(vectors=np.stack([vectors[0], vectors[1], vectors[1]]), names=["alice", "bob", "carol"],
+                                k=3, against="words_out")
+    assert named.column("key").to_pylist() == ["alice"] * 3
+    # only a row of NaN alone is a user without a vector: a partly NaN row, or inf, is refused naming its row
+    broken = vectors.copy()
+    broken[1] = broken[0]
+    broken[1, 3] = np.nan
+    with pytest.raises(UserError, match=r"^neighbors: the vector at position 1 holds NaN or inf in 1 of its 32 "):
+        model.neighbors(vectors=broken)
+    broken[1, 3] = np.inf
+    with pytest.raises(UserError, match=r"^neighbors: the vector at position 1 holds NaN or inf"):
+        model.neighbors(vectors=broken)
+    with pytest.warns(UserWarning, match="left out of the answer: at position 0$"):
+        assert model.neighbors(vectors=vectors[1]).num_rows == 0  # nothing left to answer: an empty table
+
+
+@pytest.mark.parametrize("k", [0, -3, 2.5, True, "5"])
+def test_k_is_a_whole_number_of_at_least_one(trained_model, k):
+    model = Model.load(trained_model)
+    key = model.keys("docs")[0].as_py()
+    with pytest.raises(UserError) as err:
+        model.neighbors(key, k=k)
+    assert str(err.value) == f"neighbors: k must be a whole number >= 1, not {k!r}"
+
+
+def test_a_saved_index_refuses_k_below_one(numeric_model, tmp_path):
+    from doc2vec_dist.index import ServedIndex, build_index
+
+    index = str(tmp_path / "users.index")
+    build_index(index, kind="flat", model=numeric_model, progress=False)
+    served = ServedIndex.load(index)
+    query = np.ones((1, 16), np.float32) / 4
+    assert served.search(query, 1)[1].shape == (1, 1)
+    with pytest.raises(UserError, match=r"^search: k must be a whole number >= 1, not 0$"):
+        served.search(query, 0)
+    with pytest.raises(UserError, match=r"^neighbors: k must be a whole number >= 1, not -3$"):
+        Model.load(numeric_model).neighbors("100000", k=-3, index=index)
+
+
+def _seen_urls(model: Model, corpus: str, user: str) -> set[str]:
+    from doc2vec_dist.evaluate import seen_tokens
+
+    row = int(model.rows(user)[0])
+    urls = model.keys("words_out").to_pylist()
+    return {urls[t] for t in seen_tokens(corpus, np.array([row]))[row]}
+
+
+def test_likeliest_urls_for_a_user_leave_out_the_urls_it_visited(trained_model, sample_corpus, capsys):
+    """As evaluate ranks them: a page the user was trained on is no prediction. The URLs visited are
+    read from the model's corpus; a user with few unseen URLs still gets k answers (the search goes deeper)."""
+    from doc2vec_dist.cli import main
+
+    model = Model.load(trained_model)
+    users = model.keys("docs").to_pylist()[:40]
+    k = 10
+    before = {u: model.neighbors(u, k=k, against="words_out", exclude_seen=False).column("neighbor").to_pylist()
+              for u in users}
+    seen = {u: _seen_urls(model, sample_corpus[0], u) for u in users}
+    user = max(users, key=lambda u: len(set(before[u]) & seen[u]))
+    assert set(before[user]) & seen[user]  # the old answer held pages the user visited
+    got = model.neighbors([user, users[0]], k=k, against="words_out")  # on by default for user keys
+    mine = got.filter(pc.equal(got["key"], user))
+    assert mine.column("rank").to_pylist() == list(range(1, k + 1))
+    everything = model.neighbors(user, k=k + len(seen[user]), against="words_out", exclude_seen=False)
+    assert mine.column("neighbor").to_pylist() == [u for u in everything.column("neighbor").to_pylist()
+                                                   if u not in seen[user]][:k]
+    np.testing.assert_allclose(mine.column("score").to_numpy(),
+                               [s for u, s in zip(everything["neighbor"].to_pylist(), everything["score"].to_pylist())
+                                if u not in seen[user]][:k], rtol=1e-6)
+    # k past what is left: every unseen URL of the vocabulary, and no more
+    vocab = len(model.keys("words_out"))
+    assert model.neighbors(user, k=vocab, against="words_out").num_rows == vocab - len(seen[user])
+    # the command line: on by default, --no-exclude-seen for the model's ranking as it is
+    assert main(["neighbors", "--model", trained_model, "--key", user, "--against", "words_out", "--k", "10"]) == 0
+    shown = [line.split("\t")[1] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert shown == mine.column("neighbor").to_pylist()
+    assert main(["neighbors", "--model", trained_model, "--key", user, "--against", "words_out", "--k", "10",
+                 "--no-exclude-seen"]) == 0
+    assert [line.split("\t")[1] for line in capsys.readouterr().out.splitlines()[1:]] == before[user]
+    # similar users, or a vector: nothing to leave out, so exclude_seen is refused rather than ignored
+    with pytest.raises(UserError, match=r"^neighbors: exclude_seen leaves out the URLs a user visited: it needs "):
+        model.neighbors(user, exclude_seen=True)
+    with pytest.raises(UserError, match=r"^neighbors: exclude_seen leaves out the URLs a user visited: it needs "):
+        model.neighbors(vectors=model.vector(user), against="words_out", exclude_seen=True)
+
+
+def test_without_the_models_corpus_the_visited_urls_stay_in_and_it_says_so(trained_model, tmp_path, capsys):
+    import json
+    import shutil
+
+    from doc2vec_dist.cli import main
+
+    copy = shutil.copytree(trained_model, str(tmp_path / "model"))
+    with open(os.path.join(copy, "config.json")) as fh:
+        config = json.load(fh)
+    gone = str(tmp_path / "corpus-gone")
+    config["corpus"] = gone
+    with open(os.path.join(copy, "config.json"), "w") as fh:
+        json.dump(config, fh)
+    model = Model.load(copy)
+    user = model.keys("docs")[0].as_py()
+    with pytest.warns(UserWarning) as caught:
+        got = model.neighbors(user, k=5, against="words_out")
+    assert [str(w.message) for w in caught] == [
+        f"neighbors: the model's corpus {gone} is gone: the URLs each user visited are not left out of the answer"]
+    assert got.equals(Model.load(trained_model).neighbors(user, k=5, against="words_out", exclude_seen=False))
+    with pytest.raises(UserError, match=rf"^neighbors: the model's corpus {gone} is gone: the URLs each user visited cannot be left out; give "
+                                         "exclude_seen=False$"):
+        model.neighbors(user, k=5, against="words_out", exclude_seen=True)
+    # the command line says it in a line of its own, and the flag to give
+    assert main(["neighbors", "--model", copy, "--key", user, "--against", "words_out"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [(f"warning: neighbors: the model's corpus {gone} is gone: the URLs each user visited are not left "
+                   "out of the answer")]
+    assert main(["neighbors", "--model", copy, "--key", user, "--against", "words_out", "--exclude-seen"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("cannot be left out; give --no-exclude-seen")
