@@ -11,6 +11,7 @@ here is a flag and a YAML key at once. Precedence: defaults < YAML file < flags.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 import os
 import re
@@ -548,8 +549,16 @@ def load_yaml(path: str) -> dict:
             raise UserError(f"{path}: {key} is gensim's name; doc2vec-dist uses {pointer}")
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise UserError(f"{path}: unknown config key(s): {', '.join(unknown)}")
+        known = [*fields, *_aliases()]
+        raise UserError(f"{path}: unknown config key(s): {', '.join(k + did_you_mean(k, known, ' (', ')') for k in unknown)}")
     return {key: typed(fields[key], value, where=f"{path}: ") for key, value in data.items()}
+
+
+def did_you_mean(name: str, known, before: str = "; ", after: str = "") -> str:
+    """`(did you mean 'epochs'?)` for a name given that is none of `known` but close to one (difflib's
+    measure, as argparse uses for a mistyped choice), between `before` and `after`; "" when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"{before}did you mean {close[0]!r}?{after}" if close else ""
 
 
 def build(cls, *sources: dict):

@@ -236,7 +236,7 @@ CASES = [
     Case("an engine flag given to baseline", "baseline --corpus {corpus} --out {t}/m --num-ps 2", "error",
          "--num-ps is a doc2vec-dist engine option; gensim's baseline does not use it", untouched="{t}/m"),
     Case("config YAML with an unknown key", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
-         "{t}/c.yaml: unknown config key(s): epochz", {"c.yaml": b"epochz: 3\n"}, "{t}/m"),
+         "{t}/c.yaml: unknown config key(s): epochz (did you mean 'epochs'?)", {"c.yaml": b"epochz: 3\n"}, "{t}/m"),
     Case("config YAML with a wrong type", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
          "{t}/c.yaml: bad value for dim: 'abc' (a whole number expected)", {"c.yaml": b"dim: abc\n"}, "{t}/m"),
     Case("corpus that is not one", "train --corpus {t} --out {t}/m", "error",
@@ -365,6 +365,9 @@ CASES = [
     Case("tune --searcher optuna with a grid", "tune --corpus {corpus} --heldout {heldout} --out {t}/s --space "
          "{t}/g.yaml --searcher optuna", "error", "{t}/g.yaml: alpha: grid is not searched by --searcher optuna",
          {"g.yaml": b"alpha: {grid: [0.01, 0.05]}\nepochs: 2\n"}, "{t}/s"),
+    Case("tune --space with an unknown setting", "tune --corpus {corpus} --heldout {heldout} --out {t}/s --space "
+         "{t}/g.yaml", "error", "{t}/g.yaml: 'epochz' is not a training setting (TrainConfig field); did you mean "
+         "'epochs'?", {"g.yaml": b"epochz: {choice: [1, 2]}\n"}, "{t}/s"),
     # --- issue 30: prepare --parallel, and its inputs on object storage ----------------------------------
     Case("prepare --parallel below 0", "prepare {t}/good.csv --out {t}/c --parallel -1", "error",
          "--parallel must be >= 0 (0: a task per CPU of the Ray cluster), not -1", {"good.csv": GOOD_CSV}, "{t}/c"),
