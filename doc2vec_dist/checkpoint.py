@@ -1145,8 +1145,8 @@ def _gone(held: dict, age: float) -> str | None:
 class Writer:
     """This process's hold on a model directory's WRITER_FILE: taken by `writing`, kept alive by a heartbeat."""
 
-    def __init__(self, store: Store, held: dict, made: list[str]):
-        self.store, self.held, self.made = store, held, made
+    def __init__(self, store: Store, held: dict, ident: Any, made: list[str]):
+        self.store, self.held, self.ident, self.made = store, held, ident, made
         self._stop = threading.Event()
         self._lost = False
         self._beating = threading.Thread(target=self._beat_every, name="doc2vec-dist-writer-heartbeat", daemon=True)
@@ -1163,8 +1163,9 @@ class Writer:
             if store.local:
                 made = outputs.make_dirs(store.root)
             for _ in range(5):  # each turn: ours, or someone's that is alive (refused), or a stale one removed
-                if _create(store, mine):
-                    return cls(store, mine, made)
+                ident = _create(store, mine)
+                if ident is not None:
+                    return cls(store, mine, ident, made)
                 found = _read_lock(store)
                 if found is None:
                     continue  # released meanwhile
@@ -1186,7 +1187,7 @@ class Writer:
         """Refresh the heartbeat (the file's mtime) that keeps the lock from looking stale on another host;
         say once if the lock is no longer ours (taken over after a stall longer than STALE_SECONDS)."""
         found = _read_lock(self.store)
-        if found is None or found[0].get("token") != self.held["token"]:
+        if found is None or found[2] != self.ident:
             if not self._lost:
                 self._lost = True
                 log.warning(f"warning: {self.store.name}: this run's lock ({self.store.show(WRITER_FILE)}) was taken "
@@ -1209,9 +1210,7 @@ class Writer:
             return
         self._stop.set()
         with contextlib.suppress(OSError, UserError):
-            found = _read_lock(self.store)
-            if found is not None and found[0].get("token") == self.held["token"]:
-                _remove_if_same(self.store, found[2])
+            _remove_if_same(self.store, self.ident)
         outputs.remove_dirs(self.made)
 
 
@@ -1236,33 +1235,36 @@ def refuse_other_writer(model: str, *, fs: pafs.FileSystem | None = None) -> Non
 
 def _refusal(store: Store, held: dict, age: float) -> str:
     line = f"{store.name} is being written by another run ({_holder(held)}); wait for it to end, or give another --out"
-    if not _same_machine(held):
-        until = datetime.now().astimezone() + timedelta(seconds=STALE_SECONDS - age)
+    if not _same_machine(held):  # its process cannot be looked at from here: only its heartbeat tells
+        until = (datetime.now().astimezone() + timedelta(seconds=STALE_SECONDS - age)).isoformat(timespec="seconds")
         line += (f" (a run that died on another host holds it until {STALE_SECONDS:g} s after its last heartbeat, "
-                 f"until {until.isoformat(timespec='seconds')})")
+                 f"until {until})" if held.get("pid") else
+                 f" (if that run is gone, its lock lapses {STALE_SECONDS:g} s after it was last written, at {until})")
     return line
 
 
-def _create(store: Store, mine: dict) -> bool:
-    """Create the lock file holding `mine` if there is none; True when it is ours."""
+def _create(store: Store, mine: dict) -> Any:
+    """Create the lock file holding `mine` if there is none; what identifies it (as _read_lock gives it)
+    when it is ours, else None."""
     data = storage.json_bytes(mine)
     if store.local:
         try:
             fd = os.open(store.path(WRITER_FILE), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            return False
+            return None
         try:
-            os.write(fd, data)
-        except OSError:
-            pass  # a full disk leaves it empty: still held, and judged by its age (the command's own check names the disk)
+            stat = os.fstat(fd)
+            # a full disk leaves it empty: still held, and judged by its age (the command's own check names the disk)
+            with contextlib.suppress(OSError):
+                os.write(fd, data)
         finally:
             os.close(fd)
-        return True
+        return stat.st_dev, stat.st_ino
     if store.info(WRITER_FILE).type != pafs.FileType.NotFound:
-        return False
+        return None
     store.write_bytes(WRITER_FILE, data)  # no exclusive create on an object store: written, then read back
     found = _read_lock(store)
-    return found is not None and found[0].get("token") == mine["token"]
+    return mine["token"] if found is not None and found[2] == mine["token"] else None
 
 
 def _read_lock(store: Store) -> tuple[dict, float, Any] | None:
