@@ -490,9 +490,9 @@ def resume_point(model: str, asked: int | None = None, *, verify: bool = True, q
 
 def version_damage(store: Store, version: int, verify: bool = True) -> str | None:
     """What is wrong with a committed version, in a few words (`docs/part-00001-of-00002.arrow: part
-    file missing`), or None when its manifest and every part it lists are whole: each part opened as
-    every reader opens it (_open_part), its sha256 checked with `verify` (a whole read of the version;
-    on an object store, a download)."""
+    file missing`), or None when its manifest and every part it lists are whole: with `verify`, each part
+    opened as every reader opens it, its sha256 checked (_open_part: a whole read of the version; on an
+    object store, a download); without, each part's presence and size (a listing, nothing read)."""
     within = store.show(_vrel(version)).rstrip("/") + "/"
 
     def short(exc: UserError) -> str:
@@ -502,7 +502,10 @@ def version_damage(store: Store, version: int, verify: bool = True) -> str | Non
         manifest = _read_manifest(store, version)[1]
         for spec in manifest["tables"].values():
             for part in spec["parts"]:
-                _open_part(store, version, part, verify)
+                if verify:
+                    _open_part(store, version, part, verify=True)
+                else:
+                    _check_part_file(store, version, part)
     except UserError as exc:
         return short(exc)
     return None
@@ -764,12 +767,7 @@ def _open_part(store: Store, version: int, part: dict, verify: bool) -> _Part:
     the way, and mapped from there (the file is unlinked at once; the mapping keeps it alive).
     """
     rel = _vrel(version, part["path"])
-    shown = store.show(rel)
-    info = store.info(rel)
-    if info.type != pafs.FileType.File:
-        raise UserError(f"{shown}: part file missing; the checkpoint is damaged")
-    if "bytes" in part and info.size is not None and info.size != part["bytes"]:
-        raise UserError(f"{shown}: {info.size} bytes, the manifest says {part['bytes']}; the checkpoint is damaged")
+    shown = _check_part_file(store, version, part)
     if store.local:
         path = store.path(rel)
         if verify and sha256_file(path) != part["sha256"]:
@@ -795,6 +793,19 @@ def _open_part(store: Store, version: int, part: dict, verify: bool) -> _Part:
     except pa.ArrowException as exc:
         raise UserError(f"{shown}: not an Arrow file ({exc}); the checkpoint is damaged") from None
     return _Part(shown, reader, mapped, data.address)
+
+
+def _check_part_file(store: Store, version: int, part: dict) -> str:
+    """A part's file is there, of the size its manifest entry says (else a UserError naming it); its name
+    as messages show it."""
+    rel = _vrel(version, part["path"])
+    shown = store.show(rel)
+    info = store.info(rel)
+    if info.type != pafs.FileType.File:
+        raise UserError(f"{shown}: part file missing; the checkpoint is damaged")
+    if "bytes" in part and info.size is not None and info.size != part["bytes"]:
+        raise UserError(f"{shown}: {info.size} bytes, the manifest says {part['bytes']}; the checkpoint is damaged")
+    return shown
 
 
 def _map(fh, shown: str) -> mmap.mmap:

@@ -305,6 +305,7 @@ def resumed_config(model: str, given: dict) -> TrainConfig:
 
     A field outside RESUMABLE_CHANGES that differs from the checkpoint's is refused, naming it.
     """
+    checkpoint.refuse_other_writer(model)  # a run writing it now is named before its versions are read
     asked = build(TrainConfig, {"resume_from": given.get("resume_from")}).resume_version()
     # parts present at their sizes: train() checks their checksums, and says which version it resumes from
     point = checkpoint.resume_point(model, asked, verify=False, quiet=True)

@@ -398,3 +398,18 @@ def test_resume_from_names_a_version_explicitly(ray_cluster, trained_model, samp
     code = main(["train", "--corpus", sample_corpus[0], "--out", model, "--resume-from", "v3", "--no-progress"])
     error, _ = _one_error(capsys)
     assert code == 2 and error == f"error: {model}: --resume-from v3: no such checkpoint (it keeps v10, v11)"
+
+
+def test_a_server_restarted_before_the_runs_first_checkpoint_loads_the_version_resumed_from(trained_model,
+                                                                                          sample_corpus, tmp_path):
+    from doc2vec_dist.ps import ParameterServer, table_specs
+
+    model, part = _damaged_copy(trained_model, tmp_path)
+    tables = table_specs(resumed_config(model, {}), Corpus(sample_corpus[0]))
+    # (9, 10): resumed from v9 while LATEST named v10, as Ray re-runs a server's __init__ after a crash
+    server = ParameterServer(0, 1, tables, 1, model, restore=(9, 10))
+    assert server.restored_version == 9
+    np.testing.assert_array_equal(server.tables["docs"][:, :32], checkpoint.ModelDir(model, version=9).read_table("docs"))
+    # once LATEST has moved past the version it named then (the run committed), LATEST is what a restart loads
+    with pytest.raises(UserError, match=f"v10/{part}: part file missing"):
+        ParameterServer(0, 1, tables, 1, model, restore=(9, 8))
