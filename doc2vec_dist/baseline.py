@@ -89,15 +89,17 @@ def train_gensim(corpus_path: str, out: str, config: TrainConfig, workers: int |
             raise UserError(f"gensim has no {what}; the baseline trains gensim's own SGD with per-example negatives")
     corpus = Corpus(corpus_path)
     out = storage.location(out)
+    checkpoint.refuse_other_writer(out)  # another run writing it (train's lock) is named first
     checkpoint.refuse_existing_model(out, overwrite)  # what is there first, then whether we can write there
     outputs.check_writable(out, inside=True)
-    made = checkpoint.start_model_dir(out, corpus.path, overwrite)
-    try:
-        return _train(corpus, out, config, workers or os.cpu_count() or 1, gensim_mode)
-    except BaseException:
-        if checkpoint.discard_unfinished(out, made):  # a model that never committed is removed, as train does
-            log.warning(f"gensim stopped before its model was saved: removed what this run wrote to {out}")
-        raise
+    with checkpoint.writing(out):  # one writer at a time, taken before anything is deleted or written
+        made = checkpoint.start_model_dir(out, corpus.path, overwrite)
+        try:
+            return _train(corpus, out, config, workers or os.cpu_count() or 1, gensim_mode)
+        except BaseException:
+            if checkpoint.discard_unfinished(out, made):  # a model that never committed is removed, as train does
+                log.warning(f"gensim stopped before its model was saved: removed what this run wrote to {out}")
+            raise
 
 
 def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_mode: str) -> dict:

@@ -11,6 +11,7 @@ here is a flag and a YAML key at once. Precedence: defaults < YAML file < flags.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 import os
 import re
@@ -197,7 +198,10 @@ class TrainConfig:
     first_epoch: str = _f("all", "changed: the first epoch trains only the users a refresh made new or gave new "
                                  "events (prepare --base's changed.arrow), the others keep their vectors through "
                                  "it; all: every user", ("all", "changed"), engine=True)
-    resume: bool = _f(False, "continue from the model directory's LATEST checkpoint", engine=True)
+    resume: bool = _f(False, "continue from the model directory's LATEST checkpoint, verified first; if it is "
+                             "damaged, from the newest intact one, saying so", engine=True)
+    resume_from: str | None = _f(None, "continue from this checkpoint version of the model directory (e.g. v9; "
+                                       "implies --resume), verified first", engine=True)
     init_from: str | None = _f(None, "an earlier model: every table starts from its rows for the users and URLs it "
                                      "knows (a corpus from prepare --base keeps their ids), new rows fresh; the "
                                      "run has its own learning-rate schedule and never changes that model",
@@ -215,6 +219,10 @@ class TrainConfig:
         """Refuse a config no run could train, at construction: a library caller building one gets
         the same one-line errors as the command line and YAML."""
         self.validate()
+
+    def resume_version(self) -> int | None:
+        """The version --resume-from names, as a number (None: LATEST, or the newest intact version)."""
+        return None if self.resume_from is None else int(self.resume_from.lstrip("v"))
 
     def table(self, name: str, rows: int, init: str = "uniform") -> TableSpec:
         """A table of this run: `rows` rows of dim floats, and row-wise Adagrad's accumulator column."""
@@ -334,10 +342,14 @@ class TrainConfig:
             (self.max_restarts >= 0, "max_restarts must be >= 0"),
             (self.wait_for_resources >= 0, "wait_for_resources must be >= 0"),
             (self.cache_rows is None or self.cache_rows >= 0, "cache_rows must be >= 0"),
+            (self.resume_from is None or bool(re.fullmatch(r"v?[1-9][0-9]*", self.resume_from)),
+             f"resume_from must be a checkpoint version like v9, not {self.resume_from!r}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(f"bad training config: {message}")
+        if self.resume_from is not None:
+            self.resume = True  # resuming from a version named is resuming
         _check_choices(self)
         if self.kernel == "exact" and self.gpus_per_worker > 0:
             raise UserError("bad training config: kernel exact runs on CPU workers; GPU workers use the batched "
@@ -548,8 +560,16 @@ def load_yaml(path: str) -> dict:
             raise UserError(f"{path}: {key} is gensim's name; doc2vec-dist uses {pointer}")
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise UserError(f"{path}: unknown config key(s): {', '.join(unknown)}")
+        known = [*fields, *_aliases()]
+        raise UserError(f"{path}: unknown config key(s): {', '.join(k + did_you_mean(k, known, ' (', ')') for k in unknown)}")
     return {key: typed(fields[key], value, where=f"{path}: ") for key, value in data.items()}
+
+
+def did_you_mean(name: str, known, before: str = "; ", after: str = "") -> str:
+    """`(did you mean 'epochs'?)` for a name given that is none of `known` but close to one (difflib's
+    measure, as argparse uses for a mistyped choice), between `before` and `after`; "" when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"{before}did you mean {close[0]!r}?{after}" if close else ""
 
 
 def build(cls, *sources: dict):

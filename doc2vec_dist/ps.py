@@ -108,7 +108,8 @@ def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 1
 
 class ParameterServer:
     def __init__(self, shard: int, num_shards: int, tables: dict[str, TableSpec], seed: int, model: str | None = None,
-                 warm: WarmStart | None = None, journal: str | None = None, rounding: str = "stochastic"):
+                 warm: WarmStart | None = None, journal: str | None = None, rounding: str = "stochastic",
+                 restore: tuple[int, int] | None = None):
         """tables: name → its TableSpec (global row count, dim, init, optimiser state columns).
 
         init "uniform" is gensim 4's initialisation of input vectors, U[-1, 1) / dim
@@ -124,6 +125,9 @@ class ParameterServer:
         Otherwise, with `warm` (train --init-from), each table's first warm.rows[name] rows are read
         over the fresh ones from that earlier model's checkpoint (warmstart.py): a known key keeps its
         id in a refreshed corpus, so its row here is its row there.
+
+        restore: (v, L) for a run resumed from version v while LATEST named L (a damaged L passed over, or
+        --resume-from): v is loaded while LATEST still names L, and LATEST once the run has committed.
 
         journal: a directory where every push is also written down, one JSON line per table pushed
         to (its label, the table, the global rows): how the tests see who wrote which rows when.
@@ -146,8 +150,11 @@ class ParameterServer:
         self.applied: dict[str, int] = {}  # pushes of deltas applied to each table: its rounding's key
         self.restored_version: int | None = None
         manifest = None
-        if model is not None and checkpoint.latest_version(model) is not None:
-            _, manifest = checkpoint.load_manifest(model)
+        version = checkpoint.latest_version(model) if model is not None else None
+        if restore is not None and version == restore[1]:
+            version = restore[0]  # resumed from an older version, and nothing committed since
+        if version is not None:
+            _, manifest = checkpoint.load_manifest(model, version=version)
             self.restored_version = int(manifest["version"])
         for i, (name, spec) in enumerate(sorted(tables.items())):
             n = rows_on_shard(shard, num_shards, spec.rows)

@@ -300,17 +300,22 @@ RESUMABLE_CHANGES = frozenset({
 
 
 def resumed_config(model: str, given: dict) -> TrainConfig:
-    """The config of a resumed run: the checkpoint's, with the fields in `given` (flags, YAML) applied.
+    """The config of a resumed run: the checkpoint's (the version it resumes from: given["resume_from"], else
+    LATEST, else the newest whole version), with the fields in `given` (flags, YAML) applied.
 
     A field outside RESUMABLE_CHANGES that differs from the checkpoint's is refused, naming it.
     """
-    _, manifest = checkpoint.load_manifest(model)
-    return _merge_resumed(model, manifest.get("config") or {}, given)
+    checkpoint.refuse_other_writer(model)  # a run writing it now is named before its versions are read
+    asked = build(TrainConfig, {"resume_from": given.get("resume_from")}).resume_version()
+    # parts present at their sizes: train() checks their checksums, and says which version it resumes from
+    point = checkpoint.resume_point(model, asked, verify=False, quiet=True)
+    return _merge_resumed(model, point.manifest.get("config") or {}, given)
 
 
 def _merge_resumed(model: str, saved: dict, given: dict) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    merged = {k: v for k, v in saved.items() if k in names}
+    # the version a run resumed from is that run's: the next resume goes on from LATEST unless told otherwise
+    merged = {k: v for k, v in saved.items() if k in names and k != "resume_from"}
     for name, value in given.items():
         if name not in names or value is None:
             continue
@@ -331,10 +336,13 @@ class _Resume:
     positions: list[Position] | None = None
     version: int | None = None  # the checkpoint resumed from
     tokens: int = 0  # tokens trained before it
+    latest: int | None = None  # the version LATEST named (newer than `version` where that was damaged, or asked for)
+    damaged: dict[int, str] = dataclasses.field(default_factory=dict)  # the versions passed over, and why
 
     @classmethod
     def of(cls, out: str, config: TrainConfig, corpus: Corpus) -> _Resume:
-        _, manifest = checkpoint.load_manifest(out)
+        point = checkpoint.resume_point(out, config.resume_version())  # verified before any actor starts
+        manifest = point.manifest
         for key in ("num_docs", "num_tokens", "vocab_size"):
             saved = (manifest.get("corpus_stats") or {}).get(key)
             if saved is not None and saved != getattr(corpus, key):
@@ -361,16 +369,22 @@ class _Resume:
         if epoch > config.epochs:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
         tokens = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
-        return cls(epoch=epoch, positions=positions, version=checkpoint.latest_version(out), tokens=tokens)
+        return cls(epoch=epoch, positions=positions, version=point.version, tokens=tokens, latest=point.latest,
+                   damaged=point.damaged)
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False,
           on_epoch: Callable[[int, dict], None] | None = None, report_at: Collection[int] | None = None) -> dict:
     """Train doc2vec (PV-DBOW or PV-DM) on a prepared corpus into the model directory `out`; returns the run's figures.
 
-    With config.resume, continue the model in `out` from its LATEST checkpoint: tables and optimiser
-    state (each server loads its rows, whatever number of servers wrote them), epoch and each
-    worker's data position; the learning rate follows from the tokens already trained.
+    With config.resume, continue the model in `out` from its LATEST checkpoint (config.resume_from: from
+    that version), verified before any actor starts (a damaged LATEST: from the newest intact version,
+    saying so; checkpoint.resume_point): tables and optimiser state (each server loads its rows,
+    whatever number of servers wrote them), epoch and each worker's data position; the learning rate
+    follows from the tokens already trained.
+
+    One run writes a model directory at a time: another live run's is refused in one line naming it
+    (checkpoint.writing), before anything in it is deleted or written.
 
     Everything that can be checked is checked before the first actor starts: the config, the corpus,
     `out` (a fresh run writes only into a new or empty directory, or over a model of ours with
@@ -387,13 +401,13 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     corpus = Corpus(corpus_path)
     config = settle_segments(config, corpus)
     out = storage.location(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
+    checkpoint.refuse_other_writer(out)  # another run writing it is named first, whatever else is wrong
     replaces = False
     if config.resume:
-        resume = _Resume.of(out, config, corpus)
-        log.info(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)")
+        if checkpoint.latest_version(out) is None:  # before the lock: nothing is written into what is no model
+            raise UserError(f"{storage.strip_query(out)}: not a trained model (no LATEST file)")
     else:
         replaces = checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
-        resume = _Resume()
     tables = table_specs(config, corpus)
     warm = None
     if config.init_from and not config.resume:  # a resumed run loads its own checkpoint instead
@@ -402,7 +416,20 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         # first: it refuses --out being that model before anything (the probe below) touches it
         warm = warm_start(config.init_from, out, corpus.path, tables)
     outputs.check_writable(out, inside=True)  # a read-only or forbidden place, before Ray starts
-    if config.resume:  # versions a stopped run left half-written take room the next checkpoint needs
+    with checkpoint.writing(out):  # before anything in `out` is deleted or written
+        return _train_writing(corpus, out, config, overwrite, replaces, tables, warm, on_epoch, report_at)
+
+
+def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: bool, replaces: bool,
+                   tables: dict[str, TableSpec], warm: WarmStart | None, on_epoch: Callable[[int, dict], None] | None,
+                   report_at: Collection[int] | None) -> dict:
+    """train() once it holds the lock of `out`: the resumed version chosen and verified, the room and the
+    cluster checked, the actors started and the epochs run."""
+    resume = _Resume()
+    if config.resume:
+        resume = _Resume.of(out, config, corpus)
+        log.info(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)")
+        # versions a stopped run left half-written take room the next checkpoint needs
         for version in checkpoint.discard_partial_versions(out):
             log.info(f"removed checkpoint v{version}, which a run that stopped left unfinished")
     check_room(out, config, corpus, tables, resume, replaces)
@@ -598,9 +625,11 @@ class _Run:
         # it are retried (a retried push lands on the restored rows, which never held it).
         names = [f"doc2vec-dist-{uuid.uuid4().hex[:12]}-ps{s}" for s in range(config.num_ps)]
         journal = os.environ.get(PUSH_JOURNAL_ENV)  # every push written down: for tests
+        resume = self.resume  # from a version older than LATEST: the servers load it until this run commits
+        restore = (resume.version, resume.latest) if resume.version is not None and resume.version != resume.latest else None
         self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
                                            max_task_retries=-1, **server_placement).remote(
-            s, config.num_ps, tables, config.seed, self.out, self.warm, journal, config.rounding)
+            s, config.num_ps, tables, config.seed, self.out, self.warm, journal, config.rounding, restore=restore)
             for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         step_pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)  # for tests
@@ -891,7 +920,8 @@ class _Run:
         version = checkpoint.next_version(self.out)
         try:
             checkpoint.commit_training(self.out, self.config, self.corpus, self._save, epoch, positions, epoch_stats,
-                                       derived_from=list(self.warm.lineage) if self.warm else None, version=version)
+                                       derived_from=list(self.warm.lineage) if self.warm else None, version=version,
+                                       damaged=self.resume.damaged)
         except storage.CheckpointWriteError as exc:
             raise TrainingStopped(self._write_failure(version, exc)) from None
         self.last_positions, self.last_epoch = positions, epoch

@@ -60,7 +60,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from . import outputs, storage
-from .config import TrainConfig, build, is_text
+from .config import TrainConfig, build, did_you_mean, is_text
 from .corpus import HOLDOUT_SCHEMA, Corpus, iter_shard, write_shard
 from .errors import UserError
 from .ids import hash_strings
@@ -161,7 +161,7 @@ def tune_space(space: dict, where: str = "the search space") -> dict:
     out = {}
     for name, spec in space.items():
         if name not in fields:
-            raise UserError(f"{where}: {name!r} is not a training setting (TrainConfig field)")
+            raise UserError(f"{where}: {name!r} is not a training setting (TrainConfig field){did_you_mean(name, fields)}")
         if isinstance(spec, dict) and "by" in spec:
             by = spec["by"]
             if by not in space:

@@ -65,7 +65,7 @@ TRAIN_SET_HERE = ("init_from", "resume")
 # Prepare settings that default to the base corpus's own, so today's events are read as yesterday's were.
 PREPARE_FROM_BASE = ("format", "doc_col", "token_col", "time_col", "delimiter")
 # Training settings of the base model that are not settings of this run.
-NOT_CARRIED = ("init_from", "resume", "address", "progress")
+NOT_CARRIED = ("init_from", "resume", "resume_from", "address", "progress")
 EPOCHS_HELP = ("passes over the refreshed corpus (default: 1 for a refresh, not the base model's: known users and "
                "URLs start from trained vectors, so one pass adapts them to the new events and trains the new "
                "rows; the issue's target is 1 epoch within 0.005 recall@10 of a 5-epoch cold retrain in a third of "

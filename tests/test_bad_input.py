@@ -238,7 +238,7 @@ CASES = [
     Case("an engine flag given to baseline", "baseline --corpus {corpus} --out {t}/m --num-ps 2", "error",
          "--num-ps is a doc2vec-dist engine option; gensim's baseline does not use it", untouched="{t}/m"),
     Case("config YAML with an unknown key", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
-         "{t}/c.yaml: unknown config key(s): epochz", {"c.yaml": b"epochz: 3\n"}, "{t}/m"),
+         "{t}/c.yaml: unknown config key(s): epochz (did you mean 'epochs'?)", {"c.yaml": b"epochz: 3\n"}, "{t}/m"),
     Case("config YAML with a wrong type", "train --corpus {corpus} --out {t}/m --config {t}/c.yaml", "error",
          "{t}/c.yaml: bad value for dim: 'abc' (a whole number expected)", {"c.yaml": b"dim: abc\n"}, "{t}/m"),
     Case("corpus that is not one", "train --corpus {t} --out {t}/m", "error",
@@ -294,6 +294,25 @@ CASES = [
          "{t}/m"),
     Case("a corpus shard truncated (baseline)", "baseline --corpus {corpus} --out {t}/m", "error",
          "{corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1}, "{t}/m"),
+    # issue 47, item 8: resume verifies its version first; a damaged LATEST falls back to the newest intact one
+    Case("resume with a part of the latest checkpoint missing", "train --corpus {corpus} --out {model} --resume",
+         "says", "warning: {model}: checkpoint v10 is damaged (docs/part-00001-of-00002.arrow: part file missing); "
+         "resuming from v9, the newest intact version", {"@delete": "docs"}),
+    Case("--resume-from a damaged version", "train --corpus {corpus} --out {model} --resume-from v10", "error",
+         "{model}: checkpoint v10 is damaged (docs/part-00001-of-00002.arrow: part file missing); resume from v9, the "
+         "newest intact version, with --resume-from v9", {"@delete": "docs"}, "{model}"),
+    Case("--resume-from a version the model does not keep", "train --corpus {corpus} --out {model} --resume-from v3",
+         "error", "{model}: --resume-from v3: no such checkpoint (it keeps v9, v10)", untouched="{model}"),
+    Case("--resume-from that is no version", "train --corpus {corpus} --out {model} --resume-from latest", "error",
+         "bad training config: resume_from must be a checkpoint version like v9, not 'latest'", untouched="{model}"),
+    # issue 47, item 6: one writer per model directory
+    Case("train --overwrite into a model another run writes", "train --corpus {corpus} --out {model} --overwrite",
+         "error", "{model} is being written by another run (host ", {"@locked": ""}, "{model}"),
+    Case("baseline --overwrite into a model another run writes", "baseline --corpus {corpus} --out {model} --overwrite",
+         "error", "{model} is being written by another run (host ", {"@locked": ""}, "{model}"),
+    Case("resume a model whose last run was killed (its lock left behind)", "train --corpus {corpus} --out {model} "
+         "--resume --epochs 11", "says", "warning: {model}: taking over the lock of a run that is gone (host ",
+         {"@killed-writer": ""}),
     Case("LATEST naming a missing version", "export --model {model} --out {t}/u.parquet", "error",
          "{model}/checkpoints/v99/manifest.json: missing; v99 is not a committed checkpoint",
          {"@latest": "v99"}, "{t}/u.parquet"),
@@ -367,6 +386,9 @@ CASES = [
     Case("tune --searcher optuna with a grid", "tune --corpus {corpus} --heldout {heldout} --out {t}/s --space "
          "{t}/g.yaml --searcher optuna", "error", "{t}/g.yaml: alpha: grid is not searched by --searcher optuna",
          {"g.yaml": b"alpha: {grid: [0.01, 0.05]}\nepochs: 2\n"}, "{t}/s"),
+    Case("tune --space with an unknown setting", "tune --corpus {corpus} --heldout {heldout} --out {t}/s --space "
+         "{t}/g.yaml", "error", "{t}/g.yaml: 'epochz' is not a training setting (TrainConfig field); did you mean "
+         "'epochs'?", {"g.yaml": b"epochz: {choice: [1, 2]}\n"}, "{t}/s"),
     # --- issue 30: prepare --parallel, and its inputs on object storage ----------------------------------
     Case("prepare --parallel below 0", "prepare {t}/good.csv --out {t}/c --parallel -1", "error",
          "--parallel must be >= 0 (0: a task per CPU of the Ray cluster), not -1", {"good.csv": GOOD_CSV}, "{t}/c"),
@@ -439,10 +461,15 @@ def _damage(model: str, files: dict) -> None:
     if "@latest" in files:
         with open(os.path.join(model, "LATEST"), "w") as fh:
             fh.write(files["@latest"] + "\n")
+    if "@delete" in files:
+        os.remove(os.path.join(model, "checkpoints", "v10", files["@delete"], "part-00001-of-00002.arrow"))
+    if "@killed-writer" in files:  # a run that took the model's lock and was killed holding it
+        held = "from doc2vec_dist import checkpoint; import os, sys\nwith checkpoint.writing(sys.argv[1]): os.kill(os.getpid(), 9)"
+        assert subprocess.run([sys.executable, "-c", held, model], cwd=ROOT, check=False).returncode == -9
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot, tmpfs):
+def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot, tmpfs, request):
     t = str(tmp_path / "w")
     os.makedirs(t)
     model = shutil.copytree(trained_model, str(tmp_path / "model"))
@@ -465,6 +492,11 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
     _mount(t, model, case.files, tmpfs)
     if "@shard" in case.files:
         os.truncate(os.path.join(corpus, "shards", "part-00000.arrow"), 100)
+    if "@locked" in case.files:  # another run writes the model: this process holds its lock meanwhile
+        from doc2vec_dist import checkpoint
+
+        locked = checkpoint.Writer.take(model)
+        request.addfinalizer(locked.release)
     untouched = case.untouched.format(**fill) if case.untouched else None
     before = snapshot(untouched) if untouched else None
     argv = [a.format(**fill) for a in case.argv.split()] + ["--no-progress"] * (case.argv.split()[0] in (

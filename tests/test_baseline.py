@@ -161,7 +161,7 @@ MODEL_FLAGS = ["--dim", "--vector-size", "--epochs", "--mode", "--dbow-words", "
 def test_engine_only_fields_are_marked_in_the_config():
     assert {"--num-ps", "--num-workers", "--cpus-per-worker", "--gpus-per-worker", "--cache-rows", "--macro-batch",
             "--micro-batch", "--max-inflight-pushes", "--checkpoint-every", "--keep-checkpoints", "--max-restarts",
-            "--address", "--resume", "--shared-negatives", "--optimizer", "--kernel", "--init-from",
+            "--address", "--resume", "--resume-from", "--shared-negatives", "--optimizer", "--kernel", "--init-from",
             "--first-epoch", "--wait-for-resources", "--schedule", "--segments", "--dtype", "--rounding",
             "--device-rows"} == set(_engine_only_flags())
 

@@ -719,3 +719,189 @@ def test_a_manifest_with_a_bad_id_is_refused_naming_the_field(tmp_path, field, v
         json.dump(manifest, fh)
     with pytest.raises(UserError, match=f"field '{field}' must be"):
         checkpoint.ModelDir(model)
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 47, item 6: one writer per model directory
+# ---------------------------------------------------------------------------------------------------
+
+# a run that takes the lock and is killed holding it (SIGKILL: no finally runs)
+KILLED_HOLDER = """
+import os, signal, sys
+from doc2vec_dist import checkpoint
+with checkpoint.writing(sys.argv[1]):
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def lock_of(model: str) -> dict:
+    with open(os.path.join(model, checkpoint.WRITER_FILE)) as fh:
+        return json.load(fh)
+
+
+def killed_holder(model: str) -> dict:
+    """The lock a run killed while writing `model` left there."""
+    done = subprocess.run([sys.executable, "-c", KILLED_HOLDER, model], capture_output=True, text=True, check=False,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == -9, done.stderr
+    return lock_of(model)
+
+
+def held_line(model: str, held: dict) -> str:
+    return (f"{model} is being written by another run (host {held['host']}, pid {held['pid']}, started "
+            f"{held['started']}, `{held['command']}`)")
+
+
+def test_a_second_writer_is_refused_in_one_line_naming_the_first_and_the_lock_goes_with_the_first(tmp_path):
+    import socket
+
+    model = str(tmp_path / "m")
+    with checkpoint.writing(model):
+        held = lock_of(model)
+        assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
+        for second in (lambda: checkpoint.writing(model).__enter__(), lambda: checkpoint.refuse_other_writer(model)):
+            with pytest.raises(UserError) as err:
+                second()
+            assert str(err.value) == held_line(model, held) + "; wait for it to end, or give another --out"
+    assert not os.path.exists(model)  # the lock made the directory, and removed it again with itself
+
+
+@pytest.mark.parametrize("raised", [UserError("refused"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_the_lock_is_released_on_every_way_out(tmp_path, raised):
+    model = str(tmp_path / "m")
+    os.makedirs(model)
+    with pytest.raises(type(raised)), checkpoint.writing(model):
+        raise raised
+    assert os.listdir(model) == []  # a directory it did not make stays
+    with checkpoint.writing(model):
+        pass
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over_with_one_line(tmp_path, logged):
+    model = str(tmp_path / "m")
+    os.makedirs(model)
+    left = killed_holder(model)
+    checkpoint.refuse_other_writer(model)  # not refused: its run is gone
+    with checkpoint.writing(model):
+        assert lock_of(model)["pid"] == os.getpid()
+    taken = [r.getMessage() for r in logged.records if "taking over" in r.getMessage()]
+    assert taken == [(f"warning: {model}: taking over the lock of a run that is gone (host {left['host']}, pid "
+                     f"{left['pid']}, started {left['started']}, `{left['command']}`): its process no longer runs")]
+
+
+def test_a_lock_whose_pid_now_runs_another_process_is_taken_over(tmp_path, logged):
+    model = str(tmp_path / "m")
+    os.makedirs(model)
+    left = killed_holder(model)
+    left["pid"] = os.getppid()  # a live process, started before the one that held the lock
+    with open(os.path.join(model, checkpoint.WRITER_FILE), "w") as fh:
+        json.dump(left, fh)
+    with checkpoint.writing(model):
+        pass
+    assert any(f"pid {left['pid']}" in r.getMessage() and r.getMessage().endswith(": its process no longer runs")
+               for r in logged.records)
+
+
+def test_a_lock_of_another_host_holds_while_its_heartbeat_is_fresh_and_expires_after(tmp_path, logged):
+    model = str(tmp_path / "m")
+    os.makedirs(model)
+    left = killed_holder(model)
+    left.update(host="elsewhere", boot_id="another-boot")
+    path = os.path.join(model, checkpoint.WRITER_FILE)
+    with open(path, "w") as fh:
+        json.dump(left, fh)
+    with pytest.raises(UserError) as err:
+        checkpoint.refuse_other_writer(model)
+    assert str(err.value).startswith(held_line(model, left) + "; wait for it to end, or give another --out (a run "
+                                     f"that died on another host holds it until {checkpoint.STALE_SECONDS:g} s after its "
+                                     "last heartbeat, until ")
+    old = time.time() - checkpoint.STALE_SECONDS - 100
+    os.utime(path, (old, old))
+    with checkpoint.writing(model):
+        pass
+    assert any(r.getMessage().startswith(f"warning: {model}: taking over the lock of a run that is gone (host "
+                                         "elsewhere, ") and r.getMessage().endswith(" s")
+               and ": no heartbeat for " in r.getMessage() for r in logged.records)
+
+
+def test_the_holder_keeps_its_lock_alive_with_a_heartbeat(tmp_path):
+    model = str(tmp_path / "m")
+    with checkpoint.writing(model) as writer:
+        path = os.path.join(model, checkpoint.WRITER_FILE)
+        old = time.time() - 1000
+        os.utime(path, (old, old))
+        writer.beat()
+        assert os.path.getmtime(path) > old + 900
+
+
+def test_overwrite_keeps_the_lock_and_a_directory_holding_only_a_lock_is_empty(tmp_path, sample_corpus,
+                                                                             small_models):
+    model = small_models.make(tmp_path / "m", seed=1)
+    with checkpoint.writing(model):
+        assert checkpoint.refuse_existing_model(model, overwrite=True) is True
+        checkpoint.start_model_dir(model, sample_corpus[0], overwrite=True)
+        assert checkpoint.WRITER_FILE in os.listdir(model) and "LATEST" not in os.listdir(model)
+        assert lock_of(model)["pid"] == os.getpid()
+    fresh = str(tmp_path / "fresh")
+    os.makedirs(fresh)
+    killed_holder(fresh)  # a fresh run killed as soon as it took the lock
+    assert checkpoint.refuse_existing_model(fresh, overwrite=False) is False
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 47, item 8: which version a resume starts from, verified before any actor starts
+# ---------------------------------------------------------------------------------------------------
+
+def remove_part(model: str, version: int, shard: int = 1) -> str:
+    rel = f"docs/{checkpoint.part_name(shard, SHARDS)}"
+    os.remove(os.path.join(checkpoint.version_dir(model, version), rel))
+    return rel
+
+
+def test_a_damaged_latest_version_falls_back_to_the_newest_intact_one_in_one_line(tmp_path, logged):
+    model = str(tmp_path / "m")
+    for seed in range(3):
+        write_version(model, full_matrix(seed), keep=3)
+    gone = remove_part(model, 3)
+    point = checkpoint.resume_point(model)
+    assert (point.version, point.latest, point.damaged) == (2, 3, {3: f"{gone}: part file missing"})
+    assert point.manifest["version"] == 2
+    said = [r.getMessage() for r in logged.records if "damaged" in r.getMessage()]
+    assert said == [(f"warning: {model}: checkpoint v3 is damaged ({gone}: part file missing); resuming from v2, the newest "
+                    "intact version")]
+    # a flipped byte is found too (the checksum), before anything starts
+    path = os.path.join(checkpoint.version_dir(model, 2), "docs", checkpoint.part_name(0, SHARDS))
+    with open(path, "r+b") as fh:
+        fh.seek(40)
+        byte = fh.read(1)
+        fh.seek(40)
+        fh.write(bytes([byte[0] ^ 1]))
+    point = checkpoint.resume_point(model)
+    assert point.version == 1 and point.damaged[2] == f"docs/{checkpoint.part_name(0, SHARDS)}: checksum mismatch"
+
+
+def test_with_no_intact_version_resume_stops_naming_each_damage_and_no_version(tmp_path):
+    model = str(tmp_path / "m")
+    for seed in range(2):
+        write_version(model, full_matrix(seed))
+    gone = [remove_part(model, v) for v in (1, 2)]
+    with pytest.raises(UserError) as err:
+        checkpoint.resume_point(model)
+    assert str(err.value) == (f"{model}: no intact checkpoint to resume from: v2 is damaged ({gone[1]}: part file missing), v1 "
+                              f"is damaged ({gone[0]}: part file missing); train it afresh with --overwrite")
+
+
+def test_resume_from_a_version_asked_for_is_verified_and_a_missing_one_named(tmp_path):
+    model = str(tmp_path / "m")
+    for seed in range(4):
+        write_version(model, full_matrix(seed), keep=3)  # v2, v3, v4 kept
+    point = checkpoint.resume_point(model, 3)
+    assert (point.version, point.latest, point.damaged) == (3, 4, {})
+    with pytest.raises(UserError) as err:
+        checkpoint.resume_point(model, 1)
+    assert str(err.value) == f"{model}: --resume-from v1: no such checkpoint (it keeps v2, v3, v4)"
+    gone = remove_part(model, 4)
+    with pytest.raises(UserError) as err:
+        checkpoint.resume_point(model, 4)
+    assert str(err.value) == (f"{model}: checkpoint v4 is damaged ({gone}: part file missing); resume from v3, the newest intact "
+                              "version, with --resume-from v3")

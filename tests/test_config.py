@@ -126,3 +126,35 @@ def test_a_library_caller_gets_the_same_check_and_what_loses_nothing_is_converte
     path.write_text("dim: 1e2\n")
     with pytest.raises(UserError, match=r"bad value for dim: '1e2' \(a whole number expected\)"):
         load_yaml(str(path))
+
+
+# --- issue 47: an unknown YAML key gets the closest known key, as argparse gives for a flag -------------------
+
+@pytest.mark.parametrize("key, meant", [("epochz", "epochs"), ("min_alfa", "min_alpha"), ("num-worker", "num_workers"),
+                                        ("vector_sise", "vector_size")])
+def test_an_unknown_yaml_key_names_the_closest_known_key(tmp_path, key, meant):
+    from doc2vec_dist.config import load_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: 3\n")
+    with pytest.raises(UserError) as err:
+        load_yaml(str(path))
+    assert str(err.value) == f"{path}: unknown config key(s): {key.replace('-', '_')} (did you mean '{meant}'?)"
+
+
+def test_an_unknown_yaml_key_like_none_gets_no_guess_and_every_unknown_key_is_named(tmp_path):
+    from doc2vec_dist.config import load_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text("zzqx: 1\nepochz: 3\n")
+    with pytest.raises(UserError) as err:
+        load_yaml(str(path))
+    assert str(err.value) == f"{path}: unknown config key(s): epochz (did you mean 'epochs'?), zzqx"
+
+
+def test_a_search_space_key_that_is_no_setting_names_the_closest_one():
+    from doc2vec_dist.tune import tune_space
+
+    with pytest.raises(UserError, match=r"^space.yaml: 'epochz' is not a training setting \(TrainConfig field\); "
+                                        r"did you mean 'epochs'\?$"):
+        tune_space({"epochz": {"choice": [1, 2]}}, where="space.yaml")

@@ -313,3 +313,103 @@ def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulat
     summary = train(small_corpus, model, resumed_config(model, {"epochs": 2}))
     assert summary["tokens"] == Corpus(small_corpus).num_tokens
     assert checkpoint.ModelDir(model).manifest["config"]["dtype"] == then
+
+
+# --- issue 47, item 6: one writer per model directory ---------------------------------------------------------
+
+def test_two_runs_into_one_out_the_second_is_refused_in_one_line_naming_the_first(ray_cluster, small_corpus, tmp_path,
+                                                                                capsys, interrupt_when):
+    import socket
+
+    model = str(tmp_path / "model")
+    address = ray_cluster.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "doc2vec_dist", "train", "--corpus", small_corpus, "--out", model]
+    flags = ["--dim", "8", "--sample", "0", "--address", address, "--no-progress"]
+    # long enough that it is still training when the second comes, whatever the machine's speed
+    first = subprocess.Popen(cmd + flags + ["--epochs", "500", "--checkpoint-every", "0.3"], cwd=ROOT,
+                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(model, "LATEST")):  # under way, with a checkpoint to lose
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        before = latest(model)
+        capsys.readouterr()
+        code = main(["train", "--corpus", small_corpus, "--out", model, "--overwrite", "--epochs", "1", *flags])
+        error, _ = _one_error(capsys)
+        assert code == 2
+        shown = " ".join(["doc2vec-dist", *cmd[3:], *flags, "--epochs", "500", "--checkpoint-every", "0.3"])
+        assert re.fullmatch(rf"error: {re.escape(model)} is being written by another run \(host "
+                            rf"{re.escape(socket.gethostname())}, pid {first.pid}, started \S+, `{re.escape(shown)}`\); "
+                            r"wait for it to end, or give another --out", error), error
+        assert latest(model) >= before and first.poll() is None  # the first goes on, its checkpoints intact
+    finally:
+        err = interrupt_when(first, lambda: True)
+    assert first.returncode == 130 and f"interrupted: the model at {model} is kept up to checkpoint v" in err, err
+    assert not os.path.exists(os.path.join(model, checkpoint.WRITER_FILE))  # released on Ctrl-C
+    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs").shape, (1500, 8))
+
+
+# --- issue 47, item 8: a damaged latest checkpoint -------------------------------------------------------------
+
+def _damaged_copy(trained_model: str, tmp_path) -> tuple[str, str]:
+    """A copy of the sample model (v9 and v10) whose v10 lost a part file: (model, the part's name)."""
+    import shutil
+
+    model = shutil.copytree(trained_model, str(tmp_path / "model"))
+    assert latest(model) == 10 and sorted(os.listdir(os.path.join(model, "checkpoints"))) == ["v10", "v9"]
+    part = "docs/part-00001-of-00002.arrow"
+    os.remove(os.path.join(checkpoint.version_dir(model, 10), part))
+    return model, part
+
+
+def test_resume_from_a_damaged_latest_falls_back_to_the_newest_intact_version_in_one_line(
+        ray_cluster, trained_model, sample_corpus, tmp_path, capsys):
+    model, part = _damaged_copy(trained_model, tmp_path)
+    code = main(["train", "--corpus", sample_corpus[0], "--out", model, "--resume", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if "v10" in line] == [
+        f"warning: {model}: checkpoint v10 is damaged ({part}: part file missing); resuming from v9, the newest intact version"]
+    assert f"resumed from v9 (epoch {manifest_of(model, 9)['epoch']}, " in err
+    with open(os.path.join(model, "config.json")) as fh:
+        summary = json.load(fh)["summary"]
+    assert summary["servers_loaded_from"] == [9, 9] and summary["resumed_from_epoch"] == 9
+    # the run's version is v11; of the older ones the damaged v10 went first, the intact v9 is kept
+    assert latest(model) == 11 and sorted(os.listdir(os.path.join(model, "checkpoints"))) == ["v11", "v9"]
+    assert manifest_of(model, 11)["epoch"] == 10
+
+
+def test_resume_from_names_a_version_explicitly(ray_cluster, trained_model, sample_corpus, tmp_path, capsys):
+    import shutil
+
+    model = shutil.copytree(trained_model, str(tmp_path / "model"))
+    epoch = manifest_of(model, 9)["epoch"]
+    code = main(["train", "--corpus", sample_corpus[0], "--out", model, "--resume-from", "v9", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    assert f"resumed from v9 (epoch {epoch}, " in err
+    with open(os.path.join(model, "config.json")) as fh:
+        saved = json.load(fh)
+    assert saved["summary"]["servers_loaded_from"] == [9, 9] and latest(model) == 11
+    assert resumed_config(model, {}).resume_from is None  # a later --resume goes on from LATEST
+    # a version the model does not keep is refused, naming those it keeps
+    code = main(["train", "--corpus", sample_corpus[0], "--out", model, "--resume-from", "v3", "--no-progress"])
+    error, _ = _one_error(capsys)
+    assert code == 2 and error == f"error: {model}: --resume-from v3: no such checkpoint (it keeps v10, v11)"
+
+
+def test_a_server_restarted_before_the_runs_first_checkpoint_loads_the_version_resumed_from(trained_model,
+                                                                                          sample_corpus, tmp_path):
+    from doc2vec_dist.ps import ParameterServer, table_specs
+
+    model, part = _damaged_copy(trained_model, tmp_path)
+    tables = table_specs(resumed_config(model, {}), Corpus(sample_corpus[0]))
+    # (9, 10): resumed from v9 while LATEST named v10, as Ray re-runs a server's __init__ after a crash
+    server = ParameterServer(0, 1, tables, 1, model, restore=(9, 10))
+    assert server.restored_version == 9
+    np.testing.assert_array_equal(server.tables["docs"][:, :32], checkpoint.ModelDir(model, version=9).read_table("docs"))
+    # once LATEST has moved past the version it named then (the run committed), LATEST is what a restart loads
+    with pytest.raises(UserError, match=f"v10/{part}: part file missing"):
+        ParameterServer(0, 1, tables, 1, model, restore=(9, 8))

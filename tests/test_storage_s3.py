@@ -203,3 +203,17 @@ def test_training_checkpoints_to_s3_and_resumes_from_it(s3, ray_cluster, sample_
     served = Model(model)  # from a verified local copy of LATEST
     first = served.keys("docs")[0].as_py()
     np.testing.assert_array_equal(served.vectors([first])[0], final[0])
+
+
+def test_a_model_on_s3_has_one_writer_at_a_time(s3):
+    """The writer lock on an object store: an object written after finding none, read back (best effort)."""
+    model = uri(s3, "locked")
+    with checkpoint.writing(model) as writer:
+        assert objects(s3, "locked") == [checkpoint.WRITER_FILE]
+        for second in (lambda: checkpoint.refuse_other_writer(model), lambda: checkpoint.writing(model).__enter__()):
+            with pytest.raises(UserError, match=rf"^s3://{BUCKET}/locked is being written by another run \(host .*, "
+                                                rf"pid {writer.held['pid']}, started "):
+                second()
+        writer.beat()  # the heartbeat rewrites the object
+        assert objects(s3, "locked") == [checkpoint.WRITER_FILE]
+    assert objects(s3, "locked") == []
