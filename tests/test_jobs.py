@@ -183,6 +183,134 @@ def test_relative_outputs_inside_a_submitted_job_need_a_root(tmp_path, monkeypat
     assert job.out == os.path.join(ROOT, "runs", "sample", "model")
 
 
+def job_in_a_copy(root, monkeypatch, name: str = "train"):
+    """jobs/NAME.py loaded from a copy of the checkout's jobs/ under `root` (its data/ the checkout's, read
+    only): the sample's runs/sample/ is then root's, and a test never writes the checkout's."""
+    import importlib.util
+
+    shutil.copytree(os.path.join(ROOT, "jobs"), os.path.join(root, "jobs"))
+    os.symlink(os.path.join(ROOT, "data"), os.path.join(root, "data"))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the job puts its root first; undone after the test
+    spec = importlib.util.spec_from_file_location(f"{name}_copy_job", os.path.join(root, "jobs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def some_users_events(path, users: int = 300) -> list[str]:
+    """The first `users` users' events of the bundled sample, as one Parquet file at `path`; their keys."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    events = pq.read_table(os.path.join(ROOT, "data", "sample", "events"))
+    keys = sorted(set(events.column("user_id").to_pylist()))[:users]
+    pq.write_table(events.filter(pc.is_in(events.column("user_id"), value_set=pa.array(keys))), str(path))
+    return keys
+
+
+def test_input_trains_on_those_events_with_the_librarys_defaults_not_the_samples(ray_cluster, sample_corpus,
+                                                                                tmp_path, monkeypatch, snapshot,
+                                                                                capsys):
+    """Issue 47, item 1: with the sample prepared (the README's first command), `jobs/train.py --input MINE
+    --out T` printed `corpus: using runs/sample/corpus`, trained the sample at the sample's dim 64 and wrote the
+    sample's exports. It trains MINE, with the library's defaults, and leaves runs/sample as it was."""
+    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.config import TrainConfig
+
+    checkout = tmp_path / "checkout"
+    job = job_in_a_copy(str(checkout), monkeypatch)
+    shutil.copytree(sample_corpus[0], checkout / "runs" / "sample" / "corpus")
+    sample_before = snapshot(str(checkout / "runs" / "sample"))
+    mine = tmp_path / "mine.parquet"
+    keys = some_users_events(mine)
+    out = tmp_path / "t" / "model"
+    assert job.main(["--input", str(mine), "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "config: none (the library's defaults" in err.splitlines()[0], err
+    assert snapshot(str(checkout / "runs" / "sample")) == sample_before
+    model = ModelDir(str(out))
+    assert sorted(model.keys("docs").to_pylist()) == keys
+    defaults = TrainConfig()
+    assert (model.config().dim, model.config().sample, model.config().epochs) == (defaults.dim, defaults.sample,
+                                                                                  defaults.epochs)
+    assert json.loads((tmp_path / "t" / "model-corpus" / "corpus.json").read_text())["input_files"] == [str(mine)]
+    assert (out / "exports" / "users.index" / "index.faiss").exists()
+
+
+def test_the_job_says_which_config_it_took_and_input_brings_none_of_the_samples(tmp_path, capsys):
+    """Issue 47, item 1: the sample's config applies only when no --input, --corpus or --out is given, and a
+    line of its own says which config the job took. With --input the settings are the library's defaults and
+    every output is derived from --out: nothing of the sample's (dim 64, sample 0, holdout 0.2, its paths)."""
+    job = load_job("train")
+    found, prep, cfg, _ = job.parse([])
+    assert capsys.readouterr().err.splitlines() == [
+        "config: jobs/configs/sample.yaml, the bundled sample's (`--input EVENTS --out DIR` trains on yours)"]
+    assert (found.out, cfg.dim, prep.holdout) == (os.path.join(ROOT, "runs", "sample", "model"), 64, 0.2)
+
+    mine = tmp_path / "my.yaml"
+    mine.write_text(yaml.safe_dump({"corpus": str(tmp_path / "c"), "out": str(tmp_path / "m"), "dim": 8}))
+    job.parse(["--config", str(mine)])
+    assert capsys.readouterr().err.splitlines() == [f"config: {mine}"]
+
+    found, prep, cfg, _ = job.parse(["--input", "events.parquet", "--out", "m"])
+    assert capsys.readouterr().err.splitlines() == [
+        "config: none (the library's defaults, and the flags given)"]
+    cwd = os.getcwd()
+    assert (found.input, found.out, found.corpus, found.exports) == (
+        [os.path.join(cwd, "events.parquet")], os.path.join(cwd, "m"), os.path.join(cwd, "m-corpus"),
+        os.path.join(cwd, "m", "exports"))
+    assert (prep.holdout, prep.holdout_out, prep.time_col, found.overwrite) == (0.0, None, None, False)
+    assert (cfg.dim, cfg.sample, cfg.num_ps) == (TrainConfig().dim, TrainConfig().sample, TrainConfig().num_ps)
+    # held out on request: the file goes beside the model too
+    _, prep, _, _ = job.parse(["--input", "events.parquet", "--out", "m", "--holdout", "0.1"])
+    assert prep.holdout_out == os.path.join(cwd, "m-heldout.parquet")
+
+
+def test_a_corpus_found_at_the_path_is_checked_against_the_inputs_asked_for(ray_cluster, sample_corpus, tmp_path,
+                                                                             monkeypatch, snapshot, capsys):
+    """Issue 47, item 1: a corpus prepared from other inputs or settings is never reused. The sample config with
+    its `input:` edited prepares the sample's corpus again (the job's own path, and the sample config says
+    overwrite); a corpus at a path the user named is refused in one line, naming what differs."""
+    checkout = tmp_path / "checkout"
+    job = job_in_a_copy(str(checkout), monkeypatch)
+    shutil.copytree(sample_corpus[0], checkout / "runs" / "sample" / "corpus")
+    mine = tmp_path / "mine.parquet"
+    keys = some_users_events(mine, users=200)
+    sample_yaml = checkout / "jobs" / "configs" / "sample.yaml"
+    config = yaml.safe_load(sample_yaml.read_text())
+    sample_yaml.write_text(yaml.safe_dump({**config, "input": [str(mine)], "epochs": 2, "dim": 8}))
+    assert job.main(["--no-progress"]) == 0
+    err = capsys.readouterr().err
+    corpus = checkout / "runs" / "sample" / "corpus"
+    assert (f"corpus: {corpus} was prepared from other inputs ({os.path.join(ROOT, 'data', 'sample', 'events')}"
+            in err), err
+    meta = json.loads((corpus / "corpus.json").read_text())
+    assert meta["input_files"] == [str(mine)] and meta["num_docs"] == len(keys)
+
+    # the same inputs and settings again: reused as it is
+    prepared = snapshot(str(corpus))
+    assert job.main(["--no-progress"]) == 0
+    assert f"corpus: using {corpus}" in capsys.readouterr().err
+    assert snapshot(str(corpus)) == prepared
+
+    # a corpus the user named, prepared otherwise: refused, untouched, whatever --overwrite says
+    theirs = shutil.copytree(sample_corpus[0], tmp_path / "theirs")
+    before = snapshot(str(theirs))
+    for extra in ([], ["--overwrite"]):
+        assert job.main(["--input", str(mine), "--corpus", str(theirs), "--out", str(tmp_path / "m"),
+                         "--no-progress", *extra]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and errors[0].startswith(f"error: {theirs}: prepared from other inputs "), errors
+    assert snapshot(str(theirs)) == before and not (tmp_path / "m").exists()
+    # settings other than those it was prepared with are named, each (the sample's, against the defaults here)
+    assert job.main(["--corpus", str(corpus), "--out", str(tmp_path / "m"), "--input", str(mine),
+                     "--min-count", "2", "--no-progress"]) == 2
+    assert (f"error: {corpus}: prepared with time_col ts, not none; min_count 1, not 2; holdout 0.2, not 0.0; "
+            f"holdout_out {checkout / 'runs' / 'sample' / 'heldout.parquet'}, not none; name another corpus "
+            "(--corpus), or remove this one") in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_ray_job_submit_with_token_auth_and_a_leftover_ray_start(tmp_path, sample_corpus):
     """A real head (token auth on, dashboard on loopback), started the way a user's leftover `ray start`
