@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,7 +229,7 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | 
     stages["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    summary = train(job.corpus, job.out, cfg, overwrite=job.overwrite, resume_command=resume_command(origin))
+    summary = train(job.corpus, job.out, cfg, overwrite=job.overwrite, resume_command=resume_command(origin.argv))
     stages["train"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -325,16 +326,17 @@ def _shown(value) -> str:
     return "none" if value is None else str(value)
 
 
-def resume_command(origin: Origin) -> str:
-    """The command that resumes this job where a stopped run left its model, and then does the job's later
-    steps: the job as it was started (this Python, its script, the arguments given), with --resume."""
+def resume_command(argv: Sequence[str], script: str = __file__) -> str:
+    """The command that resumes a job where a stopped run left its model, and then does the job's later
+    steps: the job as it was started (this Python, the job's script, the arguments `argv`), with --resume;
+    inside `ray job submit`, that entrypoint submitted again."""
     import shlex
 
-    python = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else sys.executable
-    script = os.path.relpath(os.path.abspath(__file__))
-    args = [*origin.argv, *([] if "--resume" in origin.argv else ["--resume"])]
-    command = shlex.join([python if not submitted_with_working_dir() else "python", script, *args])
-    return command if not submitted_with_working_dir() else f"ray job submit … -- {command}"
+    here = os.path.relpath(sys.executable)
+    python = "python" if submitted_with_working_dir() else sys.executable if here.startswith("..") else here
+    args = [*argv, *([] if "--resume" in argv else ["--resume"])]
+    command = shlex.join([python, os.path.relpath(os.path.abspath(script)), *args])
+    return f"ray job submit … -- {command}" if submitted_with_working_dir() else command
 
 
 def on_cluster(prep: PrepareConfig, cfg: TrainConfig) -> PrepareConfig:

@@ -4,7 +4,9 @@ to a real Ray head with token authentication on."""
 import contextlib
 import json
 import os
+import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -28,9 +30,9 @@ SAMPLE_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
 def job_config(tmp_path, **overrides) -> str:
     with open(SAMPLE_CONFIG) as fh:
         config = yaml.safe_load(fh)
-    config.update(input=[os.path.join(ROOT, "data", "sample", "events")], corpus=str(tmp_path / "corpus"),
-                  out=str(tmp_path / "model"), exports=str(tmp_path / "exports"),
-                  holdout_out=str(tmp_path / "heldout.parquet"), epochs=3, dim=16, **overrides)
+    config.update({"input": [os.path.join(ROOT, "data", "sample", "events")], "corpus": str(tmp_path / "corpus"),
+                   "out": str(tmp_path / "model"), "exports": str(tmp_path / "exports"),
+                   "holdout_out": str(tmp_path / "heldout.parquet"), "epochs": 3, "dim": 16, **overrides})
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
@@ -309,6 +311,65 @@ def test_a_corpus_found_at_the_path_is_checked_against_the_inputs_asked_for(ray_
     assert (f"error: {corpus}: prepared with time_col ts, not none; min_count 1, not 2; holdout 0.2, not 0.0; "
             f"holdout_out {checkout / 'runs' / 'sample' / 'heldout.parquet'}, not none; name another corpus "
             "(--corpus), or remove this one") in capsys.readouterr().err
+
+
+def nodes_die_after_the_first_checkpoint(monkeypatch, model: str):
+    """Ray's view of the nodes, as the driver asks for it, turned (as tests/test_faults.py turns it): once
+    `model` has a checkpoint, every node is reported dead, on a cluster that cannot grow, so the run stops at
+    the driver's next check, keeping that checkpoint. Returns the switch that brings the nodes back."""
+    import ray
+
+    from doc2vec_dist import checkpoint, trainer
+
+    real_nodes, alive = ray.nodes, [False]
+
+    def nodes():
+        found = real_nodes()
+        if alive[0] or checkpoint.latest_version(model) is None:
+            return found
+        return [{**n, "Alive": False, "DeathReasonMessage": "health check failed due to missing too many heartbeats"}
+                for n in found]
+
+    monkeypatch.setattr(ray, "nodes", nodes)
+    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: False)
+    monkeypatch.setattr(trainer, "NODE_CHECK_SECONDS", 0.02)
+    return lambda: alive.__setitem__(0, True)
+
+
+def test_a_job_stopped_by_a_dead_node_names_its_own_resume_which_finishes_the_job(ray_cluster, sample_corpus,
+                                                                                   tmp_path, monkeypatch, capsys):
+    """Issue 47, item 11: after a node died the job said `doc2vec-dist train --corpus … --out … --resume`,
+    which leaves its export, index and evaluate undone. It names itself, with the arguments it was given, and
+    that command resumes the model from its checkpoint and then does the rest of the job."""
+    from doc2vec_dist import checkpoint
+
+    job = load_job("train")
+    corpus, heldout = sample_corpus  # the sample's settings with its held-out file: the job uses it as it is
+    config = job_config(tmp_path, corpus=corpus, holdout_out=heldout, epochs=30, checkpoint_every=0.05)
+    model = str(tmp_path / "model")
+    bring_back = nodes_die_after_the_first_checkpoint(monkeypatch, model)
+    argv = ["--config", config, "--no-progress"]
+    assert job.main(argv) == 2
+    err = capsys.readouterr().err
+    version = checkpoint.latest_version(model)
+    _, manifest = checkpoint.load_manifest(model)
+    assert version is not None and manifest["epoch"] < 30, err
+    resume = re.search(rf"training stopped: the model at {re.escape(model)} is kept up to checkpoint v{version}; "
+                       r"resume with `(\S+) (\S+) (.+)`$", err, re.MULTILINE)
+    assert resume, err
+    python, script, args = resume.groups()
+    assert script.endswith("train.py"), resume.group(0)
+    assert os.path.samefile(python, sys.executable) and os.path.samefile(script, os.path.join(ROOT, "jobs", "train.py"))
+    assert args == f"--config {config} --no-progress --resume"
+    assert not (tmp_path / "exports").exists()
+
+    bring_back()
+    assert job.main(shlex.split(args)) == 0
+    assert f"resumed from v{version}" in capsys.readouterr().err
+    _, manifest = checkpoint.load_manifest(model)
+    assert manifest["epoch"] == 30
+    result = check_outputs(tmp_path)
+    assert "evaluate" in result["stages"] and result["heldout"]["users"] > 4000
 
 
 @pytest.mark.slow
