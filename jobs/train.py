@@ -224,6 +224,7 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | 
     if prepare_again is None:
         print(f"corpus: using {job.corpus}", file=sys.stderr)
     else:
+        print(f"corpus: preparing {job.corpus} from {', '.join(job.input)}", file=sys.stderr)
         prepare(job.input, job.corpus, on_cluster(prep, cfg), overwrite=prepare_again or job.overwrite,
                 progress=cfg.progress)
     stages["prepare"] = time.perf_counter() - t
