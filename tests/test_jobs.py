@@ -4,8 +4,8 @@ to a real Ray head with token authentication on."""
 import contextlib
 import json
 import os
+import pathlib
 import re
-import secrets
 import shlex
 import shutil
 import signal
@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -313,6 +312,28 @@ def test_a_corpus_found_at_the_path_is_checked_against_the_inputs_asked_for(ray_
             "(--corpus), or remove this one") in capsys.readouterr().err
 
 
+def test_a_corpus_is_matched_by_its_files_in_a_ray_upload_and_by_every_file_of_a_directory(tmp_path):
+    """Inside `ray job submit --working-dir` relative inputs are read from the upload, unpacked in a directory
+    named by its hash (…/_ray_pkg_<hash>/), which changes with any file of it: a corpus prepared from
+    data/events in an earlier upload is prepared from the same input. A directory that gained a file since
+    is not the same input."""
+    job = load_job("train")
+    before, now = tmp_path / "_ray_pkg_0a1b2c" / "data", tmp_path / "_ray_pkg_3d4e5f" / "data"
+    for upload in (before, now):
+        upload.mkdir(parents=True)
+        (upload / "e.parquet").write_bytes(b"")
+    meta = {"inputs": [str(before)], "input_files": [str(before / "e.parquet")],
+            **{k: getattr(PrepareConfig(), k) for k in job.CORPUS_SETTINGS}}
+    assert job.corpus_differs(meta, [str(now)], PrepareConfig(), seed=1) is None
+    assert job.corpus_differs(meta, [str(now)], PrepareConfig(min_count=2), seed=1) == \
+        "prepared with min_count 1, not 2"
+    (now / "f.parquet").write_bytes(b"")
+    assert job.corpus_differs(meta, [str(now)], PrepareConfig(), seed=1) == \
+        f"prepared from {before} when it held other files (1 new, 0 gone since)"
+    assert job.corpus_differs(meta, [str(now / "f.parquet")], PrepareConfig(), seed=1) == \
+        f"prepared from other inputs ({before}), not {now / 'f.parquet'}"
+
+
 def nodes_die_after_the_first_checkpoint(monkeypatch, model: str):
     """Ray's view of the nodes, as the driver asks for it, turned (as tests/test_faults.py turns it): once
     `model` has a checkpoint, every node is reported dead, on a cluster that cannot grow, so the run stops at
@@ -372,101 +393,148 @@ def test_a_job_stopped_by_a_dead_node_names_its_own_resume_which_finishes_the_jo
     assert "evaluate" in result["stages"] and result["heldout"]["users"] > 4000
 
 
+CLUSTER_BLOCK_TEST = "test_the_readmes_cluster_block_runs_as_written"
+# What the cluster block may have replaced to run here (the ports, which must be free on this machine, and
+# the venv's path); the rest of it runs as written.
+HEAD_PORTS = ("--port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+              "--runtime-env-agent-port", "--metrics-export-port", "--ray-client-server-port", "--node-manager-port",
+              "--object-manager-port")
+
+
+def cluster_block(path: str) -> str:
+    """The shell block of `path` marked as run by CLUSTER_BLOCK_TEST."""
+    from test_docs import shell_blocks
+
+    found = [code for _, marker, code in shell_blocks(path)
+             if marker == f"run-by: tests/test_jobs.py::{CLUSTER_BLOCK_TEST}"]
+    assert len(found) == 1, f"{path}: {len(found)} blocks marked as run by {CLUSTER_BLOCK_TEST}"
+    return found[0]
+
+
+def free_ports(count: int) -> list[int]:
+    with contextlib.ExitStack() as held:  # distinct ports: each socket held until all are picked
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def for_this_machine(block: str, venv: str, ports: list[int]) -> str:
+    """The block with its head on `ports` (HEAD_PORTS; the second is the dashboard's) and the venv at `venv`;
+    each replaced once, and nothing else."""
+    dashboard = ports[1]
+    replaced = block
+    for old, new in (("source .venv/bin/activate", f"source {shlex.quote(venv)}/bin/activate"),
+                     ("ray start --head --dashboard-host 127.0.0.1",
+                      "ray start --head --dashboard-host 127.0.0.1 "
+                      + " ".join(f"{flag} {port}" for flag, port in zip(HEAD_PORTS, ports))),
+                     ("--address http://127.0.0.1:8265", f"--address http://127.0.0.1:{dashboard}")):
+        assert replaced.count(old) == 1, f"the cluster block no longer says {old!r} once:\n{block}"
+        replaced = replaced.replace(old, new)
+    return replaced
+
+
+def a_copy_of_the_checkout(root) -> str:
+    """What `ray job submit --working-dir .` uploads, copied: outputs under `--root "$PWD"` land in the copy."""
+    for name in ("doc2vec_dist", "jobs", "data"):
+        shutil.copytree(os.path.join(ROOT, name), os.path.join(root, name),
+                        ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    for name in (".rayignore", "pyproject.toml"):
+        shutil.copy(os.path.join(ROOT, name), root)
+    return str(root)
+
+
+def stop_what_started_in(group: int, ray_dir: str) -> None:
+    """Kill the process group the block ran in (the head and everything it started), then any process of
+    ours that left it (a job's driver gets a session of its own): one whose command line or working
+    directory is under `ray_dir`, which is this test's alone. Never `ray stop`: other Rays run here."""
+    import psutil
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.pid != os.getpid() and (any(ray_dir in part for part in proc.info["cmdline"] or [])
+                                            or (proc.info["cwd"] or "").startswith(ray_dir)):
+                proc.kill()
+
+
 @pytest.mark.slow
-def test_ray_job_submit_with_token_auth_and_a_leftover_ray_start(tmp_path, sample_corpus):
-    """A real head (token auth on, dashboard on loopback), started the way a user's leftover `ray start`
-    is: it records itself as this machine's current cluster. Then, as the README does:
-    - a local run with no address starts a Ray of its own and never joins that head (it died with
-      'object_store_memory must not be provided' when it did);
-    - `ray job submit --working-dir . ... --config jobs/configs/sample.yaml` refuses its relative
-      outputs, which would land in Ray's temporary copy of the working dir, in one line;
-    - with --root, the job writes the model and exports under that root, where they last.
-    """
+def test_the_readmes_cluster_block_runs_as_written(tmp_path, sample_corpus):
+    """Issue 47, item 10: on Ray 2.60 `ray start --head` turns token auth on by itself where ~/.ray/auth_token
+    exists (the README's first command, a local Ray, writes one), and `ray job submit` sends the token only
+    with RAY_AUTH_MODE=token: the README's cluster block failed with "Authentication required". It is run
+    here as written (read from README.md; docs/cluster.md's first block says the same), in a fresh HOME with
+    no token and an environment with no RAY_* variable, its head on free ports; it must end in a job that
+    succeeded, on a head nobody without the token can use.
+
+    On the same head, as before: a local run with no address starts a Ray of its own and never joins this
+    head, which `ray start` recorded as the machine's current cluster (it died with 'object_store_memory must
+    not be provided' when it did); and without --root the job refuses its relative outputs in one line."""
+    block = cluster_block(os.path.join(ROOT, "README.md"))
+    commands = [line.split("#")[0].rstrip() for line in block.splitlines()]
+    assert [line.split("#")[0].rstrip() for line in cluster_block(os.path.join(ROOT, "docs", "cluster.md"))
+            .splitlines()] == commands, "docs/cluster.md's cluster block says otherwise than README.md's"
+    checkout = a_copy_of_the_checkout(tmp_path / "checkout")
+    home = tmp_path / "home"
+    home.mkdir()
+    ray_dir = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    # RAY_TMPDIR, not --temp-dir: `ray start` then records the head where a plain ray.init() of a process
+    # with the same environment looks for a running cluster, as a default `ray start` does in /tmp/ray
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HOME=str(home), RAY_TMPDIR=ray_dir, RAY_USAGE_STATS_ENABLED="0")
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    tmp_root = tempfile.mkdtemp(prefix="rayt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    # RAY_TMPDIR, not --temp-dir: the head then writes ray_current_cluster where a plain ray.init() of a
-    # process with the same environment looks for a running cluster, as with a default `ray start`
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": tmp_root}
-    env.pop("RAY_ADDRESS", None)
-    log = os.path.join(tmp_root, "head.log")
-
-    def start_head():
-        with contextlib.ExitStack() as held:  # seven distinct ports: each socket held until all are picked
-            sockets = [held.enter_context(socket.socket()) for _ in range(7)]
-            for sock in sockets:
-                sock.bind(("127.0.0.1", 0))
-            dash, gcs, *agents = [sock.getsockname()[1] for sock in sockets]
-        with open(log, "w") as out:
-            return dash, subprocess.Popen(
-                [ray_bin, "start", "--head", "--block", "--port", str(gcs), "--num-cpus", "2",
-                 "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
-                 # own ports for the agents: the session's local Ray already holds the default ones
-                 *(arg for flag, port in zip(("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-                                              "--runtime-env-agent-port", "--metrics-export-port",
-                                              "--ray-client-server-port"), agents) for arg in (flag, str(port)))],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-    dash, head = start_head()
-    address = f"http://127.0.0.1:{dash}"
+    groups: list[int] = []
     try:
-        deadline = time.time() + 90
-        current = os.path.join(tmp_root, "ray", "ray_current_cluster")
-        # `ray start` records the cluster only after the node is up, so the dashboard can answer first
-        retries = 2  # a free port picked here can be taken by the other test process before Ray binds it
-        while not os.path.exists(current) or subprocess.run(
-                [ray_bin, "job", "list", "--address", address], env=env, capture_output=True,
-                check=False).returncode != 0:
-            if head.poll() is not None:
-                with open(log) as fh:
-                    said = fh.read()
-                assert retries and "port" in said.lower(), f"Ray head did not come up: {said[-2000:]}"
-                retries -= 1
-                dash, head = start_head()
-                address = f"http://127.0.0.1:{dash}"
-            assert time.time() < deadline, "Ray head did not come up in 90 s"
-            time.sleep(2)
-        no_token = {**env, "RAY_AUTH_TOKEN": "wrong-token"}
-        refused = subprocess.run([ray_bin, "job", "list", "--address", address], env=no_token,
-                                 capture_output=True, text=True, check=False)
-        assert refused.returncode != 0  # token auth is really on
+        for attempt in range(3):  # a free port picked here can be taken by another process before Ray binds it
+            ports = free_ports(len(HEAD_PORTS))
+            script = for_this_machine(block, sys.prefix, ports)
+            ran = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=checkout, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            groups.append(ran.pid)
+            said, _ = ran.communicate(timeout=400)
+            if ran.returncode == 0 or "already in use" not in said or attempt == 2:
+                break
+            stop_what_started_in(ran.pid, ray_dir)
+        assert ran.returncode == 0, said[-4000:]
+        assert "succeeded" in said, said[-4000:]
+        check_outputs(pathlib.Path(checkout) / "runs" / "sample", dim=64)
+        assert f"outputs: model {checkout}/runs/sample/model" in said
+        address = f"http://127.0.0.1:{ports[1]}"
+
+        def ray(*args: str, **changes: str | None) -> subprocess.CompletedProcess:
+            run_env = {**env, "RAY_AUTH_MODE": "token", **changes}
+            run_env = {k: v for k, v in run_env.items() if v is not None}
+            return subprocess.run([ray_bin, *args, "--address", address], env=run_env, capture_output=True,
+                                  text=True, timeout=300, check=False)
+
+        # token auth is on: the token the block made is needed, and RAY_AUTH_MODE=token to send it
+        assert (home / ".ray" / "auth_token").exists()
+        assert ray("job", "list").returncode == 0
+        assert ray("job", "list", RAY_AUTH_TOKEN="wrong-token").returncode != 0
+        assert "Authentication required" in ray("job", "list", RAY_AUTH_MODE=None).stderr
 
         local = subprocess.run([sys.executable, "-m", "doc2vec_dist", "train", "--corpus", sample_corpus[0],
                                 "--out", str(tmp_path / "local"), "--epochs", "1", "--dim", "8", "--no-progress"],
-                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+                               env={**env, "RAY_AUTH_MODE": "token", "PYTHONPATH": ROOT}, cwd=ROOT,
+                               capture_output=True, text=True, timeout=300, check=False)
         assert local.returncode == 0, local.stderr[-3000:]
         assert f"model: {tmp_path / 'local'} (checkpoint v1)" in local.stdout
-        actors = subprocess.run([ray_bin, "list", "actors", "--address", address, "--format", "json"], env=env,
-                                capture_output=True, text=True, check=False)
-        assert "ParameterServer" not in actors.stdout and "Worker" not in actors.stdout  # never joined the head
+        actors = ray("list", "actors", "--format", "json")
+        assert actors.returncode == 0, actors.stderr
+        names = [a["class_name"] for a in json.loads(actors.stdout)]
+        # the job's 2 servers and worker (jobs/configs/sample.yaml), dead now; none of the local run's
+        assert (names.count("ParameterServer"), names.count("Worker")) == (2, 1), names
 
-        def submit(*args: str) -> subprocess.CompletedProcess:
-            for _ in range(15):  # the job API answers before the node's agent can take a job: retry that
-                done = subprocess.run(
-                    [ray_bin, "job", "submit", "--address", address, "--working-dir", ROOT, "--",
-                     sys.executable, "jobs/train.py", "--config", SAMPLE_CONFIG, "--no-progress", *args],
-                    env=env, capture_output=True, text=True, timeout=300, check=False)
-                if "No available agent" not in done.stdout + done.stderr:
-                    return done
-                time.sleep(2)
-            return done
-
-        done = submit()
-        assert done.returncode != 0
-        assert "error: " + SAMPLE_CONFIG + ": 'corpus' is the relative path runs/sample/corpus, which inside " \
-               "`ray job submit --working-dir` lands in Ray's temporary copy" in done.stdout + done.stderr
-        done = submit("--root", str(tmp_path), "--epochs", "3", "--dim", "16")
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert "succeeded" in done.stdout + done.stderr
-        check_outputs(tmp_path / "runs" / "sample")
-        assert f"outputs: model {tmp_path / 'runs' / 'sample' / 'model'}" in done.stdout + done.stderr
+        refused = ray("job", "submit", "--working-dir", checkout, "--", "python", "jobs/train.py", "--config",
+                      "jobs/configs/sample.yaml", "--no-progress")
+        assert refused.returncode != 0
+        assert ("error: jobs/configs/sample.yaml: 'corpus' is the relative path runs/sample/corpus, which inside "
+                "`ray job submit --working-dir` lands in Ray's temporary copy") in refused.stdout + refused.stderr
     finally:
-        # the head and everything it started share its process group; a graceful SIGTERM drains for
-        # 30 s, so stop them hard, then sweep anything that left the group (its command names tmp_root)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
-        head.wait(timeout=60)
-        subprocess.run(["pkill", "-9", "-f", tmp_root], check=False)
-        shutil.rmtree(tmp_root, ignore_errors=True)
+        for group in groups:
+            stop_what_started_in(group, ray_dir)
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def test_feed_rate_times_one_worker_with_and_without_the_kernel(ray_cluster, sample_corpus, tmp_path, capsys):
