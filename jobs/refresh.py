@@ -134,7 +134,7 @@ def parse(argv: list[str] | None) -> tuple[RefreshJob, PrepareConfig, TrainConfi
             action.help = EPOCHS_HELP
         elif action.dest == "first_epoch":
             action.help = FIRST_EPOCH_HELP
-        elif action.dest in field_names(TrainConfig) and action.dest != "address":
+        elif action.dest in field_names(TrainConfig) and action.dest not in ("address", "resume"):
             action.help = f"{helps[action.dest]} (default: the base model's)"
         elif action.dest in PREPARE_FROM_BASE:
             action.help = f"{helps[action.dest]} (default: the base corpus's)"
