@@ -63,12 +63,12 @@ CORPUS_SETTINGS = ("format", "doc_col", "token_col", "time_col", "min_count", "m
 
 
 class Origin(NamedTuple):
-    """Where a job's settings came from: the config file (None: the library's defaults), the outputs whose
-    paths the job chose itself (the sample's, or derived from --out) rather than a flag or the user's
-    config naming them, and the arguments it was given (for the command that resumes it)."""
+    """Where a job's settings came from: the config file (None: the library's defaults), whether the job
+    chose the corpus path itself (the sample's, or OUT-corpus) rather than a flag or the user's config
+    naming it, and the arguments it was given (for the command that resumes it)."""
 
     config: str | None
-    chosen: frozenset[str] = frozenset()
+    corpus_chosen: bool = False
     argv: tuple[str, ...] = ()
 
 
@@ -106,10 +106,9 @@ def parse_job(argv: list[str] | None) -> tuple[JobConfig, PrepareConfig, TrainCo
     # relative paths in the sample config are relative to the checkout, wherever the job is started from
     sample = config is not None and os.path.abspath(config) == DEFAULT_CONFIG
     base = ROOT if sample else os.getcwd()
-    chosen = {k for k in ("corpus", "holdout_out") if sample and not flags.get(k)}
+    corpus_chosen = sample and not flags.get("corpus")
     if config and not any(values.get(k) or flags.get(k) for k in DATA_KEYS):
-        chosen = {k for k in ("corpus", "holdout_out") if k not in values and not flags.get(k)}
-        values, base = _on_the_sample(config, values), ROOT
+        values, base, corpus_chosen = _on_the_sample(config, values), ROOT, True
     where = config or "the flags"
     job, prep = (build(cls, values, flags) for cls in (JobConfig, PrepareConfig))
     taken: dict = {}
@@ -125,8 +124,8 @@ def parse_job(argv: list[str] | None) -> tuple[JobConfig, PrepareConfig, TrainCo
         raise UserError("--input needs --out MODEL_DIR: the job writes the model there, its exports in "
                         f"MODEL_DIR/exports, and the corpus it prepares from the input in MODEL_DIR{CORPUS_SUFFIX}")
     if not job.out or not (job.corpus or job.input):
-        raise UserError(f"{where}: give 'out' (--out, the model directory) and 'input' (--input, events to prepare a "
-                        "corpus from) or 'corpus' (--corpus, a prepared corpus)")
+        raise UserError((f"{config}: " if config else "") + "give 'out' (--out, the model directory) and 'input' "
+                        "(--input, events to prepare a corpus from) or 'corpus' (--corpus, a prepared corpus)")
     if job.out and "://" in job.out and not job.exports:
         raise UserError(f"{where}: 'out' is {job.out}, on object storage; set 'exports' (--exports) to a "
                         "path for the Parquet exports and the faiss index")
@@ -137,18 +136,18 @@ def parse_job(argv: list[str] | None) -> tuple[JobConfig, PrepareConfig, TrainCo
         if "://" in job.out:
             raise UserError(f"{where}: 'out' is {job.out}, on object storage; set 'corpus' (--corpus) to a path every "
                             "node sees for the corpus prepared from the input")
-        job.corpus, chosen = job.out + CORPUS_SUFFIX, chosen | {"corpus"}
+        job.corpus, corpus_chosen = job.out + CORPUS_SUFFIX, True
     job.exports = place("exports", job.exports) or os.path.join(job.out, "exports")
     prep.holdout_out = place("holdout_out", prep.holdout_out)
     if prep.holdout > 0 and not prep.holdout_out and "://" not in job.out:
-        prep.holdout_out, chosen = job.out + HELDOUT_SUFFIX, chosen | {"holdout_out"}
+        prep.holdout_out = job.out + HELDOUT_SUFFIX
     if train_cfg.resume:  # the checkpoint's config, changed only where a flag or the YAML says so
         from doc2vec_dist.trainer import resumed_config
 
         progress = train_cfg.progress
         train_cfg = resumed_config(job.out, explicit_values(TrainConfig, values, flags))
         train_cfg.progress = progress
-    return job, prep, train_cfg.validate(), Origin(config, frozenset(chosen), tuple(argv))
+    return job, prep, train_cfg.validate(), Origin(config, corpus_chosen, tuple(argv))
 
 
 def _resolve(path: str | None, base: str) -> str | None:
@@ -279,10 +278,10 @@ def corpus_to_prepare(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, ori
     differs = corpus_differs(Corpus(job.corpus).meta, job.input, prep, cfg.seed)
     if differs is None:
         return None
-    if "corpus" in origin.chosen and job.overwrite and not cfg.resume:
+    if origin.corpus_chosen and job.overwrite and not cfg.resume:
         print(f"warning: corpus: {job.corpus} was {differs}; preparing it again (--overwrite)", file=sys.stderr)
         return True
-    way_out = ("pass --overwrite to prepare it again" if "corpus" in origin.chosen and not cfg.resume else
+    way_out = ("pass --overwrite to prepare it again" if origin.corpus_chosen and not cfg.resume else
                "the corpus a resumed model was trained on cannot change" if cfg.resume else
                "name another corpus (--corpus), or remove this one to prepare it there again")
     raise UserError(f"{job.corpus}: {differs}; {way_out}")
