@@ -393,6 +393,19 @@ def test_a_job_stopped_by_a_dead_node_names_its_own_resume_which_finishes_the_jo
     assert "evaluate" in result["stages"] and result["heldout"]["users"] > 4000
 
 
+def test_inside_a_submitted_job_the_resume_command_is_the_entrypoint_submitted_again(monkeypatch):
+    """The job cannot know the `ray job submit` options it was sent with: it names the entrypoint to submit
+    again with --resume, as the python of the cluster's PATH runs it; outside, this Python."""
+    job = load_job("train")
+    monkeypatch.chdir(ROOT)
+    python, *args = shlex.split(job.resume_command(["--config", "my config.yaml", "--resume"]))
+    assert os.path.samefile(python, sys.executable) and args == ["jobs/train.py", "--config", "my config.yaml",
+                                                                 "--resume"]
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip"}}))
+    assert job.resume_command(["--config", "jobs/configs/multinode.yaml"]) == \
+        "ray job submit … -- python jobs/train.py --config jobs/configs/multinode.yaml --resume"
+
+
 CLUSTER_BLOCK_TEST = "test_the_readmes_cluster_block_runs_as_written"
 # What the cluster block may have replaced to run here (the ports, which must be free on this machine, and
 # the venv's path); the rest of it runs as written.
