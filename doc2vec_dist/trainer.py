@@ -374,7 +374,8 @@ class _Resume:
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False,
-          on_epoch: Callable[[int, dict], None] | None = None, report_at: Collection[int] | None = None) -> dict:
+          on_epoch: Callable[[int, dict], None] | None = None, report_at: Collection[int] | None = None,
+          resume_command: str | None = None) -> dict:
     """Train doc2vec (PV-DBOW or PV-DM) on a prepared corpus into the model directory `out`; returns the run's figures.
 
     With config.resume, continue the model in `out` from its LATEST checkpoint (config.resume_from: from
@@ -396,6 +397,9 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     is committed (so the model directory can be evaluated there); stats: the epoch's tokens, pairs,
     loss and wall seconds. `tune` reports each trial's metric this way. With `report_at`, only after
     those epochs and the last (the others commit no checkpoint for it).
+
+    resume_command: the command that a run stopped after a checkpoint names to resume it (default:
+    `doc2vec-dist train --corpus … --out … --resume`); a job that does more after training names its own.
     """
     config.validate()
     corpus = Corpus(corpus_path)
@@ -417,12 +421,13 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         warm = warm_start(config.init_from, out, corpus.path, tables)
     outputs.check_writable(out, inside=True)  # a read-only or forbidden place, before Ray starts
     with checkpoint.writing(out):  # before anything in `out` is deleted or written
-        return _train_writing(corpus, out, config, overwrite, replaces, tables, warm, on_epoch, report_at)
+        return _train_writing(corpus, out, config, overwrite, replaces, tables, warm, on_epoch, report_at,
+                              resume_command)
 
 
 def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: bool, replaces: bool,
                    tables: dict[str, TableSpec], warm: WarmStart | None, on_epoch: Callable[[int, dict], None] | None,
-                   report_at: Collection[int] | None) -> dict:
+                   report_at: Collection[int] | None, resume_command: str | None = None) -> dict:
     """train() once it holds the lock of `out`: the resumed version chosen and verified, the room and the
     cluster checked, the actors started and the epochs run."""
     resume = _Resume()
@@ -483,7 +488,7 @@ def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: boo
         _stop(run, started_here)
         run = started_here = None
         if made is not None or config.resume:  # this run wrote to `out`: say what became of it
-            log.warning(_unfinished(out, corpus.path, made, isinstance(exc, KeyboardInterrupt)))
+            log.warning(_unfinished(out, corpus.path, made, isinstance(exc, KeyboardInterrupt), resume_command))
         if isinstance(exc, ray.exceptions.RayError):  # Ray's text holds the remote traceback, in colour
             raise _one_line(exc) from None
         raise
@@ -566,9 +571,10 @@ def _stop(run: _Run | None, started_here: bool | None) -> None:
         ray.shutdown()
 
 
-def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool) -> str:
+def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool,
+                resume_command: str | None = None) -> str:
     """What became of `out` after a run that wrote to it and stopped, on one line: removed (a fresh
-    run with no checkpoint yet) or kept, with the command that resumes it."""
+    run with no checkpoint yet) or kept, with the command that resumes it (train's, unless given)."""
     what = "interrupted" if interrupted else "training stopped"
     version = checkpoint.latest_version(out)
     if version is None:
@@ -578,8 +584,8 @@ def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool
             removed = False
         return f"{what} before the first checkpoint: " + (f"removed what this run wrote to {out}" if removed
                                                           else f"{out} holds no checkpoint yet")
-    return (f"{what}: the model at {out} is kept up to checkpoint v{version}; resume with "
-            f"`doc2vec-dist train --corpus {corpus} --out {out} --resume`")
+    command = resume_command or f"doc2vec-dist train --corpus {corpus} --out {out} --resume"
+    return f"{what}: the model at {out} is kept up to checkpoint v{version}; resume with `{command}`"
 
 
 class _Run:

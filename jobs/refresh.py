@@ -25,6 +25,10 @@ DAY_DIR must be new or empty: a refresh never writes over anything, not even an 
 a failed one to run that day again). Yesterday's DAY_DIR/model and DAY_DIR/index are today's
 --base-model and --index; the base model and index are only read.
 
+A refresh whose training stopped after a checkpoint (a node died, Ctrl-C) names the command that resumes
+it: the same command with --resume, which trains DAY_DIR/model on from its last checkpoint on the corpus
+already prepared there, then exports and indexes.
+
 Under `ray job submit` the job supervisor sets RAY_ADDRESS, so training joins the cluster; every path
 must then be on storage every node sees. A relative --out there needs --root (see jobs/train.py).
 """
@@ -49,11 +53,11 @@ from doc2vec_dist.runners import calm_openmp
 
 calm_openmp()  # before faiss is imported
 
-from train import _output_resolver, on_cluster
+from train import _output_resolver, on_cluster, resume_command
 
 from doc2vec_dist import outputs, storage
 from doc2vec_dist.cli import _add_config_flags
-from doc2vec_dist.config import PrepareConfig, TrainConfig, build, field_names, load_yaml
+from doc2vec_dist.config import PrepareConfig, TrainConfig, build, explicit_values, field_names, load_yaml
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.index import KINDS, RECALL_QUERIES
 from doc2vec_dist.logs import command
@@ -88,6 +92,7 @@ class RefreshJob:
     index: str | None = None        # yesterday's index, to update
     index_kind: str | None = None   # a new index's kind (auto); with --index, the old kind is kept
     recall_queries: int = RECALL_QUERIES
+    argv: tuple[str, ...] = ()      # as given: the command that resumes the refresh repeats them
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -117,6 +122,9 @@ def parse(argv: list[str] | None) -> tuple[RefreshJob, PrepareConfig, TrainConfi
                                    "taken from; inside `ray job submit --working-dir` a relative --out needs it "
                                    "(default: the current directory)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on with a refresh whose training stopped after a checkpoint: DAY_DIR/model from its last "
+                         "checkpoint, on the corpus prepared there, then export and index")
     _add_config_flags(ap, PrepareConfig, skip=PREPARE_SET_HERE)
     _add_config_flags(ap, TrainConfig, skip=TRAIN_SET_HERE)
     helps = {f.name: f.metadata["help"].split(" (default:")[0] for cls in (PrepareConfig, TrainConfig)
@@ -126,10 +134,11 @@ def parse(argv: list[str] | None) -> tuple[RefreshJob, PrepareConfig, TrainConfi
             action.help = EPOCHS_HELP
         elif action.dest == "first_epoch":
             action.help = FIRST_EPOCH_HELP
-        elif action.dest in field_names(TrainConfig) and action.dest != "address":
+        elif action.dest in field_names(TrainConfig) and action.dest not in ("address", "resume"):
             action.help = f"{helps[action.dest]} (default: the base model's)"
         elif action.dest in PREPARE_FROM_BASE:
             action.help = f"{helps[action.dest]} (default: the base corpus's)"
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     flags = vars(args)
     values = load_yaml(args.config) if args.config else {}
@@ -148,12 +157,18 @@ def parse(argv: list[str] | None) -> tuple[RefreshJob, PrepareConfig, TrainConfi
 
     job = RefreshJob(events=args.events, base_model=earlier(args.base_model), out=place("out", args.out),
                      base_corpus=earlier(args.base_corpus), index=earlier(args.index), index_kind=args.index_kind,
-                     recall_queries=args.recall_queries)
+                     recall_queries=args.recall_queries, argv=tuple(argv))
     if "://" in job.out:
         raise UserError(f"{job.out}: --out must be a directory on a file system every node mounts; a refresh on "
                         "object storage is not supported (its corpus and index are local files)")
     prep = build(PrepareConfig, base_corpus_settings(job), values, flags)
-    cfg = refresh_config(job.base_model, values, flags, config_path=args.config)
+    if args.resume:  # the checkpoint's settings, changed only where a flag or the YAML says so, as train --resume
+        from doc2vec_dist.trainer import resumed_config
+
+        check_resumable(job.out)
+        cfg = resumed_config(job.path("model"), explicit_values(TrainConfig, values, flags))
+    else:
+        cfg = refresh_config(job.base_model, values, flags, config_path=args.config)
     if args.no_progress:
         cfg.progress = False
     return job, prep, cfg.validate()
@@ -195,7 +210,24 @@ def check_day_dir(day: str) -> None:
                         "or empty directory: remove it to run that day again, or choose another --out")
 
 
+def check_resumable(day: str) -> None:
+    """DAY_DIR holds a refresh whose training stopped after a checkpoint (its corpus and model, no exports
+    yet); anything else is refused in one line."""
+    from doc2vec_dist import checkpoint
+
+    if not os.path.isdir(day) or not outputs.check_dir(day, "refresh", None):
+        raise UserError(f"{day}: holds no refresh to resume; run the refresh without --resume")
+    if checkpoint.latest_version(os.path.join(day, "model")) is None:
+        raise UserError(f"{day}: its model has no checkpoint to resume from; remove {day} to run that day again")
+    done = [name for name in ("exports", "index", "refresh.json") if os.path.exists(os.path.join(day, name))]
+    if done:
+        raise UserError(f"{day}: the refresh got past training ({', '.join(done)} there), so there is no training to "
+                        f"resume; remove {day} to run that day again")
+
+
 def run(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
+    if cfg.resume:  # check_resumable said what DAY_DIR holds: only the steps after training are left to write
+        return _steps(job, prep, cfg)
     check_day_dir(job.out)
     outputs.check_writable(job.out, inside=True)  # every step writes inside it
     made = outputs.make_dirs(job.out)
@@ -212,6 +244,7 @@ def run(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
 def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     import ray
 
+    from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.export import export
     from doc2vec_dist.index import build_index, update_index
     from doc2vec_dist.prepare import prepare
@@ -223,15 +256,19 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
                     "out": job.out, "old_index": job.index, "stages": stages}
 
     t = time.perf_counter()
-    corpus = prepare(job.events, job.path("corpus"),
-                     dataclasses.replace(on_cluster(prep, cfg), base=job.base_corpus or job.base_model),
-                     progress=cfg.progress, report=True)
-    stages["prepare"] = time.perf_counter() - t
+    if cfg.resume:  # prepared by the run that stopped
+        corpus = Corpus(job.path("corpus"))
+    else:
+        corpus = prepare(job.events, job.path("corpus"),
+                         dataclasses.replace(on_cluster(prep, cfg), base=job.base_corpus or job.base_model),
+                         progress=cfg.progress, report=True)
+        stages["prepare"] = time.perf_counter() - t
     result["prepare"] = {k: corpus.meta.get(k) for k in ("num_docs", "num_tokens", "vocab_size", "refresh", "skipped",
                                                          "time_range", "window_days")}
 
     t = time.perf_counter()
-    result["train"] = train(corpus.path, job.path("model"), cfg)
+    result["train"] = train(corpus.path, job.path("model"), cfg,
+                            resume_command=resume_command(job.argv, __file__))
     result["config"] = dataclasses.asdict(cfg)
     stages["train"] = time.perf_counter() - t
 

@@ -1,7 +1,8 @@
 """Bad input, as a table: what a user may give us, and what they get.
 
 Each row is one input through the real console script (`doc2vec_dist.cli.main`, or a fresh process
-where the outcome depends on no Ray running yet) and one outcome:
+where the outcome depends on no Ray running yet), or through a job's main (a row that starts with
+jobs/NAME.py), and one outcome:
 
   error    exit 2 and exactly one line, `error: ` followed by the words given, naming the file,
            column, row or flag; no traceback; the output path named by the row does not exist
@@ -32,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from conftest import load_job
 
 from doc2vec_dist.cli import main
 
@@ -213,6 +215,12 @@ CASES = [
          {"mine/notes.txt": b"mine"}, "{t}/mine"),
     Case("train over a model without --overwrite", "train --corpus {corpus} --out {model}", "error",
          "{model}: already holds a model; pass --overwrite to replace it", untouched="{model}"),
+    # issue 47, item 1: jobs/train.py --input writes beside --out, and reuses no corpus prepared otherwise
+    Case("jobs/train.py --input without --out", "jobs/train.py --input {t}/e.parquet", "error",
+         "--input needs --out MODEL_DIR", {"e.parquet": _users_parquet}),
+    Case("jobs/train.py on a corpus prepared from other inputs", "jobs/train.py --input {t}/e.parquet --corpus {corpus} "
+         "--out {t}/m --overwrite", "error", "{corpus}: prepared from other inputs ({sample_events}), not {t}/e.parquet",
+         {"e.parquet": _users_parquet}, "{corpus}"),
     Case("export over a Parquet file of the user's", "export --model {model} --out {t}/mynotes.parquet", "error",
          "{t}/mynotes.parquet: exists and is not a file doc2vec-dist wrote",
          {"mynotes.parquet": _users_parquet}, "{t}/mynotes.parquet"),
@@ -476,7 +484,8 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
     with open(os.path.join(model, "LATEST")) as fh:
         assert fh.read().strip() == "v10"  # the damage rows name this version
     corpus = shutil.copytree(sample_corpus[0], str(tmp_path / "corpus"))
-    fill = {"t": t, "model": model, "corpus": corpus, "heldout": sample_corpus[1], "url": SAMPLE_URL}
+    fill = {"t": t, "model": model, "corpus": corpus, "heldout": sample_corpus[1], "url": SAMPLE_URL,
+            "sample_events": SAMPLE_EVENTS}
     for name, content in case.files.items():
         if name.startswith("@"):
             continue
@@ -500,7 +509,7 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
     untouched = case.untouched.format(**fill) if case.untouched else None
     before = snapshot(untouched) if untouched else None
     argv = [a.format(**fill) for a in case.argv.split()] + ["--no-progress"] * (case.argv.split()[0] in (
-        "prepare", "train", "baseline", "export", "index", "generate", "infer"))
+        "prepare", "train", "baseline", "export", "index", "generate", "infer", "jobs/train.py"))
 
     if case.fresh_process:
         done = subprocess.run([sys.executable, "-m", "doc2vec_dist", *argv], capture_output=True, text=True,
@@ -511,6 +520,10 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
         done = subprocess.run([sys.executable, "-S", *argv], capture_output=True, text=True, cwd=ROOT, env=env,
                               timeout=60, check=False)
         code, out, err = done.returncode, done.stdout, done.stderr
+    elif argv[0].startswith("jobs/"):
+        capsys.readouterr()
+        code = load_job(os.path.splitext(os.path.basename(argv[0]))[0]).main(argv[1:])
+        out, err = capsys.readouterr()
     else:
         capsys.readouterr()  # what making the files printed
         code = main(argv)

@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -150,7 +151,7 @@ def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path
 
 
 @pytest.mark.parametrize("case", ["user's file", "earlier refresh", "a model", "bad yaml", "not a model",
-                                  "another dim", "another mode"])
+                                  "another dim", "another mode", "resume nothing", "resume a finished refresh"])
 def test_refusals_are_one_line_and_touch_nothing(days, tmp_path, snapshot, capsys, case):
     day = tmp_path / "day"
     args = ["--events", days["events2"], "--base-model", days["model"], "--out", str(day), "--no-progress"]
@@ -180,6 +181,15 @@ def test_refusals_are_one_line_and_touch_nothing(days, tmp_path, snapshot, capsy
         config.write_text("mode: dm\n")
         args += ["--config", str(config)]
         message = f"{config}: mode: dm contradicts the --base-model model {days['model']}, trained with mode dbow"
+    elif case == "resume nothing":
+        args += ["--resume"]
+        message = f"{day}: holds no refresh to resume; run the refresh without --resume"
+    elif case == "resume a finished refresh":  # only a stop in training is resumed
+        shutil.copytree(days["model"], day / "model")
+        (day / "index").mkdir()
+        outputs.write_marker(str(day), "refresh")
+        args += ["--resume"]
+        message = f"{day}: the refresh got past training (index there), so there is no training to resume"
     else:
         args[args.index("--base-model") + 1] = str(tmp_path)
         message = str(tmp_path)
@@ -202,3 +212,48 @@ def test_inside_a_submitted_job_relative_paths_need_a_root(days, tmp_path, monke
                                   "--out", "day2", "--root", root])
     assert (found.out, found.base_model, found.index) == (os.path.join(root, "day2"), days["model"], days["index"])
     assert found.events == ["today.parquet"] and prep.time_col == "ts" and cfg.init_from == days["model"]
+
+
+def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes(days, tmp_path, monkeypatch,
+                                                                                  snapshot, capsys):
+    """Issue 47, item 11: a refresh whose nodes died after a checkpoint said `doc2vec-dist train … --resume`,
+    which leaves its export and index undone, and the refresh itself refused to run into that DAY_DIR again.
+    It names `jobs/refresh.py … --resume`, which trains the model on from its checkpoint, then exports and
+    indexes, without preparing again."""
+    import re
+    import shlex
+
+    from test_jobs import nodes_die_after_the_first_checkpoint
+
+    from doc2vec_dist import checkpoint
+
+    job = load_job("refresh")
+    day = tmp_path / "day2"
+    model = str(day / "model")
+    bring_back = nodes_die_after_the_first_checkpoint(monkeypatch, model)
+    argv = ["--events", days["events2"], "--base-model", days["model"], "--out", str(day), "--epochs", "30",
+            "--checkpoint-every", "0.05", "--no-progress"]
+    assert job.main(argv) == 2
+    err = capsys.readouterr().err
+    version = checkpoint.latest_version(model)
+    assert version is not None and checkpoint.load_manifest(model)[1]["epoch"] < 30, err
+    resume = re.search(rf"training stopped: the model at {re.escape(model)} is kept up to checkpoint v{version}; "
+                       r"resume with `(\S+) (\S+) (.+)`$", err, re.MULTILINE)
+    assert resume, err
+    python, script, args = resume.groups()
+    assert script.endswith("refresh.py"), resume.group(0)
+    assert os.path.samefile(python, sys.executable) and os.path.samefile(script, os.path.join(ROOT, "jobs", "refresh.py"))
+    assert shlex.split(args) == [*argv, "--resume"]
+    corpus = snapshot(str(day / "corpus"))
+
+    bring_back()
+    assert job.main(shlex.split(args)) == 0
+    out = capsys.readouterr()
+    assert f"resumed from v{version}" in out.err
+    assert checkpoint.load_manifest(model)[1]["epoch"] == 30
+    assert snapshot(str(day / "corpus")) == corpus  # not prepared again
+    assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json"])
+    report = json.loads((day / "refresh.json").read_text())
+    assert report["index"]["rows"] == Corpus(str(day / "corpus")).num_docs
+    assert ds.dataset(str(day / "exports" / "users")).count_rows() == report["index"]["rows"]
+    assert "outputs: " + str(day) in out.out
