@@ -52,8 +52,9 @@ class PrepareConfig:
                                      ".csv, a tab for .tsv)")
     no_normalize: bool = _f(False, "take the token column's URLs as written; by default absolute http(s) URLs are "
                                    "normalised so that one page is one token: scheme and host lower-cased, default "
-                                   "port, fragment and trailing slash dropped, unreserved %%-escapes decoded, query kept "
-                                   "less --drop-params (docs/commands.md); never text; with --base, the base's rule")
+                                   "port, fragment and trailing slash dropped, unreserved %%-escapes decoded, query "
+                                   "kept less --drop-params (docs/commands.md); never text; with --base, the base's "
+                                   "rule")
     drop_query: bool = _f(False, "drop each URL's query string whole (default: kept, less --drop-params)")
     drop_params: str | None = _f(None, "query parameters dropped from URLs: names, comma-separated, with * and ? "
                                        "globs; '' drops none (default: utm_*; with --base, the base's)")

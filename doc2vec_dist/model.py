@@ -13,8 +13,8 @@ Changes when what a loaded model offers a Python user changes (lookups, exact ne
 
 Keys are the strings `prepare` made of the input's ids, so a number finds the user it was (100000 is
 "100000"), and a URL is read by the model's URL rule (urls.py), so a page written another way finds
-its row (the key column of an answer gives the model's form). Keys, tables and the exact faiss indexes are loaded on first use and kept, so many queries pay for
-them once. A vector looked up by key is read from the memory-mapped checkpoint parts, so a lookup in
+its row (the key column of an answer gives the model's form). Keys, tables and the exact faiss
+indexes are loaded on first use and kept, so many queries pay for them once. A vector looked up by key is read from the memory-mapped checkpoint parts, so a lookup in
 a 20M-row table does not load the table. Works the same on our models and on `baseline` (gensim) models.
 """
 

@@ -398,8 +398,8 @@ def _normalized_counts(counts: pa.Table, rule: UrlRule) -> pa.Table:
     fixed = normalize_distinct(tokens, rule)
     if fixed is tokens:
         return counts
-    return (pa.table({"token": fixed, "count": counts["count"].combine_chunks()}).group_by("token").aggregate([("count", "sum")])
-            .rename_columns(["token", "count"]))
+    summed = pa.table({"token": fixed, "count": counts["count"].combine_chunks()}).group_by("token")
+    return summed.aggregate([("count", "sum")]).rename_columns(["token", "count"])
 
 
 def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_events: int = 0) -> int:
@@ -630,9 +630,9 @@ def _url_rule(c: PrepareConfig, base: Base | None) -> UrlRule:
                "--merge-www": not theirs.merge_www}
     for flag, on in given.items():
         if on and differs.get(flag, rule.drop_params != theirs.drop_params or not theirs.normalize):
-            raise CorpusError(f"{flag}: the base {base.path} was prepared with {theirs.describe()}, and a refresh reads its events "
-                              "by the base's URL rule so that a page stays the word it was; leave the flag out, or "
-                              "prepare a new corpus without --base")
+            raise CorpusError(f"{flag}: the base {base.path} was prepared with {theirs.describe()}, and a refresh "
+                              "reads its events by the base's URL rule so that a page stays the word it was; leave "
+                              "the flag out, or prepare a new corpus without --base")
     return theirs
 
 

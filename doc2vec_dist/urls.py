@@ -76,8 +76,8 @@ class UrlRule:
             object.__setattr__(self, "drop_query", False)
             object.__setattr__(self, "merge_www", False)
         object.__setattr__(self, "drop_params", tuple(p for p in self.drop_params if p) if self.normalize else ())
-        object.__setattr__(self, "_dropped", re.compile("(?:" + "|".join(_glob_regex(g) for g in self.drop_params) + ")")
-                           if self.drop_params else None)
+        names = "|".join(_glob_regex(g) for g in self.drop_params)
+        object.__setattr__(self, "_dropped", re.compile(f"(?:{names})") if names else None)
 
     # -- as recorded -----------------------------------------------------------------------------------
 
@@ -127,6 +127,13 @@ class UrlRule:
         return {"no_normalize": not self.normalize, "drop_query": self.drop_query,
                 "drop_params": ",".join(self.drop_params), "merge_www": self.merge_www}
 
+    def flags(self) -> str:
+        """How this rule differs from the default, as prepare's flags (" with --drop-query"), or ""."""
+        given = (["--drop-query"] if self.drop_query else []) + (["--merge-www"] if self.merge_www else [])
+        if self.drop_params != DEFAULT_DROP_PARAMS:
+            given.append(f"--drop-params {','.join(self.drop_params) or repr('')}")
+        return f" with {' '.join(given)}" if given else ""
+
     def describe(self) -> str:
         """The rule in a few words, for a report line or a message."""
         if not self.normalize:
@@ -171,18 +178,20 @@ class UrlRule:
     def _maybe_changed(self, values: pa.Array) -> pa.Array:
         """bool mask of the values this rule may change: the http(s) URLs that a vectorised check does
         not show to be normal already. Conservative: a value it leaves out is one normalize_url keeps."""
-        http = pc.match_substring_regex(values, _HTTP)
         query = "" if self.drop_query else r"(\?[^#%]+)?"
         # lower-case scheme and host of plain letters, no userinfo, port or escape, a path that is "/" or
         # ends in another character, no fragment
         plain = pc.match_substring_regex(values, r"^https?://[a-z0-9.\-]+(/|/[^?#%]*[^/?#%])" + query + "$")
-        suspect = pc.and_(http, pc.invert(plain))
+        suspect = pc.invert(plain)
         if self.drop_params and not self.drop_query:
-            names = "|".join(_glob_regex(g) for g in self.drop_params)
-            suspect = pc.or_(suspect, pc.and_(http, pc.match_substring_regex(values, rf"[?&]({names})(=|&|#|$)")))
+            queried = pc.and_(plain, pc.match_substring(values, "?"))  # what else might hold a dropped parameter
+            if pc.any(queried).as_py():
+                names = "|".join(_glob_regex(g) for g in self.drop_params)
+                dropped = pc.match_substring_regex(values, rf"[?&]({names})(=|&|#|$)")
+                suspect = pc.or_(suspect, pc.and_(queried, dropped))
         if self.merge_www:
             suspect = pc.or_(suspect, pc.match_substring_regex(values, r"(?i)^https?://([^/?#]*@)?www\."))
-        return suspect.fill_null(False)
+        return pc.and_(suspect, pc.match_substring_regex(values, _HTTP)).fill_null(False)
 
 
 RAW = UrlRule(normalize=False, drop_params=())
@@ -221,11 +230,11 @@ def http_urls(values: pa.Array) -> int:
 def report_line(read: int, normalised: int, urls: int, rule: UrlRule) -> str:
     """prepare's line on the token column: its distinct tokens as read and once normalised."""
     if not rule.normalize:
-        return f"URLs taken as written (--no-normalize): {read:,} distinct tokens"
+        return f"URLs taken as written (--no-normalize, or a --base prepared so): {read:,} distinct tokens"
     kept = read - urls
-    return (f"URLs normalised: {read:,} distinct tokens as read, {normalised:,} after the rule (--no-normalize "
-            "keeps them as written; docs/commands.md)"
-            + (f"; {kept:,} of them are no absolute http(s) URL and were kept as read" if kept else ""))
+    return (f"URLs normalised{rule.flags()}: {read:,} distinct tokens as read, {normalised:,} after the rule "
+            "(--no-normalize keeps them as written; docs/commands.md)"
+            + (f"; {kept:,} of them not absolute http(s) URLs, kept as read" if kept else ""))
 
 
 def recorded(path: str) -> UrlRule:
