@@ -13,12 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import load_job
+from conftest import load_benchmark, load_job
 
 from doc2vec_dist import Model
 from doc2vec_dist.cli import main
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.synthetic import generate
 from doc2vec_dist.urls import RAW, RULE_KEY, UrlRule, normalize, recorded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -243,7 +244,8 @@ def test_neighbors_and_vector_of_a_url_written_otherwise(trained_model, capsys):
     assert set(found.column("key").to_pylist()) == {url} and url not in found.column("neighbor").to_pylist()
     assert main(["neighbors", "--model", trained_model, "--key", asked, "--table", "words_out", "--k", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split("\t")[0] == "key" and len(lines) == 4 and all(line.startswith(url + "\t") for line in lines[1:])
+    assert lines[0].split("\t")[0] == "key" and len(lines) == 4
+    assert all(line.startswith(url + "\t") for line in lines[1:])
 
 
 def _as_written(made: str, into: str) -> str:
@@ -277,7 +279,8 @@ def test_events_of_another_site_are_told_apart_with_an_example_of_each_side(trai
     with pytest.raises(UserError) as found:
         Model.load(trained_model).infer({"v1": ["https://elsewhere.example/1", "https://elsewhere.example/1"]})
     message = str(found.value)
-    assert "compared after the model's URL rule): 'https://elsewhere.example/1' against the model's 'https://" in message
+    assert ("compared after the model's URL rule): 'https://elsewhere.example/1' against the model's 'https://"
+            in message)
     assert "another site" not in message and message.endswith("does --token-col url hold their URLs?")
 
 
@@ -316,3 +319,17 @@ def test_the_refresh_job_refuses_a_rule_other_than_its_bases_before_any_work(tra
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"error: --drop-query: the base {trained_model} was prepared with URLs normalised: ")
     assert not day.exists() or os.listdir(day) == []
+
+
+def test_the_benchmarks_messy_log_normalises_back_to_its_pages(tmp_path):
+    """benchmarks/messy_urls.py: every way it writes a page is that page again by the rule, so its
+    normalised corpus is the clean log's."""
+    bench = load_benchmark("messy_urls")
+    generate(str(tmp_path / "gen"), 60, 40, seed=0, progress=False)
+    found = bench.messy_log(str(tmp_path / "gen"), str(tmp_path / "messy.parquet"), messy=0.5)
+    clean = pq.read_table(str(tmp_path / "gen" / "events")).column("url").combine_chunks()
+    messy = pq.read_table(str(tmp_path / "messy.parquet")).column("url").combine_chunks()
+    assert found["written_forms"] > found["pages"] and not messy.equals(clean)
+    assert normalize(messy, UrlRule()).equals(clean)
+    assert all(UrlRule().normalize_url(bench.written_otherwise(url, way)) == url
+               for url in clean.unique().to_pylist() for way in bench.WAYS)
