@@ -333,3 +333,15 @@ def test_the_benchmarks_messy_log_normalises_back_to_its_pages(tmp_path):
     assert normalize(messy, UrlRule()).equals(clean)
     assert all(UrlRule().normalize_url(bench.written_otherwise(url, way)) == url
                for url in clean.unique().to_pylist() for way in bench.WAYS)
+
+
+def test_evaluate_reads_held_out_urls_by_the_models_rule(trained_model, sample_corpus, tmp_path):
+    """Held-out pairs written otherwise (another export of the same log) score as the model's own."""
+    from doc2vec_dist.evaluate import heldout_metrics
+
+    pairs = pq.read_table(sample_corpus[1])
+    otherwise = pairs.set_column(1, "token", pa.array([_written_otherwise(u) for u in pairs.column("token").to_pylist()]))
+    pq.write_table(otherwise, str(tmp_path / "otherwise.parquet"))
+    expected = heldout_metrics(trained_model, sample_corpus[1], max_users=300, baseline=False)
+    assert heldout_metrics(trained_model, str(tmp_path / "otherwise.parquet"), max_users=300, baseline=False) == expected
+    assert expected["skipped_pairs"] == 0
