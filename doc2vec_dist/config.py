@@ -51,6 +51,16 @@ class PrepareConfig:
                                ("s", "ms", "us", "ns"))
     delimiter: str | None = _f(None, "field separator of CSV input, e.g. ';' ('\\t' for a tab) (default: ',' for "
                                      ".csv, a tab for .tsv)")
+    no_normalize: bool = _f(False, "take the token column's URLs as written; by default absolute http(s) URLs are "
+                                   "normalised so that one page is one token: scheme and host lower-cased, default "
+                                   "port, fragment and trailing slash dropped, unreserved %%-escapes decoded, query "
+                                   "kept less --drop-params (docs/commands.md); never text; with --base, the base's "
+                                   "rule")
+    drop_query: bool = _f(False, "drop each URL's query string whole (default: kept, less --drop-params)")
+    drop_params: str | None = _f(None, "query parameters dropped from URLs: names, comma-separated, with * and ? "
+                                       "globs; '' drops none (default: utm_*; with --base, the base's)")
+    merge_www: bool = _f(False, "merge a host with its www. form (www.a.com is a.com); off by default, as the two "
+                                "may be different sites")
     min_count: int = _f(1, "drop tokens seen fewer times than this")
     max_vocab: int | None = _f(None, "keep at most this many most frequent tokens (default: no limit)")
     holdout: float = _f(0.0, "fraction of each user's distinct URLs hidden for evaluation")

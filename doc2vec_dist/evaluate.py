@@ -26,6 +26,7 @@ from .errors import UserError
 from .ids import hash_strings
 from .model import Model
 from .scoring import check_k, lookup, seen_tokens, unit_rows, url_log_prior, with_prior
+from .urls import normalize, recorded
 
 SCORES_BYTES = 1 << 30  # the score matrices of one batch of users, at most
 
@@ -45,7 +46,10 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
     found = ModelDir.served(model)
     doc_keys, vocab = found.keys("docs"), found.keys("words_out")
     doc_ids = pc.index_in(table.column("key").cast(pa.string()), value_set=doc_keys.cast(pa.string()))
-    word_ids = pc.index_in(table.column("token").cast(pa.string()), value_set=vocab.cast(pa.string()))
+    # the hidden URLs read by the model's URL rule, as infer reads a new user's (urls.py)
+    rule = recorded(found.store.path("vocab.arrow"))
+    tokens = normalize(table.column("token").cast(pa.string()).combine_chunks(), rule)
+    word_ids = pc.index_in(tokens, value_set=vocab.cast(pa.string()))
     valid = pc.and_(pc.is_valid(doc_ids), pc.is_valid(word_ids))
     skipped = len(table) - pc.sum(valid).as_py() if len(table) else 0
     docs = doc_ids.filter(valid).to_numpy(zero_copy_only=False).astype(np.int64)

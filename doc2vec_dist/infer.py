@@ -15,16 +15,18 @@ The steps, in the order of the data flow:
 1. Read. The inputs go through `corpus.prepare` into a temporary corpus (min_count=1, removed
    afterwards), so every input format, column flag, error message and time ordering is the one
    `prepare` has. Its tokens are then mapped to the MODEL's word ids through the model's vocab.arrow.
+   The model's URL rule (urls.py, recorded in its vocab.arrow) normalises the inputs' URLs as it
+   normalised the model's, so a page written another way is still the page.
    Events whose URL the model never saw are dropped and counted ("skipped N events with URLs the
    model never saw"). A user left with no known URL gets no vector, and a warning names such users
    (the first few, and how many). They are not dropped: the Parquet that `infer` writes keeps their
    key with a null vector, and the arrays (`Model.infer`, `infer` without `out`) hold a row of NaN
    for them. A zero row would look like a vector: faiss scores it 0 against everything and answers
    with arbitrary rows. Every reader of such a file (`neighbors --vectors`, `index --vectors`) and
-   `Model.neighbors` skip these rows and name them. Events
-   none of whose URLs the model knows are refused before anything is written (they come from another
-   site, or another column was read as the URL); when under LOW_OVERLAP of the events or of the users
-   can be placed, a warning gives the shares.
+   `Model.neighbors` skip these rows and name them. Events none of whose URLs the model knows are
+   refused before anything is written, with an example of each side (or, for a model that took its
+   URLs as written, how many match once both are normalised); when under LOW_OVERLAP of the events or
+   of the users can be placed, a warning gives the shares.
 2. Start. Each new user's vector starts uniform in [-1, 1)/dim, as training starts `docs`, drawn from
    a stream seeded by (seed, blake2b of the user key): a user starts from the same point whatever
    else is in the batch, in any process.
@@ -74,6 +76,7 @@ from .ids import mix64
 from .prepare import prepare
 from .sampling import NegativeTable, keep_probabilities
 from .scoring import NAMED, ServingWarning, counted, named
+from .urls import UrlRule, normalize_distinct
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +167,7 @@ class Inferrer:
         vocab = found.vocab()
         vocab_path = found.store.show("vocab.arrow")
         self.vocab_tokens = vocab.column("token").combine_chunks()
+        self.url_rule = UrlRule.of_schema(vocab.schema, vocab_path)  # the inputs' URLs are read by the model's rule
         counts = vocab.column("count").to_numpy().astype(np.int64)
         self.words_out = torch.from_numpy(np.ascontiguousarray(load("words_out"), dtype=np.float32))
         words = load("words") if settings.mode == "dm" else np.zeros((0, settings.dim), np.float32)
@@ -327,7 +331,9 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
               counts: Counts, name: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
     settings = inferrer.s
     with tempfile.TemporaryDirectory(prefix="doc2vec-infer-", dir=tmp_dir) as tmp:
-        corpus = prepare(inputs, os.path.join(tmp, "corpus"), PrepareConfig(min_count=1, **read), progress=progress)
+        rule = inferrer.url_rule.settings() if read["format"] != "text" else {}
+        corpus = prepare(inputs, os.path.join(tmp, "corpus"), PrepareConfig(min_count=1, **read, **rule),
+                         progress=progress)
         counts.prepare_skipped = {k: v for k, v in corpus.meta.get("skipped", {}).items()
                                   if k in ("null_tokens", "empty_tokens", "docs_without_tokens")}
         vocab = corpus.vocab()
@@ -338,10 +344,8 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
         counts.unknown_events = int(read_counts[unknown].sum())
         counts.unknown_urls = int(np.count_nonzero(unknown))
         if counts.unknown_events == counts.events_read:
-            raise UserError(f"{name}: none of the {counts.events_read:,} events has a URL the model knows (their "
-                            f"{counts.unknown_urls:,} distinct URLs are not among the {len(inferrer.vocab_tokens):,} "
-                            f"of {inferrer.model}): these events do not fit this model (another site, or another "
-                            f"column read as the URL: --token-col {read['token_col']})")
+            raise UserError(_no_known_url(name, counts, inferrer, vocab.column("token").combine_chunks(),
+                                          read["token_col"]))
         keys = corpus.docs().column("key").combine_chunks()
         with tqdm(total=corpus.num_docs, desc="infer", unit=" users", unit_scale=True, disable=not progress,
                   dynamic_ncols=True, file=sys.stderr) as bar:
@@ -355,6 +359,26 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
                 yield batch_keys, inferrer.vectors(batch_keys.to_pylist(), offsets, tokens, trained)
                 trained += 1
                 bar.update(len(doc_ids))
+
+
+def _no_known_url(name: str, counts: Counts, inferrer: Inferrer, tokens: pa.Array, token_col: str) -> str:
+    """What is true of events none of whose URLs the model knows: how they were compared, and either that
+    the model took its URLs as written and these match them once both are normalised, or an example of
+    each side, to tell another site or another column from a different way of writing the same URLs."""
+    rule, known = inferrer.url_rule, inferrer.vocab_tokens
+    line = (f"{name}: none of the {counts.events_read:,} events has a URL the model knows (their "
+            f"{counts.unknown_urls:,} distinct URLs are not among the {len(known):,} of {inferrer.model}, "
+            + ("compared after the model's URL rule" if rule.normalize else "compared as written") + ")")
+    if not rule.normalize:
+        ours = normalize_distinct(known, UrlRule())
+        matched = pc.sum(pc.is_in(normalize_distinct(tokens, UrlRule()), value_set=ours)).as_py() or 0
+        if matched:
+            return (line + f": {matched:,} of them are its URLs once both are normalised, but the model took its URLs "
+                    "as written (prepared with --no-normalize, or before URL normalisation); prepare and train it "
+                    f"again without --no-normalize, or give the URLs exactly as its vocabulary writes them "
+                    f"('{known[0]}')")
+    return (line + f": '{tokens[0]}' against the model's '{known[0]}'; are these events of the site the model was "
+            f"trained on, and does --token-col {token_col} hold their URLs?")
 
 
 def infer(model: str, inputs, out: str | None = None, *, format: str = "events", doc_col: str = "user_id",

@@ -13,8 +13,9 @@ Changes when what a loaded model offers a Python user changes (lookups, exact ne
     m.neighbors(many_users, k=10, index="runs/sample/users.index")  # a saved (approximate) index
 
 Keys are the strings `prepare` made of the input's ids, so a number finds the user it was (100000 is
-"100000"). Keys, tables and the exact faiss indexes are loaded on first use and kept, so many queries pay for
-them once. A vector looked up by key is read from the memory-mapped checkpoint parts, so a lookup in
+"100000"), and a URL is read by the model's URL rule (urls.py), so a page written another way finds
+its row (the key column of an answer gives the model's form). Keys, tables and the exact faiss
+indexes are loaded on first use and kept, so many queries pay for them once. A vector looked up by key is read from the memory-mapped checkpoint parts, so a lookup in
 a 20M-row table does not load the table. Works the same on our models and on `baseline` (gensim) models.
 neighbors returns a pyarrow.Table (key, neighbor, score, rank).
 
@@ -53,6 +54,7 @@ from .scoring import (
     unit_rows,
     url_log_prior,
 )
+from .urls import UrlRule, normalize, recorded
 
 SEARCH_BATCH = 1024  # queries searched together when each must look past the URLs its user visited
 
@@ -93,6 +95,7 @@ class Model:
         self._checked: set[tuple[str, str]] = set()  # (index or file, table) whose model was checked
         self._shown = path  # the model as the user named it, in messages (a remote one's URI, not its copy)
         self.as_flags = False  # messages name the command line's flags (--table words_out), not arguments
+        self._url_rule: UrlRule | None = None
 
     @classmethod
     def load(cls, path: str) -> Model:
@@ -118,7 +121,23 @@ class Model:
         """Row ids of keys (a key or a list; numbers as prepare made them strings); an unknown key is
         an error with the closest known keys, or, for a URL asked as a user (or a user as a URL), with
         the table it belongs to."""
-        return lookup(self.keys(table), key_strings(keys), table, hint=lambda key: self._other_kind(key, table))
+        return lookup(self.keys(table), self.key_names(keys, table), table,
+                      hint=lambda key: self._other_kind(key, table))
+
+    def key_names(self, keys: str | int | list, table: str = "docs") -> list[str]:
+        """Keys as the model names them: strings as prepare made them, and URLs (of a URL table) by the
+        model's URL rule, so that HTTPS://Shop.Example/a/ finds https://shop.example/a."""
+        names = key_strings(keys)
+        if table == "docs" or not self.url_rule.normalize:
+            return names
+        return normalize(pa.array(names, pa.string()), self.url_rule).to_pylist()
+
+    @property
+    def url_rule(self) -> UrlRule:
+        """The rule the model's URLs were normalised by (urls.py), recorded in its vocab.arrow."""
+        if self._url_rule is None:
+            self._url_rule = recorded(self.dir.store.path("vocab.arrow"))
+        return self._url_rule
 
     def _other_kind(self, key: str, table: str) -> str | None:
         """What to say of a key unknown to `table` that is a key of the model's other kind of table."""
@@ -127,7 +146,7 @@ class Model:
             known = self.keys(other)
         except UserError:  # a model without that key table (one written by hand): nothing to say
             return None
-        if pc.index_in(pa.array([key], pa.string()), value_set=known)[0].is_valid:
+        if pc.index_in(pa.array(self.key_names(key, other), pa.string()), value_set=known)[0].is_valid:
             add, drop = ("add", "drop") if self.as_flags else ("give", "leave out")
             if other == "words_out":
                 return (f": it is a URL of the model's vocabulary, not a user; {add} {self._option('table', 'words_out')}"
@@ -231,7 +250,7 @@ class Model:
             if keys is None or vectors is not None:
                 given = "--key or --keys-file" if self.as_flags else "the keys argument"
                 raise UserError(f"{vectors_file}: give the keys to look up in it ({given})")
-            names = key_strings(keys)
+            names = self.key_names(keys, table)
             vectors, source = parquet_vectors(vectors_file, names)
             again = "infer or export them again with the model"
             self._check(source.provenance, table, vectors_file, again, again)
@@ -239,7 +258,7 @@ class Model:
         if (keys is None) == (vectors is None):
             raise UserError("neighbors: give keys or vectors, one of the two")
         if vectors is None:
-            names = key_strings(keys)
+            names = self.key_names(keys, table)
             rows = self.rows(names, table)
             queries = self.gather(table, rows)
         else:

@@ -105,6 +105,7 @@ from .readers import (
     expand_inputs,
     plan_blocks,
 )
+from .urls import RAW, UrlRule, http_urls, normalize_distinct, recorded, report_line
 
 log = logging.getLogger(__name__)
 
@@ -310,15 +311,18 @@ class _Pass1:
     skips: Skips
     vocab: pa.Table  # token, count (input counts), id
     notes: ReadNotes
-    input_words: int = 0  # distinct tokens of the inputs
+    input_words: int = 0  # distinct tokens of the inputs (normalised by the URL rule)
     known_words: int = 0  # of which the base knows (with a base)
     units: dict = dataclasses.field(default_factory=dict)  # each file's unit of numeric times (for Ray Data)
     read_rows: set = dataclasses.field(default_factory=set)  # the files it read rows from (for Ray Data)
+    read_words: int = 0   # distinct tokens of the inputs as read, before the URL rule
+    http_words: int = 0   # of which absolute http(s) URLs (what the rule may change)
 
 
 def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, max_vocab: int | None, runner,
            progress, base_tokens: pa.Array | None = None) -> tuple[_Pass1, list[Block]]:
     counter, kinds, skips, notes, reads = TokenCounter(), TimeKinds(), Skips(), ReadNotes(), {}
+    rule = s.opt.urls or RAW
     rows = events = key_bytes = null_tokens = empty_tokens = 0
     units: dict[str, str | None] = {}
     read_rows: set[str] = set()
@@ -328,8 +332,8 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
             counter.add_counts(found.counts)
             found.counts = None
 
-    for i, found in _run(runner, passes.count, [(b, s) for b in blocks], progress, _ray_memory(runner, 256 << 20),
-                         arrive, rows=lambda r: r.rows):
+    for i, found in _run(runner, passes.count, [(b, _as_read(s)) for b in blocks], progress,
+                         _ray_memory(runner, 256 << 20), arrive, rows=lambda r: r.rows):
         _checked(blocks[i], found, kinds, s.opt)
         units[blocks[i].path] = found.unit or units.get(blocks[i].path)
         if found.rows:
@@ -350,7 +354,9 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     if events == 0:
         raise CorpusError(f"{_name_files(files)}: nothing to prepare, every row was skipped "
                           f"({_compact(skips.counts)})")
-    counts = counter.table().sort_by([("count", "descending"), ("token", "ascending")])
+    counts = counter.table()
+    read_words, http_words = counts.num_rows, http_urls(counts["token"].combine_chunks()) if rule.normalize else 0
+    counts = _normalized_counts(counts, rule).sort_by([("count", "descending"), ("token", "ascending")])
     known = 0
     input_words = known_words = counts.num_rows
     if base_tokens is not None:  # the base's tokens keep their ids, whatever their count now
@@ -376,8 +382,24 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
     return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words, units,
-                   read_rows),
+                   read_rows, read_words=read_words, http_words=http_words),
             _next_units(blocks, reads))
+
+
+def _as_read(s: Settings) -> Settings:
+    """The settings with the tokens read as they are written: pass 1 counts them so, and normalises the
+    counts' distinct tokens once (_normalized_counts), which gives the report its tokens as read too."""
+    return dataclasses.replace(s, opt=dataclasses.replace(s.opt, urls=None)) if s.opt.urls is not None else s
+
+
+def _normalized_counts(counts: pa.Table, rule: UrlRule) -> pa.Table:
+    """(token, count) of tokens as read → of tokens by the URL rule, the counts of a page's forms summed."""
+    tokens = counts["token"].combine_chunks()
+    fixed = normalize_distinct(tokens, rule)
+    if fixed is tokens:
+        return counts
+    summed = pa.table({"token": fixed, "count": counts["count"].combine_chunks()}).group_by("token")
+    return summed.aggregate([("count", "sum")]).rename_columns(["token", "count"])
 
 
 def _choose_buckets(p1: _Pass1, has_time: bool, memory_budget_bytes: int, base_events: int = 0) -> int:
@@ -587,6 +609,33 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
     return found
 
 
+def _url_rule(c: PrepareConfig, base: Base | None) -> UrlRule:
+    """The rule by which the token column's URLs are normalised (urls.py): the settings' (on unless
+    --no-normalize), never for text; with a base, the base's rule, recorded in its vocab.arrow (none
+    recorded: as written), so that today's events name a page as the base does; a flag that asks for
+    another rule is refused in one line naming both."""
+    given = {"--no-normalize": c.no_normalize, "--drop-query": c.drop_query, "--merge-www": c.merge_www,
+             f"--drop-params {c.drop_params!r}": c.drop_params is not None}
+    if c.format == "text":
+        asked = next((flag for flag, on in given.items() if on and flag != "--no-normalize"), None)
+        if asked:
+            raise CorpusError(f"{asked} applies to the URLs of --format events and lists; text tokens are taken as "
+                              "written")
+        return RAW
+    rule = UrlRule.of_settings(c.no_normalize, c.drop_query, c.drop_params, c.merge_www)
+    if base is None:
+        return rule
+    theirs = recorded(os.path.join(base.path, "vocab.arrow"))
+    differs = {"--no-normalize": theirs.normalize, "--drop-query": not theirs.drop_query,
+               "--merge-www": not theirs.merge_www}
+    for flag, on in given.items():
+        if on and differs.get(flag, rule.drop_params != theirs.drop_params or not theirs.normalize):
+            raise CorpusError(f"{flag}: the base {base.path} was prepared with {theirs.describe()}, and a refresh "
+                              "reads its events by the base's URL rule so that a page stays the word it was; leave "
+                              "the flag out, or prepare a new corpus without --base")
+    return theirs
+
+
 def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *, overwrite: bool = False,
             progress: bool = True, report: bool | None = None) -> Corpus:
     """Build a corpus directory at `out` from the inputs (see the module docstring) as `config` says,
@@ -627,6 +676,7 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
     delimiter = csv_delimiter(c.delimiter)
     out = os.path.abspath(os.fspath(out)).rstrip(os.sep)
     found_base = _check(c, out)
+    rule = _url_rule(c, found_base)
     outputs.check_dir(out, "corpus", overwrite)  # only a corpus of ours is replaced, and only when asked
     if c.holdout_out:
         outputs.check_file(os.path.abspath(c.holdout_out), "heldout", overwrite)
@@ -634,7 +684,8 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
         outputs.check_writable(path)
     files = expand_inputs(inputs, c.format)
     opt = Options(c.format, c.doc_col, c.token_col, c.time_col if c.format == "events" else None, c.time_unit,
-                  delimiter, "--window-days" if c.window_days is not None else "--base" if c.base is not None else None)
+                  delimiter, "--window-days" if c.window_days is not None else "--base" if c.base is not None else None,
+                  rule if rule.normalize else None)
     blocks = plan_blocks(files, opt)
     hold_final = os.path.abspath(c.holdout_out) if c.holdout_out else None
     made: list[str] = []  # directories we create for the outputs, removed again on failure
@@ -665,6 +716,9 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
                  + (f"; held out {p3.heldout:,} (key, token) pairs to {hold_final}" if hold_final else ""))
         for line in lines:  # what was dropped or changed is a warning; what was kept, information
             (log.warning if line.startswith(("skipped", "stripped")) else log.info)(line)
+        if c.format != "text":
+            found = meta["distinct_tokens"]
+            log.info(report_line(found["read"], found["normalised"], found["http_urls"], rule))
         if meta.get("refresh"):
             log.info(refresh_report(meta))
     return Corpus(out)
@@ -732,8 +786,10 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
     if p3.refresh is not None:
         _check_overlap(found_base, p3.refresh, p1, c.doc_col, window is not None)
 
-    vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts), "id": p1.vocab["id"]}, schema=VOCAB_SCHEMA)
-    with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, pa.ipc.new_file(sink, VOCAB_SCHEMA) as writer:
+    rule = s.opt.urls or RAW
+    schema = VOCAB_SCHEMA.with_metadata(rule.schema_metadata())  # the URL rule travels with the vocabulary
+    vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts), "id": p1.vocab["id"]}, schema=schema)
+    with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_table(vocab, max_chunksize=1 << 20)
     p1.skips.add("duplicate_events", p3.duplicate_events)
     p1.skips.add("docs_without_tokens", p3.docs_without_tokens)
@@ -745,6 +801,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "input_files": [storage.location(f) for f in files], "input_rows": p1.rows,
         "format": c.format, "doc_col": c.doc_col, "token_col": c.token_col, "time_col": opt.time_col,
         "min_count": c.min_count, "max_vocab": c.max_vocab, "holdout": c.holdout,
+        "url_rule": rule.to_json(),  # how the token column's URLs were normalised (urls.py)
+        "distinct_tokens": {"read": p1.read_words, "normalised": p1.input_words, "http_urls": p1.http_words},
         "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": c.seed,
         "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
         "docs_with_one_token": p3.docs_with_one_token,

@@ -8,9 +8,11 @@ Input formats:
     events  rows of (doc_col, token_col[, time_col]) in Parquet, CSV/TSV or JSON lines; a user's
             events may be spread over many files. With time_col, each user's tokens are ordered by
             time (ties keep input order); otherwise by input order. Keys and tokens are stripped of
-            leading and trailing whitespace. CSV fields are separated by ',' (.csv) or a tab (.tsv),
-            or by Options.delimiter.
-    lists   one row per document: doc_col and token_col holding a list of tokens (Parquet, JSON lines).
+            leading and trailing whitespace; then the token column's absolute http(s) URLs are
+            normalised by Options.urls (urls.py: one page, one token). CSV fields are separated by
+            ',' (.csv) or a tab (.tsv), or by Options.delimiter.
+    lists   one row per document: doc_col and token_col holding a list of tokens (Parquet, JSON lines);
+            stripped and normalised as events' tokens are.
     text    one document per line, tokens separated by whitespace. The key of a document is its line
             number counted from 0 across the inputs concatenated in the order given (a directory's
             files in sorted order); a file that does not end in a newline still ends its last line.
@@ -50,6 +52,7 @@ import pyarrow.parquet as pq
 from . import storage
 from .corpus import CorpusError, one_line
 from .ids import id_string
+from .urls import UrlRule, normalize
 
 log = logging.getLogger(__name__)
 
@@ -834,6 +837,8 @@ class Options:
     delimiter: str | None = None   # of CSV/TSV fields; None: ',' for .csv, tab for .tsv
     epochs_for: str | None = None  # the option that needs epoch times ("--window-days"): numbers that only
     #                                order events are refused
+    urls: UrlRule | None = None    # the rule the token column's URLs are normalised by (events, lists); None:
+    #                                as read (text, --no-normalize, and prepare's pass 1, which counts them so)
 
 
 def csv_delimiter(value: str | None) -> str | None:
@@ -1095,8 +1100,8 @@ def batch_chunk(batch: pa.RecordBatch | pa.Table, path: str, row: int, opt: Opti
     if opt.format == "lists":
         token = _as_string_lists(_column(batch, opt.token_col), path, opt.token_col, row)
     else:
-        token = _stripped(_as_strings(_column(batch, opt.token_col), path, opt.token_col, row), opt.token_col, path,
-                          row, notes)
+        token = normalize(_stripped(_as_strings(_column(batch, opt.token_col), path, opt.token_col, row), opt.token_col,
+                                    path, row, notes), opt.urls)
         if opt.time_col:
             time, reading = _time_seconds(_column(batch, opt.time_col), path, opt.time_col, row, opt, state.unit)
             if reading is not None:
@@ -1112,7 +1117,7 @@ def batch_chunk(batch: pa.RecordBatch | pa.Table, path: str, row: int, opt: Opti
     pad = 0
     if opt.format == "lists":
         key, token, pad = _flatten_lists(key, token, drop_empty=False)
-        token = _stripped(token, opt.token_col, path, row, notes, rows=False)
+        token = normalize(_stripped(token, opt.token_col, path, row, notes, rows=False), opt.urls)
     state.rows += n
     return Chunk(key, token, time, n, pad)
 

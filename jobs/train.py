@@ -291,6 +291,7 @@ def corpus_differs(meta: dict, inputs: list[str], prep: PrepareConfig, seed: int
     """How the corpus that corpus.json `meta` describes differs from one prepared from `inputs` with `prep`
     (CORPUS_SETTINGS; the seed where something is held out), in words; None when it does not."""
     from doc2vec_dist.readers import expand_inputs
+    from doc2vec_dist.urls import RAW, UrlRule
 
     files = [_same_path(f) for f in expand_inputs(inputs, prep.format)]
     made = [_same_path(f) for f in meta.get("input_files") or []]
@@ -308,6 +309,12 @@ def corpus_differs(meta: dict, inputs: list[str], prep: PrepareConfig, seed: int
     if prep.holdout > 0:
         wanted["seed"], found["seed"] = seed, meta.get("seed")
     changed = [f"{k} {_shown(found[k])}, not {_shown(v)}" for k, v in wanted.items() if found[k] != v]
+    # the URL rule, as prepare records it (none recorded: URLs as written, RAW)
+    rule = RAW if prep.format == "text" else UrlRule.of_settings(prep.no_normalize, prep.drop_query, prep.drop_params,
+                                                                prep.merge_www)
+    made_by = UrlRule.from_json(meta.get("url_rule"), "corpus.json")
+    if made_by != rule:
+        changed.append(f"{made_by.describe()}, not {rule.describe()}")
     return f"prepared with {'; '.join(changed)}" if changed else None
 
 

@@ -82,6 +82,13 @@ def _sample_urls() -> list[str]:
 SAMPLE_URL = _sample_urls()[0]
 
 
+def _written_otherwise(url: str) -> str:
+    """A sample URL as another log writes the same page: its scheme and host upper-cased, a slash after it."""
+    scheme, rest = url.split("://", 1)
+    host, _, path = rest.partition("/")
+    return f"{scheme.upper()}://{host.upper()}/{path}" + ("/" if path else "")
+
+
 def _model_of(t: str) -> str:
     return os.path.join(os.path.dirname(t), "model")  # where test_bad_input copies the trained model
 
@@ -442,6 +449,19 @@ CASES = [
     Case("index --vectors with a user infer could not place", "index --vectors {t}/inferred.parquet --out {t}/i",
          "says", "warning: {t}/inferred.parquet: 1 row with a null vector (a user infer could not place) left out of "
          "the index: stranger", {"inferred.parquet": _inferred}),
+    # --- issue 47, item 5: URLs are normalised, by the rule the corpus or model recorded ---------------------
+    Case("infer with the model's URLs written otherwise (case, a slash)", "infer --model {model} {t}/e.csv --out "
+         "{t}/u.parquet", "says", "inferred 1 user vectors",
+         {"e.csv": b"user_id,url\n" + b"".join(b"newcomer,%s\n" % _written_otherwise(u).encode()
+                                               for u in _sample_urls()[10:15])}),
+    Case("neighbors of a URL written otherwise", "neighbors --model {model} --table words_out --key "
+         + _written_otherwise(SAMPLE_URL) + "#top", "says", "{url}\t"),
+    Case("prepare --base with another URL rule than the base's", "prepare {t}/good.csv --base {corpus} --no-normalize "
+         "--out {t}/c", "error", "--no-normalize: the base {corpus} was prepared with URLs normalised: scheme and host",
+         {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("prepare --format text --drop-query", "prepare {t}/d.txt --format text --drop-query --out {t}/c", "error",
+         "--drop-query applies to the URLs of --format events and lists; text tokens are taken as written",
+         {"d.txt": b"a b\n"}, "{t}/c"),
 ]
 
 

@@ -21,6 +21,7 @@ from conftest import assert_same_corpus, load_benchmark, load_job
 
 from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.prepare import prepare
+from doc2vec_dist.urls import RAW, UrlRule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
@@ -323,10 +324,15 @@ def test_a_corpus_is_matched_by_its_files_in_a_ray_upload_and_by_every_file_of_a
         upload.mkdir(parents=True)
         (upload / "e.parquet").write_bytes(b"")
     meta = {"inputs": [str(before)], "input_files": [str(before / "e.parquet")],
-            **{k: getattr(PrepareConfig(), k) for k in job.CORPUS_SETTINGS}}
+            **{k: getattr(PrepareConfig(), k) for k in job.CORPUS_SETTINGS}, "url_rule": UrlRule().to_json()}
     assert job.corpus_differs(meta, [str(now)], PrepareConfig(), seed=1) is None
     assert job.corpus_differs(meta, [str(now)], PrepareConfig(min_count=2), seed=1) == \
         "prepared with min_count 1, not 2"
+    # the URL rule is a setting of the corpus too (issue 47, item 5): a corpus of URLs as written is not reused
+    assert job.corpus_differs(meta, [str(now)], PrepareConfig(no_normalize=True), seed=1) == \
+        f"prepared with {UrlRule().describe()}, not {RAW.describe()}"
+    assert job.corpus_differs({**meta, "url_rule": None}, [str(now)], PrepareConfig(), seed=1) == \
+        f"prepared with {RAW.describe()}, not {UrlRule().describe()}"
     (now / "f.parquet").write_bytes(b"")
     assert job.corpus_differs(meta, [str(now)], PrepareConfig(), seed=1) == \
         f"prepared from {before} when it held other files (1 new, 0 gone since)"
