@@ -618,19 +618,37 @@ def duplicates(codes: np.ndarray, tokens: np.ndarray, times: np.ndarray) -> np.n
 def sent_again(codes: np.ndarray, tokens: np.ndarray, times: np.ndarray, fresh: np.ndarray) -> np.ndarray:
     """Mask of the input events (`fresh`) whose (doc, token, time) a base's token (not fresh) has exactly:
     the same event sent again, as a cumulative export sends every earlier day's. A time that is NaN (none)
-    or -inf (a base's token whose time it was never told) equals nothing."""
-    n = len(codes)
-    if n < 2 or fresh.all() or not fresh.any():
-        return np.zeros(n, bool)
-    order = np.lexsort((fresh, tokens, times, codes))  # equal triples adjacent, the base's first
-    c, t, w, f = codes[order], tokens[order], times[order], fresh[order]
-    starts = np.ones(n, bool)
-    starts[1:] = (c[1:] != c[:-1]) | (t[1:] != t[:-1]) | (w[1:] != w[:-1])
-    group = np.cumsum(starts) - 1
-    in_base = np.zeros(int(group[-1]) + 1, bool)
-    in_base[group[~f]] = True
-    found = np.zeros(n, bool)
-    found[order] = f & in_base[group] & np.isfinite(w)
+    or -inf (a base's token whose time it was never told) equals nothing.
+
+    Exact, in about the time of one sort of the base's candidates: those at or after the inputs' earliest
+    time (in a daily refresh, only the latest of the base's events), by a hash of the triple in the high
+    bits of a uint64 and their index in the low bits; each input event is then compared, triple for
+    triple, with the few candidates of its hash's prefix."""
+    found = np.zeros(len(codes), bool)
+    inputs = np.flatnonzero(fresh & np.isfinite(times))
+    if not len(inputs):
+        return found
+    base = np.flatnonzero(~fresh & np.isfinite(times) & (times >= times[inputs].min()))
+    if not len(base):
+        return found
+    triple = mix64(mix64(mix64(codes.astype(np.uint64)) + tokens.astype(np.uint64)) + times.view(np.uint64))
+    bits = np.uint64(max(1, len(base).bit_length()))
+    keys = np.sort(triple[base] >> bits << bits | np.arange(len(base), dtype=np.uint64))
+    prefix, wanted = keys >> bits, triple[inputs] >> bits
+    lo, hi, by_prefix = np.empty(len(inputs), np.int64), np.empty(len(inputs), np.int64), np.argsort(wanted)
+    # searched in order: each search starts where the last ended (in cache), many times faster than at random
+    lo[by_prefix] = np.searchsorted(prefix, wanted[by_prefix], "left")
+    hi[by_prefix] = np.searchsorted(prefix, wanted[by_prefix], "right")
+    low = (np.uint64(1) << bits) - np.uint64(1)
+    hit = np.zeros(len(inputs), bool)
+    for k in range(int((hi - lo).max(initial=0))):  # candidates sharing a prefix: rarely more than one
+        live = np.flatnonzero((lo + k < hi) & ~hit)
+        if not len(live):
+            break
+        theirs, ours = base[(keys[lo[live] + k] & low).astype(np.int64)], inputs[live]
+        hit[live] = ((codes[theirs] == codes[ours]) & (tokens[theirs] == tokens[ours])
+                     & (times[theirs] == times[ours]))
+    found[inputs[hit]] = True
     return found
 
 
@@ -923,16 +941,17 @@ def _sent_again_to(ev: Events, position: np.ndarray, lengths: np.ndarray, tokens
                    times: np.ndarray) -> np.ndarray:
     """sent_again for a shard joined in place: the input events of known users (ev's, position: each key's
     document in the shard, -1 for a key it does not hold) that the shard's documents (of `lengths`,
-    `tokens` and `times`) have. Only the documents of users with input events take part."""
+    `tokens` and `times`) have. Only the tokens of users with input events, at or after the earliest of
+    those events, take part."""
     event_doc = position[ev.codes]
-    ours = (event_doc >= 0) & (event_doc < len(lengths))
+    ours = (event_doc >= 0) & (event_doc < len(lengths)) & np.isfinite(ev.times)
     found = np.zeros(len(ev.codes), bool)
     if not ours.any():
         return found
     token_doc = np.repeat(np.arange(len(lengths)), lengths)
     touched = np.zeros(len(lengths), bool)
     touched[event_doc[ours]] = True
-    theirs = touched[token_doc]
+    theirs = touched[token_doc] & (times >= ev.times[ours].min())
     n_base = int(np.count_nonzero(theirs))
     found[ours] = sent_again(np.concatenate([token_doc[theirs], event_doc[ours]]),
                              np.concatenate([tokens[theirs], ev.tokens[ours]]),
