@@ -12,8 +12,10 @@ what they write: the corpus is the same whichever runs it.
     count    pass 1: a block's token counts, rows, skips and what reading it noted
     spill    pass 2: a block's events (or a slice of a base) mapped to word ids, in one spill file per
              block whose record batches each hold one bucket's events, in input order
-    shard    pass 3: a bucket's events from every spill, grouped into documents, deduplicated, held out
-             and written as shard b, with the bucket's new documents and held-out pairs beside it
+    shard    pass 3: a bucket's events from every spill, grouped into documents, deduplicated (and, with
+             a base, rid of the events it has: sent_again), capped, held out and written as shard b
+             (with each token's time, given a time column), with the bucket's new documents and
+             held-out pairs beside it
     renumber a shard written before the id of its first new document was known (Ray tasks run
              buckets at once): its provisional ids made final
 

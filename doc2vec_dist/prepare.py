@@ -38,20 +38,27 @@ is the one named, however many processes read them.
              or CSV rows); invalid UTF-8 in a column of a CSV, JSON or Parquet file (a whole file in
              another encoding is the usual cause, and training on whatever part decodes would be
              wrong silently); all inputs empty, or nothing left once the skips below are made.
-    skips    an empty file among non-empty ones; rows whose key is null or empty ("null_keys",
+    skips    files in an input folder that are not data ("unread_files": a README.txt, a .DS_Store,
+             a hidden folder; readers.bookkeeping's _SUCCESS, _metadata, .crc pass quietly);
+             an empty file among non-empty ones; rows whose key is null or empty ("null_keys",
              "empty_keys"); null or empty tokens; text lines that are not valid UTF-8 (the line
              keeps its number, so later keys do not shift); duplicate events, i.e. the same
              (key, token, time) more than once when time_col is given ("duplicate_events": without
              a time column a repeated (user, URL) is a repeated visit, which is signal, and is kept;
-             rows without a time are never duplicates); tokens below min_count or beyond max_vocab;
+             rows without a time are never duplicates); with a base, events it has ("events_in_base":
+             the same key, token and time); tokens below min_count or beyond max_vocab; a document's
+             earliest events beyond max_tokens_per_doc ("tokens_beyond_max_per_doc", opt-in);
              documents left with no token.
     kept     integer, float and boolean keys and tokens become strings ("7" from 7 and from 7.0, so
              ids written as numbers by one exporter and as strings by another still meet, as do
              JSON lines whose ids are strings in some rows and numbers in others); documents
              with a single token train like any other and are counted in "docs_with_one_token";
              with holdout, a document with fewer than 2 distinct tokens keeps them all for training
-             ("docs_without_heldout"). Long documents are kept whole, never truncated: a user with
-             millions of events is one document (gensim would cut it at 10,000 tokens).
+             ("docs_without_heldout"). Long documents are kept whole unless max_tokens_per_doc says
+             otherwise: a user with millions of events is one document (gensim would cut it at 10,000
+             tokens); one above HEAVY_SHARE of all tokens is named ("heavy_docs"), a line each.
+             Events with a null time are kept, after their user's timed events, counted
+             ("events_without_time") and said.
 
 Vocabulary counts for min_count and max_vocab are taken before duplicates are removed (pass 1 sees
 events, not users); the counts in vocab.arrow are those of the training tokens.
@@ -613,8 +620,11 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
 
     base (a corpus, or a model whose corpus is still there) is a daily refresh: every user and URL of
     the base keeps its id, new ones come after (URLs by their frequency among the new); a user's new
-    events join the document it had, after its earlier tokens, and every earlier document stays
-    (its user kept, with no new event). With window_days (and time_col) a document is instead the
+    events join the document it had, after its earlier tokens (in time order, late ones among them,
+    with a time column), and every earlier document stays (its user kept, with no new event). An
+    input event the base has (the same user, URL and time: a corpus prepared with a time column keeps
+    its tokens' times) is dropped and counted, so a cumulative export is harmless; every other is
+    new, whatever its time. With window_days (and time_col) a document is instead the
     events of the last N days before the latest one; a known user with none keeps its id and an empty
     row. Counts, and so subsampling and negatives, are the new corpus's. changed.arrow lists the new
     users and those with new events (train --first-epoch changed). corpus.json's "refresh" counts

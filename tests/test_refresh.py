@@ -619,3 +619,39 @@ def test_a_base_without_times_joins_every_event_and_says_it_cannot_tell(days, tm
     # its times are unknown (-inf) in the refreshed corpus, and sort first: the base's tokens, then the events
     after = _documents(fresh)
     assert all(after[key][:len(before)] == before for key, before in _documents(corpus).items())
+
+
+def test_sent_again_finds_exactly_the_input_events_a_base_has():
+    """passes.sent_again against a set of triples, on events crowded into few values (so many share a
+    hash prefix): an input event is the base's when its (doc, token, time) is one of the base's, and a
+    time that is NaN or -inf matches nothing."""
+    from doc2vec_dist.passes import sent_again
+
+    rng = np.random.default_rng(3)
+    n = 20_000
+    codes, tokens = rng.integers(0, 40, n), rng.integers(0, 30, n).astype(np.int32)
+    times = rng.integers(0, 25, n).astype(np.float64) + 1.7e9
+    times[rng.random(n) < 0.05] = np.nan
+    times[rng.random(n) < 0.05] = -np.inf
+    fresh = rng.random(n) < 0.5
+    base = {(c, t, w) for c, t, w, f in zip(codes.tolist(), tokens.tolist(), times.tolist(), fresh.tolist())
+            if not f and np.isfinite(w)}
+    expected = [f and np.isfinite(w) and (c, t, w) in base
+                for c, t, w, f in zip(codes.tolist(), tokens.tolist(), times.tolist(), fresh.tolist())]
+    found = sent_again(codes, tokens, times, fresh)
+    assert found.tolist() == expected and 0 < found.sum() < fresh.sum()
+
+
+def test_the_daily_job_keeps_the_base_corpus_cap(tmp_path):
+    """jobs/refresh.py reads today's events as the base corpus read yesterday's: its --max-tokens-per-doc
+    too, unless a flag says otherwise."""
+    from conftest import load_job
+
+    job = load_job("refresh")
+    events = str(tmp_path / "e.parquet")
+    pq.write_table(pa.table({"user_id": ["u1", "u1", "u2"], "url": ["a", "b", "a"], "ts": [1_700_000_000] * 3}), events)
+    base = prepare([events], str(tmp_path / "base"), PrepareConfig(time_col="ts", max_tokens_per_doc=7),
+                   progress=False).path
+    settings = job.base_corpus_settings(job.RefreshJob(events=[events], base_model=str(tmp_path / "none"),
+                                                       out=str(tmp_path / "day"), base_corpus=base))
+    assert settings["max_tokens_per_doc"] == 7 and settings["time_col"] == "ts"
