@@ -69,6 +69,9 @@ class PrepareConfig:
                                 "after, new events join each user's document (daily refresh)")
     window_days: float | None = _f(None, "documents are the events of the last N days before the latest one "
                                          "(needs --time-col; with --base, instead of joining)")
+    max_tokens_per_doc: int | None = _f(None, "a document keeps its most recent N events (by time, else the last N "
+                                              "read), the rest counted as skipped: caps a bot's or crawler's weight "
+                                              "(default: no cap, every document whole)")
     num_shards: int | None = _f(None, "shard files to write (default: enough that one shard's documents are built "
                                       "within --memory-budget-bytes)")
     memory_budget_bytes: int = _f(1 << 30, "memory one bucket of events may take while its documents are built: "

@@ -6,13 +6,23 @@ Changes when the corpus format changes. `prepare` (prepare.py) makes a corpus fr
     CORPUS/corpus.json                 sizes, per-shard counts, how it was made, what was skipped
     CORPUS/vocab.arrow                 token string, count int64, id int32        (sorted by id)
     CORPUS/docs.arrow                  key string, id int64, length int64          (sorted by id)
-    CORPUS/shards/part-00000.arrow …   doc_id int64, tokens list<int32>            (record batches ≤ ~1M tokens)
+    CORPUS/shards/part-00000.arrow …   doc_id int64, tokens list<int32>[, times list<float64>]
+                                       (record batches ≤ ~1M tokens)
     CORPUS/changed.arrow               doc_id int64 (sorted): a refreshed corpus's (prepare --base) new
                                        users and users with new events; absent otherwise
 
 A refreshed corpus keeps its base's ids: users and URLs it did not know come after (docs.arrow and
 vocab.arrow stay sorted by id), so a shard's doc ids need not be consecutive, and a known user with
 no event now keeps a row with length 0 (in no shard).
+
+Event times. A corpus prepared with a time column (prepare --time-col) keeps each token's event time
+beside it, `times` (epoch seconds, UTC, parallel to `tokens`), so that a later refresh can tell an event
+it is sent again (the same user, URL and time) from a new one, and place late events in time order.
+A null is an event that had no time (NaN once read: shard_batches); -inf an earlier event whose time
+the corpus was never told (a refresh's tokens from a base prepared before times were kept, or without a
+time column): both sort as prepare sorts them (-inf first, null last) and equal nothing. Training reads doc_id and tokens alone
+(iter_shard): the times cost disk, 8 bytes a token, and no memory. A shard written without a time
+column, or by `plan`'s and `tune`'s slices, has no `times` (shard_has_times).
 
 The held-out file that `prepare --holdout` writes beside it is Parquet of (key string, token string).
 """
@@ -38,6 +48,8 @@ BATCH_TOKENS = 1 << 20
 VOCAB_SCHEMA = pa.schema([("token", pa.string()), ("count", pa.int64()), ("id", pa.int32())])
 DOCS_SCHEMA = pa.schema([("key", pa.string()), ("id", pa.int64()), ("length", pa.int64())])
 SHARD_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32()))])
+# the same, with each token's event time (a corpus prepared with a time column)
+TIMED_SHARD_SCHEMA = SHARD_SCHEMA.append(pa.field("times", pa.list_(pa.float64())))
 CHANGED_SCHEMA = pa.schema([("doc_id", pa.int64())])
 HOLDOUT_SCHEMA = pa.schema([("key", pa.string()), ("token", pa.string())], metadata=outputs.parquet_metadata("heldout"))
 
@@ -53,15 +65,17 @@ def one_line(e: BaseException, limit: int = 300) -> str:
 
 
 def write_shard(directory: str, index: int, doc_ids: np.ndarray, lengths: np.ndarray,
-                tokens: np.ndarray) -> dict:
+                tokens: np.ndarray, times: np.ndarray | None = None) -> dict:
     """Shard file `index` of the corpus at `directory` (shards/part-00000.arrow, …), in record batches
     of about BATCH_TOKENS tokens (a longer document alone): document doc_ids[i] holds the next
-    lengths[i] word ids of `tokens`. Returns the shard's entry in corpus.json's "shards"."""
+    lengths[i] word ids of `tokens` (and, when given, their event times of `times`: TIMED_SHARD_SCHEMA).
+    Returns the shard's entry in corpus.json's "shards"."""
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     n = len(doc_ids)
+    schema = SHARD_SCHEMA if times is None else TIMED_SHARD_SCHEMA
     rel = os.path.join("shards", f"part-{index:05d}.arrow")
     os.makedirs(os.path.join(directory, "shards"), exist_ok=True)
-    with pa.OSFile(os.path.join(directory, rel), "wb") as sink, pa.ipc.new_file(sink, SHARD_SCHEMA) as writer:
+    with pa.OSFile(os.path.join(directory, rel), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         start = 0
         while start < n:
             end = int(np.searchsorted(offsets, offsets[start] + BATCH_TOKENS, side="right")) - 1
@@ -70,10 +84,12 @@ def write_shard(directory: str, index: int, doc_ids: np.ndarray, lengths: np.nda
             if hi - lo > np.iinfo(np.int32).max:
                 raise CorpusError(f"document {int(doc_ids[start])} has {hi - lo} tokens, more than a "
                                   "list<int32> record batch can hold")
-            lists = pa.ListArray.from_arrays(pa.array((offsets[start:end + 1] - lo).astype(np.int32)),
-                                             pa.array(tokens[lo:hi], pa.int32()))
-            writer.write_batch(pa.RecordBatch.from_arrays([pa.array(doc_ids[start:end]), lists],
-                                                          schema=SHARD_SCHEMA))
+            within = pa.array((offsets[start:end + 1] - lo).astype(np.int32))
+            columns = [pa.array(doc_ids[start:end]), pa.ListArray.from_arrays(within, pa.array(tokens[lo:hi], pa.int32()))]
+            if times is not None:
+                # NaN (an event without a time) is stored as null, which Arrow's own comparisons hold equal
+                columns.append(pa.ListArray.from_arrays(within, pa.array(times[lo:hi], pa.float64(), from_pandas=True)))
+            writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=schema))
             start = end
     return {"path": rel, "docs": n, "tokens": int(offsets[-1])}
 
@@ -241,6 +257,36 @@ def iter_shard(path: str, max_tokens: int = 1 << 20) -> Iterator[tuple[np.ndarra
             start = end
     if pending:
         yield _concat_chunks(pending)
+
+
+def shard_has_times(path: str) -> bool:
+    """Whether a shard file keeps its tokens' event times (TIMED_SHARD_SCHEMA): its schema says."""
+    try:
+        return "times" in pa.ipc.open_file(pa.memory_map(os.fspath(path))).schema.names
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"{path}: cannot read shard: {one_line(e)}") from e
+
+
+def shard_batches(path: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]]:
+    """(doc_ids, offsets, tokens, times) of each record batch of a shard file, times None when the shard
+    keeps none, NaN where an event had no time (what a refresh reads of its base; training reads iter_shard)."""
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(os.fspath(path)))
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"{path}: cannot read shard: {one_line(e)}") from e
+    timed = "times" in reader.schema.names
+    for i in range(reader.num_record_batches):
+        batch = reader.get_batch(i)
+        if batch.num_rows == 0:
+            continue
+        lists = batch.column(1)
+        raw = numpy_of(lists.offsets)
+        times = None
+        if timed:
+            listed = batch.column(batch.schema.get_field_index("times"))
+            times = numpy_of(listed.values)[numpy_of(listed.offsets)[0]:numpy_of(listed.offsets)[-1]]
+        yield (numpy_of(batch.column(0)), raw.astype(np.int64) - raw[0], numpy_of(lists.values)[raw[0]:raw[-1]],
+               times)
 
 
 def _concat_chunks(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

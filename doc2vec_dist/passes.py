@@ -12,8 +12,10 @@ what they write: the corpus is the same whichever runs it.
     count    pass 1: a block's token counts, rows, skips and what reading it noted
     spill    pass 2: a block's events (or a slice of a base) mapped to word ids, in one spill file per
              block whose record batches each hold one bucket's events, in input order
-    shard    pass 3: a bucket's events from every spill, grouped into documents, deduplicated, held out
-             and written as shard b, with the bucket's new documents and held-out pairs beside it
+    shard    pass 3: a bucket's events from every spill, grouped into documents, deduplicated (and, with
+             a base, rid of the events it has: sent_again), capped, held out and written as shard b
+             (with each token's time, given a time column), with the bucket's new documents and
+             held-out pairs beside it
     renumber a shard written before the id of its first new document was known (Ray tasks run
              buckets at once): its provisional ids made final
 
@@ -42,11 +44,11 @@ import pyarrow.compute as pc
 
 from .corpus import (
     HOLDOUT_SCHEMA,
-    SHARD_SCHEMA,
     Corpus,
     CorpusError,
-    iter_shard,
     one_line,
+    shard_batches,
+    shard_has_times,
     write_shard,
 )
 from .ids import TokenIds, hash_strings, mix64
@@ -126,6 +128,12 @@ class Base:
         if join:
             found += [BasePart("shard", s) for s in range(self.corpus.num_shards)]
         return found
+
+    @functools.cached_property
+    def times_kept(self) -> bool:
+        """Whether the base's shards keep their tokens' event times (corpus.py), so that a refresh can tell
+        an event sent again from a new one: a corpus prepared with a time column since they are kept."""
+        return self.corpus is not None and all(shard_has_times(p) for p in self.corpus.shard_paths)
 
     def token_count(self, join: bool) -> int:
         return self.num_docs + (self.corpus.num_tokens if join else 0)
@@ -227,6 +235,7 @@ class Settings:
     join: bool = True                     # a base's documents are joined (not --window-days)
     by_shard: bool = False                # joined shard by shard: bucket b is base shard b (_joined)
     base_rows: bool = False               # the spills carry a base column (a base re-bucketed with the events)
+    max_tokens_per_doc: int | None = None  # a document keeps its last N tokens (--max-tokens-per-doc)
     run: str = ""                         # the token prepare wrote to tmp/RUN_NAME ("": not checked)
 
     @property
@@ -242,8 +251,8 @@ class Settings:
         return os.path.join(self.tmp, "parts")
 
     def spill_schema(self) -> pa.Schema:
-        # with a base: a time for every event (a base's own tokens sort before the new events: -inf) and
-        # the base id of the document each row belongs to (-1: a new event)
+        # with a base: a time for every event (a base's own tokens at theirs, or before the new events: -inf)
+        # and the base id of the document each row belongs to (-1: a new event)
         timed = self.has_time or self.base_rows
         return pa.schema([("key", pa.string()), ("token", pa.int32())]
                          + ([("time", pa.float64())] if timed else [])
@@ -513,11 +522,15 @@ def _spill_batches(part: Block | BasePart, s: Settings, schema: pa.Schema, tick)
                      pa.array(np.full(batch.num_rows, -np.inf)), batch.column(1)], schema=schema), 0
         else:
             keys = base.docs.column("key")
-            for doc_ids, offsets, tokens in iter_shard(base.corpus.shard_paths[part.start]):
+            for doc_ids, offsets, tokens, times in shard_batches(base.corpus.shard_paths[part.start]):
                 docs = np.repeat(doc_ids, np.diff(offsets))
+                # with a time column, the base's tokens at their times (those it was never told: -inf, first);
+                # without one, all first, before the inputs' events
+                if times is None or not s.has_time:
+                    times = np.full(len(tokens), -np.inf)
                 yield pa.RecordBatch.from_arrays(
                     [keys.take(pa.array(docs)).combine_chunks(), pa.array(tokens, pa.int32()),
-                     pa.array(np.full(len(tokens), -np.inf)), pa.array(docs)], schema=schema), 0
+                     pa.array(times, pa.float64()), pa.array(docs)], schema=schema), 0
         return
     for chunk in read_block(part, s.opt, BlockState(part.unit)):
         if tick:
@@ -604,6 +617,43 @@ def duplicates(codes: np.ndarray, tokens: np.ndarray, times: np.ndarray) -> np.n
     return duplicate
 
 
+def sent_again(codes: np.ndarray, tokens: np.ndarray, times: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+    """Mask of the input events (`fresh`) whose (doc, token, time) a base's token (not fresh) has exactly:
+    the same event sent again, as a cumulative export sends every earlier day's. A time that is NaN (none)
+    or -inf (a base's token whose time it was never told) equals nothing.
+
+    Exact, in about the time of one sort of the base's candidates: those at or after the inputs' earliest
+    time (in a daily refresh, only the latest of the base's events), by a hash of the triple in the high
+    bits of a uint64 and their index in the low bits; each input event is then compared, triple for
+    triple, with the few candidates of its hash's prefix."""
+    found = np.zeros(len(codes), bool)
+    inputs = np.flatnonzero(fresh & np.isfinite(times))
+    if not len(inputs):
+        return found
+    base = np.flatnonzero(~fresh & np.isfinite(times) & (times >= times[inputs].min()))
+    if not len(base):
+        return found
+    triple = mix64(mix64(mix64(codes.astype(np.uint64)) + tokens.astype(np.uint64)) + times.view(np.uint64))
+    bits = np.uint64(max(1, len(base).bit_length()))
+    keys = np.sort(triple[base] >> bits << bits | np.arange(len(base), dtype=np.uint64))
+    prefix, wanted = keys >> bits, triple[inputs] >> bits
+    lo, hi, by_prefix = np.empty(len(inputs), np.int64), np.empty(len(inputs), np.int64), np.argsort(wanted)
+    # searched in order: each search starts where the last ended (in cache), many times faster than at random
+    lo[by_prefix] = np.searchsorted(prefix, wanted[by_prefix], "left")
+    hi[by_prefix] = np.searchsorted(prefix, wanted[by_prefix], "right")
+    low = (np.uint64(1) << bits) - np.uint64(1)
+    hit = np.zeros(len(inputs), bool)
+    for k in range(int((hi - lo).max(initial=0))):  # candidates sharing a prefix: rarely more than one
+        live = np.flatnonzero((lo + k < hi) & ~hit)
+        if not len(live):
+            break
+        theirs, ours = base[(keys[lo[live] + k] & low).astype(np.int64)], inputs[live]
+        hit[live] = ((codes[theirs] == codes[ours]) & (tokens[theirs] == tokens[ours])
+                     & (times[theirs] == times[ours]))
+    found[inputs[hit]] = True
+    return found
+
+
 @dataclass
 class Events:
     """A bucket's events, grouped by key (in order of first appearance) and, with times, in time order;
@@ -612,14 +662,24 @@ class Events:
     keys: pa.Array             # large_string: each key of the bucket once (a key's code is its position)
     codes: np.ndarray          # of each event
     tokens: np.ndarray         # word id of each event
-    fresh: np.ndarray          # the events a base did not have: input events after its latest time
+    fresh: np.ndarray          # the events a base did not have
+    times: np.ndarray | None = None          # of each event, with a time column (a base's untimed tokens -inf)
     base_of_code: np.ndarray | None = None   # a re-bucketed base: each key's base id, -1 for a new key
     rows: int = 0              # spilled rows read
     duplicates: int = 0
-    early: int = 0             # input events at or before a base's latest time
+    in_base: int = 0           # input events the base had (the same key, token and time), dropped
+    base_untimed: int = 0      # the base's tokens of the bucket whose time it was never told (-inf)
+    early: int = 0             # input events at or before a base's latest time (and not in it: late data)
+    late_users: int = 0        # keys with such events
     time_range: tuple[float, float] | None = None
     input_users: int = 0       # with a base: keys that the inputs hold, and of those the base knows
     known_input_users: int = 0
+
+    def drop(self, dropped: np.ndarray) -> None:
+        keep = ~dropped
+        self.codes, self.tokens, self.fresh = self.codes[keep], self.tokens[keep], self.fresh[keep]
+        if self.times is not None:
+            self.times = self.times[keep]
 
 
 def _events(spills: list[tuple[str, np.ndarray]], s: Settings) -> Events:
@@ -627,7 +687,8 @@ def _events(spills: list[tuple[str, np.ndarray]], s: Settings) -> Events:
 
     With a time column, an identical (user, URL, time) is the same event logged twice and only the
     first stays; without one, a repeated (user, URL) is a repeated visit, and stays. A base's own
-    tokens are never duplicates, nor counted as early.
+    tokens are never duplicates; an input event that one of them has is dropped (sent_again: here for a
+    base re-bucketed with the events, in _joined for one joined shard by shard).
     """
     schema = s.spill_schema()
     batches = []
@@ -641,13 +702,15 @@ def _events(spills: list[tuple[str, np.ndarray]], s: Settings) -> Events:
     keys, codes, tokens = encoded.dictionary, encoded.indices.to_numpy(), table["token"].to_numpy()
     timed = "time" in table.column_names
     times = table["time"].to_numpy() if timed else None
-    order = np.lexsort((times, codes)) if timed else np.argsort(codes, kind="stable")  # ties keep input order
+    base_rows = table["base"].to_numpy() if s.base_rows else None
+    if timed:  # by key, then time; a base's token before an input event of the same time; ties keep input order
+        order = np.lexsort((times, codes) if base_rows is None else (base_rows < 0, times, codes))
+    else:
+        order = np.argsort(codes, kind="stable")
     ev = Events(keys, codes[order], tokens[order], np.ones(0, bool), rows=table.num_rows)
-    base_rows = table["base"].to_numpy()[order] if s.base_rows else None
     del table, encoded, batches
-    if timed:
-        times = times[order]
     if base_rows is not None:
+        base_rows = base_rows[order]
         ev.base_of_code = np.full(len(keys), -1, np.int64)
         known = base_rows >= 0
         ev.base_of_code[ev.codes[known]] = base_rows[known]
@@ -658,23 +721,36 @@ def _events(spills: list[tuple[str, np.ndarray]], s: Settings) -> Events:
     in_vocab = ev.tokens >= 0  # out of the vocabulary, or a base document's marker row
     ev.codes, ev.tokens = ev.codes[in_vocab], ev.tokens[in_vocab]
     ev.fresh = base_rows[in_vocab] < 0 if base_rows is not None else np.ones(len(ev.codes), bool)
-    if timed:
-        times = times[in_vocab]
     if s.has_time:
-        dropped = duplicates(ev.codes, ev.tokens, np.where(ev.fresh, times, np.nan))
-        if dropped.any():
-            ev.duplicates = int(np.count_nonzero(dropped))
-            ev.codes, ev.tokens, ev.fresh, times = (ev.codes[~dropped], ev.tokens[~dropped], ev.fresh[~dropped],
-                                                    times[~dropped])
-        seen = times[np.isfinite(times)]
+        ev.times = times[order][in_vocab]
+        dropped = duplicates(ev.codes, ev.tokens, np.where(ev.fresh, ev.times, np.nan))
+        ev.duplicates = int(np.count_nonzero(dropped))
+        ev.drop(dropped)
+        if base_rows is not None and s.join:  # the base's documents are here: its tokens and their times
+            ev.base_untimed = int(np.count_nonzero(~ev.fresh & np.isneginf(ev.times)))
+            dropped = sent_again(ev.codes, ev.tokens, ev.times, ev.fresh)
+            ev.in_base = int(np.count_nonzero(dropped))
+            ev.drop(dropped)
+        seen = ev.times[np.isfinite(ev.times)]
         if len(seen):
             ev.time_range = (float(seen.min()), float(seen.max()))
-        latest = _base(s.base, s.join).latest_time if s.base else None
-        if latest is not None:
-            early = ev.fresh & (times <= latest)
-            ev.early = int(np.count_nonzero(early))
-            ev.fresh &= ~early
+        if not s.by_shard:
+            _late(ev, s)
     return ev
+
+
+def _late(ev: Events, s: Settings) -> None:
+    """Count the input events at or before the base's latest time that it did not have (late data) and
+    their users: they are new, and join their documents in time order. In a window the base's documents
+    are not read, so such an event is taken to be one the base had, and is not new."""
+    latest = _base(s.base, s.join).latest_time if s.base else None
+    if latest is None:
+        return
+    early = ev.fresh & (ev.times <= latest)
+    ev.early = int(np.count_nonzero(early))
+    ev.late_users = len(np.unique(ev.codes[early]))
+    if not s.join:
+        ev.fresh &= ~early
 
 
 @dataclass
@@ -686,6 +762,7 @@ class Documents:
     words: np.ndarray            # their word ids, document after document
     new_keys: pa.Array           # keys of the new documents, in id order
     new_lengths: np.ndarray
+    times: np.ndarray | None = None          # the words' event times (with a time column)
     single: int = 0              # documents of one token, before the held-out split
     empty: int = 0               # keys of the bucket, not the base's, left with no token
     held: tuple[pa.Array, np.ndarray] | None = None  # hidden (key, word id) pairs
@@ -694,6 +771,35 @@ class Documents:
     base_ids: np.ndarray | None = None       # base documents of the bucket, and their lengths now
     base_lengths: np.ndarray | None = None
     grown: np.ndarray | None = None          # base documents with new events
+    capped: Capped | None = None
+
+
+@dataclass
+class Capped:
+    """Documents cut to their last --max-tokens-per-doc tokens: how many, the tokens dropped, the first keys."""
+
+    docs: int = 0
+    tokens: int = 0
+    keys: list[str] = field(default_factory=list)
+
+    EXAMPLES = 3
+
+
+def _last_tokens(lengths: np.ndarray, cap: int) -> np.ndarray:
+    """Mask of the tokens each document keeps of `lengths` (documents one after another) under a cap of
+    `cap` tokens: its last ones, its most recent events where the documents are in time order."""
+    ends = np.cumsum(lengths)
+    return np.repeat(ends, lengths) - np.arange(int(ends[-1]) if len(ends) else 0) <= cap
+
+
+def _cap(lengths: np.ndarray, cap: int | None, key_of) -> tuple[np.ndarray | None, Capped | None]:
+    """(mask of the tokens kept, what was cut) of documents of `lengths` under --max-tokens-per-doc
+    (None: no cap, or none over it); key_of(indices) gives documents' keys, for the report."""
+    if not cap or not len(lengths) or lengths.max() <= cap:
+        return None, None
+    over = np.flatnonzero(lengths > cap)
+    return _last_tokens(lengths, cap), Capped(len(over), int((lengths[over] - cap).sum()),
+                                              [str(k) for k in key_of(over[:Capped.EXAMPLES])])
 
 
 def _new_ids(n: int, first_id: int | None) -> np.ndarray:
@@ -705,18 +811,25 @@ def _grouped(ev: Events, s: Settings, vocab_size: int, first_id: int | None) -> 
     """Documents from the bucket's events alone: without a base, or with its rows re-bucketed with
     the events (its tokens sorting first, a marker row for each known user)."""
     nkeys = len(ev.keys)
-    codes, tokens = ev.codes, ev.tokens
+    codes, tokens, times, fresh = ev.codes, ev.tokens, ev.times, ev.fresh
     before = np.bincount(codes, minlength=nkeys)
+    # the cap before the held-out split: what is hidden is then of the events a document keeps
+    keep, capped = _cap(before, s.max_tokens_per_doc, lambda at: ev.keys.take(pa.array(at)).to_pylist())
+    if keep is not None:
+        codes, tokens, fresh = codes[keep], tokens[keep], fresh[keep]
+        times = times[keep] if times is not None else None
     held, nothing_hidden = None, 0
     if s.holdout > 0 and len(codes):
         keep, hid_doc, hid_tok, nothing_hidden = hold_out(codes, tokens, hash_strings(ev.keys), vocab_size,
                                                           s.holdout, s.seed)
-        codes, tokens = codes[keep], tokens[keep]
+        codes, tokens, fresh = codes[keep], tokens[keep], fresh[keep]
+        times = times[keep] if times is not None else None
         held = (ev.keys.take(pa.array(hid_doc)), hid_tok)
     lengths = np.bincount(codes, minlength=nkeys)
     present = np.flatnonzero(lengths)
-    docs = Documents(np.zeros(0, np.int64), lengths[present], tokens, ev.keys, np.zeros(0, np.int64),
-                     single=int(np.count_nonzero(before == 1)), held=held, nothing_hidden=nothing_hidden)
+    docs = Documents(np.zeros(0, np.int64), lengths[present], tokens, ev.keys, np.zeros(0, np.int64), times=times,
+                     single=int(np.count_nonzero(before == 1)), held=held, nothing_hidden=nothing_hidden,
+                     capped=capped)
     if ev.base_of_code is None:
         new = present
         docs.doc_ids = _new_ids(len(new), first_id)
@@ -724,8 +837,8 @@ def _grouped(ev: Events, s: Settings, vocab_size: int, first_id: int | None) -> 
     else:
         ours = ev.base_of_code >= 0
         docs.base_ids, docs.base_lengths = ev.base_of_code[ours], lengths[ours]
-        docs.grown = ev.base_of_code[ours & (np.bincount(codes[ev.fresh], minlength=nkeys) > 0)]
-        docs.new_words = tokens[ev.fresh]
+        docs.grown = ev.base_of_code[ours & (np.bincount(ev.codes[ev.fresh], minlength=nkeys) > 0)]
+        docs.new_words = tokens[fresh]
         new = np.flatnonzero(~ours & (lengths > 0))
         docs.doc_ids = ev.base_of_code[present].copy()  # a base's empty documents keep their row, in no shard
         docs.doc_ids[~ours[present]] = _new_ids(len(new), first_id)
@@ -748,14 +861,15 @@ def _joined(ev: Events, b: int, s: Settings, first_id: int | None) -> Documents:
     """Documents of a refresh that joins new events to the base's documents shard by shard (its shards
     are by key hash, corpus.json's "shards_by"): bucket b's new events can only be those of base shard
     b's users (or of its users with an empty document, or of new users), so base shard b is read once
-    and written again with each user's new events after its tokens, then the new users. The base's
-    tokens are never spilled, sorted or grouped again: the cost is the new events' plus one copy of
-    the corpus (_grouped, with the base re-bucketed, handles everything else)."""
+    and written again with each user's new events after its tokens (in time order with the late ones,
+    _in_time_order), then the new users. An input event the base's document has (the same URL and
+    time) is dropped (sent_again). The base's tokens are never spilled, sorted or grouped again: the
+    cost is the new events' plus one copy of the corpus (_grouped, with the base re-bucketed, handles
+    everything else)."""
     base = _base(s.base, s.join)
     nkeys = len(ev.keys)
-    codes, tokens = ev.codes, ev.tokens
     base_keys = base.docs.column("key")
-    shard_ids, shard_offsets, shard_tokens = _whole_shard(base.corpus.shard_paths[b])
+    shard_ids, shard_offsets, shard_tokens, shard_times = _whole_shard(base.corpus.shard_paths[b])
     shard_keys = base_keys.take(pa.array(shard_ids)).combine_chunks()
     if s.buckets > 1 and (hash_strings(shard_keys) % np.uint64(s.buckets) != b).any():
         raise CorpusError(f"{base.corpus.shard_paths[b]}: holds users whose keys hash to another shard, "
@@ -766,46 +880,117 @@ def _joined(ev: Events, b: int, s: Settings, first_id: int | None) -> Documents:
     position = pc.index_in(ev.keys, value_set=pa.concat_arrays(
         [shard_keys.cast(pa.large_string()), base_keys.take(pa.array(empties)).combine_chunks().cast(
             pa.large_string())])).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    added = np.bincount(codes, minlength=nkeys)  # new tokens of each key
     known = position >= 0
     ev.input_users, ev.known_input_users = nkeys, int(np.count_nonzero(known))
+    n_shard = len(shard_ids)
+    old_lengths = np.diff(shard_offsets)
+    timed = ev.times is not None
+    if timed:
+        if shard_times is None:  # a base prepared before corpora kept times: its tokens' times are unknown
+            shard_times = np.full(len(shard_tokens), -np.inf)
+        ev.base_untimed = int(np.count_nonzero(np.isneginf(shard_times)))
+        dropped = _sent_again_to(ev, position, old_lengths, shard_tokens, shard_times)
+        ev.in_base = int(np.count_nonzero(dropped))
+        ev.drop(dropped)
+        _late(ev, s)
+    codes, tokens = ev.codes, ev.tokens
+    added = np.bincount(codes, minlength=nkeys)  # new tokens of each key
     grown = known_ids[position[known & (np.bincount(codes[ev.fresh], minlength=nkeys) > 0)]]
     # each base document of the shard, then its new events: written to their places in one array
-    n_shard = len(shard_ids)
     adds = np.zeros(len(known_ids), np.int64)
     adds[position[known]] = added[known]
-    old_lengths = np.diff(shard_offsets)
     lengths = old_lengths + adds[:n_shard]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     token_position = position[codes]
     known_tokens = token_position >= 0
-    additions = tokens[known_tokens][np.argsort(token_position[known_tokens], kind="stable")]
-    merged = np.empty(int(offsets[-1]), np.int32)
-    merged[np.arange(len(shard_tokens)) + np.repeat(offsets[:-1] - shard_offsets[:-1], old_lengths)] = shard_tokens
+    by_position = np.argsort(token_position[known_tokens], kind="stable")
+    additions = tokens[known_tokens][by_position]
     into = adds[:n_shard]
     in_place = int(into.sum())
-    merged[np.repeat(offsets[:-1] + old_lengths, into)
-           + np.arange(in_place) - np.repeat(np.cumsum(into) - into, into)] = additions[:in_place]
+    base_slots = np.arange(len(shard_tokens)) + np.repeat(offsets[:-1] - shard_offsets[:-1], old_lengths)
+    added_slots = (np.repeat(offsets[:-1] + old_lengths, into) + np.arange(in_place)
+                   - np.repeat(np.cumsum(into) - into, into))
+    merged = np.empty(int(offsets[-1]), np.int32)
+    merged[base_slots], merged[added_slots] = shard_tokens, additions[:in_place]
+    words = [merged, additions[in_place:], tokens[~known_tokens]]
+    times = None
+    if timed:
+        added_times = ev.times[known_tokens][by_position]
+        merged_times = np.empty(len(merged), np.float64)
+        merged_times[base_slots], merged_times[added_slots] = shard_times, added_times[:in_place]
+        _in_time_order(lengths, merged, merged_times)
+        times = np.concatenate([merged_times, added_times[in_place:], ev.times[~known_tokens]])
     # then users whose document was empty and is not now, then new users
     refilled = np.flatnonzero(adds[n_shard:] > 0)
     new = np.flatnonzero(~known & (added > 0))
+    doc_ids = np.concatenate([shard_ids, empties[refilled], _new_ids(len(new), first_id)])
     doc_lengths = np.concatenate([lengths, adds[n_shard:][refilled], added[new]])
-    return Documents(np.concatenate([shard_ids, empties[refilled], _new_ids(len(new), first_id)]), doc_lengths,
-                     np.concatenate([merged, additions[in_place:], tokens[~known_tokens]]), ev.keys.take(pa.array(new)),
-                     added[new], single=int(np.count_nonzero(doc_lengths == 1)),
-                     empty=int(np.count_nonzero(~known & (added == 0))), new_words=tokens[ev.fresh],
-                     base_ids=np.concatenate([shard_ids, empties[refilled]]),
-                     base_lengths=np.concatenate([lengths, adds[n_shard:][refilled]]), grown=grown)
+    words = np.concatenate(words)
+    single = int(np.count_nonzero(doc_lengths == 1))
+    n_base = n_shard + len(refilled)
+    keep, capped = _cap(doc_lengths, s.max_tokens_per_doc, lambda at: np.concatenate([
+        base_keys.take(pa.array(doc_ids[at[at < n_base]])).to_pylist(),
+        ev.keys.take(pa.array(new[at[at >= n_base] - n_base])).to_pylist()]))
+    if keep is not None:
+        words, times = words[keep], times[keep] if timed else None
+        doc_lengths = np.minimum(doc_lengths, s.max_tokens_per_doc)
+    return Documents(doc_ids, doc_lengths, words, ev.keys.take(pa.array(new)), doc_lengths[n_base:], times=times,
+                     single=single, empty=int(np.count_nonzero(~known & (added == 0))), new_words=tokens[ev.fresh],
+                     base_ids=doc_ids[:n_base], base_lengths=doc_lengths[:n_base], grown=grown, capped=capped)
 
 
-def _whole_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A shard file's (doc_ids, offsets, tokens), every document of it."""
-    parts = list(iter_shard(path, max_tokens=1 << 62))
+def _sent_again_to(ev: Events, position: np.ndarray, lengths: np.ndarray, tokens: np.ndarray,
+                   times: np.ndarray) -> np.ndarray:
+    """sent_again for a shard joined in place: the input events of known users (ev's, position: each key's
+    document in the shard, -1 for a key it does not hold) that the shard's documents (of `lengths`,
+    `tokens` and `times`) have. Only the tokens of users with input events, at or after the earliest of
+    those events, take part."""
+    event_doc = position[ev.codes]
+    ours = (event_doc >= 0) & (event_doc < len(lengths)) & np.isfinite(ev.times)
+    found = np.zeros(len(ev.codes), bool)
+    if not ours.any():
+        return found
+    token_doc = np.repeat(np.arange(len(lengths)), lengths)
+    touched = np.zeros(len(lengths), bool)
+    touched[event_doc[ours]] = True
+    theirs = touched[token_doc] & (times >= ev.times[ours].min())
+    n_base = int(np.count_nonzero(theirs))
+    found[ours] = sent_again(np.concatenate([token_doc[theirs], event_doc[ours]]),
+                             np.concatenate([tokens[theirs], ev.tokens[ours]]),
+                             np.concatenate([times[theirs], ev.times[ours]]),
+                             np.concatenate([np.zeros(n_base, bool), np.ones(int(np.count_nonzero(ours)), bool)]))[n_base:]
+    return found
+
+
+def _in_time_order(lengths: np.ndarray, words: np.ndarray, times: np.ndarray) -> None:
+    """Each document of `lengths` (its words and their times, one document after another) in time order,
+    in place, where a late event was placed after a later one: a stable sort of those documents alone,
+    so that a base's token stays before an input event of the same time, -inf first and NaN last, as
+    prepare orders a user's events."""
+    if len(times) < 2:
+        return
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    a, b = times[:-1], times[1:]
+    later_first = ((b < a) | (np.isnan(a) & ~np.isnan(b))) & (doc[1:] == doc[:-1])
+    if not later_first.any():
+        return
+    affected = np.zeros(len(lengths), bool)
+    affected[doc[1:][later_first]] = True
+    at = np.flatnonzero(affected[doc])
+    order = at[np.lexsort((times[at], doc[at]))]
+    words[at], times[at] = words[order], times[order]
+
+
+def _whole_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """A shard file's (doc_ids, offsets, tokens, times), every document of it; times None when it keeps none."""
+    parts = list(shard_batches(path))
     if not parts:
-        return np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32)
+        return np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32), None
     ids = np.concatenate([p[0] for p in parts])
     sizes = np.concatenate([np.diff(p[1]) for p in parts])
-    return ids, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.concatenate([p[2] for p in parts])
+    times = np.concatenate([p[3] for p in parts]) if parts[0][3] is not None else None
+    return (ids, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.concatenate([p[2] for p in parts]),
+            times)
 
 
 def _sparse(word_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -830,8 +1015,12 @@ class Sharded:
     nothing_hidden: int = 0
     time_range: tuple[float, float] | None = None
     early: int = 0
+    late_users: int = 0
+    in_base: int = 0
+    base_untimed: int = 0
     input_users: int = 0
     known_input_users: int = 0
+    capped: Capped | None = None
     new_words: tuple[np.ndarray, np.ndarray] | None = None
     base_ids: np.ndarray | None = None
     base_lengths: np.ndarray | None = None
@@ -851,15 +1040,16 @@ NEW_DOCS_SCHEMA = pa.schema([("key", pa.string()), ("length", pa.int64())])
 
 def shard(b: int, spills: list[tuple[str, np.ndarray]], s: Settings, first_id: int | None, tick=None) -> Sharded:
     """Pass 3 of bucket b: its events from every spill file (`spills`: each file's record batches of
-    bucket b), grouped into documents, held out, and written as shard b (corpus.write_shard), with its
-    new documents' keys and lengths (parts/docs-b.arrow, in id order) and its hidden pairs
-    (parts/heldout-b.arrow). first_id: the id of its first new document, None while not known."""
+    bucket b), grouped into documents, held out, and written as shard b (corpus.write_shard, with the
+    tokens' times when there is a time column), with its new documents' keys and lengths
+    (parts/docs-b.arrow, in id order) and its hidden pairs (parts/heldout-b.arrow). first_id: the id
+    of its first new document, None while not known."""
     s.go_on()
     vocab = read_mapped(s.vocab_path()).column("token").combine_chunks()
     ev = _events(spills, s)
     docs = _joined(ev, b, s, first_id) if s.by_shard else _grouped(ev, s, len(vocab), first_id)
     s.go_on()
-    entry = write_shard(s.tmp, b, docs.doc_ids, docs.lengths, docs.words)
+    entry = write_shard(s.tmp, b, docs.doc_ids, docs.lengths, docs.words, docs.times)
     _write_ipc(docs_part(s, b), NEW_DOCS_SCHEMA, [docs.new_keys.cast(pa.string()), pa.array(docs.new_lengths, pa.int64())])
     heldout = 0
     if docs.held is not None:
@@ -870,7 +1060,8 @@ def shard(b: int, spills: list[tuple[str, np.ndarray]], s: Settings, first_id: i
         tick(ev.rows)
     return Sharded(entry, len(docs.new_keys), _sparse(docs.words), ev.rows,
                    first_id is None and len(docs.new_keys) > 0, docs.empty, heldout, ev.duplicates, docs.single,
-                   docs.nothing_hidden, ev.time_range, ev.early, ev.input_users, ev.known_input_users,
+                   docs.nothing_hidden, ev.time_range, ev.early, ev.late_users, ev.in_base, ev.base_untimed,
+                   ev.input_users, ev.known_input_users, docs.capped,
                    None if docs.new_words is None else _sparse(docs.new_words), docs.base_ids, docs.base_lengths,
                    docs.grown)
 
@@ -882,15 +1073,16 @@ def _write_ipc(path: str, schema: pa.Schema, columns: list[pa.Array]) -> None:
 
 
 def renumber(path: str, first_id: int) -> None:
-    """Shard file `path` with its provisional ids (-1 - k) made final (first_id + k), in place."""
+    """Shard file `path` with its provisional ids (-1 - k) made final (first_id + k), in place; its
+    other columns (tokens, times) as they are."""
     staged = path + ".renumber"
     reader = pa.ipc.open_file(pa.memory_map(path))
-    with pa.OSFile(staged, "wb") as sink, pa.ipc.new_file(sink, SHARD_SCHEMA) as writer:
+    with pa.OSFile(staged, "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)
             ids = batch.column(0).to_numpy()
             writer.write_batch(pa.RecordBatch.from_arrays(
-                [pa.array(np.where(ids < 0, first_id - 1 - ids, ids)), batch.column(1)], schema=SHARD_SCHEMA))
+                [pa.array(np.where(ids < 0, first_id - 1 - ids, ids))] + batch.columns[1:], schema=reader.schema))
     os.replace(staged, path)
 
 

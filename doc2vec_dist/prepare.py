@@ -38,20 +38,27 @@ is the one named, however many processes read them.
              or CSV rows); invalid UTF-8 in a column of a CSV, JSON or Parquet file (a whole file in
              another encoding is the usual cause, and training on whatever part decodes would be
              wrong silently); all inputs empty, or nothing left once the skips below are made.
-    skips    an empty file among non-empty ones; rows whose key is null or empty ("null_keys",
+    skips    files in an input folder that are not data ("unread_files": a README.txt, a .DS_Store,
+             a hidden folder; readers.bookkeeping's _SUCCESS, _metadata, .crc pass quietly);
+             an empty file among non-empty ones; rows whose key is null or empty ("null_keys",
              "empty_keys"); null or empty tokens; text lines that are not valid UTF-8 (the line
              keeps its number, so later keys do not shift); duplicate events, i.e. the same
              (key, token, time) more than once when time_col is given ("duplicate_events": without
              a time column a repeated (user, URL) is a repeated visit, which is signal, and is kept;
-             rows without a time are never duplicates); tokens below min_count or beyond max_vocab;
+             rows without a time are never duplicates); with a base, events it has ("events_in_base":
+             the same key, token and time); tokens below min_count or beyond max_vocab; a document's
+             earliest events beyond max_tokens_per_doc ("tokens_beyond_max_per_doc", opt-in);
              documents left with no token.
     kept     integer, float and boolean keys and tokens become strings ("7" from 7 and from 7.0, so
              ids written as numbers by one exporter and as strings by another still meet, as do
              JSON lines whose ids are strings in some rows and numbers in others); documents
              with a single token train like any other and are counted in "docs_with_one_token";
              with holdout, a document with fewer than 2 distinct tokens keeps them all for training
-             ("docs_without_heldout"). Long documents are kept whole, never truncated: a user with
-             millions of events is one document (gensim would cut it at 10,000 tokens).
+             ("docs_without_heldout"). Long documents are kept whole unless max_tokens_per_doc says
+             otherwise: a user with millions of events is one document (gensim would cut it at 10,000
+             tokens); one above HEAVY_SHARE of all tokens is named ("heavy_docs"), a line each.
+             Events with a null time are kept, after their user's timed events, counted
+             ("events_without_time") and said.
 
 Vocabulary counts for min_count and max_vocab are taken before duplicates are removed (pass 1 sees
 events, not users); the counts in vocab.arrow are those of the training tokens.
@@ -447,6 +454,8 @@ class _Pass3:
     first_ids: list[int]         # each bucket's first new document's id
     time_range: list | None = None   # earliest and latest event time kept (seconds), with a time column
     refresh: dict | None = None      # with a base: what is new, what grew, what no longer appears
+    in_base: int = 0                 # input events a base had, dropped
+    capped: passes.Capped = dataclasses.field(default_factory=passes.Capped)  # --max-tokens-per-doc
 
 
 def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, progress, memory: int,
@@ -457,8 +466,9 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
     next_id = base.num_docs if base is not None else 0
     numbered = 0  # buckets whose results are in, in order: the next one's first id is known
     first_ids, shards, renumber = [], [], []
-    total = dict.fromkeys(("empty", "heldout", "duplicates", "single", "nothing_hidden", "early", "input_users",
-                           "known_input_users"), 0)
+    total = dict.fromkeys(("empty", "heldout", "duplicates", "single", "nothing_hidden", "early", "late_users",
+                           "in_base", "base_untimed", "input_users", "known_input_users"), 0)
+    capped = passes.Capped()
     first_time, last_time = np.inf, -np.inf
     base_lengths = base.docs.column("length").to_numpy().copy() if base is not None else None
     grown = np.zeros(base.num_docs if base is not None else 0, bool)
@@ -481,6 +491,9 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
             total[key] += getattr(found, key)
         if found.time_range is not None:
             first_time, last_time = min(first_time, found.time_range[0]), max(last_time, found.time_range[1])
+        if found.capped is not None:
+            capped.docs, capped.tokens = capped.docs + found.capped.docs, capped.tokens + found.capped.tokens
+            capped.keys += found.capped.keys[:max(0, capped.EXAMPLES - len(capped.keys))]
         if base is not None:
             new_word_counts[found.new_words[0]] += found.new_words[1]
             base_lengths[found.base_ids] = found.base_lengths
@@ -490,13 +503,12 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
     refresh = None
     if base is not None:
         _write_refreshed_docs(s, base, base_lengths, first_ids)
-        refresh = _refresh_summary(s.tmp, base, next_id, grown, base_lengths, new_word_counts, counts,
-                                   total["early"], total["input_users"], total["known_input_users"])
+        refresh = _refresh_summary(s.tmp, base, next_id, grown, base_lengths, new_word_counts, counts, total)
     else:
         _write_docs(s, first_ids)
     time_range = [first_time, last_time] if np.isfinite(first_time) else None
     return _Pass3(shards, next_id, int(counts.sum()), counts, total["empty"], total["heldout"], total["duplicates"],
-                  total["single"], total["nothing_hidden"], first_ids, time_range, refresh)
+                  total["single"], total["nothing_hidden"], first_ids, time_range, refresh, total["in_base"], capped)
 
 
 def _new_docs(s: Settings, first_ids: list[int]):
@@ -539,9 +551,9 @@ def _write_heldout(s: Settings, path: str) -> None:
 
 
 def _refresh_summary(tmp: str, base: Base, num_docs: int, grown: np.ndarray, base_lengths: np.ndarray,
-                     new_word_counts: np.ndarray, counts: np.ndarray, early: int, input_users: int,
-                     known_input_users: int) -> dict:
-    """changed.arrow (the new users and those with new events), and corpus.json's "refresh" counts."""
+                     new_word_counts: np.ndarray, counts: np.ndarray, total: dict) -> dict:
+    """changed.arrow (the new users and those with new events, late ones too), and corpus.json's "refresh"
+    counts (of pass 3's totals, `total`)."""
     write_changed(tmp, np.concatenate([np.flatnonzero(grown), np.arange(base.num_docs, num_docs)]))
     known_words = min(base.vocab_size, len(counts))
     return {"base": base.path, "base_kind": base.kind, "base_docs": base.num_docs,
@@ -551,7 +563,10 @@ def _refresh_summary(tmp: str, base: Base, num_docs: int, grown: np.ndarray, bas
             "new_words": len(counts) - base.vocab_size,
             "words_without_new_events": int(np.count_nonzero(new_word_counts[:known_words] == 0)),
             "words_without_tokens": int(np.count_nonzero(counts == 0)),
-            "events_not_after_base": early, "input_users": input_users, "known_input_users": known_input_users}
+            "events_not_after_base": total["early"], "users_with_events_not_after_base": total["late_users"],
+            "events_in_base": total["in_base"], "base_keeps_times": base.times_kept,
+            "base_tokens_without_time": total["base_untimed"], "input_users": total["input_users"],
+            "known_input_users": total["known_input_users"]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -570,6 +585,8 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
         raise CorpusError(f"max_vocab must be >= 1, not {c.max_vocab}")
     if c.num_shards is not None and c.num_shards < 1:
         raise CorpusError(f"num_shards must be >= 1, not {c.num_shards}")
+    if c.max_tokens_per_doc is not None and c.max_tokens_per_doc < 1:
+        raise CorpusError(f"--max-tokens-per-doc must be >= 1, not {c.max_tokens_per_doc}")
     if c.memory_budget_bytes < 1:
         raise CorpusError(f"memory_budget_bytes must be >= 1, not {c.memory_budget_bytes}")
     if c.parallel is not None and c.parallel < 0:
@@ -652,8 +669,11 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
 
     base (a corpus, or a model whose corpus is still there) is a daily refresh: every user and URL of
     the base keeps its id, new ones come after (URLs by their frequency among the new); a user's new
-    events join the document it had, after its earlier tokens, and every earlier document stays
-    (its user kept, with no new event). With window_days (and time_col) a document is instead the
+    events join the document it had, after its earlier tokens (in time order, late ones among them,
+    with a time column), and every earlier document stays (its user kept, with no new event). An
+    input event the base has (the same user, URL and time: a corpus prepared with a time column keeps
+    its tokens' times) is dropped and counted, so a cumulative export is harmless; every other is
+    new, whatever its time. With window_days (and time_col) a document is instead the
     events of the last N days before the latest one; a known user with none keeps its id and an empty
     row. Counts, and so subsampling and negatives, are the new corpus's. changed.arrow lists the new
     users and those with new events (train --first-epoch changed). corpus.json's "refresh" counts
@@ -682,7 +702,8 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
         outputs.check_file(os.path.abspath(c.holdout_out), "heldout", overwrite)
     for path in (out, c.holdout_out):  # a read-only or forbidden place is named before any reading
         outputs.check_writable(path)
-    files = expand_inputs(inputs, c.format)
+    unread: list[str] = []
+    files = expand_inputs(inputs, c.format, unread)
     opt = Options(c.format, c.doc_col, c.token_col, c.time_col if c.format == "events" else None, c.time_unit,
                   delimiter, "--window-days" if c.window_days is not None else "--base" if c.base is not None else None,
                   rule if rule.normalize else None)
@@ -699,7 +720,7 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
               else contextlib.nullcontext()) as held, outputs.replacing(out, "corpus", overwrite) as staged, \
                 _runner(c) as runner:
             meta, p3 = _passes(c, inputs, files, blocks, opt, staged.path, held.path if held else None, hold_final,
-                               found_base, runner, progress)
+                               found_base, runner, progress, unread)
     except BaseException as e:
         outputs.remove_dirs(made)
         if isinstance(e, OSError):  # reading errors are CorpusErrors already: this is the output
@@ -719,15 +740,19 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
         if c.format != "text":
             found = meta["distinct_tokens"]
             log.info(report_line(found["read"], found["normalised"], found["http_urls"], rule))
+        for line in attention_lines(meta):
+            log.warning(line)
         if meta.get("refresh"):
-            log.info(refresh_report(meta))
+            for level, line in refresh_report(meta):
+                log.log(level, line)
     return Corpus(out)
 
 
 def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt, tmp: str, hold_tmp: str | None,
-            hold_final: str | None, found_base: Base | None, runner, progress: bool) -> tuple[dict, _Pass3]:
+            hold_final: str | None, found_base: Base | None, runner, progress: bool,
+            unread: list[str] = ()) -> tuple[dict, _Pass3]:
     """The passes, into the staging directory `tmp` (and the held-out file's `hold_tmp`): corpus.json's
-    contents, and pass 3's totals."""
+    contents, and pass 3's totals. unread: what the input folders hold that is not read (counted)."""
     if not runner.in_process:
         log.info(f"prepare: {len(blocks):,} block(s) of input, {runner.tasks} Ray task(s) at a time")
     known = [b.rows for b in blocks]
@@ -760,7 +785,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         buckets = found_base.corpus.num_shards if by_shard else c.num_shards or _choose_buckets(
             p1, c.time_col is not None, c.memory_budget_bytes, found_base.token_count(join) if found_base else 0)
         s = dataclasses.replace(s, buckets=buckets, join=join, by_shard=by_shard,
-                                base_rows=found_base is not None and not by_shard)
+                                base_rows=found_base is not None and not by_shard,
+                                max_tokens_per_doc=c.max_tokens_per_doc)
         vocab_tokens = p1.vocab["token"].combine_chunks()
         with pa.OSFile(s.vocab_path(), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("token", pa.string())])) as w:
             w.write_table(pa.table({"token": vocab_tokens}), max_chunksize=1 << 20)
@@ -792,7 +818,13 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
     with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_table(vocab, max_chunksize=1 << 20)
     p1.skips.add("duplicate_events", p3.duplicate_events)
+    p1.skips.add("events_in_base", p3.in_base)
+    p1.skips.add("tokens_beyond_max_per_doc", p3.capped.tokens)
+    p1.skips.where.update({"tokens_beyond_max_per_doc": p3.capped.keys} if p3.capped.keys else {})
     p1.skips.add("docs_without_tokens", p3.docs_without_tokens)
+    if unread:  # files in the input folders that are not data (readers.expand_inputs), bookkeeping apart
+        p1.skips.add("unread_files", len(unread))
+        p1.skips.where["unread_files"] = unread[:p1.skips.EXAMPLES]
     meta = {
         "format_version": FORMAT_VERSION,
         "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
@@ -806,6 +838,10 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": c.seed,
         "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
         "docs_with_one_token": p3.docs_with_one_token,
+        "events_without_time": p1.notes.untimed if opt.time_col else None,
+        "events_without_time_where": p1.notes.untimed_where,
+        "max_tokens_per_doc": c.max_tokens_per_doc, "docs_capped": p3.capped.docs,
+        "heavy_docs": _heavy_docs(tmp, p3.num_tokens),
         "docs_without_heldout": p3.docs_without_heldout if c.holdout > 0 else None,
         "time_range": _union(p3.time_range, found_base.time_range if found_base and join else None),
         "time_unit": (ORDER if ORDER in p1.notes.time_units else "s") if opt.time_col else None,
@@ -819,7 +855,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if p3.refresh is not None:
-        meta["refresh"] = {**p3.refresh, "mode": "join" if join else "window"}
+        meta["refresh"] = {**p3.refresh, "mode": "join" if join else "window", "input_events": p1.events}
     with open(os.path.join(tmp, "corpus.json"), "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
@@ -855,27 +891,103 @@ def _union(a: list | None, b: list | None) -> list | None:
     return [min(a[0], b[0]), max(a[1], b[1])]
 
 
-def refresh_report(meta: dict) -> str:
-    """What a refresh (prepare --base) changed, in one line."""
+# A cumulative export given as a day's events: most of the inputs' events are ones the base has.
+MOSTLY_OLD = 0.5
+
+
+def refresh_report(meta: dict) -> list[tuple[int, str]]:
+    """What a refresh (prepare --base) changed, as (logging level, line): one line of counts, then a line
+    of its own for each thing to look at (a base without times, inputs that are mostly its events, late
+    events)."""
     r = meta["refresh"]
-    how = ("new events joined to each user's document" if r["mode"] == "join"
-           else f"documents of the last {meta['window_days']:g} day(s)")
-    early = ""
-    if r.get("events_not_after_base"):
-        early = (f"; {r['events_not_after_base']:,} input event(s) at or before the base's latest time "
-                 + ("are not counted as new" if r["mode"] == "window" else
-                    "joined as new: if the base had them already, they are in the documents twice"))
+    lines: list[tuple[int, str]] = []
+
+    def say(level: int, text: str) -> None:
+        lines.append((level, text))
+
+    join = r["mode"] == "join"
+    how = "new events joined to each user's document" if join else f"documents of the last {meta['window_days']:g} day(s)"
     inputs = ""
     if r.get("input_users"):
         inputs = (f" (of the inputs' {r['input_users']:,} users, {r['known_input_users']:,} known: "
                   f"{r['known_input_users'] / r['input_users']:.1%})")
-    return (f"refresh of {r['base']} ({how}): users {r['base_docs']:,} known, {r['new_docs']:,} new, "
-            f"{r['grown_docs']:,} with new events, {r['docs_without_new_events']:,} without"
-            + (f" ({r['empty_base_docs']:,} now empty)" if r["empty_base_docs"] else "") + inputs
-            + f"; URLs {r['base_vocab']:,} known, {r['new_words']:,} new, {r['words_without_new_events']:,} known ones "
-            f"without new events" + (f", {r['words_without_tokens']:,} without any token now"
+    say(logging.INFO, f"refresh of {r['base']} ({how}): users {r['base_docs']:,} known, {r['new_docs']:,} new, "
+        f"{r['grown_docs']:,} with new events, {r['docs_without_new_events']:,} without"
+        + (f" ({r['empty_base_docs']:,} now empty)" if r["empty_base_docs"] else "") + inputs
+        + f"; URLs {r['base_vocab']:,} known, {r['new_words']:,} new, {r['words_without_new_events']:,} known "
+        "ones without new events" + (f", {r['words_without_tokens']:,} without any token now"
                                      if r["words_without_tokens"] else "")
-            + "; ids kept, new ones after (row r lives on server r % S, so new rows spread evenly)" + early)
+        + "; ids kept, new ones after (row r lives on server r % S, so new rows spread evenly)")
+    early, events, sent = r.get("events_not_after_base", 0), r.get("input_events") or 0, r.get("events_in_base", 0)
+    untimed = join and r.get("base_tokens_without_time", 0)
+    named = _name_files(meta.get("input_files") or meta.get("inputs") or [])
+    if untimed:
+        told = ("keeps no event times (prepared before corpora kept them, or without --time-col)"
+                if not r.get("base_keeps_times") else f"has {untimed:,} token(s) whose time it was never told "
+                "(from a refresh of a base that kept none)")
+        say(logging.WARNING, f"{r['base']}: {told}: an input event it already has cannot be told from a new one, "
+            "and is joined again; prepare the base anew with --time-col to keep them")
+    if sent and events and sent > MOSTLY_OLD * events:
+        say(logging.WARNING, f"{named} look like a cumulative export: {sent:,} of the inputs' {events:,} events "
+            f"({sent / events:.0%}) were in the base already (the same user, URL and time): dropped, so the "
+            f"documents hold each event once; {events - sent:,} are new")
+    elif untimed and events and early > MOSTLY_OLD * events:
+        say(logging.WARNING, f"{named} may be a cumulative export: {early:,} of the inputs' {events:,} events "
+            f"({early / events:.0%}) are at or before the base's latest time, and the base cannot say which it "
+            "has: if so, its documents now hold those events twice; give the events since the base alone")
+    if early and join:
+        say(logging.INFO, f"{early:,} input event(s) of {r.get('users_with_events_not_after_base', 0):,} user(s) "
+            "are at or before the base's latest time "
+            + ("(late data, or the base's own: see above)" if untimed else "and not in it (late data)")
+            + ": joined to their documents in time order, their users counted as changed")
+    elif early:
+        say(logging.INFO, f"{early:,} input event(s) at or before the base's latest time are taken to be the base's "
+            "(a window does not read its documents): not counted as new")
+    return lines
+
+
+# A document holding more than this share of all tokens, in a corpus of at least HEAVY_MIN_DOCS documents,
+# is named: with 1,000 documents the mean holds 0.1%, so one over 5% holds 50 times it, which browsing
+# histories (activity roughly log-normal) give a person about once in a million; a bot, a crawler or a
+# shared id ("0", "unknown") gives it every day, and weighs on every URL it visits.
+HEAVY_SHARE = 0.05
+HEAVY_MIN_DOCS = 1000
+HEAVY_NAMED = 5
+
+
+def _heavy_docs(tmp: str, num_tokens: int) -> list[dict]:
+    """The documents of the corpus at `tmp` above HEAVY_SHARE of its tokens (HEAVY_MIN_DOCS or more
+    documents), largest first: key, tokens and share of each, at most HEAVY_NAMED."""
+    docs = passes.read_mapped(os.path.join(tmp, "docs.arrow"))
+    if docs.num_rows < HEAVY_MIN_DOCS or not num_tokens:
+        return []
+    lengths = docs.column("length").to_numpy()
+    heavy = np.flatnonzero(lengths > HEAVY_SHARE * num_tokens)
+    heavy = heavy[np.argsort(-lengths[heavy], kind="stable")][:HEAVY_NAMED]
+    keys = docs.column("key").take(pa.array(heavy)).to_pylist()
+    return [{"key": k, "tokens": int(lengths[i]), "share": round(float(lengths[i]) / num_tokens, 4)}
+            for k, i in zip(keys, heavy)]
+
+
+def attention_lines(meta: dict) -> list[str]:
+    """Warnings of what prepare kept but a user should look at, a line each, from a corpus.json: events
+    with no time, and documents that hold much of the corpus (HEAVY_SHARE)."""
+    lines = []
+    untimed, time = meta.get("events_without_time"), meta.get("time_col")
+    if untimed:
+        first = meta.get("events_without_time_where")
+        where = f" (first: {', '.join(first)})" if first else ""
+        lines.append(f"{untimed:,} event(s) with a null '{time}'{where}: " + (
+            "outside any window, so left out (counted above)" if meta.get("window_days") else
+            "kept, after their user's timed events (in input order); never a duplicate of another event, nor "
+            "matched to one a base has"))
+    doc = meta.get("doc_col") or "key"
+    for heavy in meta.get("heavy_docs") or []:
+        lines.append(f"document {heavy['key']!r} ('{doc}') holds {heavy['share']:.1%} of all tokens "
+                     f"({heavy['tokens']:,} of {meta['num_tokens']:,}), over {HEAVY_SHARE:.0%}: a bot, a crawler "
+                     "or a shared id more often than a person; --max-tokens-per-doc N keeps each document's latest "
+                     "N events")
+    return lines
 
 
 def skip_report(meta: dict) -> list[str]:
@@ -895,6 +1007,10 @@ def skip_report(meta: dict) -> list[str]:
         "events_outside_window": f"event(s) before the window of the last {meta.get('window_days')} day(s) "
                                  "(or without a time)",
         "duplicate_events": f"duplicate event(s): the same '{doc}', '{tok}' and '{time}' as an earlier one",
+        "events_in_base": f"event(s) the base has already: the same '{doc}', '{tok}' and '{time}' as one of its own",
+        "tokens_beyond_max_per_doc": f"{token}(s) beyond max_tokens_per_doc={meta.get('max_tokens_per_doc')}: the "
+                                     f"earliest of {meta.get('docs_capped', 0):,} document(s) longer than that",
+        "unread_files": "file(s) in the input folders that are not data (hidden, or not .parquet, .csv, .jsonl …)",
         "tokens_below_min_count": f"{token}(s) of a token seen fewer than min_count={meta.get('min_count')} "
                                   "times",
         "tokens_beyond_max_vocab": f"{token}(s) of a token beyond the max_vocab={meta.get('max_vocab')} "

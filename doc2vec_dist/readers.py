@@ -124,43 +124,64 @@ def _size(path: str) -> int:
     return info.size
 
 
-def _uri_files(given: str, format: str) -> list[str]:
+def _uri_files(given: str, format: str, unread: list[str] | None = None) -> list[str]:
     """The input files of a URI: the object itself, or every data object under it (as _walk lists a
-    directory's), each as a URI with the given one's query (its filesystem's settings)."""
+    directory's, what is not read but bookkeeping going to `unread`), each as a URI with the given one's
+    query (its filesystem's settings)."""
     fs, inner = storage.resolve(given)
     info = fs.get_file_info(inner)
     if info.type == pafs.FileType.NotFound:
         raise CorpusError(f"{storage.strip_query(given)}: no such file or directory")
     if info.type != pafs.FileType.Directory:
         return [given]
-    found = []
+    found, passed = [], []
     for entry in fs.get_file_info(pafs.FileSelector(inner, recursive=True)):
         rel = entry.path[len(inner):].lstrip("/")
-        if entry.type == pafs.FileType.File and not any(part.startswith((".", "_")) for part in rel.split("/")):
+        if entry.type != pafs.FileType.File:
+            continue
+        hidden = [part for part in rel.split("/") if part.startswith((".", "_"))]
+        if not hidden:
             found.append(storage.join(given, *rel.split("/")))
+        elif not any(bookkeeping(part) for part in hidden):
+            passed.append(storage.join(given, *rel.split("/")))
     found = sorted(found)
     if format != "text":
+        passed += [f for f in found if not _file_kind(f)]
         found = [f for f in found if _file_kind(f)]
+    if unread is not None:
+        unread += sorted(passed)
     if not found:
         raise CorpusError(f"{storage.strip_query(given)}: the directory holds no input files"
                           + ("" if format == "text" else " (.parquet, .csv, .jsonl, …)"))
     return found
 
 
-def _walk(directory: str) -> list[str]:
-    """Files under a directory, recursively, sorted; hidden and _-prefixed files (Spark's _SUCCESS,
-    Parquet's _metadata) are bookkeeping, not data."""
+def bookkeeping(name: str) -> bool:
+    """Whether a file or folder in an input directory is what the tools that write data sets leave beside
+    the data, passed over without a word: _-prefixed names (Spark's _SUCCESS and _temporary, Parquet's
+    _metadata and _common_metadata) and Hadoop's hidden checksums (.part-00000.parquet.crc). Any other
+    file that is not read (a README.txt, macOS's .DS_Store, a hidden folder) is counted and named
+    (expand_inputs' `unread`)."""
+    return name.startswith("_") or (name.startswith(".") and name.endswith(".crc"))
+
+
+def _walk(directory: str, unread: list[str]) -> list[str]:
+    """Files under a directory, recursively, sorted; hidden ones and bookkeeping are not data, and the
+    hidden ones go to `unread` (a hidden folder as itself), bookkeeping nowhere."""
     found = []
     for root, dirs, files in os.walk(directory):
+        unread += [os.path.join(root, n) + (os.sep if n in dirs else "") for n in sorted(dirs) + sorted(files)
+                   if n.startswith(".") and not bookkeeping(n)]
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
         found += [os.path.join(root, f) for f in files if not f.startswith((".", "_"))]
     return sorted(found)
 
 
-def expand_inputs(inputs: list[str], format: str) -> list[str]:
+def expand_inputs(inputs: list[str], format: str, unread: list[str] | None = None) -> list[str]:
     """The input files, in order: each input is a file, a directory (its data files, recursively,
     sorted) or a glob (its matches, sorted). A file listed twice is read once. The directory that
-    `generate` wrote stands for its events/ (not its generate.json and ground truth)."""
+    `generate` wrote stands for its events/ (not its generate.json and ground truth). What a directory
+    holds that is not read, but for bookkeeping, is added to `unread` (prepare reports it)."""
     from .synthetic import events_dir
 
     if isinstance(inputs, (str, os.PathLike)):
@@ -170,7 +191,7 @@ def expand_inputs(inputs: list[str], format: str) -> list[str]:
     files: list[str] = []
     for given in map(os.fspath, inputs):
         if storage.is_uri(given):
-            files += _uri_files(given, format)
+            files += _uri_files(given, format, unread)
             continue
         if os.path.isdir(given) or os.path.exists(given):
             matches = [given]
@@ -185,9 +206,13 @@ def expand_inputs(inputs: list[str], format: str) -> list[str]:
                 log.info(f"{match}: a `generate` output; reading its events in {generated}")
                 match = generated
             if os.path.isdir(match):
-                inside = _walk(match)
+                passed: list[str] = []
+                inside = _walk(match, passed)
                 if format != "text":
+                    passed += [f for f in inside if not _file_kind(f)]
                     inside = [f for f in inside if _file_kind(f)]
+                if unread is not None:
+                    unread += sorted(passed)
                 if not inside and match == given:
                     raise CorpusError(f"{given}: the directory holds no input files"
                                       + ("" if format == "text" else " (.parquet, .csv, .jsonl, …)"))
@@ -221,9 +246,9 @@ class Chunk:
 
 
 # Why prepare drops things, in the order it reports them (see prepare's docstring).
-SKIP_REASONS = ("empty_files", "null_keys", "empty_keys", "invalid_utf8_lines", "null_tokens",
-                "empty_tokens", "events_outside_window", "duplicate_events", "tokens_below_min_count", "tokens_beyond_max_vocab",
-                "docs_without_tokens")
+SKIP_REASONS = ("unread_files", "empty_files", "null_keys", "empty_keys", "invalid_utf8_lines", "null_tokens",
+                "empty_tokens", "events_outside_window", "duplicate_events", "events_in_base", "tokens_below_min_count",
+                "tokens_beyond_max_vocab", "tokens_beyond_max_per_doc", "docs_without_tokens")
 
 
 class Skips:
@@ -854,8 +879,9 @@ def csv_delimiter(value: str | None) -> str | None:
 
 class ReadNotes:
     """What reading the inputs decided or changed that prepare reports, though it drops nothing (that
-    is Skips): how each file's time column was read, and the keys and tokens stripped of leading or
-    trailing whitespace (" https://a.com/ " and "https://a.com/" are one URL)."""
+    is Skips): how each file's time column was read, the events whose time is null (kept: prepare says
+    where they go), and the keys and tokens stripped of leading or trailing whitespace
+    (" https://a.com/ " and "https://a.com/" are one URL)."""
 
     EXAMPLES = 3
 
@@ -864,6 +890,8 @@ class ReadNotes:
         self.time_units: set[str | None] = set()    # TimeReading.unit of each
         self.stripped: dict[str, int] = {}          # column → values stripped
         self.stripped_where: dict[str, list[str]] = {}
+        self.untimed = 0                            # events (of a usable key) with a null time
+        self.untimed_where: list[str] = []
 
     def read_time(self, path: str, reading: TimeReading) -> None:
         files = self.time_read.setdefault(reading.what, [])
@@ -880,6 +908,14 @@ class ReadNotes:
         for column, count in later.stripped.items():
             self.stripped[column] = self.stripped.get(column, 0) + count
         _merge_examples(self.stripped_where, later.stripped_where, self.EXAMPLES)
+        self.untimed += later.untimed
+        self.untimed_where += later.untimed_where[:max(0, self.EXAMPLES - len(self.untimed_where))]
+
+    def no_time(self, path: str, missing: np.ndarray, base: int) -> None:
+        """Count the events of `missing` (a mask of a batch's rows, from row `base` of `path`) with no time."""
+        at = np.flatnonzero(missing)
+        self.untimed += len(at)
+        self.untimed_where += [f"{path} row {base + int(i)}" for i in at[:max(0, self.EXAMPLES - len(self.untimed_where))]]
 
     def strip(self, column: str, count: int, path: str, at: np.ndarray | None, base: int) -> None:
         if not count:
@@ -1110,6 +1146,10 @@ def batch_chunk(batch: pa.RecordBatch | pa.Table, path: str, row: int, opt: Opti
                 if notes is not None:
                     notes.read_time(path, reading)
     usable = _usable_keys(key, path, row, skips)
+    if time is not None and notes is not None:
+        missing = np.isnan(time)
+        if missing.any():
+            notes.no_time(path, missing if usable is None else missing & usable.to_numpy(zero_copy_only=False), row)
     if usable is not None:
         key, token = key.filter(usable), token.filter(usable)
         if time is not None:

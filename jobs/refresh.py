@@ -66,8 +66,9 @@ from doc2vec_dist.logs import command
 # nothing out (the base's users were trained on everything they had: hold out before the base).
 PREPARE_SET_HERE = ("base", "holdout", "holdout_out")
 TRAIN_SET_HERE = ("init_from", "resume")
-# Prepare settings that default to the base corpus's own, so today's events are read as yesterday's were.
-PREPARE_FROM_BASE = ("format", "doc_col", "token_col", "time_col", "delimiter")
+# Prepare settings that default to the base corpus's own, so today's events are read (and capped) as
+# yesterday's were.
+PREPARE_FROM_BASE = ("format", "doc_col", "token_col", "time_col", "delimiter", "max_tokens_per_doc")
 # Training settings of the base model that are not settings of this run.
 NOT_CARRIED = ("init_from", "resume", "resume_from", "address", "progress")
 EPOCHS_HELP = ("passes over the refreshed corpus (default: 1 for a refresh, not the base model's: known users and "

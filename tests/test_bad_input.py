@@ -133,6 +133,19 @@ OTHER_SITE_CSV = b"user_id,url\n" + b"".join(b"v%d,https://elsewhere.example/%d\
                                               for i in range(400))
 
 
+def _bot_csv(t: str) -> bytes:
+    """1,000 users of 3 visits each, and a bot with 600 (17% of every visit)."""
+    rows = [f"u{i},https://s.example/{(i * 7 + j) % 50}" for i in range(1000) for j in range(3)]
+    rows += [f"bot,https://s.example/{j % 50}" for j in range(600)]
+    return ("user_id,url\n" + "\n".join(rows) + "\n").encode()
+
+
+def _sample_events(t: str) -> bytes:
+    """The sample's events, which the sample corpus {corpus} holds (but its held-out pairs)."""
+    with open(os.path.join(SAMPLE_EVENTS, min(os.listdir(SAMPLE_EVENTS))), "rb") as fh:
+        return fh.read()
+
+
 GOOD_CSV = b"user_id,url\nu1,a\nu1,b\nu2,a\nu2,c\n"
 CASES = [
     # --- prepare: input it cannot trust (the README's "what prepare refuses") --------------------------
@@ -462,6 +475,21 @@ CASES = [
     Case("prepare --format text --drop-query", "prepare {t}/d.txt --format text --drop-query --out {t}/c", "error",
          "--drop-query applies to the URLs of --format events and lists; text tokens are taken as written",
          {"d.txt": b"a b\n"}, "{t}/c"),
+    # --- issue 47: what prepare took without a word ----------------------------------------------------------
+    Case("a folder of events with a README.txt and a .DS_Store", "prepare {t}/events --out {t}/c", "skipped",
+         "unread_files", {"events/part-0.csv": GOOD_CSV, "events/README.txt": b"notes\n", "events/.DS_Store": b"\0",
+                          "events/_SUCCESS": b""}),
+    Case("events with a null time", "prepare {t}/e.csv --out {t}/c --time-col ts", "says",
+         "1 event(s) with a null 'ts' (first: {t}/e.csv row 1): kept",
+         {"e.csv": b"user_id,url,ts\nu1,a,1793491200\nu1,b,\nu2,a,1793491300\n"}),
+    Case("a user with 17% of all visits (a bot)", "prepare {t}/e.csv --out {t}/c", "says",
+         "document 'bot' ('user_id') holds 16.7% of all tokens", {"e.csv": _bot_csv}),
+    Case("--max-tokens-per-doc", "prepare {t}/e.csv --out {t}/c --max-tokens-per-doc 1", "skipped",
+         "tokens_beyond_max_per_doc", {"e.csv": GOOD_CSV}),
+    Case("--max-tokens-per-doc 0", "prepare {t}/good.csv --out {t}/c --max-tokens-per-doc 0", "error",
+         "--max-tokens-per-doc must be >= 1, not 0", {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("all the events again with --base (a cumulative export)", "prepare {t}/e.parquet --out {t}/c --base {corpus} "
+         "--time-col ts", "says", "{t}/e.parquet look like a cumulative export: ", {"e.parquet": _sample_events}),
 ]
 
 

@@ -851,3 +851,122 @@ print("pandas" in sys.modules)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------ event times, untimed events, files
+# passed over, heavy documents, --max-tokens-per-doc (issue 47)
+
+def test_a_corpus_prepared_with_a_time_column_keeps_each_tokens_time(tmp_path):
+    """A shard keeps `times` beside `tokens` (what a refresh needs to tell an event sent again from a new
+    one); training reads doc_id and tokens alone, by position, and gets the same documents; without a
+    time column there are no times."""
+    rows = EVENTS + [("u5", "a", None)]
+    src = _write_events(tmp_path / "e.parquet", rows)
+    c = _prepare([src], tmp_path / "out", time_col="ts")
+    (shard,) = c.shard_paths
+    assert pa.ipc.open_file(shard).schema == corpus_mod.TIMED_SHARD_SCHEMA
+    keys, words = c.docs()["key"].to_pylist(), c.vocab()["token"].to_pylist()
+    found = {keys[d]: list(zip([words[t] for t in tokens[a:b]], times[a:b].tolist()))
+             for ids, offsets, tokens, times in corpus_mod.shard_batches(shard)
+             for d, a, b in zip(ids, offsets, offsets[1:])}
+    expected: dict[str, list] = {}
+    for user, url, ts in sorted(rows, key=lambda r: (np.inf if r[2] is None else r[2])):  # stable: ties in input order
+        expected.setdefault(user, []).append((url, float("nan") if ts is None else float(ts)))
+    assert {k: [(u, None if np.isnan(t) else t) for u, t in v] for k, v in found.items()} == \
+        {k: [(u, None if np.isnan(t) else t) for u, t in v] for k, v in expected.items()}
+    assert _documents(c) == {k: [u for u, _ in v] for k, v in expected.items()}
+    assert pa.ipc.open_file(_prepare([src], tmp_path / "no-time").shard_paths[0]).schema == corpus_mod.SHARD_SCHEMA
+
+
+def test_events_without_a_time_are_kept_counted_and_said(tmp_path, logged):
+    """A null time was taken without a word: such events are counted (corpus.json, the first rows named)
+    and a line says what became of them: kept after their user's timed events, or outside a window."""
+    rows = [("u1", "a", 3), ("u1", "b", None), ("u1", "c", 1), ("u2", "a", None), (None, "z", None), ("u2", "b", 2)]
+    src = _write_events(tmp_path / "e.csv", rows)
+    c = _prepare([src], tmp_path / "out", time_col="ts", report=True)
+    assert c.meta["events_without_time"] == 2  # the row without a user is skipped, not counted here
+    assert c.meta["events_without_time_where"] == [f"{src} row 1", f"{src} row 3"]
+    assert _documents(c) == {"u1": ["c", "a", "b"], "u2": ["b", "a"]}
+    assert any(r.levelname == "WARNING" and r.getMessage() == (
+        f"2 event(s) with a null 'ts' (first: {src} row 1, {src} row 3): kept, after their user's timed events (in "
+        "input order); never a duplicate of another event, nor matched to one a base has") for r in logged.records)
+    assert _prepare([src], tmp_path / "none").meta["events_without_time"] is None  # no time column, nothing to say
+
+
+def test_files_in_an_input_folder_that_are_not_data_are_counted_and_named(tmp_path, logged):
+    """A README.txt or a .DS_Store in an input folder was passed over without a word: such files are
+    counted and named; what the tools that write data sets leave (_SUCCESS, _metadata, .crc checksums,
+    _temporary/) stays quiet."""
+    folder = tmp_path / "events"
+    (folder / "_temporary").mkdir(parents=True)
+    (folder / ".hidden").mkdir()
+    _write_events(folder / "part-0.csv", EVENTS)
+    for name in ("README.txt", ".DS_Store", "_SUCCESS", "_metadata", ".part-0.csv.crc", "_temporary/part-9.csv",
+                 ".hidden/part-1.csv"):
+        (folder / name).write_text("not data\n")
+    c = _prepare([folder], tmp_path / "out", report=True)
+    assert c.meta["skipped"]["unread_files"] == 3
+    assert c.meta["skipped_where"]["unread_files"] == [str(folder / ".DS_Store"), str(folder / ".hidden") + os.sep,
+                                                       str(folder / "README.txt")]
+    assert (f"skipped 3 file(s) in the input folders that are not data (hidden, or not .parquet, .csv, .jsonl …) "
+            f"(first: {folder / '.DS_Store'}, {folder / '.hidden'}{os.sep}, {folder / 'README.txt'})") in logged.text
+    assert _documents(c) == _documents(_prepare([folder / "part-0.csv"], tmp_path / "alone"))
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    _write_events(quiet / "part-0.csv", EVENTS)
+    for name in ("_SUCCESS", "_metadata", ".part-0.csv.crc"):
+        (quiet / name).write_text("")
+    assert _prepare([quiet], tmp_path / "out2").meta["skipped"]["unread_files"] == 0
+
+
+def test_a_document_holding_a_large_share_of_the_tokens_is_named(tmp_path, logged):
+    """A user with 17% of all tokens (a bot) went unremarked: a document above HEAVY_SHARE of the tokens,
+    in a corpus of HEAVY_MIN_DOCS documents or more, is named with its share, a line of its own."""
+    from doc2vec_dist.prepare import HEAVY_MIN_DOCS
+
+    rows = [(f"u{i}", f"url{(i * 7 + j) % 50}") for i in range(HEAVY_MIN_DOCS) for j in range(3)]
+    rows += [("bot", f"url{j % 50}") for j in range(700)]
+    src = _write_events(tmp_path / "e.parquet", rows, cols=("user_id", "url"))
+    c = _prepare([src], tmp_path / "out", report=True)
+    share = 700 / (3 * HEAVY_MIN_DOCS + 700)
+    assert c.meta["heavy_docs"] == [{"key": "bot", "tokens": 700, "share": round(share, 4)}]
+    assert any(r.levelname == "WARNING" and r.getMessage().startswith(
+        f"document 'bot' ('user_id') holds {share:.1%} of all tokens (700 of {3 * HEAVY_MIN_DOCS + 700:,}), over 5%")
+        for r in logged.records)
+    small = _write_events(tmp_path / "small.parquet", rows[:300] + rows[-700:], cols=("user_id", "url"))
+    assert _prepare([small], tmp_path / "small").meta["heavy_docs"] == []  # 100 documents: shares say little
+
+
+@pytest.mark.parametrize("time_col", ["ts", None])
+def test_max_tokens_per_doc_keeps_each_documents_latest_events(tmp_path, logged, time_col):
+    """--max-tokens-per-doc N (opt-in): a document keeps its most recent N events by time, else its last N
+    in input order; the documents cut and the events dropped are counted and said."""
+    rows = [("bot", f"url{j}", 100 - j) for j in range(10)] + [("u1", "a", 5), ("u1", "b", 1), ("u2", "c", 0)]
+    src = _write_events(tmp_path / "e.parquet", rows)
+    c = _prepare([src], tmp_path / "out", time_col=time_col, max_tokens_per_doc=3, report=True)
+    docs = _documents(c)
+    # by time the bot's latest events are url2, url1, url0 (times 98, 99, 100), in time order; else its last rows
+    assert docs["bot"] == (["url2", "url1", "url0"] if time_col else ["url7", "url8", "url9"])
+    assert docs["u1"] == (["b", "a"] if time_col else ["a", "b"]) and docs["u2"] == ["c"]
+    assert c.meta["skipped"]["tokens_beyond_max_per_doc"] == 7 and c.meta["docs_capped"] == 1
+    assert c.num_tokens == 6 and c.docs()["length"].to_pylist()[0] == 3 and c.counts().sum() == 6
+    token = "event"
+    assert (f"skipped 7 {token}(s) beyond max_tokens_per_doc=3: the earliest of 1 document(s) longer than that "
+            "(first: bot)") in logged.text
+    with pytest.raises(CorpusError, match="--max-tokens-per-doc must be >= 1, not 0"):
+        _prepare([src], tmp_path / "zero", max_tokens_per_doc=0)
+
+
+def test_max_tokens_per_doc_in_a_refresh_caps_the_joined_documents(tmp_path):
+    """In a refresh the cap applies to the document a user's new events join: its latest events stay,
+    whichever day they came from; both ways of joining alike."""
+    t0 = 1_700_000_000
+    old = _write_events(tmp_path / "old.parquet", [("bot", f"o{j}", t0 + j) for j in range(5)] + [("u1", "a", t0 + 1)])
+    new = _write_events(tmp_path / "new.parquet", [("bot", "n0", t0 + 10), ("bot", "o2", t0 + 2), ("u2", "b", t0 + 11)])
+    base = _prepare([old], tmp_path / "base", time_col="ts", num_shards=2)
+    for name, shards in (("joined", None), ("re-bucketed", 3)):
+        c = _prepare([new], tmp_path / name, time_col="ts", base=base.path, num_shards=shards, max_tokens_per_doc=4)
+        assert _documents(c) == {"bot": ["o2", "o3", "o4", "n0"], "u1": ["a"], "u2": ["b"]}, name
+        assert c.meta["skipped"]["tokens_beyond_max_per_doc"] == 2 and c.meta["docs_capped"] == 1
+        assert c.meta["skipped"]["events_in_base"] == 1  # bot's o2 at t0 + 2: the base has it
+        assert dict(zip(c.docs()["key"].to_pylist(), c.docs()["length"].to_pylist())) == {"bot": 4, "u1": 1, "u2": 1}

@@ -133,12 +133,19 @@ def test_a_window_keeps_the_ids_of_users_and_urls_that_no_longer_appear(days, tm
 
 
 def test_a_model_is_a_base_through_its_corpus(trained_model, sample_corpus, days, tmp_path):
-    """--base MODEL takes the ids of the model's key tables, and the documents of its corpus."""
+    """--base MODEL takes the ids of the model's key tables, and the documents of its corpus. That corpus
+    is the whole sample less its held-out pairs: of the new days' events, it has all but those held out,
+    which alone join (the others are events it has, issue 47)."""
     fresh = prepare([days["new"]], str(tmp_path / "m"), PrepareConfig(time_col="ts", base=trained_model), progress=False)
     model_keys = pa.ipc.open_file(os.path.join(trained_model, "docs.arrow")).read_all().column("key").to_pylist()
     assert fresh.docs().column("key").to_pylist()[:len(model_keys)] == model_keys
     assert fresh.meta["refresh"]["base_kind"] == "model"
-    assert fresh.num_tokens == Corpus(sample_corpus[0]).num_tokens + pq.read_metadata(days["new"]).num_rows
+    held = set(zip(*pq.read_table(sample_corpus[1]).to_pydict().values()))
+    new = pq.read_table(days["new"]).to_pydict()
+    held_back = sum((u, t) in held for u, t in zip(new["user_id"], new["url"]))
+    assert 0 < held_back < len(new["url"])
+    assert fresh.meta["skipped"]["events_in_base"] == len(new["url"]) - held_back
+    assert fresh.num_tokens == Corpus(sample_corpus[0]).num_tokens + held_back
 
 
 @pytest.mark.parametrize("case, message", [
@@ -478,3 +485,173 @@ def test_a_base_that_knows_few_users_of_the_inputs_is_a_warning_with_the_share(d
     r = ordinary.meta["refresh"]
     assert r["known_input_users"] >= 0.1 * r["input_users"] and "--base knows only" not in logged.text
     assert f"of the inputs' {r['input_users']:,} users, {r['known_input_users']:,} known" in logged.text
+
+
+# -- late events, events sent again, a base without times (issue 47, items 2 and 3) -------------------
+
+def _unsaid(base: str, path: str) -> str:
+    """A copy of corpus `base` whose corpus.json does not say its shards are by key hash (a corpus from
+    before it did): a refresh re-buckets it with the events instead of joining shard by shard."""
+    import shutil
+
+    shutil.copytree(base, path)
+    with open(os.path.join(path, "corpus.json")) as fh:
+        meta = json.load(fh)
+    del meta["shards_by"]
+    with open(os.path.join(path, "corpus.json"), "w") as fh:
+        json.dump(meta, fh)
+    return path
+
+
+@pytest.fixture(scope="module")
+def late(days, tmp_path_factory):
+    """The old days less 5% of their events, which arrive late, with the new days: (base of the rest,
+    the new days with the late events, the late events, the base's users that have an event now)."""
+    root = tmp_path_factory.mktemp("late")
+    old = pq.read_table(days["old"])
+    arrives_late = np.random.default_rng(0).random(old.num_rows) < 0.05
+    paths = {"late": str(root / "late.parquet"), "new": str(root / "new.parquet")}
+    pq.write_table(old.filter(pa.array(~arrives_late)), str(root / "early.parquet"))
+    pq.write_table(old.filter(pa.array(arrives_late)), paths["late"])
+    pq.write_table(pa.concat_tables([pq.read_table(days["new"]), pq.read_table(paths["late"])]), paths["new"])
+    paths["base"] = prepare([str(root / "early.parquet")], str(root / "base"), PrepareConfig(time_col="ts"),
+                            progress=False).path
+    return paths
+
+
+@pytest.mark.parametrize("path", ["by shard", "re-bucketed"])
+def test_a_user_with_late_events_is_a_changed_user_and_they_join_in_time_order(days, late, tmp_path, logged, path):
+    """Issue 47, item 2: events of the new day timed before the base's latest time were joined to the
+    documents but not counted as new, so their users were "without new events" and train
+    --first-epoch changed left them with their old vectors. A user with any event the base does not
+    have is changed, whatever its time; the late events take their places in time order (the documents
+    are a cold prepare's of all the days), and the report says how many, in a line of its own."""
+    base = late["base"] if path == "by shard" else _unsaid(late["base"], str(tmp_path / "unsaid"))
+    fresh = prepare([late["new"]], str(tmp_path / "fresh"), PrepareConfig(time_col="ts", base=base,
+                    num_shards=None if path == "by shard" else 2), progress=False, report=True)
+    keys = Corpus(base).docs().column("key").to_pylist()
+    with_events = set(pq.read_table(late["new"], columns=["user_id"]).column("user_id").to_pylist())
+    known_with_events = sorted(i for i, k in enumerate(keys) if k in with_events)
+    late_users = set(pq.read_table(late["late"], columns=["user_id"]).column("user_id").to_pylist())
+    changed = fresh.changed()
+    assert changed[changed < len(keys)].tolist() == known_with_events
+    r = fresh.meta["refresh"]
+    assert r["grown_docs"] == len(known_with_events) and r["docs_without_new_events"] == len(keys) - len(known_with_events)
+    assert r["events_not_after_base"] == pq.read_metadata(late["late"]).num_rows
+    assert r["users_with_events_not_after_base"] == len(late_users)
+    lengths = fresh.docs().column("length").to_numpy()
+    assert fresh.epoch_tokens(0, "changed") == int(lengths[changed].sum())  # what --first-epoch changed trains
+    cold = prepare([days["all"]], str(tmp_path / "cold"), PrepareConfig(time_col="ts"), progress=False)
+    assert _documents(fresh) == _documents(cold)
+    said = [rec.getMessage() for rec in logged.records]
+    line = (f"{r['events_not_after_base']:,} input event(s) of {len(late_users):,} user(s) are at or before the "
+            "base's latest time and not in it (late data): joined to their documents in time order, their users "
+            "counted as changed")
+    assert line in said
+    assert any(m.startswith(f"refresh of {base} ") and f"{r['grown_docs']:,} with new events" in m and "at or before" not in m
+               for m in said)
+
+
+@pytest.mark.parametrize("path", ["by shard", "re-bucketed"])
+def test_events_the_base_has_are_dropped_and_counted_so_a_cumulative_export_is_harmless(days, tmp_path, logged, path):
+    """Issue 47, item 3: every event again (a cumulative export given as the day's events) with --base
+    doubled every document. An input event the base has (the same user, URL and time) is dropped and
+    counted; the corpus is then a cold prepare's of all the days, and a line of its own says the inputs
+    look like a cumulative export. Yesterday's export sent again changes nothing at all."""
+    base = days["base"] if path == "by shard" else _unsaid(days["base"], str(tmp_path / "unsaid"))
+    cold = prepare([days["all"]], str(tmp_path / "cold"), PrepareConfig(time_col="ts"), progress=False)
+    logged.clear()
+    again = prepare([days["all"]], str(tmp_path / "again"), PrepareConfig(time_col="ts", base=base,
+                    num_shards=None if path == "by shard" else 2), progress=False, report=True)
+    old_events, all_events = pq.read_metadata(days["old"]).num_rows, pq.read_metadata(days["all"]).num_rows
+    assert again.num_tokens == cold.num_tokens and _documents(again) == _documents(cold)
+    assert again.meta["skipped"]["events_in_base"] == again.meta["refresh"]["events_in_base"] == old_events
+    said = [rec.getMessage() for rec in logged.records]
+    assert (f"{days['all']} look like a cumulative export: {old_events:,} of the inputs' {all_events:,} events "
+            f"({old_events / all_events:.0%}) were in the base already (the same user, URL and time): dropped, so "
+            f"the documents hold each event once; {all_events - old_events:,} are new") in said
+    assert (f"skipped {old_events:,} event(s) the base has already: the same 'user_id', 'url' and 'ts' as one of its "
+            "own") in said
+    logged.clear()
+    same = prepare([days["old"]], str(tmp_path / "same"), PrepareConfig(time_col="ts", base=base,
+                   num_shards=None if path == "by shard" else 2), progress=False, report=True)
+    assert _documents(same) == _documents(Corpus(base)) and same.num_tokens == Corpus(base).num_tokens
+    r = same.meta["refresh"]
+    assert (r["grown_docs"], r["new_docs"], len(same.changed()), r["events_in_base"]) == (0, 0, 0, old_events)
+    assert any(m.startswith(f"{days['old']} look like a cumulative export: {old_events:,} of the inputs' "
+                            f"{old_events:,} events (100%)") for m in (rec.getMessage() for rec in logged.records))
+
+
+def test_a_base_without_times_joins_every_event_and_says_it_cannot_tell(days, tmp_path, logged):
+    """A base prepared before corpora kept their events' times: an event it has cannot be told from a new
+    one, so every input event is joined and its user counted as changed (no user is left untrained),
+    and two lines of their own say so: the base keeps no times, and most of the inputs are at or before
+    its latest time (a cumulative export would be in the documents twice)."""
+    from doc2vec_dist.corpus import SHARD_SCHEMA, write_shard
+
+    base = str(tmp_path / "old-format")
+    import shutil
+
+    shutil.copytree(days["base"], base)
+    corpus = Corpus(base)
+    for b, shard_path in enumerate(corpus.shard_paths):  # the shards as this version wrote them before: no times
+        ids, lengths, words = [], [], []
+        for doc_ids, offsets, tokens in iter_shard(shard_path):
+            ids.append(doc_ids.copy())
+            lengths.append(np.diff(offsets))
+            words.append(tokens.copy())
+        write_shard(base, b, np.concatenate(ids), np.concatenate(lengths), np.concatenate(words))
+        assert pa.ipc.open_file(shard_path).schema == SHARD_SCHEMA
+    fresh = prepare([days["all"]], str(tmp_path / "fresh"), PrepareConfig(time_col="ts", base=base), progress=False,
+                    report=True)
+    old_events, all_events = pq.read_metadata(days["old"]).num_rows, pq.read_metadata(days["all"]).num_rows
+    assert fresh.num_tokens == corpus.num_tokens + all_events  # joined again: the base cannot tell
+    r = fresh.meta["refresh"]
+    assert r["base_keeps_times"] is False and r["base_tokens_without_time"] == corpus.num_tokens
+    assert r["grown_docs"] == corpus.num_docs and r["events_in_base"] == 0
+    said = [rec.getMessage() for rec in logged.records]
+    assert (f"{base}: keeps no event times (prepared before corpora kept them, or without --time-col): an input event "
+            "it already has cannot be told from a new one, and is joined again; prepare the base anew with --time-col "
+            "to keep them") in said
+    assert (f"{days['all']} may be a cumulative export: {old_events:,} of the inputs' {all_events:,} events "
+            f"({old_events / all_events:.0%}) are at or before the base's latest time, and the base cannot say which it "
+            "has: if so, its documents now hold those events twice; give the events since the base alone") in said
+    # its times are unknown (-inf) in the refreshed corpus, and sort first: the base's tokens, then the events
+    after = _documents(fresh)
+    assert all(after[key][:len(before)] == before for key, before in _documents(corpus).items())
+
+
+def test_sent_again_finds_exactly_the_input_events_a_base_has():
+    """passes.sent_again against a set of triples, on events crowded into few values (so many share a
+    hash prefix): an input event is the base's when its (doc, token, time) is one of the base's, and a
+    time that is NaN or -inf matches nothing."""
+    from doc2vec_dist.passes import sent_again
+
+    rng = np.random.default_rng(3)
+    n = 20_000
+    codes, tokens = rng.integers(0, 40, n), rng.integers(0, 30, n).astype(np.int32)
+    times = rng.integers(0, 25, n).astype(np.float64) + 1.7e9
+    times[rng.random(n) < 0.05] = np.nan
+    times[rng.random(n) < 0.05] = -np.inf
+    fresh = rng.random(n) < 0.5
+    base = {(c, t, w) for c, t, w, f in zip(codes.tolist(), tokens.tolist(), times.tolist(), fresh.tolist())
+            if not f and np.isfinite(w)}
+    expected = [f and np.isfinite(w) and (c, t, w) in base
+                for c, t, w, f in zip(codes.tolist(), tokens.tolist(), times.tolist(), fresh.tolist())]
+    found = sent_again(codes, tokens, times, fresh)
+    assert found.tolist() == expected and 0 < found.sum() < fresh.sum()
+
+
+def test_the_daily_job_keeps_the_base_corpus_cap(tmp_path):
+    """jobs/refresh.py reads today's events as the base corpus read yesterday's: its --max-tokens-per-doc
+    too, unless a flag says otherwise."""
+    from conftest import load_job
+
+    job = load_job("refresh")
+    events = str(tmp_path / "e.parquet")
+    pq.write_table(pa.table({"user_id": ["u1", "u1", "u2"], "url": ["a", "b", "a"], "ts": [1_700_000_000] * 3}), events)
+    base = prepare([events], str(tmp_path / "base"), PrepareConfig(time_col="ts", max_tokens_per_doc=7),
+                   progress=False).path
+    settings = job.base_corpus_settings(job.RefreshJob(events=[events], base_model=str(tmp_path / "none"),
+                                                       out=str(tmp_path / "day"), base_corpus=base))
+    assert settings["max_tokens_per_doc"] == 7 and settings["time_col"] == "ts"
