@@ -235,7 +235,8 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
             if docs >= SCALING_SAMPLE_DOCS:
                 break
         pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
-    resident = config.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
+    # one worker holds the URL rows it keeps (cfg: a run of `workers`, not of config.num_workers)
+    resident = cfg.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
     url_rows = sum(resident.values())
     if blocks.num_blocks > 1:  # every block moves at each round's end; a rotation a segment
         rounds = blocks.num_blocks * cfg.segments
@@ -256,56 +257,91 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
 
 def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_gbps: float,
                  profile: dict | None = None, workers: tuple[int, ...] = SCALING_WORKERS) -> list[dict]:
-    """Expected tokens/s for each number of workers, and what bounds it: compute (the calibrated
-    rate of one worker, W times), servers (the rows they pull and push per second of their busy
-    time, measured in the calibration, num_ps at once) or network (bytes per token over
+    """Expected tokens/s for each number of workers, and what bounds it (row_rates): compute (the
+    calibrated rate of one worker, W times), servers (the rows they pull and push per second of their
+    busy time, measured in the calibration, num_ps at once) or network (bytes per token over
     --network-gbps links: a link per worker, num_ps links on the servers' side). Without a
-    calibration, the bytes alone."""
+    calibration, the bytes alone. Every row is its number of workers as a run of it would be
+    (bytes_per_token), whatever config.num_workers is; a row whose workers have more links than the
+    servers also says what a server per worker would give ("more_servers": the same model)."""
     s = (cal or {}).get("summary", {})
     per_worker = s.get("tokens_per_second", 0.0) / max(config.num_workers, 1) or None
     row = table_specs(config, corpus)["words_out"].row_bytes
-    moved_rows = sum(s.get("bytes", {}).values()) / row
+    served = sum(v for k, v in s.get("bytes", {}).items() if k != "handed") / row  # rows the servers saw
     busy = s.get("server_busy_seconds")
-    rows_per_busy_second = moved_rows / busy if busy else None  # one server's rate
+    rows_per_busy_second = served / busy if busy and served else None  # one server's rate
     link = network_gbps * 1e9 / 8  # bytes/s
     out = []
     for w in workers:
         moved = bytes_per_token(corpus, config, w, profile)
-        per_token = sum(moved.values())
-        links = min(w, config.num_ps) * link
-        rates = {"compute": per_worker * w if per_worker else None,
-                 "servers": config.num_ps * rows_per_busy_second / (per_token / row)
-                 if rows_per_busy_second and per_token else None,
-                 "network": links / per_token if per_token else None}
-        expected, bound = expected_rate(rates, moved, links)
-        out.append({"workers": w, "bytes_per_token": moved, "total_bytes_per_token": per_token,
-                    "rates": rates, "tokens_per_second": expected, "bound": bound})
+
+        def at(num_ps: int, moved: dict = moved, w: int = w) -> dict:
+            return row_rates(moved, w, num_ps, link, per_worker * w if per_worker else None, rows_per_busy_second,
+                             row)
+
+        found = {"workers": w, "bytes_per_token": moved, "total_bytes_per_token": sum(moved.values()),
+                 **at(config.num_ps)}
+        if w > config.num_ps:
+            more = at(w)
+            found["more_servers"] = {"num_ps": w, "tokens_per_second": more["tokens_per_second"],
+                                     "bound": more["bound"]}
+        out.append(found)
     return out
 
 
-def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None, str | None]:
-    """The expected tokens/s and what bounds it. The rows streamed with each macro-batch (pulled,
-    pushed) move while the worker computes, so compute and that traffic overlap; the rows a worker
-    holds (its block each round, its resident tables) move at a round's or an epoch's end while it
-    waits, so their time adds to the rest (the blocks handed straight to their next holder too).
-    Servers apply pushes on their own: the lower rate bounds.
+def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: float | None,
+              server_rows_per_second: float | None, row_bytes: int) -> dict:
+    """One row of the scaling table: the tokens/s each limit allows ("rates"), the expectation (the
+    least of them) and the limit that sets it ("bound"), all from one model (bound_rates). The links:
+    `workers` on the workers' side and `num_ps` on the servers', each of `link` bytes/s, the busier side
+    bounding; the blocks a worker hands straight to its next holder ("handed") cross the workers'
+    links only, and only the rows that reach the servers count against their apply rate
+    (server_rows_per_second, one server's)."""
+    def seconds(moved_bytes: float, handed: float = 0.0) -> float:  # per token, over the busier side's links
+        return max(moved_bytes / (workers * link), (moved_bytes - handed) / (num_ps * link))
+
+    streamed = seconds(moved["pulled"] + moved["pushed"])
+    held = seconds(moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"], moved["handed"])
+    served = (sum(moved.values()) - moved["handed"]) / row_bytes
+    servers = num_ps * server_rows_per_second / served if server_rows_per_second and served else None
+    return bound_rates(compute, servers, streamed, held)
+
+
+def bound_rates(compute: float | None, servers: float | None, streamed: float, held: float) -> dict:
+    """The scaling table's model of one row: the tokens/s it expects, what bounds it, and each column.
+
+    The rows streamed with each macro-batch (pulled, pushed) move while the worker computes, so compute
+    and that traffic overlap; the rows a worker holds (its block each round, its resident tables) move at
+    a round's or an epoch's end while it waits, so their time adds to the rest (the blocks handed
+    straight to their next holder too): the workers train at 1 / (max(1/compute, streamed) + held).
+    The servers apply pushes on their own, at their rate; the lower of the two is the expectation.
+    Each column is what its limit allows alone (compute: compute; network: every byte's time on the
+    links, 1 / (streamed + held); servers: servers), but the bound's, which shows the expectation: that
+    limit with the time the others add. The bound is the servers where they are the lower, else the
+    least of compute and network alone. So the expectation is always the least column, and the
+    bound names it. streamed, held: seconds per token on the links.
     Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
     Mbit/s): 0.83 to 1.05 of this; the block schedule's 2 workers at 100 Mbit/s trained at 0.67 of
     the links' rate alone."""
-    known = {k: v for k, v in rates.items() if v}
-    if not known:
-        return None, None
-    if not (rates["compute"] and rates["network"]):
-        bound = min(known, key=known.get)
-        return known[bound], bound
-    streamed = (moved["pulled"] + moved["pushed"]) / links  # seconds per token, overlapped
-    held = (moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]) / links  # seconds per token, waited for
-    compute = 1.0 / rates["compute"]
-    rate = 1.0 / (max(compute, streamed) + held)
-    bound = "network" if streamed + held > compute else "compute"
-    if rates["servers"] and rates["servers"] < rate:
-        return rates["servers"], "servers"
-    return rate, bound
+    alone = {"compute": compute or None, "servers": servers or None,
+             "network": 1.0 / (streamed + held) if streamed + held > 0 else None}
+    if not any(alone.values()):
+        return {"rates": alone, "alone": alone, "tokens_per_second": None, "bound": None}
+    workers = 1.0 / (max(1.0 / compute, streamed) + held) if compute else alone["network"]
+    if workers is None or (servers and servers <= workers):
+        bound, rate = "servers", servers
+    else:
+        bound, rate = min((k for k in ("compute", "network") if alone[k]), key=alone.get), workers
+    return {"rates": {**alone, bound: rate}, "alone": alone, "tokens_per_second": rate, "bound": bound}
+
+
+def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None, str | None]:
+    """The expected tokens/s and what bounds it, bound_rates's model with `links` bytes/s in all for
+    every kind of row: rates holds the compute rate alone (W × one worker's) and the servers'."""
+    streamed = (moved["pulled"] + moved["pushed"]) / links
+    held = (moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]) / links
+    found = bound_rates(rates.get("compute"), rates.get("servers"), streamed, held)
+    return found["tokens_per_second"], found["bound"]
 
 
 # -- a slice of the corpus for calibration ------------------------------------------------------------------
@@ -660,7 +696,8 @@ def format_plan(p: dict) -> str:
         lines.append("")
         lines.append(f"  scaling ({'the block schedule' if cfg.get('schedule') != 'shared' else 'shared rows'} where "
                      f"it applies; links of {p['network_gbps']:g} Gbit/s, one per worker and {cfg['num_ps']} on the "
-                     "servers' side; each rate in tokens/s)")
+                     "servers' side; tokens/s each limit allows alone, but the bound's: what it allows with the "
+                     "time the others add, the expectation)")
         lines.append(f"  {'workers':>8} {'bytes/token':>12} {'compute':>10} {'servers':>10} {'network':>10} "
                      f"{'expected':>10}  bound")
         for r in p["scaling"]:
@@ -668,9 +705,31 @@ def format_plan(p: dict) -> str:
             lines.append(f"  {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
                          + " ".join(f"{_m(rate[k]):>10}" for k in ("compute", "servers", "network"))
                          + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
+        lines.extend(more_servers_lines(p["scaling"]))
     for warning in p["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+# A row whose workers gain less than this over the row before (twice as many, or what the table lists) is
+# "no faster": the links on the servers' side, or the servers, are full; more servers is then the way on.
+NO_FASTER = 1.1
+
+
+def more_servers_lines(scaling: list[dict]) -> list[str]:
+    """For each row whose workers train no faster than the row before's (NO_FASTER), or slower, what a
+    server per worker would give where that helps, from the same model (scaling_plan's "more_servers")."""
+    out = []
+    for before, r in itertools.pairwise(scaling):
+        more, rate, was = r.get("more_servers"), r["tokens_per_second"], before["tokens_per_second"]
+        if not (more and rate and was and rate < NO_FASTER * was and more["tokens_per_second"] >= 1.05 * rate):
+            continue
+        how = "slower than" if rate < 0.99 * was else "no faster than"
+        out.append(f"  {r['workers']} workers are {how} {before['workers']} here: with --num-ps {more['num_ps']} "
+                   f"(a server per worker, each on a node of its own) they would train "
+                   f"{more['tokens_per_second'] / 1e6:.2f}M tokens/s, {more['tokens_per_second'] / rate:.1f}× "
+                   f"(bound: {more['bound']})")
+    return out
 
 
 def _m(rate: float | None) -> str:

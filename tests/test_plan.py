@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from types import SimpleNamespace
@@ -236,13 +237,21 @@ def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     fast = planmod.scaling_plan(corpus, cfg, cal, network_gbps=100)
     per_token = [r["total_bytes_per_token"] for r in fast]
     assert per_token == sorted(per_token) and per_token[-1] > 2 * per_token[0]
-    assert fast[0]["rates"]["compute"] == pytest.approx(1e6) and fast[2]["rates"]["compute"] == pytest.approx(4e6)
+    # compute: W × one worker's rate; the bound, so the expectation: less the waits for the held rows (at
+    # 100 Gbit/s, well under 1%)
+    assert fast[0]["bound"] == fast[2]["bound"] == "compute"
+    assert fast[0]["alone"]["compute"] == pytest.approx(1e6) and fast[2]["alone"]["compute"] == pytest.approx(4e6)
+    assert fast[0]["rates"]["compute"] == pytest.approx(1e6, rel=0.01) and fast[0]["rates"]["compute"] < 1e6
     slow = planmod.scaling_plan(corpus, cfg, cal, network_gbps=0.001)
     assert all(r["bound"] == "network" for r in slow)
-    for r in slow:  # a link per worker, num_ps of them on the servers' side; compute adds a little
-        link = 0.001e9 / 8
-        assert r["tokens_per_second"] == pytest.approx(min(r["workers"], 2) * link / r["total_bytes_per_token"],
-                                                       rel=0.02)
+    link = 0.001e9 / 8
+    for r in slow:  # a link per worker, num_ps of them on the servers' side, the busier side bounding
+        moved, total = r["bytes_per_token"], r["total_bytes_per_token"]
+        # the blocks handed from worker to worker cross the workers' links only
+        seconds = max(total / (r["workers"] * link), (total - moved["handed"]) / (2 * link))
+        if r["workers"] <= 2:
+            assert seconds == pytest.approx(total / (r["workers"] * link))
+        assert r["tokens_per_second"] == pytest.approx(1 / seconds, rel=0.02)
 
 
 def test_held_rows_move_while_the_worker_waits_and_streamed_rows_while_it_computes(sample_corpus):
@@ -253,18 +262,24 @@ def test_held_rows_move_while_the_worker_waits_and_streamed_rows_while_it_comput
     cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, cpus_per_worker=1, progress=False)
     cal = {"summary": {"tokens_per_second": 1e6, "bytes": {}}}
     gbps = 0.01
+    link = gbps * 1e9 / 8
     for r in planmod.scaling_plan(corpus, cfg, cal, network_gbps=gbps, workers=(1, 2, 4)):
-        moved, links = r["bytes_per_token"], min(r["workers"], 2) * gbps * 1e9 / 8
-        # the blocks, handed to their next holders or pushed home, move while the workers wait
-        streamed = (moved["pulled"] + moved["pushed"]) / links
-        held = (moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]) / links
-        assert (moved["handed"] > 0) == (r["workers"] > 1)
-        compute = 1 / r["rates"]["compute"]
+        moved, w = r["bytes_per_token"], r["workers"]
+        # seconds a token on the links, the busier side's: a link per worker, 2 on the servers' side, which the
+        # blocks handed from worker to worker do not cross
+        streamed = (moved["pulled"] + moved["pushed"]) / (min(w, 2) * link)
+        held_bytes = moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]
+        held = max(held_bytes / (w * link), (held_bytes - moved["handed"]) / (2 * link))
+        assert (moved["handed"] > 0) == (w > 1)
+        compute = 1 / (1e6 * w)
         assert r["tokens_per_second"] == pytest.approx(1 / (max(compute, streamed) + held))
-        assert r["tokens_per_second"] <= min(r["rates"]["compute"], r["rates"]["network"])
-        if r["workers"] > 1:  # the blocks are held rows: their time adds to the compute time
-            assert held > 0 and r["tokens_per_second"] < 0.99 / max(compute, streamed)
+        # each column what its limit allows alone (network: every byte's time), but the bound's: the expectation
+        assert r["alone"]["compute"] == pytest.approx(1 / compute)
+        assert r["alone"]["network"] == pytest.approx(1 / (streamed + held))
         assert r["bound"] == ("network" if streamed + held > compute else "compute")
+        assert r["rates"] == {**r["alone"], r["bound"]: r["tokens_per_second"]}
+        if w > 1:  # the blocks are held rows: their time adds to the compute time
+            assert held > 0 and r["tokens_per_second"] < 0.99 / max(compute, streamed)
 
 
 def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus, tmp_path, capsys):
@@ -294,3 +309,88 @@ def test_plan_warns_of_settings_measured_to_lose_quality(sample_corpus, capsys):
     assert "warning: --shared-negatives 16 with --micro-batch 8,192" in capsys.readouterr().out
     assert main(["plan", "--corpus", sample_corpus[0], "--no-calibrate", "--shared-negatives", "16"]) == 0
     assert "--shared-negatives" not in capsys.readouterr().out
+
+
+# --- issue 47: the scaling table agrees with itself --------------------------------------------------------
+
+CAL = {"summary": {"tokens_per_second": 1e6, "server_busy_seconds": 1.0,
+                   "bytes": {"pulled": 1e9, "pushed": 1e9, "resident_pulled": 0, "resident_pushed": 0}}}
+
+
+def test_the_one_worker_row_is_the_same_whatever_the_planned_number_of_workers(sample_corpus):
+    """One corpus gave a 1-worker row of 82.3 B/token in a plan of one worker and 128.9 in a plan of several:
+    the row counted the URL rows resident in each of the planned workers, not in one."""
+    corpus = Corpus(sample_corpus[0])
+    base = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
+    rows = {}
+    for planned in (1, 2, 4):
+        for gbps in (10.0, 1.0):
+            cal = {"summary": {**CAL["summary"], "tokens_per_second": 1e6 * planned}}  # the same rate per worker
+            table = planmod.scaling_plan(corpus, dataclasses.replace(base, num_workers=planned), cal, gbps)
+            rows[planned, gbps] = {r["workers"]: r for r in table}
+    for gbps in (10.0, 1.0):
+        one = [rows[planned, gbps][1] for planned in (1, 2, 4)]
+        assert one[0]["bytes_per_token"] == one[1]["bytes_per_token"] == one[2]["bytes_per_token"]
+        assert one[0]["tokens_per_second"] == one[1]["tokens_per_second"] == one[2]["tokens_per_second"]
+        # and every other row, too: each row is its own number of workers, whoever asks
+        for w in (2, 4, 8, 16):
+            assert rows[1, gbps][w]["bytes_per_token"] == rows[4, gbps][w]["bytes_per_token"]
+    assert rows[1, 10.0][1]["bytes_per_token"] == rows[1, 1.0][1]["bytes_per_token"]
+
+
+@pytest.mark.parametrize("gbps", [100.0, 1.0, 0.05, 0.001])
+def test_each_rows_expected_rate_is_the_least_of_its_columns_and_the_bound_names_that_column(sample_corpus, gbps):
+    """A 2-worker row named "network" as its bound while every column allowed more than it expected: the
+    columns now carry the same model as the expectation (compute waits for the held rows' moves too)."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
+    for r in planmod.scaling_plan(corpus, cfg, CAL, network_gbps=gbps):
+        columns = {k: v for k, v in r["rates"].items() if v}
+        assert set(columns) == {"compute", "servers", "network"}
+        assert r["tokens_per_second"] == min(columns.values()), r
+        assert r["bound"] == min(columns, key=columns.get), r
+    text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": planmod.scaling_plan(corpus, cfg, CAL, gbps),
+                                "network_gbps": gbps})
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) == 7 and cells[0].isdigit():  # a row: workers, bytes/token, compute, servers, network, expected, bound
+            rates = dict(zip(("compute", "servers", "network"), cells[2:5]))
+            assert cells[5] == rates[cells[6]], line
+
+
+def _plan_shell(corpus, cfg) -> dict:
+    """What format_plan reads of a plan besides its scaling table: a --no-calibrate plan's parts."""
+    tables = table_specs(cfg, corpus)
+    profile = planmod.macro_batch_profile(corpus, cfg)
+    mem = planmod.memory_plan(tables, cfg, profile, ps_overhead=0, worker_fixed=0, driver=0, ray_system=0,
+                              object_store=1 << 30)
+    mem["sources"] = {k: "test" for k in ("ps_overhead", "worker_fixed", "driver", "ray_system")}
+    return {"corpus": {"path": corpus.path, "docs": corpus.num_docs, "tokens": corpus.num_tokens,
+                       "vocab": corpus.vocab_size, "shards": 1, "tokens_per_doc": 30.0},
+            "config": dataclasses.asdict(cfg), "tables": {n: s.to_json() for n, s in tables.items()},
+            "macro_batch": profile, "memory": mem, "time": None, "node_ram": 64 << 30, "warnings": []}
+
+
+def test_where_more_workers_are_no_faster_the_table_says_how_much_more_servers_help(sample_corpus):
+    """Over 1 Gbit/s links with 2 servers, 8 workers move more bytes a token than 4 through the same two
+    server links: no faster. The same model with a server per worker says by how much more servers help."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
+    cal = {"summary": {**CAL["summary"], "tokens_per_second": 20e6}}  # fast workers: the links bound
+    table = planmod.scaling_plan(corpus, cfg, cal, network_gbps=1.0)
+    stuck = [r for prev, r in itertools.pairwise(table) if r["tokens_per_second"] < 1.1 * prev["tokens_per_second"]]
+    assert stuck, [r["tokens_per_second"] for r in table]
+    for r in stuck:
+        more = r["more_servers"]
+        assert more["num_ps"] == r["workers"] and more["tokens_per_second"] > 1.1 * r["tokens_per_second"]
+        alone = planmod.scaling_plan(corpus, dataclasses.replace(cfg, num_ps=r["workers"]), cal, network_gbps=1.0,
+                                     workers=(r["workers"],))[0]
+        assert more["tokens_per_second"] == pytest.approx(alone["tokens_per_second"])  # the same model
+    text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": 1.0})
+    for r in stuck:
+        gain = r["more_servers"]["tokens_per_second"] / r["tokens_per_second"]
+        assert (f"  {r['workers']} workers are no faster than {r['workers'] // 2} here: with --num-ps {r['workers']} "
+                f"(a server per worker, each on a node of its own) they would train "
+                f"{r['more_servers']['tokens_per_second'] / 1e6:.2f}M tokens/s, {gain:.1f}× ") in text
+    # where more workers do go faster, no such line
+    assert "workers are no faster than 1 here" not in text and "2 workers are" not in text
