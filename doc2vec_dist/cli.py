@@ -285,7 +285,8 @@ def cmd_plan(args) -> None:
     if not args.no_calibrate:
         outputs.check_writable(args.workdir or tempfile.gettempdir(), inside=True)
     result = plan(args.corpus, _train_config(args), calibrate_seconds=args.calibrate_seconds, workdir=args.workdir,
-                  run_calibration=not args.no_calibrate, network_gbps=args.network_gbps)
+                  run_calibration=not args.no_calibrate, network_gbps=args.network_gbps,
+                  calibrate_workers=args.calibrate_workers)
     print(format_plan(result))
     if args.json:
         save_json(args.json, result)
@@ -450,6 +451,9 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--calibrate-seconds", type=float, default=30.0,
                     help="about how long the calibration run trains, in seconds")
     pl.add_argument("--no-calibrate", action="store_true", help="memory only, from modelled fixed costs; no time")
+    pl.add_argument("--calibrate-workers", type=int, default=None,
+                    help="workers the calibration trains (default: --num-workers); fewer, and their rate is scaled to "
+                         "--num-workers by the scaling table: for a cluster larger than this machine")
     pl.add_argument("--workdir", help="where the calibration slice and model go, removed after (default: the "
                                       "system's temp dir; on a cluster, storage every node sees)")
     pl.add_argument("--json", help="also write the plan as JSON to this file")

@@ -191,24 +191,29 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" + ("" if n == 1 else "s")
 
 
-def fit_problems(config: Any, tables: dict[str, TableSpec], resources: dict[str, float]) -> list[str]:
+def fit_problems(config: Any, tables: dict[str, TableSpec], resources: dict[str, float], *,
+                 where: str = "the Ray cluster", way_out: bool = True) -> list[str]:
     """Why the run's servers and workers cannot fit `resources` (a cluster's totals, or
-    local_resources()), one line each naming the flag to change; empty when they fit."""
+    local_resources()), one line each naming the flag to change; empty when they fit. where: what
+    the lines call the holder of `resources`; way_out False: the lines say what is short, and the
+    caller the way out (plan's calibration has ways of its own)."""
     problems = []
     need = {"CPU": config.num_workers * config.cpus_per_worker, "GPU": config.num_workers * config.gpus_per_worker}
     for name, amount in need.items():
         if amount > resources.get(name, 0):
             verb = "needs" if config.num_workers == 1 else "need"
-            problems.append(f"{_count(config.num_workers, 'worker')} {verb} {amount:g} {name} but the Ray cluster has "
-                            f"{resources.get(name, 0):g}; lower --num-workers or --{name.lower()}s-per-worker")
+            problems.append(f"{_count(config.num_workers, 'worker')} {verb} {amount:g} {name} but {where} has "
+                            f"{resources.get(name, 0):g}"
+                            + (f"; lower --num-workers or --{name.lower()}s-per-worker" if way_out else ""))
     per_ps, per_worker = run_memory_bytes(config, tables)
     total = config.num_ps * per_ps + config.num_workers * per_worker
     have = resources.get("memory", 0)
     if total > have:
         problems.append(f"{_count(config.num_ps, 'parameter server')} x {per_ps / 2**30:.2f} GiB + "
-                        f"{_count(config.num_workers, 'worker')} x {per_worker / 2**30:.2f} GiB need {total / 2**30:.1f} GiB, but the Ray cluster has "
-                        f"{have / 2**30:.1f} GiB of memory; lower --num-ps or --num-workers (each is a process of "
-                        "its own), or run `doc2vec-dist plan` for the details")
+                        f"{_count(config.num_workers, 'worker')} x {per_worker / 2**30:.2f} GiB need {total / 2**30:.1f} GiB, but {where} has "
+                        f"{have / 2**30:.1f} GiB of memory"
+                        + ("; lower --num-ps or --num-workers (each is a process of its own), or run `doc2vec-dist plan` "
+                           "for the details" if way_out else ""))
     return problems
 
 

@@ -265,7 +265,7 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
     (bytes_per_token), whatever config.num_workers is; a row whose workers have more links than the
     servers also says what a server per worker would give ("more_servers": the same model)."""
     s = (cal or {}).get("summary", {})
-    per_worker = s.get("tokens_per_second", 0.0) / max(config.num_workers, 1) or None
+    per_worker = s.get("tokens_per_second", 0.0) / max((cal or {}).get("workers", config.num_workers), 1) or None
     row = table_specs(config, corpus)["words_out"].row_bytes
     served = sum(v for k, v in s.get("bytes", {}).items() if k != "handed") / row  # rows the servers saw
     busy = s.get("server_busy_seconds")
@@ -489,14 +489,51 @@ def _object_store_bytes(started_here: bool) -> int:
 
 # -- the plan ------------------------------------------------------------------------------------------
 
+def calibration_config(config: TrainConfig, workers: int | None) -> TrainConfig:
+    """The config the calibration trains: config's, with `workers` workers (1 … config.num_workers)."""
+    if workers is None or workers == config.num_workers:
+        return config
+    if not 1 <= workers <= config.num_workers:
+        raise UserError(f"--calibrate-workers {workers}: give 1 to --num-workers ({config.num_workers}); the "
+                        "calibrated workers' rate is scaled to --num-workers")
+    return dataclasses.replace(config, num_workers=workers)
+
+
+def refuse_calibration(config: TrainConfig, cal_config: TrainConfig, corpus: Corpus,
+                       resources: dict[str, float] | None) -> None:
+    """Refuse, in one line naming the ways out, a calibration whose workers and servers the Ray it runs on
+    cannot hold: `resources`, a joined cluster's (refused where it cannot grow: elsewhere the run waits
+    for its autoscaler, as train's does), or None: this machine's, before a local Ray starts."""
+    from .placement import cluster_can_grow, fit_problems, local_resources
+    from .trainer import local_object_store_bytes
+
+    where = "this machine" if resources is None else "the Ray cluster"
+    resources = local_resources(local_object_store_bytes()) if resources is None else resources
+    problems = fit_problems(cal_config, table_specs(cal_config, corpus), resources, where=where, way_out=False)
+    if not problems or (where != "this machine" and cluster_can_grow() is not False):
+        return
+    one = dataclasses.replace(cal_config, num_workers=1)
+    scale = (f", or calibrate one worker and scale its rate to {config.num_workers} (--calibrate-workers 1)"
+             if cal_config.num_workers > 1 and not fit_problems(one, table_specs(one, corpus), resources) else "")
+    raise UserError(f"plan's calibration run cannot start here: {problems[0]}; plan without it (--no-calibrate: "
+                    f"memory and bytes per token, no time){scale}")
+
+
 def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
          run_calibration: bool = True, measure: Callable[[str], dict] | None = None,
-         network_gbps: float = 10.0) -> dict:
-    """Memory per process and time per epoch of training `config` on the corpus, before training it."""
+         network_gbps: float = 10.0, calibrate_workers: int | None = None) -> dict:
+    """Memory per process and time per epoch of training `config` on the corpus, before training it.
+
+    calibrate_workers: the workers the calibration trains (default: config.num_workers); fewer, and the
+    time is the scaling table's row for config.num_workers, from their rate (a cluster larger than the
+    Ray the calibration runs on)."""
     config.validate()
+    if not network_gbps > 0:
+        raise UserError(f"--network-gbps must be > 0 (given {network_gbps:g}): the links' bandwidth in Gbit/s")
     corpus = Corpus(corpus_path)
     config = settle_segments(config, corpus)
     tables = table_specs(config, corpus)
+    cal_config = calibration_config(config, calibrate_workers)
     profile = macro_batch_profile(corpus, config)
     width = tables["words_out"].width
     sources = {}
@@ -511,11 +548,16 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
 
         from .trainer import ray_connection
 
+        if not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS")):
+            refuse_calibration(config, cal_config, corpus, None)  # a local Ray's resources, before starting it
         with ray_connection(config.address) as started_here:
+            if not started_here:
+                refuse_calibration(config, cal_config, corpus, ray.cluster_resources())
             ps_fixed = empty_ps_bytes()
             store = _object_store_bytes(started_here)
             local = started_here or len([n for n in ray.nodes() if n.get("Alive")]) == 1
-            cal = calibrate(corpus, config, calibrate_seconds, workdir or tempfile.gettempdir(), measure)
+            cal = calibrate(corpus, cal_config, calibrate_seconds, workdir or tempfile.gettempdir(), measure)
+        cal["workers"] = cal_config.num_workers
         result["calibration"] = cal
     else:
         from .trainer import local_object_store_bytes
@@ -538,7 +580,8 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
         sources["ps_overhead"] = "measured in calibration (peak private − its rows)"
         result["ps_overhead_measured"] = seen
     batch = worker_batch_bytes(profile, width)
-    if len(workers) >= config.num_workers and cal:
+    # (a calibration of fewer workers ran another schedule, its worker holding other rows: not this one's)
+    if cal and cal["workers"] == config.num_workers and len(workers) >= config.num_workers:
         resident = resident_plan(config, tables["words_out"], tables["docs"])
         on_host = resident["bytes"] if resident["on"] == "host" else 0
         worker_fixed = max(0, max(p["private"] for p in workers) - batch - on_host)
@@ -559,19 +602,25 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     memory["sources"] = sources
     memory["empty_ps"] = ps_fixed
     result["memory"] = memory
-    result["time"] = time_plan(corpus, config, tables, cal) if cal else None
     result["network_gbps"] = network_gbps
-    result["scaling"] = scaling_plan(corpus, config, cal, network_gbps, profile)
+    listed = tuple(sorted({*SCALING_WORKERS, config.num_workers}))
+    result["scaling"] = scaling_plan(corpus, config, cal, network_gbps, profile, workers=listed)
+    scaled = None
+    if cal and cal["workers"] != config.num_workers:  # the planned workers' row, from the calibrated ones' rate
+        scaled = next(r for r in result["scaling"] if r["workers"] == config.num_workers)["tokens_per_second"]
+    result["time"] = time_plan(corpus, config, tables, cal, scaled) if cal else None
     ram = psutil.virtual_memory().total
     result["node_ram"] = ram
     result["warnings"] = plan_warnings(result, ram, local) + quality_warnings(config, corpus)
     return result
 
 
-def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec], cal: dict) -> dict:
-    """Time per epoch, startup, checkpoints and the whole run, scaled from the calibration."""
+def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec], cal: dict,
+              scaled: float | None = None) -> dict:
+    """Time per epoch, startup, checkpoints and the whole run, scaled from the calibration. scaled: the
+    tokens/s of config.num_workers where the calibration trained fewer (the scaling table's row)."""
     s = cal["summary"]
-    tps = s["tokens_per_second"]
+    tps = scaled or s["tokens_per_second"]
     if tps <= 0:
         raise UserError("the calibration run trained no tokens; cannot estimate time")
     epoch = corpus.num_tokens / tps
@@ -590,7 +639,7 @@ def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec],
     return {"tokens_per_second": tps, "epoch_seconds": epoch, "startup_seconds": startup,
             "ps_init_seconds_per_row": per_row, "checkpoint_seconds": checkpoint_s,
             "checkpoint_bytes_per_second": ckpt_rate, "checkpoints": n_ckpt, "total_seconds": total,
-            "worker_seconds": s.get("worker_seconds", {}),
+            "worker_seconds": s.get("worker_seconds", {}), "scaled_from_workers": cal["workers"] if scaled else None,
             "calibration_train_seconds": s.get("train_seconds"), "calibration_tokens": s.get("tokens")}
 
 
@@ -684,7 +733,14 @@ def format_plan(p: dict) -> str:
                f"{two['seconds'][0]:.1f} and {two['seconds'][1]:.1f} s: the difference's rate"
                if two else f"calibration: {what}, {cal['corpus_tokens']:,} tokens ({cal['corpus_docs']:,} docs) × "
                f"{cal['epochs']} epochs in {t['calibration_train_seconds']:.1f} s")
-        row("tokens/s", f"{t['tokens_per_second'] / 1e6:.3f}M", how)
+        scaled = t.get("scaled_from_workers")
+        if scaled:
+            row("tokens/s", f"{t['tokens_per_second'] / 1e6:.3f}M",
+                f"{_n(scaled, 'worker')} calibrated, its rate scaled to {_n(cfg['num_workers'], 'worker')} by the "
+                "scaling table (below)")
+            row("", f"{cal['summary']['tokens_per_second'] / 1e6:.3f}M", f"the {_n(scaled, 'worker')}'s {how}")
+        else:
+            row("tokens/s", f"{t['tokens_per_second'] / 1e6:.3f}M", how)
         row("", "", "worker time: " + " ".join(f"{k} {100 * v / busy:.0f}%" for k, v in split.items()))
         row("per epoch", _s(t["epoch_seconds"]), f"{c['tokens']:,} tokens / tokens/s")
         row("startup", _s(t["startup_seconds"]),

@@ -387,6 +387,14 @@ CASES = [
     # --- issue 27: --segments ------------------------------------------------------------------------------
     Case("--segments 0", "train --corpus {corpus} --out {t}/m --num-workers 2 --segments 0", "error",
          "bad training config: segments must be > 0", untouched="{t}/m"),
+    # --- issue 47: plan for a cluster larger than this machine -------------------------------------------------
+    Case("plan calibrating more workers than this machine holds", "plan --corpus {corpus} --num-workers 100", "error",
+         "plan's calibration run cannot start here: 100 workers need 200 CPU but this machine has",
+         fresh_process=True),
+    Case("plan --calibrate-workers above --num-workers", "plan --corpus {corpus} --calibrate-workers 3", "error",
+         "--calibrate-workers 3: give 1 to --num-workers (1)"),
+    Case("plan --network-gbps 0", "plan --corpus {corpus} --no-calibrate --network-gbps 0", "error",
+         "--network-gbps must be > 0 (given 0)"),
 ]
 
 

@@ -394,3 +394,43 @@ def test_where_more_workers_are_no_faster_the_table_says_how_much_more_servers_h
                 f"{r['more_servers']['tokens_per_second'] / 1e6:.2f}M tokens/s, {gain:.1f}× ") in text
     # where more workers do go faster, no such line
     assert "workers are no faster than 1 here" not in text and "2 workers are" not in text
+
+
+# --- issue 47: plan on a machine smaller than the cluster ---------------------------------------------------
+
+def test_calibrating_more_workers_than_this_machine_holds_is_refused_before_ray_starts_naming_the_ways_out(
+        sample_corpus):
+    """`plan --num-workers 4` on a 2-CPU machine started a Ray, then stopped with train's "8 CPU in all, and
+    the nodes hold 1 … lower --num-workers": no way to plan the cluster from here."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "doc2vec_dist", "plan", "--corpus", sample_corpus[0],
+                           "--num-workers", "100"], capture_output=True, text=True, timeout=300, check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr  # one line: no Ray started, nothing else said
+    assert lines[0].startswith("error: plan's calibration run cannot start here: 100 workers need 200 CPU but "
+                               "this machine has "), lines
+    assert lines[0].endswith("; plan without it (--no-calibrate: memory and bytes per token, no time), or calibrate "
+                             "one worker and scale its rate to 100 (--calibrate-workers 1)"), lines
+
+
+@pytest.mark.slow
+def test_one_calibrated_worker_scaled_to_the_planned_workers(ray_cluster, small_corpus, tmp_path):
+    """--calibrate-workers 1 with --num-workers 4: the calibration trains one worker; memory is planned for 4,
+    and the time per epoch is the scaling table's row for 4 (that one worker's rate, 4 times, within the
+    links' and servers' limits), said so."""
+    cfg = TrainConfig(dim=16, epochs=2, num_ps=2, num_workers=4, cpus_per_worker=1, progress=False)
+    result = planmod.plan(small_corpus, cfg, calibrate_seconds=0.3, workdir=str(tmp_path), calibrate_workers=1)
+    cal, t = result["calibration"], result["time"]
+    assert cal["workers"] == 1 and cal["summary"]["worker_seconds"]
+    four = next(r for r in result["scaling"] if r["workers"] == 4)
+    one = next(r for r in result["scaling"] if r["workers"] == 1)
+    assert one["alone"]["compute"] == pytest.approx(cal["summary"]["tokens_per_second"])
+    assert four["alone"]["compute"] == pytest.approx(4 * cal["summary"]["tokens_per_second"])
+    assert t["tokens_per_second"] == four["tokens_per_second"] and t["scaled_from_workers"] == 1
+    assert t["epoch_seconds"] == pytest.approx(result["corpus"]["tokens"] / four["tokens_per_second"])
+    assert result["memory"]["object_store"]["in_flight"] == 4 * (2 + cfg.max_inflight_pushes) * \
+        result["memory"]["object_store"]["macro_batch_rows_bytes"]  # 4 workers' memory, not the calibration's
+    text = planmod.format_plan(result)
+    assert "1 worker calibrated, its rate scaled to 4 workers by the scaling table" in text
