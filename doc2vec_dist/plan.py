@@ -164,8 +164,9 @@ def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict
 def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -> dict:
     """Unique rows pulled and example bytes of a real macro-batch, built with the worker's sampling code
     (subsampling, negatives, windows) on the first chunks of the corpus; means over `batches`. The
-    resident words_out rows (--cache-rows; every row with one worker, the token path) are not pulled,
-    nor the token path's words rows."""
+    resident words_out rows (--cache-rows; every row with one worker, the token path; the block a worker
+    holds on the block schedule) are not pulled, nor the token path's words rows, nor the documents a
+    worker keeps resident (bytes_per_token counts what those move, at rounds' and epochs' ends)."""
     counts = corpus.counts()
     keep = keep_probabilities(counts, config.sample)
     negatives = NegativeTable(counts, config.ns_exponent)
@@ -173,7 +174,9 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     rng = np.random.default_rng(config.seed)
     # words rows are pulled where trained, unless resident (the token path holds every one)
     trains_words = config.trains_words() and "words" not in config.resident_tables(corpus.vocab_size)
-    resident = config.resident_rows(corpus.vocab_size)  # words_out rows 0..resident-1 stay in the worker
+    # words_out rows 0..resident-1 stay in the worker; on the block schedule, the block it holds
+    resident = corpus.vocab_size if config.blocks() else config.resident_rows(corpus.vocab_size)
+    docs_resident = bool(config.resident_documents(corpus.num_docs))
     seen = []
     for path in corpus.shard_paths:
         for doc_ids, offsets, tokens in iter_shard(path, max_tokens=macro):
@@ -186,7 +189,8 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
             arrays = [ex.ctx, ex.ctx_mask, ex.target, ex.neg, ex.neg_mask]
             example_bytes = sum(a.nbytes for a in arrays if a is not None)
             example_bytes += (ex.ctx.size + ex.target.size + ex.neg.size) * 8  # compact positions (int64)
-            seen.append({"tokens": len(tokens), "examples": len(ex), "docs": len(doc_ids), "words": words,
+            seen.append({"tokens": len(tokens), "examples": len(ex), "docs": 0 if docs_resident else len(doc_ids),
+                         "words": words,
                          "words_out": words_out, "example_bytes": example_bytes})
             if len(seen) >= batches:
                 break
@@ -273,6 +277,8 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
     link = network_gbps * 1e9 / 8  # bytes/s
     out = []
     for w in workers:
+        if refused_workers(config, w):
+            continue
         moved = bytes_per_token(corpus, config, w, profile)
 
         def at(num_ps: int, moved: dict = moved, w: int = w) -> dict:
@@ -287,6 +293,15 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
                                      "bound": more["bound"]}
         out.append(found)
     return out
+
+
+def refused_workers(config: TrainConfig, workers: int) -> str | None:
+    """Why `config` cannot train with `workers` workers (a setting that refuses several: PV-DM), or None."""
+    try:
+        dataclasses.replace(config, num_workers=workers)
+    except UserError as e:
+        return str(e)
+    return None
 
 
 def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: float | None,
@@ -487,6 +502,125 @@ def _object_store_bytes(started_here: bool) -> int:
     return int(ray.cluster_resources().get("object_store_memory", 0)) or local_object_store_bytes()
 
 
+# -- a corpus you do not have yet ------------------------------------------------------------------------
+
+# The shape an estimate assumes where no corpus is given (plan --users N --urls M --tokens-per-user T):
+# URL visits Zipf-distributed over the URLs ranked by count, exponent ESTIMATE_ZIPF_S, and a user's number
+# of events 1 + Poisson(λ), λ lognormal of σ ESTIMATE_LENGTH_SIGMA with mean T − 1, each event a URL drawn
+# from that Zipf law: the shape of the browsing logs `generate` makes, the bundled sample's (less its
+# communities, which make a user's URLs more alike: the estimate counts a few more distinct rows).
+ESTIMATE_ZIPF_S = 1.0
+ESTIMATE_LENGTH_SIGMA = 1.0
+# The users written down to stand for all of them: enough for the counts a plan makes on real ones
+# (macro_batch_profile's macro-batches, bytes_per_token's SCALING_SAMPLE_DOCS, the calibration's slices),
+# at most this many tokens (more would take longer to write than they change the figures).
+ESTIMATE_SAMPLE_MAX_TOKENS = 16 << 20
+
+
+class EstimatedCorpus(Corpus):
+    """A corpus of `num_docs` users and `num_tokens` tokens of which a sample lies on disk (`sample`, a
+    Corpus of its own, what a calibration trains): its users stand for all of them, and its vocabulary is
+    the whole one, its counts times `count_scale` (1 where the sample was written with the whole's)."""
+
+    def __init__(self, sample_path: str, num_docs: int, num_tokens: int, count_scale: float, estimate: dict):
+        super().__init__(sample_path)
+        self.sample = Corpus(sample_path)
+        self.num_docs, self.num_tokens, self.count_scale = int(num_docs), int(num_tokens), count_scale
+        self.estimate = estimate
+
+    def counts(self) -> np.ndarray:
+        counts = super().counts()
+        return counts if self.count_scale == 1 else np.maximum(1, np.rint(counts * self.count_scale)).astype(np.int64)
+
+
+def check_estimate(users: int | None, urls: int | None, tokens_per_user: float | None, corpus_given: bool) -> None:
+    """Refuse an estimate's sizes that do not make one, naming the flag."""
+    if corpus_given:
+        for flag, value in (("--urls", urls), ("--tokens-per-user", tokens_per_user)):
+            if value is not None:
+                raise UserError(f"{flag} estimates a corpus you do not have (with --users and no --corpus); "
+                                "--corpus CORPUS --users N scales that corpus to N users, its URLs and its users' "
+                                "lengths as they are")
+    else:
+        missing = [flag for flag, value in (("--users", users), ("--urls", urls), ("--tokens-per-user", tokens_per_user))
+                   if value is None]
+        if missing:
+            raise UserError("plan needs --corpus CORPUS, or --users N --urls M --tokens-per-user T to estimate a corpus "
+                            f"you do not have yet (missing: {' '.join(missing)})")
+    for flag, value, least in (("--users", users, 1), ("--urls", urls, 1), ("--tokens-per-user", tokens_per_user, 1)):
+        if value is not None and not value >= least:
+            raise UserError(f"{flag} must be at least {least} (given {value:g})")
+
+
+def estimate_sample_tokens(config: TrainConfig, cal_config: TrainConfig | None, num_tokens: int, vocab: int,
+                           tokens_per_user: float, calibrate_seconds: float) -> int:
+    """Tokens of the sample an estimate writes: three of the full run's macro-batches
+    (macro_batch_profile), SCALING_SAMPLE_DOCS users (bytes_per_token), and where it calibrates
+    (cal_config) twice the calibration's first slice (the second slice of a two-point calibration is
+    larger), within the corpus and ESTIMATE_SAMPLE_MAX_TOKENS."""
+    want = max(3 * effective_macro_batch(config, num_tokens, vocab), int(SCALING_SAMPLE_DOCS * tokens_per_user))
+    if cal_config is not None:
+        want = max(want, 2 * calibration_tokens(_Sizes(num_tokens, vocab), cal_config, calibrate_seconds)[0])
+    return int(min(num_tokens, want, ESTIMATE_SAMPLE_MAX_TOKENS))
+
+
+@dataclasses.dataclass
+class _Sizes:  # a corpus's sizes, all that calibration_tokens, table_specs and settle_segments read of one
+    num_tokens: int
+    vocab_size: int
+    num_docs: int = 0
+    meta: dict = dataclasses.field(default_factory=dict)
+
+
+def zipf_corpus(out: str, users: int, urls: int, tokens_per_user: float, sample_tokens: int, seed: int) -> EstimatedCorpus:
+    """An EstimatedCorpus of `users` × `tokens_per_user` tokens over `urls` URLs in the shape the estimate
+    assumes (ESTIMATE_ZIPF_S, ESTIMATE_LENGTH_SIGMA), its sample of about `sample_tokens` tokens written
+    at `out` as prepare writes a corpus; the vocabulary's counts are the whole corpus's expected ones."""
+    from .corpus import DOCS_SCHEMA, FORMAT_VERSION, VOCAB_SCHEMA
+
+    rng = np.random.default_rng([seed, 0xE57])
+    total = round(users * tokens_per_user)
+    share = 1.0 / np.power(np.arange(1, urls + 1, dtype=np.float64), ESTIMATE_ZIPF_S)
+    share /= share.sum()
+    counts = np.maximum(1, np.rint(share * total)).astype(np.int64)
+    n = int(min(users, max(1, math.ceil(sample_tokens / tokens_per_user))))
+    sigma = ESTIMATE_LENGTH_SIGMA
+    lengths = 1 + rng.poisson((tokens_per_user - 1) * rng.lognormal(-sigma**2 / 2, sigma, size=n)).astype(np.int64)
+    tokens = np.searchsorted(np.cumsum(share), rng.random(int(lengths.sum())), side="right")
+    tokens = np.minimum(tokens, urls - 1).astype(np.int32)  # (the cumulative sum's last may round below 1)
+    os.makedirs(out)
+    doc_ids = np.arange(n, dtype=np.int64)
+    shard = write_shard(out, 0, doc_ids, lengths, tokens)
+    for name, schema, columns in (
+            ("vocab.arrow", VOCAB_SCHEMA, [pa.array([f"url{i}" for i in range(urls)]), pa.array(counts),
+                                           pa.array(np.arange(urls, dtype=np.int32))]),
+            ("docs.arrow", DOCS_SCHEMA, [pa.array([f"user{i}" for i in range(n)]), pa.array(doc_ids),
+                                         pa.array(lengths)])):
+        with pa.OSFile(os.path.join(out, name), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(pa.table(dict(zip(schema.names, columns)), schema=schema))
+    estimate = {"users": users, "urls": urls, "tokens_per_user": tokens_per_user, "from": "zipf",
+                "assumption": f"URL visits Zipf with exponent {ESTIMATE_ZIPF_S:g} over the URLs by rank; a user's "
+                              f"events 1 + Poisson(lognormal, σ {ESTIMATE_LENGTH_SIGMA:g}) with mean {tokens_per_user:g}",
+                "sample_docs": n, "sample_tokens": int(lengths.sum())}
+    with open(os.path.join(out, "corpus.json"), "w") as fh:
+        json.dump({"format_version": FORMAT_VERSION, "num_docs": n, "num_tokens": int(lengths.sum()),
+                   "vocab_size": urls, "num_shards": 1, "shards": [shard], "format": "events",
+                   "estimate": estimate}, fh, indent=2)
+    return EstimatedCorpus(out, users, total, 1.0, estimate)
+
+
+def scaled_corpus(corpus: Corpus, users: int) -> EstimatedCorpus:
+    """`corpus` as if it had `users` users of the same shape: its users stand for all of them, its
+    vocabulary (URLs) as it is, the counts and tokens times users / its users."""
+    scale = users / max(corpus.num_docs, 1)
+    estimate = {"users": users, "urls": corpus.vocab_size, "tokens_per_user": corpus.num_tokens / max(corpus.num_docs, 1),
+                "from": corpus.path,
+                "assumption": f"{corpus.path}'s {corpus.num_docs:,} users, their lengths and its {corpus.vocab_size:,} "
+                              f"URLs' shares, for {users:,} users",
+                "sample_docs": corpus.num_docs, "sample_tokens": corpus.num_tokens}
+    return EstimatedCorpus(corpus.path, users, round(corpus.num_tokens * scale), scale, estimate)
+
+
 # -- the plan ------------------------------------------------------------------------------------------
 
 def calibration_config(config: TrainConfig, workers: int | None) -> TrainConfig:
@@ -499,49 +633,86 @@ def calibration_config(config: TrainConfig, workers: int | None) -> TrainConfig:
     return dataclasses.replace(config, num_workers=workers)
 
 
-def refuse_calibration(config: TrainConfig, cal_config: TrainConfig, corpus: Corpus,
+def refuse_calibration(config: TrainConfig, cal_config: TrainConfig, corpus: Corpus, seconds: float,
                        resources: dict[str, float] | None) -> None:
     """Refuse, in one line naming the ways out, a calibration whose workers and servers the Ray it runs on
     cannot hold: `resources`, a joined cluster's (refused where it cannot grow: elsewhere the run waits
-    for its autoscaler, as train's does), or None: this machine's, before a local Ray starts."""
+    for its autoscaler, as train's does), or None: this machine's, before a local Ray starts. The servers
+    hold the calibration's slice of the corpus (calibration_tokens), not the whole."""
     from .placement import cluster_can_grow, fit_problems, local_resources
     from .trainer import local_object_store_bytes
 
     where = "this machine" if resources is None else "the Ray cluster"
     resources = local_resources(local_object_store_bytes()) if resources is None else resources
-    problems = fit_problems(cal_config, table_specs(cal_config, corpus), resources, where=where, way_out=False)
-    if not problems or (where != "this machine" and cluster_can_grow() is not False):
+    tokens = calibration_tokens(corpus, cal_config, seconds)[0]
+    part = _Sizes(tokens, corpus.vocab_size, math.ceil(corpus.num_docs * tokens / max(corpus.num_tokens, 1)))
+
+    def problems(cfg: TrainConfig) -> list[str]:
+        return fit_problems(cfg, table_specs(cfg, part), resources, where=where, way_out=False)
+
+    found = problems(cal_config)
+    if not found or (where != "this machine" and cluster_can_grow() is not False):
         return
     one = dataclasses.replace(cal_config, num_workers=1)
     scale = (f", or calibrate one worker and scale its rate to {config.num_workers} (--calibrate-workers 1)"
-             if cal_config.num_workers > 1 and not fit_problems(one, table_specs(one, corpus), resources) else "")
-    raise UserError(f"plan's calibration run cannot start here: {problems[0]}; plan without it (--no-calibrate: "
+             if cal_config.num_workers > 1 and not problems(one) else "")
+    raise UserError(f"plan's calibration run cannot start here: {found[0]}; plan without it (--no-calibrate: "
                     f"memory and bytes per token, no time){scale}")
 
 
-def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
+def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
          run_calibration: bool = True, measure: Callable[[str], dict] | None = None,
-         network_gbps: float = 10.0, calibrate_workers: int | None = None) -> dict:
+         network_gbps: float = 10.0, calibrate_workers: int | None = None, users: int | None = None,
+         urls: int | None = None, tokens_per_user: float | None = None) -> dict:
     """Memory per process and time per epoch of training `config` on the corpus, before training it.
 
     calibrate_workers: the workers the calibration trains (default: config.num_workers); fewer, and the
     time is the scaling table's row for config.num_workers, from their rate (a cluster larger than the
-    Ray the calibration runs on)."""
+    Ray the calibration runs on). users: an estimate, for a corpus not made yet: with corpus_path, that
+    corpus scaled to `users` users (scaled_corpus); without, `users` × `tokens_per_user` tokens over
+    `urls` URLs in the shape zipf_corpus assumes, its sample written under workdir and removed after."""
     config.validate()
     if not network_gbps > 0:
         raise UserError(f"--network-gbps must be > 0 (given {network_gbps:g}): the links' bandwidth in Gbit/s")
-    corpus = Corpus(corpus_path)
+    cal_config = calibration_config(config, calibrate_workers)
+    how = {"calibrate_seconds": calibrate_seconds, "workdir": workdir, "run_calibration": run_calibration,
+           "measure": measure, "network_gbps": network_gbps, "calibrate_workers": cal_config.num_workers}
+    if corpus_path is not None and users is None:
+        return _plan(Corpus(corpus_path), config, **how)
+    check_estimate(users, urls, tokens_per_user, corpus_given=corpus_path is not None)
+    if corpus_path is not None:
+        return _plan(scaled_corpus(Corpus(corpus_path), users), config, **how)
+    events = _Sizes(round(users * tokens_per_user), urls)  # (no text: the default --segments of events)
+    config = settle_segments(config, events)
+    sample_tokens = estimate_sample_tokens(config, calibration_config(config, calibrate_workers) if run_calibration
+                                           else None, events.num_tokens, urls, tokens_per_user, calibrate_seconds)
+    os.makedirs(workdir or tempfile.gettempdir(), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="estimate-", dir=workdir or tempfile.gettempdir())
+    try:
+        corpus = zipf_corpus(os.path.join(work, "corpus"), users, urls, tokens_per_user, sample_tokens, config.seed)
+        return _plan(corpus, config, **how)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir: str | None,
+          run_calibration: bool, measure: Callable[[str], dict] | None, network_gbps: float,
+          calibrate_workers: int) -> dict:
     config = settle_segments(config, corpus)
     tables = table_specs(config, corpus)
     cal_config = calibration_config(config, calibrate_workers)
     profile = macro_batch_profile(corpus, config)
     width = tables["words_out"].width
     sources = {}
-    result: dict = {"corpus": {"path": corpus.path, "docs": corpus.num_docs, "tokens": corpus.num_tokens,
+    estimate = getattr(corpus, "estimate", None)  # an EstimatedCorpus: its sample, and what it assumes
+    trained = getattr(corpus, "sample", corpus)  # what a calibration trains: the corpus, or the estimate's sample
+    result: dict = {"corpus": {"path": None if estimate and estimate["from"] == "zipf" else corpus.path,
+                               "docs": corpus.num_docs, "tokens": corpus.num_tokens,
                                "vocab": corpus.vocab_size, "shards": corpus.num_shards,
                                "tokens_per_doc": corpus.num_tokens / max(corpus.num_docs, 1)},
                     "config": dataclasses.asdict(config),
-                    "tables": {name: spec.to_json() for name, spec in tables.items()}, "macro_batch": profile}
+                    "tables": {name: spec.to_json() for name, spec in tables.items()}, "macro_batch": profile,
+                    "estimate": estimate}
     ps_fixed, cal, store = None, None, None
     if run_calibration:
         import ray
@@ -549,14 +720,15 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
         from .trainer import ray_connection
 
         if not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS")):
-            refuse_calibration(config, cal_config, corpus, None)  # a local Ray's resources, before starting it
+            # a local Ray's resources, before starting it
+            refuse_calibration(config, cal_config, trained, calibrate_seconds, None)
         with ray_connection(config.address) as started_here:
             if not started_here:
-                refuse_calibration(config, cal_config, corpus, ray.cluster_resources())
+                refuse_calibration(config, cal_config, trained, calibrate_seconds, ray.cluster_resources())
             ps_fixed = empty_ps_bytes()
             store = _object_store_bytes(started_here)
             local = started_here or len([n for n in ray.nodes() if n.get("Alive")]) == 1
-            cal = calibrate(corpus, cal_config, calibrate_seconds, workdir or tempfile.gettempdir(), measure)
+            cal = calibrate(trained, cal_config, calibrate_seconds, workdir or tempfile.gettempdir(), measure)
         cal["workers"] = cal_config.num_workers
         result["calibration"] = cal
     else:
@@ -605,6 +777,8 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     result["network_gbps"] = network_gbps
     listed = tuple(sorted({*SCALING_WORKERS, config.num_workers}))
     result["scaling"] = scaling_plan(corpus, config, cal, network_gbps, profile, workers=listed)
+    unlisted = [w for w in listed if refused_workers(config, w)]
+    result["scaling_unlisted"] = {"workers": unlisted, "why": refused_workers(config, unlisted[0])} if unlisted else None
     scaled = None
     if cal and cal["workers"] != config.num_workers:  # the planned workers' row, from the calibrated ones' rate
         scaled = next(r for r in result["scaling"] if r["workers"] == config.num_workers)["tokens_per_second"]
@@ -685,7 +859,13 @@ def format_plan(p: dict) -> str:
     words_out = TableSpec.from_json("words_out", p["tables"]["words_out"])
     width, row_bytes = words_out.width, words_out.row_bytes
     mode = cfg["mode"] + (" + dbow_words" if cfg["dbow_words"] else "")
-    lines = [f"plan: {c['path']}"]
+    est = p.get("estimate")
+    if est:  # no corpus read whole: its figures come from a sample standing for it
+        lines = [(f"plan: an estimate for {est['users']:,} users × {est['tokens_per_user']:,.1f} tokens over "
+                 f"{est['urls']:,} URLs, from {est['sample_docs']:,} users standing for them")]
+        lines.append(f"  estimate: {est['assumption']}")
+    else:
+        lines = [f"plan: {c['path']}"]
     lines.append(f"  corpus {c['docs']:,} docs, {c['tokens']:,} tokens ({c['tokens_per_doc']:.1f} a doc), "
                  f"vocabulary {c['vocab']:,}")
     lines.append(f"  {mode}, dim {cfg['dim']}, negative {cfg['negative']}, optimizer {cfg['optimizer']}, "
@@ -762,6 +942,9 @@ def format_plan(p: dict) -> str:
                          + " ".join(f"{_m(rate[k]):>10}" for k in ("compute", "servers", "network"))
                          + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
         lines.extend(more_servers_lines(p["scaling"]))
+        if p.get("scaling_unlisted"):
+            gone = p["scaling_unlisted"]
+            lines.append(f"  not listed: {', '.join(map(str, gone['workers']))} workers ({gone['why']})")
     for warning in p["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import SAMPLE_EVENTS, SMALL_USERS
 
 from doc2vec_dist import placement
 from doc2vec_dist import plan as planmod
@@ -149,6 +150,12 @@ def test_macro_batch_profile_counts_real_rows(sample_corpus):
     assert planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=1))["words_out"] == 0
     some = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, cache_rows=1000))
     assert 0 < some["words_out"] <= corpus.vocab_size - 1000
+    # the block schedule: a worker holds its block of words_out and its documents for the round, pulling
+    # neither with a macro-batch (bytes_per_token counts their moves); without resident documents, it pulls those
+    blocks = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2))
+    assert blocks["words_out"] == 0 and blocks["docs"] == 0 and blocks["unique_rows"] == 0
+    streamed = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, resident_docs=False))
+    assert streamed["words_out"] == 0 and streamed["docs"] == streamed["unique_rows"] > 0
 
 
 @pytest.mark.slow
@@ -416,21 +423,118 @@ def test_calibrating_more_workers_than_this_machine_holds_is_refused_before_ray_
 
 
 @pytest.mark.slow
-def test_one_calibrated_worker_scaled_to_the_planned_workers(ray_cluster, small_corpus, tmp_path):
-    """--calibrate-workers 1 with --num-workers 4: the calibration trains one worker; memory is planned for 4,
-    and the time per epoch is the scaling table's row for 4 (that one worker's rate, 4 times, within the
-    links' and servers' limits), said so."""
+def test_one_calibrated_worker_scaled_to_the_planned_workers_of_a_corpus_not_made_yet(ray_cluster, tmp_path):
+    """An estimate (--users --urls --tokens-per-user) for 4 workers with --calibrate-workers 1: the calibration
+    trains one worker on the estimate's sample; memory is planned for 4 and the whole corpus, and the time
+    per epoch is the scaling table's row for 4 (that one worker's rate, 4 times, within the links' and
+    servers' limits), said so."""
     cfg = TrainConfig(dim=16, epochs=2, num_ps=2, num_workers=4, cpus_per_worker=1, progress=False)
-    result = planmod.plan(small_corpus, cfg, calibrate_seconds=0.3, workdir=str(tmp_path), calibrate_workers=1)
+    result = planmod.plan(None, cfg, calibrate_seconds=0.3, workdir=str(tmp_path), calibrate_workers=1,
+                          users=200_000, urls=5000, tokens_per_user=20)
+    assert not os.listdir(tmp_path)  # the sample and the calibration's model are gone
     cal, t = result["calibration"], result["time"]
     assert cal["workers"] == 1 and cal["summary"]["worker_seconds"]
+    assert cal["corpus_tokens"] <= result["estimate"]["sample_tokens"] < result["corpus"]["tokens"] == 4_000_000
     four = next(r for r in result["scaling"] if r["workers"] == 4)
     one = next(r for r in result["scaling"] if r["workers"] == 1)
     assert one["alone"]["compute"] == pytest.approx(cal["summary"]["tokens_per_second"])
     assert four["alone"]["compute"] == pytest.approx(4 * cal["summary"]["tokens_per_second"])
     assert t["tokens_per_second"] == four["tokens_per_second"] and t["scaled_from_workers"] == 1
-    assert t["epoch_seconds"] == pytest.approx(result["corpus"]["tokens"] / four["tokens_per_second"])
+    assert t["epoch_seconds"] == pytest.approx(4_000_000 / four["tokens_per_second"])
     assert result["memory"]["object_store"]["in_flight"] == 4 * (2 + cfg.max_inflight_pushes) * \
         result["memory"]["object_store"]["macro_batch_rows_bytes"]  # 4 workers' memory, not the calibration's
+    assert result["memory"]["ps"][0]["table_bytes"] == (100_000 + 2500) * 16 * 4  # the whole corpus's rows
     text = planmod.format_plan(result)
     assert "1 worker calibrated, its rate scaled to 4 workers by the scaling table" in text
+
+
+# --- issue 47: a plan for a corpus you do not have yet -------------------------------------------------------
+
+ESTIMATE_FACTOR = 1.25  # docs/cluster.md: an estimate's bytes per token and worker memory, against the corpus's own
+
+
+@pytest.mark.parametrize("settings", [{"num_workers": 2}, {"num_workers": 2, "schedule": "shared"},
+                                      {"num_workers": 2, "schedule": "shared", "sample": 0},
+                                      {"num_workers": 2, "resident_docs": False}, {"mode": "dm"}])
+def test_an_estimate_from_sizes_alone_is_within_its_stated_factor_of_the_corpus_plan(sample_corpus, tmp_path,
+                                                                                      settings):
+    """--users N --urls M --tokens-per-user T for the sample's own sizes (5,000 users, 4,989 URLs, 30.9 tokens a
+    user) against the plan of the sample itself: the same tables, and bytes per token and a worker's
+    memory within ESTIMATE_FACTOR. The sample was generated as the estimate assumes its corpus (Zipf URLs,
+    lognormal users), with communities besides."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, progress=False, **settings)
+    real = planmod.plan(sample_corpus[0], cfg, run_calibration=False)
+    est = planmod.plan(None, cfg, run_calibration=False, users=corpus.num_docs, urls=corpus.vocab_size,
+                       tokens_per_user=corpus.num_tokens / corpus.num_docs, workdir=str(tmp_path))
+    assert not os.listdir(tmp_path)  # the sample it wrote is gone
+    assert est["estimate"]["from"] == "zipf" and est["estimate"]["users"] == 5000 and real["estimate"] is None
+    assert "Zipf" in est["estimate"]["assumption"] and est["corpus"]["path"] is None
+    assert est["corpus"]["tokens"] == corpus.num_tokens and est["tables"] == real["tables"]
+    assert [p["table_bytes"] for p in est["memory"]["ps"]] == [p["table_bytes"] for p in real["memory"]["ps"]]
+    for e, r in zip(est["scaling"], real["scaling"], strict=True):
+        ratio = e["total_bytes_per_token"] / r["total_bytes_per_token"]
+        assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR, (e["workers"], ratio)
+    ratio = est["memory"]["worker"]["total"] / real["memory"]["worker"]["total"]
+    assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR
+    ratio = est["memory"]["worker"]["batch"] / real["memory"]["worker"]["batch"]
+    assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR
+    text = planmod.format_plan(est)
+    assert text.startswith(f"plan: an estimate for 5,000 users × {corpus.num_tokens / 5000:.1f} tokens over 4,989 URLs")
+    assert "\n  estimate: URL visits Zipf with exponent 1" in text
+    if cfg.mode == "dm":  # PV-DM trains on one worker: the table says so rather than failing
+        assert [r["workers"] for r in est["scaling"]] == [1] and "not listed: 2, 4, 8, 16 workers" in text
+
+
+def test_a_corpus_scaled_to_more_users_is_an_estimate_of_the_corpus_they_make(small_corpus, tmp_path):
+    """small_corpus is the sample's first 1,500 users: scaled to 5,000 it stands for the whole sample (its
+    URLs as they are: fewer than the sample's 4,989); scaled to its own users it is itself."""
+    from doc2vec_dist.config import PrepareConfig
+    from doc2vec_dist.prepare import prepare
+
+
+    whole = prepare([SAMPLE_EVENTS], str(tmp_path / "sample"), PrepareConfig(time_col="ts"), progress=False)
+    cfg = TrainConfig(dim=32, num_workers=2, progress=False)
+    real = planmod.plan(whole.path, cfg, run_calibration=False)
+    est = planmod.plan(small_corpus, cfg, run_calibration=False, users=5000)
+    assert est["estimate"]["from"] == Corpus(small_corpus).path and est["corpus"]["docs"] == 5000
+    assert est["corpus"]["tokens"] == pytest.approx(real["corpus"]["tokens"], rel=0.1)
+    same = planmod.plan(small_corpus, cfg, run_calibration=False, users=SMALL_USERS)
+    alone = planmod.plan(small_corpus, cfg, run_calibration=False)
+    assert same["scaling"] == alone["scaling"] and same["memory"] == alone["memory"]
+    for e, r in zip(est["scaling"], real["scaling"], strict=True):
+        ratio = e["total_bytes_per_token"] / r["total_bytes_per_token"]
+        assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR, (e["workers"], ratio)
+
+
+def test_the_estimate_command_says_estimate_and_saves_it(tmp_path, capsys):
+    from doc2vec_dist.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--users", "20000000", "--urls", "1000000", "--tokens-per-user", "30", "--no-calibrate",
+                 "--num-ps", "4", "--num-workers", "8", "--network-gbps", "1", "--workdir", str(tmp_path / "w"),
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("plan: an estimate for 20,000,000 users × 30.0 tokens over 1,000,000 URLs")
+    with open(out) as fh:
+        saved = json.load(fh)
+    assert saved["estimate"]["users"] == 20_000_000 and saved["corpus"]["tokens"] == 600_000_000
+    # the tables of the whole: 5M docs and 250k URLs a server at dim 100
+    assert saved["memory"]["ps"][0]["table_bytes"] == (5_000_000 + 250_000) * 400
+    assert os.listdir(tmp_path / "w") == []
+
+
+@pytest.mark.parametrize("argv, expect", [
+    ([], ("plan needs --corpus CORPUS, or --users N --urls M --tokens-per-user T to estimate a corpus you do not "
+         "have yet (missing: --users --urls --tokens-per-user)")),
+    (["--users", "10", "--urls", "5"], "(missing: --tokens-per-user)"),
+    (["--users", "10", "--urls", "5", "--tokens-per-user", "0.5"], "--tokens-per-user must be at least 1 (given 0.5)"),
+    (["--corpus", "{corpus}", "--users", "10", "--urls", "5"], "--urls estimates a corpus you do not have"),
+])
+def test_an_estimate_without_its_sizes_is_refused_naming_them(sample_corpus, capsys, argv, expect):
+    from doc2vec_dist.cli import main
+
+    argv = [a.replace("{corpus}", sample_corpus[0]) for a in argv]
+    assert main(["plan", "--no-calibrate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expect in err[0], err
