@@ -177,10 +177,21 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert 50 << 20 < mem["worker"]["total"] < 2 << 30
     assert not os.listdir(tmp_path)  # the calibration cleans up after itself
 
-    measured_epoch = run["summary"]["train_seconds"] / 10
+    # The time: what does not depend on how busy the machine is, exactly. The calibration is a real run of
+    # this config (the sample whole: every token trained, counted), its tokens/s what that run measured,
+    # and the epoch and the run are that rate's arithmetic.
+    cal, s = result["calibration"], result["calibration"]["summary"]
+    assert not cal["sliced"] and s["tokens"] == cal["epochs"] * result["corpus"]["tokens"]
+    assert t["tokens_per_second"] == s["tokens_per_second"] == pytest.approx(s["tokens"] / s["train_seconds"],
+                                                                            rel=0.01)
     assert t["epoch_seconds"] == pytest.approx(result["corpus"]["tokens"] / t["tokens_per_second"])
-    assert measured_epoch / 4 < t["epoch_seconds"] < measured_epoch * 4, (t, run["summary"])
-    assert t["total_seconds"] > 10 * t["epoch_seconds"]
+    assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 10 * t["epoch_seconds"]
+                                               + t["checkpoints"] * t["checkpoint_seconds"])
+    # Against the fixture's run, measured at another moment (this check failed at 4× on a busy machine:
+    # 0.71 s planned, 0.096 s run), only loosely: a plan off by a unit (ms for s) or by the calibration
+    # timing something else than training is off by far more.
+    measured_epoch = run["summary"]["train_seconds"] / 10
+    assert measured_epoch / 30 < t["epoch_seconds"] < measured_epoch * 30, (t, run["summary"])
     text = planmod.format_plan(result)
     assert "parameter server" in text and "per epoch" in text and "worker time: read" in text
     # the scaling table: the bytes per token it predicts for 2 workers are what that run's counters counted
