@@ -9,7 +9,9 @@ and for the memory their slice of the tables takes (so Ray packs them by memory,
 workers ask for `trainer`, and both are spread over the nodes that fit.
 
 When the cluster has no such resource (a laptop, CI, any plain Ray cluster), the same calls fall
-back to plain CPU placement: no custom resource, no memory request, no flag to set.
+back to plain CPU placement: no custom resource, no memory request, no flag to set. On such a cluster
+of several nodes, the servers run apart from the workers where the nodes allow (actor_nodes: a soft
+preference for a node each actor is given), and a run says where each actor runs (where_lines).
 
 The memory figure is the one deploy/README.md sizes nodes with:
 

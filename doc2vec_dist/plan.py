@@ -31,6 +31,10 @@ store's shared pages are a line of their own, counted once per node)
     object store: its capacity (shared memory the node must have), beside what is in flight:
       workers × (2 pulls + max_inflight_pushes pushes) × the bytes of one macro-batch's rows.
 
+A corpus not made yet (plan --users --urls --tokens-per-user, or --corpus --users): an EstimatedCorpus,
+whose sample on disk stands for its users in every count above and in the calibration, with the
+tables of all of them (zipf_corpus: the shape assumed; scaled_corpus: a corpus's own).
+
 Time
 
     tokens/s: a calibration run through the real engine (trainer.train, Ray actors and all) for
@@ -42,14 +46,18 @@ Time
       startup (servers initialise their rows: calibration startup + the extra rows × the init time
       of one row, measured here), checkpoints (table bytes / the calibration's checkpoint rate).
 
-Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers, each bounded by three rates; expected_rate
-combines them: the streamed rows' traffic overlaps compute, the held rows' adds to it)
+Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers and config.num_workers, each row a run of that many
+workers whatever config.num_workers is, bounded by three rates that one model, bound_rates, combines:
+the streamed rows' traffic overlaps compute, the held rows' adds to it; the expectation is the least
+column of its row, and the bound names it)
 
-    compute: W × the calibrated tokens/s of one worker;
-    servers: the rows pushed per token × W-fold work at num_ps servers applying rows at the
-      calibration's measured rate (rows per second of apply time, each server on one core);
+    compute: W × the calibrated tokens/s of one worker (the calibration's tokens/s over its workers);
+    servers: the rows that reach the servers per token, at num_ps servers applying rows at the
+      calibration's measured rate (rows per second of busy time, each server on one core);
     network: bytes per token over links of --network-gbps, each worker on a link of its own and the
-      servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding.
+      servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding; the blocks
+      handed from worker to worker cross the workers' links only.
+    A row whose workers outnumber the servers also says what a server per worker would give.
     Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block
       schedule, each document's row pulled and pushed once per block its tokens fall in (counted on
       the corpus's documents with the blocks' own deal), and at each round's end every worker hands
