@@ -727,11 +727,14 @@ def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir
 
         from .trainer import ray_connection
 
-        if not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS")):
+        # plan's own refusal where plan connects to Ray (the command); a caller already on Ray (tune) has
+        # train's, which names the training flags
+        connects = not ray.is_initialized()
+        if connects and not (config.address or os.environ.get("RAY_ADDRESS")):
             # a local Ray's resources, before starting it
             refuse_calibration(config, cal_config, trained, calibrate_seconds, None)
         with ray_connection(config.address) as started_here:
-            if not started_here:
+            if connects and not started_here:
                 refuse_calibration(config, cal_config, trained, calibrate_seconds, ray.cluster_resources())
             ps_fixed = empty_ps_bytes()
             store = _object_store_bytes(started_here)
