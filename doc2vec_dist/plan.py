@@ -84,6 +84,7 @@ from collections.abc import Callable
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import outputs, storage
 from .config import TableSpec, TrainConfig, settle_segments
@@ -599,11 +600,13 @@ def zipf_corpus(out: str, users: int, urls: int, tokens_per_user: float, sample_
     os.makedirs(out)
     doc_ids = np.arange(n, dtype=np.int64)
     shard = write_shard(out, 0, doc_ids, lengths, tokens)
+
+    def named(prefix: str, count: int) -> pa.Array:  # prefix0, prefix1, … (millions of them: in Arrow)
+        return pc.binary_join_element_wise(prefix, pa.array(np.arange(count)).cast(pa.string()), "")
+
     for name, schema, columns in (
-            ("vocab.arrow", VOCAB_SCHEMA, [pa.array([f"url{i}" for i in range(urls)]), pa.array(counts),
-                                           pa.array(np.arange(urls, dtype=np.int32))]),
-            ("docs.arrow", DOCS_SCHEMA, [pa.array([f"user{i}" for i in range(n)]), pa.array(doc_ids),
-                                         pa.array(lengths)])):
+            ("vocab.arrow", VOCAB_SCHEMA, [named("url", urls), pa.array(counts), pa.array(np.arange(urls, dtype=np.int32))]),
+            ("docs.arrow", DOCS_SCHEMA, [named("user", n), pa.array(doc_ids), pa.array(lengths)])):
         with pa.OSFile(os.path.join(out, name), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_table(pa.table(dict(zip(schema.names, columns)), schema=schema))
     estimate = {"users": users, "urls": urls, "tokens_per_user": tokens_per_user, "from": "zipf",
