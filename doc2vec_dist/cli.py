@@ -318,7 +318,9 @@ def cmd_plan(args) -> None:
     if not args.no_calibrate:
         outputs.check_writable(args.workdir or tempfile.gettempdir(), inside=True)
     result = plan(args.corpus, _train_config(args), calibrate_seconds=args.calibrate_seconds, workdir=args.workdir,
-                  run_calibration=not args.no_calibrate, network_gbps=args.network_gbps)
+                  run_calibration=not args.no_calibrate, network_gbps=args.network_gbps,
+                  calibrate_workers=args.calibrate_workers, users=args.users, urls=args.urls,
+                  tokens_per_user=args.tokens_per_user)
     print(format_plan(result))
     if args.json:
         save_json(args.json, result)
@@ -479,12 +481,21 @@ def make_parser() -> argparse.ArgumentParser:
 
     pl = add("plan", cmd_plan, "memory per parameter server, worker and node, and time per epoch, before training "
                                "(corpus statistics and a short calibration run on a slice of the corpus)")
-    pl.add_argument("--corpus", required=True, help="corpus directory made by prepare")
+    pl.add_argument("--corpus", help="corpus directory made by prepare (or an estimate: --users, --urls, "
+                                     "--tokens-per-user)")
+    pl.add_argument("--users", type=int, help="an estimate for this many users: with --corpus, that corpus scaled to "
+                                              "them; without, with --urls and --tokens-per-user (docs/cluster.md)")
+    pl.add_argument("--urls", type=int, help="an estimate without a corpus: the URLs (the vocabulary)")
+    pl.add_argument("--tokens-per-user", type=float,
+                    help="an estimate without a corpus: the mean events (tokens) of a user")
     pl.add_argument("--config", help="YAML file with the same keys as the flags")
     _add_config_flags(pl, TrainConfig)
     pl.add_argument("--calibrate-seconds", type=float, default=30.0,
                     help="about how long the calibration run trains, in seconds")
     pl.add_argument("--no-calibrate", action="store_true", help="memory only, from modelled fixed costs; no time")
+    pl.add_argument("--calibrate-workers", type=int, default=None,
+                    help="workers the calibration trains (default: --num-workers); fewer, and their rate is scaled to "
+                         "--num-workers by the scaling table: for a cluster larger than this machine")
     pl.add_argument("--workdir", help="where the calibration slice and model go, removed after (default: the "
                                       "system's temp dir; on a cluster, storage every node sees)")
     pl.add_argument("--json", help="also write the plan as JSON to this file")

@@ -9,7 +9,9 @@ and for the memory their slice of the tables takes (so Ray packs them by memory,
 workers ask for `trainer`, and both are spread over the nodes that fit.
 
 When the cluster has no such resource (a laptop, CI, any plain Ray cluster), the same calls fall
-back to plain CPU placement: no custom resource, no memory request, no flag to set.
+back to plain CPU placement: no custom resource, no memory request, no flag to set. On such a cluster
+of several nodes, the servers run apart from the workers where the nodes allow (actor_nodes: a soft
+preference for a node each actor is given), and a run says where each actor runs (where_lines).
 
 The memory figure is the one deploy/README.md sizes nodes with:
 
@@ -191,24 +193,29 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" + ("" if n == 1 else "s")
 
 
-def fit_problems(config: Any, tables: dict[str, TableSpec], resources: dict[str, float]) -> list[str]:
+def fit_problems(config: Any, tables: dict[str, TableSpec], resources: dict[str, float], *,
+                 where: str = "the Ray cluster", way_out: bool = True) -> list[str]:
     """Why the run's servers and workers cannot fit `resources` (a cluster's totals, or
-    local_resources()), one line each naming the flag to change; empty when they fit."""
+    local_resources()), one line each naming the flag to change; empty when they fit. where: what
+    the lines call the holder of `resources`; way_out False: the lines say what is short, and the
+    caller the way out (plan's calibration has ways of its own)."""
     problems = []
     need = {"CPU": config.num_workers * config.cpus_per_worker, "GPU": config.num_workers * config.gpus_per_worker}
     for name, amount in need.items():
         if amount > resources.get(name, 0):
             verb = "needs" if config.num_workers == 1 else "need"
-            problems.append(f"{_count(config.num_workers, 'worker')} {verb} {amount:g} {name} but the Ray cluster has "
-                            f"{resources.get(name, 0):g}; lower --num-workers or --{name.lower()}s-per-worker")
+            problems.append(f"{_count(config.num_workers, 'worker')} {verb} {amount:g} {name} but {where} has "
+                            f"{resources.get(name, 0):g}"
+                            + (f"; lower --num-workers or --{name.lower()}s-per-worker" if way_out else ""))
     per_ps, per_worker = run_memory_bytes(config, tables)
     total = config.num_ps * per_ps + config.num_workers * per_worker
     have = resources.get("memory", 0)
     if total > have:
         problems.append(f"{_count(config.num_ps, 'parameter server')} x {per_ps / 2**30:.2f} GiB + "
-                        f"{_count(config.num_workers, 'worker')} x {per_worker / 2**30:.2f} GiB need {total / 2**30:.1f} GiB, but the Ray cluster has "
-                        f"{have / 2**30:.1f} GiB of memory; lower --num-ps or --num-workers (each is a process of "
-                        "its own), or run `doc2vec-dist plan` for the details")
+                        f"{_count(config.num_workers, 'worker')} x {per_worker / 2**30:.2f} GiB need {total / 2**30:.1f} GiB, but {where} has "
+                        f"{have / 2**30:.1f} GiB of memory"
+                        + ("; lower --num-ps or --num-workers (each is a process of its own), or run `doc2vec-dist plan` "
+                           "for the details" if way_out else ""))
     return problems
 
 
@@ -348,3 +355,111 @@ def cluster_can_grow(wait_seconds: float = 10.0) -> bool | None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.5)
+
+
+# -- which node each actor runs on -------------------------------------------------------------------
+
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node (ray._common.constants)
+
+
+def actor_nodes(config: Any, tables: dict[str, TableSpec], nodes: list[dict] | None = None) -> dict | None:
+    """The node each server and each worker is to run on, where the cluster lets the servers run apart
+    from the workers: {"servers": [node id] * num_ps, "workers": [node id] * num_workers, "server_memory":
+    what each server asks Ray for (on_node: an actor asking for nothing is put on a random node, whatever
+    its scheduling strategy says: Ray's GetBestSchedulableNode)}; None where
+    there is nothing to decide (one live node; `ps` / `trainer` nodes, whose resources place them; a
+    `tune` trial's placement group) or no way to (the workers need every node, or no node they leave
+    holds the servers' rows): Ray spreads them (_spread).
+
+    On a plain cluster of a head and one more node, Ray's spreading once put the servers on the worker's
+    node, so that losing that node lost the servers' rows too (a run stops, to be resumed) where a worker
+    alone comes back from its checkpointed position. So the servers take the nodes the workers can do
+    without: the head first (its loss ends a run whatever runs there), then the nodes with the least room
+    for workers and the most memory; one node for them, or more where there are more nodes than workers
+    (at most one a server), as long as the rest still hold every worker (their CPUs and GPUs, by the
+    nodes' totals) and they hold the servers' rows (ps_memory_bytes each, by the nodes' `memory`). The
+    servers are dealt over their nodes and the workers over the rest, one to each before a second
+    (_deal). The caller asks for these nodes softly (on_node): a node that is full or gone lets Ray choose.
+    nodes: ray.nodes() (default: the live cluster's)."""
+    if nodes is None:
+        if _spread() == {}:  # inside a placement group
+            return None
+        nodes = ray.nodes()
+    alive = [n for n in nodes if n.get("Alive")]
+    resources: dict[str, float] = {}
+    for n in alive:
+        for name, value in n["Resources"].items():
+            resources[name] = resources.get(name, 0) + value
+    if len(alive) < 2 or has_resource(PS_RESOURCE, resources) or has_resource(TRAINER_RESOURCE, resources):
+        return None
+    wants = _bundle(worker_options(config, resources))
+    server = ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps))
+
+    def room(node: dict) -> int:  # workers the node holds
+        return min((int(node["Resources"].get(r, 0) // need) for r, need in wants.items()), default=config.num_workers)
+
+    def servers_held(chosen: list[dict]) -> int:
+        return sum(int(n["Resources"].get("memory", 0) // server) for n in chosen)
+
+    order = sorted(alive, key=lambda n: (n["Resources"].get(HEAD_RESOURCE, 0) == 0, room(n),
+                                         -n["Resources"].get("memory", 0)))
+    wanted = min(config.num_ps, max(1, len(alive) - config.num_workers))
+    chosen: list[dict] = []
+    for n in order:
+        if len(chosen) >= wanted and servers_held(chosen) >= config.num_ps:
+            break
+        rest = [m for m in alive if m is not n and all(m is not c for c in chosen)]
+        if sum(room(m) for m in rest) >= config.num_workers and n["Resources"].get("memory", 0) >= server:
+            chosen.append(n)
+    if not chosen or servers_held(chosen) < config.num_ps:
+        return None
+    rest = [m for m in alive if all(m is not c for c in chosen)]
+    return {"servers": _deal(chosen, config.num_ps, lambda n: n["Resources"].get("memory", 0), server),
+            "workers": _deal(rest, config.num_workers, room, 1), "server_memory": server}
+
+
+def _deal(nodes: list[dict], count: int, capacity, each: float) -> list[str]:
+    """`count` actors dealt one at a time, each taking `each` of a node's capacity: to the node with the
+    fewest so far that has room for it, the one with the most left among those (the callers checked that
+    the nodes hold them all)."""
+    left, dealt, out = [capacity(n) for n in nodes], [0] * len(nodes), []
+    for _ in range(count):
+        i = max((k for k in range(len(nodes)) if left[k] >= each), key=lambda k: (-dealt[k], left[k]))
+        left[i] -= each
+        dealt[i] += 1
+        out.append(nodes[i]["NodeID"])
+    return out
+
+
+def on_node(options: dict, node_id: str | None, memory: int | None = None) -> dict:
+    """An actor's `.options(...)` asking for `node_id` softly (Ray runs it elsewhere where that node is
+    full or gone, as it restarts it elsewhere when the node dies), and for `memory` where it asks for
+    none yet (a server: else it asks for nothing, and Ray puts such an actor on a random node); as they
+    are where node_id is None."""
+    if node_id is None:
+        return options
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    asked = {"memory": memory} if memory and "memory" not in options else {}
+    return {**options, **asked, "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=True)}
+
+
+def actor_names(keys: list[tuple[str, int]]) -> str:
+    """("worker", i) and ("server", s) keys as a line names them: "workers 0, 1 and parameter server 0"."""
+    workers = sorted(i for role, i in keys if role == "worker")
+    servers = sorted(i for role, i in keys if role == "server")
+    parts = ([f"worker{'s' if len(workers) > 1 else ''} {', '.join(map(str, workers))}"] if workers else []) + \
+            ([f"parameter server{'s' if len(servers) > 1 else ''} {', '.join(map(str, servers))}"] if servers else [])
+    return " and ".join(parts)
+
+
+def where_lines(node_of: dict[tuple[str, int], str], nodes: list[dict]) -> list[str]:
+    """One line per node naming the actors that run on it (node_of: ("worker", i) or ("server", s) → node
+    id), in the order of `nodes` (ray.nodes())."""
+    lines = []
+    for node in nodes:
+        keys = [key for key, where in node_of.items() if where == node.get("NodeID")]
+        if keys:
+            head = ", the head" if node["Resources"].get(HEAD_RESOURCE) else ""
+            lines.append(f"node {node_label(node)[:-1]}{head}) runs {actor_names(keys)}")
+    return lines

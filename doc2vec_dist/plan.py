@@ -31,6 +31,10 @@ store's shared pages are a line of their own, counted once per node)
     object store: its capacity (shared memory the node must have), beside what is in flight:
       workers × (2 pulls + max_inflight_pushes pushes) × the bytes of one macro-batch's rows.
 
+A corpus not made yet (plan --users --urls --tokens-per-user, or --corpus --users): an EstimatedCorpus,
+whose sample on disk stands for its users in every count above and in the calibration, with the
+tables of all of them (zipf_corpus: the shape assumed; scaled_corpus: a corpus's own).
+
 Time
 
     tokens/s: a calibration run through the real engine (trainer.train, Ray actors and all) for
@@ -42,14 +46,18 @@ Time
       startup (servers initialise their rows: calibration startup + the extra rows × the init time
       of one row, measured here), checkpoints (table bytes / the calibration's checkpoint rate).
 
-Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers, each bounded by three rates; expected_rate
-combines them: the streamed rows' traffic overlaps compute, the held rows' adds to it)
+Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers and config.num_workers, each row a run of that many
+workers whatever config.num_workers is, bounded by three rates that one model, bound_rates, combines:
+the streamed rows' traffic overlaps compute, the held rows' adds to it; the expectation is the least
+column of its row, and the bound names it)
 
-    compute: W × the calibrated tokens/s of one worker;
-    servers: the rows pushed per token × W-fold work at num_ps servers applying rows at the
-      calibration's measured rate (rows per second of apply time, each server on one core);
+    compute: W × the calibrated tokens/s of one worker (the calibration's tokens/s over its workers);
+    servers: the rows that reach the servers per token, at num_ps servers applying rows at the
+      calibration's measured rate (rows per second of busy time, each server on one core);
     network: bytes per token over links of --network-gbps, each worker on a link of its own and the
-      servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding.
+      servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding; the blocks
+      handed from worker to worker cross the workers' links only.
+    A row whose workers outnumber the servers also says what a server per worker would give.
     Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block
       schedule, each document's row pulled and pushed once per block its tokens fall in (counted on
       the corpus's documents with the blocks' own deal), and at each round's end every worker hands
@@ -76,6 +84,7 @@ from collections.abc import Callable
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import outputs, storage
 from .config import TableSpec, TrainConfig, settle_segments
@@ -164,8 +173,9 @@ def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict
 def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -> dict:
     """Unique rows pulled and example bytes of a real macro-batch, built with the worker's sampling code
     (subsampling, negatives, windows) on the first chunks of the corpus; means over `batches`. The
-    resident words_out rows (--cache-rows; every row with one worker, the token path) are not pulled,
-    nor the token path's words rows."""
+    resident words_out rows (--cache-rows; every row with one worker, the token path; the block a worker
+    holds on the block schedule) are not pulled, nor the token path's words rows, nor the documents a
+    worker keeps resident (bytes_per_token counts what those move, at rounds' and epochs' ends)."""
     counts = corpus.counts()
     keep = keep_probabilities(counts, config.sample)
     negatives = NegativeTable(counts, config.ns_exponent)
@@ -173,7 +183,9 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     rng = np.random.default_rng(config.seed)
     # words rows are pulled where trained, unless resident (the token path holds every one)
     trains_words = config.trains_words() and "words" not in config.resident_tables(corpus.vocab_size)
-    resident = config.resident_rows(corpus.vocab_size)  # words_out rows 0..resident-1 stay in the worker
+    # words_out rows 0..resident-1 stay in the worker; on the block schedule, the block it holds
+    resident = corpus.vocab_size if config.blocks() else config.resident_rows(corpus.vocab_size)
+    docs_resident = bool(config.resident_documents(corpus.num_docs))
     seen = []
     for path in corpus.shard_paths:
         for doc_ids, offsets, tokens in iter_shard(path, max_tokens=macro):
@@ -186,7 +198,8 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
             arrays = [ex.ctx, ex.ctx_mask, ex.target, ex.neg, ex.neg_mask]
             example_bytes = sum(a.nbytes for a in arrays if a is not None)
             example_bytes += (ex.ctx.size + ex.target.size + ex.neg.size) * 8  # compact positions (int64)
-            seen.append({"tokens": len(tokens), "examples": len(ex), "docs": len(doc_ids), "words": words,
+            seen.append({"tokens": len(tokens), "examples": len(ex), "docs": 0 if docs_resident else len(doc_ids),
+                         "words": words,
                          "words_out": words_out, "example_bytes": example_bytes})
             if len(seen) >= batches:
                 break
@@ -235,7 +248,8 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
             if docs >= SCALING_SAMPLE_DOCS:
                 break
         pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
-    resident = config.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
+    # one worker holds the URL rows it keeps (cfg: a run of `workers`, not of config.num_workers)
+    resident = cfg.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
     url_rows = sum(resident.values())
     if blocks.num_blocks > 1:  # every block moves at each round's end; a rotation a segment
         rounds = blocks.num_blocks * cfg.segments
@@ -256,56 +270,102 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
 
 def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_gbps: float,
                  profile: dict | None = None, workers: tuple[int, ...] = SCALING_WORKERS) -> list[dict]:
-    """Expected tokens/s for each number of workers, and what bounds it: compute (the calibrated
-    rate of one worker, W times), servers (the rows they pull and push per second of their busy
-    time, measured in the calibration, num_ps at once) or network (bytes per token over
+    """Expected tokens/s for each number of workers, and what bounds it (row_rates): compute (the
+    calibrated rate of one worker, W times), servers (the rows they pull and push per second of their
+    busy time, measured in the calibration, num_ps at once) or network (bytes per token over
     --network-gbps links: a link per worker, num_ps links on the servers' side). Without a
-    calibration, the bytes alone."""
+    calibration, the bytes alone. Every row is its number of workers as a run of it would be
+    (bytes_per_token), whatever config.num_workers is; a row whose workers have more links than the
+    servers also says what a server per worker would give ("more_servers": the same model)."""
     s = (cal or {}).get("summary", {})
-    per_worker = s.get("tokens_per_second", 0.0) / max(config.num_workers, 1) or None
+    per_worker = s.get("tokens_per_second", 0.0) / max((cal or {}).get("workers", config.num_workers), 1) or None
     row = table_specs(config, corpus)["words_out"].row_bytes
-    moved_rows = sum(s.get("bytes", {}).values()) / row
+    served = sum(v for k, v in s.get("bytes", {}).items() if k != "handed") / row  # rows the servers saw
     busy = s.get("server_busy_seconds")
-    rows_per_busy_second = moved_rows / busy if busy else None  # one server's rate
+    rows_per_busy_second = served / busy if busy and served else None  # one server's rate
     link = network_gbps * 1e9 / 8  # bytes/s
     out = []
     for w in workers:
+        if refused_workers(config, w):
+            continue
         moved = bytes_per_token(corpus, config, w, profile)
-        per_token = sum(moved.values())
-        links = min(w, config.num_ps) * link
-        rates = {"compute": per_worker * w if per_worker else None,
-                 "servers": config.num_ps * rows_per_busy_second / (per_token / row)
-                 if rows_per_busy_second and per_token else None,
-                 "network": links / per_token if per_token else None}
-        expected, bound = expected_rate(rates, moved, links)
-        out.append({"workers": w, "bytes_per_token": moved, "total_bytes_per_token": per_token,
-                    "rates": rates, "tokens_per_second": expected, "bound": bound})
+
+        def at(num_ps: int, moved: dict = moved, w: int = w) -> dict:
+            return row_rates(moved, w, num_ps, link, per_worker * w if per_worker else None, rows_per_busy_second,
+                             row)
+
+        found = {"workers": w, "bytes_per_token": moved, "total_bytes_per_token": sum(moved.values()),
+                 **at(config.num_ps)}
+        if w > config.num_ps:
+            more = at(w)
+            found["more_servers"] = {"num_ps": w, "tokens_per_second": more["tokens_per_second"],
+                                     "bound": more["bound"]}
+        out.append(found)
     return out
 
 
-def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None, str | None]:
-    """The expected tokens/s and what bounds it. The rows streamed with each macro-batch (pulled,
-    pushed) move while the worker computes, so compute and that traffic overlap; the rows a worker
-    holds (its block each round, its resident tables) move at a round's or an epoch's end while it
-    waits, so their time adds to the rest (the blocks handed straight to their next holder too).
-    Servers apply pushes on their own: the lower rate bounds.
+def refused_workers(config: TrainConfig, workers: int) -> str | None:
+    """Why `config` cannot train with `workers` workers (a setting that refuses several: PV-DM), or None."""
+    try:
+        dataclasses.replace(config, num_workers=workers)
+    except UserError as e:
+        return str(e)
+    return None
+
+
+def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: float | None,
+              server_rows_per_second: float | None, row_bytes: int) -> dict:
+    """One row of the scaling table: the tokens/s each limit allows ("rates"), the expectation (the
+    least of them) and the limit that sets it ("bound"), all from one model (bound_rates). The links:
+    `workers` on the workers' side and `num_ps` on the servers', each of `link` bytes/s, the busier side
+    bounding; the blocks a worker hands straight to its next holder ("handed") cross the workers'
+    links only, and only the rows that reach the servers count against their apply rate
+    (server_rows_per_second, one server's)."""
+    def seconds(moved_bytes: float, handed: float = 0.0) -> float:  # per token, over the busier side's links
+        return max(moved_bytes / (workers * link), (moved_bytes - handed) / (num_ps * link))
+
+    streamed = seconds(moved["pulled"] + moved["pushed"])
+    held = seconds(moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"], moved["handed"])
+    served = (sum(moved.values()) - moved["handed"]) / row_bytes
+    servers = num_ps * server_rows_per_second / served if server_rows_per_second and served else None
+    return bound_rates(compute, servers, streamed, held)
+
+
+def bound_rates(compute: float | None, servers: float | None, streamed: float, held: float) -> dict:
+    """The scaling table's model of one row: the tokens/s it expects, what bounds it, and each column.
+
+    The rows streamed with each macro-batch (pulled, pushed) move while the worker computes, so compute
+    and that traffic overlap; the rows a worker holds (its block each round, its resident tables) move at
+    a round's or an epoch's end while it waits, so their time adds to the rest (the blocks handed
+    straight to their next holder too): the workers train at 1 / (max(1/compute, streamed) + held).
+    The servers apply pushes on their own, at their rate; the lower of the two is the expectation.
+    Each column is what its limit allows alone (compute: compute; network: every byte's time on the
+    links, 1 / (streamed + held); servers: servers), but the bound's, which shows the expectation: that
+    limit with the time the others add. The bound is the servers where they are the lower, else the
+    least of compute and network alone. So the expectation is always the least column, and the
+    bound names it. streamed, held: seconds per token on the links.
     Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
     Mbit/s): 0.83 to 1.05 of this; the block schedule's 2 workers at 100 Mbit/s trained at 0.67 of
     the links' rate alone."""
-    known = {k: v for k, v in rates.items() if v}
-    if not known:
-        return None, None
-    if not (rates["compute"] and rates["network"]):
-        bound = min(known, key=known.get)
-        return known[bound], bound
-    streamed = (moved["pulled"] + moved["pushed"]) / links  # seconds per token, overlapped
-    held = (moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]) / links  # seconds per token, waited for
-    compute = 1.0 / rates["compute"]
-    rate = 1.0 / (max(compute, streamed) + held)
-    bound = "network" if streamed + held > compute else "compute"
-    if rates["servers"] and rates["servers"] < rate:
-        return rates["servers"], "servers"
-    return rate, bound
+    alone = {"compute": compute or None, "servers": servers or None,
+             "network": 1.0 / (streamed + held) if streamed + held > 0 else None}
+    if not any(alone.values()):
+        return {"rates": alone, "alone": alone, "tokens_per_second": None, "bound": None}
+    workers = 1.0 / (max(1.0 / compute, streamed) + held) if compute else alone["network"]
+    if workers is None or (servers and servers <= workers):
+        bound, rate = "servers", servers
+    else:
+        bound, rate = min((k for k in ("compute", "network") if alone[k]), key=alone.get), workers
+    return {"rates": {**alone, bound: rate}, "alone": alone, "tokens_per_second": rate, "bound": bound}
+
+
+def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None, str | None]:
+    """The expected tokens/s and what bounds it, bound_rates's model with `links` bytes/s in all for
+    every kind of row: rates holds the compute rate alone (W × one worker's) and the servers'."""
+    streamed = (moved["pulled"] + moved["pushed"]) / links
+    held = (moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]) / links
+    found = bound_rates(rates.get("compute"), rates.get("servers"), streamed, held)
+    return found["tokens_per_second"], found["bound"]
 
 
 # -- a slice of the corpus for calibration ------------------------------------------------------------------
@@ -451,35 +511,239 @@ def _object_store_bytes(started_here: bool) -> int:
     return int(ray.cluster_resources().get("object_store_memory", 0)) or local_object_store_bytes()
 
 
+# -- a corpus you do not have yet ------------------------------------------------------------------------
+
+# The shape an estimate assumes where no corpus is given (plan --users N --urls M --tokens-per-user T):
+# URL visits Zipf-distributed over the URLs ranked by count, exponent ESTIMATE_ZIPF_S, and a user's number
+# of events 1 + Poisson(λ), λ lognormal of σ ESTIMATE_LENGTH_SIGMA with mean T − 1, each event a URL drawn
+# from that Zipf law: the shape of the browsing logs `generate` makes, the bundled sample's (less its
+# communities, which make a user's URLs more alike: the estimate counts a few more distinct rows).
+ESTIMATE_ZIPF_S = 1.0
+ESTIMATE_LENGTH_SIGMA = 1.0
+# The users written down to stand for all of them: enough for the counts a plan makes on real ones
+# (macro_batch_profile's macro-batches, bytes_per_token's SCALING_SAMPLE_DOCS, the calibration's slices),
+# at most this many tokens (more would take longer to write than they change the figures).
+ESTIMATE_SAMPLE_MAX_TOKENS = 16 << 20
+
+
+class EstimatedCorpus(Corpus):
+    """A corpus of `num_docs` users and `num_tokens` tokens of which a sample lies on disk (`sample`, a
+    Corpus of its own, what a calibration trains): its users stand for all of them, and its vocabulary is
+    the whole one, its counts times `count_scale` (1 where the sample was written with the whole's)."""
+
+    def __init__(self, sample_path: str, num_docs: int, num_tokens: int, count_scale: float, estimate: dict):
+        super().__init__(sample_path)
+        self.sample = Corpus(sample_path)
+        self.num_docs, self.num_tokens, self.count_scale = int(num_docs), int(num_tokens), count_scale
+        self.estimate = estimate
+
+    def counts(self) -> np.ndarray:
+        counts = super().counts()
+        return counts if self.count_scale == 1 else np.maximum(1, np.rint(counts * self.count_scale)).astype(np.int64)
+
+
+def check_estimate(users: int | None, urls: int | None, tokens_per_user: float | None, corpus_given: bool) -> None:
+    """Refuse an estimate's sizes that do not make one, naming the flag."""
+    if corpus_given:
+        for flag, value in (("--urls", urls), ("--tokens-per-user", tokens_per_user)):
+            if value is not None:
+                raise UserError(f"{flag} estimates a corpus you do not have (with --users and no --corpus); "
+                                "--corpus CORPUS --users N scales that corpus to N users, its URLs and its users' "
+                                "lengths as they are")
+    else:
+        missing = [flag for flag, value in (("--users", users), ("--urls", urls), ("--tokens-per-user", tokens_per_user))
+                   if value is None]
+        if missing:
+            raise UserError("plan needs --corpus CORPUS, or --users N --urls M --tokens-per-user T to estimate a corpus "
+                            f"you do not have yet (missing: {' '.join(missing)})")
+    for flag, value, least in (("--users", users, 1), ("--urls", urls, 1), ("--tokens-per-user", tokens_per_user, 1)):
+        if value is not None and not value >= least:
+            raise UserError(f"{flag} must be at least {least} (given {value:g})")
+
+
+def estimate_sample_tokens(config: TrainConfig, cal_config: TrainConfig | None, num_tokens: int, vocab: int,
+                           tokens_per_user: float, calibrate_seconds: float) -> int:
+    """Tokens of the sample an estimate writes: three of the full run's macro-batches
+    (macro_batch_profile), SCALING_SAMPLE_DOCS users (bytes_per_token), and where it calibrates
+    (cal_config) twice the calibration's first slice (the second slice of a two-point calibration is
+    larger), within the corpus and ESTIMATE_SAMPLE_MAX_TOKENS."""
+    want = max(3 * effective_macro_batch(config, num_tokens, vocab), int(SCALING_SAMPLE_DOCS * tokens_per_user))
+    if cal_config is not None:
+        want = max(want, 2 * calibration_tokens(_Sizes(num_tokens, vocab), cal_config, calibrate_seconds)[0])
+    return int(min(num_tokens, want, ESTIMATE_SAMPLE_MAX_TOKENS))
+
+
+@dataclasses.dataclass
+class _Sizes:  # a corpus's sizes, all that calibration_tokens, table_specs and settle_segments read of one
+    num_tokens: int
+    vocab_size: int
+    num_docs: int = 0
+    meta: dict = dataclasses.field(default_factory=dict)
+
+
+def zipf_corpus(out: str, users: int, urls: int, tokens_per_user: float, sample_tokens: int, seed: int) -> EstimatedCorpus:
+    """An EstimatedCorpus of `users` × `tokens_per_user` tokens over `urls` URLs in the shape the estimate
+    assumes (ESTIMATE_ZIPF_S, ESTIMATE_LENGTH_SIGMA), its sample of about `sample_tokens` tokens written
+    at `out` as prepare writes a corpus; the vocabulary's counts are the whole corpus's expected ones."""
+    from .corpus import DOCS_SCHEMA, FORMAT_VERSION, VOCAB_SCHEMA
+
+    rng = np.random.default_rng([seed, 0xE57])
+    total = round(users * tokens_per_user)
+    share = 1.0 / np.power(np.arange(1, urls + 1, dtype=np.float64), ESTIMATE_ZIPF_S)
+    share /= share.sum()
+    counts = np.maximum(1, np.rint(share * total)).astype(np.int64)
+    n = int(min(users, max(1, math.ceil(sample_tokens / tokens_per_user))))
+    sigma = ESTIMATE_LENGTH_SIGMA
+    lengths = 1 + rng.poisson((tokens_per_user - 1) * rng.lognormal(-sigma**2 / 2, sigma, size=n)).astype(np.int64)
+    tokens = np.searchsorted(np.cumsum(share), rng.random(int(lengths.sum())), side="right")
+    tokens = np.minimum(tokens, urls - 1).astype(np.int32)  # (the cumulative sum's last may round below 1)
+    os.makedirs(out)
+    doc_ids = np.arange(n, dtype=np.int64)
+    shard = write_shard(out, 0, doc_ids, lengths, tokens)
+
+    def named(prefix: str, count: int) -> pa.Array:  # prefix0, prefix1, … (millions of them: in Arrow)
+        return pc.binary_join_element_wise(prefix, pa.array(np.arange(count)).cast(pa.string()), "")
+
+    for name, schema, columns in (
+            ("vocab.arrow", VOCAB_SCHEMA, [named("url", urls), pa.array(counts), pa.array(np.arange(urls, dtype=np.int32))]),
+            ("docs.arrow", DOCS_SCHEMA, [named("user", n), pa.array(doc_ids), pa.array(lengths)])):
+        with pa.OSFile(os.path.join(out, name), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(pa.table(dict(zip(schema.names, columns)), schema=schema))
+    estimate = {"users": users, "urls": urls, "tokens_per_user": tokens_per_user, "from": "zipf",
+                "assumption": f"URL visits Zipf with exponent {ESTIMATE_ZIPF_S:g} over the URLs by rank; a user's "
+                              f"events 1 + Poisson(lognormal, σ {ESTIMATE_LENGTH_SIGMA:g}) with mean {tokens_per_user:g}",
+                "sample_docs": n, "sample_tokens": int(lengths.sum())}
+    with open(os.path.join(out, "corpus.json"), "w") as fh:
+        json.dump({"format_version": FORMAT_VERSION, "num_docs": n, "num_tokens": int(lengths.sum()),
+                   "vocab_size": urls, "num_shards": 1, "shards": [shard], "format": "events",
+                   "estimate": estimate}, fh, indent=2)
+    return EstimatedCorpus(out, users, total, 1.0, estimate)
+
+
+def scaled_corpus(corpus: Corpus, users: int) -> EstimatedCorpus:
+    """`corpus` as if it had `users` users of the same shape: its users stand for all of them, its
+    vocabulary (URLs) as it is, the counts and tokens times users / its users."""
+    scale = users / max(corpus.num_docs, 1)
+    estimate = {"users": users, "urls": corpus.vocab_size, "tokens_per_user": corpus.num_tokens / max(corpus.num_docs, 1),
+                "from": corpus.path,
+                "assumption": f"{corpus.path}'s {corpus.num_docs:,} users, their lengths and its {corpus.vocab_size:,} "
+                              f"URLs' shares, for {users:,} users",
+                "sample_docs": corpus.num_docs, "sample_tokens": corpus.num_tokens}
+    return EstimatedCorpus(corpus.path, users, round(corpus.num_tokens * scale), scale, estimate)
+
+
 # -- the plan ------------------------------------------------------------------------------------------
 
-def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
+def calibration_config(config: TrainConfig, workers: int | None) -> TrainConfig:
+    """The config the calibration trains: config's, with `workers` workers (1 … config.num_workers)."""
+    if workers is None or workers == config.num_workers:
+        return config
+    if not 1 <= workers <= config.num_workers:
+        raise UserError(f"--calibrate-workers {workers}: give 1 to --num-workers ({config.num_workers}); the "
+                        "calibrated workers' rate is scaled to --num-workers")
+    return dataclasses.replace(config, num_workers=workers)
+
+
+def refuse_calibration(config: TrainConfig, cal_config: TrainConfig, corpus: Corpus, seconds: float,
+                       resources: dict[str, float] | None) -> None:
+    """Refuse, in one line naming the ways out, a calibration whose workers and servers the Ray it runs on
+    cannot hold: `resources`, a joined cluster's (refused where it cannot grow: elsewhere the run waits
+    for its autoscaler, as train's does), or None: this machine's, before a local Ray starts. The servers
+    hold the calibration's slice of the corpus (calibration_tokens), not the whole."""
+    from .placement import cluster_can_grow, fit_problems, local_resources
+    from .trainer import local_object_store_bytes
+
+    where = "this machine" if resources is None else "the Ray cluster"
+    resources = local_resources(local_object_store_bytes()) if resources is None else resources
+    tokens = calibration_tokens(corpus, cal_config, seconds)[0]
+    part = _Sizes(tokens, corpus.vocab_size, math.ceil(corpus.num_docs * tokens / max(corpus.num_tokens, 1)))
+
+    def problems(cfg: TrainConfig) -> list[str]:
+        return fit_problems(cfg, table_specs(cfg, part), resources, where=where, way_out=False)
+
+    found = problems(cal_config)
+    if not found or (where != "this machine" and cluster_can_grow() is not False):
+        return
+    one = dataclasses.replace(cal_config, num_workers=1)
+    scale = (f", or calibrate one worker and scale its rate to {config.num_workers} (--calibrate-workers 1)"
+             if cal_config.num_workers > 1 and not problems(one) else "")
+    raise UserError(f"plan's calibration run cannot start here: {found[0]}; plan without it (--no-calibrate: "
+                    f"memory and bytes per token, no time){scale}")
+
+
+def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
          run_calibration: bool = True, measure: Callable[[str], dict] | None = None,
-         network_gbps: float = 10.0) -> dict:
-    """Memory per process and time per epoch of training `config` on the corpus, before training it."""
+         network_gbps: float = 10.0, calibrate_workers: int | None = None, users: int | None = None,
+         urls: int | None = None, tokens_per_user: float | None = None) -> dict:
+    """Memory per process and time per epoch of training `config` on the corpus, before training it.
+
+    calibrate_workers: the workers the calibration trains (default: config.num_workers); fewer, and the
+    time is the scaling table's row for config.num_workers, from their rate (a cluster larger than the
+    Ray the calibration runs on). users: an estimate, for a corpus not made yet: with corpus_path, that
+    corpus scaled to `users` users (scaled_corpus); without, `users` × `tokens_per_user` tokens over
+    `urls` URLs in the shape zipf_corpus assumes, its sample written under workdir and removed after."""
     config.validate()
-    corpus = Corpus(corpus_path)
+    if not network_gbps > 0:
+        raise UserError(f"--network-gbps must be > 0 (given {network_gbps:g}): the links' bandwidth in Gbit/s")
+    cal_config = calibration_config(config, calibrate_workers)
+    how = {"calibrate_seconds": calibrate_seconds, "workdir": workdir, "run_calibration": run_calibration,
+           "measure": measure, "network_gbps": network_gbps, "calibrate_workers": cal_config.num_workers}
+    if corpus_path is not None and users is None:
+        return _plan(Corpus(corpus_path), config, **how)
+    check_estimate(users, urls, tokens_per_user, corpus_given=corpus_path is not None)
+    if corpus_path is not None:
+        return _plan(scaled_corpus(Corpus(corpus_path), users), config, **how)
+    events = _Sizes(round(users * tokens_per_user), urls)  # (no text: the default --segments of events)
+    config = settle_segments(config, events)
+    sample_tokens = estimate_sample_tokens(config, calibration_config(config, calibrate_workers) if run_calibration
+                                           else None, events.num_tokens, urls, tokens_per_user, calibrate_seconds)
+    os.makedirs(workdir or tempfile.gettempdir(), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="estimate-", dir=workdir or tempfile.gettempdir())
+    try:
+        corpus = zipf_corpus(os.path.join(work, "corpus"), users, urls, tokens_per_user, sample_tokens, config.seed)
+        return _plan(corpus, config, **how)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir: str | None,
+          run_calibration: bool, measure: Callable[[str], dict] | None, network_gbps: float,
+          calibrate_workers: int) -> dict:
     config = settle_segments(config, corpus)
     tables = table_specs(config, corpus)
+    cal_config = calibration_config(config, calibrate_workers)
     profile = macro_batch_profile(corpus, config)
     width = tables["words_out"].width
     sources = {}
-    result: dict = {"corpus": {"path": corpus.path, "docs": corpus.num_docs, "tokens": corpus.num_tokens,
+    estimate = getattr(corpus, "estimate", None)  # an EstimatedCorpus: its sample, and what it assumes
+    trained = getattr(corpus, "sample", corpus)  # what a calibration trains: the corpus, or the estimate's sample
+    result: dict = {"corpus": {"path": None if estimate and estimate["from"] == "zipf" else corpus.path,
+                               "docs": corpus.num_docs, "tokens": corpus.num_tokens,
                                "vocab": corpus.vocab_size, "shards": corpus.num_shards,
                                "tokens_per_doc": corpus.num_tokens / max(corpus.num_docs, 1)},
                     "config": dataclasses.asdict(config),
-                    "tables": {name: spec.to_json() for name, spec in tables.items()}, "macro_batch": profile}
+                    "tables": {name: spec.to_json() for name, spec in tables.items()}, "macro_batch": profile,
+                    "estimate": estimate}
     ps_fixed, cal, store = None, None, None
     if run_calibration:
         import ray
 
         from .trainer import ray_connection
 
+        # plan's own refusal where plan connects to Ray (the command); a caller already on Ray (tune) has
+        # train's, which names the training flags
+        connects = not ray.is_initialized()
+        if connects and not (config.address or os.environ.get("RAY_ADDRESS")):
+            # a local Ray's resources, before starting it
+            refuse_calibration(config, cal_config, trained, calibrate_seconds, None)
         with ray_connection(config.address) as started_here:
+            if connects and not started_here:
+                refuse_calibration(config, cal_config, trained, calibrate_seconds, ray.cluster_resources())
             ps_fixed = empty_ps_bytes()
             store = _object_store_bytes(started_here)
             local = started_here or len([n for n in ray.nodes() if n.get("Alive")]) == 1
-            cal = calibrate(corpus, config, calibrate_seconds, workdir or tempfile.gettempdir(), measure)
+            cal = calibrate(trained, cal_config, calibrate_seconds, workdir or tempfile.gettempdir(), measure)
+        cal["workers"] = cal_config.num_workers
         result["calibration"] = cal
     else:
         from .trainer import local_object_store_bytes
@@ -502,7 +766,8 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
         sources["ps_overhead"] = "measured in calibration (peak private − its rows)"
         result["ps_overhead_measured"] = seen
     batch = worker_batch_bytes(profile, width)
-    if len(workers) >= config.num_workers and cal:
+    # (a calibration of fewer workers ran another schedule, its worker holding other rows: not this one's)
+    if cal and cal["workers"] == config.num_workers and len(workers) >= config.num_workers:
         resident = resident_plan(config, tables["words_out"], tables["docs"])
         on_host = resident["bytes"] if resident["on"] == "host" else 0
         worker_fixed = max(0, max(p["private"] for p in workers) - batch - on_host)
@@ -523,19 +788,27 @@ def plan(corpus_path: str, config: TrainConfig, calibrate_seconds: float = 30.0,
     memory["sources"] = sources
     memory["empty_ps"] = ps_fixed
     result["memory"] = memory
-    result["time"] = time_plan(corpus, config, tables, cal) if cal else None
     result["network_gbps"] = network_gbps
-    result["scaling"] = scaling_plan(corpus, config, cal, network_gbps, profile)
+    listed = tuple(sorted({*SCALING_WORKERS, config.num_workers}))
+    result["scaling"] = scaling_plan(corpus, config, cal, network_gbps, profile, workers=listed)
+    unlisted = [w for w in listed if refused_workers(config, w)]
+    result["scaling_unlisted"] = {"workers": unlisted, "why": refused_workers(config, unlisted[0])} if unlisted else None
+    scaled = None
+    if cal and cal["workers"] != config.num_workers:  # the planned workers' row, from the calibrated ones' rate
+        scaled = next(r for r in result["scaling"] if r["workers"] == config.num_workers)["tokens_per_second"]
+    result["time"] = time_plan(corpus, config, tables, cal, scaled) if cal else None
     ram = psutil.virtual_memory().total
     result["node_ram"] = ram
     result["warnings"] = plan_warnings(result, ram, local) + quality_warnings(config, corpus)
     return result
 
 
-def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec], cal: dict) -> dict:
-    """Time per epoch, startup, checkpoints and the whole run, scaled from the calibration."""
+def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec], cal: dict,
+              scaled: float | None = None) -> dict:
+    """Time per epoch, startup, checkpoints and the whole run, scaled from the calibration. scaled: the
+    tokens/s of config.num_workers where the calibration trained fewer (the scaling table's row)."""
     s = cal["summary"]
-    tps = s["tokens_per_second"]
+    tps = scaled or s["tokens_per_second"]
     if tps <= 0:
         raise UserError("the calibration run trained no tokens; cannot estimate time")
     epoch = corpus.num_tokens / tps
@@ -554,7 +827,7 @@ def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec],
     return {"tokens_per_second": tps, "epoch_seconds": epoch, "startup_seconds": startup,
             "ps_init_seconds_per_row": per_row, "checkpoint_seconds": checkpoint_s,
             "checkpoint_bytes_per_second": ckpt_rate, "checkpoints": n_ckpt, "total_seconds": total,
-            "worker_seconds": s.get("worker_seconds", {}),
+            "worker_seconds": s.get("worker_seconds", {}), "scaled_from_workers": cal["workers"] if scaled else None,
             "calibration_train_seconds": s.get("train_seconds"), "calibration_tokens": s.get("tokens")}
 
 
@@ -600,7 +873,13 @@ def format_plan(p: dict) -> str:
     words_out = TableSpec.from_json("words_out", p["tables"]["words_out"])
     width, row_bytes = words_out.width, words_out.row_bytes
     mode = cfg["mode"] + (" + dbow_words" if cfg["dbow_words"] else "")
-    lines = [f"plan: {c['path']}"]
+    est = p.get("estimate")
+    if est:  # no corpus read whole: its figures come from a sample standing for it
+        lines = [(f"plan: an estimate for {est['users']:,} users × {est['tokens_per_user']:,.1f} tokens over "
+                 f"{est['urls']:,} URLs, from {est['sample_docs']:,} users standing for them")]
+        lines.append(f"  estimate: {est['assumption']}")
+    else:
+        lines = [f"plan: {c['path']}"]
     lines.append(f"  corpus {c['docs']:,} docs, {c['tokens']:,} tokens ({c['tokens_per_doc']:.1f} a doc), "
                  f"vocabulary {c['vocab']:,}")
     lines.append(f"  {mode}, dim {cfg['dim']}, negative {cfg['negative']}, optimizer {cfg['optimizer']}, "
@@ -648,7 +927,14 @@ def format_plan(p: dict) -> str:
                f"{two['seconds'][0]:.1f} and {two['seconds'][1]:.1f} s: the difference's rate"
                if two else f"calibration: {what}, {cal['corpus_tokens']:,} tokens ({cal['corpus_docs']:,} docs) × "
                f"{cal['epochs']} epochs in {t['calibration_train_seconds']:.1f} s")
-        row("tokens/s", f"{t['tokens_per_second'] / 1e6:.3f}M", how)
+        scaled = t.get("scaled_from_workers")
+        if scaled:
+            row("tokens/s", f"{t['tokens_per_second'] / 1e6:.3f}M",
+                f"{_n(scaled, 'worker')} calibrated, its rate scaled to {_n(cfg['num_workers'], 'worker')} by the "
+                "scaling table (below)")
+            row("", f"{cal['summary']['tokens_per_second'] / 1e6:.3f}M", f"the {_n(scaled, 'worker')}'s {how}")
+        else:
+            row("tokens/s", f"{t['tokens_per_second'] / 1e6:.3f}M", how)
         row("", "", "worker time: " + " ".join(f"{k} {100 * v / busy:.0f}%" for k, v in split.items()))
         row("per epoch", _s(t["epoch_seconds"]), f"{c['tokens']:,} tokens / tokens/s")
         row("startup", _s(t["startup_seconds"]),
@@ -660,7 +946,8 @@ def format_plan(p: dict) -> str:
         lines.append("")
         lines.append(f"  scaling ({'the block schedule' if cfg.get('schedule') != 'shared' else 'shared rows'} where "
                      f"it applies; links of {p['network_gbps']:g} Gbit/s, one per worker and {cfg['num_ps']} on the "
-                     "servers' side; each rate in tokens/s)")
+                     "servers' side; tokens/s each limit allows alone, but the bound's: what it allows with the "
+                     "time the others add, the expectation)")
         lines.append(f"  {'workers':>8} {'bytes/token':>12} {'compute':>10} {'servers':>10} {'network':>10} "
                      f"{'expected':>10}  bound")
         for r in p["scaling"]:
@@ -668,9 +955,34 @@ def format_plan(p: dict) -> str:
             lines.append(f"  {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
                          + " ".join(f"{_m(rate[k]):>10}" for k in ("compute", "servers", "network"))
                          + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
+        lines.extend(more_servers_lines(p["scaling"]))
+        if p.get("scaling_unlisted"):
+            gone = p["scaling_unlisted"]
+            lines.append(f"  not listed: {', '.join(map(str, gone['workers']))} workers ({gone['why']})")
     for warning in p["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+# A row whose workers gain less than this over the row before (twice as many, or what the table lists) is
+# "no faster": the links on the servers' side, or the servers, are full; more servers is then the way on.
+NO_FASTER = 1.1
+
+
+def more_servers_lines(scaling: list[dict]) -> list[str]:
+    """For each row whose workers train no faster than the row before's (NO_FASTER), or slower, what a
+    server per worker would give where that helps, from the same model (scaling_plan's "more_servers")."""
+    out = []
+    for before, r in itertools.pairwise(scaling):
+        more, rate, was = r.get("more_servers"), r["tokens_per_second"], before["tokens_per_second"]
+        if not (more and rate and was and rate < NO_FASTER * was and more["tokens_per_second"] >= 1.05 * rate):
+            continue
+        how = "slower than" if rate < 0.99 * was else "no faster than"
+        out.append(f"  {r['workers']} workers are {how} {before['workers']} here: with --num-ps {more['num_ps']} "
+                   f"(a server per worker, each on a node of its own) they would train "
+                   f"{more['tokens_per_second'] / 1e6:.2f}M tokens/s, {more['tokens_per_second'] / rate:.1f}× "
+                   f"(bound: {more['bound']})")
+    return out
 
 
 def _m(rate: float | None) -> str:

@@ -30,14 +30,18 @@ from .config import TEXT_SEGMENTS, TableSpec, TrainConfig, build, is_text, settl
 from .corpus import Corpus
 from .errors import UserError
 from .placement import (
+    actor_names,
+    actor_nodes,
     cluster_can_grow,
     fit_problems,
     local_resources,
     node_fit_problem,
     node_label,
+    on_node,
     ps_options,
     resident_documents_line,
     run_bundles,
+    where_lines,
     without_resident_documents,
     worker_options,
 )
@@ -626,6 +630,9 @@ class _Run:
         server_cls = ray.remote(ParameterServer)
         # `ps` / `trainer` nodes where the cluster has them, plain CPU placement elsewhere
         server_placement, worker_placement = ps_options(config, tables), worker_options(config)  # asked once
+        # on a plain cluster of several nodes, the servers on nodes the workers do not need (placement.actor_nodes)
+        homes = actor_nodes(config, tables) or {"servers": [None] * config.num_ps, "workers": [None] * config.num_workers,
+                                                "server_memory": None}
         self.resources = ray.cluster_resources()  # as the actors' requests were made: _watch's fit check
         # A server that dies is restarted by Ray and reloads its rows from LATEST in __init__; calls to
         # it are retried (a retried push lands on the restored rows, which never held it).
@@ -634,7 +641,8 @@ class _Run:
         resume = self.resume  # from a version older than LATEST: the servers load it until this run commits
         restore = (resume.version, resume.latest) if resume.version is not None and resume.version != resume.latest else None
         self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
-                                           max_task_retries=-1, **server_placement).remote(
+                                           max_task_retries=-1,
+                                           **on_node(server_placement, homes["servers"][s], homes["server_memory"])).remote(
             s, config.num_ps, tables, config.seed, self.out, self.warm, journal, config.rounding, restore=restore)
             for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
@@ -645,7 +653,7 @@ class _Run:
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
-                                           max_task_retries=0, **worker_placement).remote(
+                                           max_task_retries=0, **on_node(worker_placement, homes["workers"][i])).remote(
             i, self.plan[i], os.path.abspath(corpus.path), config, names, tables, step_pause=step_pause, staged=staged,
             handover=handover)
             for i in range(config.num_workers)]
@@ -654,6 +662,8 @@ class _Run:
         self.server_info = self._get([s.info.remote() for s in self.servers])
         for shard, answer in enumerate(self.server_info):
             self._seen(("server", shard), answer)
+        for line in where_lines(self.node_of, ray.nodes()):  # one line per node: which actors run there
+            log.info(line)
         self.last_ckpt = time.perf_counter()
 
     def stop(self) -> None:
@@ -871,18 +881,18 @@ class _Run:
         for node in dict.fromkeys(self.node_of[key] for key in newly if key in self.down):
             keys = [key for key in newly if self.node_of[key] == node and key in self.down]
             if not missing:
-                log.warning(f"{_node_death(dead[node])}: it ran {_actor_names(keys)}; Ray restarts "
+                log.warning(f"{_node_death(dead[node])}: it ran {actor_names(keys)}; Ray restarts "
                             f"{'it' if len(keys) == 1 else 'them'} on a live node from the last checkpoint "
                             f"(waiting up to {RESTART_SECONDS:g}s)")
             elif self.grows is not False:
-                log.warning(f"{_node_death(dead[node])}: it ran {_actor_names(keys)}, which cannot be restarted "
+                log.warning(f"{_node_death(dead[node])}: it ran {actor_names(keys)}, which cannot be restarted "
                             f"yet: {missing}; waiting up to {wait:g}s (--wait-for-resources) for the autoscaler to "
                             "add a node")
         for key, since in self.down.items():
             node = dead.get(self.node_of[key])
             # every actor of that node still down: a node that held both servers lost both
             gone = [k for k in self.down if self.node_of[k] == self.node_of[key]]
-            what = f"{_node_death(node) if node else 'its node is dead'}: it ran {_actor_names(gone)}"
+            what = f"{_node_death(node) if node else 'its node is dead'}: it ran {actor_names(gone)}"
             if not missing:
                 if now - since > RESTART_SECONDS:
                     raise TrainingStopped(f"{what}, and Ray did not restart {'it' if len(gone) == 1 else 'them'} "
@@ -994,14 +1004,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes of Ray's remote traceb
 def _actor_name(key: tuple[str, int]) -> str:
     role, i = key
     return f"{'worker' if role == 'worker' else 'parameter server'} {i}"
-
-
-def _actor_names(keys: list[tuple[str, int]]) -> str:
-    workers = sorted(i for role, i in keys if role == "worker")
-    servers = sorted(i for role, i in keys if role == "server")
-    parts = ([f"worker{'s' if len(workers) > 1 else ''} {', '.join(map(str, workers))}"] if workers else []) + \
-            ([f"parameter server{'s' if len(servers) > 1 else ''} {', '.join(map(str, servers))}"] if servers else [])
-    return " and ".join(parts)
 
 
 def _node_death(node: dict) -> str:

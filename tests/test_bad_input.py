@@ -490,6 +490,14 @@ CASES = [
          "--max-tokens-per-doc must be >= 1, not 0", {"good.csv": GOOD_CSV}, "{t}/c"),
     Case("all the events again with --base (a cumulative export)", "prepare {t}/e.parquet --out {t}/c --base {corpus} "
          "--time-col ts", "says", "{t}/e.parquet look like a cumulative export: ", {"e.parquet": _sample_events}),
+    # --- issue 47: plan for a cluster larger than this machine -------------------------------------------------
+    Case("plan calibrating more workers than this machine holds", "plan --corpus {corpus} --num-workers 100", "error",
+         "plan's calibration run cannot start here: 100 workers need 200 CPU but this machine has",
+         fresh_process=True),
+    Case("plan --calibrate-workers above --num-workers", "plan --corpus {corpus} --calibrate-workers 3", "error",
+         "--calibrate-workers 3: give 1 to --num-workers (1)"),
+    Case("plan --network-gbps 0", "plan --corpus {corpus} --no-calibrate --network-gbps 0", "error",
+         "--network-gbps must be > 0 (given 0)"),
 ]
 
 

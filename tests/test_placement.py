@@ -185,3 +185,75 @@ def test_whether_the_cluster_can_grow_is_read_from_the_autoscalers_report(monkey
 
 def test_the_session_cluster_cannot_grow(ray_cluster):
     assert placement.cluster_can_grow() is False
+
+
+# --- issue 47, item 12: servers apart from the workers, and where each actor runs ----------------------------
+
+HEAD = "node:__internal_head__"  # the resource Ray gives the head node
+
+
+def test_on_two_nodes_the_servers_go_to_the_node_the_workers_do_not_need():
+    """The head and one extra node: the servers were placed on the worker's node, so losing that node
+    stopped everything. The worker needs one node's CPUs; the servers go to the other (the head first: its
+    loss ends a run whatever runs there)."""
+    config = TrainConfig(num_ps=2, num_workers=1, cpus_per_worker=2)
+    nodes = [host("10.0.0.1", "headhead", CPU=2, memory=8 * GiB, **{HEAD: 1}), host("10.0.0.2", "extra000", CPU=2, memory=8 * GiB)]
+    homes = placement.actor_nodes(config, TABLES, nodes)
+    assert homes == {"servers": ["headhead" * 7] * 2, "workers": ["extra000" * 7],
+                     "server_memory": placement.ps_memory_bytes(placement.table_bytes_per_ps(TABLES, 2))}
+    # asked for softly, and a server for its memory: Ray puts an actor that asks for nothing on a random node
+    node_id = "0a" * 28  # (a node id is hex)
+    opts = placement.on_node(placement.ps_options(config, TABLES, resources={"CPU": 4}), node_id,
+                             homes["server_memory"])
+    assert opts["memory"] == homes["server_memory"] and opts["num_cpus"] == 0
+    assert opts["scheduling_strategy"].node_id == node_id and opts["scheduling_strategy"].soft
+    assert placement.on_node({"num_cpus": 1}, None, 5) == {"num_cpus": 1}
+    # a head with no CPU (deploy/'s): the same; two workers that need both nodes' CPUs: no preference
+    nodes[0]["Resources"]["CPU"] = 0
+    assert placement.actor_nodes(config, TABLES, nodes) == homes
+    both = [host("10.0.0.1", "headhead", CPU=2, memory=8 * GiB, **{HEAD: 1}), host("10.0.0.2", "extra000", CPU=2, memory=8 * GiB)]
+    assert placement.actor_nodes(TrainConfig(num_ps=2, num_workers=2, cpus_per_worker=2), TABLES, both) is None
+    # one node, or `ps` / `trainer` nodes (the resources place them): nothing to decide
+    assert placement.actor_nodes(config, TABLES, both[:1]) is None
+    assert placement.actor_nodes(config, TABLES, THREE_NODES) is None
+
+
+def test_the_servers_go_where_their_rows_fit_and_the_workers_spread_over_the_rest():
+    config = TrainConfig(num_ps=2, num_workers=2, cpus_per_worker=4)
+    tables = specs(docs=(20_000_000, 100), words_out=(1_000_000, 100))  # 4.2 GB a server: 5.7 GiB with headroom
+    nodes = [host("10.0.0.1", "headhead", CPU=4, memory=4 * GiB, **{HEAD: 1}),  # too small for a server
+             host("10.0.0.2", "bigmem00", CPU=4, memory=64 * GiB), host("10.0.0.3", "cpu00000", CPU=8, memory=16 * GiB),
+             host("10.0.0.4", "cpu11111", CPU=8, memory=16 * GiB),
+             {**host("10.0.0.5", "deaddead", CPU=64, memory=512 * GiB), "Alive": False}]
+    homes = placement.actor_nodes(config, tables, nodes)
+    servers, workers = homes["servers"], homes["workers"]
+    # two nodes left over by two workers: a server on each, the roomiest in memory first; never the head
+    assert servers[0] == "bigmem00" * 7 and servers[1] in ("cpu00000" * 7, "cpu11111" * 7)
+    assert len(set(workers)) == 2 and not set(workers) & set(servers)  # a worker on each of the other two
+    assert "deaddead" * 7 not in servers + workers
+    # where no node apart from the workers' holds the servers' rows, Ray's own spreading decides, as before
+    small = [{**n, "Resources": {**n["Resources"], "memory": 4 * GiB}} for n in nodes]
+    assert placement.actor_nodes(config, tables, small) is None
+
+
+def test_where_each_actor_runs_is_one_line_per_node():
+    nodes = [host("10.0.0.1", "headhead", CPU=0, memory=8 * GiB, **{HEAD: 1}), host("10.0.0.2", "extra000", CPU=2, memory=8 * GiB)]
+    node_of = {("server", 0): "headhead" * 7, ("server", 1): "headhead" * 7, ("worker", 0): "extra000" * 7,
+               ("worker", 1): "extra000" * 7}
+    assert placement.where_lines(node_of, nodes) == [
+        "node 10.0.0.1 (headhead, the head) runs parameter servers 0, 1",
+        "node 10.0.0.2 (extra000) runs workers 0, 1"]
+    # together on one node, it says so in one line
+    assert placement.where_lines({("server", 0): "extra000" * 7, ("worker", 0): "extra000" * 7}, nodes) == [
+        "node 10.0.0.2 (extra000) runs worker 0 and parameter server 0"]
+
+
+def test_a_run_on_the_session_cluster_says_where_its_actors_run(ray_cluster, small_corpus, tmp_path, logged):
+    """The session's Ray has one node: everything runs there, and the line says so."""
+    from doc2vec_dist.trainer import train
+
+    train(small_corpus, str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, num_ps=2, num_workers=1, cpus_per_worker=1,
+                                                         progress=False))
+    node = next(n for n in ray.nodes() if n["Alive"])
+    lines = [r.getMessage() for r in logged.records if " runs " in r.getMessage()]
+    assert lines == [f"node {placement.node_label(node)[:-1]}, the head) runs worker 0 and parameter servers 0, 1"]

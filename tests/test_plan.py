@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import SAMPLE_EVENTS, SMALL_USERS
 
 from doc2vec_dist import placement
 from doc2vec_dist import plan as planmod
@@ -148,6 +150,12 @@ def test_macro_batch_profile_counts_real_rows(sample_corpus):
     assert planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=1))["words_out"] == 0
     some = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, cache_rows=1000))
     assert 0 < some["words_out"] <= corpus.vocab_size - 1000
+    # the block schedule: a worker holds its block of words_out and its documents for the round, pulling
+    # neither with a macro-batch (bytes_per_token counts their moves); without resident documents, it pulls those
+    blocks = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2))
+    assert blocks["words_out"] == 0 and blocks["docs"] == 0 and blocks["unique_rows"] == 0
+    streamed = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, resident_docs=False))
+    assert streamed["words_out"] == 0 and streamed["docs"] == streamed["unique_rows"] > 0
 
 
 @pytest.mark.slow
@@ -169,10 +177,21 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert 50 << 20 < mem["worker"]["total"] < 2 << 30
     assert not os.listdir(tmp_path)  # the calibration cleans up after itself
 
-    measured_epoch = run["summary"]["train_seconds"] / 10
+    # The time: what does not depend on how busy the machine is, exactly. The calibration is a real run of
+    # this config (the sample whole: every token trained, counted), its tokens/s what that run measured,
+    # and the epoch and the run are that rate's arithmetic.
+    cal, s = result["calibration"], result["calibration"]["summary"]
+    assert not cal["sliced"] and s["tokens"] == cal["epochs"] * result["corpus"]["tokens"]
+    assert t["tokens_per_second"] == s["tokens_per_second"] == pytest.approx(s["tokens"] / s["train_seconds"],
+                                                                            rel=0.01)
     assert t["epoch_seconds"] == pytest.approx(result["corpus"]["tokens"] / t["tokens_per_second"])
-    assert measured_epoch / 4 < t["epoch_seconds"] < measured_epoch * 4, (t, run["summary"])
-    assert t["total_seconds"] > 10 * t["epoch_seconds"]
+    assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 10 * t["epoch_seconds"]
+                                               + t["checkpoints"] * t["checkpoint_seconds"])
+    # Against the fixture's run, measured at another moment (this check failed at 4× on a busy machine:
+    # 0.71 s planned, 0.096 s run), only loosely: a plan off by a unit (ms for s) or by the calibration
+    # timing something else than training is off by far more.
+    measured_epoch = run["summary"]["train_seconds"] / 10
+    assert measured_epoch / 30 < t["epoch_seconds"] < measured_epoch * 30, (t, run["summary"])
     text = planmod.format_plan(result)
     assert "parameter server" in text and "per epoch" in text and "worker time: read" in text
     # the scaling table: the bytes per token it predicts for 2 workers are what that run's counters counted
@@ -236,13 +255,21 @@ def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     fast = planmod.scaling_plan(corpus, cfg, cal, network_gbps=100)
     per_token = [r["total_bytes_per_token"] for r in fast]
     assert per_token == sorted(per_token) and per_token[-1] > 2 * per_token[0]
-    assert fast[0]["rates"]["compute"] == pytest.approx(1e6) and fast[2]["rates"]["compute"] == pytest.approx(4e6)
+    # compute: W × one worker's rate; the bound, so the expectation: less the waits for the held rows (at
+    # 100 Gbit/s, well under 1%)
+    assert fast[0]["bound"] == fast[2]["bound"] == "compute"
+    assert fast[0]["alone"]["compute"] == pytest.approx(1e6) and fast[2]["alone"]["compute"] == pytest.approx(4e6)
+    assert fast[0]["rates"]["compute"] == pytest.approx(1e6, rel=0.01) and fast[0]["rates"]["compute"] < 1e6
     slow = planmod.scaling_plan(corpus, cfg, cal, network_gbps=0.001)
     assert all(r["bound"] == "network" for r in slow)
-    for r in slow:  # a link per worker, num_ps of them on the servers' side; compute adds a little
-        link = 0.001e9 / 8
-        assert r["tokens_per_second"] == pytest.approx(min(r["workers"], 2) * link / r["total_bytes_per_token"],
-                                                       rel=0.02)
+    link = 0.001e9 / 8
+    for r in slow:  # a link per worker, num_ps of them on the servers' side, the busier side bounding
+        moved, total = r["bytes_per_token"], r["total_bytes_per_token"]
+        # the blocks handed from worker to worker cross the workers' links only
+        seconds = max(total / (r["workers"] * link), (total - moved["handed"]) / (2 * link))
+        if r["workers"] <= 2:
+            assert seconds == pytest.approx(total / (r["workers"] * link))
+        assert r["tokens_per_second"] == pytest.approx(1 / seconds, rel=0.02)
 
 
 def test_held_rows_move_while_the_worker_waits_and_streamed_rows_while_it_computes(sample_corpus):
@@ -253,18 +280,24 @@ def test_held_rows_move_while_the_worker_waits_and_streamed_rows_while_it_comput
     cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, cpus_per_worker=1, progress=False)
     cal = {"summary": {"tokens_per_second": 1e6, "bytes": {}}}
     gbps = 0.01
+    link = gbps * 1e9 / 8
     for r in planmod.scaling_plan(corpus, cfg, cal, network_gbps=gbps, workers=(1, 2, 4)):
-        moved, links = r["bytes_per_token"], min(r["workers"], 2) * gbps * 1e9 / 8
-        # the blocks, handed to their next holders or pushed home, move while the workers wait
-        streamed = (moved["pulled"] + moved["pushed"]) / links
-        held = (moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]) / links
-        assert (moved["handed"] > 0) == (r["workers"] > 1)
-        compute = 1 / r["rates"]["compute"]
+        moved, w = r["bytes_per_token"], r["workers"]
+        # seconds a token on the links, the busier side's: a link per worker, 2 on the servers' side, which the
+        # blocks handed from worker to worker do not cross
+        streamed = (moved["pulled"] + moved["pushed"]) / (min(w, 2) * link)
+        held_bytes = moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]
+        held = max(held_bytes / (w * link), (held_bytes - moved["handed"]) / (2 * link))
+        assert (moved["handed"] > 0) == (w > 1)
+        compute = 1 / (1e6 * w)
         assert r["tokens_per_second"] == pytest.approx(1 / (max(compute, streamed) + held))
-        assert r["tokens_per_second"] <= min(r["rates"]["compute"], r["rates"]["network"])
-        if r["workers"] > 1:  # the blocks are held rows: their time adds to the compute time
-            assert held > 0 and r["tokens_per_second"] < 0.99 / max(compute, streamed)
+        # each column what its limit allows alone (network: every byte's time), but the bound's: the expectation
+        assert r["alone"]["compute"] == pytest.approx(1 / compute)
+        assert r["alone"]["network"] == pytest.approx(1 / (streamed + held))
         assert r["bound"] == ("network" if streamed + held > compute else "compute")
+        assert r["rates"] == {**r["alone"], r["bound"]: r["tokens_per_second"]}
+        if w > 1:  # the blocks are held rows: their time adds to the compute time
+            assert held > 0 and r["tokens_per_second"] < 0.99 / max(compute, streamed)
 
 
 def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus, tmp_path, capsys):
@@ -294,3 +327,225 @@ def test_plan_warns_of_settings_measured_to_lose_quality(sample_corpus, capsys):
     assert "warning: --shared-negatives 16 with --micro-batch 8,192" in capsys.readouterr().out
     assert main(["plan", "--corpus", sample_corpus[0], "--no-calibrate", "--shared-negatives", "16"]) == 0
     assert "--shared-negatives" not in capsys.readouterr().out
+
+
+# --- issue 47: the scaling table agrees with itself --------------------------------------------------------
+
+CAL = {"summary": {"tokens_per_second": 1e6, "server_busy_seconds": 1.0,
+                   "bytes": {"pulled": 1e9, "pushed": 1e9, "resident_pulled": 0, "resident_pushed": 0}}}
+
+
+def test_the_one_worker_row_is_the_same_whatever_the_planned_number_of_workers(sample_corpus):
+    """One corpus gave a 1-worker row of 82.3 B/token in a plan of one worker and 128.9 in a plan of several:
+    the row counted the URL rows resident in each of the planned workers, not in one."""
+    corpus = Corpus(sample_corpus[0])
+    base = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
+    rows = {}
+    for planned in (1, 2, 4):
+        for gbps in (10.0, 1.0):
+            cal = {"summary": {**CAL["summary"], "tokens_per_second": 1e6 * planned}}  # the same rate per worker
+            table = planmod.scaling_plan(corpus, dataclasses.replace(base, num_workers=planned), cal, gbps)
+            rows[planned, gbps] = {r["workers"]: r for r in table}
+    for gbps in (10.0, 1.0):
+        one = [rows[planned, gbps][1] for planned in (1, 2, 4)]
+        assert one[0]["bytes_per_token"] == one[1]["bytes_per_token"] == one[2]["bytes_per_token"]
+        assert one[0]["tokens_per_second"] == one[1]["tokens_per_second"] == one[2]["tokens_per_second"]
+        # and every other row, too: each row is its own number of workers, whoever asks
+        for w in (2, 4, 8, 16):
+            assert rows[1, gbps][w]["bytes_per_token"] == rows[4, gbps][w]["bytes_per_token"]
+    assert rows[1, 10.0][1]["bytes_per_token"] == rows[1, 1.0][1]["bytes_per_token"]
+
+
+@pytest.mark.parametrize("gbps", [100.0, 1.0, 0.05, 0.001])
+def test_each_rows_expected_rate_is_the_least_of_its_columns_and_the_bound_names_that_column(sample_corpus, gbps):
+    """A 2-worker row named "network" as its bound while every column allowed more than it expected: the
+    columns now carry the same model as the expectation (compute waits for the held rows' moves too)."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
+    for r in planmod.scaling_plan(corpus, cfg, CAL, network_gbps=gbps):
+        columns = {k: v for k, v in r["rates"].items() if v}
+        assert set(columns) == {"compute", "servers", "network"}
+        assert r["tokens_per_second"] == min(columns.values()), r
+        assert r["bound"] == min(columns, key=columns.get), r
+    text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": planmod.scaling_plan(corpus, cfg, CAL, gbps),
+                                "network_gbps": gbps})
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) == 7 and cells[0].isdigit():  # a row: workers, bytes/token, compute, servers, network, expected, bound
+            rates = dict(zip(("compute", "servers", "network"), cells[2:5]))
+            assert cells[5] == rates[cells[6]], line
+
+
+def _plan_shell(corpus, cfg) -> dict:
+    """What format_plan reads of a plan besides its scaling table: a --no-calibrate plan's parts."""
+    tables = table_specs(cfg, corpus)
+    profile = planmod.macro_batch_profile(corpus, cfg)
+    mem = planmod.memory_plan(tables, cfg, profile, ps_overhead=0, worker_fixed=0, driver=0, ray_system=0,
+                              object_store=1 << 30)
+    mem["sources"] = {k: "test" for k in ("ps_overhead", "worker_fixed", "driver", "ray_system")}
+    return {"corpus": {"path": corpus.path, "docs": corpus.num_docs, "tokens": corpus.num_tokens,
+                       "vocab": corpus.vocab_size, "shards": 1, "tokens_per_doc": 30.0},
+            "config": dataclasses.asdict(cfg), "tables": {n: s.to_json() for n, s in tables.items()},
+            "macro_batch": profile, "memory": mem, "time": None, "node_ram": 64 << 30, "warnings": []}
+
+
+def test_where_more_workers_are_no_faster_the_table_says_how_much_more_servers_help(sample_corpus):
+    """Over 1 Gbit/s links with 2 servers, 8 workers move more bytes a token than 4 through the same two
+    server links: no faster. The same model with a server per worker says by how much more servers help."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
+    cal = {"summary": {**CAL["summary"], "tokens_per_second": 20e6}}  # fast workers: the links bound
+    table = planmod.scaling_plan(corpus, cfg, cal, network_gbps=1.0)
+    stuck = [r for prev, r in itertools.pairwise(table) if r["tokens_per_second"] < 1.1 * prev["tokens_per_second"]]
+    assert stuck, [r["tokens_per_second"] for r in table]
+    for r in stuck:
+        more = r["more_servers"]
+        assert more["num_ps"] == r["workers"] and more["tokens_per_second"] > 1.1 * r["tokens_per_second"]
+        alone = planmod.scaling_plan(corpus, dataclasses.replace(cfg, num_ps=r["workers"]), cal, network_gbps=1.0,
+                                     workers=(r["workers"],))[0]
+        assert more["tokens_per_second"] == pytest.approx(alone["tokens_per_second"])  # the same model
+    text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": 1.0})
+    for r in stuck:
+        gain = r["more_servers"]["tokens_per_second"] / r["tokens_per_second"]
+        assert (f"  {r['workers']} workers are no faster than {r['workers'] // 2} here: with --num-ps {r['workers']} "
+                f"(a server per worker, each on a node of its own) they would train "
+                f"{r['more_servers']['tokens_per_second'] / 1e6:.2f}M tokens/s, {gain:.1f}× ") in text
+    # where more workers do go faster, no such line
+    assert "workers are no faster than 1 here" not in text and "2 workers are" not in text
+
+
+# --- issue 47: plan on a machine smaller than the cluster ---------------------------------------------------
+
+def test_calibrating_more_workers_than_this_machine_holds_is_refused_before_ray_starts_naming_the_ways_out(
+        sample_corpus):
+    """`plan --num-workers 4` on a 2-CPU machine started a Ray, then stopped with train's "8 CPU in all, and
+    the nodes hold 1 … lower --num-workers": no way to plan the cluster from here."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "doc2vec_dist", "plan", "--corpus", sample_corpus[0],
+                           "--num-workers", "100"], capture_output=True, text=True, timeout=300, check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr  # one line: no Ray started, nothing else said
+    assert lines[0].startswith("error: plan's calibration run cannot start here: 100 workers need 200 CPU but "
+                               "this machine has "), lines
+    assert lines[0].endswith("; plan without it (--no-calibrate: memory and bytes per token, no time), or calibrate "
+                             "one worker and scale its rate to 100 (--calibrate-workers 1)"), lines
+
+
+@pytest.mark.slow
+def test_one_calibrated_worker_scaled_to_the_planned_workers_of_a_corpus_not_made_yet(ray_cluster, tmp_path):
+    """An estimate (--users --urls --tokens-per-user) for 4 workers with --calibrate-workers 1: the calibration
+    trains one worker on the estimate's sample; memory is planned for 4 and the whole corpus, and the time
+    per epoch is the scaling table's row for 4 (that one worker's rate, 4 times, within the links' and
+    servers' limits), said so."""
+    cfg = TrainConfig(dim=16, epochs=2, num_ps=2, num_workers=4, cpus_per_worker=1, progress=False)
+    result = planmod.plan(None, cfg, calibrate_seconds=0.3, workdir=str(tmp_path), calibrate_workers=1,
+                          users=200_000, urls=5000, tokens_per_user=20)
+    assert not os.listdir(tmp_path)  # the sample and the calibration's model are gone
+    cal, t = result["calibration"], result["time"]
+    assert cal["workers"] == 1 and cal["summary"]["worker_seconds"]
+    assert cal["corpus_tokens"] <= result["estimate"]["sample_tokens"] < result["corpus"]["tokens"] == 4_000_000
+    four = next(r for r in result["scaling"] if r["workers"] == 4)
+    one = next(r for r in result["scaling"] if r["workers"] == 1)
+    assert one["alone"]["compute"] == pytest.approx(cal["summary"]["tokens_per_second"])
+    assert four["alone"]["compute"] == pytest.approx(4 * cal["summary"]["tokens_per_second"])
+    assert t["tokens_per_second"] == four["tokens_per_second"] and t["scaled_from_workers"] == 1
+    assert t["epoch_seconds"] == pytest.approx(4_000_000 / four["tokens_per_second"])
+    assert result["memory"]["object_store"]["in_flight"] == 4 * (2 + cfg.max_inflight_pushes) * \
+        result["memory"]["object_store"]["macro_batch_rows_bytes"]  # 4 workers' memory, not the calibration's
+    assert result["memory"]["ps"][0]["table_bytes"] == (100_000 + 2500) * 16 * 4  # the whole corpus's rows
+    text = planmod.format_plan(result)
+    assert "1 worker calibrated, its rate scaled to 4 workers by the scaling table" in text
+
+
+# --- issue 47: a plan for a corpus you do not have yet -------------------------------------------------------
+
+ESTIMATE_FACTOR = 1.25  # docs/cluster.md: an estimate's bytes per token and worker memory, against the corpus's own
+
+
+@pytest.mark.parametrize("settings", [{"num_workers": 2}, {"num_workers": 2, "schedule": "shared"},
+                                      {"num_workers": 2, "schedule": "shared", "sample": 0},
+                                      {"num_workers": 2, "resident_docs": False}, {"mode": "dm"}])
+def test_an_estimate_from_sizes_alone_is_within_its_stated_factor_of_the_corpus_plan(sample_corpus, tmp_path,
+                                                                                      settings):
+    """--users N --urls M --tokens-per-user T for the sample's own sizes (5,000 users, 4,989 URLs, 30.9 tokens a
+    user) against the plan of the sample itself: the same tables, and bytes per token and a worker's
+    memory within ESTIMATE_FACTOR. The sample was generated as the estimate assumes its corpus (Zipf URLs,
+    lognormal users), with communities besides."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, progress=False, **settings)
+    real = planmod.plan(sample_corpus[0], cfg, run_calibration=False)
+    est = planmod.plan(None, cfg, run_calibration=False, users=corpus.num_docs, urls=corpus.vocab_size,
+                       tokens_per_user=corpus.num_tokens / corpus.num_docs, workdir=str(tmp_path))
+    assert not os.listdir(tmp_path)  # the sample it wrote is gone
+    assert est["estimate"]["from"] == "zipf" and est["estimate"]["users"] == 5000 and real["estimate"] is None
+    assert "Zipf" in est["estimate"]["assumption"] and est["corpus"]["path"] is None
+    assert est["corpus"]["tokens"] == corpus.num_tokens and est["tables"] == real["tables"]
+    assert [p["table_bytes"] for p in est["memory"]["ps"]] == [p["table_bytes"] for p in real["memory"]["ps"]]
+    for e, r in zip(est["scaling"], real["scaling"], strict=True):
+        ratio = e["total_bytes_per_token"] / r["total_bytes_per_token"]
+        assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR, (e["workers"], ratio)
+    ratio = est["memory"]["worker"]["total"] / real["memory"]["worker"]["total"]
+    assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR
+    ratio = est["memory"]["worker"]["batch"] / real["memory"]["worker"]["batch"]
+    assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR
+    text = planmod.format_plan(est)
+    assert text.startswith(f"plan: an estimate for 5,000 users × {corpus.num_tokens / 5000:.1f} tokens over 4,989 URLs")
+    assert "\n  estimate: URL visits Zipf with exponent 1" in text
+    if cfg.mode == "dm":  # PV-DM trains on one worker: the table says so rather than failing
+        assert [r["workers"] for r in est["scaling"]] == [1] and "not listed: 2, 4, 8, 16 workers" in text
+
+
+def test_a_corpus_scaled_to_more_users_is_an_estimate_of_the_corpus_they_make(small_corpus, tmp_path):
+    """small_corpus is the sample's first 1,500 users: scaled to 5,000 it stands for the whole sample (its
+    URLs as they are: fewer than the sample's 4,989); scaled to its own users it is itself."""
+    from doc2vec_dist.config import PrepareConfig
+    from doc2vec_dist.prepare import prepare
+
+
+    whole = prepare([SAMPLE_EVENTS], str(tmp_path / "sample"), PrepareConfig(time_col="ts"), progress=False)
+    cfg = TrainConfig(dim=32, num_workers=2, progress=False)
+    real = planmod.plan(whole.path, cfg, run_calibration=False)
+    est = planmod.plan(small_corpus, cfg, run_calibration=False, users=5000)
+    assert est["estimate"]["from"] == Corpus(small_corpus).path and est["corpus"]["docs"] == 5000
+    assert est["corpus"]["tokens"] == pytest.approx(real["corpus"]["tokens"], rel=0.1)
+    same = planmod.plan(small_corpus, cfg, run_calibration=False, users=SMALL_USERS)
+    alone = planmod.plan(small_corpus, cfg, run_calibration=False)
+    assert same["scaling"] == alone["scaling"] and same["memory"] == alone["memory"]
+    for e, r in zip(est["scaling"], real["scaling"], strict=True):
+        ratio = e["total_bytes_per_token"] / r["total_bytes_per_token"]
+        assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR, (e["workers"], ratio)
+
+
+def test_the_estimate_command_says_estimate_and_saves_it(tmp_path, capsys):
+    from doc2vec_dist.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--users", "20000000", "--urls", "1000000", "--tokens-per-user", "30", "--no-calibrate",
+                 "--num-ps", "4", "--num-workers", "8", "--network-gbps", "1", "--workdir", str(tmp_path / "w"),
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("plan: an estimate for 20,000,000 users × 30.0 tokens over 1,000,000 URLs")
+    with open(out) as fh:
+        saved = json.load(fh)
+    assert saved["estimate"]["users"] == 20_000_000 and saved["corpus"]["tokens"] == 600_000_000
+    # the tables of the whole: 5M docs and 250k URLs a server at dim 100
+    assert saved["memory"]["ps"][0]["table_bytes"] == (5_000_000 + 250_000) * 400
+    assert os.listdir(tmp_path / "w") == []
+
+
+@pytest.mark.parametrize("argv, expect", [
+    ([], ("plan needs --corpus CORPUS, or --users N --urls M --tokens-per-user T to estimate a corpus you do not "
+         "have yet (missing: --users --urls --tokens-per-user)")),
+    (["--users", "10", "--urls", "5"], "(missing: --tokens-per-user)"),
+    (["--users", "10", "--urls", "5", "--tokens-per-user", "0.5"], "--tokens-per-user must be at least 1 (given 0.5)"),
+    (["--corpus", "{corpus}", "--users", "10", "--urls", "5"], "--urls estimates a corpus you do not have"),
+])
+def test_an_estimate_without_its_sizes_is_refused_naming_them(sample_corpus, capsys, argv, expect):
+    from doc2vec_dist.cli import main
+
+    argv = [a.replace("{corpus}", sample_corpus[0]) for a in argv]
+    assert main(["plan", "--no-calibrate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expect in err[0], err
