@@ -70,7 +70,9 @@ class ProcessWatch(_Sampler):
                 rec["what"] = "task worker"
                 if title.split()[0] != "ray::IDLE":
                     rec["tasks"].add(title.split()[0][len("ray::"):])
-            elif rec["what"] is None:
+            elif title and rec["what"] != "task worker":
+                # named by what it runs now: a process first seen between fork and exec (an empty command
+                # line, or its parent's) takes its program's name once it has one
                 rec["what"] = _program(title)
             rec["cpu_seconds"] = max(rec["cpu_seconds"], times.user + times.system)
             rec["peak_rss_bytes"] = max(rec["peak_rss_bytes"], status.get("VmHWM") or 0)
