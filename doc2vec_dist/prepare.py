@@ -693,7 +693,8 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
     events of the last N days before the latest one; a known user with none keeps its id and an empty
     row. Counts, and so subsampling and negatives, are the new corpus's. changed.arrow lists the new
     users and those with new events (train --first-epoch changed). corpus.json's "refresh" counts
-    what is new, what grew and what no longer appears. A base that knows none of the inputs' users is
+    what is new, what grew and what no longer appears, and ("files") the events of each input file the
+    base had, so that the report names a cumulative export among files of new events. A base that knows none of the inputs' users is
     an error (it is not an earlier corpus of these events), one that knows fewer than
     LOW_OVERLAP of them a warning.
 
