@@ -130,8 +130,8 @@ def resident_plan(config: TrainConfig, words_out: TableSpec, docs: TableSpec | N
     trained; in the worker's host memory, or on its GPU. They are float32 there, but for a GPU's words_out
     rows on the token path, which it keeps in the tables' dtype (TrainConfig.half_on_device)."""
     tables = config.resident_tables(words_out.rows)
-    if docs is not None and config.resident_documents(docs.rows):  # the block schedule: its share of the documents
-        tables = {**tables, "docs": config.resident_documents(docs.rows)}
+    if docs is not None and config.resident_documents(docs.rows, words_out.rows):  # the token path: its share of them
+        tables = {**tables, "docs": config.resident_documents(docs.rows, words_out.rows)}
     half = config.half_on_device(words_out.rows)
     url_row = words_out.row_bytes if half else words_out.width * FLOAT_BYTES
     float_rows = sum(tables.values()) - tables["words_out"]
@@ -222,7 +222,7 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
     counts, keep = corpus.counts(), keep_probabilities(corpus.counts(), cfg.sample)
     blocks = Blocks(counts, keep, workers if cfg.blocks() else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
     epochs = max(cfg.epochs, 1)
-    resident_docs = bool(cfg.resident_documents(corpus.num_docs))
+    resident_docs = bool(cfg.resident_documents(corpus.num_docs, vocab))
     if resident_docs:
         # a worker's documents resident for the run: pulled once, pushed at each epoch's end
         pulled_docs, pushed_docs = corpus.num_docs / epochs, corpus.num_docs

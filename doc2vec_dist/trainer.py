@@ -296,6 +296,7 @@ RESUMABLE_CHANGES = frozenset({
     "schedule", "segments", "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
     "checkpoint_every", "keep_checkpoints", "resume", "address", "progress", "wait_for_resources",
     "dtype", "rounding",  # the servers narrow or widen the checkpoint's rows to the run's dtype (precision.py)
+    "device_memory",  # where a worker keeps its documents' rows, not what it trains (Worker: partitions)
 })
 
 
@@ -643,7 +644,7 @@ class _Run:
             report = self.on_epoch and (self.report_at is None or epoch + 1 in self.report_at
                                         or epoch == config.epochs - 1)
             if epoch == config.epochs - 1 or config.checkpoint_every > 0 or report:
-                self._checkpoint(epoch + 1, None, epoch_stats)  # the last epoch's end; every one, when checkpointing
+                self._checkpoint_between_epochs(epoch + 1, epoch_stats)  # the last epoch's end; every one, when checkpointing
             if report:
                 self.on_epoch(epoch + 1, {**stats, "wall_seconds": wall})
         bar.close()
@@ -879,6 +880,27 @@ class _Run:
         finally:
             refs = [w.resume.remote() for w in self.workers]
             if not stopping:  # one out of reach is waited for a minute in all (a restarted one starts unpaused)
+                with contextlib.suppress(ray.exceptions.RayError):
+                    self._get(refs, within=60)
+
+    def _checkpoint_between_epochs(self, epoch: int, epoch_stats: list) -> None:
+        """The checkpoint at the start of epoch `epoch`: every worker paused first, which writes back the rows
+        it keeps resident across epochs (Worker.pause; Worker._writes_back), then resumed. A worker that
+        died since its epoch ended took with it its rows' updates since they were last written back."""
+        stopping = False
+        try:
+            try:
+                self._get([w.pause.remote() for w in self.workers])
+            except ray.exceptions.RayActorError as exc:
+                log.warning(f"a worker died between epochs ({_root_cause(exc)}): the rows it kept resident lose "
+                            "their updates since the last checkpoint")
+            self._checkpoint(epoch, None, epoch_stats)
+        except BaseException:
+            stopping = True  # a dead node, Ctrl-C: the actors are about to be killed
+            raise
+        finally:
+            refs = [w.resume.remote() for w in self.workers]
+            if not stopping:
                 with contextlib.suppress(ray.exceptions.RayError):
                     self._get(refs, within=60)
 

@@ -387,6 +387,9 @@ CASES = [
     # --- issue 27: --segments ------------------------------------------------------------------------------
     Case("--segments 0", "train --corpus {corpus} --out {t}/m --num-workers 2 --segments 0", "error",
          "bad training config: segments must be > 0", untouched="{t}/m"),
+    # --- issue 48: --device-memory -------------------------------------------------------------------------
+    Case("--device-memory 0", "train --corpus {corpus} --out {t}/m --device-memory 0", "error",
+         "bad training config: device_memory must be > 0", untouched="{t}/m"),
 ]
 
 
