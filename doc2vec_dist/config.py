@@ -281,6 +281,15 @@ class TrainConfig:
             return 1
         return int(min(max(share, 1), max(1, -(-need // max(room, 1)))))
 
+    def writes_back_at_end_of(self, epoch: int) -> bool:
+        """Whether a worker writes the rows it keeps resident across epochs (its documents' on the token path;
+        one worker's URL rows) back to the servers at the end of `epoch`: at the run's last, and with
+        --checkpoint-every 0 at every one, so that a worker restarted from an epoch's start finds them
+        there. Otherwise they stay in the worker into the next epoch, and the checkpoint the driver takes
+        at each epoch's end fetches them (Worker.pause): moved once an epoch either way, on the
+        checkpoint's clock rather than the epoch's."""
+        return epoch >= self.epochs - 1 or self.checkpoint_every <= 0
+
     def token_path(self, words_out_rows: int) -> bool:
         """Whether a worker trains straight from the tokens, its examples drawn where the kernel runs
         (cpu_kernel.train_tokens for plain PV-DBOW, device_examples for the batched kernel in every

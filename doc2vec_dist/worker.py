@@ -445,7 +445,7 @@ class Worker:
         # many, so that a macro-batch trains about as many tokens as one worker's
         self.read_tokens = self.macro_batch * self.num_blocks
         # ... and on the token path it keeps its documents' rows (no one else writes them) for the whole run:
-        # pulled once, written back at checkpoints and at the run's end (_writes_back), instead of pulled
+        # pulled once, written back at checkpoints and at the run's end (TrainConfig.writes_back_at_end_of), instead of pulled
         # and pushed with every macro-batch; where they do not fit, in partitions held one at a time
         # (config.document_partitions, document_partitions), swapped as its walk passes from one to the next
         self.partitions: list[np.ndarray] = []
@@ -638,7 +638,7 @@ class Worker:
             if self._paused_at is None:
                 # idle: between epochs, or on the block schedule between two rounds of one, waiting for
                 # the others. The rows it keeps resident (its documents', one worker's URL rows) go home
-                # after an epoch's last round at most, and mostly not even then (_writes_back), so what
+                # after an epoch's last round at most, and mostly not even then (TrainConfig.writes_back_at_end_of), so what
                 # it trained since goes into the checkpoint now (a run resumed from it lost them, and
                 # trained other vectors than one that never stopped). Under the lock: a round that
                 # starts meanwhile waits. The pushes are named after the round it trained last.
@@ -827,11 +827,11 @@ class Worker:
             t0 = time.perf_counter()
             self.client.drain()
             # the resident documents go home once their last round of the epoch is done, where the epoch's
-            # end writes back (_writes_back; else the checkpoint that follows fetches them, and they stay
+            # end writes back (TrainConfig.writes_back_at_end_of; else the checkpoint that follows fetches them, and they stay
             # here for the next epoch, as one worker's URL rows do); the push is named after the last step
             # trained (its learning rate shows in an error of the push)
             last = start.round == self.rounds - 1
-            keep = last and not self._writes_back(epoch)
+            keep = last and not cfg.writes_back_at_end_of(epoch)
             handover = None
             if not (keep and self.num_blocks == 1):  # (the block schedule's blocks go home whatever its documents do)
                 handover = self._sync(f"{self._when(epoch)} end of worker {self.index}"
@@ -850,15 +850,6 @@ class Worker:
         done = {**self.progress(), "handover": handover}
         self.client.traffic = dict.fromkeys(client.TRAFFIC, 0)  # what moves from now on is the next call's
         return done
-
-    def _writes_back(self, epoch: int) -> bool:
-        """Whether the end of `epoch` writes the rows this worker keeps resident across epochs (its documents';
-        one worker's URL rows) back to the servers: at the run's last epoch, and with --checkpoint-every 0 at
-        every one, so that a worker restarted from an epoch's start finds them there. Otherwise they stay
-        here into the next epoch, and the checkpoint the driver takes at each epoch's end writes them back
-        (pause; trainer._Run._checkpoint_between_epochs): moved once an epoch either way, but on the
-        checkpoint's clock, not the epoch's."""
-        return epoch >= self.config.epochs - 1 or self.config.checkpoint_every <= 0
 
     def _arrive(self, batch: Batch, slot: int) -> Arrival:
         """Wait for the batch's pulled rows and put them where it trains: the compact host matrices
