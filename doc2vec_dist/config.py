@@ -210,7 +210,8 @@ class TrainConfig:
                                            "on its device): where its share of them needs more, they are cut "
                                            "into partitions that fit, each held in turn and swapped as the worker "
                                            "passes from one to the next (default: on a GPU worker three quarters "
-                                           "of its device's free memory at its start, less its URL rows; on a CPU "
+                                           "of its share of its device's free memory at its start, less its URL "
+                                           "rows; on a CPU "
                                            "worker 2 GiB, beyond which each macro-batch pulls and pushes its "
                                            "documents' rows)", engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)

@@ -496,12 +496,14 @@ class Worker:
 
     def _device_room(self, words_out: TableSpec) -> int:
         """Bytes of its GPU a worker's documents' rows may take (config.document_partitions): DEVICE_SHARE of
-        what the device has free as the worker starts, less the URL rows it will hold there."""
+        what the device has free as the worker starts, of its share of the device where workers share one
+        (a fractional --gpus-per-worker: the others measure the same free memory), less the URL rows it
+        will hold there."""
         import torch
 
         free, _ = torch.cuda.mem_get_info(self.device)
         urls = sum(self.config.resident_tables(words_out.rows).values()) * self.width * 4
-        return max(0, int(free * DEVICE_SHARE) - urls)
+        return max(0, int(free * DEVICE_SHARE * min(1.0, self.config.gpus_per_worker)) - urls)
 
     @staticmethod
     def _zero_stats() -> dict:

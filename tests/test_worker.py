@@ -237,6 +237,31 @@ def test_documents_resident_or_swapped_by_partition_train_what_documents_pulled_
             np.testing.assert_array_equal(held[name], table, err_msg=f"{settings}: {name}")
 
 
+def test_where_a_workers_documents_live_kept_across_epochs_swapped_by_partition_or_streamed(monkeypatch):
+    """config.document_partitions: a CPU worker keeps its share within 2 GiB, else streams it as before; a
+    GPU worker keeps it where its share of its device's free memory holds it beside its URL rows
+    (Worker._device_room), else in partitions; --device-memory caps either; off the token path, streamed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from doc2vec_dist.config import RESIDENT_AUTO_BYTES, TableSpec
+
+    row = 100 * 4
+    fits = RESIDENT_AUTO_BYTES // row
+    assert TrainConfig(dim=100).document_partitions(fits, 1000) == 1
+    assert TrainConfig(dim=100).document_partitions(fits + 1, 1000) == 0
+    assert TrainConfig(dim=100, device_memory=0.5).document_partitions(fits + 1, 1000) == 5  # 2 GiB and a row
+    assert TrainConfig(dim=100, num_workers=2, schedule="shared").document_partitions(1000, 1000) == 0
+    assert TrainConfig(dim=100, gpus_per_worker=1).document_partitions(10 * fits, 1000) == 1  # the driver: unknown
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 16 << 30))
+    two = TrainConfig(dim=100, num_workers=2, gpus_per_worker=0.5)
+    room = Worker._device_room(SimpleNamespace(device="cuda", config=two, width=100),
+                               TableSpec("words_out", 1_000_000, 100))
+    assert room == int((8 << 30) * 0.75 * 0.5) - 500_000 * row  # half the device, less its block of URL rows
+    assert two.document_partitions(20_000_000, 1_000_000, free_bytes=room) == 2  # 10M users' rows, 4 GB each
+
+
 def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and_its_restart_trains_the_same_rows(
         ray_cluster, small_corpus):
     """A device worker killed mid-epoch loses its updates since the last checkpoint (its documents' rows
