@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 import threading
 import time
 import warnings
@@ -40,7 +41,7 @@ from . import client, cpu_kernel, precision
 from .config import TableSpec, TrainConfig, lr_at, settle_segments
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
-from .ps import load_compiled, ray_node_id
+from .ps import NonFiniteUpdate, load_compiled, ray_node_id
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
 
@@ -814,6 +815,10 @@ class Worker:
                 seconds["compute"] += t2 - t1
 
                 label = f"{self._when(epoch)} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
+                if self.partitions and not math.isfinite(loss):
+                    # its documents' rows reach the servers, which refuse non-finite rows, only at checkpoints:
+                    # the batch's loss says at once that they diverged
+                    raise NonFiniteUpdate(f"non-finite loss in {label}; the learning rate is probably too high")
                 trained = True
                 self.client.push(arrival.layout, pulled, local, label)
                 seconds["push"] += time.perf_counter() - t2

@@ -190,8 +190,9 @@ def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     docs = checkpoint.ModelDir(model).read_table("docs")
     # go on with a learning rate that overflows float32 within a step or two (halfway down from 1e30 to
     # 1e29: 5.5e29 at the start of the second epoch, a little less at the step that overflows)
-    # (two workers on the block schedule push their documents and URL rows at a round's end, named after its last step)
-    with pytest.raises(TrainingStopped, match=r"non-finite values in the push of epoch 1 .*step \d+ .*alpha 5\.\d*e\+29"):
+    # (two workers on the block schedule keep their documents' rows until a checkpoint: the loss of the batch
+    # that diverged stops it, named after its step, issue 48)
+    with pytest.raises(TrainingStopped, match=r"non-finite loss in epoch 1 .*step \d+ .*alpha 5\.\d*e\+29"):
         train(sample_corpus[0], model, resumed_config(model, {"epochs": 2, "alpha": 1e30, "min_alpha": 1e29}))
     assert latest(model) == good
     np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), docs)  # checksums verified too
