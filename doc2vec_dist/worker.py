@@ -456,6 +456,10 @@ class Worker:
             free = self._device_room(words_out) if use_cuda and config.device_memory is None else None
             count = config.document_partitions(tables["docs"].rows, words_out.rows, share=share, free_bytes=free)
             self.partitions = document_partitions(walk, count)
+            if len(self.partitions) > 1:
+                log.info(f"worker {index}: its {share:,} documents' rows do not fit its "
+                         f"{'--device-memory' if config.device_memory else 'device'}: held in {len(self.partitions)} "
+                         "partitions, one at a time")
         # which partition each of its documents is in (ids ascending), where there are several; the one held
         self._partition_ids = np.concatenate(self.partitions) if len(self.partitions) > 1 else None
         self._partition_of = (np.repeat(np.arange(len(self.partitions)), [len(p) for p in self.partitions])
