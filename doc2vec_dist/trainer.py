@@ -644,7 +644,8 @@ class _Run:
             report = self.on_epoch and (self.report_at is None or epoch + 1 in self.report_at
                                         or epoch == config.epochs - 1)
             if epoch == config.epochs - 1 or config.checkpoint_every > 0 or report:
-                self._checkpoint_between_epochs(epoch + 1, epoch_stats, bar)  # the last epoch's end; every one, when checkpointing
+                # the last epoch's end; every one, when checkpointing
+                self._checkpoint_between_epochs(epoch + 1, epoch_stats, bar)
             if report:
                 self.on_epoch(epoch + 1, {**stats, "wall_seconds": wall})
         bar.close()

@@ -241,12 +241,6 @@ def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_ro
             yield (u, at), (doc_ids, offsets, tokens)
 
 
-def unit_documents(units: list[Unit]) -> np.ndarray:
-    """The ids of the documents a worker's units hold, ascending."""
-    found = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, 1 << 22)]
-    return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
-
-
 def only_documents(chunks, wanted: np.ndarray):
     """read_chunks' chunks with only the documents in `wanted` (sorted doc ids); a chunk left with none
     is skipped. Each keeps its data position, so a run resumed mid-epoch filters the same way."""
@@ -445,10 +439,11 @@ class Worker:
         # on the block schedule most of a chunk's tokens are in other blocks: it reads num_blocks times as
         # many, so that a macro-batch trains about as many tokens as one worker's
         self.read_tokens = self.macro_batch * self.num_blocks
-        # ... and on the token path it keeps its documents' rows (no one else writes them) for the whole run:
-        # pulled once, written back at checkpoints and at the run's end (TrainConfig.writes_back_at_end_of), instead of pulled
-        # and pushed with every macro-batch; where they do not fit, in partitions held one at a time
-        # (config.document_partitions, document_partitions), swapped as its walk passes from one to the next
+        # ... and on the token path it keeps its documents' rows (no one else writes them) for the whole
+        # run: pulled once, written back at checkpoints and at the run's end
+        # (TrainConfig.writes_back_at_end_of), instead of pulled and pushed with every macro-batch; where
+        # they do not fit, in partitions held one at a time (TrainConfig.document_partitions,
+        # document_partitions), swapped as its walk passes from one to the next
         self.partitions: list[np.ndarray] = []
         if config.document_partitions(tables["docs"].rows, words_out.rows):
             walk = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, self.read_tokens)]
@@ -645,10 +640,11 @@ class Worker:
             if self._paused_at is None:
                 # idle: between epochs, or on the block schedule between two rounds of one, waiting for
                 # the others. The rows it keeps resident (its documents', one worker's URL rows) go home
-                # after an epoch's last round at most, and mostly not even then (TrainConfig.writes_back_at_end_of), so what
-                # it trained since goes into the checkpoint now (a run resumed from it lost them, and
-                # trained other vectors than one that never stopped). Under the lock: a round that
-                # starts meanwhile waits. The pushes are named after the round it trained last.
+                # after an epoch's last round at most, and mostly not even then
+                # (TrainConfig.writes_back_at_end_of), so what it trained since goes into the checkpoint
+                # now (a run resumed from it lost them, and trained other vectors than one that never
+                # stopped). Under the lock: a round that starts meanwhile waits. The pushes are named
+                # after the round it trained last.
                 last = self._position
                 label = (f"epoch {last.epoch}" + (f" round {last.round}" if self.num_blocks > 1 else "")
                          + f" checkpoint of worker {self.index}")
@@ -838,9 +834,9 @@ class Worker:
             t0 = time.perf_counter()
             self.client.drain()
             # the resident documents go home once their last round of the epoch is done, where the epoch's
-            # end writes back (TrainConfig.writes_back_at_end_of; else the checkpoint that follows fetches them, and they stay
-            # here for the next epoch, as one worker's URL rows do); the push is named after the last step
-            # trained (its learning rate shows in an error of the push)
+            # end writes back (TrainConfig.writes_back_at_end_of; else the checkpoint that follows fetches
+            # them, and they stay here for the next epoch, as one worker's URL rows do); the push is named
+            # after the last step trained (its learning rate shows in an error of the push)
             last = start.round == self.rounds - 1
             keep = last and not cfg.writes_back_at_end_of(epoch)
             handover = None
