@@ -915,7 +915,8 @@ class _Run:
                 (i, cause), = died
                 log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} had its "
                             "rows; training that epoch again from the last checkpoint")
-                self._get([w.resume.remote() for w in self.workers], within=60)
+                with contextlib.suppress(ray.exceptions.RayError):  # (the restarted one is not paused)
+                    self._get([w.resume.remote() for w in self.workers], within=60)
                 last = self.last_positions if self.last_epoch == epoch - 1 else None
                 epoch_stats[-1] = self._run_epoch(epoch - 1, last, bar)
             self._checkpoint(epoch, None, epoch_stats)
