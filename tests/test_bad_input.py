@@ -513,6 +513,9 @@ CASES = [
          "--calibrate-workers 3: give 1 to --num-workers (1)"),
     Case("plan --network-gbps 0", "plan --corpus {corpus} --no-calibrate --network-gbps 0", "error",
          "--network-gbps must be > 0 (given 0)"),
+    # --- issue 48: --device-memory -------------------------------------------------------------------------
+    Case("--device-memory 0", "train --corpus {corpus} --out {t}/m --device-memory 0", "error",
+         "bad training config: device_memory must be > 0", untouched="{t}/m"),
 ]
 
 
