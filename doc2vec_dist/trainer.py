@@ -1049,10 +1049,15 @@ def _root_cause(exc: Exception) -> str:
     """The innermost error message of a failed actor call, on one line."""
     cause = getattr(exc, "cause", None) or exc
     text = _ANSI.sub("", str(cause)).strip().splitlines()
-    return text[-1] if text else type(cause).__name__
+    if not text:
+        return type(cause).__name__
+    # an actor that died in its __init__ (a worker reading an unreadable shard) carries no cause, only
+    # the remote traceback's text: its last line, without the class name of our own one-line errors
+    return _OUR_ERROR.sub("", text[-1])
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes of Ray's remote tracebacks
+_OUR_ERROR = re.compile(r"^doc2vec_dist\.[\w.]*(Error|Stopped): ")  # "doc2vec_dist.corpus.CorpusError: "
 
 
 def _actor_name(key: tuple[str, int]) -> str:

@@ -330,7 +330,7 @@ CASES = [
          "{model}/checkpoints/v10/docs/part-00000-of-00002.arrow: 1000 bytes, the manifest says",
          {"@truncate": "docs"}),
     Case("a corpus shard truncated (train)", "train --corpus {corpus} --out {t}/m", "error",
-         "training stopped in epoch 0: {corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1},
+         "training stopped: {corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1},
          "{t}/m"),
     Case("a corpus shard truncated (baseline)", "baseline --corpus {corpus} --out {t}/m", "error",
          "{corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1}, "{t}/m"),
