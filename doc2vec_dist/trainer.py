@@ -774,20 +774,7 @@ class _Run:
             raise TrainingStopped(f"training stopped in epoch {epoch}: worker {i} failed too often "
                                   f"({_root_cause(exc)})")
         log.warning(f"worker {i} failed ({_root_cause(exc)}); restarting it from its last checkpointed position")
-        # until it answers again: a node Ray marks dead meanwhile is dealt with by _watch (it stops the
-        # run where the worker cannot come back), and Ctrl-C is never kept waiting beyond a tick
-        deadline = time.monotonic() + RESTART_SECONDS
-        self.answers.pop(i, None)
-        self.asking.pop(("worker", i), None)  # a call to the process that died
-        while i not in self.answers:
-            t0 = time.monotonic()
-            self._ask([("worker", i)], wait=self.tick)
-            self._watch()
-            if time.monotonic() > deadline:
-                raise TrainingStopped(f"worker {i} did not come back within {RESTART_SECONDS:g}s of failing "
-                                      f"({_root_cause(exc)})")
-            if i not in self.answers:  # a call refused at once (the actor restarting) is asked again next tick
-                time.sleep(max(0.0, self.tick - (time.monotonic() - t0)))
+        self._await_restart(i, _root_cause(exc))
         # Its position in the last checkpoint, if that checkpoint is of this epoch; else the epoch's
         # start (checkpoints off, or none yet this epoch). Its pushes since then are in the servers:
         # those rows see that stretch of data twice, which costs a little fit, never the model.
@@ -797,6 +784,24 @@ class _Run:
         self.starts[i] = start
         # from the round's start, the block as it was handed over; from a checkpoint, the servers' copy
         return self.workers[i].run_epoch.remote(epoch, start, self.handed[i] if start is round_start else None)
+
+    def _await_restart(self, i: int, cause: str) -> None:
+        """Wait until worker i, which died, answers again (Ray restarting it), so that the next call to it
+        is not refused as one to an actor still restarting (and counted as another failure on a busy
+        machine). A node Ray marks dead meanwhile is dealt with by _watch (it stops the run where the
+        worker cannot come back), and Ctrl-C is never kept waiting beyond a tick."""
+        deadline = time.monotonic() + RESTART_SECONDS
+        self.answers.pop(i, None)
+        self.asking.pop(("worker", i), None)  # a call to the process that died
+        while i not in self.answers:
+            t0 = time.monotonic()
+            self._ask([("worker", i)], wait=self.tick)
+            self._watch()
+            if time.monotonic() > deadline:
+                raise TrainingStopped(f"worker {i} did not come back within {RESTART_SECONDS:g}s of failing "
+                                      f"({cause})")
+            if i not in self.answers:  # a call refused at once (the actor restarting) is asked again next tick
+                time.sleep(max(0.0, self.tick - (time.monotonic() - t0)))
 
     # -- watching the actors and their nodes ------------------------------------------------------
     def _settle(self, refs: list, within: float | None = None) -> None:
@@ -960,6 +965,7 @@ class _Run:
                 (i, cause), = died
                 log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} had its "
                             "rows; training that epoch again from the last checkpoint")
+                self._await_restart(i, cause)
                 with contextlib.suppress(ray.exceptions.RayError):  # (the restarted one is not paused)
                     self._get([w.resume.remote() for w in self.workers], within=60)
                 last = self.last_positions if self.last_epoch == epoch - 1 else None
