@@ -320,7 +320,9 @@ def cmd_plan(args) -> None:
     result = plan(args.corpus, _train_config(args), calibrate_seconds=args.calibrate_seconds, workdir=args.workdir,
                   run_calibration=not args.no_calibrate, network_gbps=args.network_gbps,
                   calibrate_workers=args.calibrate_workers, users=args.users, urls=args.urls,
-                  tokens_per_user=args.tokens_per_user)
+                  tokens_per_user=args.tokens_per_user, gpu_model=args.gpu_model,
+                  device_tokens_per_second=args.device_tokens_per_second, hbm_gb_per_second=args.hbm_gb_per_second,
+                  pcie_gb_per_second=args.pcie_gb_per_second)
     print(format_plan(result))
     if args.json:
         save_json(args.json, result)
@@ -502,6 +504,20 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--network-gbps", type=float, default=10.0,
                     help="link bandwidth between nodes, Gbit/s, for the scaling table (each worker and each "
                          "parameter server on a node of its own)")
+    pl.add_argument("--gpu-model", default=None, metavar="NAME",
+                    help="GPU workers: the device of the scaling table, its memory, memory bandwidth and host link "
+                         "from plan's table of known devices (H200, H100, A100, A100-40GB, L40S, L4, V100; "
+                         "default H200: docs/cluster.md)")
+    pl.add_argument("--device-tokens-per-second", type=float, default=None,
+                    help="GPU workers: the tokens/s one GPU trains, for the scaling table (default: a calibration's "
+                         "on the GPUs, else the kernel's measured on --gpu-model, else the H200's scaled by the "
+                         "memories' bandwidth)")
+    pl.add_argument("--hbm-gb-per-second", type=float, default=None,
+                    help="GPU workers: one GPU's memory bandwidth, GB/s, for the device's ceiling (default: "
+                         "--gpu-model's)")
+    pl.add_argument("--pcie-gb-per-second", type=float, default=None,
+                    help="GPU workers: one GPU's host-device link, GB/s a way, for the scaling table (default: "
+                         "--gpu-model's)")
 
     tu = add("tune", cmd_tune, "search the training settings for this corpus on Ray Tune (ASHA stops poor trials "
                                "early); writes the trials' table, the best settings as YAML, a plot, and the best "

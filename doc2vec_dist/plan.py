@@ -58,6 +58,11 @@ column of its row, and the bound names it)
       servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding; the blocks
       handed from worker to worker cross the workers' links only.
     A row whose workers outnumber the servers also says what a server per worker would give.
+    GPU workers: rows of 1, 2, 4 and 8 GPUs, compute is the device (one GPU's tokens/s: a calibration's
+      on the GPUs, else the kernel's measured on a device of DEVICES, --gpu-model; GPUs times), and a
+      fourth limit is PCIe (each GPU's host link: the rows a token moves, float32, and its share of the
+      token ids and offsets uploaded once an epoch). The device's memory sizes its documents' room as a
+      worker does (worker.device_room), and so the way they are kept (document_ways).
     Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block
       schedule, each document's row pulled and pushed once per block its tokens fall in (counted on
       the corpus's documents with the blocks' own deal), and at each round's end every worker hands
@@ -99,7 +104,7 @@ from .sampling import NegativeTable, build_examples, keep_probabilities
 from .schedule import Blocks
 from .sharding import rows_on_shard
 from .trainer import HANDOVER_ENV, effective_macro_batch, quality_warnings
-from .worker import ROUNDS_PER_EPOCH
+from .worker import ROUNDS_PER_EPOCH, device_room
 
 GiB = 1 << 30
 # Sizes the calibration slice before anything is measured: tokens/s of one CPU worker, a low guess (a
@@ -221,7 +226,42 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
 # -- scaling over workers ---------------------------------------------------------------------------------
 
 SCALING_WORKERS = (1, 2, 4, 8, 16)
+SCALING_GPUS = (1, 2, 4, 8)  # GPU workers' rows: GPUs, each with its share of the workers
 SCALING_SAMPLE_DOCS = 50_000  # documents counted for the blocks their tokens touch
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """A GPU the scaling table of GPU workers knows (DEVICES, plan --gpu-model): its memory, its memory's
+    bandwidth, its host link, and the tokens/s one GPU worker's kernel trained on it, where measured."""
+    name: str
+    memory_gb: float
+    hbm_gb_per_second: float
+    link: str  # its host link, as sold
+    pcie_gb_per_second: float  # ... and what pinned copies carry over it a way, about 0.8 of its rate
+    kernel_tokens_per_second: float | None = None
+    measured: str = ""  # where kernel_tokens_per_second comes from
+
+
+# The vendors' figures for the SXM parts (H100 and H200 on PCIe 5.0 x16, 63 GB/s a way; A100 on 4.0, 31.5;
+# V100 on 3.0, 15.75). The kernel's rates: one GPU worker's last epoch with its servers in its own process
+# (benchmarks/gpu_bench.py, jobs/configs/gpu.yaml, float32): docs/benchmarks.md, "Figures behind the code's
+# constants".
+DEVICES = {d.name: d for d in (
+    Device("H200", 141, 4800, "PCIe 5.0 x16", 50, 15.78e6, "one H200, 500k users × 250k URLs"),
+    Device("H100", 80, 3350, "PCIe 5.0 x16", 50, 15.95e6, "one H100, 1M users"),
+    Device("A100", 80, 2039, "PCIe 4.0 x16", 25),
+    Device("A100-40GB", 40, 1555, "PCIe 4.0 x16", 25),
+    Device("L40S", 48, 864, "PCIe 4.0 x16", 25),
+    Device("L4", 24, 300, "PCIe 4.0 x16", 25),
+    Device("V100", 32, 900, "PCIe 3.0 x16", 12.5),
+)}
+DEFAULT_DEVICE = "H200"  # the GPU the kernel's rates were measured on last
+REFERENCE_DEVICE = "H200"  # an unmeasured device's kernel: this one's, scaled by their memories' bandwidth
+# What the token path uploads each epoch besides rows: a token's id (int32), and a document's row in `inputs`
+# and its offset (int64 each)
+TOKEN_UPLOAD_BYTES = 4
+DOCUMENT_UPLOAD_BYTES = 16
 
 
 def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: dict | None = None) -> dict:
@@ -278,16 +318,130 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
             "handed": 0.0}
 
 
+def gpus_of(config: TrainConfig, workers: int) -> float:
+    """The GPUs `workers` GPU workers train on: a worker computes on one, and workers of a fractional
+    --gpus-per-worker share one (0.5: two a GPU)."""
+    return workers * min(config.gpus_per_worker, 1.0)
+
+
+def scaling_workers(config: TrainConfig) -> tuple[int, ...]:
+    """The scaling table's rows, as numbers of workers: SCALING_WORKERS CPU workers, or GPU workers on
+    SCALING_GPUS GPUs; and config.num_workers."""
+    if config.gpus_per_worker <= 0:
+        return tuple(sorted({*SCALING_WORKERS, config.num_workers}))
+    per_gpu = max(1, round(1 / min(config.gpus_per_worker, 1.0)))
+    return tuple(sorted({*(g * per_gpu for g in SCALING_GPUS), config.num_workers}))
+
+
+def device_bytes_per_token(config: TrainConfig) -> float:
+    """The bytes of device memory one PV-DBOW pair reads and writes: its document's row and 1 + negative
+    URL rows, each read and written once, float32 (the issue's "about 5 KB of rows" at dim 100 and 5
+    negatives). Its memory's bandwidth over these is the device's ceiling, whatever the kernel."""
+    return 2 * (2 + config.negative) * config.dim * FLOAT_BYTES
+
+
+def device_rates(config: TrainConfig, cal: dict | None, gpu: dict | None = None) -> dict | None:
+    """GPU workers' device and its host link, for the scaling table; None for CPU workers.
+
+    gpu: plan's flags, each optional: "model" (a name of DEVICES; DEFAULT_DEVICE), "tokens_per_second",
+    "hbm_bytes_per_second", "pcie_bytes_per_second". The tokens/s one GPU trains: the flag's; else a
+    calibration's on the GPUs (its tokens/s over the GPUs it ran on); else the kernel's measured on that
+    model (DEVICES); else REFERENCE_DEVICE's scaled by the two memories' bandwidth. Its memory's
+    bandwidth over device_bytes_per_token is the ceiling a faster kernel would meet ("hbm_tokens_per_second")."""
+    if config.gpus_per_worker <= 0:
+        return None
+    gpu = gpu or {}
+    model = DEVICES[gpu.get("model") or DEFAULT_DEVICE]
+    hbm = gpu.get("hbm_bytes_per_second") or model.hbm_gb_per_second * 1e9
+    measured = (cal or {}).get("summary", {}).get("tokens_per_second")
+    reference = DEVICES[REFERENCE_DEVICE]
+    if gpu.get("tokens_per_second"):
+        rate, source = gpu["tokens_per_second"], "--device-tokens-per-second"
+    elif measured:
+        rate, source = measured / gpus_of(config, cal.get("workers", config.num_workers)), "calibrated on the GPUs"
+    elif model.kernel_tokens_per_second:
+        rate, source = model.kernel_tokens_per_second, f"the kernel measured: {model.measured}"
+    else:
+        rate = reference.kernel_tokens_per_second * hbm / (reference.hbm_gb_per_second * 1e9)
+        source = (f"no kernel measured on an {model.name}: the {reference.name}'s "
+                  f"{reference.kernel_tokens_per_second / 1e6:.2f}M × their memories' bandwidth")
+    return {"model": model.name, "memory_bytes": model.memory_gb * 1e9,
+            "tokens_per_second": rate, "source": source,
+            "hbm_bytes_per_second": hbm, "hbm_source": "--hbm-gb-per-second" if gpu.get("hbm_bytes_per_second")
+            else f"{model.name}'s",
+            "device_bytes_per_token": device_bytes_per_token(config),
+            "hbm_tokens_per_second": hbm / device_bytes_per_token(config),
+            "pcie_bytes_per_second": gpu.get("pcie_bytes_per_second") or model.pcie_gb_per_second * 1e9,
+            "pcie_source": "--pcie-gb-per-second" if gpu.get("pcie_bytes_per_second")
+            else f"{model.name}'s {model.link}"}
+
+
+def sized_for_device(config: TrainConfig, corpus: Corpus, device: dict | None) -> TrainConfig:
+    """`config` with the room its GPU workers' documents' rows have on their device where --device-memory
+    does not give it: what a worker measures at its start (worker.device_room), of the device's whole
+    memory (DEVICES; its free memory there is less). It decides whether they are kept across epochs or
+    swapped by partition (TrainConfig.document_partitions); device["document_room"] says it, in bytes."""
+    if device is None or config.device_memory is not None or not config.token_path(corpus.vocab_size):
+        return config
+    room = device_room(config, int(device["memory_bytes"]), corpus.vocab_size)
+    device["document_room"] = room
+    return dataclasses.replace(config, device_memory=max(room, 1) / GiB)
+
+
+def document_ways(corpus: Corpus, config: TrainConfig, device: dict | None) -> dict | None:
+    """On the token path, the two ways a worker keeps its documents' rows (TrainConfig.document_partitions)
+    and the bytes a token moves in each, for config.num_workers (bytes_per_token; GPU workers, over their
+    host links too: pcie_bytes_per_token): "kept" on the worker across epochs, pulled once and written
+    back at checkpoints; "partitions", swapped by partition where they do not fit, each pulled and
+    written back once an epoch, whatever their number. "way": the one this run takes (0: neither, each
+    macro-batch pulls and pushes them). None off the token path."""
+    vocab = corpus.vocab_size
+    way = config.document_partitions(corpus.num_docs, vocab)
+    if not config.token_path(vocab) or not config.resident_docs:
+        return None
+    share_bytes = -(-corpus.num_docs // config.num_workers) * config.table("docs", corpus.num_docs).width * FLOAT_BYTES
+    out = {"way": way, "share_bytes": share_bytes}
+    for name, room in (("kept", 2 * share_bytes + GiB), ("partitions", share_bytes / 2)):  # one partition; two
+        cfg = dataclasses.replace(config, device_memory=room / GiB)
+        moved = bytes_per_token(corpus, cfg, config.num_workers)
+        out[name] = {"bytes_per_token": sum(moved.values()),
+                     "pcie_bytes_per_token": sum(pcie_bytes_per_token(corpus, cfg, moved).values()) if device
+                     else None}
+    return out
+
+
+def pcie_bytes_per_token(corpus: Corpus, config: TrainConfig, moved: dict) -> dict:
+    """The bytes a token carries across the GPUs' host↔device links, from what it moves to and from the
+    servers (bytes_per_token's `moved`): every such row crosses a link too, float32 on the device whatever
+    the tables' dtype, and a block handed from worker to worker leaves one device and enters another
+    (twice); besides rows, the token path uploads each chunk's token ids and its documents' rows and
+    offsets once an epoch ("tokens"). "streamed": with each macro-batch, while the device computes;
+    "held": at rounds', partitions' and epochs' ends (resident rows pulled, written back at checkpoints,
+    swapped; blocks handed over), while it waits."""
+    tables = table_specs(config, corpus)
+    widen = tables["words_out"].width * FLOAT_BYTES / tables["words_out"].row_bytes
+    tokens = max(corpus.num_tokens, 1)
+    return {"tokens": TOKEN_UPLOAD_BYTES + DOCUMENT_UPLOAD_BYTES * corpus.num_docs / tokens,
+            "streamed": (moved["pulled"] + moved["pushed"]) * widen,
+            "held": (moved["resident_pulled"] + moved["resident_pushed"] + 2 * moved["handed"]) * widen}
+
+
 def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_gbps: float,
-                 profile: dict | None = None, workers: tuple[int, ...] = SCALING_WORKERS) -> list[dict]:
-    """Expected tokens/s for each number of workers, and what bounds it (row_rates): compute (the
-    calibrated rate of one worker, W times), servers (the rows they pull and push per second of their
-    busy time, measured in the calibration, num_ps at once) or network (bytes per token over
-    --network-gbps links: a link per worker, num_ps links on the servers' side). Without a
-    calibration, the bytes alone. Every row is its number of workers as a run of it would be
+                 profile: dict | None = None, workers: tuple[int, ...] | None = None,
+                 gpu: dict | None = None) -> list[dict]:
+    """Expected tokens/s for each number of workers (scaling_workers where not given), and what bounds
+    it (row_rates): compute (the calibrated rate of one worker, W times), servers (the rows they pull
+    and push per second of their busy time, measured in the calibration, num_ps at once) or network
+    (bytes per token over --network-gbps links: a link per worker, num_ps links on the servers' side).
+    Without a calibration, the bytes alone. Every row is its number of workers as a run of it would be
     (bytes_per_token), whatever config.num_workers is; a row whose workers have more links than the
-    servers also says what a server per worker would give ("more_servers": the same model)."""
+    servers also says what a server per worker would give ("more_servers": the same model).
+
+    GPU workers (--gpus-per-worker > 0): each row is also its GPUs ("gpus"), compute is the device (one
+    GPU's tokens/s, device_rates of plan's flags `gpu`, times the GPUs) and a fourth limit is the GPUs'
+    host↔device links ("pcie", a link a GPU: pcie_bytes_per_token at device_rates' bandwidth)."""
     s = (cal or {}).get("summary", {})
+    device = device_rates(config, cal, gpu)
     per_worker = s.get("tokens_per_second", 0.0) / max((cal or {}).get("workers", config.num_workers), 1) or None
     row = table_specs(config, corpus)["words_out"].row_bytes
     served = sum(v for k, v in s.get("bytes", {}).items() if k != "handed") / row  # rows the servers saw
@@ -295,17 +449,26 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
     rows_per_busy_second = served / busy if busy and served else None  # one server's rate
     link = network_gbps * 1e9 / 8  # bytes/s
     out = []
-    for w in workers:
+    for w in workers or scaling_workers(config):
         if refused_workers(config, w):
             continue
         moved = bytes_per_token(corpus, config, w, profile)
+        found = {"workers": w}
+        if device is None:
+            compute, pcie = per_worker * w if per_worker else None, None
+        else:
+            gpus = gpus_of(config, w)
+            crossing = pcie_bytes_per_token(corpus, config, moved)
+            seconds = device["pcie_bytes_per_second"] * gpus  # every GPU's link at once
+            compute = device["tokens_per_second"] * gpus
+            pcie = ((crossing["tokens"] + crossing["streamed"]) / seconds, crossing["held"] / seconds)
+            found.update(gpus=gpus, pcie_bytes_per_token=crossing, total_pcie_bytes_per_token=sum(crossing.values()))
 
-        def at(num_ps: int, moved: dict = moved, w: int = w) -> dict:
-            return row_rates(moved, w, num_ps, link, per_worker * w if per_worker else None, rows_per_busy_second,
-                             row)
+        def at(num_ps: int, moved: dict = moved, compute: float | None = compute, pcie: tuple | None = pcie,
+               w: int = w) -> dict:
+            return row_rates(moved, w, num_ps, link, compute, rows_per_busy_second, row, pcie=pcie)
 
-        found = {"workers": w, "bytes_per_token": moved, "total_bytes_per_token": sum(moved.values()),
-                 **at(config.num_ps)}
+        found.update(bytes_per_token=moved, total_bytes_per_token=sum(moved.values()), **at(config.num_ps))
         if w > config.num_ps:
             more = at(w)
             found["more_servers"] = {"num_ps": w, "tokens_per_second": more["tokens_per_second"],
@@ -324,13 +487,14 @@ def refused_workers(config: TrainConfig, workers: int) -> str | None:
 
 
 def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: float | None,
-              server_rows_per_second: float | None, row_bytes: int) -> dict:
+              server_rows_per_second: float | None, row_bytes: int, pcie: tuple[float, float] | None = None) -> dict:
     """One row of the scaling table: the tokens/s each limit allows ("rates"), the expectation (the
     least of them) and the limit that sets it ("bound"), all from one model (bound_rates). The links:
     `workers` on the workers' side and `num_ps` on the servers', each of `link` bytes/s, the busier side
     bounding; the blocks a worker hands straight to its next holder ("handed") cross the workers'
     links only, and only the rows that reach the servers count against their apply rate
-    (server_rows_per_second, one server's)."""
+    (server_rows_per_second, one server's). GPU workers: `compute` is their devices' rate, and `pcie`
+    the seconds a token takes on their host↔device links, (streamed, held) as the network's."""
     def seconds(moved_bytes: float, handed: float = 0.0) -> float:  # per token, over the busier side's links
         return max(moved_bytes / (workers * link), (moved_bytes - handed) / (num_ps * link))
 
@@ -338,34 +502,42 @@ def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: floa
     held = seconds(moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"], moved["handed"])
     served = (sum(moved.values()) - moved["handed"]) / row_bytes
     servers = num_ps * server_rows_per_second / served if server_rows_per_second and served else None
-    return bound_rates(compute, servers, streamed, held)
+    links = {"network": (streamed, held)} if pcie is None else {"pcie": pcie, "network": (streamed, held)}
+    return bound_rates(compute, servers, links, compute_name="compute" if pcie is None else "device")
 
 
-def bound_rates(compute: float | None, servers: float | None, streamed: float, held: float) -> dict:
+def bound_rates(compute: float | None, servers: float | None, links: dict[str, tuple[float, float]],
+                compute_name: str = "compute") -> dict:
     """The scaling table's model of one row: the tokens/s it expects, what bounds it, and each column.
 
-    The rows streamed with each macro-batch (pulled, pushed) move while the worker computes, so compute
-    and that traffic overlap; the rows a worker holds (its block each round, its resident tables) move at
-    a round's or an epoch's end while it waits, so their time adds to the rest (the blocks handed
-    straight to their next holder too): the workers train at 1 / (max(1/compute, streamed) + held).
-    The servers apply pushes on their own, at their rate; the lower of the two is the expectation.
-    Each column is what its limit allows alone (compute: compute; network: every byte's time on the
-    links, 1 / (streamed + held); servers: servers), but the bound's, which shows the expectation: that
-    limit with the time the others add. The bound is the servers where they are the lower, else the
-    least of compute and network alone. So the expectation is always the least column, and the
-    bound names it. streamed, held: seconds per token on the links.
+    links: for each kind of link (the network; a GPU's host↔device link, "pcie"), the seconds a token
+    takes on it, (streamed, held). The rows streamed with each macro-batch (pulled, pushed) move while
+    the worker computes, so compute and that traffic overlap; the rows a worker holds (its block each
+    round, its resident tables) move at a round's or an epoch's end while it waits, so their time adds
+    to the rest (the blocks handed straight to their next holder too): the workers train at
+    1 / (max(1/compute, each link's streamed) + the links' held). The servers apply pushes on their
+    own, at their rate; the lower of the two is the expectation. Each column is what its limit allows
+    alone (compute, named compute_name: compute; a link: every byte's time on it, 1 / (streamed +
+    held); servers: servers), but the bound's, which shows the expectation: that limit with the time
+    the others add. The bound is the servers where they are the lower, else the least of compute and
+    the links alone. So the expectation is always the least column, and the bound names it.
     Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
     Mbit/s): 0.83 to 1.05 of this; the block schedule's 2 workers at 100 Mbit/s trained at 0.67 of
     the links' rate alone."""
-    alone = {"compute": compute or None, "servers": servers or None,
-             "network": 1.0 / (streamed + held) if streamed + held > 0 else None}
+    alone = {compute_name: compute or None, "servers": servers or None,
+             **{name: 1.0 / (streamed + held) if streamed + held > 0 else None
+                for name, (streamed, held) in links.items()}}
     if not any(alone.values()):
         return {"rates": alone, "alone": alone, "tokens_per_second": None, "bound": None}
-    workers = 1.0 / (max(1.0 / compute, streamed) + held) if compute else alone["network"]
+    streamed = max(s for s, _ in links.values())
+    held = sum(h for _, h in links.values())
+    waits = streamed + held
+    workers = (1.0 / (max(1.0 / compute, streamed) + held) if compute
+               else 1.0 / waits if waits > 0 else None)
     if workers is None or (servers and servers <= workers):
         bound, rate = "servers", servers
     else:
-        bound, rate = min((k for k in ("compute", "network") if alone[k]), key=alone.get), workers
+        bound, rate = min((k for k in (compute_name, *links) if alone[k]), key=alone.get), workers
     return {"rates": {**alone, bound: rate}, "alone": alone, "tokens_per_second": rate, "bound": bound}
 
 
@@ -374,7 +546,7 @@ def expected_rate(rates: dict, moved: dict, links: float) -> tuple[float | None,
     every kind of row: rates holds the compute rate alone (W × one worker's) and the servers'."""
     streamed = (moved["pulled"] + moved["pushed"]) / links
     held = (moved["resident_pulled"] + moved["resident_pushed"] + moved["handed"]) / links
-    found = bound_rates(rates.get("compute"), rates.get("servers"), streamed, held)
+    found = bound_rates(rates.get("compute"), rates.get("servers"), {"network": (streamed, held)})
     return found["tokens_per_second"], found["bound"]
 
 
@@ -681,23 +853,55 @@ def refuse_calibration(config: TrainConfig, cal_config: TrainConfig, corpus: Cor
                     f"memory and bytes per token, no time){scale}")
 
 
+def check_gpu_flags(config: TrainConfig, model: str | None, tokens_per_second: float | None,
+                    hbm_gb_per_second: float | None, pcie_gb_per_second: float | None) -> dict:
+    """plan's GPU flags, refused with one line where wrong, as device_rates takes them (bytes/s)."""
+    given = {"--gpu-model": model, "--device-tokens-per-second": tokens_per_second,
+             "--hbm-gb-per-second": hbm_gb_per_second, "--pcie-gb-per-second": pcie_gb_per_second}
+    what = {"--device-tokens-per-second": "the tokens/s one GPU trains",
+            "--hbm-gb-per-second": "one GPU's memory bandwidth in GB/s",
+            "--pcie-gb-per-second": "one GPU's host-device link in GB/s"}
+    for flag, value in given.items():
+        if value is None:
+            continue
+        if config.gpus_per_worker <= 0:
+            raise UserError(f"{flag} is a GPU worker's device: plan GPU workers (--gpus-per-worker 1, or --config "
+                            "jobs/configs/gpu.yaml), or leave it out")
+        if flag == "--gpu-model" and value not in DEVICES:
+            raise UserError(f"--gpu-model {value} is not a device plan knows: one of {', '.join(DEVICES)}; for "
+                            "another, give its figures (--hbm-gb-per-second, --pcie-gb-per-second, "
+                            "--device-tokens-per-second)")
+        if flag != "--gpu-model" and not value > 0:
+            raise UserError(f"{flag} must be > 0 (given {value:g}): {what[flag]}")
+    return {"model": model, "tokens_per_second": tokens_per_second,
+            "hbm_bytes_per_second": hbm_gb_per_second * 1e9 if hbm_gb_per_second else None,
+            "pcie_bytes_per_second": pcie_gb_per_second * 1e9 if pcie_gb_per_second else None}
+
+
 def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float = 30.0, workdir: str | None = None,
          run_calibration: bool = True, measure: Callable[[str], dict] | None = None,
          network_gbps: float = 10.0, calibrate_workers: int | None = None, users: int | None = None,
-         urls: int | None = None, tokens_per_user: float | None = None) -> dict:
+         urls: int | None = None, tokens_per_user: float | None = None,
+         gpu_model: str | None = None, device_tokens_per_second: float | None = None,
+         hbm_gb_per_second: float | None = None, pcie_gb_per_second: float | None = None) -> dict:
     """Memory per process and time per epoch of training `config` on the corpus, before training it.
 
     calibrate_workers: the workers the calibration trains (default: config.num_workers); fewer, and the
     time is the scaling table's row for config.num_workers, from their rate (a cluster larger than the
     Ray the calibration runs on). users: an estimate, for a corpus not made yet: with corpus_path, that
     corpus scaled to `users` users (scaled_corpus); without, `users` × `tokens_per_user` tokens over
-    `urls` URLs in the shape zipf_corpus assumes, its sample written under workdir and removed after."""
+    `urls` URLs in the shape zipf_corpus assumes, its sample written under workdir and removed after.
+    gpu_model, device_tokens_per_second, hbm_gb_per_second, pcie_gb_per_second: GPU workers' device
+    (a name of DEVICES), its rate, its memory's bandwidth and its host link in the scaling table
+    (device_rates; None: a calibration's on the GPUs, or the device's figures)."""
     config.validate()
     if not network_gbps > 0:
         raise UserError(f"--network-gbps must be > 0 (given {network_gbps:g}): the links' bandwidth in Gbit/s")
+    gpu = check_gpu_flags(config, gpu_model, device_tokens_per_second, hbm_gb_per_second, pcie_gb_per_second)
     cal_config = calibration_config(config, calibrate_workers)
     how = {"calibrate_seconds": calibrate_seconds, "workdir": workdir, "run_calibration": run_calibration,
-           "measure": measure, "network_gbps": network_gbps, "calibrate_workers": cal_config.num_workers}
+           "measure": measure, "network_gbps": network_gbps, "calibrate_workers": cal_config.num_workers,
+           "gpu": gpu}
     if corpus_path is not None and users is None:
         return _plan(Corpus(corpus_path), config, **how)
     check_estimate(users, urls, tokens_per_user, corpus_given=corpus_path is not None)
@@ -718,7 +922,7 @@ def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float 
 
 def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir: str | None,
           run_calibration: bool, measure: Callable[[str], dict] | None, network_gbps: float,
-          calibrate_workers: int) -> dict:
+          calibrate_workers: int, gpu: dict | None = None) -> dict:
     config = settle_segments(config, corpus)
     tables = table_specs(config, corpus)
     cal_config = calibration_config(config, calibrate_workers)
@@ -793,14 +997,18 @@ def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir
         ray_system, sources["ray_system"] = measured["ray"]["pss"], "measured in calibration (PSS)"
     else:
         ray_system, sources["ray_system"] = RAY_SYSTEM_BYTES, "modelled (constant)"
-    memory = memory_plan(tables, config, profile, ps_overhead=ps_overhead, worker_fixed=worker_fixed,
+    device = device_rates(config, cal, gpu)
+    sized = sized_for_device(config, corpus, device)  # its documents' room on the device, as a worker sizes it
+    memory = memory_plan(tables, sized, profile, ps_overhead=ps_overhead, worker_fixed=worker_fixed,
                          driver=driver, ray_system=ray_system, object_store=store)
     memory["sources"] = sources
     memory["empty_ps"] = ps_fixed
     result["memory"] = memory
     result["network_gbps"] = network_gbps
-    listed = tuple(sorted({*SCALING_WORKERS, config.num_workers}))
-    result["scaling"] = scaling_plan(corpus, config, cal, network_gbps, profile, workers=listed)
+    listed = scaling_workers(config)
+    result["device"] = device
+    result["documents"] = document_ways(corpus, sized, device)
+    result["scaling"] = scaling_plan(corpus, sized, cal, network_gbps, profile, workers=listed, gpu=gpu)
     unlisted = [w for w in listed if refused_workers(config, w)]
     result["scaling_unlisted"] = {"workers": unlisted, "why": refused_workers(config, unlisted[0])} if unlisted else None
     scaled = None
@@ -908,7 +1116,22 @@ def format_plan(p: dict) -> str:
         "pulled and pushed with each macro-batch" if not parts else
         "kept in each worker across epochs: pulled once, written back at each checkpoint and the run's end"
         if parts == 1 else
-        f"swapped by partition: up to {parts} partitions, each pulled and written back once an epoch (--device-memory)"))
+        f"swapped by partition: up to {parts} partitions, each pulled and written back once an epoch"))
+    device = p.get("device")
+    if device and device.get("document_room") is not None:
+        lines.append(f"    (room for them: {_gb(device['document_room'])} of the {device['model']}'s "
+                     f"{device['memory_bytes'] / 1e9:g} GB, as a worker sizes it at its start; --device-memory sets it)")
+    elif cfg.get("device_memory") is not None and parts:
+        lines.append(f"    (room for them: --device-memory {cfg['device_memory']:g} GiB)")
+    ways = p.get("documents")
+    if ways:
+        def way(name: str) -> str:
+            w = ways[name]
+            return f"{w['bytes_per_token']:.1f}" + (f" ({w['pcie_bytes_per_token']:.1f} over PCIe)"
+                                                    if w["pcie_bytes_per_token"] is not None else "")
+        taken = {0: "neither: they stream", 1: "kept"}.get(ways["way"], "partitions")
+        lines.append(f"    bytes a token to and from the servers: kept across epochs {way('kept')}, in partitions "
+                     f"{way('partitions')}; this run: {taken}")
 
     def row(label: str, value: str, how: str) -> None:
         lines.append(f"  {label:<34}{value:>14}   {how}")
@@ -964,10 +1187,27 @@ def format_plan(p: dict) -> str:
                      f"it applies; links of {p['network_gbps']:g} Gbit/s, one per worker and {cfg['num_ps']} on the "
                      "servers' side; tokens/s each limit allows alone, but the bound's: what it allows with the "
                      "time the others add, the expectation)")
-        lines.append(f"  {'workers':>8} {'bytes/token':>12} {'compute':>10} {'servers':>10} {'network':>10} "
-                     f"{'expected':>10}  bound")
+        if device:  # GPU workers: the device and its host-device link beside the servers and the network
+            lines.append(f"  device: {device['model']} (--gpu-model), {device['tokens_per_second'] / 1e6:.2f}M "
+                         f"tokens/s a GPU ({device['source']}); PCIe: {device['pcie_bytes_per_second'] / 1e9:g} GB/s "
+                         f"a GPU ({device['pcie_source']})")
+            lines.append(f"  its memory's ceiling: {device['hbm_tokens_per_second'] / 1e6:.0f}M tokens/s a GPU "
+                         f"({device['hbm_bytes_per_second'] / 1e12:.2f} TB/s, {device['hbm_source']}, over the "
+                         f"{device['device_bytes_per_token']:,} B a token's pair reads and writes); the kernel at "
+                         f"{device['tokens_per_second'] / device['hbm_tokens_per_second']:.1%} of it")
+            lines.append(f"  {'GPUs':>6} {'workers':>8} {'bytes/token':>12} {'PCIe B/token':>13} {'device':>10} "
+                         f"{'pcie':>10} {'servers':>10} {'network':>10} {'expected':>10}  bound")
+        else:
+            lines.append(f"  {'workers':>8} {'bytes/token':>12} {'compute':>10} {'servers':>10} {'network':>10} "
+                         f"{'expected':>10}  bound")
         for r in p["scaling"]:
             rate = r["rates"]
+            if device:
+                lines.append(f"  {r['gpus']:>6g} {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
+                             f"{r['total_pcie_bytes_per_token']:>13.1f} "
+                             + " ".join(f"{_m(rate[k]):>10}" for k in ("device", "pcie", "servers", "network"))
+                             + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
+                continue
             lines.append(f"  {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
                          + " ".join(f"{_m(rate[k]):>10}" for k in ("compute", "servers", "network"))
                          + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")

@@ -65,6 +65,15 @@ DEVICE_SHARE = 0.75
 SWAP = object()  # run_epoch's next batch is of a partition of its documents other than the one held
 
 
+def device_room(config: TrainConfig, free_bytes: int, words_out_rows: int) -> int:
+    """Bytes of a GPU with `free_bytes` free that a worker's documents' rows may take
+    (config.document_partitions): DEVICE_SHARE of them, of the worker's share of the device where workers
+    share one (a fractional --gpus-per-worker), less the URL rows it holds there (float32). The worker's
+    rule at its start (Worker._device_room), and plan's for a device of its table (plan.DEVICES)."""
+    urls = sum(config.resident_tables(words_out_rows).values()) * config.table("words_out", words_out_rows).width * 4
+    return max(0, int(free_bytes * DEVICE_SHARE * min(1.0, config.gpus_per_worker)) - urls)
+
+
 def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer: bool = False,
                     on_device: bool = False) -> int:
     """A worker's macro-batch: `macro_batch` tokens (None: SOLE_WRITER_MACRO_BATCH for a sole writer,
@@ -502,8 +511,7 @@ class Worker:
         import torch
 
         free, _ = torch.cuda.mem_get_info(self.device)
-        urls = sum(self.config.resident_tables(words_out.rows).values()) * self.width * 4
-        return max(0, int(free * DEVICE_SHARE * min(1.0, self.config.gpus_per_worker)) - urls)
+        return device_room(self.config, free, words_out.rows)
 
     @staticmethod
     def _zero_stats() -> dict:

@@ -516,6 +516,18 @@ CASES = [
     # --- issue 48: --device-memory -------------------------------------------------------------------------
     Case("--device-memory 0", "train --corpus {corpus} --out {t}/m --device-memory 0", "error",
          "bad training config: device_memory must be > 0", untouched="{t}/m"),
+    # --- issue 48: plan's GPU workers ------------------------------------------------------------------------
+    Case("plan --pcie-gb-per-second 0", "plan --corpus {corpus} --no-calibrate --gpus-per-worker 1 "
+         "--pcie-gb-per-second 0", "error", "--pcie-gb-per-second must be > 0 (given 0)"),
+    Case("plan --device-tokens-per-second -1", "plan --corpus {corpus} --no-calibrate --gpus-per-worker 1 "
+         "--device-tokens-per-second -1", "error", "--device-tokens-per-second must be > 0 (given -1)"),
+    Case("plan --hbm-gb-per-second 0", "plan --corpus {corpus} --no-calibrate --gpus-per-worker 1 "
+         "--hbm-gb-per-second 0", "error", "--hbm-gb-per-second must be > 0 (given 0)"),
+    Case("plan --device-tokens-per-second for CPU workers", "plan --corpus {corpus} --no-calibrate "
+         "--device-tokens-per-second 2e7", "error",
+         "--device-tokens-per-second is a GPU worker's device: plan GPU workers (--gpus-per-worker 1"),
+    Case("plan --gpu-model unknown", "plan --corpus {corpus} --no-calibrate --gpus-per-worker 1 --gpu-model B200",
+         "error", "--gpu-model B200 is not a device plan knows: one of H200, H100, A100"),
 ]
 
 

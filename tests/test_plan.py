@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import SAMPLE_EVENTS, SMALL_USERS
 
-from doc2vec_dist import placement
+from doc2vec_dist import placement, worker
 from doc2vec_dist import plan as planmod
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
@@ -577,3 +578,170 @@ def test_an_estimate_without_its_sizes_is_refused_naming_them(sample_corpus, cap
     assert main(["plan", "--no-calibrate", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and expect in err[0], err
+
+
+# --- issue 48: the scaling table of GPU workers -------------------------------------------------------------
+
+GPU_YAML = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs", "configs", "gpu.yaml")
+# a calibration's servers only (a plan without a GPU: the device's rate is plan's table's or its flag)
+SERVERS = {"summary": {"server_busy_seconds": 1.0,
+                       "bytes": {"pulled": 0, "pushed": 0, "resident_pulled": 1e9, "resident_pushed": 1e9}}}
+H200 = planmod.DEVICES["H200"]
+
+
+def _gpu_config(**extra) -> TrainConfig:
+    from doc2vec_dist.config import build, load_yaml
+
+    return build(TrainConfig, load_yaml(GPU_YAML), {"progress": False, **extra})
+
+
+def _gpu_table_lines(text: str) -> list[dict]:
+    """The GPU scaling table's rows as printed: GPUs, workers, bytes/token, PCIe bytes/token, device, PCIe,
+    servers, network, expected, bound."""
+    names = ("gpus", "workers", "bytes", "pcie_bytes", "device", "pcie", "servers", "network", "expected", "bound")
+    rows = []
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) == len(names) and cells[0].replace(".", "").isdigit() and cells[1].isdigit():
+            rows.append(dict(zip(names, cells)))
+    return rows
+
+
+@pytest.mark.parametrize("gbps", [100.0, 10.0, 0.01])
+def test_a_gpu_plan_lists_1_2_4_8_gpus_each_rows_rate_the_least_of_device_pcie_servers_network(sample_corpus, gbps):
+    """Issue 48: plan prints the expected rate for 1, 2, 4 and 8 GPUs and its bound (device, PCIe, servers,
+    network), from the one model of the CPU workers' table (bound_rates): each column what its limit allows
+    alone, the expectation the least of them, and the bound names it. The device's rate, where no GPU
+    calibrated it, is the kernel's measured on the H200 (plan's default device), one for each GPU."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = _gpu_config()
+    table = planmod.scaling_plan(corpus, cfg, SERVERS, network_gbps=gbps)
+    assert [r["gpus"] for r in table] == [1, 2, 4, 8] and [r["workers"] for r in table] == [1, 2, 4, 8]
+    for r in table:
+        columns = {k: v for k, v in r["rates"].items() if v}
+        assert set(columns) == {"device", "pcie", "servers", "network"}, r
+        assert r["tokens_per_second"] == min(columns.values()), r
+        assert r["bound"] == min(columns, key=columns.get), r
+        assert r["alone"]["device"] == pytest.approx(r["gpus"] * H200.kernel_tokens_per_second)
+        assert r["alone"]["pcie"] == pytest.approx(r["gpus"] * H200.pcie_gb_per_second * 1e9
+                                                   / r["total_pcie_bytes_per_token"])
+        # every row moved to and from the servers crosses a device's link too, and each chunk's token ids
+        assert r["total_pcie_bytes_per_token"] > r["total_bytes_per_token"]
+    text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": gbps,
+                                "device": planmod.device_rates(cfg, None)})
+    printed = _gpu_table_lines(text)
+    assert [row["gpus"] for row in printed] == ["1", "2", "4", "8"]
+    for row, r in zip(printed, table):
+        assert row["expected"] == row[row["bound"]] == f"{r['tokens_per_second'] / 1e6:.2f}M", row
+    if gbps == 0.01:
+        assert {r["bound"] for r in table} == {"network"}
+
+
+def test_two_gpu_workers_share_one_gpu_and_its_rate(sample_corpus):
+    """Two workers on one GPU (--gpus-per-worker 0.5, the block schedule) share its kernel's rate and its link:
+    the 1-GPU row is 2 workers, its device column one GPU's."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = _gpu_config(num_workers=2, gpus_per_worker=0.5)
+    table = planmod.scaling_plan(corpus, cfg, SERVERS, network_gbps=10.0)
+    assert [(r["gpus"], r["workers"]) for r in table] == [(1, 2), (2, 4), (4, 8), (8, 16)]
+    one = table[0]
+    assert one["alone"]["device"] == pytest.approx(H200.kernel_tokens_per_second)
+    alone = planmod.scaling_plan(corpus, _gpu_config(), SERVERS, network_gbps=10.0, workers=(2,))[0]
+    assert one["bytes_per_token"] == alone["bytes_per_token"]  # the same 2 workers' bytes, on one link
+    assert one["alone"]["pcie"] == pytest.approx(alone["alone"]["pcie"] / 2)
+
+
+def test_documents_swapped_by_partition_make_a_gpu_run_bound_by_pcie(sample_corpus):
+    """Under a --device-memory that holds a fifth of its documents a GPU worker swaps them by partition: each
+    row crosses its link twice an epoch, against once (and its first pull) when kept. At a link that fed the
+    kept documents faster than the device trains, the swapped ones are bound by PCIe; the network, at
+    400 Gbit/s, is never the bound."""
+    corpus = Corpus(sample_corpus[0])
+    kept, swapped = _gpu_config(), _gpu_config(device_memory=corpus.num_docs / 5 * 100 * 4 / 2**30)
+    assert kept.document_partitions(corpus.num_docs, corpus.vocab_size) == 1
+    assert swapped.document_partitions(corpus.num_docs, corpus.vocab_size) == 5
+
+    def one_gpu(cfg, pcie=None):
+        return planmod.scaling_plan(corpus, cfg, SERVERS, network_gbps=400.0, workers=(1,),
+                                    gpu={"pcie_bytes_per_second": pcie})[0]
+
+    moved = {name: one_gpu(cfg)["total_pcie_bytes_per_token"] for name, cfg in (("kept", kept), ("swapped", swapped))}
+    docs = corpus.num_docs * 100 * 4 / corpus.num_tokens  # one crossing of every document's row, a token
+    epochs = kept.epochs
+    assert moved["swapped"] - moved["kept"] == pytest.approx((1 - 1 / epochs) * docs, rel=1e-6)
+    link = H200.kernel_tokens_per_second * math.sqrt(moved["kept"] * moved["swapped"])  # between the two
+    rows = {name: one_gpu(cfg, link) for name, cfg in (("kept", kept), ("swapped", swapped))}
+    assert rows["kept"]["bound"] == "device" and rows["swapped"]["bound"] == "pcie", rows
+    assert rows["swapped"]["alone"]["pcie"] == pytest.approx(link / moved["swapped"])
+    # at the H200's link both are the device's
+    assert one_gpu(swapped)["bound"] == "device"
+
+
+def test_a_gpu_plans_device_is_its_flags_else_a_gpu_calibrations_else_its_models_from_the_table(sample_corpus):
+    """The device column: --device-tokens-per-second where given, else what a calibration on the GPUs measured
+    (its tokens/s over the GPUs it ran on), else the kernel's measured on --gpu-model (DEVICES), else, on a
+    device with none measured, the H200's scaled by their memories' bandwidth. PCIe and the memory's bandwidth:
+    the flags', else the model's. The memory's ceiling is its bandwidth over the bytes a pair touches."""
+    cfg = _gpu_config(num_workers=2, gpus_per_worker=0.5)
+    cal = {**SERVERS, "workers": 2, "summary": {**SERVERS["summary"], "tokens_per_second": 30e6}}
+    assert planmod.device_rates(cfg, None)["tokens_per_second"] == H200.kernel_tokens_per_second
+    assert planmod.device_rates(cfg, cal)["tokens_per_second"] == 30e6  # 2 workers on 1 GPU
+    assert planmod.device_rates(cfg, cal, {"tokens_per_second": 50e6})["tokens_per_second"] == 50e6
+    h100 = planmod.device_rates(cfg, None, {"model": "H100"})
+    assert h100["tokens_per_second"] == planmod.DEVICES["H100"].kernel_tokens_per_second
+    assert h100["pcie_bytes_per_second"] == planmod.DEVICES["H100"].pcie_gb_per_second * 1e9
+    for name in ("A100", "V100", "L4"):
+        model = planmod.DEVICES[name]
+        assert model.kernel_tokens_per_second is None
+        found = planmod.device_rates(cfg, None, {"model": name})
+        assert found["tokens_per_second"] == pytest.approx(H200.kernel_tokens_per_second * model.hbm_gb_per_second
+                                                           / H200.hbm_gb_per_second)
+        assert found["source"].startswith(f"no kernel measured on an {name}")
+        pair = 2 * (2 + cfg.negative) * cfg.dim * 4
+        assert found["hbm_tokens_per_second"] == pytest.approx(model.hbm_gb_per_second * 1e9 / pair)
+    flagged = planmod.device_rates(cfg, None, {"model": "A100", "hbm_bytes_per_second": 1e12,
+                                               "pcie_bytes_per_second": 7e9})
+    assert flagged["hbm_tokens_per_second"] == pytest.approx(1e12 / (2 * (2 + cfg.negative) * cfg.dim * 4))
+    assert flagged["pcie_bytes_per_second"] == 7e9 and flagged["pcie_source"] == "--pcie-gb-per-second"
+
+
+def test_a_gpu_plan_says_its_device_and_the_documents_way_with_each_ways_bytes(sample_corpus, tmp_path, capsys):
+    """Through the command: the device, its source and its link; the room a worker gives its documents on that
+    device's memory (worker.device_room), and so whether they are kept across epochs or swapped by partition;
+    and each way's bytes a token, the scaling table's for this run's way."""
+    from doc2vec_dist.cli import main
+
+    corpus = Corpus(sample_corpus[0])
+    assert main(["plan", "--corpus", sample_corpus[0], "--config", GPU_YAML, "--no-calibrate", "--gpu-model", "V100",
+                 "--device-tokens-per-second", "20e6", "--pcie-gb-per-second", "12", "--json",
+                 str(tmp_path / "p.json")]) == 0
+    text = capsys.readouterr().out
+    assert [row["gpus"] for row in _gpu_table_lines(text)] == ["1", "2", "4", "8"]
+    assert "device: V100 (--gpu-model), 20.00M tokens/s a GPU (--device-tokens-per-second)" in text
+    assert "PCIe: 12 GB/s a GPU (--pcie-gb-per-second)" in text
+    with open(tmp_path / "p.json") as fh:
+        saved = json.load(fh)
+    assert saved["device"]["tokens_per_second"] == 20e6 and saved["scaling"][0]["alone"]["device"] == 20e6
+    cfg = _gpu_config()
+    room = worker.device_room(cfg, int(32e9), corpus.vocab_size)
+    assert saved["device"]["document_room"] == room
+    ways = saved["documents"]
+    assert ways["way"] == 1 and "this run: kept" in text and "documents' rows: kept in each worker" in text
+    assert ways["kept"]["bytes_per_token"] == pytest.approx(saved["scaling"][0]["total_bytes_per_token"])
+    assert ways["kept"]["pcie_bytes_per_token"] == pytest.approx(saved["scaling"][0]["total_pcie_bytes_per_token"])
+    assert ways["partitions"]["bytes_per_token"] > ways["kept"]["bytes_per_token"]
+    assert (f"kept across epochs {ways['kept']['bytes_per_token']:.1f} ({ways['kept']['pcie_bytes_per_token']:.1f} "
+            "over PCIe)") in text
+    # a device-memory that holds a third of them: partitions, and the table's bytes are that way's
+    share = ways["share_bytes"]
+    assert main(["plan", "--corpus", sample_corpus[0], "--config", GPU_YAML, "--no-calibrate",
+                 "--device-memory", str(share / 2.9 / 2**30), "--json", str(tmp_path / "p.json")]) == 0
+    text = capsys.readouterr().out
+    with open(tmp_path / "p.json") as fh:
+        saved = json.load(fh)
+    assert saved["documents"]["way"] == 3 and "this run: partitions" in text
+    assert "swapped by partition: up to 3 partitions" in text
+    assert saved["documents"]["partitions"]["bytes_per_token"] == pytest.approx(
+        saved["scaling"][0]["total_bytes_per_token"])
+    assert f"device: H200 (--gpu-model), {H200.kernel_tokens_per_second / 1e6:.2f}M tokens/s a GPU (the kernel " \
+           "measured:" in text
