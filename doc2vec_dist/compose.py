@@ -48,6 +48,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .scoring import named
+
 SOURCES = ("own", "path", "host", "domain")  # where a URL's vector came from, most specific first
 # second levels under a two-letter country code that are a public suffix together with it (co.uk,
 # com.au, ac.jp): the common shape of the Public Suffix List's country entries
@@ -144,66 +146,73 @@ class UrlComposer:
         urls = urls.cast(pa.string())
         n = len(urls)
         own = pc.index_in(urls, value_set=self.tokens).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        source = np.array([None] * n, dtype=object)
-        part = np.array([None] * n, dtype=object)
+        source, part = np.full(n, None, dtype=object), np.full(n, None, dtype=object)
         source[own >= 0] = "own"
         group = np.full(n, -1, np.int64)
+        groups = _Groups(self.weights)
+        left = np.flatnonzero(own < 0)  # the URLs still without a vector
+        asked = url_parts(urls.take(pa.array(left))) if len(left) and len(self.tokens) else {}
+        depth = max((int(k[4:]) for k in asked if k.startswith("path")), default=0)
+        levels = [(f"path{d}", "path") for d in range(depth, 0, -1)] + [("host", "host"), ("domain", "domain")]
+        for level, name in levels if asked else ():
+            theirs = self._vocab_level(level)  # None: no known URL is this deep
+            # a URL's prefix of d segments is null where its path has fewer
+            wanted = (group[left] < 0) & asked[level].is_valid().to_numpy(zero_copy_only=False)
+            if theirs is None or not wanted.any():
+                continue
+            keys = asked[level].filter(pa.array(wanted))
+            found = groups.add(theirs, keys)
+            hit = found >= 0
+            rows = left[np.flatnonzero(wanted)[hit]]
+            group[rows], source[rows] = found[hit], name
+            part[rows] = np.asarray(keys.to_pylist(), dtype=object)[hit]
         counts = np.zeros(n, np.float64)
         counts[own >= 0] = self.weights[own[own >= 0]]
-        members, weights, starts = [], [], [0]
-        left = np.flatnonzero(own < 0)
-        if len(left) and len(self.tokens):
-            asked = url_parts(urls.take(pa.array(left)))
-            depth = max((int(k[4:]) for k in asked if k.startswith("path")), default=0)
-            levels = [(f"path{d}", "path") for d in range(depth, 0, -1)] + [("host", "host"), ("domain", "domain")]
-            open_ = np.ones(len(left), bool)  # still without a vector
-            for level, name in levels:
-                # a URL's prefix of d segments is null where its path has fewer
-                wanted = open_ & asked[level].is_valid().to_numpy(zero_copy_only=False)
-                if not wanted.any():
-                    continue
-                theirs = self._vocab_level(level)
-                if theirs is None:  # no known URL is this deep
-                    continue
-                keys = asked[level].filter(pa.array(wanted))
-                distinct = pc.unique(keys)
-                at = pc.index_in(theirs, value_set=distinct)  # each known URL's part among the asked ones
-                known = np.flatnonzero(at.is_valid().to_numpy(zero_copy_only=False))
-                if not len(known):
-                    continue
-                of = at.take(pa.array(known)).to_numpy(zero_copy_only=False).astype(np.int64)
-                order = np.argsort(of, kind="stable")
-                found, first = np.unique(of[order], return_index=True)
-                group_of = np.full(len(distinct), -1, np.int64)  # asked part → its group number
-                group_of[found] = len(starts) - 1 + np.arange(len(found))
-                members.append(known[order])
-                weights.append(self.weights[known[order]])
-                starts.extend((starts[-1] + np.r_[first[1:], len(of)]).tolist())
-                mine = np.flatnonzero(wanted)
-                g = group_of[pc.index_in(keys, value_set=distinct).to_numpy(zero_copy_only=False)]
-                hit = g >= 0
-                rows = left[mine[hit]]
-                group[rows] = g[hit]
-                source[rows] = name
-                part[rows] = np.asarray(keys.to_pylist(), dtype=object)[hit]
-                open_[mine[hit]] = False
-                if not open_.any():
-                    break
-        members_ = np.concatenate(members) if members else np.zeros(0, np.int64)
-        weights_ = np.concatenate(weights) if weights else np.zeros(0, np.float64)
-        starts_ = np.asarray(starts, np.int64)
-        composed = group >= 0
-        if composed.any():
-            totals = np.add.reduceat(weights_, starts_[:-1])
-            counts[composed] = (totals / np.diff(starts_))[group[composed]]
+        counts[group >= 0] = groups.mean_weights()[group[group >= 0]]
         return Composed(keys=urls, source=pa.array(source.tolist(), pa.string()), part=pa.array(part.tolist(), pa.string()),
-                        own=own, group=group, members=members_, weights=weights_, starts=starts_, counts=counts)
+                        own=own, group=group, members=groups.members(), weights=groups.weights(),
+                        starts=np.asarray(groups.starts, np.int64), counts=counts)
+
+
+class _Groups:
+    """The groups of known rows a compose answer averages, made level by level: a group per asked part
+    that some known URL shares, its members (model ids) listed group after group."""
+
+    def __init__(self, weights: np.ndarray):
+        self.all_weights = weights
+        self.parts: list[np.ndarray] = []
+        self.starts = [0]
+
+    def add(self, theirs: pa.Array, keys: pa.Array) -> np.ndarray:
+        """Groups for the parts `keys` (one level's, of the asked URLs) from `theirs` (the same level's
+        part of each known URL): the group of each key, -1 where no known URL shares it."""
+        distinct = pc.unique(keys)
+        at = pc.index_in(theirs, value_set=distinct)  # each known URL's part among the asked ones
+        known = np.flatnonzero(at.is_valid().to_numpy(zero_copy_only=False))
+        of = at.take(pa.array(known)).to_numpy(zero_copy_only=False).astype(np.int64)
+        order = np.argsort(of, kind="stable")
+        present, first = np.unique(of[order], return_index=True)
+        group_of = np.full(len(distinct), -1, np.int64)
+        group_of[present] = len(self.starts) - 1 + np.arange(len(present))
+        self.parts.append(known[order])
+        self.starts.extend((self.starts[-1] + np.r_[first[1:], len(of)]).tolist() if len(of) else [])
+        return group_of[pc.index_in(keys, value_set=distinct).to_numpy(zero_copy_only=False)]
+
+    def members(self) -> np.ndarray:
+        return np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
+
+    def weights(self) -> np.ndarray:
+        return self.all_weights[self.members()]
+
+    def mean_weights(self) -> np.ndarray:
+        """Each group's mean weight: the mean count of the known URLs it averages."""
+        if len(self.starts) == 1:
+            return np.zeros(0)
+        return np.add.reduceat(self.weights(), self.starts[:-1]) / np.diff(self.starts)
 
 
 def no_vector_line(urls: list[str], total: int) -> str:
     """What to say of `total` URLs without a vector (`urls`: the first of them)."""
-    from .scoring import named
-
     return (f"{total:,} URL{'' if total == 1 else 's'} with no vector: the model knows neither "
             f"{'it' if total == 1 else 'them'} nor {'its' if total == 1 else 'their'} host or domain "
             f"(a site it never saw): {named(urls, total)}")

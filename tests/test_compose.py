@@ -190,3 +190,29 @@ def test_a_list_of_urls_is_a_parquet_or_csv_column_or_lines_of_text(tmp_path):
         assert read_url_list(str(tmp_path / name)) == ["https://a.example/x", "https://a.example/y"], name
     with pytest.raises(UserError, match="no such file"):
         read_url_list(str(tmp_path / "nope.txt"))
+
+
+def test_the_benchmarks_split_and_part_words():
+    """benchmarks/new_urls.py: held-out tokens never reach training, a new user's hidden events follow its
+    visible ones, and the trained arm's part words are those compose.py reads."""
+    from conftest import load_benchmark
+
+    bench = load_benchmark("new_urls")
+    events = pa.table({"user_id": [f"u{i % 40}" for i in range(400)],
+                       "url": [f"https://s{i % 7}.example/sec{i % 3}/p{i % 23}" for i in range(400)],
+                       "ts": pa.array(range(400), pa.int64())})
+    s = bench.split(events, seed=1, text=False)
+    assert len(s["held_out"]) and not pc.any(pc.is_in(s["train"].column("url"), value_set=s["held_out"])).as_py()
+    new = set(s["visible"].column("user_id").to_pylist())
+    assert new and not new & set(s["train"].column("user_id").to_pylist())
+    last_seen = {}
+    for user, ts in zip(s["visible"].column("user_id").to_pylist(), s["visible"].column("ts").to_pylist()):
+        last_seen[user] = max(ts, last_seen.get(user, ts))
+    assert all(ts > last_seen[user] for user, ts in zip(s["hidden"].column("user_id").to_pylist(),
+                                                         s["hidden"].column("ts").to_pylist()))
+    one = pa.table({"user_id": ["u", "u"], "url": ["https://a.b.example.com/x/y", "https://a.b.example.com/x/y?q=1"],
+                    "ts": pa.array([1, 2], pa.int64())})
+    assert bench.with_parts(one).column("url").to_pylist() == [
+        "https://a.b.example.com/x/y", "https://a.b.example.com/x/y?q=1", "host:a.b.example.com", "host:a.b.example.com",
+        "domain:example.com", "domain:example.com", "path:a.b.example.com/x", "path:a.b.example.com/x",
+        "path:a.b.example.com/x/y"]
