@@ -5,6 +5,8 @@
                                                        # its events written another way (normalised by the rule here)
     python benchmarks/new_urls.py --data pypi          # 100,000 PyPI summaries (../shared/data): words, not URLs
     python benchmarks/new_urls.py --quick              # a smoke run: the sample, 2 epochs, seed 1
+    python benchmarks/new_urls.py --report A.json B.json   # the tables of earlier runs, their seeds pooled
+    python benchmarks/new_urls.py --time-compose 1000000 10000   # what composing costs, 10k pages, 1M URLs
 
 Per seed, in one process and one local Ray:
 
@@ -408,20 +410,64 @@ def run_seed(events: pa.Table, seed: int, work: str, train: dict, text: bool, ar
             "seconds": seconds, "arms": found}
 
 
+def time_compose(vocab: int, asked: int, seed: int = 0) -> str:
+    """What composing costs a model of `vocab` URLs (20,000 hosts, 30 sections each, random rows and
+    counts) asked for `asked` new pages of its sites: the first compose (which reads the vocabulary's
+    parts, once per loaded model), the vectors, and a second compose."""
+    from doc2vec_dist.compose import UrlComposer
+
+    rng = np.random.default_rng(seed)
+    hosts = pa.array([f"site{i}.example{i % 50}.com" for i in range(20_000)]).take(
+        pa.array(rng.integers(0, 20_000, vocab)))
+    sections = pa.array([f"/s{i}" for i in range(30)]).take(pa.array(rng.integers(0, 30, vocab)))
+    urls = pc.binary_join_element_wise("https://", hosts, sections, pa.array([f"/p{i}" for i in range(vocab)]), "")
+    table = rng.standard_normal((vocab, 100)).astype(np.float32)
+    new = pc.binary_join_element_wise("https://", hosts.slice(0, asked), sections.slice(0, asked),
+                                      pa.array([f"/new{i}" for i in range(asked)]), "")
+    t = time.perf_counter()
+    composer = UrlComposer(urls, rng.integers(1, 1000, vocab))
+    plan = composer.compose(new)
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    plan.vectors(table)
+    vectors = time.perf_counter() - t
+    t = time.perf_counter()
+    composer.compose(new)
+    again = time.perf_counter() - t
+    return (f"compose {asked:,} new pages against {vocab:,} URLs: first {first:.2f} s (the vocabulary's parts), "
+            f"vectors {vectors:.2f} s, again {again:.2f} s; sources {pc.value_counts(plan.source).to_pylist()}")
+
+
+METRICS = ("recall@10 new-token users", "recall@10 held-out tokens", "recall@10 all users")
+
+
 def table(results: list[dict], arms: tuple[str, ...]) -> str:
+    """Each arm's mean over the seeds ± their spread (max − min: the seeds' splits differ, so this is
+    mostly the split's own variance), then each arm's difference from drop, seed by seed (all arms of
+    a seed share its split): mean [min, max]."""
     first = results[0]
     lines = [(f"{first['universe']:,} tokens ({first['held out']:,} held out), {first['users']:,} new users with hidden "
              f"events, {first['new-token users']:,} of them with a held-out token hidden (seed {first['seed']})"), ""]
-    metrics = ("recall@10 new-token users", "recall@10 held-out tokens", "recall@10 all users")
-    lines.append(f"{'arm':<12}" + "".join(f"{m:>28}" for m in metrics) + f"{'unplaced':>10}")
+    lines.append(f"{'arm':<12}" + "".join(f"{m:>28}" for m in METRICS) + f"{'unplaced':>10}")
     for arm in arms:
         cells = []
-        for metric in metrics:
+        for metric in METRICS:
             values = [r["arms"][arm][metric] for r in results]
             spread = f" ±{max(values) - min(values):.4f}" if len(values) > 1 else ""
             cells.append(f"{statistics.mean(values):.4f}{spread}".rjust(28))
         unplaced = statistics.mean(r["arms"][arm]["unplaced new-token users"] for r in results)
         lines.append(f"{arm:<12}" + "".join(cells) + f"{unplaced:>10.1f}")
+    # derived less drop+rank: the same candidates, the users' vectors inferred composing or not
+    pairs = [(arm, "drop") for arm in arms if arm != "drop" and "drop" in arms]
+    pairs += [("derived", "drop+rank")] if {"derived", "drop+rank"} <= set(arms) else []
+    if pairs:
+        lines += ["", "differences, seed by seed: mean [min, max]"]
+        for arm, base in pairs:
+            cells = []
+            for metric in METRICS:
+                diff = [r["arms"][arm][metric] - r["arms"][base][metric] for r in results]
+                cells.append(f"{statistics.mean(diff):+.4f} [{min(diff):+.4f}, {max(diff):+.4f}]".rjust(28))
+            lines.append(f"{arm + ' − ' + base:<22}"[:22] + "".join(cells))
     return "\n".join(lines)
 
 
@@ -443,7 +489,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="where the results go (default: WORK/new_urls-DATA.json)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: the sample, 2 epochs, seed 1")
     ap.add_argument("--keep", action="store_true", help="keep each seed's models under WORK/DATA/seedN")
+    ap.add_argument("--report", nargs="+", metavar="JSON",
+                    help="instead, print the tables of these runs' JSON files together (their seeds pooled)")
+    ap.add_argument("--time-compose", type=int, nargs=2, metavar=("VOCAB", "ASKED"),
+                    help="instead, time composing ASKED new pages against a model of VOCAB URLs (synthetic)")
     args = ap.parse_args(argv)
+    if args.time_compose:
+        print(time_compose(*args.time_compose))
+        return 0
+    if args.report:
+        runs = []
+        for path in args.report:
+            with open(path) as fh:
+                runs.append(json.load(fh))
+        results = [r for run in runs for r in run["results"]]
+        arms = tuple(a for a in ARMS if all(a in r["arms"] for r in results))
+        print(f"{', '.join(args.report)}: seeds {' '.join(str(r['seed']) for r in results)}")
+        print(table(results, arms))
+        return 0
     if args.quick:
         args.epochs, args.seeds = 2, [1]
     text = args.data == "pypi"
