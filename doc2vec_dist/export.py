@@ -253,11 +253,18 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
 
 def read_url_list(path: str) -> list[str]:
     """The URLs of a list: a Parquet or CSV file's `url` column (else its `key` column), or any other
-    file's lines (blank ones skipped)."""
-    import pyarrow.csv as pacsv
-
+    file's lines (blank ones skipped). A list without any is refused: an empty output would hide it."""
     if not os.path.isfile(path):
         raise UserError(f"{path}: no such file")
+    urls = _url_list(path)
+    if not urls:
+        raise UserError(f"{path}: no URLs in it; give one URL a line, or a Parquet or CSV file with a url column")
+    return urls
+
+
+def _url_list(path: str) -> list[str]:
+    import pyarrow.csv as pacsv
+
     try:
         if path.endswith((".parquet", ".csv")):
             names = pq.read_schema(path).names if path.endswith(".parquet") else \

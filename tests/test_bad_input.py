@@ -501,6 +501,9 @@ CASES = [
     Case("export --urls of a Parquet without a url column", "export --model {model} --table words_out --urls "
          "{t}/u.parquet --out {t}/o.parquet", "error", "{t}/u.parquet: no 'url' or 'key' column (it has: note)",
          {"u.parquet": _users_parquet}, "{t}/o.parquet"),
+    Case("export --urls of an empty list", "export --model {model} --table words_out --urls {t}/u.txt --out "
+         "{t}/o.parquet", "error", "{t}/u.txt: no URLs in it; give one URL a line, or a Parquet or CSV file with a "
+         "url column", {"u.txt": b"\n  \n"}, "{t}/o.parquet"),
     Case("infer with only pages the model never saw, of its sites", "infer --model {model} {t}/e.csv --out "
          "{t}/u.parquet", "says", "composed vectors for 3 URLs the model never saw (3 events) from their",
          {"e.csv": b"user_id,url\n" + b"".join(b"newcomer,%s\n" % u.encode() for u in NEW_PAGES)}),

@@ -56,12 +56,15 @@ def test_a_url_never_seen_takes_the_row_of_its_most_specific_known_part(trained_
     known = found.keys("words_out").to_pylist()
     own = next(u for u in known if u.startswith(f"https://{HOST}/questions/"))
     model = Model.load(trained_model)
-    asked = [NEW_IN_SECTION, NEW_ON_HOST, NEW_SUBDOMAIN, OTHER_SITE, own.replace(f"https://{HOST}", f"HTTPS://{HOST.upper()}")]
+    asked = [NEW_IN_SECTION, NEW_ON_HOST, NEW_SUBDOMAIN, OTHER_SITE, own.replace(f"https://{HOST}", f"HTTPS://{HOST.upper()}"),
+             NEW_IN_SECTION.replace(f"https://{HOST}", f"HTTPS://{HOST.upper()}:443") + "#top"]
     answer = model.url_vectors(asked)
     assert answer.column_names == ["key", "vector", "source", "part"]
-    assert answer.column("key").to_pylist()[:4] == asked[:4] and answer.column("key")[4].as_py() == own  # normalised
-    assert answer.column("source").to_pylist() == ["path", "host", "domain", None, "own"]
-    assert answer.column("part").to_pylist() == [f"{HOST}/questions", HOST, "quailkale.com", None, None]
+    # the parts are read from the URL as the model's rule normalised it
+    assert answer.column("key").to_pylist() == asked[:4] + [own, NEW_IN_SECTION]
+    assert answer.column("source").to_pylist() == ["path", "host", "domain", None, "own", "path"]
+    assert answer.column("part").to_pylist() == [f"{HOST}/questions", HOST, "quailkale.com", None, None,
+                                                 f"{HOST}/questions"]
     vectors = answer.column("vector").to_pylist()
     for got, prefix in zip(vectors[:3], (f"https://{HOST}/questions/", f"https://{HOST}/", f"https://{HOST}/")):
         want, n = _expected(found, prefix)
@@ -136,6 +139,11 @@ def test_export_of_url_vectors_for_a_list_of_urls(trained_model, tmp_path, capsy
     # the file is a vectors file of the model's words_out: an index reads it, leaving out the null row
     assert main(["index", "--vectors", out, "--out", str(tmp_path / "i"), "--no-progress"]) == 0
     assert "1 row with a null vector" in capsys.readouterr().err
+    # tomorrow's list replaces the file this command wrote
+    (tmp_path / "tomorrow.txt").write_text(NEW_IN_SECTION + "\n")
+    assert main(["export", "--model", trained_model, "--table", "words_out", "--urls", str(tmp_path / "tomorrow.txt"),
+                 "--out", out, "--no-progress"]) == 0
+    assert pq.read_table(out).column("source").to_pylist() == ["path"]
 
 
 def _communities() -> dict[str, int]:
@@ -190,6 +198,12 @@ def test_a_list_of_urls_is_a_parquet_or_csv_column_or_lines_of_text(tmp_path):
         assert read_url_list(str(tmp_path / name)) == ["https://a.example/x", "https://a.example/y"], name
     with pytest.raises(UserError, match="no such file"):
         read_url_list(str(tmp_path / "nope.txt"))
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    pq.write_table(pa.table({"url": pa.array([None], pa.string())}), tmp_path / "nulls.parquet")
+    for name in ("blank.txt", "nulls.parquet"):
+        with pytest.raises(UserError, match=f"{name}: no URLs in it; give one URL a line, or a Parquet or CSV file "
+                                            "with a url column"):
+            read_url_list(str(tmp_path / name))
 
 
 def test_the_benchmarks_split_and_part_words():
