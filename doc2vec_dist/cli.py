@@ -344,11 +344,32 @@ def cmd_tune(args) -> None:
 def cmd_export(args) -> None:
     from .export import export
 
+    if args.urls:
+        _export_urls(args)
+        return
     r = export(args.model, args.table, args.out, format=args.format, progress=not args.no_progress,
                normalize=args.normalize, dtype=args.dtype)
     keys = f" (keys in {r['keys_path']})" if r.get("keys_path") else ""
     print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']}{keys} in {r['seconds']:.2f}s "
           f"({r['rows_per_second']:,.0f} rows/s, {r['parts']} parts, peak memory {r['peak_rss_bytes'] / 2**30:.2f} GiB)")
+
+
+def _export_urls(args) -> None:
+    """export --urls: vectors for the URLs listed, composed where the model never saw them."""
+    from .export import export_url_vectors, read_url_list
+
+    if args.table not in ("words_out", "words"):
+        raise UserError("--urls: vectors of URLs come from a URL table: give --table words_out (or words)")
+    if args.format != "parquet" or args.normalize or args.dtype != "float32":
+        given = next(f for f, on in (("--format", args.format != "parquet"), ("--normalize", args.normalize),
+                                     ("--dtype", args.dtype != "float32")) if on)
+        raise UserError(f"--urls writes Parquet (key, vector, source, part): leave {given} out")
+    r = export_url_vectors(args.model, read_url_list(args.urls), args.out, table=args.table)
+    composed = sum(r["composed"].values())
+    how = ", ".join(f"{n:,} from a {'path prefix' if name == 'path' else name}" for name, n in r["composed"].items())
+    print(f"exported {r['rows']:,} URL vectors of {r['table']} to {r['path']}: {r['own']:,} the model's own, "
+          f"{composed:,} composed" + (f" ({how})" if how else "") + f", {r['without']:,} without a vector (null) "
+          f"in {r['seconds']:.2f}s")
 
 
 def cmd_index(args) -> None:
@@ -374,6 +395,9 @@ def cmd_neighbors(args) -> None:
     calm_openmp()  # before faiss is imported
     from .model import neighbors
 
+    if args.url:
+        _url_neighbors(args)
+        return
     keys = list(args.key or [])
     if args.keys_file:
         import pyarrow.parquet as pq
@@ -392,11 +416,34 @@ def cmd_neighbors(args) -> None:
         outputs.check_file(args.out, "neighbors")  # before the search: nothing there, or an earlier result
         outputs.check_writable(args.out)
     with _warnings_as_lines():
-        result = neighbors(args.model, keys, k=args.k, table=args.table, against=args.against, index=args.index,
-                           vectors_file=args.vectors, exclude_seen=args.exclude_seen, as_flags=True)
+        result = neighbors(args.model, keys, k=args.k, table=args.table or "docs", against=args.against,
+                           index=args.index, vectors_file=args.vectors, exclude_seen=args.exclude_seen, as_flags=True)
+    _print_neighbors(result, args.out)
+
+
+def _url_neighbors(args) -> None:
+    """neighbors --url: similar URLs for URLs the model knows or not (their vectors composed)."""
+    from .model import neighbors
+
+    given = next((flag for flag, on in (("--key", args.key), ("--keys-file", args.keys_file),
+                                        ("--vectors", args.vectors)) if on), None)
+    if given:
+        raise UserError(f"give --url or {given}, not both")
+    if args.table == "docs":
+        raise UserError("--url asks for a URL's neighbours: give --table words_out (or words), or leave --table out")
     if args.out:
-        outputs.write_parquet_file(result, args.out, "neighbors")
-        print(f"wrote {result.num_rows} rows to {args.out}")
+        outputs.check_file(args.out, "neighbors")
+        outputs.check_writable(args.out)
+    with _warnings_as_lines():
+        result = neighbors(args.model, k=args.k, table=args.table or "words_out", against=args.against,
+                           index=args.index, exclude_seen=args.exclude_seen, as_flags=True, urls=args.url)
+    _print_neighbors(result, args.out)
+
+
+def _print_neighbors(result, out: str | None) -> None:
+    if out:
+        outputs.write_parquet_file(result, out, "neighbors")
+        print(f"wrote {result.num_rows} rows to {out}")
         return
     # tab-separated, a header first, in the table's own column order (that of Model.neighbors and --out)
     print("\t".join(result.column_names))
@@ -428,7 +475,8 @@ def cmd_infer(args) -> None:
 
     r = infer(args.model, args.inputs, args.out, format=args.format, doc_col=args.doc_col, token_col=args.token_col,
               time_col=args.time_col, epochs=args.epochs, alpha=args.alpha, min_alpha=args.min_alpha, seed=args.seed,
-              batch_users=args.batch_users, progress=not args.no_progress, tmp_dir=args.tmp_dir)
+              batch_users=args.batch_users, progress=not args.no_progress, tmp_dir=args.tmp_dir,
+              compose=not args.no_compose)
     without = f", and {r['null_vectors']:,} users without one (a null vector)" if r["null_vectors"] else ""
     print(f"inferred {r['rows']:,} user vectors (dim {r['dim']}) to {r['path']}{without} in {r['seconds']:.2f}s "
           f"({r['users_per_second']:,.0f} users/s)")
@@ -558,6 +606,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="Parquet (key, vector), word2vec text (gensim's KeyedVectors) or a numpy matrix")
     e.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
     e.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="vector element type")
+    e.add_argument("--urls", metavar="LIST",
+                   help="instead of the whole table, a vector for each URL of LIST (a Parquet or CSV file's url or "
+                        "key column, else one URL a line), the model's or not: one it never saw composed from its "
+                        "path, host or domain; writes Parquet key, vector, source (own, path, host, domain), part")
 
     i = add("index", cmd_index, "build a faiss cosine index of a table or a (key, vector) Parquet, or update one "
                                 "to a refreshed table (--update)")
@@ -575,12 +627,18 @@ def make_parser() -> argparse.ArgumentParser:
                    help="sampled rows whose recall@10 vs exact search is measured")
 
     n = add("neighbors", cmd_neighbors, "similar users for a user, likeliest URLs for a user (--against words_out), "
-                                        "similar URLs for a URL (--table words_out)")
+                                        "similar URLs for a URL (--table words_out; --url for any URL, the "
+                                        "model's or not)")
     n.add_argument("--model", required=True, help="model directory")
     n.add_argument("--key", action="append", help="query key: a user id, or a URL with --table words_out "
                                                    "(repeatable)")
+    n.add_argument("--url", action="append",
+                   help="query URL, the model's or not (repeatable): one it never saw is asked by a vector composed "
+                        "from its path, host or domain, and the answer's source column says which (own, path, host, "
+                        "domain); --table defaults to words_out")
     n.add_argument("--keys-file", help="Parquet with a key column of queries")
-    n.add_argument("--table", default="docs", choices=("docs", "words", "words_out"), help="table the keys are in")
+    n.add_argument("--table", choices=("docs", "words", "words_out"),
+                   help="table the keys are in (default: docs; words_out with --url)")
     n.add_argument("--against", choices=("docs", "words", "words_out"), help="table searched (default: --table)")
     n.add_argument("--k", type=_at_least_one("--k"), default=10, help="neighbours per key")
     n.add_argument("--index", help="search this saved index (from `index`) instead of an exact scan")
@@ -609,6 +667,9 @@ def make_parser() -> argparse.ArgumentParser:
     inf.add_argument("--seed", type=int, default=1, help="seed of start vectors and draws; same seed, same vectors")
     inf.add_argument("--batch-users", type=int, default=4096, help="users trained together; bounds memory")
     inf.add_argument("--tmp-dir", help="where the events are staged while read (default: the system's temp dir)")
+    inf.add_argument("--no-compose", action="store_true",
+                     help="drop the events of URLs the model never saw, as before, instead of giving each a row "
+                          "composed from its path, host or domain")
 
     ev = add("evaluate", cmd_evaluate, "held-out URL prediction or correlation with human similarity")
     ev.add_argument("--model", required=True, help="model directory")

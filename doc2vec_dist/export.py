@@ -16,6 +16,9 @@ task and never the table: nothing gathers the table in one place.
 
 The Parquet files (and the keys of an npy export) record the model, version and table they came
 from (`provenance`), so an index or a neighbour query made from them can be checked against the model.
+
+`--urls LIST` (export_url_vectors) writes instead one Parquet file of the URLs listed, the model's or
+not: key, vector, source (own, or path, host, domain where it was composed: compose.py), part.
 """
 
 from __future__ import annotations
@@ -246,6 +249,65 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
             "normalized": normalize, "parts": len(spec["parts"]), "tasks": tasks,
             "seconds": round(seconds, 3), "rows_per_second": spec["rows"] / seconds if seconds else 0.0,
             "peak_rss_bytes": peak_rss_bytes()}
+
+
+def read_url_list(path: str) -> list[str]:
+    """The URLs of a list: a Parquet or CSV file's `url` column (else its `key` column), or any other
+    file's lines (blank ones skipped). A list without any is refused: an empty output would hide it."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: no such file")
+    urls = _url_list(path)
+    if not urls:
+        raise UserError(f"{path}: no URLs in it; give one URL a line, or a Parquet or CSV file with a url column")
+    return urls
+
+
+def _url_list(path: str) -> list[str]:
+    import pyarrow.csv as pacsv
+
+    try:
+        if path.endswith((".parquet", ".csv")):
+            names = pq.read_schema(path).names if path.endswith(".parquet") else \
+                pacsv.open_csv(path).schema.names
+            column = next((c for c in ("url", "key") if c in names), None)
+            if column is None:
+                raise UserError(f"{path}: no 'url' or 'key' column (it has: {', '.join(names)})")
+            table = pq.read_table(path, columns=[column]) if path.endswith(".parquet") else \
+                pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(include_columns=[column]))
+            values = table.column(column).combine_chunks().cast(pa.string())
+            return [v for v in values.to_pylist() if v]
+        with open(path, encoding="utf-8") as fh:
+            return [line.strip() for line in fh if line.strip()]
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read its URLs ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+                        ) from None
+
+
+def export_url_vectors(model: str, urls: list[str], out: str, table: str = "words_out") -> dict:
+    """Write a vector for every URL of `urls`, the model's or not, to the Parquet file `out`: the columns
+    of Model.url_vectors (key, vector, source, part), one row per distinct URL by the model's rule, in
+    the order given. A URL the model never saw gets a vector composed from its path, host or domain
+    (compose.py); one of a site it never saw, a null vector, and a warning names such URLs. The file
+    records the model (provenance), so `index --vectors` builds an index of it. Returns rows, by source."""
+    from .compose import no_vector_line
+    from .model import Model
+
+    outputs.check_writable(out)
+    t0 = time.perf_counter()
+    found = Model(model)
+    vectors = found.url_vectors(urls, table)
+    keys = vectors.column("key").combine_chunks()
+    first = pc.index_in(pc.unique(keys), value_set=keys)  # each distinct URL where it first comes
+    vectors = vectors.take(first)
+    with outputs.replacing(out, "vectors") as staged:
+        pq.write_table(vectors, staged.path, **PARQUET_OPTIONS)
+    source = vectors.column("source").to_pylist()
+    missing = [key for key, came in zip(vectors.column("key").to_pylist(), source) if came is None]
+    if missing:
+        log.warning("warning: " + no_vector_line(missing, len(missing)))
+    return {"path": out, "table": table, "rows": len(source), "own": source.count("own"),
+            "composed": {name: source.count(name) for name in ("path", "host", "domain") if name in source},
+            "without": len(missing), "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def _start_output(format: str, tmp: str, pieces: str, keys: pa.Array, spec: dict, dtype: str, source: dict,

@@ -17,8 +17,12 @@ The steps, in the order of the data flow:
    `prepare` has. Its tokens are then mapped to the MODEL's word ids through the model's vocab.arrow.
    The model's URL rule (urls.py, recorded in its vocab.arrow) normalises the inputs' URLs as it
    normalised the model's, so a page written another way is still the page.
-   Events whose URL the model never saw are dropped and counted ("skipped N events with URLs the
-   model never saw"). A user left with no known URL gets no vector, and a warning names such users
+   A URL the model never saw is given a row composed from its path, host or domain where the
+   model knows one of them (compose.py: the count-weighted mean of the known rows that share the part),
+   in words_out, and PV-DM's words, and counted ("composed vectors for N URLs the model never saw");
+   the new page of a known site then counts as the site's pages do. `compose=False` (--no-compose)
+   drops them instead, as infer did before. Events whose URL has no row nor a composed one (a site the
+   model never saw) are dropped and counted ("skipped N events with URLs the model never saw"). A user left with no known URL gets no vector, and a warning names such users
    (the first few, and how many). They are not dropped: the Parquet that `infer` writes keeps their
    key with a null vector, and the arrays (`Model.infer`, `infer` without `out`) hold a row of NaN
    for them. A zero row would look like a vector: faiss scores it 0 against everything and answers
@@ -69,6 +73,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint, device_examples, kernels, outputs, provenance
+from .compose import SOURCES, Composed, UrlComposer
 from .config import PrepareConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
@@ -169,6 +174,7 @@ class Inferrer:
         self.vocab_tokens = vocab.column("token").combine_chunks()
         self.url_rule = UrlRule.of_schema(vocab.schema, vocab_path)  # the inputs' URLs are read by the model's rule
         counts = vocab.column("count").to_numpy().astype(np.int64)
+        self.counts = counts
         self.words_out = torch.from_numpy(np.ascontiguousarray(load("words_out"), dtype=np.float32))
         words = load("words") if settings.mode == "dm" else np.zeros((0, settings.dim), np.float32)
         if len(counts) != self.words_out.shape[0]:
@@ -184,6 +190,26 @@ class Inferrer:
         """int64 model word id of each token string, -1 for a URL the model never saw."""
         ids = pc.index_in(tokens, value_set=self.vocab_tokens)
         return ids.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def add_composed(self, urls: pa.Array) -> tuple[Composed, np.ndarray]:
+        """Rows composed for URLs the model never saw (compose.py), added after the model's own, frozen as
+        they are: (how each was composed, the id each now has, -1 for one without a row). A new row is
+        always kept by subsampling (its count is unknown, and it is rare: first seen now) and never drawn
+        as a negative (the negatives stay the model's unigram table)."""
+        composed = UrlComposer(self.vocab_tokens, self.counts).compose(urls)
+        has = composed.has_vector
+        ids = np.full(len(urls), -1, np.int64)
+        ids[has] = len(self.words_out) + np.arange(int(has.sum()))
+        if has.any():
+            out_rows = composed.vectors(self.words_out.numpy())[has]
+            self.words_out = torch.cat([self.words_out, torch.from_numpy(out_rows)])
+            self.keep_prob = np.concatenate([self.keep_prob, np.ones(int(has.sum()), self.keep_prob.dtype)])
+            self.tables = device_examples.DeviceTables(self.keep_prob, self.negatives, torch.device("cpu"))
+            if self.s.mode == "dm":  # a context word's row is its id in `inputs`: the composed words rows follow
+                words = self._inputs[:self.head]
+                self._inputs = torch.cat([words, torch.from_numpy(composed.vectors(words.numpy())[has])])
+                self.head = len(self._inputs)
+        return composed, ids
 
     def vectors(self, keys: list[str], offsets: np.ndarray, tokens: np.ndarray, batch: int) -> np.ndarray:
         """Trained [n, dim] float32 rows for a batch of n documents: tokens[offsets[i]:offsets[i+1]] are
@@ -239,6 +265,8 @@ class Counts:
     events_read: int = 0           # their events
     unknown_events: int = 0        # events whose URL the model never saw (dropped)
     unknown_urls: int = 0          # distinct such URLs
+    composed_events: int = 0       # events whose URL the model never saw, given a composed row
+    composed_urls: dict[str, int] = field(default_factory=dict)  # distinct such URLs, by source (path, host, domain)
     users_without_known_urls: int = 0  # users left with no event at all: no vector
     unplaced_keys: list[str] = field(default_factory=list)  # the first NAMED of them, to name them
     prepare_skipped: dict | None = None  # what prepare itself dropped (null/empty URLs, users without any)
@@ -261,6 +289,11 @@ class Counts:
 
     def lines(self) -> list[str]:
         out = []
+        if self.composed_events:
+            out.append(f"composed vectors for {sum(self.composed_urls.values()):,} URLs the model never saw "
+                       f"({self.composed_events:,} events) from their "
+                       + ", ".join(f"{source} ({n:,})" for source, n in self.composed_urls.items())
+                       + " (compose.py; --no-compose drops them)")
         if self.unknown_events:
             out.append(f"skipped {self.unknown_events:,} events with URLs the model never saw "
                        f"({self.unknown_urls:,} distinct URLs)")
@@ -310,13 +343,14 @@ def iter_inferred(model: str, inputs, *, format: str = "events", doc_col: str = 
                   min_alpha: float | None = None, seed: int = 1, batch_users: int = DEFAULT_BATCH_USERS,
                   progress: bool = True, tmp_dir: str | None = None, counts: Counts | None = None,
                   table: Callable[[str], np.ndarray] | None = None,
-                  name: str | None = None) -> Iterator[tuple[pa.Array, np.ndarray]]:
+                  name: str | None = None, compose: bool = True) -> Iterator[tuple[pa.Array, np.ndarray]]:
     """(keys, [n, dim] float32 vectors) batch by batch; `counts`, if given, is filled in as we go. A
     user with no URL the model knows comes in a batch of such users, as a row of NaN (no vector).
 
     The model is checked and its frozen tables loaded now, before anything is read; the inputs are
     read when the first batch is asked for, and refused then (before any batch) if none of their
     URLs is in the model's vocabulary. `name` names the inputs in that message (default: their paths).
+    compose: give a URL the model never saw a row composed from its path, host or domain (else drop it).
     """
     model = os.fspath(model)
     settings = model_settings(model, epochs, alpha, min_alpha, seed, batch_users)
@@ -324,11 +358,12 @@ def iter_inferred(model: str, inputs, *, format: str = "events", doc_col: str = 
     read = {"format": format, "doc_col": doc_col, "token_col": token_col, "time_col": time_col}
     if name is None:
         name = ", ".join(map(os.fspath, [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs))
-    return _generate(inferrer, inputs, read, progress, tmp_dir, counts if counts is not None else Counts(), name)
+    return _generate(inferrer, inputs, read, progress, tmp_dir, counts if counts is not None else Counts(), name,
+                     compose)
 
 
 def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: str | None,
-              counts: Counts, name: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
+              counts: Counts, name: str, compose: bool) -> Iterator[tuple[pa.Array, np.ndarray]]:
     settings = inferrer.s
     with tempfile.TemporaryDirectory(prefix="doc2vec-infer-", dir=tmp_dir) as tmp:
         rule = inferrer.url_rule.settings() if read["format"] != "text" else {}
@@ -340,6 +375,15 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
         id_map = inferrer.model_ids(vocab.column("token").combine_chunks())
         unknown = id_map < 0
         read_counts = vocab.column("count").to_numpy()
+        if compose and unknown.any():
+            composed, ids = inferrer.add_composed(vocab.column("token").combine_chunks().filter(pa.array(unknown)))
+            id_map[unknown] = ids
+            given = ids >= 0
+            counts.composed_events = int(read_counts[unknown][given].sum())
+            sources = pc.value_counts(composed.source.filter(pa.array(given))).to_pylist() if given.any() else []
+            found = {entry["values"]: entry["counts"] for entry in sources}
+            counts.composed_urls = {source: found[source] for source in SOURCES if source in found}
+            unknown = id_map < 0
         counts.users_read, counts.events_read = corpus.num_docs, corpus.num_tokens
         counts.unknown_events = int(read_counts[unknown].sum())
         counts.unknown_urls = int(np.count_nonzero(unknown))
@@ -384,7 +428,8 @@ def _no_known_url(name: str, counts: Counts, inferrer: Inferrer, tokens: pa.Arra
 def infer(model: str, inputs, out: str | None = None, *, format: str = "events", doc_col: str = "user_id",
           token_col: str = "url", time_col: str | None = None, epochs: int | None = None,
           alpha: float | None = None, min_alpha: float | None = None, seed: int = 1,
-          batch_users: int = DEFAULT_BATCH_USERS, progress: bool = True, tmp_dir: str | None = None):
+          batch_users: int = DEFAULT_BATCH_USERS, progress: bool = True, tmp_dir: str | None = None,
+          compose: bool = True):
     """Vectors for the users in `inputs` (files, directories or globs in any `prepare` format) from the
     trained model directory `model`, which stays unchanged.
 
@@ -397,7 +442,8 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     indexes made from it can be checked against the model.
 
     epochs, alpha, min_alpha default to the model's; seed seeds the start vectors and every draw;
-    batch_users bounds memory (users trained together). A user with no URL the model knows gets no
+    batch_users bounds memory (users trained together). compose: a URL the model never saw gets a row
+    composed from its path, host or domain (compose.py; False drops it). A user with no URL the model knows gets no
     vector: a null vector in the file, a row of NaN in the arrays, and a warning naming such users (a
     log line with `out`, else a ServingWarning); the events with unknown URLs are counted on stderr.
     Inputs none of whose URLs the model knows are a UserError, and nothing is written.
@@ -409,7 +455,7 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     # checks the model (and loads its frozen tables) before anything is read or written
     batches = iter_inferred(model, inputs, format=format, doc_col=doc_col, token_col=token_col, time_col=time_col,
                             epochs=epochs, alpha=alpha, min_alpha=min_alpha, seed=seed, batch_users=batch_users,
-                            progress=progress, tmp_dir=tmp_dir, counts=counts)
+                            progress=progress, tmp_dir=tmp_dir, counts=counts, compose=compose)
     dim = model_settings(model).dim
     if out is None:
         pieces = list(batches)
@@ -443,6 +489,7 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
             "users_per_second": rows / seconds if seconds else 0.0, "users": counts.users_read,
             "events": counts.events_read,
             "unknown_events": counts.unknown_events, "unknown_urls": counts.unknown_urls,
+            "composed_events": counts.composed_events, "composed_urls": sum(counts.composed_urls.values()),
             "users_without_known_urls": counts.users_without_known_urls,
             "prepare_skipped": counts.prepare_skipped}
 
@@ -489,7 +536,7 @@ def infer_events(model: str, events, *, doc_col: str = "user_id", token_col: str
                  table: Callable[[str], np.ndarray] | None = None, **options) -> np.ndarray:
     """Model.infer's work: in-memory events → [n_users, dim] float32 in the order users were given,
     a row of NaN for a user with no URL the model knows (or none at all), named in a ServingWarning.
-    options: epochs, alpha, min_alpha, seed, batch_users, progress."""
+    options: epochs, alpha, min_alpha, seed, batch_users, progress, compose."""
     data, format, order = events_table(events, doc_col, token_col)
     options.setdefault("progress", False)
     counts = Counts()

@@ -10,6 +10,8 @@ Changes when what a loaded model offers a Python user changes (lookups, exact ne
                                                       # those it visited (exclude_seen=False keeps them)
     m.neighbors(vectors=m.infer({"alice": urls}))    # similar users for a user the model never saw
     m.neighbors("https://a.example/", table="words_out")           # similar URLs
+    m.url_vectors(["https://a.example/new-page"])    # any URL's vector, composed where the model never saw it
+    m.neighbors(urls=["https://a.example/new-page"], table="words_out")  # similar URLs for any URL
     m.neighbors(many_users, k=10, index="runs/sample/users.index")  # a saved (approximate) index
 
 Keys are the strings `prepare` made of the input's ids, so a number finds the user it was (100000 is
@@ -18,6 +20,10 @@ its row (the key column of an answer gives the model's form). Keys, tables and t
 indexes are loaded on first use and kept, so many queries pay for them once. A vector looked up by key is read from the memory-mapped checkpoint parts, so a lookup in
 a 20M-row table does not load the table. Works the same on our models and on `baseline` (gensim) models.
 neighbors returns a pyarrow.Table (key, neighbor, score, rank).
+
+A URL the model never saw has no row: vector() and neighbors() by key refuse it, naming url_vectors()
+and neighbors(urls=…), which compose a vector for it from its path, host or domain (compose.py) and say
+so (`source`: own, path, host or domain).
 
 A user infer could not place (no URL the model knows) has no vector: a row of NaN from `infer`, a
 null vector in the Parquet the command writes. neighbors skips such a query and names it in a
@@ -37,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import checkpoint, provenance
+from .compose import Composed, UrlComposer, no_vector_line
 from .corpus import Corpus
 from .errors import UserError
 from .ids import id_string
@@ -96,6 +103,7 @@ class Model:
         self._shown = path  # the model as the user named it, in messages (a remote one's URI, not its copy)
         self.as_flags = False  # messages name the command line's flags (--table words_out), not arguments
         self._url_rule: UrlRule | None = None
+        self._composer: UrlComposer | None = None
 
     @classmethod
     def load(cls, path: str) -> Model:
@@ -140,8 +148,12 @@ class Model:
         return self._url_rule
 
     def _other_kind(self, key: str, table: str) -> str | None:
-        """What to say of a key unknown to `table` that is a key of the model's other kind of table."""
+        """What to say of a key unknown to `table` that is a key of the model's other kind of table, or of
+        a URL unknown to a URL table (that a vector can be composed for it)."""
         other = "words_out" if table == "docs" else "docs"
+        if table != "docs" and self.composer().compose(pa.array([key], pa.string())).has_vector[0]:
+            way = "--url" if self.as_flags else "url_vectors()"
+            return f": the model never saw this URL; {way} composes a vector for it from its path, host or domain"
         try:
             known = self.keys(other)
         except UserError:  # a model without that key table (one written by hand): nothing to say
@@ -171,6 +183,35 @@ class Model:
     def vectors(self, keys: str | int | list, table: str = "docs") -> np.ndarray:
         """[len(keys), dim] float32 rows of these keys."""
         return self.gather(table, self.rows(keys, table))
+
+    def composer(self) -> UrlComposer:
+        """The parts of the model's URLs, weighted by their training counts (compose.py), made once."""
+        if self._composer is None:
+            vocab = self.dir.vocab()
+            self._composer = UrlComposer(vocab.column("token"), vocab.column("count").to_numpy())
+        return self._composer
+
+    def composed(self, urls: str | list, table: str = "words_out") -> Composed:
+        """How each URL's vector is made in `table`: the model's own row, else the row of its most specific
+        known part (compose.py); the URLs read by the model's URL rule."""
+        if table not in ("words_out", "words"):
+            raise UserError(f"{table!r} is not one of the URL tables (words_out, words): vectors of URLs come from "
+                            f"them; give {self._option('table', 'words_out')}")
+        self.dir.spec(table)  # names the table if the model did not train it
+        return self.composer().compose(pa.array(self.key_names(urls, table), pa.string()))
+
+    def url_vectors(self, urls: str | list, table: str = "words_out") -> pa.Table:
+        """A vector for every URL, the model's or not, as a pyarrow.Table in the order asked: key (the URL
+        by the model's rule), vector (null where there is none: a site the model never saw), source
+        (own, path, host, domain: whether and from what it was composed; null without a vector) and part
+        (the path prefix, host or domain whose row it is). Rows in `table`'s space (words_out: what users
+        are scored against; words where the model trained input vectors)."""
+        from .export import key_vector_table
+
+        composed = self.composed(urls, table)
+        vectors = composed.vectors(self.table(table))
+        found = key_vector_table(composed.keys, vectors, self.source(table), ~composed.has_vector)
+        return found.append_column("source", composed.source).append_column("part", composed.part)
 
     def gather(self, table: str, rows: np.ndarray) -> np.ndarray:
         """Rows by id: from the loaded table if there is one, else from the memory-mapped parts, so
@@ -220,7 +261,8 @@ class Model:
     def neighbors(self, keys: str | int | list | None = None, k: int = 10, table: str = "docs",
                   against: str | None = None, index: str | None = None, *,
                   vectors: np.ndarray | None = None, names: list[str] | None = None,
-                  vectors_file: str | None = None, exclude_seen: bool | None = None) -> pa.Table:
+                  vectors_file: str | None = None, exclude_seen: bool | None = None,
+                  urls: str | list | None = None) -> pa.Table:
         """Top-k of `against` (default: the same table) for each key, or for each of `vectors`, as a
         pyarrow.Table of key, neighbor, score, rank (1-based).
 
@@ -244,8 +286,17 @@ class Model:
         has them. Default: on for user keys against words_out; where the corpus is gone it says so
         (a ServingWarning) and leaves them in. True where it cannot apply (vectors, similar users) is
         an error, as is True without the corpus.
+        urls: instead of keys, URLs of `table` (words_out or words), the model's or not: a URL it never
+        saw is asked by a vector composed from its path, host or domain (url_vectors), and the answer
+        gains a column `source` (own, path, host, domain) saying how each query's vector was made. A
+        URL without one (a site the model never saw) is skipped with a ServingWarning; none left, an error.
         """
         k = check_k(k, "neighbors")
+        if urls is not None:
+            if keys is not None or vectors is not None or vectors_file is not None:
+                raise UserError("give --url or --key, not both" if self.as_flags else
+                                "neighbors: give urls or keys (or vectors), one of them")
+            return self._url_neighbors(urls, k, table, against, index)
         if vectors_file is not None:
             if keys is None or vectors is not None:
                 given = "--key or --keys-file" if self.as_flags else "the keys argument"
@@ -290,6 +341,23 @@ class Model:
         if leave_out:
             is_self = found == rows[:, None] if rows is not None else _same_key(self.keys(against), found, names)
         return neighbor_table(names, found, scores, self.keys(against), k, is_self)
+
+    def _url_neighbors(self, urls: str | list, k: int, table: str, against: str | None, index: str | None) -> pa.Table:
+        """neighbors(urls=…): each URL asked by its own row or a composed one, the answer saying which."""
+        composed = self.composed(urls, table)
+        names = composed.keys.to_pylist()
+        missing = ~composed.has_vector
+        if missing.any():
+            said = no_vector_line([names[i] for i in np.flatnonzero(missing)], int(missing.sum()))
+            if missing.all():
+                raise UserError(said)
+            warnings.warn(said, ServingWarning, stacklevel=3)
+        asked = [name for name, out in zip(names, missing) if not out]
+        found = self.neighbors(vectors=composed.vectors(self.table(table))[~missing], names=asked, k=k, table=table,
+                               against=against, index=index)
+        source = dict(zip(names, composed.source.to_pylist()))
+        return found.append_column("source", pa.array([source[key] for key in found.column("key").to_pylist()],
+                                                      pa.string()))
 
     def _exclude_seen(self, asked: bool | None, by_key: bool, table: str, against: str) -> bool | None:
         """Whether to leave out the URLs each user visited: `asked`, else (None: on) where it applies,
@@ -399,10 +467,12 @@ class Model:
             m.infer(events_table, time_col="ts")    # pyarrow Table (or pandas) with doc_col, token_col
 
         Returns [n_users, dim] float32, one row per user in the order users were given (dict order,
-        else first appearance). A user none of whose URLs the model knows gets a row of NaN (no
-        vector: neighbors skips it), and a ServingWarning names such users (the first few, and how
-        many); the events with unknown URLs are counted in the log. options: epochs, alpha, min_alpha, seed
-        (default 1: the same events and seed give the same vectors), batch_users, progress. See
+        else first appearance). A URL the model never saw counts by a row composed from its path, host
+        or domain (compose.py; compose=False drops it). A user none of whose URLs the model knows, nor
+        their sites, gets a row of NaN (no vector: neighbors skips it), and a ServingWarning names such
+        users (the first few, and how many); the events with unknown URLs are counted in the log. options:
+        epochs, alpha, min_alpha, seed (default 1: the same events and seed give the same vectors),
+        batch_users, progress, compose. See
         doc2vec_dist.infer for the method (gensim's infer_vector, batched, frozen output weights).
         """
         from .infer import infer_events
@@ -413,10 +483,12 @@ class Model:
 
 def neighbors(model: str, keys: list[str] | None = None, k: int = 10, table: str = "docs", against: str | None = None,
               index: str | None = None, *, vectors: np.ndarray | None = None,
-              vectors_file: str | None = None, exclude_seen: bool | None = None, as_flags: bool = False) -> pa.Table:
+              vectors_file: str | None = None, exclude_seen: bool | None = None, as_flags: bool = False,
+              urls: list[str] | None = None) -> pa.Table:
     """Top-k rows of `against` (default: the same table) for each query key, excluding the query itself,
     or for each of `vectors` ([dim] or [n, dim], say users from infer) instead of keys, or for keys
-    looked up in `vectors_file` (a key/vector Parquet from infer or export) instead of the model.
+    looked up in `vectors_file` (a key/vector Parquet from infer or export) instead of the model, or
+    for each of `urls`, the model's or not (Model.neighbors says how, and the column `source` it adds).
 
     With `index`, a saved index (from build_index) is searched instead of an exact scan. Returns a
     pyarrow.Table of key, neighbor, score, rank (1-based). exclude_seen as Model.neighbors; as_flags:
@@ -426,7 +498,7 @@ def neighbors(model: str, keys: list[str] | None = None, k: int = 10, table: str
     found = Model.load(model)
     found.as_flags = as_flags
     return found.neighbors(keys, k=k, table=table, against=against, index=index, vectors=vectors,
-                           vectors_file=vectors_file, exclude_seen=exclude_seen)
+                           vectors_file=vectors_file, exclude_seen=exclude_seen, urls=urls)
 
 
 _NO_URLS = np.zeros(0, np.int32)

@@ -82,6 +82,16 @@ def _sample_urls() -> list[str]:
 SAMPLE_URL = _sample_urls()[0]
 
 
+def _new_page(url: str, name: str = "a-page-first-seen-today") -> str:
+    """A page of the sample URL's site that the sample never visited."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{rest.partition('/')[0]}/{name}"
+
+
+NEW_PAGE = _new_page(SAMPLE_URL)
+NEW_PAGES = [_new_page(u, "first-seen-today") for u in _sample_urls()[:3]]
+
+
 def _written_otherwise(url: str) -> str:
     """A sample URL as another log writes the same page: its scheme and host upper-cased, a slash after it."""
     scheme, rest = url.split("://", 1)
@@ -481,6 +491,37 @@ CASES = [
                                                for u in _sample_urls()[10:15])}),
     Case("neighbors of a URL written otherwise", "neighbors --model {model} --table words_out --key "
          + _written_otherwise(SAMPLE_URL) + "#top", "says", "{url}\t"),
+    # --- issue 51, part 3: vectors for URLs the model never saw ----------------------------------------------
+    Case("neighbors --url of a page the model never saw", "neighbors --model {model} --url " + NEW_PAGE, "says",
+         NEW_PAGE + "\t"),
+    Case("neighbors --url of a site the model never saw", "neighbors --model {model} --url https://never.example/a",
+         "error", "1 URL with no vector: the model knows neither it nor its host or domain (a site it never saw): "
+         "https://never.example/a"),
+    Case("neighbors --url and --key", "neighbors --model {model} --url {url} --key u54e266157a4c", "error",
+         "give --url or --key, not both"),
+    Case("neighbors --url --table docs", "neighbors --model {model} --url {url} --table docs", "error",
+         "--url asks for a URL's neighbours: give --table words_out (or words), or leave --table out"),
+    Case("neighbors --key of a URL the model never saw", "neighbors --model {model} --table words_out --key " + NEW_PAGE,
+         "error", f"unknown words_out key '{NEW_PAGE}': the model never saw this URL; --url composes a vector for it "
+         "from its path, host or domain"),
+    Case("export --urls of the users' table", "export --model {model} --urls {t}/u.txt --out {t}/o.parquet", "error",
+         "--urls: vectors of URLs come from a URL table: give --table words_out (or words)", {"u.txt": b"x\n"},
+         "{t}/o.parquet"),
+    Case("export --urls --format npy", "export --model {model} --table words_out --urls {t}/u.txt --format npy --out "
+         "{t}/o", "error", "--urls writes Parquet (key, vector, source, part): leave --format out",
+         {"u.txt": b"x\n"}, "{t}/o"),
+    Case("export --urls of a Parquet without a url column", "export --model {model} --table words_out --urls "
+         "{t}/u.parquet --out {t}/o.parquet", "error", "{t}/u.parquet: no 'url' or 'key' column (it has: note)",
+         {"u.parquet": _users_parquet}, "{t}/o.parquet"),
+    Case("export --urls of an empty list", "export --model {model} --table words_out --urls {t}/u.txt --out "
+         "{t}/o.parquet", "error", "{t}/u.txt: no URLs in it; give one URL a line, or a Parquet or CSV file with a "
+         "url column", {"u.txt": b"\n  \n"}, "{t}/o.parquet"),
+    Case("infer with only pages the model never saw, of its sites", "infer --model {model} {t}/e.csv --out "
+         "{t}/u.parquet", "says", "composed vectors for 3 URLs the model never saw (3 events) from their",
+         {"e.csv": b"user_id,url\n" + b"".join(b"newcomer,%s\n" % u.encode() for u in NEW_PAGES)}),
+    Case("infer --no-compose with only pages the model never saw", "infer --model {model} {t}/e.csv --out "
+         "{t}/u.parquet --no-compose", "error", "{t}/e.csv: none of the 3 events has a URL the model knows",
+         {"e.csv": b"user_id,url\n" + b"".join(b"newcomer,%s\n" % u.encode() for u in NEW_PAGES)}, "{t}/u.parquet"),
     Case("prepare --base with another URL rule than the base's", "prepare {t}/good.csv --base {corpus} --no-normalize "
          "--out {t}/c", "error", "--no-normalize: the base {corpus} was prepared with URLs normalised: scheme and host",
          {"good.csv": GOOD_CSV}, "{t}/c"),

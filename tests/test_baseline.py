@@ -102,6 +102,24 @@ def test_neighbors_on_the_gensim_model_find_the_planted_communities(gensim_run):
     assert share > 0.4
 
 
+def test_a_gensim_model_composes_vectors_for_urls_it_never_saw_as_ours_does(gensim_run):
+    """Issue 51, part 3: a new page of a known site gets its host's row, the count-weighted mean of gensim's
+    syn1neg rows (words_out) of that site's pages, and says so."""
+    from doc2vec_dist import Model
+
+    model, _, _ = gensim_run
+    found = ModelDir(model)
+    vocab = found.vocab()
+    tokens, counts = vocab.column("token").to_pylist(), vocab.column("count").to_numpy().astype(np.float64)
+    host = tokens[0].split("/")[2]
+    rows = [i for i, t in enumerate(tokens) if t.split("/")[2] == host]
+    table = found.read_table("words_out").astype(np.float64)
+    answer = Model.load(model).url_vectors([f"https://{host}/a-page-first-seen-today"])
+    assert answer.column("source").to_pylist() == ["host"] and answer.column("part").to_pylist() == [host]
+    np.testing.assert_allclose(answer.column("vector")[0].as_py(),
+                               (table[rows] * counts[rows, None]).sum(0) / counts[rows].sum(), rtol=1e-5, atol=1e-6)
+
+
 def test_an_existing_model_is_not_overwritten_without_overwrite(gensim_run, sample_corpus):
     model, _, _ = gensim_run
     with pytest.raises(UserError, match="already holds a model; pass --overwrite to replace it") as err:
