@@ -432,6 +432,14 @@ def cmd_infer(args) -> None:
           f"({r['users_per_second']:,.0f} users/s)")
 
 
+def cmd_forget(args) -> None:
+    from .forget import forget, read_keys, report
+
+    result = forget(args.model, read_keys(args.keys, args.key), corpus=args.corpus, exports=args.exports,
+                    index=args.index)
+    report(result)
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="doc2vec-dist", description="Distributed doc2vec for users × URLs on Ray.",
                                 formatter_class=_HelpFormatter)
@@ -593,6 +601,18 @@ def make_parser() -> argparse.ArgumentParser:
     inf.add_argument("--seed", type=int, default=1, help="seed of start vectors and draws; same seed, same vectors")
     inf.add_argument("--batch-users", type=int, default=4096, help="users trained together; bounds memory")
     inf.add_argument("--tmp-dir", help="where the events are staged while read (default: the system's temp dir)")
+
+    fo = add("forget", cmd_forget, "erase users from a model (a new version without them; older versions deleted), "
+                                   "its corpus, held-out file, exports and index, and keep their salted hashes so no "
+                                   "refresh brings them back (docs/forget.md)")
+    fo.add_argument("--model", required=True, help="model directory (local)")
+    fo.add_argument("--keys", help="file of the users' keys: one per line (UTF-8), or Parquet with a 'key' column")
+    fo.add_argument("--key", action="append", help="a user's key (repeatable)")
+    fo.add_argument("--corpus", help="corpus directory to erase them from too (the model's, so the next refresh joins "
+                                     "through it), with the held-out file its corpus.json names")
+    fo.add_argument("--exports", help="directory of exports to erase them from: Parquet, npy, word2vec, job.json, "
+                                      "and any index inside (MODEL/exports always)")
+    fo.add_argument("--index", help="faiss index directory to erase them from")
 
     ev = add("evaluate", cmd_evaluate, "held-out URL prediction or correlation with human similarity")
     ev.add_argument("--model", required=True, help="model directory")
