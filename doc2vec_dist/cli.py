@@ -256,7 +256,8 @@ def cmd_generate(args) -> None:
     from .synthetic import generate
 
     summary = generate(args.out, args.users, args.urls, seed=args.seed, communities=args.communities,
-                       events_per_user=args.events_per_user, hub_share=args.hub_share, progress=not args.no_progress)
+                       events_per_user=args.events_per_user, hub_share=args.hub_share, days=args.days,
+                       churn_per_week=args.churn_per_week, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
 
 
@@ -461,6 +462,10 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--hub-share", type=float, default=0.0,
                    help="share of users who also visit the one most popular URL: skewed data like a real catalogue, "
                         "where one output row meets most documents (e.g. 0.8 with --events-per-user 5)")
+    g.add_argument("--days", type=float, default=30.0, help="days the events span")
+    g.add_argument("--churn-per-week", type=float, default=0.0,
+                   help="share of the active users who leave for good each week, new ones arriving to keep the "
+                        "active population level (e.g. 0.1; what --expire-days is for: benchmarks/churn.py)")
 
     pr = add("prepare", cmd_prepare, "events, lists or text → corpus (vocabulary, ids, shard files)")
     pr.add_argument("inputs", nargs="+", help="files, directories or globs")

@@ -373,6 +373,7 @@ def _index_step(path: str, drop: pa.Array, manifest: dict, model: str, before: i
     gone = _rows_to_drop(pa.table({"key": keys}), ["key"], drop)
     if not gone.any():
         return None
+    outputs.check_dir(path, "index", None)  # replaced whole: only an index of ours, judged now, not midway
 
     def run() -> list[str]:
         _forget_in_index(path, params, keys, gone, manifest, before, after)
@@ -513,6 +514,8 @@ def _corpus_steps(path: str, drop: pa.Array, listed: forgotten.ForgetList) -> li
     merged = theirs.merge(listed)
     steps: list[Step] = []
     if len(ids):
+        outputs.check_dir(path, "corpus", None)  # replaced whole: only a corpus of ours, judged now, not midway
+
         def rewrite() -> list[str]:
             with outputs.replacing(path, "corpus") as staged:
                 counts = compact.compact_corpus(path, staged.path, ids)
@@ -573,8 +576,8 @@ def _finish_pending(model: str) -> list[str]:
 _CARRIED = ("epoch", "lr", "num_ps", "num_workers", "plan", "config", "corpus", "corpus_stats", "losses", "trainer")
 
 
-def _write_version_without(model: str, found: ModelDir, ids: np.ndarray, listed: forgotten.ForgetList) -> list[str]:
-    """A new version of the model without the docs rows `ids` (sorted), its key file, the forget list; then
+def _write_version_without(model: str, found: ModelDir, ids: np.ndarray) -> list[str]:
+    """A new version of the model without the docs rows `ids` (sorted), and its key file; then
     every other version deleted. Returns the files changed and removed."""
     version = checkpoint.next_version(model)
     vrel = os.path.join(model, "checkpoints", f"v{version}")
@@ -745,7 +748,7 @@ def forget(model: str, keys: Keys, corpus: str | None = None, exports: str | Non
         if len(ids):
             steps.append(Step(f"the model {model} ({len(ids):,} users)", [os.path.join(model, "checkpoints"),
                                                                           os.path.join(model, "docs.arrow")],
-                              lambda: _write_version_without(model, found, ids, new_list) + older))
+                              lambda: _write_version_without(model, found, ids) + older))
         elif older and found.manifest.get("forget"):  # a forget stopped before pruning the versions it replaced
             def prune() -> list[str]:
                 for path in older:
