@@ -434,10 +434,15 @@ def cmd_infer(args) -> None:
 
 
 def cmd_forget(args) -> None:
-    from .forget import forget, read_keys, report
+    from .forget import check_retrain, forget, read_keys, report, retrain
 
-    result = forget(args.model, read_keys(args.keys, args.key), corpus=args.corpus, exports=args.exports,
-                    index=args.index)
+    keys = read_keys(args.keys, args.key)
+    retrain_out = check_retrain(args.model, args.corpus, args.retrain_epochs, args.retrain_out)
+    result = forget(args.model, keys, corpus=args.corpus, exports=args.exports, index=args.index)
+    if retrain_out is not None:
+        retrain(result["model"], args.corpus, retrain_out, args.retrain_epochs,
+                progress=not args.no_progress)
+        result["retrained"] = {"model": retrain_out, "epochs": args.retrain_epochs}
     report(result)
 
 
@@ -618,6 +623,10 @@ def make_parser() -> argparse.ArgumentParser:
     fo.add_argument("--exports", help="directory of exports to erase them from: Parquet, npy, word2vec, job.json, "
                                       "and any index inside (MODEL/exports always)")
     fo.add_argument("--index", help="faiss index directory to erase them from")
+    fo.add_argument("--retrain-epochs", type=int, metavar="N",
+                    help="then train N epochs from the new version on --corpus without them, into --retrain-out: "
+                         "dilutes what they taught the URL rows (default: no retrain)")
+    fo.add_argument("--retrain-out", metavar="DIR", help="the retrained model's directory, new or empty (default: MODEL-retrained)")
 
     ev = add("evaluate", cmd_evaluate, "held-out URL prediction or correlation with human similarity")
     ev.add_argument("--model", required=True, help="model directory")

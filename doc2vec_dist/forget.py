@@ -4,6 +4,7 @@ Changes when what forgetting a user removes, or how, changes; the forget list it
 and who reads it) is forgotten.py's, closing up a corpus's ids compact.py's.
 
     doc2vec-dist forget --model M (--keys FILE | --key K …) [--corpus C] [--exports DIR] [--index I]
+                        [--retrain-epochs N [--retrain-out DIR]]
 
 What each place loses:
   model    a new version without the users' rows (the docs table's ids closed up in order, as
@@ -34,7 +35,8 @@ none of the keys and is left alone; a new model version that committed before it
 A key not in the model is reported, not an error (the person may never have been there), and its hash
 joins the forget list all the same, so a later refresh never brings them in; keys of which none is in
 the model are a warning (the wrong model?). The model's URL rows still carry what the forgotten users
-taught them: docs/forget.md says so, and how to dilute it (train --init-from the model, a few epochs).
+taught them: docs/forget.md says so; --retrain-epochs N dilutes it (retrain: N epochs from the new
+version on the corpus without them, into a new model, every other vector left as forget wrote it).
 """
 
 from __future__ import annotations
@@ -773,6 +775,38 @@ def forget(model: str, keys: Keys, corpus: str | None = None, exports: str | Non
             "corpus": corpus}
 
 
+def check_retrain(model: str, corpus: str | None, epochs: int | None, out: str | None) -> str | None:
+    """Where `--retrain-epochs` writes (None: no retrain), refused in one line before anything is forgotten:
+    it needs the model's --corpus (forgotten in the same run, so the two agree), N ≥ 1, and a new or empty
+    --retrain-out (default MODEL-retrained, beside the model; a model there is never replaced)."""
+    if epochs is None:
+        if out is not None:
+            raise UserError("--retrain-out is where --retrain-epochs N writes; give --retrain-epochs too")
+        return None
+    if epochs < 1:
+        raise UserError(f"--retrain-epochs must be ≥ 1, not {epochs}")
+    if corpus is None:
+        raise UserError("--retrain-epochs trains on the model's corpus without the users: give it with --corpus, "
+                        "which forget erases them from first")
+    out = os.path.abspath(out if out is not None else os.path.abspath(model).rstrip(os.sep) + "-retrained")
+    if out == os.path.abspath(model):
+        raise UserError(f"{out}: --retrain-out is the model itself; the retrained model is a new one beside it")
+    checkpoint.refuse_existing_model(out, overwrite=False)  # a model there: one line, before anything changes
+    return out
+
+
+def retrain(model: str, corpus: str, out: str, epochs: int, progress: bool = True) -> dict:
+    """Train `epochs` epochs from the model's latest version (without the forgotten users) on the corpus
+    without them, into the new model `out`: train --init-from the model, with its own settings. Every URL
+    row then moves by what the remaining users alone teach, diluting what the forgotten ones taught
+    (docs/forget.md); the new model takes the corpus's forget list."""
+    from .trainer import train
+
+    config = dataclasses.replace(ModelDir(model).config(), epochs=epochs, init_from=model, resume=False,
+                                 resume_from=None, first_epoch="all", progress=progress)
+    return train(corpus, out, config.validate())
+
+
 def report(result: dict, say: Callable[[str], None] = print) -> None:
     """The summary after the changed files: what was forgotten, what was not found, and the URL rows' note."""
     model, n = result["model"], result["keys"]
@@ -793,6 +827,11 @@ def report(result: dict, say: Callable[[str], None] = print) -> None:
     if not result["corpus"]:
         log.warning(f"warning: no --corpus: the corpus {model} was trained on may still hold these users, and a refresh "
                     "joining through it is refused until it agrees with the model: run forget with --corpus too")
-    say("the model's URL rows still carry what these users taught them; to dilute that, train on from this version "
-        f"without them: doc2vec-dist train --corpus CORPUS --init-from {model} --out NEW_MODEL --epochs 1 "
-        "(docs/forget.md)")
+    if result.get("retrained"):
+        r = result["retrained"]
+        say(f"retrained {r['epochs']} epoch(s) from v{result['to_version']} without them into {r['model']}: its URL "
+            "rows diluted of what they taught; export and index that model to serve it")
+    else:
+        say("the model's URL rows still carry what these users taught them; to dilute that, train on from this "
+            "version without them: run forget with --retrain-epochs N (or doc2vec-dist train --corpus CORPUS "
+            f"--init-from {model} --out NEW_MODEL --epochs N) (docs/forget.md)")

@@ -4,7 +4,7 @@ kept out of every later refresh by the forget list of salted hashes.
 The erasure test is the issue's: users with unique keys planted in the sample, the day-1 job (prepare,
 train, export, index, job.json) and one daily refresh; forget them in both days' outputs; then no byte
 of their keys, nor of their vectors (float32, unit-normalised, bfloat16), is left under the model,
-corpus, exports and index folders; a refresh from logs that still hold them does not bring them back;
+corpus, exports and index folders (nor in the model --retrain-epochs trains from day 1's without them); a refresh from logs that still hold them does not bring them back;
 everyone else's vectors are the same bits, and recall is the same."""
 
 from __future__ import annotations
@@ -115,14 +115,16 @@ def erased(ray_cluster, tmp_path_factory):
               "job": _json(os.path.join(day1, "exports", "job.json"))}
     with open(root / "keys.txt", "w") as fh:
         fh.write("\n".join(keys) + "\nnever-seen-user\n")
-    for model, corpus, exports, index in ((day1, day1 + "-corpus", None, None),
-                                          (os.path.join(day2, "model"), os.path.join(day2, "corpus"),
-                                           os.path.join(day2, "exports"), os.path.join(day2, "index"))):
-        argv = ["forget", "--model", model, "--keys", str(root / "keys.txt"), "--corpus", corpus]
-        argv += ["--exports", exports, "--index", index] if exports else []
-        assert main(argv) == 0
+    # day 1 forgotten with a retrain (--retrain-epochs) into a model beside it, which the search covers too
+    retrained = str(root / "day1-retrained")
+    for model, corpus, more in ((day1, day1 + "-corpus", ["--retrain-epochs", "1", "--retrain-out", retrained,
+                                                         "--no-progress"]),
+                                (os.path.join(day2, "model"), os.path.join(day2, "corpus"),
+                                 ["--exports", os.path.join(day2, "exports"), "--index", os.path.join(day2, "index")])):
+        assert main(["forget", "--model", model, "--keys", str(root / "keys.txt"), "--corpus", corpus, *more]) == 0
+    places["day1"].append(retrained)
     return {"root": root, "paths": paths, "keys": keys, "needles": needles, "places": places, "before": before,
-            "day1": day1, "day2": day2}
+            "day1": day1, "day2": day2, "retrained": retrained}
 
 
 def test_forget_leaves_no_byte_of_the_users_keys_or_vectors(erased):
@@ -168,6 +170,22 @@ def test_the_others_keep_their_vectors_bit_for_bit_and_recall_is_the_same(erased
     now = heldout_metrics(erased["day1"], heldout)
     assert was["users"] == now["users"] and was["model_recall@10"] == now["model_recall@10"], (was, now)
     assert was["model_mrr"] == now["model_mrr"]
+
+
+def test_retrain_epochs_trains_on_from_the_version_without_them(erased):
+    """--retrain-epochs 1: a new model from the forgotten version, on the corpus without them, with every user
+    that stayed and the forget list; its URL rows moved (what the others alone teach), the model left as it was."""
+    from doc2vec_dist.corpus import Corpus
+
+    day1, retrained = ModelDir(erased["day1"]), ModelDir(erased["retrained"])
+    assert retrained.keys("docs").to_pylist() == day1.keys("docs").to_pylist()
+    assert Corpus(erased["day1"] + "-corpus").docs().column("key").to_pylist() == day1.keys("docs").to_pylist()
+    saved = retrained.config()
+    assert saved.init_from == erased["day1"] and saved.epochs == 1 and saved.dim == day1.config().dim
+    was, now = day1.read_table("words_out"), retrained.read_table("words_out")
+    assert was.shape == now.shape and (np.abs(now - was).max(axis=1) > 0).mean() > 0.5
+    assert all(forgotten.of_model(erased["retrained"], retrained.manifest).holds(k) for k in erased["keys"])
+    assert os.listdir(os.path.join(erased["day1"], "checkpoints")) == [f"v{day1.version}"]
 
 
 def test_a_refresh_from_logs_that_still_hold_them_does_not_bring_them_back(erased, tmp_path, capsys):
