@@ -189,16 +189,28 @@ def test_retrain_epochs_trains_on_from_the_version_without_them(erased):
 
 
 def test_a_refresh_from_logs_that_still_hold_them_does_not_bring_them_back(erased, tmp_path, capsys):
+    """jobs/refresh.py with --expire-days 3 too: the users with no event in the last 3 days leave the model
+    and the index with the forgotten ones, and the job says how many of each."""
+    from doc2vec_dist.index import ServedIndex
+
     day3 = str(tmp_path / "day3")
     assert load_job("refresh").main(["--events", erased["paths"]["day3"], "--base-model",
                                      os.path.join(erased["day2"], "model"), "--index",
                                      os.path.join(erased["day2"], "index"), "--out", day3, "--no-progress",
-                                     "--recall-queries", "100"]) == 0
+                                     "--recall-queries", "100", "--expire-days", "3"]) == 0
     out = capsys.readouterr().out
-    assert f"{PLANTED:,} forgotten users left out" in out, out
     refresh = _json(os.path.join(day3, "refresh.json"))["prepare"]["refresh"]
+    assert f"{refresh['expired_users']:,} users and {refresh['expired_urls']:,} URLs expired (no event in 3 days)" \
+        in out and refresh["expired_users"] > 0, out
+    assert f"{PLANTED:,} forgotten users left out" in out, out
     assert refresh["forgotten_input_users"] == PLANTED and refresh["forgotten_input_events"] > 0
-    assert not any(k in ModelDir(os.path.join(day3, "model")).keys("docs").to_pylist() for k in erased["keys"])
+    keys = ModelDir(os.path.join(day3, "model")).keys("docs").to_pylist()
+    assert not any(k in keys for k in erased["keys"])
+    recent = pa.concat_tables(pq.read_table(erased["paths"][d], columns=["user_id", "ts"]) for d in ("day2", "day3"))
+    seconds = pc.cast(recent["ts"], pa.int64()).to_numpy() / 1000
+    assert set(keys) <= set(recent["user_id"].filter(pa.array(seconds >= seconds.max() - 3 * DAY)).to_pylist())
+    served = ServedIndex.load(os.path.join(day3, "index"))
+    assert sorted(served.keys.drop_null().to_pylist()) == sorted(keys)
     assert _find([day3], {k: [k.encode()] for k in erased["keys"]}) == []
     # the list goes on: into the new corpus and the new model
     for where in ("corpus", "model"):
