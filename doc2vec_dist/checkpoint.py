@@ -63,7 +63,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from . import outputs, precision, storage
+from . import forgotten, outputs, precision, storage
+from .compact import new_ids
 from .config import lr_at
 from .corpus import numpy_of
 from .errors import UserError
@@ -137,6 +138,8 @@ def start_model_dir(out: str, corpus_path: str, overwrite: bool, *, fs: pafs.Fil
         for name in KEY_FILES:
             with open(os.path.join(corpus_path, name), "rb") as src:
                 store.write_file(name, lambda sink, src=src: copy_stream(src, sink))
+        if store.local:  # the users the corpus was told to forget stay forgotten in what is made of it
+            forgotten.copy_for_new_model(corpus_path, store.root)
     except BaseException:
         # a full disk, a read-only mount: what this wrote goes again (it holds no checkpoint yet)
         with contextlib.suppress(Exception):
@@ -931,6 +934,18 @@ class ModelDir:
             opened, entry, dim = self._open(table, part, verify)
             yield [(ids, vectors) for ids, vectors, _ in opened.batches(dim, entry["rows"])]
 
+    def record_batches(self, table: str, part: int, verify: bool = True) -> Iterator[pa.RecordBatch]:
+        """Part `part` of a table as it is stored (columns id, vector in the table's dtype[, adagrad]), a
+        verified record batch at a time: what rewrites a version row for row, bit for bit (forget)."""
+        opened, entry, _ = self._open(table, part, verify)
+        seen = 0
+        for b in range(opened.reader.num_record_batches):
+            batch = opened.reader.get_batch(b)
+            seen += batch.num_rows
+            yield batch
+        if seen != entry["rows"]:
+            raise UserError(f"{opened.shown}: {seen} rows, the manifest says {entry['rows']}; the checkpoint is damaged")
+
     def read_table(self, table: str, verify: bool = True) -> np.ndarray:
         """The whole table as one [rows, dim] float32 matrix, row i = id i; every row must be in exactly one part."""
         spec = self.spec(table)
@@ -968,6 +983,7 @@ def _scatter(out: np.ndarray, seen: np.ndarray, local: np.ndarray, rows: np.ndar
 
 def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: int | None = None,
                verify: bool = True, out: np.ndarray | None = None, dtype: str = "float32",
+               dropped: np.ndarray | None = None,
                fs: pafs.FileSystem | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """This shard's rows of a table: global row r (r % num_shards == shard) at local row r // num_shards.
 
@@ -984,13 +1000,19 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
     dtype: the type `out` holds (precision.py; a 16-bit server's table, its float32 state in the
     columns after the vectors): the checkpoint's rows, whatever their own type, are narrowed to it
     (to nearest: exact for rows written in that type) a record batch at a time.
+
+    dropped: sorted global rows of the checkpoint that are left out, the rows after them closed up
+    (compact.new_ids: a refresh that expired or forgot users, a version that forget writes): the shard
+    is then one of the table without them, and every part is read, since closing up moves rows across
+    shards.
     """
     if not 0 <= shard < num_shards:
         raise ValueError(f"shard {shard} of {num_shards} is out of range")
     found = ModelDir(model, version=version, fs=fs)
     store, version, spec = found.store, found.version, found.spec(table)
     dim = spec["dim"]
-    n = len(range(shard, spec["rows"], num_shards))
+    dropped = None if dropped is None or not len(dropped) else np.asarray(dropped, np.int64)
+    n = len(range(shard, spec["rows"] - (len(dropped) if dropped is not None else 0), num_shards))
     kept = precision.stored(dtype)
     if out is None:
         out = np.empty((n, dim), dtype=kept)
@@ -1001,7 +1023,7 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
     for part in spec["parts"]:
         m = _PART_RE.match(part["path"])
         t, total = int(m.group(2)), int(m.group(3))
-        if (t - shard) % math.gcd(total, num_shards):
+        if dropped is None and (t - shard) % math.gcd(total, num_shards):
             continue  # rows ≡ t (mod T) and rows ≡ shard (mod S) never meet
         opened = _open_part(store, version, part, verify)
         if has_state is None:
@@ -1012,6 +1034,12 @@ def read_shard(model: str, table: str, shard: int, num_shards: int, *, version: 
         elif opened.has_state != has_state:
             raise UserError(f"{opened.shown}: optimiser state in some parts only; the checkpoint is damaged")
         for ids, rows, rows_state in opened.batches(dim, part["rows"]):
+            if dropped is not None:
+                ids = new_ids(ids, dropped)
+                if (ids < 0).any():
+                    stays = ids >= 0
+                    ids, rows = ids[stays], rows[stays]
+                    rows_state = rows_state[stays] if rows_state is not None else None
             if num_shards > 1:
                 mine = ids % num_shards == shard
                 if not mine.all():

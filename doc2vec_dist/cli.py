@@ -256,7 +256,8 @@ def cmd_generate(args) -> None:
     from .synthetic import generate
 
     summary = generate(args.out, args.users, args.urls, seed=args.seed, communities=args.communities,
-                       events_per_user=args.events_per_user, hub_share=args.hub_share, progress=not args.no_progress)
+                       events_per_user=args.events_per_user, hub_share=args.hub_share, days=args.days,
+                       churn_per_week=args.churn_per_week, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
 
 
@@ -482,6 +483,19 @@ def cmd_infer(args) -> None:
           f"({r['users_per_second']:,.0f} users/s)")
 
 
+def cmd_forget(args) -> None:
+    from .forget import check_retrain, forget, read_keys, report, retrain
+
+    keys = read_keys(args.keys, args.key)
+    retrain_out = check_retrain(args.model, args.corpus, args.retrain_epochs, args.retrain_out)
+    result = forget(args.model, keys, corpus=args.corpus, exports=args.exports, index=args.index)
+    if retrain_out is not None:
+        retrain(result["model"], args.corpus, retrain_out, args.retrain_epochs,
+                progress=not args.no_progress)
+        result["retrained"] = {"model": retrain_out, "epochs": args.retrain_epochs}
+    report(result)
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="doc2vec-dist", description="Distributed doc2vec for users × URLs on Ray.",
                                 formatter_class=_HelpFormatter)
@@ -503,6 +517,10 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--hub-share", type=float, default=0.0,
                    help="share of users who also visit the one most popular URL: skewed data like a real catalogue, "
                         "where one output row meets most documents (e.g. 0.8 with --events-per-user 5)")
+    g.add_argument("--days", type=float, default=30.0, help="days the events span")
+    g.add_argument("--churn-per-week", type=float, default=0.0,
+                   help="share of the active users who leave for good each week, new ones arriving to keep the "
+                        "active population level (e.g. 0.1; what --expire-days is for: benchmarks/churn.py)")
 
     pr = add("prepare", cmd_prepare, "events, lists or text → corpus (vocabulary, ids, shard files)")
     pr.add_argument("inputs", nargs="+", help="files, directories or globs")
@@ -670,6 +688,22 @@ def make_parser() -> argparse.ArgumentParser:
     inf.add_argument("--no-compose", action="store_true",
                      help="drop the events of URLs the model never saw, as before, instead of giving each a row "
                           "composed from its path, host or domain")
+
+    fo = add("forget", cmd_forget, "erase users from a model (a new version without them; older versions deleted), "
+                                   "its corpus, held-out file, exports and index, and keep their salted hashes so no "
+                                   "refresh brings them back (docs/forget.md)")
+    fo.add_argument("--model", required=True, help="model directory (local)")
+    fo.add_argument("--keys", help="file of the users' keys: one per line (UTF-8), or Parquet with a 'key' column")
+    fo.add_argument("--key", action="append", help="a user's key (repeatable)")
+    fo.add_argument("--corpus", help="corpus directory to erase them from too (the model's, so the next refresh joins "
+                                     "through it), with the held-out file its corpus.json names")
+    fo.add_argument("--exports", help="directory of exports to erase them from: Parquet, npy, word2vec, job.json, "
+                                      "and any index inside (MODEL/exports always)")
+    fo.add_argument("--index", help="faiss index directory to erase them from")
+    fo.add_argument("--retrain-epochs", type=int, metavar="N",
+                    help="then train N epochs from the new version on --corpus without them, into --retrain-out: "
+                         "dilutes what they taught the URL rows (default: no retrain)")
+    fo.add_argument("--retrain-out", metavar="DIR", help="the retrained model's directory, new or empty (default: MODEL-retrained)")
 
     ev = add("evaluate", cmd_evaluate, "held-out URL prediction or correlation with human similarity")
     ev.add_argument("--model", required=True, help="model directory")

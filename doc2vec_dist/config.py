@@ -69,6 +69,10 @@ class PrepareConfig:
                                 "after, new events join each user's document (daily refresh)")
     window_days: float | None = _f(None, "documents are the events of the last N days before the latest one "
                                          "(needs --time-col; with --base, instead of joining)")
+    expire_days: float | None = _f(None, "in a refresh (prepare --base, jobs/refresh.py): users with no event in "
+                                         "the last N days (by the data's own time: the latest event of the inputs "
+                                         "and base) leave the new corpus and model, and URLs that no user left "
+                                         "visits leave with them; needs event times (default: no one expires)")
     max_tokens_per_doc: int | None = _f(None, "a document keeps its most recent N events (by time, else the last N "
                                               "read), the rest counted as skipped: caps a bot's or crawler's weight "
                                               "(default: no cap, every document whole)")

@@ -238,6 +238,7 @@ class Settings:
     base_rows: bool = False               # the spills carry a base column (a base re-bucketed with the events)
     max_tokens_per_doc: int | None = None  # a document keeps its last N tokens (--max-tokens-per-doc)
     run: str = ""                         # the token prepare wrote to tmp/RUN_NAME ("": not checked)
+    forget: str | None = None             # a forget list (forgotten.py) whose users' events are left out
 
     @property
     def has_time(self) -> bool:
@@ -304,6 +305,31 @@ def windowed(chunk: Chunk, s: Settings, path: str, skips: Skips | None = None) -
     return Chunk(chunk.key.filter(mask), chunk.token.filter(mask), chunk.time[inside], chunk.rows, chunk.padding)
 
 
+@functools.lru_cache(maxsize=1)
+def _forget_list(path: str):
+    """The forget list prepare staged for its tasks, read once per process."""
+    from .forgotten import ForgetList
+
+    return ForgetList.read(path)
+
+
+def unforgotten(chunk: Chunk, s: Settings, path: str, skips: Skips | None = None, users: set | None = None) -> Chunk:
+    """The chunk without the events of users on the base's forget list (prepare --base), counted in `skips`
+    and their keys gathered in `users` (for their number; never written)."""
+    if s.forget is None or not len(chunk.key):
+        return chunk
+    listed = _forget_list(s.forget).matches(chunk.key)
+    if not listed.any():
+        return chunk
+    if skips is not None:
+        skips.add("events_of_forgotten_users", int(listed.sum()), path)
+    if users is not None:
+        users.update(chunk.key.filter(pa.array(listed)).to_pylist())
+    mask = pa.array(~listed)
+    return Chunk(chunk.key.filter(mask), chunk.token.filter(mask), chunk.time[~listed] if chunk.time is not None
+                 else None, chunk.rows, chunk.padding)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Before pass 1: text files' lines, --window-days's latest time
 # ---------------------------------------------------------------------------------------------------
@@ -339,6 +365,7 @@ def latest(block: Block, s: Settings, tick=None) -> Latest:
     try:
         for chunk in read_block(block, s.opt, state):
             s.go_on()
+            chunk = unforgotten(chunk, s, block.path)
             if chunk.time is not None and len(chunk.time) and np.isfinite(chunk.time).any():
                 found = max(found, float(np.nanmax(chunk.time)))
             if tick:
@@ -404,16 +431,19 @@ class Counted(Read):
     skips: Skips = field(default_factory=Skips)
     notes: ReadNotes = field(default_factory=ReadNotes)
     counts: pa.Table | None = None  # token, count of the block's non-empty tokens
+    forgotten_users: set = field(default_factory=set)  # keys of the forget list's users met (counted, not kept)
 
 
 def count(block: Block, s: Settings, tick=None) -> Counted:
     """Pass 1 of a block: its rows, events, key bytes and token counts, what it skipped and noted."""
     state, skips, notes, counter = BlockState(block.unit), Skips(), ReadNotes(), TokenCounter()
     events = key_bytes = null_tokens = empty_tokens = 0
+    forgotten_users: set[str] = set()
     try:
         for chunk in read_block(block, s.opt, state, skips, notes):
             s.go_on()
             chunk = windowed(chunk, s, block.path, skips)
+            chunk = unforgotten(chunk, s, block.path, skips, forgotten_users)
             events += len(chunk.token)
             key_bytes += pc.sum(pc.binary_length(chunk.key)).as_py() or 0
             tokens = chunk.token.drop_null()
@@ -426,7 +456,8 @@ def count(block: Block, s: Settings, tick=None) -> Counted:
     except CorpusError as e:
         return Counted(**_reading(state, e), skips=skips, notes=notes)
     return Counted(**_reading(state), events=events, key_bytes=key_bytes, null_tokens=null_tokens,
-                   empty_tokens=empty_tokens, skips=skips, notes=notes, counts=counter.table())
+                   empty_tokens=empty_tokens, skips=skips, notes=notes, counts=counter.table(),
+                   forgotten_users=forgotten_users)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -549,9 +580,10 @@ def _no_block(n: int) -> pa.Array:
 
 def mapped(chunk: Chunk, path: str, s: Settings, schema: pa.Schema, block: int = -1) -> pa.RecordBatch:
     """A chunk of a file's events as pass 2 spills them: in the window, tokens as word ids (-1 out of the
-    vocabulary), out-of-vocabulary rows dropped but for one of each key that has no other (keep_mask);
-    with a base, each marked with `block`, the index of the input block (readers.Block.index) it is of."""
-    chunk = windowed(chunk, s, path)
+    vocabulary), out-of-vocabulary rows dropped but for one of each key that has no other (keep_mask), and
+    the events of the base's forgotten users (unforgotten); with a base, each marked with `block`, the index
+    of the input block (readers.Block.index) it is of."""
+    chunk = unforgotten(windowed(chunk, s, path), s, path)
     ids = _token_ids(s.vocab_path()).lookup(chunk.token)
     keep = keep_mask(chunk.key, ids)
     columns = [chunk.key, pa.array(ids)]

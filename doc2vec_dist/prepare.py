@@ -85,7 +85,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import outputs, passes, raydata, runners, storage
+from . import compact, forgotten, outputs, passes, raydata, runners, storage
 from .config import PrepareConfig
 from .corpus import (
     DOCS_SCHEMA,
@@ -325,11 +325,13 @@ class _Pass1:
     read_words: int = 0   # distinct tokens of the inputs as read, before the URL rule
     http_words: int = 0   # of which absolute http(s) URLs (what the rule may change)
     block_events: np.ndarray | None = None  # the events of each block (a refresh's report counts them by file)
+    forgotten_users: int = 0  # distinct users of the base's forget list whose events the inputs held
 
 
 def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, max_vocab: int | None, runner,
            progress, base_tokens: pa.Array | None = None) -> tuple[_Pass1, list[Block]]:
     counter, kinds, skips, notes, reads = TokenCounter(), TimeKinds(), Skips(), ReadNotes(), {}
+    forgotten_users: set[str] = set()
     rule = s.opt.urls or RAW
     rows = events = key_bytes = null_tokens = empty_tokens = 0
     units: dict[str, str | None] = {}
@@ -355,6 +357,7 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
         empty_tokens += found.empty_tokens
         skips.merge(found.skips)
         notes.merge(found.notes)
+        forgotten_users |= found.forgotten_users
         reads[i] = found
     if rows == 0:
         raise CorpusError(f"{_name_files(files)}: the inputs hold no rows"
@@ -392,7 +395,8 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
     return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words, units,
-                   read_rows, read_words=read_words, http_words=http_words, block_events=block_events),
+                   read_rows, read_words=read_words, http_words=http_words, block_events=block_events,
+                   forgotten_users=len(forgotten_users)),
             _next_units(blocks, reads))
 
 
@@ -615,6 +619,15 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
         raise CorpusError("holdout > 0 needs holdout_out, the Parquet file for the hidden tokens")
     if c.holdout == 0 and c.holdout_out:
         raise CorpusError(f"{c.holdout_out}: holdout_out is given but holdout is 0")
+    if c.expire_days is not None and not c.expire_days > 0:
+        raise CorpusError(f"--expire-days must be > 0, not {c.expire_days:g}")
+    if c.expire_days is not None and (c.base is None or not c.time_col):
+        raise CorpusError("--expire-days applies to a refresh (--base) with event times (--time-col): it drops the "
+                          "base's users with no event in the last N days")
+    if c.expire_days is not None and c.window_days is not None and c.expire_days > c.window_days:
+        raise CorpusError(f"--expire-days {c.expire_days:g} is longer than --window-days {c.window_days:g}: a window's "
+                          "documents hold its last days only, so a user last seen before it cannot be told from one "
+                          "long gone; give --expire-days at most the window")
     if c.window_days is not None and not (c.window_days > 0 and c.time_col):
         raise CorpusError("--window-days needs a time column (--time-col) and a number of days > 0"
                           if not c.time_col else f"--window-days must be > 0, not {c.window_days}")
@@ -632,6 +645,10 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
     if os.path.abspath(os.fspath(c.base)).rstrip(os.sep) == out:
         raise CorpusError(f"{out}: --out is the --base; a refresh writes a new corpus and never changes its base")
     found = open_base(c.base, join=c.window_days is None)
+    if c.expire_days is not None and c.window_days is None and not found.times_kept:
+        raise CorpusError(f"{found.path}: keeps no event times (prepared before corpora kept them, or without "
+                          "--time-col), so --expire-days cannot tell when its users were last seen; prepare the base "
+                          "anew with --time-col")
     base_range, base_unit, read_as = stored_time_range(found.meta)
     if c.time_col and base_unit == ORDER:
         raise CorpusError(f"{found.path}: its times {base_range} are numbers that only order events, no "
@@ -778,6 +795,11 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         s = Settings(opt, tmp, holdout=c.holdout, seed=c.seed, base=found_base.path if found_base else None)
         os.makedirs(s.spill_dir)
         os.makedirs(s.parts_dir)
+        listed = _base_forget_list(found_base)
+        if len(listed):  # the base's forgotten users: their events are left out of every pass, counted
+            listed.write(os.path.join(s.parts_dir, forgotten.FILE))
+            listed.write(os.path.join(tmp, forgotten.FILE))  # and the new corpus keeps the list
+            s = dataclasses.replace(s, forget=os.path.join(s.parts_dir, forgotten.FILE))
         s = dataclasses.replace(s, run=uuid.uuid4().hex)
         with open(os.path.join(tmp, passes.RUN_NAME), "w") as fh:  # for the tasks to find (Settings.check_seen)
             fh.write(s.run)
@@ -835,6 +857,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
     vocab = pa.table({"token": vocab_tokens, "count": pa.array(p3.counts), "id": p1.vocab["id"]}, schema=schema)
     with pa.OSFile(os.path.join(tmp, "vocab.arrow"), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_table(vocab, max_chunksize=1 << 20)
+    dropped = _drop_rows(c, tmp, found_base, listed, p3, window)
     p1.skips.add("duplicate_events", p3.duplicate_events)
     p1.skips.add("events_in_base", p3.in_base)
     p1.skips.add("tokens_beyond_max_per_doc", p3.capped.tokens)
@@ -845,7 +868,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         p1.skips.where["unread_files"] = unread[:p1.skips.EXAMPLES]
     meta = {
         "format_version": FORMAT_VERSION,
-        "num_docs": p3.num_docs, "num_tokens": p3.num_tokens, "vocab_size": len(vocab_tokens),
+        "num_docs": p3.num_docs, "num_tokens": p3.num_tokens,
+        "vocab_size": dropped["vocab_size"] if dropped else len(vocab_tokens),
         "num_shards": buckets, "shards": p3.shards,
         "inputs": [os.fspath(i) for i in ([inputs] if isinstance(inputs, str) else inputs)],
         "input_files": [storage.location(f) for f in files], "input_rows": p1.rows,
@@ -875,11 +899,76 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
     if p3.refresh is not None:
         meta["refresh"] = {**p3.refresh, "mode": "join" if join else "window", "input_events": p1.events,
                            "files": _files_in_base(files, blocks, p1.block_events, p3.in_base_blocks,
-                                                   p3.early_blocks)}
+                                                   p3.early_blocks),
+                           "forgotten_input_users": p1.forgotten_users,
+                           "forgotten_input_events": p1.skips.counts["events_of_forgotten_users"],
+                           **({k: v for k, v in dropped.items() if k != "vocab_size"} if dropped else {})}
+        if c.expire_days is not None:
+            meta["expire_days"] = c.expire_days
     with open(os.path.join(tmp, "corpus.json"), "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
     return meta, p3
+
+
+def _base_forget_list(base: Base | None) -> forgotten.ForgetList:
+    """The users the base was told to forget (forgotten.py): a corpus's list, or a model's together with its
+    corpus's; a model's own list is checked to be that model's."""
+    if base is None:
+        return forgotten.ForgetList()
+    if base.kind == "corpus":
+        return forgotten.of_corpus(base.path)
+    from .checkpoint import ModelDir
+
+    listed = forgotten.of_model(base.path, ModelDir(base.path).manifest)
+    return listed.merge(forgotten.of_corpus(base.corpus.path)) if base.corpus is not None else listed
+
+
+def _drop_rows(c: PrepareConfig, tmp: str, base: Base | None, listed: forgotten.ForgetList, p3: _Pass3,
+               window: _Window | None) -> dict | None:
+    """The rows a refresh drops from the corpus staged at `tmp` (compact.py), counted for corpus.json's refresh:
+    the base's users on its forget list; with --expire-days, the users with no event in the last N days
+    before the latest event of the inputs and base (a user whose tokens carry no time cannot be judged and
+    stays, counted), and then the URLs no user that stays visits. None when nothing is dropped. Updates
+    p3's counts and shards; dropped.arrow names the base's rows that went, for the warm start."""
+    if base is None:
+        return None
+    docs = passes.read_mapped(os.path.join(tmp, "docs.arrow"))
+    forgotten_ids = np.flatnonzero(listed.matches(docs.column("key").slice(0, base.num_docs))) if len(listed) \
+        else np.zeros(0, np.int64)
+    expired = np.zeros(0, np.int64)
+    found: dict = {}
+    if c.expire_days is not None:
+        shards = sorted(os.path.join(tmp, sh["path"]) for sh in p3.shards)
+        latest = compact.latest_times(shards, p3.num_docs)
+        newest = max([t for t in (p3.time_range[1] if p3.time_range else None, base.latest_time) if t is not None],
+                     default=None)
+        if newest is None:
+            raise CorpusError(f"{base.path}: no event of the inputs or base has a time; --expire-days needs them")
+        cutoff = newest - c.expire_days * DAY_SECONDS
+        untimed = np.isnan(latest)
+        expired = np.flatnonzero(~untimed & (latest < cutoff))  # -inf: a user with no event left at all
+        found.update(expire_cutoff=cutoff, expire_latest=newest, users_kept_without_time=int(untimed.sum()))
+    drop_docs = np.union1d(forgotten_ids, expired).astype(np.int64)
+    if not len(drop_docs):
+        return {**found, "expired_users": 0, "expired_urls": 0, "forgotten_base_users": 0} if found else None
+    drop_words = None
+    if c.expire_days is not None:  # URLs that only the users leaving visit: their count drops to 0
+        left, leaving = p3.counts.copy(), np.zeros(p3.num_docs, bool)
+        leaving[drop_docs] = True
+        shards = [os.path.join(tmp, sh["path"]) for sh in p3.shards]
+        for doc_ids, offsets, tokens, _ in (b for path in shards for b in passes.shard_batches(path)):
+            np.subtract.at(left, tokens[np.repeat(leaving[doc_ids], np.diff(offsets))], 1)
+        drop_words = np.flatnonzero(left == 0)
+    counts = compact.compact_corpus(tmp, tmp, drop_docs, drop_words)
+    compact.write_dropped(tmp, {"docs": drop_docs[drop_docs < base.num_docs],
+                                "words": (drop_words[drop_words < base.vocab_size] if drop_words is not None
+                                          else np.zeros(0, np.int64))})
+    p3.num_docs, p3.num_tokens, p3.shards = counts["num_docs"], counts["num_tokens"], counts["shards"]
+    return {**found, "expired_users": len(np.setdiff1d(expired, forgotten_ids)),
+            "expired_base_users": int(np.count_nonzero(np.setdiff1d(expired, forgotten_ids) < base.num_docs)),
+            "expired_urls": len(drop_words) if drop_words is not None else 0,
+            "forgotten_base_users": len(forgotten_ids), "vocab_size": counts["vocab_size"]}
 
 
 LOW_OVERLAP = 0.10
@@ -966,6 +1055,19 @@ def refresh_report(meta: dict) -> list[tuple[int, str]]:
             "and is joined again; prepare the base anew with --time-col to keep them")
     for line in _mostly_old_files(r.get("files") or [], bool(untimed)):
         say(logging.WARNING, line)
+    gone = r.get("forgotten_input_users") or r.get("forgotten_base_users")
+    if gone:
+        say(logging.INFO, f"forgotten users left out: {r.get('forgotten_input_users', 0):,} with "
+            f"{r.get('forgotten_input_events', 0):,} event(s) in the inputs, {r.get('forgotten_base_users', 0):,} "
+            "still in the base (the base's forget list)")
+    if meta.get("expire_days") is not None:
+        when = datetime.fromtimestamp(r["expire_cutoff"], timezone.utc).isoformat(timespec="seconds")
+        say(logging.INFO, f"expired: {r.get('expired_users', 0):,} user(s) with no event in the last "
+            f"{meta['expire_days']:g} day(s) (none since {when}; {r.get('expired_base_users', 0):,} of them "
+            f"known to the base) and {r.get('expired_urls', 0):,} URL(s) no user left visits; "
+            f"{meta['num_docs']:,} users and {meta['vocab_size']:,} URLs stay (ids closed up in order)"
+            + (f"; {r['users_kept_without_time']:,} user(s) whose events carry no time stay, unjudged"
+               if r.get("users_kept_without_time") else ""))
     if early and join:
         say(logging.INFO, f"{early:,} input event(s) of {r.get('users_with_events_not_after_base', 0):,} user(s) "
             "are at or before the base's latest time "
@@ -1083,6 +1185,7 @@ def skip_report(meta: dict) -> list[str]:
                                  "(or without a time)",
         "duplicate_events": f"duplicate event(s): the same '{doc}', '{tok}' and '{time}' as an earlier one",
         "events_in_base": f"event(s) the base has already: the same '{doc}', '{tok}' and '{time}' as one of its own",
+        "events_of_forgotten_users": "event(s) of users on the base's forget list (doc2vec-dist forget)",
         "tokens_beyond_max_per_doc": f"{token}(s) beyond max_tokens_per_doc={meta.get('max_tokens_per_doc')}: the "
                                      f"earliest of {meta.get('docs_capped', 0):,} document(s) longer than that",
         "unread_files": "file(s) in the input folders that are not data (hidden, or not .parquet, .csv, .jsonl …)",

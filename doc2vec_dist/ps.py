@@ -124,7 +124,8 @@ class ParameterServer:
 
         Otherwise, with `warm` (train --init-from), each table's first warm.rows[name] rows are read
         over the fresh ones from that earlier model's checkpoint (warmstart.py): a known key keeps its
-        id in a refreshed corpus, so its row here is its row there.
+        id in a refreshed corpus, so its row here is its row there (less the rows the refresh dropped
+        before it, warm.dropped: compact.py).
 
         restore: (v, L) for a run resumed from version v while LATEST named L (a damaged L passed over, or
         --resume-from): v is loaded while LATEST still names L, and LATEST once the run has committed.
@@ -169,7 +170,7 @@ class ParameterServer:
                     # which are this slice's first local rows (row r sits at r // S)
                     known = rows_on_shard(shard, num_shards, warm.rows[name])
                     checkpoint.read_shard(warm.model, name, shard, num_shards, version=warm.version,
-                                          out=table[:known], dtype=self.dtype)
+                                          out=table[:known], dtype=self.dtype, dropped=warm.dropped.get(name))
             self.tables[name] = table
             self.rows[name] = spec.rows
             self.dims[name] = spec.dim

@@ -247,8 +247,8 @@ class Chunk:
 
 # Why prepare drops things, in the order it reports them (see prepare's docstring).
 SKIP_REASONS = ("unread_files", "empty_files", "null_keys", "empty_keys", "invalid_utf8_lines", "null_tokens",
-                "empty_tokens", "events_outside_window", "duplicate_events", "events_in_base", "tokens_below_min_count",
-                "tokens_beyond_max_vocab", "tokens_beyond_max_per_doc", "docs_without_tokens")
+                "empty_tokens", "events_outside_window", "events_of_forgotten_users", "duplicate_events", "events_in_base",
+                "tokens_below_min_count", "tokens_beyond_max_vocab", "tokens_beyond_max_per_doc", "docs_without_tokens")
 
 
 class Skips:

@@ -17,7 +17,13 @@ predicted better than "the most popular URLs"):
 * Events. With probability general_fraction an event is a URL from the global Zipf over all URLs (the
   noise that keeps the task from being trivial); otherwise a community c ~ theta is drawn, then a URL
   from c's own Zipf: weight 1/(l+1)^s for the URL ranked l among c's URLs. Timestamps are distinct,
-  uniform over a 30-day window.
+  uniform over a 30-day window (`days`).
+* Churn (churn_per_week > 0, off by default): users come and go. Each week that share of the active
+  users leaves for good (a constant daily hazard), and new users arrive at a steady rate that keeps the
+  active population level: of `users` in all, users / (1 + q·days) are active on the first day (q the
+  daily hazard), the rest arrive uniformly over the window. A user's events fall uniformly within its
+  own active span, their number scaled by the span's share of the window (at least one); the truth
+  records each user's first and last day (truth/users.parquet's active_from, active_until, ms).
 
 Output (OUT/):
     events/part-NNNNN.parquet   user_id string, url string, ts timestamp[ms, UTC]; one file per
@@ -76,7 +82,7 @@ _WINDOW_MS = WINDOW_DAYS * 24 * 3600 * 1000
 _TS_TYPE = pa.timestamp("ms", tz="UTC")
 
 # Independent random streams, one per purpose, all derived from the user's seed (see _rng).
-_STREAM_URLS, _STREAM_USER_IDS, _STREAM_CHUNK = 0, 1, 2
+_STREAM_URLS, _STREAM_USER_IDS, _STREAM_CHUNK, _STREAM_CHURN = 0, 1, 2, 3
 
 MANIFEST = "generate.json"
 EVENTS_LAYOUT = "events/part-NNNNN.parquet"
@@ -120,20 +126,25 @@ _TLDS = ((".com", 0.55), (".org", 0.08), (".net", 0.08), (".io", 0.05), (".co.uk
 
 def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int = 8,
              events_per_user: float = 30.0, general_fraction: float = 0.3, zipf_s: float = 1.0,
-             hub_share: float = 0.0, users_per_file: int = 200_000, progress: bool = True) -> dict:
+             hub_share: float = 0.0, users_per_file: int = 200_000, days: float = WINDOW_DAYS,
+             churn_per_week: float = 0.0, progress: bool = True) -> dict:
     """Write OUT/events/part-00000.parquet ... and the ground truth; return a summary dict
     (users, urls, events, files, communities, seconds).
 
     hub_share > 0 makes the data skewed the way real catalogues are: that share of users also visits
     the single most popular URL (one more event each), so one output row meets most documents.
+    days: the window the events fall in. churn_per_week > 0: users leave and arrive (module docstring).
     """
     t0 = time.perf_counter()
     _check(users=users, urls=urls, seed=seed, communities=communities, events_per_user=events_per_user,
-           general_fraction=general_fraction, zipf_s=zipf_s, hub_share=hub_share, users_per_file=users_per_file)
+           general_fraction=general_fraction, zipf_s=zipf_s, hub_share=hub_share, users_per_file=users_per_file,
+           days=days, churn_per_week=churn_per_week)
     # Plain Python numbers from here on (numpy scalars would not go into generate.json).
     users, urls, seed, communities, users_per_file = map(int, (users, urls, seed, communities, users_per_file))
     events_per_user, general_fraction, zipf_s, hub_share = map(float, (events_per_user, general_fraction, zipf_s,
                                                                        hub_share))
+    days, churn_per_week = float(days), float(churn_per_week)
+    churn = _Churn(users, days, churn_per_week) if churn_per_week > 0 else None
     out = os.path.abspath(out)
     if os.path.isfile(out) or (os.path.isdir(out) and os.listdir(out)):
         raise UserError(f"{out}: already exists and is not an empty directory; choose another --out")
@@ -153,17 +164,18 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
         events = 0
         with tqdm(total=users, unit="user", unit_scale=True, desc="generate", file=sys.stderr,
                   disable=not progress) as bar, \
-                pq.ParquetWriter(os.path.join(stage, "truth", "users.parquet"), _USERS_SCHEMA,
+                pq.ParquetWriter(os.path.join(stage, "truth", "users.parquet"), _CHURN_USERS_SCHEMA if churn else _USERS_SCHEMA,
                                  compression="zstd") as truth_users:
             for i in range(n_files):
                 start = i * users_per_file
                 n = min(users_per_file, users - start)
+                spans = churn.spans(_rng(seed, _STREAM_CHURN, i), start, n) if churn else None
                 chunk = _user_chunk(_rng(seed, _STREAM_CHUNK, i), n, table, communities, events_per_user,
-                                    general_fraction, hub_share)
+                                    general_fraction, hub_share, days * 86_400_000, spans)
                 ids = _user_ids(np.arange(start, start + n, dtype=np.uint64), id_key)
                 _write_events(os.path.join(stage, "events", f"part-{i:05d}.parquet"), chunk, ids,
                               table.strings)
-                truth_users.write_table(chunk.truth(ids))
+                truth_users.write_table(chunk.truth(ids, spans))
                 events += len(chunk.user)
                 del chunk, ids  # free the chunk before drawing the next one
                 bar.update(n)
@@ -174,9 +186,12 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
             "parameters": {"users": users, "urls": urls, "seed": seed, "communities": communities,
                            "events_per_user": events_per_user, "general_fraction": general_fraction,
                            "hub_share": hub_share,
+                           # recorded when asked for, so the default data set's generate.json is as it was
+                           **({"days": days} if days != WINDOW_DAYS else {}),
+                           **({"churn_per_week": churn_per_week} if churn else {}),
                            "zipf_s": zipf_s, "users_per_file": users_per_file},
             "model": {"dirichlet_alpha": DIRICHLET_TOTAL / communities, "activity_sigma": ACTIVITY_SIGMA,
-                      "window_start": WINDOW_START, "window_days": WINDOW_DAYS,
+                      "window_start": WINDOW_START, "window_days": days,
                       "sites": table.sites},
             "layout": {"events": EVENTS_LAYOUT, "users": "truth/users.parquet",
                        "urls": "truth/urls.parquet"},
@@ -232,6 +247,8 @@ def _check(**p) -> None:
     need(0.0 <= p["general_fraction"] <= 1.0, "general_fraction", "must be between 0 and 1")
     need(0.0 <= p["hub_share"] <= 1.0, "hub_share", "must be between 0 and 1")
     need(math.isfinite(p["zipf_s"]) and p["zipf_s"] >= 0, "zipf_s", "must be a non-negative number")
+    need(math.isfinite(p["days"]) and p["days"] >= 1, "days", "must be at least 1")
+    need(0.0 <= p["churn_per_week"] < 1.0, "churn_per_week", "must be at least 0 and below 1")
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -364,6 +381,37 @@ def _weighted_pick(choices: tuple, n: int, rng: np.random.Generator) -> pa.Array
 
 _USERS_SCHEMA = pa.schema([("user_id", pa.string()), ("community", pa.int32()),
                            ("mix", pa.list_(pa.float32())), ("events", pa.int32())])
+_CHURN_USERS_SCHEMA = _USERS_SCHEMA.append(pa.field("active_from", pa.timestamp("ms", tz="UTC"))).append(
+    pa.field("active_until", pa.timestamp("ms", tz="UTC")))
+
+
+@dataclass(frozen=True)
+class _Churn:
+    """Users who come and go: a weekly share leaves (a constant daily hazard), arrivals keep the active
+    population level. Users below `initial` (by global index) are active from the start; the others
+    arrive uniformly over the window."""
+
+    users: int
+    days: float
+    churn_per_week: float
+
+    @property
+    def hazard(self) -> float:
+        """Leaving rate per day: exp(-7 · hazard) = 1 - churn_per_week."""
+        return -math.log1p(-self.churn_per_week) / 7.0
+
+    @property
+    def initial(self) -> int:
+        return min(self.users, round(self.users / (1.0 + self.hazard * self.days)))
+
+    def spans(self, rng: np.random.Generator, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(from, until) of users first .. first + n - 1, ms from the window's start."""
+        day = 86_400_000.0
+        index = np.arange(first, first + n)
+        start = np.where(index < self.initial, 0.0, rng.random(n) * self.days)
+        until = np.minimum(start + rng.exponential(1.0 / self.hazard, n), self.days)
+        return (start * day).astype(np.int64), np.maximum((until * day).astype(np.int64), (start * day).astype(
+            np.int64) + 1)
 
 
 @dataclass
@@ -376,22 +424,30 @@ class _Chunk:
     url: np.ndarray       # [E] int32, URL generating index
     ts: np.ndarray        # [E] int64, ms since the epoch (UTC)
 
-    def truth(self, ids: pa.StringArray) -> pa.Table:
+    def truth(self, ids: pa.StringArray, spans: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
         n, c = self.mix.shape
         mix = pa.ListArray.from_arrays(pa.array(np.arange(0, n * c + 1, c, dtype=np.int32)),
                                        pa.array(self.mix.astype(np.float32).ravel()))
-        return pa.Table.from_arrays(
-            [ids, pa.array(self.mix.argmax(axis=1).astype(np.int32)), mix,
-             pa.array(self.counts.astype(np.int32))], schema=_USERS_SCHEMA)
+        columns = [ids, pa.array(self.mix.argmax(axis=1).astype(np.int32)), mix, pa.array(self.counts.astype(np.int32))]
+        if spans is None:
+            return pa.Table.from_arrays(columns, schema=_USERS_SCHEMA)
+        return pa.Table.from_arrays(columns + [pa.array(_WINDOW_START_MS + spans[0]).view(_TS_TYPE),
+                                               pa.array(_WINDOW_START_MS + spans[1]).view(_TS_TYPE)],
+                                    schema=_CHURN_USERS_SCHEMA)
 
 
 def _user_chunk(rng: np.random.Generator, n: int, urls: _Urls, c: int, events_per_user: float,
-                general_fraction: float, hub_share: float = 0.0) -> _Chunk:
-    """Draw n users and all their events, vectorised over users and events."""
+                general_fraction: float, hub_share: float = 0.0, window_ms: float = _WINDOW_MS,
+                spans: tuple[np.ndarray, np.ndarray] | None = None) -> _Chunk:
+    """Draw n users and all their events, vectorised over users and events. spans: each user's active
+    (from, until), ms from the window's start (churn): its events fall there, as many as its share of
+    the window holds."""
     mix = rng.dirichlet(np.full(c, DIRICHLET_TOTAL / c), size=n)
 
     # 1 + Poisson(lognormal): at least one event each, mean events_per_user, a long tail.
     activity = (events_per_user - 1.0) * rng.lognormal(-ACTIVITY_SIGMA**2 / 2, ACTIVITY_SIGMA, size=n)
+    if spans is not None:
+        activity = activity * (spans[1] - spans[0]) / window_ms
     counts = 1 + rng.poisson(activity)
     # the hub's visitors get one event more, at a random place among theirs, set to the most popular URL
     # below (drawn only when asked for, so the default data set is the same as without the option)
@@ -417,10 +473,12 @@ def _user_chunk(rng: np.random.Generator, n: int, urls: _Urls, c: int, events_pe
     # live in [u*W, (u+1)*W)), then + the event's position so equal milliseconds become distinct.
     # Draws stay below W - count, so the shifted times stay inside the window.
     start = np.cumsum(counts) - counts
-    span = (_WINDOW_MS - counts)[user]
-    key = user.astype(np.int64) * _WINDOW_MS + (rng.random(total) * span).astype(np.int64)
+    width = int(window_ms)
+    lo, hi = (spans[0], spans[1]) if spans is not None else (np.zeros(n, np.int64), np.full(n, width, np.int64))
+    span = np.maximum(hi - lo - counts, 1)[user]
+    key = user.astype(np.int64) * width + (rng.random(total) * span).astype(np.int64)
     key.sort()
-    ts = key - user.astype(np.int64) * _WINDOW_MS
+    ts = key - user.astype(np.int64) * width + lo[user]
     ts += np.arange(total, dtype=np.int64) - np.repeat(start, counts) + _WINDOW_START_MS
     del key, span
 

@@ -3,8 +3,11 @@
 Changes when how a warm start maps or checks the earlier model's rows, or measures their drift.
 
 The daily refresh: `prepare NEW --base OLD` keeps every known user's and URL's id and appends the
-new ones, so a known key's row r in the new run is row r of the old model. `warm_start` checks that
-(the first rows of each key table are the old model's keys, in order, and the sizes agree) and says
+new ones, so a known key's row r in the new run is row r of the old model; where the refresh dropped
+rows of the base (users expired by --expire-days or forgotten, URLs no one visits any more: the
+corpus's dropped.arrow, compact.py), the ids after them are closed up, and row r is the old model's
+r-th row that stays. `warm_start` checks that
+(the first rows of each key table are the old model's keys that stay, in order, and the sizes agree) and says
 which rows each table takes from it; each parameter server then fills its own slice from the old
 checkpoint with `checkpoint.read_shard` (whatever number of servers wrote it) over its fresh
 initialisation, so new rows start as in any run (inputs uniform, words_out zero). Optimiser state
@@ -28,6 +31,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
+from . import compact
 from .checkpoint import KEY_TABLES, ModelDir
 from .config import TableSpec
 from .errors import UserError
@@ -47,12 +51,14 @@ DRIFT_SAMPLE = 20_000  # rows per table whose cosine is measured (every row when
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-    """What a new run takes from an earlier model: per table, its first `rows[name]` rows."""
+    """What a new run takes from an earlier model: per table, its first `rows[name]` rows, once the rows
+    `dropped[name]` (sorted: users a refresh expired or forgot, URLs it dropped) are left out of it."""
 
     model: str
     version: int
     rows: dict[str, int]
     lineage: tuple[str, ...] = ()  # the earlier model's id and those it descends from: the new model's derived_from
+    dropped: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def taken_settings(model: str, given: list[tuple[str, dict]], flag: str = "--init-from") -> dict:
@@ -85,6 +91,8 @@ def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSp
         raise UserError(f"{out}: --out is the --init-from model; a refresh writes a new model and never changes "
                         "the old one")
     old = ModelDir(model)
+    by_key_table = compact.read_dropped(corpus_path)  # rows the refresh dropped: keyed by key table (docs, words)
+    dropped = {name: by_key_table[_KEY_TABLE[name]] for name in tables if _KEY_TABLE[name] in by_key_table}
     rows = {}
     for name, spec in tables.items():
         try:
@@ -94,20 +102,34 @@ def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSp
         if saved["dim"] != spec.dim:
             raise UserError(f"{model}: table {name} has dim {saved['dim']}, this run {spec.dim}; --init-from needs "
                             "the same --dim")
-        if saved["rows"] > spec.rows:
+        kept = int(saved["rows"]) - len(dropped.get(name, ()))
+        if kept > spec.rows:
             raise UserError(f"{model}: table {name} has {saved['rows']:,} rows, more than this corpus's "
                             f"{spec.rows:,}; prepare the corpus with --base {model}")
-        rows[name] = int(saved["rows"])
+        rows[name] = kept
     for name, count in rows.items():
-        _check_keys(old, name, corpus_path, count, model)
+        _check_keys(old, name, corpus_path, count, model, dropped.get(name))
     lineage = tuple(filter(None, [old.manifest.get("model_id"), *(old.manifest.get("derived_from") or [])]))
-    return WarmStart(os.path.abspath(model), old.version, rows, lineage)
+    return WarmStart(os.path.abspath(model), old.version, rows, lineage,
+                     {name: ids for name, ids in dropped.items() if name in rows})
 
 
-def _check_keys(old: ModelDir, table: str, corpus_path: str, rows: int, model: str) -> None:
-    """The corpus's first `rows` keys of the table are the model's, in order."""
+# each table's key table in a corpus (compact.py's dropped.arrow names rows by it)
+_KEY_TABLE = {"docs": "docs", "words": "words", "words_out": "words"}
+
+
+def _check_keys(old: ModelDir, table: str, corpus_path: str, rows: int, model: str,
+                dropped: np.ndarray | None = None) -> None:
+    """The corpus's first `rows` keys of the table are the model's, in order, less the rows `dropped`."""
     file, column = KEY_TABLES[table]
     theirs = old.keys(table)
+    if dropped is not None and len(dropped):
+        if int(dropped[-1]) >= len(theirs):
+            raise UserError(f"{corpus_path}: its {compact.DROPPED_FILE} drops rows that {model} does not have; it "
+                            f"was refreshed from another base: prepare it with --base {model}")
+        stays = np.ones(len(theirs), bool)
+        stays[dropped] = False
+        theirs = theirs.filter(pa.array(stays))
     ours = pa.ipc.open_file(pa.memory_map(os.path.join(corpus_path, file))).read_all().column(column)
     if len(theirs) != rows or not ours.slice(0, rows).equals(pa.chunked_array([theirs])):
         what = "users" if table == "docs" else "URLs"
@@ -123,15 +145,20 @@ def drift(old: str, new: str, sample: int = DRIFT_SAMPLE, seed: int = 0) -> dict
     from .scoring import unit_rows
 
     before, after = Model(old), Model(new)
+    try:  # rows the refresh dropped (compact.py): a kept row's id in the new model is its old id less those before it
+        dropped = compact.read_dropped(after.dir.manifest.get("corpus") or after.dir.corpus_path())
+    except UserError:
+        dropped = {}
     found = {}
     for table in ("docs", "words", "words_out"):
+        gone = dropped.get(_KEY_TABLE[table], np.zeros(0, np.int64))
         try:
-            rows = min(before.dir.spec(table)["rows"], after.dir.spec(table)["rows"])
+            rows = min(before.dir.spec(table)["rows"] - len(gone), after.dir.spec(table)["rows"])
         except UserError:
             continue
         ids = np.arange(rows) if rows <= sample else np.sort(np.random.default_rng(seed).choice(rows, sample,
                                                                                                replace=False))
-        a, b = unit_rows(before.gather(table, ids)), unit_rows(after.gather(table, ids))
+        a, b = unit_rows(before.gather(table, compact.old_ids(ids, gone))), unit_rows(after.gather(table, ids))
         live = (np.abs(a).sum(1) > 0) & (np.abs(b).sum(1) > 0)  # words_out rows never trained stay zero
         cosine = (a[live] * b[live]).sum(1)
         if not len(cosine):

@@ -265,7 +265,7 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
                          progress=cfg.progress, report=True)
         stages["prepare"] = time.perf_counter() - t
     result["prepare"] = {k: corpus.meta.get(k) for k in ("num_docs", "num_tokens", "vocab_size", "refresh", "skipped",
-                                                         "time_range", "window_days")}
+                                                         "time_range", "window_days", "expire_days")}
 
     t = time.perf_counter()
     result["train"] = train(corpus.path, job.path("model"), cfg,
@@ -308,6 +308,15 @@ def report(result: dict) -> None:
           + f"; URLs: {r['base_vocab']:,} known, {r['new_words']:,} new"
           + (f", {r['words_without_tokens']:,} with no token now" if r["words_without_tokens"] else "")
           + f"; {p['num_docs']:,} users, {p['num_tokens']:,} tokens")
+    left = []
+    if p.get("expire_days") is not None:
+        left.append(f"{r['expired_users']:,} users and {r['expired_urls']:,} URLs expired (no event in "
+                    f"{p['expire_days']:g} days)")
+    if r.get("forgotten_input_users") or r.get("forgotten_base_users"):
+        left.append(f"{r.get('forgotten_input_users', 0) + r.get('forgotten_base_users', 0):,} forgotten users left "
+                    f"out ({r.get('forgotten_input_events', 0):,} of today's events)")
+    if left:
+        print("  left     " + "; ".join(left))
     first = " (the first on the changed users only)" if result["config"].get("first_epoch") == "changed" else ""
     print(f"  train    {s['epochs']} epoch(s){first}, {s['tokens']:,} tokens in {s['train_seconds']:.1f}s "
           f"({s['tokens_per_second'] / 1e6:.3f}M tokens/s), loss " + " ".join(f"{x:.3f}" for x in s["loss_per_epoch"]))

@@ -143,6 +143,13 @@ OTHER_SITE_CSV = b"user_id,url\n" + b"".join(b"v%d,https://elsewhere.example/%d\
                                               for i in range(400))
 
 
+def _foreign_forget_list(t: str) -> None:
+    """{model}/forget.arrow: a forget list made for another model (copied there by hand)."""
+    from doc2vec_dist.forgotten import FILE, ForgetList
+
+    ForgetList(model_ids=[uuid.uuid4().hex]).write(os.path.join(_model_of(t), FILE))
+
+
 def _bot_csv(t: str) -> bytes:
     """1,000 users of 3 visits each, and a bot with 600 (17% of every visit)."""
     rows = [f"u{i},https://s.example/{(i * 7 + j) % 50}" for i in range(1000) for j in range(3)]
@@ -569,6 +576,33 @@ CASES = [
          "--device-tokens-per-second is a GPU worker's device: plan GPU workers (--gpus-per-worker 1"),
     Case("plan --gpu-model unknown", "plan --corpus {corpus} --no-calibrate --gpus-per-worker 1 --gpu-model B200",
          "error", "--gpu-model B200 is not a device plan knows: one of H200, H100, A100"),
+    # --- issue 51: forget, and --expire-days ----------------------------------------------------------------
+    Case("forget a key the model never had", "forget --model {model} --key u54e266157a4c --key nobody-here", "says",
+         "1 key(s) are not in the model (--key nobody-here): never there, perhaps"),
+    Case("forget keys none of which the model has", "forget --model {model} --keys {t}/k.txt", "says",
+         "warning: none of the 2 key(s) is in {model}: is it the model of these users",
+         {"k.txt": b"stranger-1\nstranger-2\n"}),
+    Case("forget with an empty keys file", "forget --model {model} --keys {t}/k.txt", "error",
+         "{t}/k.txt: holds no keys; give one key per line", {"k.txt": b"\n \n"}, "{model}"),
+    Case("forget with a forget list of another model", "forget --model {model} --key u54e266157a4c", "error",
+         "{model}/forget.arrow: a forget list of another model (made for model id ",
+         {"forget.arrow": _foreign_forget_list}),
+    Case("forget --index of another model", "forget --model {model} --key u54e266157a4c --index {t}/other.index",
+         "error", "the index {t}/other.index was made from the model at {t}/other (id ",
+         {"other.index": _other_model_index}, "{model}"),
+    Case("forget --retrain-epochs without --corpus", "forget --model {model} --key u54e266157a4c --retrain-epochs 1",
+         "error", "--retrain-epochs trains on the model's corpus without the users: give it with --corpus",
+         untouched="{model}"),
+    Case("forget --retrain-epochs 0", "forget --model {model} --key u54e266157a4c --corpus {corpus} --retrain-epochs 0",
+         "error", "--retrain-epochs must be ≥ 1, not 0", untouched="{model}"),
+    Case("forget --retrain-out onto a model", "forget --model {model} --key u54e266157a4c --corpus {corpus} "
+         "--retrain-epochs 1 --retrain-out {model}", "error", "{model}: --retrain-out is the model itself",
+         untouched="{model}"),
+    Case("prepare --expire-days 0", "prepare {t}/good.csv --base {corpus} --time-col ts --expire-days 0 --out {t}/c",
+         "error", "--expire-days must be > 0, not 0", {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("prepare --expire-days without --base", "prepare {t}/good.csv --time-col ts --expire-days 7 --out {t}/c",
+         "error", "--expire-days applies to a refresh (--base) with event times (--time-col)", {"good.csv": GOOD_CSV},
+         "{t}/c"),
 ]
 
 

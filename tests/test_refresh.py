@@ -702,3 +702,100 @@ def test_the_daily_job_keeps_the_base_corpus_cap(tmp_path):
     settings = job.base_corpus_settings(job.RefreshJob(events=[events], base_model=str(tmp_path / "none"),
                                                        out=str(tmp_path / "day"), base_corpus=base))
     assert settings["max_tokens_per_doc"] == 7 and settings["time_col"] == "ts"
+
+
+# -- issue 51: users who leave (--expire-days) and users forgotten (the base's forget list) -----------------
+
+def _last_seen(path: str) -> dict[str, float]:
+    """Each user's latest event time (epoch seconds) in an events file."""
+    events = pq.read_table(path, columns=["user_id", "ts"])
+    seconds = pc.cast(events["ts"], pa.int64()).to_numpy() / 1000
+    latest: dict[str, float] = {}
+    for user, t in zip(events["user_id"].to_pylist(), seconds, strict=True):
+        latest[user] = max(latest.get(user, -np.inf), t)
+    return latest
+
+
+def test_expire_days_drops_the_users_last_seen_before_the_cutoff_and_closes_up_their_ids(days, refreshed, tmp_path,
+                                                                                       logged):
+    """The users with no event in the last 2 days (by the data's own latest time) leave; those who stay keep
+    their order and their documents; the base's rows that went are in dropped.arrow; every URL left is
+    visited by someone; plan sizes the smaller tables."""
+    from doc2vec_dist import compact
+    from doc2vec_dist.cli import main
+
+    corpus = prepare([days["new"]], str(tmp_path / "corpus"), PrepareConfig(time_col="ts", base=days["base"],
+                                                                            expire_days=2), progress=False, report=True)
+    seen = _last_seen(days["all"])
+    cutoff = max(seen.values()) - 2 * DAY
+    kept = {u for u, t in seen.items() if t >= cutoff}
+    full = Corpus(refreshed)
+    keys = corpus.docs().column("key").to_pylist()
+    assert set(keys) == kept and 0 < len(kept) < full.num_docs
+    assert keys == [k for k in full.docs().column("key").to_pylist() if k in kept]  # the order kept, ids closed up
+    assert corpus.docs().column("id").to_pylist() == list(range(len(keys)))
+    documents, before = _documents(corpus), _documents(full)
+    assert documents == {k: before[k] for k in keys if before.get(k)}
+    base_keys = Corpus(days["base"]).docs().column("key").to_pylist()
+    assert compact.read_dropped(corpus.path)["docs"].tolist() == [i for i, k in enumerate(base_keys) if k not in kept]
+    assert (corpus.counts() > 0).all() and corpus.vocab_size < full.vocab_size
+    refresh = corpus.meta["refresh"]
+    assert refresh["expired_users"] == full.num_docs - len(kept) and refresh["expired_urls"] == (
+        full.vocab_size - corpus.vocab_size)
+    assert any(r.message.startswith(f"expired: {refresh['expired_users']:,} user(s) with no event in the last 2 day(s)")
+               for r in logged.records)
+    assert main(["plan", "--corpus", corpus.path, "--no-calibrate", "--json", str(tmp_path / "plan.json")]) == 0
+    with open(tmp_path / "plan.json") as fh:
+        tables = json.load(fh)["tables"]
+    assert tables["docs"]["rows"] == len(kept) and tables["words_out"]["rows"] == corpus.vocab_size
+
+
+def test_init_from_a_corpus_that_expired_users_takes_each_kept_users_own_old_row(old_model, days, tmp_path):
+    """With a learning rate too small to move anything, every user and URL that stays has its old row,
+    though its id moved down past those that left (read by 3 servers from a checkpoint of 2)."""
+    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.trainer import train
+
+    corpus = prepare([days["new"]], str(tmp_path / "corpus"), PrepareConfig(time_col="ts", base=old_model,
+                                                                            expire_days=2), progress=False).path
+    model = str(tmp_path / "model")
+    summary = train(corpus, model, TrainConfig(dim=16, epochs=1, sample=0, num_ps=3, cpus_per_worker=1, alpha=1e-9,
+                                               min_alpha=1e-9, init_from=old_model, progress=False))
+    for table in ("docs", "words_out"):
+        old, new = ModelDir(old_model), ModelDir(model)
+        was = dict(zip(old.keys(table).to_pylist(), old.read_table(table), strict=True))
+        now = dict(zip(new.keys(table).to_pylist(), new.read_table(table), strict=True))
+        stayed = [k for k in now if k in was]
+        assert 0 < len(stayed) < len(was)
+        np.testing.assert_allclose(np.array([now[k] for k in stayed]), np.array([was[k] for k in stayed]), atol=1e-5)
+    assert summary["drift"]["docs"]["median"] > 0.999
+    assert summary["drift"]["docs"]["rows"] == len([k for k in ModelDir(model).keys("docs").to_pylist()
+                                                    if k in set(ModelDir(old_model).keys("docs").to_pylist())])
+
+
+def test_the_bases_forgotten_users_are_left_out_of_the_inputs_and_the_base_and_counted(days, tmp_path, logged):
+    """Users on the base's forget list: their new events are skipped (counted, with how many users), their
+    documents in the base leave too (ids closed up), and the new corpus keeps the list."""
+    import shutil
+
+    from doc2vec_dist import compact, forgotten
+
+    base = shutil.copytree(days["base"], str(tmp_path / "base"))
+    new_users = set(pq.read_table(days["new"], columns=["user_id"]).column("user_id").to_pylist())
+    base_keys = Corpus(base).docs().column("key").to_pylist()
+    chosen = [k for k in base_keys if k in new_users][:2] + [k for k in base_keys if k not in new_users][:1]
+    listed = forgotten.ForgetList()
+    listed.add(chosen)
+    listed.write(os.path.join(base, forgotten.FILE))
+    corpus = prepare([days["new"]], str(tmp_path / "corpus"), PrepareConfig(time_col="ts", base=base),
+                     progress=False, report=True)
+    assert not set(chosen) & set(corpus.docs().column("key").to_pylist())
+    events = pq.read_table(days["new"], columns=["user_id"]).column("user_id")
+    assert corpus.meta["skipped"]["events_of_forgotten_users"] == pc.sum(pc.is_in(events, value_set=pa.array(
+        chosen))).as_py() > 0
+    refresh = corpus.meta["refresh"]
+    assert refresh["forgotten_input_users"] == 2 and refresh["forgotten_base_users"] == 3
+    assert compact.read_dropped(corpus.path)["docs"].tolist() == sorted(base_keys.index(k) for k in chosen)
+    assert all(forgotten.of_corpus(corpus.path).holds(k) for k in chosen)
+    assert any(r.message.startswith("forgotten users left out: 2 with ") for r in logged.records)

@@ -264,3 +264,24 @@ def test_hub_share_puts_the_most_popular_url_in_that_share_of_users(tmp_path):
     a, b = _files(str(tmp_path / "plain")), _files(str(tmp_path / "plain0"))
     assert all(a[p] == b[p] for p in a if p.startswith(("events", "truth")))
     assert json.loads(a["generate.json"])["parameters"]["hub_share"] == 0.0
+
+
+def test_churn_users_come_and_go_and_the_active_population_stays_level(tmp_path):
+    """--churn-per-week 0.1 over 60 days: about a tenth of the active users leave each week, arrivals keep
+    the active population level, and each user's events lie within its own active span."""
+    out = str(tmp_path / "churn")
+    generate(out, 3000, 200, seed=3, events_per_user=10, days=60, churn_per_week=0.1, progress=False)
+    truth = pq.read_table(os.path.join(out, "truth", "users.parquet"))
+    start = pc.cast(truth["active_from"], pa.int64()).to_numpy()
+    until = pc.cast(truth["active_until"], pa.int64()).to_numpy()
+    day = 86_400_000
+    first = start.min()
+    active = [int(((start <= first + d * day) & (until > first + d * day)).sum()) for d in (0, 20, 40, 59)]
+    assert max(active) < 1.25 * min(active), active
+    weekly = ((start == first) & (until <= first + 7 * day)).sum() / (start == first).sum()
+    assert 0.07 < weekly < 0.13, weekly
+    events = pq.read_table(os.path.join(out, "events"))
+    ts = pc.cast(events["ts"], pa.int64()).to_numpy()
+    at = {u: i for i, u in enumerate(truth["user_id"].to_pylist())}
+    row = np.array([at[u] for u in events["user_id"].to_pylist()])
+    assert ((ts >= start[row]) & (ts < until[row])).all()
