@@ -61,10 +61,11 @@ DIR_KINDS = {k.name: k for k in (
     # exports/: jobs/train.py's default place for a model's exports (kept when the model is replaced;
     # each export in it is replaced by its own kind); *.tmp-*: a file being written (checkpoint._write_file);
     # gensim-corpus-*: the baseline's corpus text while gensim trains; WRITER.json: the lock of the run
-    # writing it (checkpoint.WRITER_FILE), which replacing the model leaves to that run
+    # writing it (checkpoint.WRITER_FILE), which replacing the model leaves to that run; training.jsonl: what
+    # its runs said as they went (runlog), replaced with the model
     Kind("model", "a model", "train or baseline",
          ("config.json", "LATEST", "checkpoints", "docs.arrow", "vocab.arrow", "eval-*.json", "exports", "*.tmp-*",
-          "gensim-corpus-*", "WRITER.json"),
+          "gensim-corpus-*", "WRITER.json", "training.jsonl"),
          legacy=("LATEST", "checkpoints")),
     Kind("export", "an export", "export", ("part-*.parquet", "vectors.npy", "keys.parquet")),
     Kind("index", "a faiss index", "index", ("index.faiss", "keys.parquet", "params.json", "vectors.npy")),

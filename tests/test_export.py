@@ -322,3 +322,48 @@ def test_npy_data_offset_reads_the_preamble_of_every_header_version(tmp_path):
         with open(path, "rb") as fh:
             fh.seek(npy_data_offset(path))
             np.testing.assert_array_equal(np.frombuffer(fh.read(), dtype=np.float32).reshape(3, 4), rows)
+
+
+# -- export --format projector (issue 52, item 4) -----------------------------------------------------
+
+def read_projector(out) -> tuple[dict, np.ndarray, list[list[str]]]:
+    """The three files as TensorBoard's projector documents them (tensorboard is not a dependency; its reader
+    was run on these files by hand, see docs/commands.md): projector_config.pbtxt, a ProjectorConfig in
+    protobuf text format with one `embeddings { tensor_name tensor_path metadata_path }`; tensors.tsv, one row
+    of tab-separated floats a line, no header; metadata.tsv, a header line of column names (more than one
+    column) and then one row per tensor row."""
+    import re
+
+    config = open(os.path.join(out, "projector_config.pbtxt")).read()
+    block = re.fullmatch(r'\s*embeddings\s*\{(.*)\}\s*', config, re.S)
+    assert block, config
+    fields = dict(re.findall(r'(\w+)\s*:\s*"([^"]*)"', block.group(1)))
+    assert set(fields) >= {"tensor_name", "tensor_path", "metadata_path"}
+    tensors = np.loadtxt(os.path.join(out, fields["tensor_path"]), delimiter="\t", dtype=np.float32, ndmin=2)
+    with open(os.path.join(out, fields["metadata_path"]), encoding="utf-8") as fh:
+        rows = [line.rstrip("\n").split("\t") for line in fh]
+    return fields, tensors, rows
+
+
+def test_projector_export_of_a_sample_of_users_and_of_the_urls(trained_model, doc_keys, doc_matrix, tmp_path):
+    out = tmp_path / "users"
+    result = export(trained_model, "docs", str(out), format="projector", sample=300, progress=False)
+    fields, tensors, rows = read_projector(out)
+    assert result["rows"] == 300 and tensors.shape == (300, DIM) and len(rows) == 301
+    assert rows[0] == ["key", "host", "count"]
+    keys = [r[0] for r in rows[1:]]
+    assert len(set(keys)) == 300 and set(keys) <= set(doc_keys)
+    row_of = {key: i for i, key in enumerate(doc_keys)}
+    np.testing.assert_array_equal(tensors, doc_matrix[[row_of[k] for k in keys]])  # the text loses no bit
+    lengths = Corpus(checkpoint.ModelDir(trained_model).corpus_path()).docs().column("length").to_pylist()
+    assert [int(r[2]) for r in rows[1:]] == [lengths[row_of[k]] for k in keys]  # a user's count: its events
+    assert all(r[1] and "/" not in r[1] for r in rows[1:])  # its most visited host
+    assert fields["tensor_name"] == "docs"
+
+    urls = tmp_path / "urls"
+    export(trained_model, "words_out", str(urls), format="projector", sample=50, progress=False)
+    _, url_tensors, url_rows = read_projector(urls)
+    vocab = checkpoint.ModelDir(trained_model).vocab()
+    assert url_tensors.shape == (50, DIM) and [r[0] for r in url_rows[1:]] == vocab.column("token").to_pylist()[:50]
+    assert [int(r[2]) for r in url_rows[1:]] == vocab.column("count").to_pylist()[:50]  # the most visited
+    assert all(r[0].split("/")[2].removeprefix("www.") in r[0] and r[1] == r[0].split("/")[2] for r in url_rows[1:])
