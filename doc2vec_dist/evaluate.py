@@ -10,6 +10,7 @@ The same ranking by global popularity is reported beside it as the baseline to b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -31,6 +32,29 @@ from .urls import normalize, recorded
 SCORES_BYTES = 1 << 30  # the score matrices of one batch of users, at most
 
 
+@dataclasses.dataclass
+class HeldoutRanks:
+    """Where each held-out pair's URL landed in its user's ranking, for the model and the popularity baseline.
+
+    users: the doc ids evaluated (sorted); user_of_pair: each pair's position in `users`; ranks: per scorer,
+    each pair's URLs scored strictly above its hidden URL, capped at `upto` (a hidden URL the user was trained
+    on counts as `upto`); reciprocal: per scorer, each user's 1 / (1 + rank of its best hidden URL), uncapped."""
+
+    upto: int
+    users: np.ndarray
+    user_of_pair: np.ndarray
+    ranks: dict[str, np.ndarray]
+    reciprocal: dict[str, np.ndarray]
+    users_with_pairs: int
+    skipped_pairs: int
+
+    def recall(self, name: str, k: int) -> np.ndarray:
+        """Each user's recall@k (k <= upto): the share of its hidden URLs in its top k."""
+        hit = (self.ranks[name] < k).astype(np.float64)
+        return np.bincount(self.user_of_pair, weights=hit, minlength=len(self.users)) / np.bincount(
+            self.user_of_pair, minlength=len(self.users))
+
+
 def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None = 20_000, seed: int = 0,
                     corpus_path: str | None = None, batch: int = 512, baseline: bool = True) -> dict:
     """recall@k and MRR of the model and of the popularity baseline on held-out (key, token) pairs.
@@ -42,6 +66,19 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
     sample of that many (by `seed`) is evaluated: `users` says how many, `users_with_pairs` of how many.
     """
     k = check_k(k, "evaluate")
+    found = rank_heldout(model, heldout, k, max_users, seed, corpus_path, batch, baseline)
+    return {"k": k, "users": len(found.users), "users_with_pairs": found.users_with_pairs,
+            "pairs": len(found.user_of_pair), "skipped_pairs": found.skipped_pairs,
+            **{f"{name}_{metric}": value for name in found.ranks
+               for metric, value in ((f"recall@{k}", float(found.recall(name, k).mean())),
+                                     ("mrr", float(found.reciprocal[name].mean())))}}
+
+
+def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None = 20_000, seed: int = 0,
+                 corpus_path: str | None = None, batch: int = 512, baseline: bool = True) -> HeldoutRanks:
+    """Rank every URL for each user with held-out pairs (heldout_metrics says how), by the model and by
+    popularity, and say where each hidden URL landed, up to rank `upto` (what recall@k for every k up to
+    it needs: the report's curve)."""
     table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
     found = ModelDir.served(model)
     doc_keys, vocab = found.keys("docs"), found.keys("words_out")
@@ -93,32 +130,30 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
         for name, score in scorers.items():
             scores = score(a, b)
             scores[seen_rows, seen_cols] = -torch.inf  # seen URLs are not predictions
-            recall, reciprocal = rank_hidden(scores, rows, cols, k)
-            results[name][0].append(recall)
+            ranks, reciprocal = rank_hidden(scores, rows, cols, upto)
+            results[name][0].append(ranks)
             results[name][1].append(reciprocal)
-    return {"k": k, "users": len(users), "users_with_pairs": users_with_pairs, "pairs": len(docs),
-            "skipped_pairs": int(skipped),
-            **{f"{name}_{metric}": value for name, (recall, reciprocal) in results.items()
-               for metric, value in ((f"recall@{k}", float(np.concatenate(recall).mean())),
-                                     ("mrr", float(np.concatenate(reciprocal).mean())))}}
+    return HeldoutRanks(upto, users, user_of_pair, {name: np.concatenate(r) for name, (r, _) in results.items()},
+                        {name: np.concatenate(q) for name, (_, q) in results.items()}, users_with_pairs, int(skipped))
 
 
 _NONE = np.zeros(0, np.int32)
 
 
-def rank_hidden(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of `scores` (a user; seen URLs at -inf): recall@k, the share of its hidden URLs (`cols`
-    at `rows`, every row has one) scored at or above its k-th best score, and the reciprocal rank of
-    its best hidden URL (1 / (1 + URLs scored strictly higher)). Whole-matrix operations, no Python
-    per user: 20k users x 100k URLs in seconds."""
+def rank_hidden(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, upto: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per hidden URL (`cols` at `rows` of `scores`, a row per user, seen URLs at -inf; every row has one):
+    how many URLs score strictly above it, capped at `upto` (it is in a user's top k, k <= upto, exactly when
+    this is below k: ties with the k-th score count as in), a hidden URL at -inf counting as `upto`; and per
+    row, the reciprocal rank of its best hidden URL (1 / (1 + URLs scored strictly higher)). Whole-matrix
+    operations, no Python per user: 20k users x 100k URLs in seconds."""
     users = scores.shape[0]
     hidden = scores[rows, cols]
-    kth = scores.topk(min(k, scores.shape[1]), dim=1).values[:, -1]
-    hit = ((hidden >= kth[rows]) & (hidden > -torch.inf)).to(torch.float64)
-    recall = torch.bincount(rows, weights=hit, minlength=users) / torch.bincount(rows, minlength=users)
+    top = scores.topk(min(upto, scores.shape[1]), dim=1).values  # [users, upto], best first
+    above = (top[rows] > hidden[:, None]).sum(1)
+    ranks = torch.where(hidden > -torch.inf, above, torch.tensor(upto)).clamp(max=upto)
     best = torch.full((users,), -torch.inf).scatter_reduce(0, rows, hidden, "amax")
-    above = (scores > best[:, None]).to(torch.int32).sum(1, dtype=torch.int32)  # twice as fast as a bool sum
-    return recall.numpy(), (1.0 / (1 + above.to(torch.float64))).numpy()
+    higher = (scores > best[:, None]).to(torch.int32).sum(1, dtype=torch.int32)  # twice as fast as a bool sum
+    return ranks.numpy().astype(np.int32), (1.0 / (1 + higher.to(torch.float64))).numpy()
 
 
 def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:

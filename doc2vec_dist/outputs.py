@@ -68,6 +68,8 @@ DIR_KINDS = {k.name: k for k in (
           "gensim-corpus-*", "WRITER.json", "training.jsonl"),
          legacy=("LATEST", "checkpoints")),
     Kind("export", "an export", "export", ("part-*.parquet", "vectors.npy", "keys.parquet")),
+    Kind("projector", "a projector export", "export --format projector",
+         ("tensors.tsv", "metadata.tsv", "projector_config.pbtxt")),
     Kind("index", "a faiss index", "index", ("index.faiss", "keys.parquet", "params.json", "vectors.npy")),
     # its entries have common names (validation/, compare/): a folder of the user's holding only such
     # names is not taken for a search, only one with the marker
@@ -84,7 +86,10 @@ DIR_KINDS = {k.name: k for k in (
 )}
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
               "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file",
-              "npy": "an npy matrix with its keys file beside it", "npy-keys": "the keys file of an npy matrix"}
+              "npy": "an npy matrix with its keys file beside it", "npy-keys": "the keys file of an npy matrix",
+              "report": "a report page"}
+# how a report page (report.py) says it is ours: a meta tag in its first lines
+REPORT_MARKER = b'<meta name="generator" content="doc2vec-dist report">'
 
 
 def npy_keys_path(path: str) -> str:
@@ -215,6 +220,8 @@ def file_kind(path: str) -> str | None:
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None
         return data.get(JSON_KEY) if isinstance(data, dict) else None
+    if head.lstrip()[:15].lower() == b"<!doctype html>":
+        return "report" if REPORT_MARKER in head[:4096] else None
     if head[:6] == b"\x93NUMPY":  # ours only beside the keys file export writes with it
         keys = npy_keys_path(path)
         return "npy" if path.endswith(".npy") and os.path.isfile(keys) and file_kind(keys) == "npy-keys" else None
