@@ -78,7 +78,7 @@ DIR_KINDS = {k.name: k for k in (
     # jobs/refresh.py's DAY_DIR: each step's output inside is of its own kind; the marker keeps a second
     # refresh (and other commands) out of it, since a refresh writes only into a new or empty directory
     Kind("refresh", "a daily refresh", "jobs/refresh.py", ("corpus", "model", "exports", "index", "refresh.json",
-                                                          "*.tmp-*"), marked_only=True),
+                                                          "report.html", "*.tmp-*"), marked_only=True),
     # benchmarks/serving_benchmark.py's --work: its synthetic models, export, indexes and results; the marker is
     # what lets its --clean and its steps delete what they find under these names
     Kind("serving-benchmark", "a serving benchmark's work directory", "benchmarks/serving_benchmark.py",
