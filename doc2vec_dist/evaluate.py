@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -75,14 +76,16 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
 
 
 def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None = 20_000, seed: int = 0,
-                 corpus_path: str | None = None, batch: int = 512, baseline: bool = True) -> HeldoutRanks:
+                 corpus_path: str | None = None, batch: int = 512, baseline: bool = True,
+                 gather: Callable[[ModelDir, str, np.ndarray], np.ndarray] | None = None) -> HeldoutRanks:
     """Rank every URL for each user with held-out pairs (heldout_metrics says how), by the model and by
     popularity, and say where each hidden URL landed, up to rank `upto` (what recall@k for every k up to
-    it needs: the report's curve)."""
+    it needs: the report's curve). gather(model, table, rows): how the users' rows are read (default:
+    Model.gather, from the memory-mapped parts; the report streams them)."""
     table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
     found = ModelDir.served(model)
-    doc_keys, vocab = found.keys("docs"), found.keys("words_out")
-    doc_ids = pc.index_in(table.column("key").cast(pa.string()), value_set=doc_keys.cast(pa.string()))
+    vocab = found.keys("words_out")
+    doc_ids = key_rows(found, "docs", table.column("key").cast(pa.string()))
     # the hidden URLs read by the model's URL rule, as infer reads a new user's (urls.py)
     rule = recorded(found.store.path("vocab.arrow"))
     tokens = normalize(table.column("token").cast(pa.string()).combine_chunks(), rule)
@@ -104,14 +107,15 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
     seen = seen_tokens(corpus_path, users)
     # only the evaluated users' rows, from the verified memory-mapped parts: the whole table of 20M
     # users is 8 GB, and with its prior column a second copy (the benchmark's 20M run ran out of 24 GiB)
-    doc_matrix, out_matrix = with_prior(Model(found.path).gather("docs", users), found.read_table("words_out"),
-                                        url_log_prior(found))
+    rows = Model(found.path).gather("docs", users) if gather is None else gather(found, "docs", users)
+    doc_matrix, out_matrix = with_prior(rows, found.read_table("words_out"), url_log_prior(found))
     counts = Corpus(corpus_path).counts()
     # popularity as a score with no ties: minus the rank by count (then id)
     popularity = torch.empty(len(counts), dtype=torch.float32)
     popularity[torch.from_numpy(np.argsort(-counts, kind="stable"))] = -torch.arange(len(counts), dtype=torch.float32)
     batch = max(1, min(batch, SCORES_BYTES // (4 * max(len(counts), 1))))  # one [batch, URLs] float32 matrix
     outs = torch.from_numpy(np.ascontiguousarray(out_matrix.T))
+    del out_matrix  # its transposed copy is what is scored: 0.4 GB less held at 1M URLs
 
     order = np.argsort(docs, kind="stable")
     docs, words = docs[order], words[order]
@@ -138,6 +142,28 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
 
 
 _NONE = np.zeros(0, np.int32)
+
+
+def key_rows(found: ModelDir, table: str, keys: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The row id of each of `keys` in a key table of the model (null where it has none), found by hashing the
+    keys asked for and reading the key file's record batches past them: a 20M-user key table is never held,
+    nor hashed (as a value set of 20M strings it took 3 GB)."""
+    from .checkpoint import KEY_TABLES
+
+    asked = pc.unique(keys)
+    rows = np.full(len(asked), -1, np.int64)
+    name, column = KEY_TABLES[table]
+    with pa.memory_map(found.store.path(name)) as source:
+        reader = pa.ipc.open_file(source)
+        start = 0
+        for b in range(reader.num_record_batches):
+            batch = reader.get_batch(b).column(column).cast(pa.string())
+            hit = pc.index_in(batch, value_set=asked)
+            where = np.flatnonzero(pc.is_valid(hit).to_numpy(zero_copy_only=False))
+            rows[hit.filter(pc.is_valid(hit)).to_numpy()] = start + where
+            start += len(batch)
+    found_rows = pa.array(rows, mask=rows < 0)
+    return pc.take(found_rows, pc.index_in(keys, value_set=asked))
 
 
 def rank_hidden(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, upto: int) -> tuple[np.ndarray, np.ndarray]:

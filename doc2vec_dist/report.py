@@ -55,6 +55,8 @@ SAMPLE = 2000          # users, and URLs, on the map
 NEIGHBOURS = 5         # shown for each of the sample queries
 QUERIES = 3            # users, and URLs, whose neighbours are shown
 TOP_K = 100            # recall@k is drawn for k = 1..TOP_K
+MAX_USERS = 5000       # users whose held-out URLs are ranked (a random sample, as evaluate takes): recall@10 to ~0.005
+QUALITY_BATCH = 32     # users scored at a time: a [32, URLs] score matrix per ranking
 COLOURED_HOSTS = 9     # hosts with a colour of their own on the map; the others are grey
 STAGE_ORDER = ("read", "sample", "pull", "wait", "compute", "push", "barrier")
 # what the run section shows first (the rest: a table under it)
@@ -65,7 +67,7 @@ UMAP_EXTRA = "pip install 'doc2vec-dist[umap]'"
 
 
 def report(model: str, out: str, heldout: str | None = None, sample: int = SAMPLE, seed: int = 0,
-           max_users: int | None = 20_000) -> dict:
+           max_users: int | None = MAX_USERS) -> dict:
     """Write the page of `model` to `out` (an earlier page is replaced, anything else refused); returns where,
     how long it took, the map's method and the peak memory."""
     from .runners import calm_openmp
@@ -249,8 +251,10 @@ class _Page:
                         "crash) and are left out.</p>")
         if not epochs:
             losses = self.summary.get("loss_per_epoch") or []
-            body.append(f'<p class="note">No training log ({runlog.LOG_FILE}): this model was trained by gensim or by a '
-                        "version of doc2vec-dist before the log; the figures below are its summary's.</p>")
+            body.append(f'<p class="note">{runlog.LOG_FILE} holds no finished epoch: its run stopped in its first one'
+                        if self.lines else f'<p class="note">No training log ({runlog.LOG_FILE}): this model was '
+                        "trained by gensim or by a version of doc2vec-dist before the log")
+            body.append("; the figures below are its summary's.</p>" if losses else ".</p>")
             if losses:
                 body.append(self._loss_figure(list(range(1, len(losses) + 1)), losses))
             self.add("training", "Training", "".join(body))
@@ -363,7 +367,9 @@ class _Page:
     def quality_section(self, heldout: str, max_users: int | None, seed: int) -> None:
         from .evaluate import rank_heldout
 
-        found = rank_heldout(self.found.path, heldout, TOP_K, max_users=max_users, seed=seed)
+        # scored QUALITY_BATCH users at a time (evaluate's 512 hold 4 GB of scores at 1M URLs), their rows streamed
+        found = rank_heldout(self.found.path, heldout, TOP_K, max_users=max_users, seed=seed, batch=QUALITY_BATCH,
+                             gather=_streamed_rows)
         ks = np.arange(1, TOP_K + 1)
         quality = {name: {"recall": [float(found.recall(name, k).mean()) for k in ks],
                           "mrr": float(found.reciprocal[name].mean())} for name in found.ranks}
@@ -433,7 +439,7 @@ class _Page:
         tokens = vocab.column("token")
         url_hosts = hosts(tokens.take(pa.array(url_ids))).to_pylist()
         user_hosts = most_visited_hosts(user_tokens, tokens)
-        users = unit_rows(model.gather("docs", user_ids))
+        users = unit_rows(_streamed_rows(found, "docs", user_ids))
         urls = unit_rows(model.gather("words_out", url_ids))
         (user_xy, url_xy), method = _project([users, urls], seed)
         palette = _palette([h for h in url_hosts + user_hosts if h])
@@ -482,7 +488,8 @@ class _Page:
         # similar users among the map's users (cosine)
         similar = users[picked] @ users.T if len(picked) else np.zeros((0, 0))
         prior = url_log_prior(found)
-        user_rows = model.gather("docs", user_ids[picked]) if len(picked) else np.zeros((0, users.shape[1]), np.float32)
+        user_rows = _streamed_rows(found, "docs", user_ids[picked]) if len(picked) else \
+            np.zeros((0, users.shape[1]), np.float32)
         url_rows = unit_rows(model.gather("words_out", np.array(url_picks, np.int64)))
         likely, near = _scan_words_out(found, user_rows, [user_tokens[i] for i in picked], prior, url_rows,
                                        np.array(url_picks, np.int64), NEIGHBOURS)
@@ -629,6 +636,23 @@ def _project(matrices: list[np.ndarray], seed: int) -> tuple[list[np.ndarray], s
         _, _, vt = np.linalg.svd(centred, full_matrices=False)
         found.append(centred @ vt[:2].T)
     return found, "PCA"
+
+
+def _streamed_rows(found: ModelDir, table: str, rows: np.ndarray) -> np.ndarray:
+    """Rows of a table by id, read in one pass over its parts a record batch at a time (ModelDir.batches, which
+    verifies each part and drops each batch's pages once read). Not Model.gather: a sample is spread over the
+    whole table, and each row read through the memory map maps a whole large folio (~1 MB here), so 2,000 users
+    of a 20M-user table made 2 GiB resident; streamed, the process holds one batch."""
+    wanted = np.asarray(rows, np.int64)
+    order = np.argsort(wanted, kind="stable")
+    ordered = wanted[order]
+    out = np.zeros((len(wanted), found.spec(table)["dim"]), np.float32)
+    for part in range(len(found.spec(table)["parts"])):
+        for ids, vectors in found.batches(table, part):
+            at = np.minimum(np.searchsorted(ordered, ids), len(ordered) - 1)
+            hit = np.flatnonzero(ordered[at] == ids) if len(ordered) else np.zeros(0, np.int64)
+            out[order[at[hit]]] = vectors[hit]
+    return out
 
 
 def _scan_words_out(found: ModelDir, user_rows: np.ndarray, seen: list[np.ndarray], prior: np.ndarray,
