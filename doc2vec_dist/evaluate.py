@@ -110,9 +110,9 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
     rows = Model(found.path).gather("docs", users) if gather is None else gather(found, "docs", users)
     doc_matrix, out_matrix = with_prior(rows, found.read_table("words_out"), url_log_prior(found))
     counts = Corpus(corpus_path).counts()
-    # popularity as a score with no ties: minus the rank by count (then id)
-    popularity = torch.empty(len(counts), dtype=torch.float32)
-    popularity[torch.from_numpy(np.argsort(-counts, kind="stable"))] = -torch.arange(len(counts), dtype=torch.float32)
+    # popularity ranks by count (then id), with no ties: each URL's place in that order
+    popularity = np.empty(len(counts), np.int64)
+    popularity[np.argsort(-counts, kind="stable")] = np.arange(len(counts))
     batch = max(1, min(batch, SCORES_BYTES // (4 * max(len(counts), 1))))  # one [batch, URLs] float32 matrix
     outs = torch.from_numpy(np.ascontiguousarray(out_matrix.T))
     del out_matrix  # its transposed copy is what is scored: 0.4 GB less held at 1M URLs
@@ -121,9 +121,7 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
     docs, words = docs[order], words[order]
     user_of_pair = np.searchsorted(users, docs)  # 0..len(users)-1
     scorers = {"model": lambda a, b: torch.from_numpy(doc_matrix[a:b]) @ outs}
-    if baseline:
-        scorers["popularity"] = lambda a, b: popularity.expand(b - a, -1).clone()
-    results = {name: ([], []) for name in scorers}
+    results = {name: ([], []) for name in [*scorers, *(["popularity"] if baseline else [])]}
     for a in range(0, len(users), batch):
         b = min(a + batch, len(users))
         p0, p1 = np.searchsorted(user_of_pair, [a, b])
@@ -137,11 +135,33 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
             ranks, reciprocal = rank_hidden(scores, rows, cols, upto)
             results[name][0].append(ranks)
             results[name][1].append(reciprocal)
+        if baseline:  # the same ranking every user shares: counted, without a [batch, URLs] matrix of it
+            ranks, reciprocal = popularity_ranks(popularity, user_of_pair[p0:p1] - a, words[p0:p1], mine, upto)
+            results["popularity"][0].append(ranks)
+            results["popularity"][1].append(reciprocal)
     return HeldoutRanks(upto, users, user_of_pair, {name: np.concatenate(r) for name, (r, _) in results.items()},
                         {name: np.concatenate(q) for name, (_, q) in results.items()}, users_with_pairs, int(skipped))
 
 
 _NONE = np.zeros(0, np.int32)
+
+
+def popularity_ranks(place: np.ndarray, rows: np.ndarray, cols: np.ndarray, seen: list[np.ndarray],
+                     upto: int) -> tuple[np.ndarray, np.ndarray]:
+    """rank_hidden for the popularity ranking (`place`: each URL's place in it, from 0), counted: a hidden URL's
+    URLs ranked above it are those placed before it less the user's seen ones among them (its place in the
+    order, less how many of its seen URLs come before); a seen hidden URL counts as `upto`, as at -inf."""
+    placed = [np.unique(place[s]) for s in seen]  # each user's seen URLs' places, sorted
+    hidden = place[cols]
+    before = np.array([np.searchsorted(placed[r], h) for r, h in zip(rows.tolist(), hidden.tolist())], np.int64)
+    is_seen = np.array([i < len(placed[r]) and placed[r][i] == h
+                        for r, h, i in zip(rows.tolist(), hidden.tolist(), before.tolist())], bool)
+    ranks = np.where(is_seen, upto, np.minimum(hidden - before, upto)).astype(np.int32)
+    best = np.full(len(seen), len(place), np.int64)  # the best placed hidden URL not seen, per user
+    np.minimum.at(best, rows[~is_seen], hidden[~is_seen])
+    higher = np.array([b - np.searchsorted(placed[r], b) if b < len(place) else len(place) - len(placed[r])
+                       for r, b in enumerate(best.tolist())], np.float64)
+    return ranks, 1.0 / (1 + higher)
 
 
 def key_rows(found: ModelDir, table: str, keys: pa.Array | pa.ChunkedArray) -> pa.Array:
