@@ -11,10 +11,14 @@ first pulls.
     python benchmarks/feed_rate.py --corpus CORPUS                                      # the defaults: exact CPU kernel
     python benchmarks/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml       # on a GPU machine
     python benchmarks/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml --no-ray   # ... without Ray
+    python benchmarks/feed_rate.py --corpus CORPUS --config jobs/configs/gpu.yaml --device cpu   # no GPU: the CPU as the device
 
 With --no-ray the servers are ParameterServer objects in this process, each on a thread of its own
 (client.LocalServer): what the host side costs without Ray's object store, and a run on a machine
 that has no Ray. On the token path "nothing" also replaces drawing the examples on the device.
+With --device cpu the worker runs the GPU worker's path (the batched kernel, its rows staged on a device)
+with the CPU as the device, as `DOC2VEC_DIST_STAGED_ON_CPU=1` runs it under `train`: that path's host
+side, measured where there is no GPU.
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ from doc2vec_dist.errors import UserError
 from doc2vec_dist.logs import to_terminal
 
 
-def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, compute=None):
+def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, compute=None, staged: bool | None = None):
     """Parameter servers for `corpus_path` and the real worker 0 of a one-worker run against them:
     (servers, worker, close). The servers are Ray actors, or (use_ray False) ParameterServer objects
     in this process, each on a thread of its own (client.LocalServer). compute: worker.Compute (None:
-    the real kernels)."""
+    the real kernels). staged: whether the worker runs the device path (None: where it has a GPU)."""
     from doc2vec_dist import client
     from doc2vec_dist import worker as worker_mod
     from doc2vec_dist.corpus import Corpus
@@ -69,26 +73,33 @@ def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, comp
 
     try:
         worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, config, servers, tables,
-                                   compute=compute)
+                                   compute=compute, staged=staged)
     except BaseException:
         close()
         raise
     return servers, worker, close
 
 
-def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True, timed: int = 1) -> dict:
+def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = True, timed: int = 1,
+         staged: bool | None = None) -> dict:
     """One worker's last `timed` epochs of `config.epochs` (more than `timed`: the first pulls the URL
     rows), with the real kernel or with none; its servers Ray actors, or (use_ray False)
-    ParameterServer objects in this process, each on a thread of its own."""
+    ParameterServer objects in this process, each on a thread of its own. staged: as one_worker.
+
+    The worker runs them as epochs of a longer run: the end of a run's last epoch, and each checkpoint,
+    write back the rows a worker keeps resident across epochs (TrainConfig.writes_back_at_end_of), which is a
+    checkpoint's work, on its clock. That write-back is timed apart, after the timed epochs, as a
+    checkpoint's pause makes it ("write_back_seconds", and its bytes)."""
     from doc2vec_dist import worker as worker_mod
 
     # every kernel (batched, exact, exact drawing its own examples) and the device's example drawing
     nothing = worker_mod.Compute(batched=lambda *args, **kwargs: 0.0, exact=lambda *args, **kwargs: 0.0,
                                  tokens=lambda *args, **kwargs: (0.0, 0), device_examples=_no_examples)
-    _, worker, close = one_worker(corpus_path, config, use_ray, compute=None if kernel else nothing)
+    longer = dataclasses.replace(config, epochs=config.epochs + 1)  # the timed epochs are not the run's last
+    _, worker, close = one_worker(corpus_path, longer, use_ray, compute=None if kernel else nothing, staged=staged)
     first = config.epochs - timed
     assert first >= 1, "the timed epochs follow at least one"
-    tokens, seconds, split = 0, 0.0, {}
+    tokens, seconds, split, moved = 0, 0.0, {}, {}
     try:
         for epoch in range(first):
             worker.run_epoch(epoch)
@@ -98,12 +109,21 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = Tr
             seconds += time.perf_counter() - t0
             tokens += stats["tokens"]
             split = {k: split.get(k, 0.0) + v for k, v in stats["seconds"].items()}
+            moved = {k: moved.get(k, 0) + v for k, v in stats["bytes"].items()}
+        t0 = time.perf_counter()
+        worker.pause()  # idle: what a checkpoint's pause writes back
+        write_back = time.perf_counter() - t0
+        worker.resume()
+        written = sum(worker.progress()["bytes"].values())
     finally:
         close()
     return {"kernel": kernel, "servers": "Ray actors" if use_ray else "in this process", "device": str(worker.device),
+            "staged": bool(worker.staged),
             "tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_second": tokens / seconds, "macro_batch": worker.macro_batch,
-            "worker_seconds": {k: round(v, 3) for k, v in split.items()}}
+            "worker_seconds": {k: round(v, 3) for k, v in split.items()},
+            "bytes_per_token": {k: round(v / max(tokens, 1), 2) for k, v in moved.items()},
+            "write_back_seconds": round(write_back, 3), "write_back_bytes": written}
 
 
 def _no_examples(doc_rows, offsets, tokens, tables, negative, gen, micro_batch, shape=None):
@@ -118,8 +138,11 @@ def _no_examples(doc_rows, offsets, tokens, tables, negative, gen, micro_batch, 
 def line(r: dict) -> str:
     parts = worker_split(r["worker_seconds"], digits=2)
     what = "kernel on " + r["device"] if r["kernel"] else "no kernel (the feed ceiling)"
+    moved = sum(r["bytes_per_token"].values())
     return (f"{what:<30} {r['tokens_per_second'] / 1e6:6.2f}M tokens/s  ({r['tokens']:,} tokens in "
-            f"{r['seconds']:.2f}s)\n    {parts}")
+            f"{r['seconds']:.2f}s; {moved:.1f} bytes a token to and from the servers)\n    {parts}\n"
+            f"    a checkpoint's write-back of the rows kept resident: {r['write_back_seconds']:.2f}s, "
+            f"{r['write_back_bytes'] / 2**20:.1f} MiB")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,12 +155,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-kernel-only", action="store_true", help="only the run without the kernel")
     ap.add_argument("--no-ray", action="store_true",
                     help="servers as objects in this process, each on a thread of its own: no Ray needed")
+    ap.add_argument("--device", choices=("config", "cuda", "cpu"), default="config",
+                    help="where the worker computes: as the config says (a GPU where gpus_per_worker > 0), on CUDA, "
+                         "or the GPU worker's path with the CPU as the device (default: config)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
     try:
         config = build(TrainConfig, load_yaml(args.config) if args.config else {},
                        {"num_ps": args.num_ps}).validate()
-        config = dataclasses.replace(config, epochs=args.epochs, num_workers=1, progress=False, checkpoint_every=0)
+        config = dataclasses.replace(config, epochs=args.epochs, num_workers=1, progress=False)
+        staged = None
+        if args.device != "config":  # the device path whichever the device: the batched kernel, staged
+            config = dataclasses.replace(config, gpus_per_worker=1 if args.device == "cuda" else 0,
+                                         kernel="batched").validate()
+            staged = True
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -153,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
         local_ray(max(os.cpu_count() or 1, config.num_ps + 1), logging_level="ERROR", log_to_driver=False)
     try:
-        runs = [feed(args.corpus, config, kernel, use_ray=not args.no_ray)
+        runs = [feed(args.corpus, config, kernel, use_ray=not args.no_ray, staged=staged)
                 for kernel in ((False,) if args.no_kernel_only else (False, True))]
     except RuntimeError as exc:  # e.g. --gpus-per-worker on a machine without CUDA
         print(f"error: {exc}", file=sys.stderr)

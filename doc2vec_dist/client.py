@@ -306,13 +306,15 @@ class ParameterClient:
         self.batches_since_sync = 0
 
     def hold_documents(self, ids: np.ndarray) -> None:
-        """Keep the document rows `ids` (ascending: every document this worker reads) resident too, the
-        head of `inputs` after any words rows: pulled at the next sync, pushed by syncs with docs=True
-        (the epoch's end, checkpoints), never pulled or pushed by a macro-batch. Kept grouped by server:
-        the epoch's push of a worker's documents is then slices, not a reordering of all of them (on the
-        200k corpus most of the time the other worker waited for at the epoch's end)."""
+        """Keep the document rows `ids` (ascending: every document this worker reads, or a partition of
+        them) resident too, the head of `inputs` after any words rows: pulled at the next sync, written
+        back by syncs with docs=True (checkpoints, the run's end) or write_documents, never pulled or
+        pushed by a macro-batch. Kept grouped by server: the push of a worker's documents is then
+        slices, not a reordering of all of them (on the 200k corpus most of the time the other worker
+        waited for at the epoch's end)."""
         self.docs = Held.of(ids, self.num_shards, grouped=True)
-        self.docs_held = False
+        self.docs_held = self.docs_dirty = False
+
     def release(self) -> None:
         """The resident rows, pushed home, are no longer this worker's: the next sync pulls afresh."""
         self.held = False
@@ -491,8 +493,9 @@ class ParameterClient:
             self.uses += np.bincount(used[used < self.resident], minlength=self.resident)
 
     def trained(self) -> None:
-        """One more macro-batch trained the resident rows."""
+        """One more macro-batch trained the resident rows (its documents' among them, where held)."""
         self.batches_since_sync += 1
+        self.docs_dirty = self.docs_dirty or self.docs_held
 
     def sync_due(self) -> bool:
         """Whether several workers' resident rows are due to meet at the servers (CACHE_SYNC_BATCHES)."""
@@ -555,9 +558,8 @@ class ParameterClient:
                     self.push_resident(read(table), label, assign=True, table=table)
             self.batches_since_sync = 0
             self.taken = False
-        if push and docs and self.docs_held and self.docs_dirty:
-            self.push_resident(read("docs"), label, assign=True, table="docs")
-            self.docs_dirty = False
+        if push and docs:
+            self.write_documents(read, label)
 
         def pull_table(table: str) -> None:
             out = into(table) if into is not None else None
@@ -574,6 +576,14 @@ class ParameterClient:
             pull_table("docs")
             self.docs_held = True
         return handed
+
+    def write_documents(self, read, label: str) -> None:
+        """Write the resident documents' rows back over the servers' (`read("docs")`: in the worker's
+        layout of them), where trained since they were pulled or last written: a partition of them
+        (hold_documents) that the worker is done with for now."""
+        if self.docs_held and self.docs_dirty:
+            self.push_resident(read("docs"), label, assign=True, table="docs")
+            self.docs_dirty = False
 
     def _held(self, table: str) -> Held:
         return self.docs if table == "docs" else self.urls

@@ -223,9 +223,18 @@ class TrainConfig:
     wait_for_resources: float = _f(600, "seconds to wait for the autoscaler to add the nodes a run needs before it is "
                                         "refused (0: refuse at once); a cluster that cannot grow is refused at once",
                                    engine=True)
+    device_memory: float | None = _f(None, "GiB a worker may keep its documents' rows in across epochs (a GPU worker "
+                                           "on its device): where its share of them needs more, they are cut "
+                                           "into partitions that fit, each held in turn and swapped as the worker "
+                                           "passes from one to the next (default: on a GPU worker three quarters "
+                                           "of its share of its device's free memory at its start, less its URL "
+                                           "rows; on a CPU "
+                                           "worker 2 GiB, beyond which each macro-batch pulls and pushes its "
+                                           "documents' rows)", engine=True)
     progress: bool = _f(True, "show a progress bar", flag=False)
-    resident_docs: bool = _f(True, "on the block schedule, each worker keeps its documents' rows for the epoch; the "
-                                   "trainer turns it off where only that makes the run fit the cluster's memory",
+    resident_docs: bool = _f(True, "on the token path (the block schedule, or one worker holding every URL row), each "
+                                   "worker keeps its documents' rows for the run; the trainer turns it off where "
+                                   "only that makes the run fit the cluster's memory",
                              flag=False, engine=True)
 
     def __post_init__(self) -> None:
@@ -262,14 +271,46 @@ class TrainConfig:
         row_bytes = 4 * self.table("words_out", words_out_rows).width
         return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
 
-    def resident_documents(self, num_docs: int) -> int:
-        """Rows of docs each worker keeps resident for the run: on the block schedule, its share of
-        the documents (none else writes them), where they fit RESIDENT_AUTO_BYTES; else none (each
-        macro-batch pulls and pushes its own)."""
-        if not self.blocks() or not self.resident_docs:
-            return 0
+    def resident_documents(self, num_docs: int, words_out_rows: int) -> int:
+        """Rows of docs each worker holds resident at once (document_partitions): its share of the
+        documents, or of one partition of them; none where each macro-batch pulls and pushes its own."""
+        partitions = self.document_partitions(num_docs, words_out_rows)
         share = -(-num_docs // self.num_workers)
-        return share if share * 4 * self.table("docs", num_docs).width <= RESIDENT_AUTO_BYTES else 0
+        return -(-share // partitions) if partitions else 0
+
+    def document_partitions(self, num_docs: int, words_out_rows: int, share: int | None = None,
+                            free_bytes: int | None = None) -> int:
+        """How a worker keeps its share of the documents' rows (`share` rows; None: num_docs / workers)
+        on the token path (the block schedule, or one worker holding every URL row), where no one else
+        writes them: 1, resident for the run (pulled once, written back at checkpoints and at the end);
+        P > 1, cut into P partitions that each fit, held one at a time and swapped where the worker's
+        walk of its documents passes from one to the next; 0, pulled and pushed with each macro-batch.
+
+        They fit --device-memory where it is given. Otherwise a GPU worker's fit `free_bytes` (what its
+        device has free for them, which the worker measures; unknown, as to the driver: they fit), and
+        a CPU worker's RESIDENT_AUTO_BYTES of its host's memory, beyond which they stream as before."""
+        if not self.token_path(words_out_rows) or not self.resident_docs:
+            return 0
+        share = -(-num_docs // self.num_workers) if share is None else share
+        need = share * 4 * self.table("docs", num_docs).width
+        if self.device_memory is not None:
+            room = int(self.device_memory * 2**30)
+        elif self.gpus_per_worker > 0:
+            room = need if free_bytes is None else free_bytes
+        elif need > RESIDENT_AUTO_BYTES:
+            return 0
+        else:
+            return 1
+        return int(min(max(share, 1), max(1, -(-need // max(room, 1)))))
+
+    def writes_back_at_end_of(self, epoch: int) -> bool:
+        """Whether a worker writes the rows it keeps resident across epochs (its documents' on the token path;
+        one worker's URL rows) back to the servers at the end of `epoch`: at the run's last, and with
+        --checkpoint-every 0 at every one, so that a worker restarted from an epoch's start finds them
+        there. Otherwise they stay in the worker into the next epoch, and the checkpoint the driver takes
+        at each epoch's end fetches them (Worker.pause): moved once an epoch either way, on the
+        checkpoint's clock rather than the epoch's."""
+        return epoch >= self.epochs - 1 or self.checkpoint_every <= 0
 
     def token_path(self, words_out_rows: int) -> bool:
         """Whether a worker trains straight from the tokens, its examples drawn where the kernel runs
@@ -357,6 +398,7 @@ class TrainConfig:
             (self.cache_rows is None or self.cache_rows >= 0, "cache_rows must be >= 0"),
             (self.resume_from is None or bool(re.fullmatch(r"v?[1-9][0-9]*", self.resume_from)),
              f"resume_from must be a checkpoint version like v9, not {self.resume_from!r}"),
+            (self.device_memory is None or self.device_memory > 0, "device_memory must be > 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -13,7 +13,8 @@ what they write: the corpus is the same whichever runs it.
     spill    pass 2: a block's events (or a slice of a base) mapped to word ids, in one spill file per
              block whose record batches each hold one bucket's events, in input order
     shard    pass 3: a bucket's events from every spill, grouped into documents, deduplicated (and, with
-             a base, rid of the events it has: sent_again), capped, held out and written as shard b
+             a base, rid of the events it has: sent_again, counted by input block), capped, held out and
+             written as shard b
              (with each token's time, given a time column), with the bucket's new documents and
              held-out pairs beside it
     renumber a shard written before the id of its first new document was known (Ray tasks run
@@ -251,11 +252,13 @@ class Settings:
         return os.path.join(self.tmp, "parts")
 
     def spill_schema(self) -> pa.Schema:
-        # with a base: a time for every event (a base's own tokens at theirs, or before the new events: -inf)
-        # and the base id of the document each row belongs to (-1: a new event)
+        # with a base: a time for every event (a base's own tokens at theirs, or before the new events: -inf),
+        # the input block each event came from (-1: a base's token), so that pass 3 counts the events the base
+        # has file by file, and the base id of the document each row belongs to (-1: a new event)
         timed = self.has_time or self.base_rows
         return pa.schema([("key", pa.string()), ("token", pa.int32())]
                          + ([("time", pa.float64())] if timed else [])
+                         + ([("block", pa.int32())] if self.base is not None else [])
                          + ([("base", pa.int64())] if self.base_rows else []))
 
     def stop_path(self) -> str:
@@ -519,7 +522,8 @@ def _spill_batches(part: Block | BasePart, s: Settings, schema: pa.Schema, tick)
             for batch in docs.to_batches():
                 yield pa.RecordBatch.from_arrays(
                     [batch.column(0), pa.array(np.full(batch.num_rows, -1, np.int32)),
-                     pa.array(np.full(batch.num_rows, -np.inf)), batch.column(1)], schema=schema), 0
+                     pa.array(np.full(batch.num_rows, -np.inf)), _no_block(batch.num_rows), batch.column(1)],
+                    schema=schema), 0
         else:
             keys = base.docs.column("key")
             for doc_ids, offsets, tokens, times in shard_batches(base.corpus.shard_paths[part.start]):
@@ -530,23 +534,31 @@ def _spill_batches(part: Block | BasePart, s: Settings, schema: pa.Schema, tick)
                     times = np.full(len(tokens), -np.inf)
                 yield pa.RecordBatch.from_arrays(
                     [keys.take(pa.array(docs)).combine_chunks(), pa.array(tokens, pa.int32()),
-                     pa.array(times, pa.float64()), pa.array(docs)], schema=schema), 0
+                     pa.array(times, pa.float64()), _no_block(len(tokens)), pa.array(docs)], schema=schema), 0
         return
     for chunk in read_block(part, s.opt, BlockState(part.unit)):
         if tick:
             tick(chunk.rows)
-        yield mapped(chunk, part.path, s, schema), chunk.rows
+        yield mapped(chunk, part.path, s, schema, part.index), chunk.rows
 
 
-def mapped(chunk: Chunk, path: str, s: Settings, schema: pa.Schema) -> pa.RecordBatch:
+def _no_block(n: int) -> pa.Array:
+    """The block column of a base's rows: from no input block."""
+    return pa.array(np.full(n, -1, np.int32))
+
+
+def mapped(chunk: Chunk, path: str, s: Settings, schema: pa.Schema, block: int = -1) -> pa.RecordBatch:
     """A chunk of a file's events as pass 2 spills them: in the window, tokens as word ids (-1 out of the
-    vocabulary), out-of-vocabulary rows dropped but for one of each key that has no other (keep_mask)."""
+    vocabulary), out-of-vocabulary rows dropped but for one of each key that has no other (keep_mask);
+    with a base, each marked with `block`, the index of the input block (readers.Block.index) it is of."""
     chunk = windowed(chunk, s, path)
     ids = _token_ids(s.vocab_path()).lookup(chunk.token)
     keep = keep_mask(chunk.key, ids)
     columns = [chunk.key, pa.array(ids)]
     if "time" in schema.names:
         columns.append(pa.array(chunk.time if chunk.time is not None else np.zeros(len(ids))))
+    if "block" in schema.names:
+        columns.append(pa.array(np.full(len(ids), block, np.int32)))
     if s.base_rows:
         columns.append(pa.array(np.full(len(ids), -1, np.int64)))
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
@@ -674,12 +686,21 @@ class Events:
     time_range: tuple[float, float] | None = None
     input_users: int = 0       # with a base: keys that the inputs hold, and of those the base knows
     known_input_users: int = 0
+    blocks: np.ndarray | None = None         # with a base: the input block of each event (-1: a base's token)
+    in_base_blocks: tuple[np.ndarray, np.ndarray] | None = None  # (block, count) of the in_base events
+    early_blocks: tuple[np.ndarray, np.ndarray] | None = None    # (block, count) of the early events
 
     def drop(self, dropped: np.ndarray) -> None:
         keep = ~dropped
         self.codes, self.tokens, self.fresh = self.codes[keep], self.tokens[keep], self.fresh[keep]
         if self.times is not None:
             self.times = self.times[keep]
+        if self.blocks is not None:
+            self.blocks = self.blocks[keep]
+
+    def by_block(self, events: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(block, count) of the events of mask `events`: what a file's line in a refresh's report counts."""
+        return _sparse(self.blocks[events]) if self.blocks is not None else None
 
 
 def _events(spills: list[tuple[str, np.ndarray]], s: Settings) -> Events:
@@ -703,6 +724,7 @@ def _events(spills: list[tuple[str, np.ndarray]], s: Settings) -> Events:
     timed = "time" in table.column_names
     times = table["time"].to_numpy() if timed else None
     base_rows = table["base"].to_numpy() if s.base_rows else None
+    blocks = table["block"].to_numpy() if "block" in table.column_names else None
     if timed:  # by key, then time; a base's token before an input event of the same time; ties keep input order
         order = np.lexsort((times, codes) if base_rows is None else (base_rows < 0, times, codes))
     else:
@@ -721,6 +743,8 @@ def _events(spills: list[tuple[str, np.ndarray]], s: Settings) -> Events:
     in_vocab = ev.tokens >= 0  # out of the vocabulary, or a base document's marker row
     ev.codes, ev.tokens = ev.codes[in_vocab], ev.tokens[in_vocab]
     ev.fresh = base_rows[in_vocab] < 0 if base_rows is not None else np.ones(len(ev.codes), bool)
+    if blocks is not None:
+        ev.blocks = blocks[order][in_vocab]
     if s.has_time:
         ev.times = times[order][in_vocab]
         dropped = duplicates(ev.codes, ev.tokens, np.where(ev.fresh, ev.times, np.nan))
@@ -729,7 +753,7 @@ def _events(spills: list[tuple[str, np.ndarray]], s: Settings) -> Events:
         if base_rows is not None and s.join:  # the base's documents are here: its tokens and their times
             ev.base_untimed = int(np.count_nonzero(~ev.fresh & np.isneginf(ev.times)))
             dropped = sent_again(ev.codes, ev.tokens, ev.times, ev.fresh)
-            ev.in_base = int(np.count_nonzero(dropped))
+            ev.in_base, ev.in_base_blocks = int(np.count_nonzero(dropped)), ev.by_block(dropped)
             ev.drop(dropped)
         seen = ev.times[np.isfinite(ev.times)]
         if len(seen):
@@ -747,7 +771,7 @@ def _late(ev: Events, s: Settings) -> None:
     if latest is None:
         return
     early = ev.fresh & (ev.times <= latest)
-    ev.early = int(np.count_nonzero(early))
+    ev.early, ev.early_blocks = int(np.count_nonzero(early)), ev.by_block(early)
     ev.late_users = len(np.unique(ev.codes[early]))
     if not s.join:
         ev.fresh &= ~early
@@ -890,7 +914,7 @@ def _joined(ev: Events, b: int, s: Settings, first_id: int | None) -> Documents:
             shard_times = np.full(len(shard_tokens), -np.inf)
         ev.base_untimed = int(np.count_nonzero(np.isneginf(shard_times)))
         dropped = _sent_again_to(ev, position, old_lengths, shard_tokens, shard_times)
-        ev.in_base = int(np.count_nonzero(dropped))
+        ev.in_base, ev.in_base_blocks = int(np.count_nonzero(dropped)), ev.by_block(dropped)
         ev.drop(dropped)
         _late(ev, s)
     codes, tokens = ev.codes, ev.tokens
@@ -1025,6 +1049,8 @@ class Sharded:
     base_ids: np.ndarray | None = None
     base_lengths: np.ndarray | None = None
     grown: np.ndarray | None = None
+    in_base_blocks: tuple[np.ndarray, np.ndarray] | None = None  # (input block, count) of in_base and of early
+    early_blocks: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def docs_part(s: Settings, b: int) -> str:
@@ -1063,7 +1089,7 @@ def shard(b: int, spills: list[tuple[str, np.ndarray]], s: Settings, first_id: i
                    docs.nothing_hidden, ev.time_range, ev.early, ev.late_users, ev.in_base, ev.base_untimed,
                    ev.input_users, ev.known_input_users, docs.capped,
                    None if docs.new_words is None else _sparse(docs.new_words), docs.base_ids, docs.base_lengths,
-                   docs.grown)
+                   docs.grown, ev.in_base_blocks, ev.early_blocks)
 
 
 def _write_ipc(path: str, schema: pa.Schema, columns: list[pa.Array]) -> None:

@@ -65,8 +65,10 @@ column of its row, and the bound names it)
       them home, so only an epoch's first round pulls them from the servers and its last pushes them
       (vocabulary rows once each way an epoch; with DOC2VEC_DIST_HANDOVER=0 every round pushes
       its block home and pulls the next); one worker pulls its URL rows
-      once and pushes them at each epoch's end; the shared schedule pulls and pushes each
-      macro-batch's unique rows (macro_batch_profile).
+      once and writes them back at each epoch's end (its checkpoint); on the token path a worker's
+      documents' rows are pulled once and written back once an epoch, or, swapped by partition
+      (TrainConfig.document_partitions), pulled and written back once an epoch; the shared schedule
+      pulls and pushes each macro-batch's unique rows (macro_batch_profile).
 """
 
 from __future__ import annotations
@@ -139,14 +141,16 @@ def resident_plan(config: TrainConfig, words_out: TableSpec, docs: TableSpec | N
     trained; in the worker's host memory, or on its GPU. They are float32 there, but for a GPU's words_out
     rows on the token path, which it keeps in the tables' dtype (TrainConfig.half_on_device)."""
     tables = config.resident_tables(words_out.rows)
-    if docs is not None and config.resident_documents(docs.rows):  # the block schedule: its share of the documents
-        tables = {**tables, "docs": config.resident_documents(docs.rows)}
+    if docs is not None and config.resident_documents(docs.rows, words_out.rows):  # the token path: its share of them
+        tables = {**tables, "docs": config.resident_documents(docs.rows, words_out.rows)}
     half = config.half_on_device(words_out.rows)
     url_row = words_out.row_bytes if half else words_out.width * FLOAT_BYTES
     float_rows = sum(tables.values()) - tables["words_out"]
     return {"tables": tables, "bytes": float_rows * words_out.width * FLOAT_BYTES + tables["words_out"] * url_row,
             "all": tables["words_out"] == words_out.rows, "on": "device" if config.gpus_per_worker > 0 else "host",
-            "dtype": config.dtype if half else "float32"}
+            "dtype": config.dtype if half else "float32",
+            # the documents' rows: across epochs (1), swapped by partition (P > 1), or with each macro-batch (0)
+            "document_partitions": config.document_partitions(docs.rows, words_out.rows) if docs is not None else 0}
 
 
 def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict, *, ps_overhead: int,
@@ -185,7 +189,8 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     trains_words = config.trains_words() and "words" not in config.resident_tables(corpus.vocab_size)
     # words_out rows 0..resident-1 stay in the worker; on the block schedule, the block it holds
     resident = corpus.vocab_size if config.blocks() else config.resident_rows(corpus.vocab_size)
-    docs_resident = bool(config.resident_documents(corpus.num_docs))
+    # ... and on the token path its documents' rows (document_partitions): no macro-batch pulls them
+    docs_resident = config.document_partitions(corpus.num_docs, corpus.vocab_size) > 0
     seen = []
     for path in corpus.shard_paths:
         for doc_ids, offsets, tokens in iter_shard(path, max_tokens=macro):
@@ -235,10 +240,12 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
     counts, keep = corpus.counts(), keep_probabilities(corpus.counts(), cfg.sample)
     blocks = Blocks(counts, keep, workers if cfg.blocks() else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
     epochs = max(cfg.epochs, 1)
-    resident_docs = bool(cfg.resident_documents(corpus.num_docs))
+    partitions = cfg.document_partitions(corpus.num_docs, vocab)
+    resident_docs = bool(partitions)
     if resident_docs:
-        # a worker's documents resident for the run: pulled once, pushed at each epoch's end
-        pulled_docs, pushed_docs = corpus.num_docs / epochs, corpus.num_docs
+        # a worker's documents resident for the run: pulled once, written back once an epoch (the checkpoint
+        # at its end); swapped by partition, each partition pulled and written back once an epoch
+        pulled_docs, pushed_docs = corpus.num_docs / (epochs if partitions == 1 else 1), corpus.num_docs
     else:  # each macro-batch's documents, in every block their tokens fall in
         touched, docs = 0, 0
         for doc_ids, offsets, chunk in itertools.chain.from_iterable(map(iter_shard, corpus.shard_paths)):
@@ -262,9 +269,12 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
                 "resident_pulled": (pulled_urls + resident_docs * pulled_docs) * row / tokens,
                 "resident_pushed": (pushed_urls + resident_docs * pushed_docs) * row / tokens,
                 "handed": handed * row / tokens}
-    # one worker: its URL rows pulled once, pushed at each epoch's end
-    return {"pulled": pulled_docs * row / tokens, "pushed": pushed_docs * row / tokens,
-            "resident_pulled": url_rows / epochs * row / tokens, "resident_pushed": url_rows * row / tokens,
+    # one worker: its URL rows pulled once, written back once an epoch (the checkpoint at its end), its
+    # documents' as above where it holds them
+    return {"pulled": 0.0 if resident_docs else pulled_docs * row / tokens,
+            "pushed": 0.0 if resident_docs else pushed_docs * row / tokens,
+            "resident_pulled": (url_rows / epochs + resident_docs * pulled_docs) * row / tokens,
+            "resident_pushed": (url_rows + resident_docs * pushed_docs) * row / tokens,
             "handed": 0.0}
 
 
@@ -893,6 +903,12 @@ def format_plan(p: dict) -> str:
     lines.append(f"  resident in each worker (its {res['on']} memory): "
                  + (f"{held} = {_gb(res['bytes'])}" if held else "none")
                  + (f" (words_out in {res['dtype']})" if res["dtype"] != "float32" else ""))
+    parts = res.get("document_partitions", 0)
+    lines.append("  documents' rows: " + (
+        "pulled and pushed with each macro-batch" if not parts else
+        "kept in each worker across epochs: pulled once, written back at each checkpoint and the run's end"
+        if parts == 1 else
+        f"swapped by partition: up to {parts} partitions, each pulled and written back once an epoch (--device-memory)"))
 
     def row(label: str, value: str, how: str) -> None:
         lines.append(f"  {label:<34}{value:>14}   {how}")

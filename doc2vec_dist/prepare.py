@@ -324,6 +324,7 @@ class _Pass1:
     read_rows: set = dataclasses.field(default_factory=set)  # the files it read rows from (for Ray Data)
     read_words: int = 0   # distinct tokens of the inputs as read, before the URL rule
     http_words: int = 0   # of which absolute http(s) URLs (what the rule may change)
+    block_events: np.ndarray | None = None  # the events of each block (a refresh's report counts them by file)
 
 
 def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, max_vocab: int | None, runner,
@@ -333,6 +334,7 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     rows = events = key_bytes = null_tokens = empty_tokens = 0
     units: dict[str, str | None] = {}
     read_rows: set[str] = set()
+    block_events = np.zeros(len(blocks), np.int64)
 
     def arrive(i, found):  # the counts merge in any order; what they weigh is freed at once
         if found.counts is not None:
@@ -347,6 +349,7 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
             read_rows.add(blocks[i].path)
         rows += found.rows
         events += found.events
+        block_events[i] = found.events
         key_bytes += found.key_bytes
         null_tokens += found.null_tokens
         empty_tokens += found.empty_tokens
@@ -389,7 +392,7 @@ def _pass1(blocks: list[Block], files: list[str], s: Settings, min_count: int, m
     skips.add("tokens_below_min_count", below)
     skips.add("tokens_beyond_max_vocab", beyond)
     return (_Pass1(rows, events, key_bytes, skips, vocab.combine_chunks(), notes, input_words, known_words, units,
-                   read_rows, read_words=read_words, http_words=http_words),
+                   read_rows, read_words=read_words, http_words=http_words, block_events=block_events),
             _next_units(blocks, reads))
 
 
@@ -431,7 +434,11 @@ def _pass2(parts: list, s: Settings, runner, progress, memory: int, data_files: 
     inputs that hold rows, read through Ray Data (raydata.spill) in place of the parts that are blocks."""
     first = []
     if data_files is not None:
-        first = raydata.spill(data_files, s, units, runner.tasks, progress, memory)
+        blocks = {}  # with a base, a file's events carry its first block's index (raydata.spill)
+        for part in parts if s.base is not None else ():
+            if isinstance(part, Block):
+                blocks.setdefault(part.path, part.index)
+        first = raydata.spill(data_files, s, units, runner.tasks, progress, memory, blocks)
         parts = [p for p in parts if not isinstance(p, Block)]
     spills: list[passes.Spilled] = [None] * len(parts)
     for i, found in _run(runner, passes.spill, [(part, i, s) for i, part in enumerate(parts)], progress, memory,
@@ -456,12 +463,16 @@ class _Pass3:
     refresh: dict | None = None      # with a base: what is new, what grew, what no longer appears
     in_base: int = 0                 # input events a base had, dropped
     capped: passes.Capped = dataclasses.field(default_factory=passes.Capped)  # --max-tokens-per-doc
+    in_base_blocks: np.ndarray | None = None  # with a base: in_base, and early events, of each input block
+    early_blocks: np.ndarray | None = None
 
 
 def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, progress, memory: int,
-           rows: int, base: Base | None) -> _Pass3:
+           rows: int, base: Base | None, blocks: int = 0) -> _Pass3:
     """Every bucket's shard, numbered in bucket order: a bucket's new documents after the earlier
-    buckets'. A bucket that ran before its first id was known is renumbered (passes.renumber)."""
+    buckets'. A bucket that ran before its first id was known is renumbered (passes.renumber). With a
+    base, the events it had and those at or before its latest time are counted for each of the
+    `blocks` input blocks."""
     counts, new_word_counts = np.zeros(vocab_size, np.int64), np.zeros(vocab_size, np.int64)
     next_id = base.num_docs if base is not None else 0
     numbered = 0  # buckets whose results are in, in order: the next one's first id is known
@@ -472,6 +483,7 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
     first_time, last_time = np.inf, -np.inf
     base_lengths = base.docs.column("length").to_numpy().copy() if base is not None else None
     grown = np.zeros(base.num_docs if base is not None else 0, bool)
+    in_base_blocks, early_blocks = np.zeros(blocks, np.int64), np.zeros(blocks, np.int64)
 
     def calls():
         for b in range(s.buckets):
@@ -498,6 +510,9 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
             new_word_counts[found.new_words[0]] += found.new_words[1]
             base_lengths[found.base_ids] = found.base_lengths
             grown[found.grown] = True
+            for merged, counted in ((in_base_blocks, found.in_base_blocks), (early_blocks, found.early_blocks)):
+                if counted is not None:
+                    merged[counted[0]] += counted[1]
     for _ in _run(runner, passes.renumber, renumber):
         pass
     refresh = None
@@ -508,7 +523,8 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
         _write_docs(s, first_ids)
     time_range = [first_time, last_time] if np.isfinite(first_time) else None
     return _Pass3(shards, next_id, int(counts.sum()), counts, total["empty"], total["heldout"], total["duplicates"],
-                  total["single"], total["nothing_hidden"], first_ids, time_range, refresh, total["in_base"], capped)
+                  total["single"], total["nothing_hidden"], first_ids, time_range, refresh, total["in_base"], capped,
+                  in_base_blocks if base is not None else None, early_blocks if base is not None else None)
 
 
 def _new_docs(s: Settings, first_ids: list[int]):
@@ -677,7 +693,8 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
     events of the last N days before the latest one; a known user with none keeps its id and an empty
     row. Counts, and so subsampling and negatives, are the new corpus's. changed.arrow lists the new
     users and those with new events (train --first-epoch changed). corpus.json's "refresh" counts
-    what is new, what grew and what no longer appears. A base that knows none of the inputs' users is
+    what is new, what grew and what no longer appears, and ("files") the events of each input file the
+    base had, so that the report names a cumulative export among files of new events. A base that knows none of the inputs' users is
     an error (it is not an earlier corpus of these events), one that knows fewer than
     LOW_OVERLAP of them a warning.
 
@@ -798,7 +815,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         spills = _pass2(parts, s, runner, bar, memory, [f for f in files if f in p1.read_rows] if data else None,
                         p1.units)
         bar.start("shards")
-        p3 = _pass3(spills, s, len(vocab_tokens), runner, bar, memory, p1.rows, found_base if found_base else None)
+        p3 = _pass3(spills, s, len(vocab_tokens), runner, bar, memory, p1.rows, found_base if found_base else None,
+                    len(blocks))
         if hold_tmp:
             _write_heldout(s, hold_tmp)
         shutil.rmtree(s.spill_dir)
@@ -855,7 +873,9 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if p3.refresh is not None:
-        meta["refresh"] = {**p3.refresh, "mode": "join" if join else "window", "input_events": p1.events}
+        meta["refresh"] = {**p3.refresh, "mode": "join" if join else "window", "input_events": p1.events,
+                           "files": _files_in_base(files, blocks, p1.block_events, p3.in_base_blocks,
+                                                   p3.early_blocks)}
     with open(os.path.join(tmp, "corpus.json"), "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
@@ -884,6 +904,22 @@ def _check_overlap(base: Base, refresh: dict, p1: _Pass1, doc_col: str, window: 
                     "it an earlier corpus or model of these events?")
 
 
+def _files_in_base(files: list[str], blocks: list[Block], events: np.ndarray, in_base: np.ndarray,
+                   early: np.ndarray) -> list[dict]:
+    """corpus.json's refresh.files: each input file with an event the base had, or one at or before its
+    latest time (not_after_base: late data, or with a base without times perhaps the base's own), with
+    its events (pass 1's) and those counts, in input order: the counts of its blocks summed."""
+    position = {f: i for i, f in enumerate(files)}
+    of_file = np.array([position[b.path] for b in blocks], np.int64)
+    per_file = []
+    for counts in (events, in_base, early):
+        summed = np.zeros(len(files), np.int64)
+        np.add.at(summed, of_file, counts)
+        per_file.append(summed)
+    return [{"file": storage.location(files[i]), "events": int(per_file[0][i]), "in_base": int(per_file[1][i]),
+             "not_after_base": int(per_file[2][i])} for i in np.flatnonzero(per_file[1] + per_file[2])]
+
+
 def _union(a: list | None, b: list | None) -> list | None:
     """The time range covering both (either may be None)."""
     if a is None or b is None:
@@ -891,14 +927,16 @@ def _union(a: list | None, b: list | None) -> list | None:
     return [min(a[0], b[0]), max(a[1], b[1])]
 
 
-# A cumulative export given as a day's events: most of the inputs' events are ones the base has.
+# A cumulative export given as a day's events: most of a file's events are ones the base has.
 MOSTLY_OLD = 0.5
+# Files mostly of the base's events named a line each; the rest are counted on one line (corpus.json names each).
+NAMED_FILES = 3
 
 
 def refresh_report(meta: dict) -> list[tuple[int, str]]:
     """What a refresh (prepare --base) changed, as (logging level, line): one line of counts, then a line
-    of its own for each thing to look at (a base without times, inputs that are mostly its events, late
-    events)."""
+    of its own for each thing to look at (a base without times, each input file that is mostly its events,
+    late events)."""
     r = meta["refresh"]
     lines: list[tuple[int, str]] = []
 
@@ -918,23 +956,16 @@ def refresh_report(meta: dict) -> list[tuple[int, str]]:
         "ones without new events" + (f", {r['words_without_tokens']:,} without any token now"
                                      if r["words_without_tokens"] else "")
         + "; ids kept, new ones after (row r lives on server r % S, so new rows spread evenly)")
-    early, events, sent = r.get("events_not_after_base", 0), r.get("input_events") or 0, r.get("events_in_base", 0)
+    early = r.get("events_not_after_base", 0)
     untimed = join and r.get("base_tokens_without_time", 0)
-    named = _name_files(meta.get("input_files") or meta.get("inputs") or [])
     if untimed:
         told = ("keeps no event times (prepared before corpora kept them, or without --time-col)"
                 if not r.get("base_keeps_times") else f"has {untimed:,} token(s) whose time it was never told "
                 "(from a refresh of a base that kept none)")
         say(logging.WARNING, f"{r['base']}: {told}: an input event it already has cannot be told from a new one, "
             "and is joined again; prepare the base anew with --time-col to keep them")
-    if sent and events and sent > MOSTLY_OLD * events:
-        say(logging.WARNING, f"{named} look like a cumulative export: {sent:,} of the inputs' {events:,} events "
-            f"({sent / events:.0%}) were in the base already (the same user, URL and time): dropped, so the "
-            f"documents hold each event once; {events - sent:,} are new")
-    elif untimed and events and early > MOSTLY_OLD * events:
-        say(logging.WARNING, f"{named} may be a cumulative export: {early:,} of the inputs' {events:,} events "
-            f"({early / events:.0%}) are at or before the base's latest time, and the base cannot say which it "
-            "has: if so, its documents now hold those events twice; give the events since the base alone")
+    for line in _mostly_old_files(r.get("files") or [], bool(untimed)):
+        say(logging.WARNING, line)
     if early and join:
         say(logging.INFO, f"{early:,} input event(s) of {r.get('users_with_events_not_after_base', 0):,} user(s) "
             "are at or before the base's latest time "
@@ -944,6 +975,50 @@ def refresh_report(meta: dict) -> list[tuple[int, str]]:
         say(logging.INFO, f"{early:,} input event(s) at or before the base's latest time are taken to be the base's "
             "(a window does not read its documents): not counted as new")
     return lines
+
+
+def _mostly_old_files(files: list[dict], untimed: bool) -> list[str]:
+    """A line for each input file (of corpus.json's refresh.files) whose events are mostly ones the base
+    has: a cumulative export given as a day's events among files of new ones. With a base without times
+    (untimed), which cannot say which it has, a file mostly at or before its latest time is named instead,
+    as one that may be such an export. NAMED_FILES are named in all, the rest counted on one line."""
+    sent = [f for f in files if f["events"] and f["in_base"] > MOSTLY_OLD * f["events"]]
+    early = [f for f in files if untimed and f not in sent and f["events"]
+             and f["not_after_base"] > MOSTLY_OLD * f["events"]]
+    lines = []
+    named = _named(sent, NAMED_FILES)
+    for f in named:
+        lines.append(f"{f['file']} looks like a cumulative export: {_share(f['in_base'], f['events'], 'its')} were "
+                     "in the base already (the same user, URL and time): dropped, so the documents hold each event "
+                     f"once; {f['events'] - f['in_base']:,} are new")
+    if sent[len(named):]:
+        lines.append(_rest_line(sent[len(named):], "in_base", "look like cumulative exports",
+                                "were in the base already: dropped as well"))
+    room = max(0, NAMED_FILES - len(named))
+    named = _named(early, room)
+    for f in named:
+        lines.append(f"{f['file']} may be a cumulative export: {_share(f['not_after_base'], f['events'], 'its')} "
+                     "are at or before the base's latest time, and the base cannot say which it has: if so, the "
+                     "documents now hold those events twice; give the events since the base alone")
+    if early[len(named):]:
+        lines.append(_rest_line(early[len(named):], "not_after_base", "may be cumulative exports",
+                                "are at or before the base's latest time"))
+    return lines
+
+
+def _named(files: list[dict], room: int) -> list[dict]:
+    """The files named a line each, `room` at most: all of them when a single one would be left to count."""
+    return files if len(files) <= room + 1 else files[:room]
+
+
+def _share(found: int, events: int, whose: str) -> str:
+    return f"{found:,} of {whose} {events:,} events ({found / events:.0%})"
+
+
+def _rest_line(files: list[dict], count: str, what: str, how: str) -> str:
+    found, events = sum(f[count] for f in files), sum(f["events"] for f in files)
+    return (f"{len(files):,} more input files {what}: {_share(found, events, 'their')} {how} (corpus.json's "
+            "refresh.files names each)")
 
 
 # A document holding more than this share of all tokens, in a corpus of at least HEAVY_MIN_DOCS documents,

@@ -147,9 +147,10 @@ def _running(s: passes.Settings) -> Iterator[None]:
             os.remove(marker)
 
 
-def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict) -> dict:
+def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict, blocks: dict) -> dict:
     """map_batches' pass 2: a block's events, file by file, in slices of the rows a task's read hands
-    (readers.PARQUET_BATCH_ROWS), mapped by passes.mapped into one spill file (passes.write_spill)."""
+    (readers.PARQUET_BATCH_ROWS), mapped by passes.mapped into one spill file (passes.write_spill), each
+    file's events marked (with a base) by the index of its first readers.Block (`blocks`: file → index)."""
     passes._fault_once(s)
     with _running(s):
         segments = list(_segments(batch))
@@ -162,7 +163,7 @@ def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict) 
                 state = BlockState(units.get(named[path]))
                 for start in range(0, rows.num_rows, PARQUET_BATCH_ROWS):
                     chunk = batch_chunk(rows.slice(start, PARQUET_BATCH_ROWS), named[path], 0, s.opt, state)
-                    yield passes.mapped(chunk, named[path], s, schema), chunk.rows
+                    yield passes.mapped(chunk, named[path], s, schema, blocks.get(named[path], -1)), chunk.rows
 
         spilled = passes.write_spill(os.path.join(s.spill_dir, f"data-{uuid.uuid4().hex}.arrow"), events(), s)
         return _table([_Part(named[segments[0][0]], named[segments[-1][0]], spilled)])
@@ -308,16 +309,18 @@ def _wait_running(folder: str, seconds: float) -> None:
 
 
 def spill(files: list[str], s: passes.Settings, units: dict, tasks: int, progress=None,
-          memory: int = 0) -> list[passes.Spilled]:
+          memory: int = 0, blocks: dict | None = None) -> list[passes.Spilled]:
     """Pass 2 through Ray Data: each block's events mapped and spilled (passes.write_spill), one spill file
     a block, the spills in input order; `files`: the inputs that pass 1 read rows from (a file of no rows,
     whose CSV header or Parquet schema is all it holds, if even that, Ray Data reads otherwise or not at
-    all); `units`: each file's unit of numeric times, as pass 1 found it; each task reserves `memory`."""
+    all); `units`: each file's unit of numeric times, as pass 1 found it; each task reserves `memory`;
+    `blocks`: each file's first readers.Block index, which its events carry where a base is given (a Ray
+    Data block is no readers.Block: a refresh's report counts file by file, so a file's first serves)."""
     if not files:
         return []
     order = {f: i for i, f in enumerate(files)}
     found = []
-    for part in _parts(files, s, _spill_block, {"s": s, "units": units}, tasks, memory):
+    for part in _parts(files, s, _spill_block, {"s": s, "units": units, "blocks": blocks or {}}, tasks, memory):
         if progress is not None:
             progress.update(part.result.rows)
         found.append(part)

@@ -302,6 +302,7 @@ RESUMABLE_CHANGES = frozenset({
     "schedule", "segments", "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
     "checkpoint_every", "keep_checkpoints", "resume", "address", "progress", "wait_for_resources",
     "dtype", "rounding",  # the servers narrow or widen the checkpoint's rows to the run's dtype (precision.py)
+    "device_memory",  # where a worker keeps its documents' rows, not what it trains (Worker: partitions)
 })
 
 
@@ -705,7 +706,8 @@ class _Run:
             report = self.on_epoch and (self.report_at is None or epoch + 1 in self.report_at
                                         or epoch == config.epochs - 1)
             if epoch == config.epochs - 1 or config.checkpoint_every > 0 or report:
-                self._checkpoint(epoch + 1, None, epoch_stats)  # the last epoch's end; every one, when checkpointing
+                # the last epoch's end; every one, when checkpointing
+                self._checkpoint_between_epochs(epoch + 1, epoch_stats, bar)
             if report:
                 self.on_epoch(epoch + 1, {**stats, "wall_seconds": wall})
         bar.close()
@@ -959,6 +961,58 @@ class _Run:
                 with contextlib.suppress(ray.exceptions.RayError):
                     self._get(refs, within=60)
 
+    def _checkpoint_between_epochs(self, epoch: int, epoch_stats: list, bar: tqdm) -> None:
+        """The checkpoint at the start of epoch `epoch`: every worker paused first, which writes back the rows
+        it keeps resident across epochs (Worker.pause; TrainConfig.writes_back_at_end_of), then resumed.
+
+        A worker that died since its epoch ended took with it its rows' updates since the last checkpoint
+        (Ray restarts it) where it kept them across that end. One worker then trains the epoch again from
+        that checkpoint's position, where the servers' rows are that checkpoint's; on the block schedule the
+        others' rounds met its rows, and its documents lose that stretch, as the warning says."""
+        stopping, failed = False, set()
+        try:
+            while True:
+                refs = [w.pause.remote() for w in self.workers]
+                self._settle(refs)
+                died = []
+                for i, ref in enumerate(refs):
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:
+                        died.append((i, _root_cause(exc)))
+                self.worker_restarts += len(died)
+                failed.update(i for i, _ in died)
+                if not died or self.config.writes_back_at_end_of(epoch - 1):  # nothing kept: nothing lost
+                    break
+                if len(self.workers) > 1:
+                    for i, cause in died:
+                        log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} "
+                                    "had its rows: its documents lose their updates since the last checkpoint")
+                    break
+                (i, cause), = died
+                log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} had its "
+                            "rows; training that epoch again from the last checkpoint")
+                with contextlib.suppress(ray.exceptions.RayError):  # (the restarted one is not paused)
+                    self._get([w.resume.remote() for w in self.workers], within=60)
+                last = self.last_positions if self.last_epoch == epoch - 1 else None
+                epoch_stats[-1] = self._run_epoch(epoch - 1, last, bar)
+            self._checkpoint(epoch, None, epoch_stats)
+        except BaseException:
+            stopping = True  # a dead node, Ctrl-C: the actors are about to be killed
+            raise
+        finally:
+            refs = [w.resume.remote() for w in self.workers]
+            if not stopping:
+                with contextlib.suppress(ray.exceptions.GetTimeoutError):
+                    self._settle(refs, within=60)
+                for i, ref in enumerate(refs):  # one that died once the checkpoint had its rows lost nothing
+                    try:
+                        ray.get(ref, timeout=0)
+                    except ray.exceptions.RayActorError:
+                        self.worker_restarts += i not in failed
+                    except ray.exceptions.RayError:
+                        pass
+
     def _checkpoint(self, epoch: int, positions: list[Position] | None, epoch_stats: list) -> None:
         """Write a version: every server's slice, then the manifest with the epochs done and where
         each worker's data stands (None: at the start of epoch `epoch`). A version that cannot be
@@ -1043,10 +1097,15 @@ def _root_cause(exc: Exception) -> str:
     """The innermost error message of a failed actor call, on one line."""
     cause = getattr(exc, "cause", None) or exc
     text = _ANSI.sub("", str(cause)).strip().splitlines()
-    return text[-1] if text else type(cause).__name__
+    if not text:
+        return type(cause).__name__
+    # an actor that died in its __init__ (a worker reading an unreadable shard) carries no cause, only
+    # the remote traceback's text: its last line, without the class name of our own one-line errors
+    return _OUR_ERROR.sub("", text[-1])
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour codes of Ray's remote tracebacks
+_OUR_ERROR = re.compile(r"^doc2vec_dist\.[\w.]*(Error|Stopped): ")  # "doc2vec_dist.corpus.CorpusError: "
 
 
 def _actor_name(key: tuple[str, int]) -> str:

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 import threading
 import time
 import warnings
@@ -37,10 +38,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import client, cpu_kernel, precision
-from .config import RESIDENT_AUTO_BYTES, TableSpec, TrainConfig, lr_at, settle_segments
+from .config import TableSpec, TrainConfig, lr_at, settle_segments
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
-from .ps import load_compiled, ray_node_id
+from .ps import NonFiniteUpdate, load_compiled, ray_node_id
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
 
@@ -58,6 +59,10 @@ SOLE_WRITER_MACRO_BATCH = 262144  # ... and where one worker writes every row it
 DEVICE_MACRO_BATCH = 1048576  # ... and where it does with the examples drawn on its device
 STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
 CHUNK_CACHE_BYTES = 1 << 30  # the block schedule keeps an epoch's chunks split by block within this (_block_chunks)
+# of a GPU's free memory at a worker's start, what its documents' rows may take (the rest: its URL rows, counted
+# apart, and each macro-batch's examples and micro-batches)
+DEVICE_SHARE = 0.75
+SWAP = object()  # run_epoch's next batch is of a partition of its documents other than the one held
 
 
 def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer: bool = False,
@@ -236,12 +241,6 @@ def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_ro
             yield (u, at), (doc_ids, offsets, tokens)
 
 
-def unit_documents(units: list[Unit]) -> np.ndarray:
-    """The ids of the documents a worker's units hold, ascending."""
-    found = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, 1 << 22)]
-    return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
-
-
 def only_documents(chunks, wanted: np.ndarray):
     """read_chunks' chunks with only the documents in `wanted` (sorted doc ids); a chunk left with none
     is skipped. Each keeps its data position, so a run resumed mid-epoch filters the same way."""
@@ -254,6 +253,21 @@ def only_documents(chunks, wanted: np.ndarray):
             token_keep = np.repeat(keep, sizes)
             yield start, (doc_ids[keep], np.concatenate([[0], np.cumsum(sizes[keep])]).astype(np.int64),
                           tokens[token_keep])
+
+
+def document_partitions(walk: list[np.ndarray], count: int) -> list[np.ndarray]:
+    """A worker's documents cut into at most `count` partitions of about equal size, each the ids
+    (ascending) of a run of whole chunks of its walk (`walk`: each chunk's document ids, in the order it
+    reads them, read_chunks of its units at its read size), so that no chunk it trains straddles two
+    (a chunk read from a checkpoint's position, or split by block, is part of one of them), and so that
+    where they fit, cutting them changes no macro-batch, and no bit of what it trains. A partition holds
+    at least one chunk's documents."""
+    walk = [ids for ids in walk if len(ids)]
+    if not walk:
+        return [np.zeros(0, np.int64)]
+    cum = np.concatenate([[0], np.cumsum([len(ids) for ids in walk])])
+    cuts = np.unique(_even_cuts(cum, max(1, min(count, len(walk)))))
+    return [np.sort(np.concatenate(walk[a:b])).astype(np.int64) for a, b in itertools.pairwise(cuts)]
 
 
 @dataclass(frozen=True)
@@ -425,18 +439,38 @@ class Worker:
         # on the block schedule most of a chunk's tokens are in other blocks: it reads num_blocks times as
         # many, so that a macro-batch trains about as many tokens as one worker's
         self.read_tokens = self.macro_batch * self.num_blocks
-        # ... and, where they fit RESIDENT_AUTO_BYTES, it keeps its documents' rows for the whole run (no
-        # one else writes them): pulled once, pushed at each epoch's end and checkpoint, instead of
-        # pulled and pushed once per round
-        own = unit_documents(units) if config.resident_documents(tables["docs"].rows) else None
-        self.docs_head = len(own) if own is not None and len(own) * self.width * 4 <= RESIDENT_AUTO_BYTES else 0
+        # ... and on the token path it keeps its documents' rows (no one else writes them) for the whole
+        # run: pulled once, written back at checkpoints and at the run's end
+        # (TrainConfig.writes_back_at_end_of), instead of pulled and pushed with every macro-batch; where
+        # they do not fit, in partitions held one at a time (TrainConfig.document_partitions,
+        # document_partitions), swapped as its walk passes from one to the next
+        self.partitions: list[np.ndarray] = []
+        if config.document_partitions(tables["docs"].rows, words_out.rows):
+            walk = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, self.read_tokens)]
+            share = sum(len(ids) for ids in walk)
+            free = self._device_room(words_out) if use_cuda and config.device_memory is None else None
+            count = config.document_partitions(tables["docs"].rows, words_out.rows, share=share, free_bytes=free)
+            self.partitions = document_partitions(walk, count)
+            if len(self.partitions) > 1:
+                log.info(f"worker {index}: its {share:,} documents' rows do not fit its "
+                         f"{'--device-memory' if config.device_memory else 'device'}: held in {len(self.partitions)} "
+                         "partitions, one at a time")
+        # which partition each of its documents is in (ids ascending), where there are several; the one held
+        self._partition_ids = np.concatenate(self.partitions) if len(self.partitions) > 1 else None
+        self._partition_of = (np.repeat(np.arange(len(self.partitions)), [len(p) for p in self.partitions])
+                              if self._partition_ids is not None else None)
+        if self._partition_ids is not None:
+            order = np.argsort(self._partition_ids)
+            self._partition_ids, self._partition_of = self._partition_ids[order], self._partition_of[order]
+        self.partition = 0
+        self.docs_head = len(self.partitions[0]) if self.partitions else 0
         self.client = client.ParameterClient(
             servers, {name: spec.rows for name, spec in tables.items()}, workers=config.num_workers,
             resident=self.cached, resident_tables=tuple(resident), sole_writer=self.token_path,
             max_inflight_pushes=config.max_inflight_pushes, row_bytes=words_out.row_bytes, dtype=words_out.dtype,
             dim=words_out.dim, key=(config.seed, 1, index), rounding=config.rounding)
-        if self.docs_head:
-            self.client.hold_documents(own)
+        if self.partitions:
+            self.client.hold_documents(self.partitions[0])
         self._outputs = self._empty()
         self._inputs = self._empty()
         self._host: dict[str, torch.Tensor] = {}  # host matrices by name, grown as needed (see _assemble)
@@ -459,6 +493,17 @@ class Worker:
         self._position = Position(0)
         self._round = 0  # the round run_epoch trains (the block schedule)
         self._parts: tuple | None = None  # (epoch, [(data position, {block: its part of the chunk})]): _block_chunks
+
+    def _device_room(self, words_out: TableSpec) -> int:
+        """Bytes of its GPU a worker's documents' rows may take (config.document_partitions): DEVICE_SHARE of
+        what the device has free as the worker starts, of its share of the device where workers share one
+        (a fractional --gpus-per-worker: the others measure the same free memory), less the URL rows it
+        will hold there."""
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(self.device)
+        urls = sum(self.config.resident_tables(words_out.rows).values()) * self.width * 4
+        return max(0, int(free * DEVICE_SHARE * min(1.0, self.config.gpus_per_worker)) - urls)
 
     @staticmethod
     def _zero_stats() -> dict:
@@ -541,6 +586,22 @@ class Worker:
         if kept is not None:
             self._parts = (segment, kept)
 
+    def _partition_in(self, item) -> int:
+        """The partition of its documents a chunk (read_chunks' item) is in: one, all its documents'
+        (document_partitions)."""
+        first = item[1][0][0]
+        return int(self._partition_of[np.searchsorted(self._partition_ids, first)])
+
+    def _swap_documents(self, item, label: str) -> None:
+        """Hold the partition of its documents that `item`'s chunk is in: the one held written back to the
+        servers (where trained since it was pulled), the next pulled by the sync that follows. Only between
+        batches, with none in flight: the next batch's layout is of the partition it holds."""
+        self.client.drain()
+        self.client.write_documents(self._read_resident, f"{label}, documents swapped")
+        self.partition = self._partition_in(item)
+        self.docs_head = len(self.partitions[self.partition])
+        self.client.hold_documents(self.partitions[self.partition])
+
     def _units_of(self, round_: int) -> list[Unit]:
         """The units round `round_` trains: all of them, or its segment's (TrainConfig.segments)."""
         if self.rounds == self.num_blocks:
@@ -578,14 +639,19 @@ class Worker:
                 self._cv.wait()
             if self._paused_at is None:
                 # idle: between epochs, or on the block schedule between two rounds of one, waiting for
-                # the others. Its resident documents go home only after the epoch's last round, so
-                # those its rounds so far trained go into the checkpoint now (a run resumed from it
-                # lost them, and trained other vectors than one that never stopped). Under the lock:
-                # a round that starts meanwhile waits.
-                self._sync(f"checkpoint of worker {self.index}", pull=False, docs=True)
+                # the others. The rows it keeps resident (its documents', one worker's URL rows) go home
+                # after an epoch's last round at most, and mostly not even then
+                # (TrainConfig.writes_back_at_end_of), so what it trained since goes into the checkpoint
+                # now (a run resumed from it lost them, and trained other vectors than one that never
+                # stopped). Under the lock: a round that starts meanwhile waits. The pushes are named
+                # after the round it trained last.
+                last = self._position
+                label = (f"epoch {last.epoch}" + (f" round {last.round}" if self.num_blocks > 1 else "")
+                         + f" checkpoint of worker {self.index}")
+                self._sync(label, pull=False, docs=True)
                 # the block it handed over at its round's end: no round starts while a checkpoint is
                 # written, so its next holder has not taken it on, and the servers' copy is older
-                self.client.write_handed(f"checkpoint of worker {self.index}")
+                self.client.write_handed(label)
             return self._paused_at or self._position
 
     def resume(self) -> None:
@@ -641,7 +707,7 @@ class Worker:
         self._round = start.round
         self.stats = self._zero_stats()
         self.stats.update(epoch=epoch, round=start.round, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
-        self.client.traffic = dict.fromkeys(client.TRAFFIC, 0)
+        # (the traffic counters were reset as the last call returned: a checkpoint's write-back since counts here)
         seconds = self.stats["seconds"]
         # drives the learning rate: the tokens of the epochs before this one, and of this one so far
         done_before = (self.first_epoch_tokens + (epoch - 1) * self.tokens_per_epoch if epoch else 0) + start.tokens
@@ -660,14 +726,19 @@ class Worker:
         with self._cv:
             self._running = True
 
+        ahead: list = []  # a chunk read, of a partition of the documents other than the one held
+
         def next_batch():
             nonlocal step_of_next
             t0 = time.perf_counter()
-            item = next(chunks, None)
+            item = ahead.pop() if ahead else next(chunks, None)
             t1 = time.perf_counter()
             seconds["read"] += t1 - t0
             if item is None:
                 return None
+            if self._partition_ids is not None and self._partition_in(item) != self.partition:
+                ahead.append(item)  # trained once the batches in flight are done and its partition is held
+                return SWAP
             # one generator per macro-batch, seeded by its place in the epoch: a run resumed from a
             # position draws the same subsampling and negatives as one that never stopped
             rng = np.random.default_rng(where + [step_of_next])
@@ -686,9 +757,22 @@ class Worker:
             batch = next_batch()
             step = start.step
             t0 = time.perf_counter()
-            self._sync(f"{self._when(epoch)} start of worker {self.index}")
+            if batch is SWAP:  # (the sync below pulls the partition it starts in)
+                self._swap_documents(ahead[0], f"{self._when(epoch)} start of worker {self.index}")
+                batch = next_batch()
+            # (nothing to push: the last epoch's end or checkpoint pushed what it had to; rows kept resident
+            # across epochs wait for the next one)
+            self._sync(f"{self._when(epoch)} start of worker {self.index}", push=False)
             seconds["pull"] += time.perf_counter() - t0
             while batch is not None:
+                if batch is SWAP:  # its walk passes to the next partition of its documents: swap them
+                    t0 = time.perf_counter()
+                    label = f"{self._when(epoch)} step {step} of worker {self.index}"
+                    self._swap_documents(ahead[0], label)
+                    self._sync(label, push=False)
+                    seconds["pull"] += time.perf_counter() - t0
+                    batch = next_batch()
+                    continue
                 if self._hold_if_paused(epoch, batch, step):
                     if arriving is not None:  # rows pulled before the pause are stale
                         arriving.result()
@@ -705,7 +789,8 @@ class Worker:
                         self._arrivals = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrival")
                     arrival = (arriving or self._arrivals.submit(self._arrive, batch, slot)).result()
                     slot = 1 - slot
-                    arriving = self._arrivals.submit(self._arrive, upcoming, slot) if upcoming is not None else None
+                    arriving = (self._arrivals.submit(self._arrive, upcoming, slot) if isinstance(upcoming, Batch)
+                                else None)
                 else:
                     arrival = self._arrive(batch, 0)
                 pulled, local = arrival.pulled, arrival.local
@@ -730,6 +815,10 @@ class Worker:
                 seconds["compute"] += t2 - t1
 
                 label = f"{self._when(epoch)} step {step} of worker {self.index} (alpha {float(alphas[0]):.6g})"
+                if self.partitions and not math.isfinite(loss):
+                    # its documents' rows reach the servers, which refuse non-finite rows, only at checkpoints:
+                    # the batch's loss says at once that they diverged
+                    raise NonFiniteUpdate(f"non-finite loss in {label}; the learning rate is probably too high")
                 trained = True
                 self.client.push(arrival.layout, pulled, local, label)
                 seconds["push"] += time.perf_counter() - t2
@@ -744,12 +833,17 @@ class Worker:
 
             t0 = time.perf_counter()
             self.client.drain()
-            # the resident documents go home once their last round of the epoch is done; the push is
-            # named after the last step trained (its learning rate shows in an error of the push)
+            # the resident documents go home once their last round of the epoch is done, where the epoch's
+            # end writes back (TrainConfig.writes_back_at_end_of; else the checkpoint that follows fetches
+            # them, and they stay here for the next epoch, as one worker's URL rows do); the push is named
+            # after the last step trained (its learning rate shows in an error of the push)
             last = start.round == self.rounds - 1
-            handover = self._sync(f"{self._when(epoch)} end of worker {self.index}"
-                                  + (f", after {label}" if trained else ""), pull=False, docs=last,
-                                  hand=self.handover and self.num_blocks > 1 and not last)
+            keep = last and not cfg.writes_back_at_end_of(epoch)
+            handover = None
+            if not (keep and self.num_blocks == 1):  # (the block schedule's blocks go home whatever its documents do)
+                handover = self._sync(f"{self._when(epoch)} end of worker {self.index}"
+                                      + (f", after {label}" if trained else ""), pull=False, docs=last and not keep,
+                                      hand=self.handover and self.num_blocks > 1 and not last)
             if handover is not None:
                 handover["block"] = self.held.index
             self._release()
@@ -760,7 +854,9 @@ class Worker:
                 self._running = False
                 self._position = self._position_at(epoch, None, step_of_next)
                 self._cv.notify_all()
-        return {**self.progress(), "handover": handover}
+        done = {**self.progress(), "handover": handover}
+        self.client.traffic = dict.fromkeys(client.TRAFFIC, 0)  # what moves from now on is the next call's
+        return done
 
     def _arrive(self, batch: Batch, slot: int) -> Arrival:
         """Wait for the batch's pulled rows and put them where it trains: the compact host matrices

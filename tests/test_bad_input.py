@@ -146,6 +146,18 @@ def _sample_events(t: str) -> bytes:
         return fh.read()
 
 
+def _new_users_events(t: str) -> bytes:
+    """The sample's events twice over as new users' (none of them in {corpus}): with the sample again beside
+    them, under half of all the inputs' events are the base's, so only the sample's file is mostly old."""
+    sample = pq.read_table(SAMPLE_EVENTS)
+    users = pc.binary_join_element_wise("new-", sample["user_id"], "")
+    table = pa.concat_tables([sample.set_column(0, "user_id", pc.binary_join_element_wise(users, suffix, ""))
+                              for suffix in ("-a", "-b")])
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
 GOOD_CSV = b"user_id,url\nu1,a\nu1,b\nu2,a\nu2,c\n"
 CASES = [
     # --- prepare: input it cannot trust (the README's "what prepare refuses") --------------------------
@@ -318,7 +330,7 @@ CASES = [
          "{model}/checkpoints/v10/docs/part-00000-of-00002.arrow: 1000 bytes, the manifest says",
          {"@truncate": "docs"}),
     Case("a corpus shard truncated (train)", "train --corpus {corpus} --out {t}/m", "error",
-         "training stopped in epoch 0: {corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1},
+         "training stopped: {corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1},
          "{t}/m"),
     Case("a corpus shard truncated (baseline)", "baseline --corpus {corpus} --out {t}/m", "error",
          "{corpus}/shards/part-00000.arrow: cannot read shard", {"@shard": 1}, "{t}/m"),
@@ -489,7 +501,10 @@ CASES = [
     Case("--max-tokens-per-doc 0", "prepare {t}/good.csv --out {t}/c --max-tokens-per-doc 0", "error",
          "--max-tokens-per-doc must be >= 1, not 0", {"good.csv": GOOD_CSV}, "{t}/c"),
     Case("all the events again with --base (a cumulative export)", "prepare {t}/e.parquet --out {t}/c --base {corpus} "
-         "--time-col ts", "says", "{t}/e.parquet look like a cumulative export: ", {"e.parquet": _sample_events}),
+         "--time-col ts", "says", "{t}/e.parquet looks like a cumulative export: ", {"e.parquet": _sample_events}),
+    Case("a cumulative export given with a larger day of new events", "prepare {t}/e.parquet {t}/new.parquet --out "
+         "{t}/c --base {corpus} --time-col ts", "says", "{t}/e.parquet looks like a cumulative export: ",
+         {"e.parquet": _sample_events, "new.parquet": _new_users_events}),
     # --- issue 47: plan for a cluster larger than this machine -------------------------------------------------
     Case("plan calibrating more workers than this machine holds", "plan --corpus {corpus} --num-workers 100", "error",
          "plan's calibration run cannot start here: 100 workers need 200 CPU but this machine has",
@@ -516,6 +531,9 @@ CASES = [
          "keep.txt)", {"mine/keep.txt": b"mine"}, "{t}/mine"),
     Case("export --format projector --sample 0", "export --model {model} --format projector --sample 0 --out {t}/p",
          "error", "bad value for --sample: '0' (a whole number >= 1)", untouched="{t}/p"),
+    # --- issue 48: --device-memory -------------------------------------------------------------------------
+    Case("--device-memory 0", "train --corpus {corpus} --out {t}/m --device-memory 0", "error",
+         "bad training config: device_memory must be > 0", untouched="{t}/m"),
 ]
 
 

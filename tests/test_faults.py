@@ -5,6 +5,7 @@ run completes. And (issue 28) what the driver does when a node dies or a worker 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -12,13 +13,14 @@ import sys
 import threading
 import time
 
+import numpy as np
 import psutil
 import pytest
 
 from doc2vec_dist import checkpoint
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.trainer import STEP_PAUSE_ENV, train
+from doc2vec_dist.trainer import STAGED_ENV, STEP_PAUSE_ENV, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,13 +58,18 @@ def kill_one_when_checkpointed(model: str, name: str, killed: list, min_epoch: i
 @pytest.mark.parametrize("victim, engine", [
     ("ParameterServer", {}),
     ("Worker", {}),
-    # one worker holding the whole URL table, its examples drawn on its device (the token path)
-    ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched"}),
+    # one worker holding the whole URL table, its examples drawn on its device (the token path): the GPU
+    # workers' path, the CPU as the device (trainer.STAGED_ENV), its documents' rows kept there across epochs
+    # (issue 48), and lost with it since the last checkpoint
+    ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "staged": True}),
     # ... and PV-DM's words rows resident beside the URL table: a restarted worker pulls both again
     ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "mode": "dm", "window": 3}),
 ], ids=["server", "worker", "worker-tokens-on-device", "worker-dm-words-resident"])
-def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_corpus, tmp_path, victim, engine):
+def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_corpus, tmp_path, monkeypatch, victim,
+                                                           engine):
     corpus, heldout = sample_corpus
+    if engine.pop("staged", False):
+        monkeypatch.setenv(STAGED_ENV, "1")
     model = str(tmp_path / "model")
     killed: list = []
     killer = threading.Thread(target=kill_one_when_checkpointed, args=(model, victim, killed), daemon=True)
@@ -83,6 +90,56 @@ def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_c
     # nothing lost beyond the work since the last checkpoint: it still beats popularity clearly
     m = heldout_metrics(model, heldout)
     assert m["model_recall@10"] > 1.15 * m["popularity_recall@10"], m
+
+
+DIES_AT_ITS_FIRST_PAUSE = """
+import os, sys
+from doc2vec_dist import trainer
+from doc2vec_dist.cli import main
+
+MARK = sys.argv.pop(1)
+
+class DiesAtItsFirstPause(trainer.Worker):
+    # a worker whose process dies as the checkpoint at its first epoch's end asks for its rows (once in
+    # the run: its restart finds MARK)
+    def pause(self):
+        if not os.path.exists(MARK):
+            open(MARK, "w").close()
+            os._exit(1)
+        return super().pause()
+
+trainer.Worker = DiesAtItsFirstPause
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_device_worker_that_dies_before_the_checkpoint_has_its_rows_trains_that_epoch_again(ray_cluster,
+                                                                                              small_corpus, tmp_path):
+    """Issue 48: one worker keeps its rows on its device across an epoch's end until the checkpoint there
+    fetches them. Killed in between, it takes that epoch's updates with it; the driver has it train the
+    epoch again from the last checkpoint (here the run's start), whose rows the servers still hold, so
+    the run ends with the model of one that never failed, bit for bit, and says so."""
+    from doc2vec_dist.trainer import STAGED_ENV
+
+    address = ray_cluster.get_runtime_context().gcs_address
+    flags = ["--corpus", small_corpus, "--dim", "16", "--epochs", "2", "--sample", "0", "--num-ps", "2",
+             "--num-workers", "1", "--cpus-per-worker", "1", "--kernel", "batched", "--macro-batch", "4096",
+             "--address", address, "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": ROOT, STAGED_ENV: "1"}
+    models = {}
+    for name, script in (("straight", None), ("died", DIES_AT_ITS_FIRST_PAUSE)):
+        model = models[name] = str(tmp_path / name)
+        argv = ["-m", "doc2vec_dist"] if script is None else ["-c", script, str(tmp_path / "mark")]
+        done = subprocess.run([sys.executable, *argv, "train", "--out", model, *flags], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert os.path.exists(tmp_path / "mark")
+    assert "before the checkpoint at the end of epoch 1 had its rows; training that epoch again" in done.stderr
+    with open(os.path.join(models["died"], "config.json")) as fh:
+        assert json.load(fh)["summary"]["worker_restarts"] == 1
+    for table in ("docs", "words_out"):
+        np.testing.assert_array_equal(checkpoint.ModelDir(models["died"]).read_table(table),
+                                      checkpoint.ModelDir(models["straight"]).read_table(table), err_msg=table)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -600,6 +601,55 @@ def test_feed_rate_without_ray_runs_the_device_token_path_against_servers_in_the
     assert bare["tokens"] == real["tokens"] == tokens and bare["servers"] == "in this process"
     assert bare["macro_batch"] == 1_048_576  # the device token path's default
     assert bare["worker_seconds"]["compute"] < real["worker_seconds"]["compute"]
+
+
+def test_feed_rate_runs_the_gpu_workers_path_on_the_cpu_and_its_epochs_move_no_bytes(sample_corpus, tmp_path, capsys):
+    """Issue 48: --device cpu runs the GPU worker's path (staged, the batched kernel) where there is no GPU.
+    Its documents' and URL rows stay on the device across epochs: an epoch moves nothing to or from the
+    servers, and a checkpoint's write-back, timed apart, carries every row it holds."""
+    from doc2vec_dist.corpus import Corpus
+
+    feed_rate = load_benchmark("feed_rate")
+    out = tmp_path / "feed.json"
+    assert feed_rate.main(["--corpus", sample_corpus[0], "--config", os.path.join(ROOT, "jobs/configs/gpu.yaml"),
+                           "--device", "cpu", "--no-ray", "--no-kernel-only", "--json", str(out)]) == 0
+    assert "a checkpoint's write-back of the rows kept resident" in capsys.readouterr().out
+    with open(out) as fh:
+        (bare,) = json.load(fh)["runs"]
+    corpus = Corpus(sample_corpus[0])
+    assert bare["staged"] and bare["tokens"] == corpus.num_tokens
+    assert set(bare["bytes_per_token"].values()) == {0}
+    assert bare["write_back_bytes"] == (corpus.num_docs + corpus.vocab_size) * 100 * 4  # gpu.yaml: dim 100
+
+
+def test_gpu_bench_through_ray_trains_what_it_trains_in_process_and_shares_the_device(ray_cluster, sample_corpus,
+                                                                                     tmp_path, capsys):
+    """Issue 48: gpu_bench.py --ray trains as `train` does (servers and workers Ray actors, checkpoints at each
+    epoch's end): one worker the model of the in-process bench, bit for bit, with no bytes a token after its
+    first pulls but each checkpoint's write-back; --workers 2 shares the device on the block schedule."""
+    from doc2vec_dist import checkpoint
+
+    gpu_bench = load_benchmark("gpu_bench")
+    config = tmp_path / "small.yaml"
+    config.write_text("dim: 16\nsample: 0\n")
+    runs = {}
+    for name, extra in (("in-process", []), ("ray", ["--ray"]), ("ray2", ["--ray", "--workers", "2"])):
+        out = tmp_path / f"{name}.json"
+        assert gpu_bench.main(["--corpus", sample_corpus[0], "--heldout", sample_corpus[1], "--config", str(config),
+                               "--device", "cpu", "--epochs", "3", "--out", str(tmp_path / name), "--json", str(out),
+                               *extra]) == 0
+        with open(out) as fh:
+            runs[name] = json.load(fh)
+    assert "2 worker(s) on cpu through Ray" in capsys.readouterr().out
+    assert [len(r["epochs"]) for r in runs.values()] == [3, 3, 3]
+    assert runs["ray2"]["workers"] == 2 and runs["ray2"]["config"]["schedule"] == "auto"
+    for table in ("docs", "words_out"):
+        np.testing.assert_array_equal(checkpoint.ModelDir(str(tmp_path / "ray")).read_table(table),
+                                      checkpoint.ModelDir(str(tmp_path / "in-process")).read_table(table), err_msg=table)
+    # one worker: its URL and documents' rows pulled once and written back once an epoch (the checkpoints)
+    moved = runs["ray"]["bytes_per_token"]
+    assert moved["pulled"] == moved["pushed"] == 0 < moved["resident_pushed"], moved
+    assert runs["ray"]["heldout"]["model_recall@10"] == runs["in-process"]["heldout"]["model_recall@10"]
 
 
 def test_gpu_bench_trains_one_device_worker_without_ray_and_scores_the_model_it_wrote(sample_corpus, tmp_path, capsys):

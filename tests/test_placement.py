@@ -82,11 +82,12 @@ def test_a_workers_memory_need_counts_its_resident_url_rows_where_they_live():
     # two workers on the block schedule: half the URL rows each, and half the documents
     _, blocks = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=2), tables)
     assert blocks - base == (250 + 500) * 100 * 4
-    _, cpu = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1), tables)  # every words_out row
-    assert cpu - base == 500 * 100 * 4
+    # one worker: every words_out row, and (issue 48) every document's
+    _, cpu = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1), tables)
+    assert cpu - base == (500 + 1000) * 100 * 4
     # PV-DM on the token path holds the words rows too; on a GPU worker they are in the GPU's memory
     _, dm = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1, mode="dm", kernel="batched"), tables)
-    assert dm - base == 2 * 500 * 100 * 4
+    assert dm - base == (2 * 500 + 1000) * 100 * 4
     _, gpu = placement.run_memory_bytes(TrainConfig(dim=100, num_workers=1, mode="dm", gpus_per_worker=1), tables)
     assert gpu == base
 
@@ -98,21 +99,22 @@ def test_a_run_that_fits_only_without_resident_documents_runs_without_them():
     nothing is resident, there is nothing to drop."""
     tables = specs(docs=(4_000_000, 100), words_out=(100_000, 100))
     config = TrainConfig(dim=100, num_workers=4, cpus_per_worker=1)
-    assert config.resident_documents(4_000_000) == 1_000_000
+    assert config.resident_documents(4_000_000, 100_000) == 1_000_000
     per_ps, per_worker = placement.run_memory_bytes(config, tables)
     need = config.num_ps * per_ps + 4 * per_worker
     lighter_need = need - 4 * 1_000_000 * 100 * 4
     resources = {"CPU": 4, "memory": (need + lighter_need) / 2}
     assert placement.fit_problems(config, tables, resources)
     lighter = placement.without_resident_documents(config, tables, resources)
-    assert lighter is not None and not lighter.resident_docs and lighter.resident_documents(4_000_000) == 0
+    assert lighter is not None and not lighter.resident_docs and lighter.resident_documents(4_000_000, 100_000) == 0
     assert not placement.fit_problems(lighter, tables, resources)
     assert (lighter.num_workers, lighter.dim, lighter.schedule) == (4, 100, config.schedule)
     line = placement.resident_documents_line(config, tables, resources)
     assert line.startswith(f"the workers do not keep their documents resident: with them the run needs {need / 2**30:.1f} GiB")
     # too small even without them: refused as before; nothing resident: nothing to drop
     assert placement.without_resident_documents(config, tables, {"CPU": 4, "memory": lighter_need - 1}) is None
-    assert placement.without_resident_documents(TrainConfig(dim=100, num_workers=1), tables, {"CPU": 4, "memory": 1}) is None
+    shared = TrainConfig(dim=100, num_workers=2, schedule="shared")
+    assert placement.without_resident_documents(shared, tables, {"CPU": 4, "memory": 1}) is None
 
 
 def test_a_tune_trial_reserves_what_its_actors_request():

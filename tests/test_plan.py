@@ -38,15 +38,17 @@ def test_rows_of_each_server_are_counted_exactly():
 def test_the_plan_counts_each_workers_resident_url_rows_where_they_live():
     profile = {"unique_rows": 1000, "example_bytes": 8000}
     sizes = {"ps_overhead": 0, "worker_fixed": 0, "driver": 0, "ray_system": 0, "object_store": 0}
-    cpu = TrainConfig(dim=100, num_workers=1)  # one worker: every words_out row, in its host memory
+    # one worker: every words_out row, in its host memory, and (issue 48) every document's, across epochs
+    cpu = TrainConfig(dim=100, num_workers=1)
     mem = planmod.memory_plan(_tables(cpu, 50_000, 10_000), cpu, profile, **sizes)
-    assert mem["resident"] == {"tables": {"words_out": 10_000}, "bytes": 10_000 * 400, "all": True, "on": "host",
-                               "dtype": "float32"}
-    assert mem["worker"]["total"] == mem["worker"]["batch"] + 10_000 * 400
+    assert mem["resident"] == {"tables": {"words_out": 10_000, "docs": 50_000}, "bytes": 60_000 * 400, "all": True,
+                               "on": "host", "dtype": "float32", "document_partitions": 1}
+    assert mem["worker"]["total"] == mem["worker"]["batch"] + 60_000 * 400
     gpu = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm")  # the token path: words too, on the GPU
     mem = planmod.memory_plan(_tables(gpu, 50_000, 10_000), gpu, profile, **sizes)
-    assert mem["resident"]["tables"] == {"words_out": 10_000, "words": 10_000} and mem["resident"]["on"] == "device"
-    assert mem["resident"]["bytes"] == 2 * 10_000 * 400 and mem["worker"]["resident"] == 0
+    assert mem["resident"]["tables"] == {"words_out": 10_000, "words": 10_000, "docs": 50_000}
+    assert mem["resident"]["on"] == "device"
+    assert mem["resident"]["bytes"] == (2 * 10_000 + 50_000) * 400 and mem["worker"]["resident"] == 0
     # a 16-bit --dtype: with --device-rows dtype a GPU keeps its URL rows in it (words stay float32); by
     # default (--device-rows float32) they are float32 there
     for dtype, state in (("bfloat16", {}), ("float16", {"optimizer": "adagrad"})):
@@ -55,13 +57,14 @@ def test_the_plan_counts_each_workers_resident_url_rows_where_they_live():
         mem = planmod.memory_plan(_tables(half, 50_000, 10_000), half, profile, **sizes)
         width = 100 + len(state)
         assert mem["resident"]["dtype"] == dtype
-        assert mem["resident"]["bytes"] == 10_000 * (100 * 2 + 4 * len(state)) + 10_000 * width * 4
+        assert mem["resident"]["bytes"] == 10_000 * (100 * 2 + 4 * len(state)) + (10_000 + 50_000) * width * 4
         wide = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, **state)
         assert planmod.memory_plan(_tables(wide, 50_000, 10_000), wide, profile, **sizes)["resident"]["bytes"] == \
-            2 * 10_000 * width * 4
+            (2 * 10_000 + 50_000) * width * 4
     # ... a CPU worker trains them in place, float32
     cpu16 = TrainConfig(dim=100, num_workers=1, dtype="bfloat16")
-    assert planmod.memory_plan(_tables(cpu16, 50_000, 10_000), cpu16, profile, **sizes)["resident"]["bytes"] == 10_000 * 400
+    assert planmod.memory_plan(_tables(cpu16, 50_000, 10_000), cpu16, profile, **sizes)["resident"]["bytes"] == \
+        60_000 * 400
 
 
 def test_memory_plan_adds_up_for_known_sizes():
@@ -246,6 +249,30 @@ def test_a_bfloat16_run_moves_about_half_the_bytes_as_the_plan_counts(ray_cluste
     assert sum(counted[model].values()) <= 0.55 * sum(counted[trained_model].values())
 
 
+def test_one_device_worker_moves_the_bytes_plan_counts_its_documents_resident_or_swapped(ray_cluster, small_corpus,
+                                                                                         tmp_path, monkeypatch):
+    """Issue 48: one worker on the GPU workers' path (the CPU as the device) keeps its documents' rows across
+    epochs (pulled once, written back by each epoch's checkpoint), or under --device-memory swaps them by
+    partition (each pulled and written back once an epoch); the run's own counters are the bytes plan
+    predicts for each, to the byte, and plan says which way the run takes."""
+    from doc2vec_dist.trainer import STAGED_ENV, train
+
+    monkeypatch.setenv(STAGED_ENV, "1")
+    corpus = Corpus(small_corpus)
+    one = {"dim": 16, "epochs": 3, "sample": 0, "num_ps": 2, "num_workers": 1, "cpus_per_worker": 1,
+           "kernel": "batched", "macro_batch": 4096, "progress": False}
+    for ways, extra in ((1, {}), (5, {"device_memory": 300 * 16 * 4 / 2**30})):  # all 1,500 documents, or 300
+        config = TrainConfig(**one, **extra)
+        assert config.document_partitions(corpus.num_docs, corpus.vocab_size) == ways
+        counted = train(small_corpus, str(tmp_path / f"m{ways}"), config)["bytes_per_token"]
+        planned = planmod.bytes_per_token(corpus, config, 1)
+        assert planned["pulled"] == planned["pushed"] == 0
+        for kind, value in counted.items():
+            assert planned[kind] == pytest.approx(value, abs=0.01), (ways, kind, planned, counted)
+        res = planmod.resident_plan(config, *(table_specs(config, corpus)[t] for t in ("words_out", "docs")))
+        assert res["document_partitions"] == ways and res["tables"]["docs"] == -(-corpus.num_docs // ways)
+
+
 def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     """More workers move more bytes per token (each round's blocks); a slow link makes the network the bound."""
     corpus = Corpus(sample_corpus[0])
@@ -308,8 +335,9 @@ def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus,
                  "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "parameter server (largest of 3)" in text and "worker (each)" in text and "per epoch" not in text
-    # one worker: the whole URL table resident in it, said with its size
-    assert "resident in each worker (its host memory): words_out all 4,989 rows = " in text
+    # one worker: the whole URL table resident in it, said with its size, and its documents' rows across epochs
+    assert "resident in each worker (its host memory): words_out all 4,989 rows + docs all 5,000 rows = " in text
+    assert "documents' rows: kept in each worker across epochs: pulled once, written back at each checkpoint" in text
     with open(out) as fh:
         result = json.load(fh)
     mem = result["memory"]

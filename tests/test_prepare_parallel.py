@@ -155,15 +155,38 @@ def days(generated, tmp_path_factory):
     pq.write_table(new, found["new"], row_group_size=3_000)
     found["base"] = prepare([found["old"]], str(root / "base"), PrepareConfig(time_col="ts", num_shards=3),
                             progress=False).path
+    found["again"] = str(root / "again.parquet")  # the base's events sent again, read in several blocks
+    pq.write_table(pq.read_table(found["old"]), found["again"], row_group_size=3_000)
     return found
+
+
+def assert_files_in_base(corpus: str, days: dict, window: bool = False) -> None:
+    """corpus.json's refresh.files of a refresh of days["new"] then days["again"] on days["base"]: the events
+    sent again counted for their file (read in several blocks) alone, with the report's line naming it
+    alone; in a window, those of them inside it, taken to be the base's as events at or before its latest
+    time, and not named (a window does not read the base's documents)."""
+    from doc2vec_dist.prepare import refresh_report
+
+    meta = corpus_meta(corpus)
+    events = pq.read_metadata(days["again"]).num_rows
+    if window:  # the window holds the last of them
+        events = meta["refresh"]["files"][0]["events"]
+        assert 0 < events < pq.read_metadata(days["again"]).num_rows
+    counts = {"in_base": 0, "not_after_base": events} if window else {"in_base": events, "not_after_base": 0}
+    assert meta["refresh"]["files"] == [{"file": days["again"], "events": events, **counts}]
+    named = [line for _, line in refresh_report(meta) if "cumulative" in line]
+    assert named == ([] if window else [(f"{days['again']} looks like a cumulative export: {events:,} of its "
+                                        f"{events:,} events (100%) were in the base already (the same user, URL and "
+                                        "time): dropped, so the documents hold each event once; 0 are new")])
 
 
 @pytest.mark.parametrize("how", ["joined by shard", "re-bucketed", "window"])
 def test_a_refresh_by_ray_tasks_is_the_single_process_refresh(ray_cluster, days, tmp_path, monkeypatch, how):
     monkeypatch.setattr(readers, "BLOCK_ROWS", 5_000)
-    settings = {"joined by shard": {}, "re-bucketed": {"num_shards": 4}, "window": {"window_days": 3}}[how]
-    inputs = [days["new"]] + ([days["old"]] if how == "window" else [])
+    settings = {"joined by shard": {}, "re-bucketed": {"num_shards": 4}, "window": {"window_days": 12}}[how]
+    inputs = [days["new"], days["again"]]  # and the base's events again: counted for their file alone
     one, parallel = _both(inputs, tmp_path, "refresh", time_col="ts", base=days["base"], **settings)
+    assert_files_in_base(one, days, window=how == "window")
     base, found = corpus_tables(days["base"]), corpus_tables(parallel)
     for name, column in (("docs.arrow", "key"), ("vocab.arrow", "token")):  # every id kept, new ones after
         known = base[name].num_rows

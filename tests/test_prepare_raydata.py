@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from conftest import corpus_meta
-from test_prepare_parallel import SAMPLE_EVENTS, _both, generated, s3_events  # noqa: F401 (fixtures)
+from test_prepare_parallel import SAMPLE_EVENTS, _both, assert_files_in_base, days, generated, s3_events  # noqa: F401 (fixtures)
 
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.prepare import prepare
@@ -40,6 +41,20 @@ def test_a_generated_corpus_through_ray_data_is_the_same(ray_cluster, generated,
     one, _ = _both([generated], tmp_path, "gen", holdout=True, engine="data", time_col="ts",
                    memory_budget_bytes=200_000)
     assert corpus_meta(one)["num_shards"] > 3
+
+
+@pytest.mark.parametrize("how", ["joined by shard", "re-bucketed"])
+def test_a_refresh_through_ray_data_counts_the_events_in_the_base_file_by_file(ray_cluster, days, tmp_path,  # noqa: F811
+                                                                               monkeypatch, how):
+    """A refresh of a day's events and of the base's sent again, in Ray Data blocks of 64 KiB: the single
+    process's corpus and corpus.json, the events the base has counted for the file they came from."""
+    import ray.data
+
+    monkeypatch.setattr(ray.data.DataContext.get_current(), "target_max_block_size", 64 << 10)
+    settings = {"joined by shard": {}, "re-bucketed": {"num_shards": 4}}[how]
+    one, _ = _both([days["new"], days["again"]], tmp_path, "refresh", engine="data", time_col="ts",
+                   base=days["base"], **settings)
+    assert_files_in_base(one, days)
 
 
 def test_parquet_on_object_storage_through_ray_data_is_the_single_process_corpus(ray_cluster, s3_events, tmp_path):  # noqa: F811

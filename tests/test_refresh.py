@@ -567,7 +567,7 @@ def test_events_the_base_has_are_dropped_and_counted_so_a_cumulative_export_is_h
     assert again.num_tokens == cold.num_tokens and _documents(again) == _documents(cold)
     assert again.meta["skipped"]["events_in_base"] == again.meta["refresh"]["events_in_base"] == old_events
     said = [rec.getMessage() for rec in logged.records]
-    assert (f"{days['all']} look like a cumulative export: {old_events:,} of the inputs' {all_events:,} events "
+    assert (f"{days['all']} looks like a cumulative export: {old_events:,} of its {all_events:,} events "
             f"({old_events / all_events:.0%}) were in the base already (the same user, URL and time): dropped, so "
             f"the documents hold each event once; {all_events - old_events:,} are new") in said
     assert (f"skipped {old_events:,} event(s) the base has already: the same 'user_id', 'url' and 'ts' as one of its "
@@ -578,15 +578,59 @@ def test_events_the_base_has_are_dropped_and_counted_so_a_cumulative_export_is_h
     assert _documents(same) == _documents(Corpus(base)) and same.num_tokens == Corpus(base).num_tokens
     r = same.meta["refresh"]
     assert (r["grown_docs"], r["new_docs"], len(same.changed()), r["events_in_base"]) == (0, 0, 0, old_events)
-    assert any(m.startswith(f"{days['old']} look like a cumulative export: {old_events:,} of the inputs' "
+    assert any(m.startswith(f"{days['old']} looks like a cumulative export: {old_events:,} of its "
                             f"{old_events:,} events (100%)") for m in (rec.getMessage() for rec in logged.records))
+
+
+@pytest.mark.parametrize("path", ["by shard", "re-bucketed"])
+def test_of_several_inputs_each_file_mostly_of_the_bases_events_is_named_with_its_own_figures(days, tmp_path,
+                                                                                              logged, path):
+    """Issue 47, item 3: day 1 again (every event in the base) given with day 2 (every event new). The
+    whole-input line named both files (day 1 is 83% of the events), or would have named neither had day 2
+    been the larger: the warning names day 1 alone, with its own figures, and corpus.json's
+    refresh.files counts each file that had an event in the base."""
+    base = days["base"] if path == "by shard" else _unsaid(days["base"], str(tmp_path / "unsaid"))
+    old_events, new_events = pq.read_metadata(days["old"]).num_rows, pq.read_metadata(days["new"]).num_rows
+    fresh = prepare([days["old"], days["new"]], str(tmp_path / "c"), PrepareConfig(
+        time_col="ts", base=base, num_shards=None if path == "by shard" else 2), progress=False, report=True)
+    r = fresh.meta["refresh"]
+    assert r["events_in_base"] == old_events and r["input_events"] == old_events + new_events
+    assert r["files"] == [{"file": days["old"], "events": old_events, "in_base": old_events, "not_after_base": 0}]
+    warned = [rec.getMessage() for rec in logged.records if rec.levelname == "WARNING" and "cumulative" in rec.getMessage()]
+    assert warned == [(f"{days['old']} looks like a cumulative export: {old_events:,} of its {old_events:,} events "
+                      "(100%) were in the base already (the same user, URL and time): dropped, so the documents hold "
+                      "each event once; 0 are new")]
+    assert _documents(fresh) == _documents(prepare([days["all"]], str(tmp_path / "cold"), PrepareConfig(time_col="ts"),
+                                                   progress=False))
+
+
+def test_many_files_mostly_of_the_bases_events_are_named_a_few_then_counted():
+    """Past a few files mostly of the base's events, the rest are one line of counts; a file mostly new is
+    never named, nor, with a base that keeps times, one whose events are only at or before its latest time."""
+    from doc2vec_dist.prepare import NAMED_FILES, refresh_report
+
+    files = [{"file": f"d{i}.parquet", "events": 100, "in_base": 90, "not_after_base": 0} for i in range(NAMED_FILES + 2)]
+    files += [{"file": "new.parquet", "events": 100, "in_base": 50, "not_after_base": 0},
+              {"file": "late.parquet", "events": 100, "in_base": 0, "not_after_base": 80}]
+    meta = {"window_days": None, "input_files": [f["file"] for f in files] + ["other.parquet"],
+            "refresh": {"base": "b", "mode": "join", "base_docs": 1, "new_docs": 0, "grown_docs": 0,
+                        "docs_without_new_events": 1, "empty_base_docs": 0, "base_vocab": 1, "new_words": 0,
+                        "words_without_new_events": 0, "words_without_tokens": 0, "input_events": 900,
+                        "events_in_base": 500, "events_not_after_base": 80, "base_keeps_times": True,
+                        "base_tokens_without_time": 0, "files": files}}
+    said = [text for _, text in refresh_report(meta) if "cumulative" in text]
+    assert said == [f"d{i}.parquet looks like a cumulative export: 90 of its 100 events (90%) were in the base "
+                    "already (the same user, URL and time): dropped, so the documents hold each event once; 10 are "
+                    "new" for i in range(NAMED_FILES)] + [
+        ("2 more input files look like cumulative exports: 180 of their 200 events (90%) were in the base already: "
+        "dropped as well (corpus.json's refresh.files names each)")]
 
 
 def test_a_base_without_times_joins_every_event_and_says_it_cannot_tell(days, tmp_path, logged):
     """A base prepared before corpora kept their events' times: an event it has cannot be told from a new
     one, so every input event is joined and its user counted as changed (no user is left untrained),
-    and two lines of their own say so: the base keeps no times, and most of the inputs are at or before
-    its latest time (a cumulative export would be in the documents twice)."""
+    and lines of their own say so: the base keeps no times, and each input file mostly at or before its
+    latest time (a cumulative export would be in the documents twice) is named: day 1, not day 2."""
     from doc2vec_dist.corpus import SHARD_SCHEMA, write_shard
 
     base = str(tmp_path / "old-format")
@@ -602,8 +646,8 @@ def test_a_base_without_times_joins_every_event_and_says_it_cannot_tell(days, tm
             words.append(tokens.copy())
         write_shard(base, b, np.concatenate(ids), np.concatenate(lengths), np.concatenate(words))
         assert pa.ipc.open_file(shard_path).schema == SHARD_SCHEMA
-    fresh = prepare([days["all"]], str(tmp_path / "fresh"), PrepareConfig(time_col="ts", base=base), progress=False,
-                    report=True)
+    fresh = prepare([days["old"], days["new"]], str(tmp_path / "fresh"), PrepareConfig(time_col="ts", base=base),
+                    progress=False, report=True)
     old_events, all_events = pq.read_metadata(days["old"]).num_rows, pq.read_metadata(days["all"]).num_rows
     assert fresh.num_tokens == corpus.num_tokens + all_events  # joined again: the base cannot tell
     r = fresh.meta["refresh"]
@@ -613,9 +657,12 @@ def test_a_base_without_times_joins_every_event_and_says_it_cannot_tell(days, tm
     assert (f"{base}: keeps no event times (prepared before corpora kept them, or without --time-col): an input event "
             "it already has cannot be told from a new one, and is joined again; prepare the base anew with --time-col "
             "to keep them") in said
-    assert (f"{days['all']} may be a cumulative export: {old_events:,} of the inputs' {all_events:,} events "
-            f"({old_events / all_events:.0%}) are at or before the base's latest time, and the base cannot say which it "
-            "has: if so, its documents now hold those events twice; give the events since the base alone") in said
+    # each file on its own: day 1 (every event at or before the base's latest) is named, day 2 is not
+    assert r["files"] == [{"file": days["old"], "events": old_events, "in_base": 0, "not_after_base": old_events}]
+    assert [m for m in said if "cumulative" in m] == [
+        (f"{days['old']} may be a cumulative export: {old_events:,} of its {old_events:,} events (100%) are at or "
+        "before the base's latest time, and the base cannot say which it has: if so, the documents now hold those "
+        "events twice; give the events since the base alone")]
     # its times are unknown (-inf) in the refreshed corpus, and sort first: the base's tokens, then the events
     after = _documents(fresh)
     assert all(after[key][:len(before)] == before for key, before in _documents(corpus).items())

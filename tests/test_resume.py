@@ -136,6 +136,47 @@ def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster
         assert not np.array_equal(checkpoint.ModelDir(model).read_table(table), before[table]), table
 
 
+def test_one_device_worker_keeps_its_rows_across_epochs_and_every_checkpoint_holds_them(ray_cluster, small_corpus,
+                                                                                       tmp_path, monkeypatch):
+    """Issue 48: one worker on the GPU workers' path (the CPU as the device) keeps its documents' and URL
+    rows on its device across epochs, and every checkpoint holds their current values: those taken
+    mid-epoch (a pause writes them back) and the one at each epoch's end (the driver pauses the worker
+    for it). A run through checkpoints trains the straight run's bits, and runs resumed from a mid-epoch
+    checkpoint, or from an epoch's end, end where the straight run did."""
+    import shutil
+
+    from doc2vec_dist.trainer import STAGED_ENV
+
+    def tables(model: str) -> dict:
+        found = checkpoint.ModelDir(model)
+        return {name: found.read_table(name) for name in ("docs", "words_out")}
+
+    monkeypatch.setenv(STAGED_ENV, "1")
+    one = {"dim": 16, "epochs": 3, "sample": 0, "num_ps": 2, "num_workers": 1, "cpus_per_worker": 1,
+           "kernel": "batched", "macro_batch": 4096, "progress": False}
+    straight = tables(train(small_corpus, str(tmp_path / "a"), TrainConfig(**one, checkpoint_every=0))["model"])
+    paused = str(tmp_path / "b")
+    with monkeypatch.context() as patch:  # a batch outlasts the driver's tick on any machine: checkpoints mid-epoch
+        patch.setenv(STEP_PAUSE_ENV, "0.04")
+        train(small_corpus, paused, TrainConfig(**one, checkpoint_every=0.05, keep_checkpoints=1000))
+    for name, matrix in tables(paused).items():
+        np.testing.assert_array_equal(matrix, straight[name], err_msg=name)
+    manifests = {v: manifest_of(paused, v) for v in range(1, latest(paused) + 1)}
+    mid = [v for v, m in manifests.items() if m["positions"] and m["epoch"] >= 1]
+    end = [v for v, m in manifests.items() if m["positions"] is None and m["epoch"] == 1]
+    assert mid and end, "no checkpoint mid-epoch after the first epoch's end"
+    for version in (mid[len(mid) // 2], end[0]):
+        resumed = str(tmp_path / f"v{version}")
+        shutil.copytree(paused, resumed)
+        with open(os.path.join(resumed, "LATEST"), "w") as fh:
+            fh.write(f"v{version}")
+        for later in range(version + 1, latest(paused) + 1):
+            shutil.rmtree(checkpoint.version_dir(resumed, later))
+        train(small_corpus, resumed, resumed_config(resumed, {}))
+        for name, matrix in tables(resumed).items():
+            np.testing.assert_array_equal(matrix, straight[name], err_msg=f"resumed from v{version}: {name}")
+
+
 def test_resume_refuses_a_change_to_the_model_and_names_it(ray_cluster, trained_model):
     with pytest.raises(UserError, match="cannot resume with dim=64.*dim=32"):
         resumed_config(trained_model, {"dim": 64})
@@ -149,8 +190,9 @@ def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     docs = checkpoint.ModelDir(model).read_table("docs")
     # go on with a learning rate that overflows float32 within a step or two (halfway down from 1e30 to
     # 1e29: 5.5e29 at the start of the second epoch, a little less at the step that overflows)
-    # (two workers on the block schedule push their documents and URL rows at a round's end, named after its last step)
-    with pytest.raises(TrainingStopped, match=r"non-finite values in the push of epoch 1 .*step \d+ .*alpha 5\.\d*e\+29"):
+    # (two workers on the block schedule keep their documents' rows until a checkpoint: the loss of the batch
+    # that diverged stops it, named after its step, issue 48)
+    with pytest.raises(TrainingStopped, match=r"non-finite loss in epoch 1 .*step \d+ .*alpha 5\.\d*e\+29"):
         train(sample_corpus[0], model, resumed_config(model, {"epochs": 2, "alpha": 1e30, "min_alpha": 1e29}))
     assert latest(model) == good
     np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), docs)  # checksums verified too

@@ -90,7 +90,7 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
     for s in servers:
         ray.kill(s)
     return out, {"host": {k: len(v) for k, v in worker._host.items()}, "stats": stats, "paused": paused,
-                 "outputs": str(worker._outputs.dtype)}
+                 "outputs": str(worker._outputs.dtype), "partitions": len(worker.partitions)}
 
 
 @pytest.mark.parametrize("settings", [
@@ -181,6 +181,141 @@ def test_a_checkpoint_pause_between_staged_batches_trains_what_the_in_place_path
     assert [s["loss"] for s in info_b["stats"]] == [s["loss"] for s in info_a["stats"]]
 
 
+# --- issue 48: a worker's documents resident across epochs, or swapped by partition -----------------------------
+
+def test_a_device_worker_keeps_its_documents_across_epochs_and_moves_nothing_to_the_servers_between(ray_cluster,
+                                                                                                   small_corpus):
+    """One worker on the device path (the CPU as the device) pulls its documents' rows and its URL rows
+    once, then trains epoch after epoch with no call to a server: no bytes a token. A checkpoint's pause
+    writes every row it holds back over the servers', as they are on its device."""
+    config = TrainConfig(dim=16, epochs=4, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=4096, kernel="batched",
+                         progress=False)
+    servers, rows, worker = start_worker(ray_cluster, small_corpus, config)
+    worker.staged = True
+    stats = [worker.run_epoch(epoch) for epoch in range(3)]  # not the run's last: nothing written back yet
+    width = 16 * 4
+    assert stats[0]["bytes"] == {"pulled": 0, "pushed": 0, "resident_pulled": (rows["docs"] + rows["words_out"]) * width,
+                                 "resident_pushed": 0, "handed": 0}
+    for later in stats[1:]:
+        assert set(later["bytes"].values()) == {0}, later["bytes"]
+    assert len(worker.partitions) == 1 and len(worker._host["inputs0"]) == len(worker._host["inputs1"]) == 0
+    worker.pause()  # what a checkpoint does, between epochs
+    worker.resume()
+    assert worker.progress()["bytes"]["resident_pushed"] == (rows["docs"] + rows["words_out"]) * width
+    ids = worker.client.docs.ids
+    np.testing.assert_array_equal(served(ray_cluster, servers, "docs", rows["docs"])[ids],
+                                  worker._read_resident("docs")[worker.client.docs.rows_of(ids)])
+    np.testing.assert_array_equal(served(ray_cluster, servers, "words_out", rows["words_out"]),
+                                  worker._read_resident("words_out"))
+    for s in servers:
+        ray_cluster.kill(s)
+
+
+@pytest.mark.parametrize("kernel, staged", [("batched", True), ("exact", False)], ids=["device", "cpu-exact"])
+def test_documents_resident_or_swapped_by_partition_train_what_documents_pulled_per_batch_train(ray_cluster,
+                                                                                               small_corpus,
+                                                                                               kernel, staged):
+    """A worker's documents resident for the run, or cut into partitions under a memory cap (--device-memory)
+    and swapped as its walk passes from one to the next, train the same model bit for bit as documents
+    pulled and pushed with each macro-batch (the path before issue 48), through a checkpoint's pause:
+    each document's row has one writer, and no macro-batch changes."""
+    # (one thread: the exact kernel's threads share the rows Hogwild-style, which no two runs do alike)
+    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=4096, kernel=kernel,
+                         cpus_per_worker=1, progress=False)
+    streamed, info = train_one_worker(ray_cluster, small_corpus, dataclasses.replace(config, resident_docs=False),
+                                      staged=staged, pause_at=3)
+    assert info["partitions"] == 0 and info["stats"][-1]["bytes"]["pulled"] > 0
+    cap = 300 * 16 * 4 / 2**30  # GiB: 300 documents' rows, of the corpus's 1,500
+    for settings in ({}, {"device_memory": cap}):
+        held, info = train_one_worker(ray_cluster, small_corpus, dataclasses.replace(config, **settings),
+                                      staged=staged, pause_at=3)
+        assert info["partitions"] == 1 if not settings else info["partitions"] >= 3, info["partitions"]
+        resident = info["stats"][-1]["bytes"]["resident_pulled"]
+        assert resident == (info["partitions"] > 1) * 1500 * 16 * 4  # each partition pulled once an epoch, once held
+        assert info["stats"][-1]["bytes"]["pulled"] == info["stats"][-1]["bytes"]["pushed"] == 0
+        for name, table in streamed.items():
+            np.testing.assert_array_equal(held[name], table, err_msg=f"{settings}: {name}")
+
+
+def test_where_a_workers_documents_live_kept_across_epochs_swapped_by_partition_or_streamed(monkeypatch):
+    """config.document_partitions: a CPU worker keeps its share within 2 GiB, else streams it as before; a
+    GPU worker keeps it where its share of its device's free memory holds it beside its URL rows
+    (Worker._device_room), else in partitions; --device-memory caps either; off the token path, streamed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from doc2vec_dist.config import RESIDENT_AUTO_BYTES, TableSpec
+
+    row = 100 * 4
+    fits = RESIDENT_AUTO_BYTES // row
+    assert TrainConfig(dim=100).document_partitions(fits, 1000) == 1
+    assert TrainConfig(dim=100).document_partitions(fits + 1, 1000) == 0
+    assert TrainConfig(dim=100, device_memory=0.5).document_partitions(fits + 1, 1000) == 5  # 2 GiB and a row
+    assert TrainConfig(dim=100, num_workers=2, schedule="shared").document_partitions(1000, 1000) == 0
+    assert TrainConfig(dim=100, gpus_per_worker=1).document_partitions(10 * fits, 1000) == 1  # the driver: unknown
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 16 << 30))
+    two = TrainConfig(dim=100, num_workers=2, gpus_per_worker=0.5)
+    room = Worker._device_room(SimpleNamespace(device="cuda", config=two, width=100),
+                               TableSpec("words_out", 1_000_000, 100))
+    assert room == int((8 << 30) * 0.75 * 0.5) - 500_000 * row  # half the device, less its block of URL rows
+    assert two.document_partitions(20_000_000, 1_000_000, free_bytes=room) == 2  # 10M users' rows, 4 GB each
+
+
+def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and_its_restart_trains_the_same_rows(
+        ray_cluster, small_corpus):
+    """A device worker killed mid-epoch loses its updates since the last checkpoint (its documents' rows
+    lived on its device, not yet written back) and nothing else: restarted from the checkpoint's position,
+    as the trainer restarts it, it finds the servers holding exactly the checkpoint's rows, and trains
+    what a run that never stopped trains, bit for bit. (Before, the documents' pushes it made after the
+    checkpoint were in the servers, and the restart trained that stretch a second time over them.)"""
+    from doc2vec_dist.worker import Compute
+
+    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=4096, kernel="batched",
+                         progress=False)
+    straight, _ = train_one_worker(ray_cluster, small_corpus, config, staged=True, pause_at=3)
+
+    servers, rows, worker = start_worker(ray_cluster, small_corpus, config, max_concurrency=1)
+    worker.staged = True
+    prepare, prepared, computed, paused = worker._prepare, [], [], []
+
+    def resume_when_paused():
+        with worker._cv:
+            while worker._paused_at is None:
+                worker._cv.wait()
+            paused.append(worker._paused_at)
+        worker.resume()
+
+    def prepare_and_ask(*args):  # the checkpoint's pause, asked for where train_one_worker asks for it
+        prepared.append(1)
+        if len(prepared) == 3:
+            worker._pause_requested = True
+            threading.Thread(target=resume_when_paused, daemon=True).start()
+        return prepare(*args)
+
+    def dies_at_the_sixth(*args, **kwargs):  # three batches after the checkpoint: the process dies
+        computed.append(1)
+        if len(computed) == 6:
+            raise RuntimeError("killed")
+        return Compute.default().batched(*args, **kwargs)
+
+    worker._prepare = prepare_and_ask
+    worker.compute = dataclasses.replace(worker.compute, batched=dies_at_the_sixth)
+    with pytest.raises(RuntimeError, match="killed"):
+        worker.run_epoch(0)
+    (at,) = paused
+    assert at.step < 5 and len(computed) == 6  # killed batches after it
+    corpus = Corpus(small_corpus)
+    restarted = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, table_specs(config, corpus),
+                       staged=True)
+    restarted.run_epoch(0, at)
+    restarted.run_epoch(1)
+    for name, n in rows.items():
+        np.testing.assert_array_equal(served(ray_cluster, servers, name, n), straight[name], err_msg=name)
+    for s in servers:
+        ray_cluster.kill(s)
+
+
 def test_overlap_weights_count_rare_rows_whole_and_hot_rows_once_among_workers():
     from doc2vec_dist.client import overlap_weights
 
@@ -214,8 +349,8 @@ def test_resident_rows_pushed_by_several_workers_are_weighted_by_their_uses(ray_
 def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers(ray_cluster, sample_corpus, kernel,
                                                                                  words):
     """One worker holding every URL row is their only writer: it pulls them once, and each push writes
-    them (and its documents' rows) over the servers' instead of adding a delta. With dbow_words the
-    words rows are resident too, at the head of `inputs`."""
+    them over the servers' instead of adding a delta. With dbow_words the words rows are resident too,
+    at the head of `inputs`; its documents' rows after them, pulled once too (issue 48)."""
     config = TrainConfig(dim=16, epochs=3, sample=0, num_ps=NUM_PS, num_workers=1, kernel=kernel, dbow_words=words,
                          window=3, progress=False)
     servers, rows, worker = start_worker(ray_cluster, sample_corpus[0], config)
@@ -227,7 +362,7 @@ def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers
     worker.client.pull_resident = lambda table="words_out", out=None: pulls.append(table) or pull(table, out=out)
     for epoch in range(config.epochs):
         worker.run_epoch(epoch)
-    assert pulls == (["words_out", "words"] if words else ["words_out"])
+    assert pulls == (["words_out", "words"] if words else ["words_out"]) + ["docs"]
     held = {"words_out": np.asarray(worker._outputs[:worker.cached])}  # numpy, or torch (batched)
     if words:
         held["words"] = np.asarray(worker._inputs[:worker.words_head])
@@ -235,6 +370,10 @@ def test_the_token_path_pulls_the_url_rows_once_and_writes_them_over_the_servers
     for name, rows_held in held.items():  # written over, not summed
         np.testing.assert_array_equal(served(ray_cluster, servers, name, len(rows_held)), rows_held, err_msg=name)
     assert (np.abs(held["words_out"]).sum(1) > 0).mean() > 0.9  # and trained (words_out starts at zero)
+    ids = worker.client.docs.ids  # its documents: every one, kept grouped by server, written back at the run's end
+    assert len(ids) == rows["docs"]
+    np.testing.assert_array_equal(served(ray_cluster, servers, "docs", rows["docs"])[ids],
+                                  worker._read_resident("docs")[worker.client.docs.rows_of(ids)])
     for s in servers:
         ray_cluster.kill(s)
 

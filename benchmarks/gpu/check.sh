@@ -7,28 +7,32 @@
 #                 pack.sh copies its own starting-point check.sh there: this one replaces it)
 #   on the GPU machine:   bash .gpu/check.sh   (with .gpu/ carried along; allow it 590 s)
 #   here, to try it on the CPU first (small, no GPU; the venv active, whose Python is not 3.12, so the pack is not used):
-#       DEVICE=cpu USERS=20000 URLS=10000 BUDGET=300 SCALE_WORKERS="1 2" SCALE_THREADS="1 2" \
-#           PREP_USERS=100000 PREP_PARALLEL="1 2" bash .gpu/check.sh
+#       DEVICE=cpu USERS=20000 URLS=10000 BUDGET=300 SCALE_WORKERS="2" SCALE_THREADS="2" bash .gpu/check.sh
 #
-# Steps, each timed and each allowed to fail without stopping the others:
+# Steps, each timed and each allowed to fail without stopping the others (issue 48: the mission's path first):
 #   1. install what .gpu/ carries (Ray, gensim, faiss), nvidia-smi
 #   2. generate USERS x URLS synthetic browsing logs and prepare them with a held-out split
-#   3. benchmarks/gpu_bench.py: one worker on the device against in-process servers, tokens/s per epoch, recall@10,
-#      once per table dtype in DTYPES (issue 29)
-#   4. benchmarks/feed_rate.py --no-ray: the host side alone (no kernel), and with the kernel
-#   5. gensim on every core (corpus_file mode, its fastest) on the same corpus and settings
-#   6. prepare_benchmark.py on a generated PREP_USERS-user corpus, --parallel PREP_PARALLEL (issue 30; off by default)
-#   7. benchmarks/kernel_bound.py: the CPU kernel alone in 1..16 processes at once, the machine's own bound on W workers'
-#      parallel efficiency (BOUND_PROCESSES; issue 27)
-#   8. benchmarks/scaling.py on every core: CPU workers W = 1, 2, 4, 8 and one worker with 1..16 threads beside gensim (issue 27)
-# Everything printed goes to $OUT/log too; figures go to $OUT/*.json and one table, $OUT/summary.md.
+#   3. benchmarks/gpu_bench.py --ray: one worker on the device through Ray (`train` itself: servers and worker Ray
+#      actors, a checkpoint at each epoch's end), tokens/s per epoch, recall@10
+#   4. the same, two workers sharing the device (Ray's num_gpus 0.5 each, the block schedule)
+#   5. benchmarks/gpu_bench.py: one worker on the device against in-process servers (the in-process figure), once per
+#      table dtype in DTYPES (issue 29)
+#   6. benchmarks/feed_rate.py through Ray: the host side alone (no kernel), and with the kernel; --no-ray where time is left
+#   7. gensim on every core (corpus_file mode, its fastest) on the same corpus and settings
+#   8. prepare_benchmark.py on a generated PREP_USERS-user corpus, --parallel PREP_PARALLEL (issue 30; off by default)
+#   9. benchmarks/kernel_bound.py: the CPU kernel alone in N processes at once, the machine's own bound on W workers'
+#      parallel efficiency (BOUND_PROCESSES; issue 27; off by default)
+#  10. benchmarks/scaling.py on every core: CPU workers W = SCALE_WORKERS and one worker with SCALE_THREADS threads beside
+#      gensim: the machine's cores at their best (8 workers, or one of 16 threads, measured before), to set the GPU against
+# Everything printed goes to $OUT/log too; figures go to $OUT/*.json and one table, $OUT/summary.md, which ends with
+# the GPU through Ray against the CPU cores' best, in the same call.
 set -u
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
-DEVICE=${DEVICE:-cuda} USERS=${USERS:-500000} URLS=${URLS:-250000} EPOCHS=${EPOCHS:-3} BUDGET=${BUDGET:-540}
-SCALE_WORKERS=${SCALE_WORKERS-1 2 4 8} SCALE_THREADS=${SCALE_THREADS-1 2 4 8 16} BOUND_PROCESSES=${BOUND_PROCESSES-1 2 4 8 12 16}
-# gpu_bench once per table dtype (issue 29, resolved: float32 and bfloat16 by default, so that the scaling step has its
+DEVICE=${DEVICE:-cuda} USERS=${USERS:-500000} URLS=${URLS:-250000} EPOCHS=${EPOCHS:-3} BUDGET=${BUDGET:-480}
+SCALE_WORKERS=${SCALE_WORKERS-8} SCALE_THREADS=${SCALE_THREADS-16} BOUND_PROCESSES=${BOUND_PROCESSES-}
+# gpu_bench once per table dtype (issue 29, resolved: float32 by default, so that the steps through Ray have their
 # time); DTYPE:dtype keeps the device's URL rows in that dtype too (--device-rows dtype), e.g. "bfloat16:dtype float16:dtype"
-DTYPES=${DTYPES-float32 bfloat16}
+DTYPES=${DTYPES-float32}
 # prepare's scaling (issue 30, closed): off unless asked for, e.g. PREP_PARALLEL="1 4 8 16"
 PREP_USERS=${PREP_USERS:-5000000} PREP_EVENTS=${PREP_EVENTS:-12} PREP_PARALLEL=${PREP_PARALLEL-}
 export PYTHONUNBUFFERED=1
@@ -56,7 +60,7 @@ summary "| install | $(python3 -c 'import ray, gensim, faiss; print("ray", ray._
 
 step "corpus: $USERS users x $URLS URLs"
 t=$SECONDS
-W=/tmp/gpu-check-work; rm -rf "$W"; mkdir -p "$W"
+W=${WORK:-/tmp/gpu-check-work}; rm -rf "$W"; mkdir -p "$W"  # WORK: where its corpus and models go
 python3 -m doc2vec_dist generate --users "$USERS" --urls "$URLS" --out "$W/gen" --seed 7 \
   && python3 -m doc2vec_dist prepare "$W/gen" --out "$W/corpus" --time-col ts --holdout 0.1 --holdout-out "$W/heldout.parquet"
 rc=$?
@@ -72,6 +76,17 @@ if sys.argv[1] == "cpu":
     cfg.update(gpus_per_worker=0, cpus_per_worker=min(os.cpu_count() or 1, int(cfg.get("cpus_per_worker", 1))))
 yaml.safe_dump(cfg, open(sys.argv[2], "w"))
 PY
+
+for workers in 1 2; do
+  step "through Ray: $workers worker(s) on $DEVICE, $EPOCHS epochs (gpu_bench --ray)"
+  t=$SECONDS
+  timeout $(( $(left) > 60 ? $(left) / 4 : 30 )) python3 benchmarks/gpu_bench.py --corpus "$W/corpus" --heldout "$W/heldout.parquet" \
+    --config "$CFG" --device "$DEVICE" --epochs "$EPOCHS" --ray --workers "$workers" --out "$W/model-ray$workers" --overwrite \
+    --json "$OUT/gpu_ray-$workers.json"
+  rc=$?
+  summary "| through Ray, $workers worker(s) ($DEVICE) | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/gpu_ray-$workers.json')); print(f\"{r['tokens_per_second']/1e6:.2f}M tok/s overall, per epoch {', '.join('%.2fM' % (e['tokens_per_second'] / 1e6) for e in r['epochs'])}, {sum(r['bytes_per_token'].values()):.1f} B/token, recall@10 {r.get('heldout',{}).get('model_recall@10','-')}\")" 2>/dev/null) | $((SECONDS - t)) |"
+  rm -rf "$W/model-ray$workers"
+done
 
 for dt in $DTYPES; do
   step "gpu_bench on $DEVICE, $EPOCHS epochs, dtype $dt"
@@ -92,11 +107,15 @@ PY
   rm -rf "$W/model-$name"
 done
 
-step "host feed without Ray (no kernel, then the kernel)"
-t=$SECONDS
-timeout $(( $(left) > 60 ? $(left) / 3 : 30 )) python3 benchmarks/feed_rate.py --corpus "$W/corpus" --config "$CFG" --no-ray --json "$OUT/feed_rate.json"
-rc=$?
-summary "| feed_rate --no-ray | rc $rc; $(python3 -c "import json; print('; '.join(f\"kernel {x.get('kernel')}: {x['tokens_per_second']/1e6:.2f}M tok/s\" for x in json.load(open('$OUT/feed_rate.json'))['runs']))" 2>/dev/null) | $((SECONDS - t)) |"
+for ray in "" --no-ray; do
+  [ -n "$ray" ] && [ "$(left)" -lt 240 ] && continue  # the feed without Ray only where time is left
+  step "host feed ${ray:-through Ray} (no kernel, then the kernel)"
+  t=$SECONDS
+  timeout $(( $(left) > 60 ? $(left) / 4 : 30 )) python3 benchmarks/feed_rate.py --corpus "$W/corpus" --config "$CFG" --device "$DEVICE" \
+    $ray --json "$OUT/feed_rate$ray.json"
+  rc=$?
+  summary "| feed_rate ${ray:-through Ray} | rc $rc; $(python3 -c "import json; print('; '.join(f\"kernel {x.get('kernel')}: {x['tokens_per_second']/1e6:.2f}M tok/s\" for x in json.load(open('$OUT/feed_rate$ray.json'))['runs']))" 2>/dev/null) | $((SECONDS - t)) |"
+done
 
 step "gensim, corpus_file, every core, 1 epoch"
 t=$SECONDS
@@ -132,4 +151,11 @@ rc=$?
 summary "| scaling, $(nproc) cores, 1 epoch | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/scaling.json')); print('workers ' + ', '.join(f\"{x['workers']}: {x['tokens_per_second']/1e6:.2f}M ({x['efficiency']:.2f})\" for x in r['workers']) + '; threads ours/gensim ' + ', '.join(f\"{x['threads']}: {x['ours']['tokens_per_second']/1e6:.2f}M/{x.get('gensim',{}).get('tokens_per_second',0)/1e6:.2f}M\" for x in r['threads']))" 2>/dev/null) | $((SECONDS - t)) |"
 grep "\[scaling\]" "$OUT/log" | sed 's/^/    /' >> "$OUT/summary.md"
 fi
+# the GPU through Ray (its last epoch) against the CPU cores' best in this call (W CPU workers, or one of T threads)
+summary "| GPU through Ray vs the CPU cores | $(python3 -c "
+import json
+gpu = json.load(open('$OUT/gpu_ray-1.json'))['last_epoch_tokens_per_second']
+s = json.load(open('$OUT/scaling.json'))
+best = max([r['tokens_per_second'] for r in s['workers']] + [r['ours']['tokens_per_second'] for r in s['threads']])
+print(f'{gpu/1e6:.2f}M / {best/1e6:.2f}M = {gpu/best:.1f}x')" 2>/dev/null) | |"
 echo; cat "$OUT/summary.md"
