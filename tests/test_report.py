@@ -43,7 +43,7 @@ def test_training_writes_a_line_per_epoch_with_each_workers_time_split(trained_m
     """The sample model (2 workers, 10 epochs): a start line, ten epoch lines in order with the loss the
     summary gives, tokens/s, bytes and each worker's own split, a checkpoint line, an end line."""
     lines = log_of(trained_model)
-    assert [line["event"] for line in lines][0] == "start" and lines[-1]["event"] == "end"
+    assert lines[0]["event"] == "start" and lines[-1]["event"] == "end"
     assert len({line["run"] for line in lines}) == 1
     epochs = [line for line in lines if line["event"] == "epoch"]
     assert [e["epoch"] for e in epochs] == list(range(1, 11))
@@ -158,7 +158,8 @@ def page(trained_model, sample_corpus, tmp_path_factory) -> str:
 
 def test_the_page_has_every_section_and_figure_and_loads_nothing_from_a_network(page, trained_model,
                                                                                    sample_corpus):
-    text = open(page, encoding="utf-8").read()
+    with open(page, encoding="utf-8") as fh:
+        text = fh.read()
     found = _Page()
     found.feed(text)
     for section in SECTIONS:
@@ -171,7 +172,7 @@ def test_the_page_has_every_section_and_figure_and_loads_nothing_from_a_network(
     # the figures come from evaluate's own machinery: its recall@10 and MRR, as `evaluate` gives them
     expected = heldout_metrics(trained_model, sample_corpus[1])
     quality = json.loads(re.search(r'<script type="application/json" id="figures">(.*?)</script>', text,
-                                   re.S).group(1))["quality"]
+                                   re.DOTALL).group(1))["quality"]
     assert quality["model"]["recall"][9] == pytest.approx(expected["model_recall@10"])
     assert quality["popularity"]["recall"][9] == pytest.approx(expected["popularity_recall@10"])
     assert quality["model"]["mrr"] == pytest.approx(expected["model_mrr"])
