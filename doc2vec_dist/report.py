@@ -25,8 +25,9 @@ with matplotlib; the style is inline; the page runs no script. Its figures' numb
 island (`<script type="application/json" id="figures">`) for other tools.
 
 The page reads samples, never a whole table of users: a 20M-user docs table is 8 GB. Users come from a
-few record batches of the corpus (corpus.sample_documents), their rows from the memory-mapped parts
-(Model.gather); the URL table is streamed a record batch at a time for the neighbours. The quality
+few record batches of the corpus (corpus.sample_documents), their rows kept as the parts stream by
+(_streamed_rows: a row read through the memory map maps a whole large folio, so 2,000 random users of 8 GB
+made 2 GiB resident); the URL table is streamed a record batch at a time for the neighbours. The quality
 section costs what `evaluate --heldout` costs (it reads the corpus's shards for the URLs each user saw).
 """
 
