@@ -631,8 +631,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="users, and most visited URLs, on the map")
     r.add_argument("--seed", type=int, default=0, help="seed of the samples (users on the map, users evaluated)")
     r.add_argument("--max-users", type=_count_or_all, default=5000, metavar="N|all",
-                   help="--heldout: rank the URLs of a random N of the users with held-out pairs (seed 0, as evaluate "
-                        "samples them; its cost grows with N x URLs), all or 0: every one")
+                   help="--heldout: rank the URLs of a random N of the users with held-out pairs (drawn by --seed, as "
+                        "evaluate draws them; the time grows with N x URLs), all or 0: every one")
     return p
 
 
