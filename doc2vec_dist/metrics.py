@@ -14,8 +14,9 @@ directory the run writes) and `run` (the run's id, as in its actors' names and i
     doc2vec_dist_server_pull_seconds{server}   counter  ... and gathering pulls
     doc2vec_dist_epoch, doc2vec_dist_round   gauge    where the run is (the epoch counted from 0)
 
-The driver records them all, from what it already asks each worker and server every tick (their
-progress, their info): no worker or server records a metric, so training itself pays nothing for them.
+The driver records them all, from what it asks each worker and server every tick (their progress, and
+each server's info, asked for these): no worker or server records a metric; the cost to training is
+the driver's, one small call per server a tick.
 Rows are the bytes moved over a row's bytes (client.TRAFFIC, TableSpec.row_bytes).
 """
 
