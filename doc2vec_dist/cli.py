@@ -349,7 +349,7 @@ def cmd_export(args) -> None:
         _export_urls(args)
         return
     r = export(args.model, args.table, args.out, format=args.format, progress=not args.no_progress,
-               normalize=args.normalize, dtype=args.dtype)
+               normalize=args.normalize, dtype=args.dtype, sample=args.sample, seed=args.seed)
     keys = f" (keys in {r['keys_path']})" if r.get("keys_path") else ""
     print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']}{keys} in {r['seconds']:.2f}s "
           f"({r['rows_per_second']:,.0f} rows/s, {r['parts']} parts, peak memory {r['peak_rss_bytes'] / 2**30:.2f} GiB)")
@@ -469,6 +469,13 @@ def cmd_evaluate(args) -> None:
                                                             test_fraction=args.test_fraction or 0.2))
     else:
         raise UserError("give --heldout FILE, --pairs FILE or --labels FILE")
+
+
+def cmd_report(args) -> None:
+    from .report import peak_line, report
+
+    print(peak_line(report(args.model, args.out, heldout=args.heldout, sample=args.sample, seed=args.seed,
+                           max_users=args.max_users or None)))
 
 
 def cmd_infer(args) -> None:
@@ -620,14 +627,19 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--table", default="docs", choices=("docs", "words", "words_out"),
                    help="docs: user vectors; words_out: URL output vectors; words: URL input vectors")
     e.add_argument("--out", required=True, help="file to write, or a directory for one part per parameter server")
-    e.add_argument("--format", default="parquet", choices=("parquet", "word2vec", "npy"),
-                   help="Parquet (key, vector), word2vec text (gensim's KeyedVectors) or a numpy matrix")
+    e.add_argument("--format", default="parquet", choices=("parquet", "word2vec", "npy", "projector"),
+                   help="Parquet (key, vector), word2vec text (gensim's KeyedVectors), a numpy matrix, or a directory "
+                        "for TensorBoard's projector (tensors.tsv, metadata.tsv of key, host, count, "
+                        "projector_config.pbtxt)")
     e.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
     e.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="vector element type")
     e.add_argument("--urls", metavar="LIST",
                    help="instead of the whole table, a vector for each URL of LIST (a Parquet or CSV file's url or "
                         "key column, else one URL a line), the model's or not: one it never saw composed from its "
                         "path, host or domain; writes Parquet key, vector, source (own, path, host, domain), part")
+    e.add_argument("--sample", type=_at_least_one("--sample"), metavar="N",
+                   help="--format projector: N users drawn at random (--seed), or the N most visited URLs, not every row")
+    e.add_argument("--seed", type=int, default=0, help="--sample: the seed of the users drawn")
 
     i = add("index", cmd_index, "build a faiss cosine index of a table or a (key, vector) Parquet, or update one "
                                 "to a refreshed table (--update)")
@@ -720,6 +732,18 @@ def make_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-users", type=_count_or_all, default=20_000, metavar="N|all",
                     help="--heldout: evaluate a random sample of N of the users with held-out pairs (seed 0; the "
                          "output says how many of how many); all or 0: every one")
+
+    r = add("report", cmd_report, "one self-contained HTML page of a model: the run, training (loss, tokens/s, "
+                                  "where the time went), quality (--heldout), a map of users and URLs, a refresh's drift")
+    r.add_argument("--model", required=True, help="model directory")
+    r.add_argument("--out", required=True, help="the page to write (an .html file; an earlier page is replaced)")
+    r.add_argument("--heldout", help="Parquet of hidden (key, token) pairs from prepare --holdout: the quality section")
+    r.add_argument("--sample", type=_at_least_one("--sample"), default=2000,
+                   help="users, and most visited URLs, on the map")
+    r.add_argument("--seed", type=int, default=0, help="seed of the samples (users on the map, users evaluated)")
+    r.add_argument("--max-users", type=_count_or_all, default=5000, metavar="N|all",
+                   help="--heldout: rank the URLs of a random N of the users with held-out pairs (drawn by --seed, as "
+                        "evaluate draws them; the time grows with N x URLs), all or 0: every one")
     return p
 
 

@@ -299,3 +299,34 @@ def _concat_chunks(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> t
     offsets = np.zeros(len(sizes) + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
     return doc_ids, offsets, tokens
+
+
+def sample_documents(corpus: Corpus, n: int, seed: int = 0, spread: int = 8) -> tuple[np.ndarray, list[np.ndarray]]:
+    """About `n` documents (doc ids, and each one's tokens), drawn with `seed` from `spread` record batches
+    picked at random over every shard, not from the whole corpus: a sample of a corpus of 20M users is a few
+    batches' read (shards hold the users by key hash, so a batch's users are as good as any)."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for path in corpus.shard_paths:
+        try:
+            count = pa.ipc.open_file(pa.memory_map(path)).num_record_batches
+        except (pa.ArrowException, OSError) as e:
+            raise CorpusError(f"{path}: cannot read shard: {one_line(e)}") from e
+        batches += [(path, b) for b in range(count)]
+    each = max(1, -(-n // max(1, min(spread, len(batches)))))
+    ids: list[np.ndarray] = []
+    tokens: list[np.ndarray] = []
+    for i in rng.permutation(len(batches)):
+        if len(ids) >= n:
+            break
+        path, b = batches[i]
+        batch = pa.ipc.open_file(pa.memory_map(path)).get_batch(b)
+        if batch.num_rows == 0:
+            continue
+        doc_ids, lists = numpy_of(batch.column(0)), batch.column(1)
+        offsets, values = numpy_of(lists.offsets), numpy_of(lists.values)
+        for row in np.sort(rng.choice(len(doc_ids), min(each, len(doc_ids), n - len(ids)), replace=False)):
+            ids.append(int(doc_ids[row]))
+            tokens.append(np.array(values[offsets[row]:offsets[row + 1]], np.int32))
+    order = np.argsort(ids, kind="stable")
+    return np.asarray(ids, np.int64)[order], [tokens[i] for i in order]

@@ -17,7 +17,8 @@ import sys
 
 # The packages of pyproject.toml's dependencies: the name they are imported by → the name pip knows.
 REQUIRED = {"torch": "torch", "gensim": "gensim", "pyarrow": "pyarrow", "ray": "ray", "numpy": "numpy",
-            "faiss": "faiss-cpu", "tqdm": "tqdm", "yaml": "PyYAML", "psutil": "psutil", "numba": "numba"}
+            "faiss": "faiss-cpu", "tqdm": "tqdm", "yaml": "PyYAML", "psutil": "psutil", "numba": "numba",
+            "matplotlib": "matplotlib"}
 
 
 def missing_packages() -> list[str]:

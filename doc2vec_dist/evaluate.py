@@ -10,8 +10,10 @@ The same ranking by global popularity is reported beside it as the baseline to b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +33,29 @@ from .urls import normalize, recorded
 SCORES_BYTES = 1 << 30  # the score matrices of one batch of users, at most
 
 
+@dataclasses.dataclass
+class HeldoutRanks:
+    """Where each held-out pair's URL landed in its user's ranking, for the model and the popularity baseline.
+
+    users: the doc ids evaluated (sorted); user_of_pair: each pair's position in `users`; ranks: per scorer,
+    each pair's URLs scored strictly above its hidden URL, capped at `upto` (a hidden URL the user was trained
+    on counts as `upto`); reciprocal: per scorer, each user's 1 / (1 + rank of its best hidden URL), uncapped."""
+
+    upto: int
+    users: np.ndarray
+    user_of_pair: np.ndarray
+    ranks: dict[str, np.ndarray]
+    reciprocal: dict[str, np.ndarray]
+    users_with_pairs: int
+    skipped_pairs: int
+
+    def recall(self, name: str, k: int) -> np.ndarray:
+        """Each user's recall@k (k <= upto): the share of its hidden URLs in its top k."""
+        hit = (self.ranks[name] < k).astype(np.float64)
+        return np.bincount(self.user_of_pair, weights=hit, minlength=len(self.users)) / np.bincount(
+            self.user_of_pair, minlength=len(self.users))
+
+
 def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None = 20_000, seed: int = 0,
                     corpus_path: str | None = None, batch: int = 512, baseline: bool = True) -> dict:
     """recall@k and MRR of the model and of the popularity baseline on held-out (key, token) pairs.
@@ -42,10 +67,25 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
     sample of that many (by `seed`) is evaluated: `users` says how many, `users_with_pairs` of how many.
     """
     k = check_k(k, "evaluate")
+    found = rank_heldout(model, heldout, k, max_users, seed, corpus_path, batch, baseline)
+    return {"k": k, "users": len(found.users), "users_with_pairs": found.users_with_pairs,
+            "pairs": len(found.user_of_pair), "skipped_pairs": found.skipped_pairs,
+            **{f"{name}_{metric}": value for name in found.ranks
+               for metric, value in ((f"recall@{k}", float(found.recall(name, k).mean())),
+                                     ("mrr", float(found.reciprocal[name].mean())))}}
+
+
+def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None = 20_000, seed: int = 0,
+                 corpus_path: str | None = None, batch: int = 512, baseline: bool = True,
+                 gather: Callable[[ModelDir, str, np.ndarray], np.ndarray] | None = None) -> HeldoutRanks:
+    """Rank every URL for each user with held-out pairs (heldout_metrics says how), by the model and by
+    popularity, and say where each hidden URL landed, up to rank `upto` (what recall@k for every k up to
+    it needs: the report's curve). gather(model, table, rows): how the users' rows are read (default:
+    Model.gather, from the memory-mapped parts; the report streams them)."""
     table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
     found = ModelDir.served(model)
-    doc_keys, vocab = found.keys("docs"), found.keys("words_out")
-    doc_ids = pc.index_in(table.column("key").cast(pa.string()), value_set=doc_keys.cast(pa.string()))
+    vocab = found.keys("words_out")
+    doc_ids = key_rows(found, "docs", table.column("key").cast(pa.string()))
     # the hidden URLs read by the model's URL rule, as infer reads a new user's (urls.py)
     rule = recorded(found.store.path("vocab.arrow"))
     tokens = normalize(table.column("token").cast(pa.string()).combine_chunks(), rule)
@@ -67,22 +107,21 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
     seen = seen_tokens(corpus_path, users)
     # only the evaluated users' rows, from the verified memory-mapped parts: the whole table of 20M
     # users is 8 GB, and with its prior column a second copy (the benchmark's 20M run ran out of 24 GiB)
-    doc_matrix, out_matrix = with_prior(Model(found.path).gather("docs", users), found.read_table("words_out"),
-                                        url_log_prior(found))
+    rows = Model(found.path).gather("docs", users) if gather is None else gather(found, "docs", users)
+    doc_matrix, out_matrix = with_prior(rows, found.read_table("words_out"), url_log_prior(found))
     counts = Corpus(corpus_path).counts()
-    # popularity as a score with no ties: minus the rank by count (then id)
-    popularity = torch.empty(len(counts), dtype=torch.float32)
-    popularity[torch.from_numpy(np.argsort(-counts, kind="stable"))] = -torch.arange(len(counts), dtype=torch.float32)
+    # popularity ranks by count (then id), with no ties: each URL's place in that order
+    popularity = np.empty(len(counts), np.int64)
+    popularity[np.argsort(-counts, kind="stable")] = np.arange(len(counts))
     batch = max(1, min(batch, SCORES_BYTES // (4 * max(len(counts), 1))))  # one [batch, URLs] float32 matrix
     outs = torch.from_numpy(np.ascontiguousarray(out_matrix.T))
+    del out_matrix  # its transposed copy is what is scored: 0.4 GB less held at 1M URLs
 
     order = np.argsort(docs, kind="stable")
     docs, words = docs[order], words[order]
     user_of_pair = np.searchsorted(users, docs)  # 0..len(users)-1
     scorers = {"model": lambda a, b: torch.from_numpy(doc_matrix[a:b]) @ outs}
-    if baseline:
-        scorers["popularity"] = lambda a, b: popularity.expand(b - a, -1).clone()
-    results = {name: ([], []) for name in scorers}
+    results = {name: ([], []) for name in [*scorers, *(["popularity"] if baseline else [])]}
     for a in range(0, len(users), batch):
         b = min(a + batch, len(users))
         p0, p1 = np.searchsorted(user_of_pair, [a, b])
@@ -93,32 +132,74 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
         for name, score in scorers.items():
             scores = score(a, b)
             scores[seen_rows, seen_cols] = -torch.inf  # seen URLs are not predictions
-            recall, reciprocal = rank_hidden(scores, rows, cols, k)
-            results[name][0].append(recall)
+            ranks, reciprocal = rank_hidden(scores, rows, cols, upto)
+            results[name][0].append(ranks)
             results[name][1].append(reciprocal)
-    return {"k": k, "users": len(users), "users_with_pairs": users_with_pairs, "pairs": len(docs),
-            "skipped_pairs": int(skipped),
-            **{f"{name}_{metric}": value for name, (recall, reciprocal) in results.items()
-               for metric, value in ((f"recall@{k}", float(np.concatenate(recall).mean())),
-                                     ("mrr", float(np.concatenate(reciprocal).mean())))}}
+        if baseline:  # the same ranking every user shares: counted, without a [batch, URLs] matrix of it
+            ranks, reciprocal = popularity_ranks(popularity, user_of_pair[p0:p1] - a, words[p0:p1], mine, upto)
+            results["popularity"][0].append(ranks)
+            results["popularity"][1].append(reciprocal)
+    return HeldoutRanks(upto, users, user_of_pair, {name: np.concatenate(r) for name, (r, _) in results.items()},
+                        {name: np.concatenate(q) for name, (_, q) in results.items()}, users_with_pairs, int(skipped))
 
 
 _NONE = np.zeros(0, np.int32)
 
 
-def rank_hidden(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of `scores` (a user; seen URLs at -inf): recall@k, the share of its hidden URLs (`cols`
-    at `rows`, every row has one) scored at or above its k-th best score, and the reciprocal rank of
-    its best hidden URL (1 / (1 + URLs scored strictly higher)). Whole-matrix operations, no Python
-    per user: 20k users x 100k URLs in seconds."""
+def popularity_ranks(place: np.ndarray, rows: np.ndarray, cols: np.ndarray, seen: list[np.ndarray],
+                     upto: int) -> tuple[np.ndarray, np.ndarray]:
+    """rank_hidden for the popularity ranking (`place`: each URL's place in it, from 0), counted: a hidden URL's
+    URLs ranked above it are those placed before it less the user's seen ones among them (its place in the
+    order, less how many of its seen URLs come before); a seen hidden URL counts as `upto`, as at -inf."""
+    placed = [np.unique(place[s]) for s in seen]  # each user's seen URLs' places, sorted
+    hidden = place[cols]
+    before = np.array([np.searchsorted(placed[r], h) for r, h in zip(rows.tolist(), hidden.tolist())], np.int64)
+    is_seen = np.array([i < len(placed[r]) and placed[r][i] == h
+                        for r, h, i in zip(rows.tolist(), hidden.tolist(), before.tolist())], bool)
+    ranks = np.where(is_seen, upto, np.minimum(hidden - before, upto)).astype(np.int32)
+    best = np.full(len(seen), len(place), np.int64)  # the best placed hidden URL not seen, per user
+    np.minimum.at(best, rows[~is_seen], hidden[~is_seen])
+    higher = np.array([b - np.searchsorted(placed[r], b) if b < len(place) else len(place) - len(placed[r])
+                       for r, b in enumerate(best.tolist())], np.float64)
+    return ranks, 1.0 / (1 + higher)
+
+
+def key_rows(found: ModelDir, table: str, keys: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The row id of each of `keys` in a key table of the model (null where it has none), found by hashing the
+    keys asked for and reading the key file's record batches past them: a 20M-user key table is never held,
+    nor hashed (as a value set of 20M strings it took 3 GB)."""
+    from .checkpoint import KEY_TABLES
+
+    asked = pc.unique(keys)
+    rows = np.full(len(asked), -1, np.int64)
+    name, column = KEY_TABLES[table]
+    with pa.memory_map(found.store.path(name)) as source:
+        reader = pa.ipc.open_file(source)
+        start = 0
+        for b in range(reader.num_record_batches):
+            batch = reader.get_batch(b).column(column).cast(pa.string())
+            hit = pc.index_in(batch, value_set=asked)
+            where = np.flatnonzero(pc.is_valid(hit).to_numpy(zero_copy_only=False))
+            rows[hit.filter(pc.is_valid(hit)).to_numpy()] = start + where
+            start += len(batch)
+    found_rows = pa.array(rows, mask=rows < 0)
+    return pc.take(found_rows, pc.index_in(keys, value_set=asked))
+
+
+def rank_hidden(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, upto: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per hidden URL (`cols` at `rows` of `scores`, a row per user, seen URLs at -inf; every row has one):
+    how many URLs score strictly above it, capped at `upto` (it is in a user's top k, k <= upto, exactly when
+    this is below k: ties with the k-th score count as in), a hidden URL at -inf counting as `upto`; and per
+    row, the reciprocal rank of its best hidden URL (1 / (1 + URLs scored strictly higher)). Whole-matrix
+    operations, no Python per user: 20k users x 100k URLs in seconds."""
     users = scores.shape[0]
     hidden = scores[rows, cols]
-    kth = scores.topk(min(k, scores.shape[1]), dim=1).values[:, -1]
-    hit = ((hidden >= kth[rows]) & (hidden > -torch.inf)).to(torch.float64)
-    recall = torch.bincount(rows, weights=hit, minlength=users) / torch.bincount(rows, minlength=users)
+    top = scores.topk(min(upto, scores.shape[1]), dim=1).values  # [users, upto], best first
+    above = (top[rows] > hidden[:, None]).sum(1)
+    ranks = torch.where(hidden > -torch.inf, above, torch.tensor(upto)).clamp(max=upto)
     best = torch.full((users,), -torch.inf).scatter_reduce(0, rows, hidden, "amax")
-    above = (scores > best[:, None]).to(torch.int32).sum(1, dtype=torch.int32)  # twice as fast as a bool sum
-    return recall.numpy(), (1.0 / (1 + above.to(torch.float64))).numpy()
+    higher = (scores > best[:, None]).to(torch.int32).sum(1, dtype=torch.int32)  # twice as fast as a bool sum
+    return ranks.numpy().astype(np.int32), (1.0 / (1 + higher.to(torch.float64))).numpy()
 
 
 def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:

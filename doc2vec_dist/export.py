@@ -13,6 +13,9 @@ task and never the table: nothing gathers the table in one place.
     word2vec                       a text piece per part written in parallel, joined behind the header
     npy, --out DIR                 DIR/vectors.npy filled in parallel at each row's id; DIR/keys.parquet
     npy, --out FILE.npy            FILE.npy filled the same way, its keys beside it in FILE.keys.parquet
+    projector, --out DIR           TensorBoard's projector: DIR/tensors.tsv, DIR/metadata.tsv (key, host,
+                                   count), DIR/projector_config.pbtxt; --sample N: N users at random, or
+                                   the N most visited URLs (export_projector)
 
 The Parquet files (and the keys of an npy export) record the model, version and table they came
 from (`provenance`), so an index or a neighbour query made from them can be checked against the model.
@@ -48,7 +51,8 @@ from .scoring import unit_rows
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("parquet", "word2vec", "npy")
+FORMATS = ("parquet", "word2vec", "npy", "projector")
+PROJECTOR_POINTS = 100_000  # about what TensorBoard's projector shows smoothly; more is exported, with a warning
 # Unique keys and float vectors gain nothing from dictionary pages or vector statistics, and
 # computing them halves the write speed (docs/benchmarks.md, "Figures behind the code's constants").
 # Trained float vectors do not compress (snappy saved 3% at 1M × 100 for a third more CPU), keys do.
@@ -193,7 +197,8 @@ def write_npy_rows(path: str, chunks, on_rows=None) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 def export(model: str, table: str, out: str, format: str = "parquet", progress: bool = True,
-           normalize: bool = False, dtype: str = "float32", runner: Runner | None = None) -> dict:
+           normalize: bool = False, dtype: str = "float32", runner: Runner | None = None, sample: int | None = None,
+           seed: int = 0) -> dict:
     """Write `table` of the model's LATEST checkpoint to `out`; returns rows, seconds, rows/s, peak memory.
 
     parquet: `out` ending in .parquet is one file (a row group per batch); otherwise a directory with
@@ -201,8 +206,14 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     keys.parquet row i, i = row id), or, for `out` ending in .npy, that one file with its keys beside
     it (users.npy: users.keys.parquet, outputs.npy_keys_path). normalize scales every vector to unit length (cosine = dot
     product downstream); dtype float16 halves the size. `runner` runs the per-part tasks (default:
-    threads in this process; jobs/export.py passes run_on_ray).
+    threads in this process; jobs/export.py passes run_on_ray). projector: export_projector, of `sample` rows
+    (None: every row); `sample` is refused for the other formats.
     """
+    if format == "projector":
+        return export_projector(model, table, out, sample=sample, seed=seed, normalize=normalize, progress=progress)
+    if sample is not None:
+        raise UserError(f"--sample {sample}: only --format projector exports a sample; the other formats export "
+                        "every row")
     if dtype not in ("float32", "float16"):
         raise UserError(f"unknown export dtype {dtype!r} (choose from float32, float16)")
     if format not in FORMATS:
@@ -367,3 +378,141 @@ def output_kind(out: str, format: str) -> str:
     if format == "npy" and out.endswith(".npy"):
         return "npy"
     return "vectors" if format == "parquet" and out.endswith(".parquet") else "export"
+
+
+# ---------------------------------------------------------------------------------------------------
+# TensorBoard's projector
+# ---------------------------------------------------------------------------------------------------
+
+def export_projector(model: str, table: str, out: str, sample: int | None = None, seed: int = 0,
+                     normalize: bool = False, progress: bool = True) -> dict:
+    """The directory `out` for TensorBoard's projector (`tensorboard --logdir OUT`, or the standalone projector's
+    Load): tensors.tsv (a row of tab-separated floats per point, written as the shortest text that reads back
+    as the same float32), metadata.tsv (a header, then key, host, count per point: for a user its most
+    visited host and its events in training; for a URL its host and count) and projector_config.pbtxt naming
+    them. `sample`: users drawn at random (seed), or the most visited URLs, rather than every row; a user
+    table's sample reads a few record batches of the corpus (corpus.sample_documents), never the table."""
+    from .corpus import Corpus, sample_documents
+    from .model import Model
+    from .urls import hosts
+
+    if sample is not None and sample < 1:
+        raise UserError(f"--sample {sample}: give at least 1 row")
+    t0 = time.perf_counter()
+    found = ModelDir.served(model)
+    spec = found.spec(table)
+    rows = spec["rows"] if sample is None else min(sample, spec["rows"])
+    if rows > PROJECTOR_POINTS:
+        log.warning(f"warning: {rows:,} points: TensorBoard's projector is smooth up to about {PROJECTOR_POINTS:,}; "
+                    "--sample N exports N of them")
+    tokens = found.vocab().column("token").combine_chunks()
+    corpus = None
+    if table == "docs":
+        with contextlib.suppress(UserError):
+            corpus = Corpus(found.corpus_path())
+    with outputs.replacing(out, "projector") as staged:
+        lines = 0
+        with open(os.path.join(staged.path, "tensors.tsv"), "wb") as tensors, \
+                open(os.path.join(staged.path, "metadata.tsv"), "wb") as metadata:
+            metadata.write(b"key\thost\tcount\n")
+            for ids, vectors, visited in _projector_rows(found, table, sample, seed, corpus, Model, sample_documents):
+                keys = found.keys(table).take(pa.array(ids)).cast(pa.string()) if table == "docs" else tokens.take(
+                    pa.array(ids)).cast(pa.string())
+                bad = pc.match_substring_regex(keys, r"[\t\n\r]")
+                if pc.any(bad).as_py():
+                    row = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
+                    raise UserError(f"projector format cannot hold key {keys[row].as_py()!r} (row id {ids[row]}): it "
+                                    "holds a tab or a line break; export as parquet instead")
+                if table == "docs":
+                    counts = _doc_lengths(found, ids)
+                    host = pa.array(most_visited_hosts(visited, tokens), pa.string())
+                else:
+                    counts = found.vocab().column("count").combine_chunks().take(pa.array(ids)).to_numpy()
+                    host = hosts(keys)
+                if normalize:
+                    vectors = unit_rows(vectors)
+                tensors.write(_tsv_floats(vectors))
+                meta = pc.binary_join_element_wise(keys, pc.fill_null(host, ""), pa.array(counts).cast(pa.string()),
+                                                   "\t")
+                metadata.write(pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(meta)], pa.int32()), meta),
+                                              "\n")[0].as_buffer())
+                metadata.write(b"\n")
+                lines += len(ids)
+        with open(os.path.join(staged.path, "projector_config.pbtxt"), "w") as fh:
+            fh.write(f'embeddings {{\n  tensor_name: "{table}"\n  tensor_path: "tensors.tsv"\n'
+                     f'  metadata_path: "metadata.tsv"\n}}\n')
+    seconds = time.perf_counter() - t0
+    return {"table": table, "rows": lines, "dim": spec["dim"], "path": out, "keys_path": None, "format": "projector",
+            "dtype": "float32", "normalized": normalize, "parts": len(spec["parts"]), "tasks": [],
+            "sampled": sample is not None, "seconds": round(seconds, 3),
+            "rows_per_second": lines / seconds if seconds else 0.0, "peak_rss_bytes": peak_rss_bytes()}
+
+
+def _projector_rows(found: ModelDir, table: str, sample: int | None, seed: int, corpus, Model, sample_documents):
+    """(ids, vectors, each row's visited URL ids or None) in batches: every row, part by part; or the sample."""
+    if sample is None:
+        for part in range(len(found.spec(table)["parts"])):
+            for ids, vectors in found.batches(table, part):
+                yield ids, vectors, (_visited(corpus, ids) if table == "docs" else None)
+        return
+    if table == "docs":
+        if corpus is not None:
+            ids, visited = sample_documents(corpus, sample, seed)
+        else:
+            total = found.spec(table)["rows"]
+            ids = np.sort(np.random.default_rng(seed).choice(total, min(sample, total), replace=False))
+            visited = [np.zeros(0, np.int32)] * len(ids)
+    else:  # ids are by frequency, but a refresh appends new URLs: take the counts
+        counts = found.vocab().column("count").to_numpy()
+        ids, visited = np.sort(np.argsort(-counts, kind="stable")[:sample]), None
+    ids = np.asarray(ids, np.int64)
+    yield ids, Model(found.path).gather(table, ids), visited
+
+
+def _visited(corpus, ids: np.ndarray) -> list[np.ndarray]:
+    """The URL ids each of these users visited, from the corpus (none where there is no corpus)."""
+    if corpus is None:
+        return [np.zeros(0, np.int32)] * len(ids)
+    from .scoring import seen_tokens
+
+    seen = seen_tokens(corpus.path, ids)
+    return [seen.get(int(i), np.zeros(0, np.int32)) for i in ids]
+
+
+def _doc_lengths(found: ModelDir, ids: np.ndarray) -> np.ndarray:
+    with pa.memory_map(found.store.path("docs.arrow")) as source:
+        table = pa.ipc.open_file(source).read_all()
+    if "length" not in table.column_names:
+        return np.zeros(len(ids), np.int64)
+    return table.column("length").take(pa.array(ids)).to_numpy()
+
+
+def most_visited_hosts(visited: list[np.ndarray], tokens: pa.Array) -> list[str | None]:
+    """Each user's most visited host (its URL ids `visited`, ids into `tokens`; ties: the host first in sort
+    order), None for a user with no URL that has a host (urls.hosts)."""
+    from .urls import hosts
+
+    every = np.concatenate(visited).astype(np.int64) if visited else np.zeros(0, np.int64)
+    found: list[str | None] = [None] * len(visited)
+    if not len(every):
+        return found
+    unique, back = np.unique(every, return_inverse=True)
+    names, codes = np.unique(np.array(hosts(tokens.take(pa.array(unique))).fill_null("").to_pylist(), dtype=object),
+                             return_inverse=True)
+    owner = np.repeat(np.arange(len(visited)), [len(v) for v in visited])
+    host = codes.reshape(-1)[back.reshape(-1)]
+    named = names[host] != ""
+    pairs, counts = np.unique(np.stack([owner[named], host[named]]), axis=1, return_counts=True)
+    order = np.lexsort((pairs[1], -counts, pairs[0]))  # per user: most visits first, then the host's name
+    users, first = np.unique(pairs[0][order], return_index=True)
+    for user, at in zip(users.tolist(), first.tolist()):
+        found[user] = str(names[pairs[1][order][at]])
+    return found
+
+
+def _tsv_floats(vectors: np.ndarray) -> bytes:
+    """One line of tab-separated floats per row, each the shortest text that reads back as the same float32."""
+    values = checkpoint.vectors_array(np.ascontiguousarray(vectors, dtype=np.float32)).cast(pa.list_(pa.string()))
+    lines = pc.binary_join(values, "\t")
+    return pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(lines)], pa.int32()), lines), "\n")[0].as_buffer() \
+        .to_pybytes() + b"\n"

@@ -62,12 +62,15 @@ DIR_KINDS = {k.name: k for k in (
     # exports/: jobs/train.py's default place for a model's exports (kept when the model is replaced;
     # each export in it is replaced by its own kind); *.tmp-*: a file being written (checkpoint._write_file);
     # gensim-corpus-*: the baseline's corpus text while gensim trains; WRITER.json: the lock of the run
-    # writing it (checkpoint.WRITER_FILE), which replacing the model leaves to that run
+    # writing it (checkpoint.WRITER_FILE), which replacing the model leaves to that run; training.jsonl: what
+    # its runs said as they went (runlog), replaced with the model
     Kind("model", "a model", "train or baseline",
          ("config.json", "LATEST", "checkpoints", "docs.arrow", "vocab.arrow", "eval-*.json", "exports", "*.tmp-*",
-          "gensim-corpus-*", "WRITER.json", "forget.arrow", "docs.arrow.forget-pending"),
+          "gensim-corpus-*", "WRITER.json", "forget.arrow", "docs.arrow.forget-pending", "training.jsonl"),
          legacy=("LATEST", "checkpoints")),
     Kind("export", "an export", "export", ("part-*.parquet", "vectors.npy", "keys.parquet")),
+    Kind("projector", "a projector export", "export --format projector",
+         ("tensors.tsv", "metadata.tsv", "projector_config.pbtxt")),
     Kind("index", "a faiss index", "index", ("index.faiss", "keys.parquet", "params.json", "vectors.npy")),
     # its entries have common names (validation/, compare/): a folder of the user's holding only such
     # names is not taken for a search, only one with the marker
@@ -76,7 +79,7 @@ DIR_KINDS = {k.name: k for k in (
     # jobs/refresh.py's DAY_DIR: each step's output inside is of its own kind; the marker keeps a second
     # refresh (and other commands) out of it, since a refresh writes only into a new or empty directory
     Kind("refresh", "a daily refresh", "jobs/refresh.py", ("corpus", "model", "exports", "index", "refresh.json",
-                                                          "*.tmp-*"), marked_only=True),
+                                                          "report.html", "*.tmp-*"), marked_only=True),
     # benchmarks/serving_benchmark.py's --work: its synthetic models, export, indexes and results; the marker is
     # what lets its --clean and its steps delete what they find under these names
     Kind("serving-benchmark", "a serving benchmark's work directory", "benchmarks/serving_benchmark.py",
@@ -84,7 +87,10 @@ DIR_KINDS = {k.name: k for k in (
 )}
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
               "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file",
-              "npy": "an npy matrix with its keys file beside it", "npy-keys": "the keys file of an npy matrix"}
+              "npy": "an npy matrix with its keys file beside it", "npy-keys": "the keys file of an npy matrix",
+              "report": "a report page"}
+# how a report page (report.py) says it is ours: a meta tag in its first lines
+REPORT_MARKER = b'<meta name="generator" content="doc2vec-dist report">'
 
 
 def npy_keys_path(path: str) -> str:
@@ -215,6 +221,8 @@ def file_kind(path: str) -> str | None:
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None
         return data.get(JSON_KEY) if isinstance(data, dict) else None
+    if head.lstrip()[:15].lower() == b"<!doctype html>":
+        return "report" if REPORT_MARKER in head[:4096] else None
     if head[:6] == b"\x93NUMPY":  # ours only beside the keys file export writes with it
         keys = npy_keys_path(path)
         return "npy" if path.endswith(".npy") and os.path.isfile(keys) and file_kind(keys) == "npy-keys" else None

@@ -29,6 +29,7 @@ from . import checkpoint, outputs, storage, warmup
 from .config import TEXT_SEGMENTS, TableSpec, TrainConfig, build, is_text, settle_segments
 from .corpus import Corpus
 from .errors import UserError
+from .metrics import RunMetrics
 from .placement import (
     actor_names,
     actor_nodes,
@@ -46,6 +47,7 @@ from .placement import (
     worker_options,
 )
 from .ps import ParameterServer, table_specs
+from .runlog import RunLog
 from .schedule import Blocks
 from .worker import Position, Worker, macro_batch_for, plan_of
 
@@ -490,6 +492,8 @@ def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: boo
         made = None  # finished: nothing to undo
         return summary
     except BaseException as exc:
+        if run is not None and run.log is not None:  # the training log says where and why the run stopped
+            run.log.write("stop", reason="interrupted" if isinstance(exc, KeyboardInterrupt) else _root_cause(exc))
         _stop(run, started_here)
         run = started_here = None
         if made is not None or config.resume:  # this run wrote to `out`: say what became of it
@@ -624,6 +628,13 @@ class _Run:
         self.dead_nodes: set[str] = set()  # as the last check found them
         self.grows: bool | None | str = "unknown"  # placement.cluster_can_grow(), asked once when needed
         self.resources: dict[str, float] = {}
+        # what the run says as it goes: MODEL/training.jsonl (runlog) and Ray's metrics (metrics), both
+        # from what the driver already has; made in start(), with the run's id
+        self.run_id = uuid.uuid4().hex[:12]
+        self.log: RunLog | None = None
+        self.metrics: RunMetrics | None = None
+        self.server_answers: dict[int, dict] = {}  # each server's last info (its apply time), for the metrics
+        self.where: list[str] = []
 
     def start(self) -> None:
         config, corpus = self.config, self.corpus
@@ -637,7 +648,7 @@ class _Run:
         self.resources = ray.cluster_resources()  # as the actors' requests were made: _watch's fit check
         # A server that dies is restarted by Ray and reloads its rows from LATEST in __init__; calls to
         # it are retried (a retried push lands on the restored rows, which never held it).
-        names = [f"doc2vec-dist-{uuid.uuid4().hex[:12]}-ps{s}" for s in range(config.num_ps)]
+        names = [f"doc2vec-dist-{self.run_id}-ps{s}" for s in range(config.num_ps)]
         journal = os.environ.get(PUSH_JOURNAL_ENV)  # every push written down: for tests
         resume = self.resume  # from a version older than LATEST: the servers load it until this run commits
         restore = (resume.version, resume.latest) if resume.version is not None and resume.version != resume.latest else None
@@ -663,8 +674,11 @@ class _Run:
         self.server_info = self._get([s.info.remote() for s in self.servers])
         for shard, answer in enumerate(self.server_info):
             self._seen(("server", shard), answer)
-        for line in where_lines(self.node_of, ray.nodes()):  # one line per node: which actors run there
+        self.where = where_lines(self.node_of, ray.nodes())
+        for line in self.where:  # one line per node: which actors run there
             log.info(line)
+        self.log = RunLog(self.out, self.run_id)
+        self.metrics = RunMetrics(self.out, self.run_id, tables["words_out"].row_bytes)
         self.last_ckpt = time.perf_counter()
 
     def stop(self) -> None:
@@ -678,6 +692,8 @@ class _Run:
         bar = tqdm(total=total, unit="tok", unit_scale=True, disable=not config.progress,
                    desc="train", dynamic_ncols=True, file=sys.stderr)
         bar.update(corpus.tokens_before(self.resume.epoch, config.first_epoch))
+        self.log.write("start", resumed_from=self.resume.version if config.resume else None, epoch=self.resume.epoch,
+                       config=dataclasses.asdict(config), corpus=corpus.path, where=self.where)
         for epoch in range(self.resume.epoch, config.epochs):
             starts = self.resume.positions if epoch == self.resume.epoch else None
             t0 = time.perf_counter()
@@ -686,6 +702,7 @@ class _Run:
             wall = time.perf_counter() - t0 - (self.ckpt_seconds - ckpt_before)
             train_seconds += wall
             epoch_stats.append(stats)
+            self.log.write("epoch", **epoch_line(epoch + 1, stats, wall, starts))
             report = self.on_epoch and (self.report_at is None or epoch + 1 in self.report_at
                                         or epoch == config.epochs - 1)
             if epoch == config.epochs - 1 or config.checkpoint_every > 0 or report:
@@ -706,6 +723,9 @@ class _Run:
                        servers_loaded_from=[info["restored_version"] for info in now],
                        server_apply_seconds=round(sum(info["apply_seconds"] for info in now), 3),
                        server_busy_seconds=round(sum(info["apply_seconds"] + info["pull_seconds"] for info in now), 3))
+        self.metrics.servers(dict(enumerate(now)))
+        self.log.write("end", **{k: summary[k] for k in ("train_seconds", "checkpoint_seconds", "tokens_per_second",
+                                                        "worker_restarts", "server_restarts", "server_apply_seconds")})
         return summary
 
     def _run_epoch(self, epoch: int, starts: list[Position] | None, bar: tqdm) -> dict:
@@ -727,7 +747,11 @@ class _Run:
         for s in last:
             s.pop("handover", None)
         # tokens, pairs and loss of the epoch are the last round's; seconds and bytes add up over the rounds
-        return {"epoch": epoch, **combine(every), **{k: v for k, v in combine(last).items() if k in ("tokens", "pairs", "loss")}}
+        # (`every` holds each round's workers in order: worker i's rounds are every[i::workers])
+        own = [{**combine(every[i::workers]), **{k: last[i][k] for k in ("tokens", "pairs", "loss")}}
+               for i in range(workers)]
+        return {"epoch": epoch, **combine(every), **{k: v for k, v in combine(last).items() if k in ("tokens", "pairs", "loss")},
+                "workers": own}
 
     def _run_round(self, epoch: int, starts: list[Position], bar: tqdm, handed: list) -> list[dict]:
         """Every worker trains its data (on the block schedule: the tokens of the block it holds this
@@ -735,6 +759,7 @@ class _Run:
         config, workers = self.config, self.workers
         base = self.corpus.tokens_before(epoch, config.first_epoch)
         self.starts, self.handed = list(starts), list(handed)
+        self.metrics.position(epoch, starts[0].round)
         pending = {w.run_epoch.remote(epoch, self.starts[i], self.handed[i]): i for i, w in enumerate(workers)}
         finished: dict[int, dict] = {}
         while pending:
@@ -749,8 +774,11 @@ class _Run:
                     raise TrainingStopped(f"training stopped in epoch {epoch}: {_root_cause(exc)}") from None
             # progress: what each worker still training last answered (a call that has not answered,
             # a worker restarting or out of reach, is never waited for: the tick goes on)
-            self._ask([("worker", i) for i in range(len(workers)) if i not in finished])
+            self._ask([("worker", i) for i in range(len(workers)) if i not in finished]
+                      + [("server", s) for s in range(len(self.servers))])
             self._watch()
+            self.metrics.workers({i: self.answers[i] for i in range(len(workers)) if i not in finished and i in self.answers})
+            self.metrics.servers(self.server_answers)
             live = [self.answers[i] for i in range(len(workers)) if i not in finished and i in self.answers]
             now = combine(list(finished.values())
                           + [s for s in live if (s["epoch"], s.get("round", 0)) == (epoch, starts[0].round)])
@@ -761,6 +789,7 @@ class _Run:
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
         done = [finished[i] for i in range(len(workers))]
+        self.metrics.workers(dict(enumerate(done)), final=True)  # each worker's last figures of the round
         # The time each worker waited at the round's end for the last one (the barrier); 0 for one worker.
         end = max(s["ended"] for s in done)
         for s in done:
@@ -774,6 +803,7 @@ class _Run:
             raise TrainingStopped(f"training stopped in epoch {epoch}: worker {i} failed too often "
                                   f"({_root_cause(exc)})")
         log.warning(f"worker {i} failed ({_root_cause(exc)}); restarting it from its last checkpointed position")
+        self.log.write("restart", worker=i, epoch=epoch, reason=_root_cause(exc))
         self._await_restart(i, _root_cause(exc))
         # Its position in the last checkpoint, if that checkpoint is of this epoch; else the epoch's
         # start (checkpoints off, or none yet this epoch). Its pushes since then are in the servers:
@@ -844,6 +874,8 @@ class _Run:
             self._seen(key, answer)
             if key[0] == "worker":
                 self.answers[key[1]] = answer
+            else:
+                self.server_answers[key[1]] = answer
 
     def _seen(self, key: tuple[str, int], answer: dict) -> None:
         """An actor answered from answer["node"]: it runs there, and is back if that node is alive and the
@@ -965,6 +997,7 @@ class _Run:
                 (i, cause), = died
                 log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} had its "
                             "rows; training that epoch again from the last checkpoint")
+                self.log.write("restart", worker=i, epoch=epoch - 1, reason=cause)
                 self._await_restart(i, cause)
                 with contextlib.suppress(ray.exceptions.RayError):  # (the restarted one is not paused)
                     self._get([w.resume.remote() for w in self.workers], within=60)
@@ -1003,6 +1036,8 @@ class _Run:
         self.last_positions, self.last_epoch = positions, epoch
         self.ckpt_seconds += time.perf_counter() - t0
         self.last_ckpt = time.perf_counter()
+        self.log.write("checkpoint", version=version, epoch=epoch, mid_epoch=positions is not None,
+                       seconds=round(time.perf_counter() - t0, 3))
 
     def _save(self, version: int) -> list[dict]:
         """Every server writes its slice of `version`; each server's entries. When one fails, the
@@ -1043,6 +1078,20 @@ def combine(stats: list[dict]) -> dict:
             moved[k] = moved.get(k, 0) + v
     return {"tokens": sum(s["tokens"] for s in stats), "pairs": sum(s["pairs"] for s in stats),
             "loss": sum(s["loss"] for s in stats), "seconds": seconds, "bytes": moved}
+
+
+def epoch_line(done: int, stats: dict, wall: float, starts: list[Position] | None) -> dict:
+    """An epoch's line of the training log (runlog): the epoch's figures and each worker's; tokens/s count
+    what this run trained (a resumed epoch's first part was trained before it)."""
+    before = [p.tokens for p in starts] if starts else [0] * len(stats["workers"])
+
+    def figures(s: dict, trained: int) -> dict:
+        return {"tokens": s["tokens"], "pairs": s["pairs"], "loss": s["loss"] / max(s["pairs"], 1),
+                "tokens_per_second": trained / wall if wall else 0.0,
+                "seconds": {k: round(v, 4) for k, v in s["seconds"].items()}, "bytes": s["bytes"]}
+
+    return {"epoch": done, "wall_seconds": round(wall, 4), **figures(stats, stats["tokens"] - sum(before)),
+            "workers": [{"worker": i, **figures(w, w["tokens"] - before[i])} for i, w in enumerate(stats["workers"])]}
 
 
 def time_split(seconds: dict[str, float]) -> str:

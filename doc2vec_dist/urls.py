@@ -296,3 +296,13 @@ def _glob_regex(glob: str) -> str:
 
 __all__ = ["DEFAULT_DROP_PARAMS", "RAW", "RULE_KEY", "RULE_VERSION", "UrlRule", "http_urls", "normalize",
            "normalize_distinct", "recorded", "report_line"]
+
+
+# scheme :// [userinfo @] host: the host of an absolute URL (an IPv6 literal with its brackets)
+_HOST = r"^[A-Za-z][A-Za-z0-9+.\-]*://(?:[^/?#@]*@)?(?P<host>\[[^\]/]*\]|[^/?#:@]+)"
+
+
+def hosts(values: pa.Array) -> pa.Array:
+    """The host of each absolute URL of `values`, lower-cased; null for any other token (a word, an item id)."""
+    found = pc.extract_regex(values, _HOST)
+    return pc.utf8_lower(pc.struct_field(found, "host"))

@@ -141,6 +141,18 @@ def drift(old: str, new: str, sample: int = DRIFT_SAMPLE, seed: int = 0) -> dict
     """cosine(old, new) over the keys both models have, per table both have: median, 5th and 95th
     percentile and the share below 0.5, from a seeded sample of at most `sample` rows (ids are kept by
     a refresh, so the shared keys are the old model's rows)."""
+    found = {}
+    for table, (rows, cosine) in drift_cosines(old, new, sample, seed).items():
+        found[table] = {"rows": rows, "measured": len(cosine),
+                        "median": float(np.median(cosine)), "p5": float(np.percentile(cosine, 5)),
+                        "p95": float(np.percentile(cosine, 95)), "below_0.5": float((cosine < 0.5).mean())}
+    return found
+
+
+def drift_cosines(old: str, new: str, sample: int = DRIFT_SAMPLE, seed: int = 0) -> dict[str, tuple[int, np.ndarray]]:
+    """Per table both models have: (the rows they share, cosine(old, new) of a seeded sample of at most
+    `sample` of them), rows never trained in either (all zero: words_out's) left out; what `drift`
+    summarises and the report draws."""
     from .model import Model
     from .scoring import unit_rows
 
@@ -161,11 +173,8 @@ def drift(old: str, new: str, sample: int = DRIFT_SAMPLE, seed: int = 0) -> dict
         a, b = unit_rows(before.gather(table, compact.old_ids(ids, gone))), unit_rows(after.gather(table, ids))
         live = (np.abs(a).sum(1) > 0) & (np.abs(b).sum(1) > 0)  # words_out rows never trained stay zero
         cosine = (a[live] * b[live]).sum(1)
-        if not len(cosine):
-            continue
-        found[table] = {"rows": int(rows), "measured": len(cosine),
-                        "median": float(np.median(cosine)), "p5": float(np.percentile(cosine, 5)),
-                        "p95": float(np.percentile(cosine, 95)), "below_0.5": float((cosine < 0.5).mean())}
+        if len(cosine):
+            found[table] = (int(rows), cosine)
     return found
 
 

@@ -19,7 +19,8 @@ the job runs on a cluster):
                                                           → DAY_DIR/exports/users, DAY_DIR/exports/urls
   4. index    --index OLD_INDEX updated to the new users' vectors, else a new one → DAY_DIR/index
   5. report   one summary block (what is new, how far known users moved, the index's changes and
-              recall, the time of each step), also written as DAY_DIR/refresh.json
+              recall, the time of each step), also written as DAY_DIR/refresh.json; and the page
+              (doc2vec-dist report: the run, the space, the known users' drift)   → DAY_DIR/report.html
 
 DAY_DIR must be new or empty: a refresh never writes over anything, not even an earlier refresh (remove
 a failed one to run that day again). Yesterday's DAY_DIR/model and DAY_DIR/index are today's
@@ -249,6 +250,7 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     from doc2vec_dist.export import export
     from doc2vec_dist.index import build_index, update_index
     from doc2vec_dist.prepare import prepare
+    from doc2vec_dist.report import report as make_report
     from doc2vec_dist.runners import run_on_ray
     from doc2vec_dist.trainer import train
 
@@ -292,6 +294,10 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     else:
         result["index"] = build_index(job.path("index"), kind=job.index_kind or "auto", **common)
     stages["index"] = time.perf_counter() - t
+
+    t = time.perf_counter()  # the page: the run, the space, and how far the known users moved
+    result["report"] = make_report(model, job.path("report.html"))["path"]
+    stages["report"] = time.perf_counter() - t
     storage.write_local(job.path("refresh.json"), storage.json_bytes(result))
     return result
 
@@ -329,7 +335,8 @@ def report(result: dict) -> None:
         print(("  index    " + line.removeprefix("index ")) if i == 0 else "           " + line)
     stages = result["stages"]
     print("  times    " + ", ".join(f"{k} {v:.1f}s" for k, v in stages.items()) + f"; total {sum(stages.values()):.1f}s")
-    print(f"outputs: {result['out']} (corpus, model, exports/users, exports/urls, index, refresh.json)")
+    print(f"outputs: {result['out']} (corpus, model, exports/users, exports/urls, index, refresh.json, report.html)")
+    print(f"report: {result['report']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The whole job: prepare (if needed) → train on Ray → export → faiss index → evaluate.
+"""The whole job: prepare (if needed) → train on Ray → export → faiss index → evaluate → the report page.
 
     python jobs/train.py                                   # the bundled sample, a local Ray started here
     python jobs/train.py --input events/ --out runs/mine/model   # your events, the library's defaults
@@ -56,6 +56,7 @@ DEFAULT_CONFIG = os.path.join(ROOT, "jobs", "configs", "sample.yaml")
 DATA_KEYS = ("input", "corpus", "out")
 # Beside the model directory OUT, with --input: the corpus the job prepares, and the held-out pairs of --holdout.
 CORPUS_SUFFIX, HELDOUT_SUFFIX = "-corpus", "-heldout.parquet"
+REPORT_PAGE = "report.html"  # the job's page (doc2vec-dist report), in the exports directory
 # The prepare settings that make a corpus what it is, as corpus.json records them: a corpus found at the
 # job's corpus path is used only when it was prepared from the same input files with these same settings.
 CORPUS_SETTINGS = ("format", "doc_col", "token_col", "time_col", "min_count", "max_vocab", "holdout", "holdout_out",
@@ -210,6 +211,7 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | 
     from doc2vec_dist.index import build_index
     from doc2vec_dist.model import neighbors
     from doc2vec_dist.prepare import prepare
+    from doc2vec_dist.report import report as make_report
     from doc2vec_dist.trainer import train
 
     origin = origin or Origin(None)
@@ -255,6 +257,10 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | 
                          "similar_users": neighbors(model, [first_user], k=5).column("neighbor").to_pylist(),
                          "likely_urls": neighbors(model, [first_user], k=5, against="words_out")
                          .column("neighbor").to_pylist()}
+    t = time.perf_counter()  # the page a person reads: how the run went, and the model's quality and space
+    result["report"] = make_report(model, os.path.join(job.exports, REPORT_PAGE),
+                                   heldout=heldout if heldout and os.path.exists(heldout) else None)["path"]
+    stages["report"] = time.perf_counter() - t
     storage.write_local(os.path.join(job.exports, "job.json"), storage.json_bytes(result))
     return result
 
@@ -378,6 +384,7 @@ def report(result: dict, job: JobConfig) -> None:
     print(f"user {ex['user']}: similar users {', '.join(ex['similar_users'])}")
     print(f"  likeliest URLs: {', '.join(ex['likely_urls'])}")
     print(f"outputs: model {job.out}, exports {job.exports} (users.parquet, urls.parquet, users.index, job.json)")
+    print(f"report: {result['report']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -561,6 +561,24 @@ CASES = [
          "--calibrate-workers 3: give 1 to --num-workers (1)"),
     Case("plan --network-gbps 0", "plan --corpus {corpus} --no-calibrate --network-gbps 0", "error",
          "--network-gbps must be > 0 (given 0)"),
+    # --- issue 52: the report page, the training log, the projector export ---------------------------------------
+    Case("report over a page of the user's", "report --model {model} --out {t}/notes.html", "error",
+         "{t}/notes.html: exists and is not a file doc2vec-dist wrote", {"notes.html": b"<!doctype html><p>mine</p>"},
+         "{t}/notes.html"),
+    Case("report of a folder that is no model", "report --model {t} --out {t}/r.html", "error",
+         "{t}: not a trained model (no LATEST file)", untouched="{t}/r.html"),
+    Case("report with held-out pairs that are not there", "report --model {model} --heldout {t}/nope.parquet "
+         "--out {t}/r.html", "error", "{t}/nope.parquet: cannot read held-out pairs", untouched="{t}/r.html"),
+    Case("train --resume of a model another run writes (its training log too)", "train --corpus {corpus} --out {model} "
+         "--resume --epochs 11", "error", "{model} is being written by another run (host ", {"@locked": ""},
+         "{model}/training.jsonl"),
+    Case("export --sample of a format that exports every row", "export --model {model} --sample 5 --out {t}/u.parquet",
+         "error", "--sample 5: only --format projector exports a sample", untouched="{t}/u.parquet"),
+    Case("export --format projector into a folder of the user's", "export --model {model} --format projector "
+         "--out {t}/mine", "error", "{t}/mine: exists and is not a projector export made by doc2vec-dist (it holds "
+         "keep.txt)", {"mine/keep.txt": b"mine"}, "{t}/mine"),
+    Case("export --format projector --sample 0", "export --model {model} --format projector --sample 0 --out {t}/p",
+         "error", "bad value for --sample: '0' (a whole number >= 1)", untouched="{t}/p"),
     # --- issue 48: --device-memory -------------------------------------------------------------------------
     Case("--device-memory 0", "train --corpus {corpus} --out {t}/m --device-memory 0", "error",
          "bad training config: device_memory must be > 0", untouched="{t}/m"),

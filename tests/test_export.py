@@ -322,3 +322,82 @@ def test_npy_data_offset_reads_the_preamble_of_every_header_version(tmp_path):
         with open(path, "rb") as fh:
             fh.seek(npy_data_offset(path))
             np.testing.assert_array_equal(np.frombuffer(fh.read(), dtype=np.float32).reshape(3, 4), rows)
+
+
+# -- export --format projector (issue 52, item 4) -----------------------------------------------------
+
+def projector_config_class():
+    """tensorboard.projector.ProjectorConfig, built from TensorBoard's projector_config.proto (its fields and
+    numbers as that file declares them; tensorboard is not installed here, protobuf is): its text format then
+    parses a config as TensorBoard's plugin does (text_format into this message), unknown fields refused."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="projector_config.proto", package="tensorboard.projector",
+                                               syntax="proto3")
+
+    def message(name, *fields):
+        m = proto.message_type.add(name=name)
+        for number, (fname, ftype, repeated, type_name) in enumerate(fields, 1):
+            added = m.field.add(name=fname, number=number, type=ftype,
+                                label=field.LABEL_REPEATED if repeated else field.LABEL_OPTIONAL)
+            if type_name:
+                added.type_name = type_name
+
+    string, uint32, nested = field.TYPE_STRING, field.TYPE_UINT32, field.TYPE_MESSAGE
+    message("SpriteMetadata", ("image_path", string, False, None), ("single_image_dim", uint32, True, None))
+    message("EmbeddingInfo", ("tensor_name", string, False, None), ("metadata_path", string, False, None),
+            ("bookmarks_path", string, False, None), ("tensor_shape", uint32, True, None),
+            ("sprite", nested, False, ".tensorboard.projector.SpriteMetadata"), ("tensor_path", string, False, None))
+    message("ProjectorConfig", ("model_checkpoint_path", string, False, None),
+            ("embeddings", nested, True, ".tensorboard.projector.EmbeddingInfo"),
+            ("model_checkpoint_dir", string, False, None))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorboard.projector.ProjectorConfig"))
+
+
+def read_projector(out) -> tuple[object, np.ndarray, list[list[str]]]:
+    """The three files read as TensorBoard's projector reads them (tensorboard is not a dependency, nor installed
+    here: a faithful reading of its documented formats, checked by hand against TensorBoard 2.21's own reader,
+    see docs/commands.md): projector_config.pbtxt parsed by protobuf's text format into a ProjectorConfig;
+    tensors.tsv as projector_plugin._read_tensor_tsv_file reads it (each non-empty line split on tabs, every
+    field a float, float32); metadata.tsv, a header line of column names (the projector takes the first line as
+    a header where there is more than one column) and then one row per tensor row."""
+    from google.protobuf import text_format
+
+    with open(os.path.join(out, "projector_config.pbtxt")) as fh:
+        config = text_format.Parse(fh.read(), projector_config_class()())
+    assert len(config.embeddings) == 1, config
+    embedding = config.embeddings[0]
+    with open(os.path.join(out, embedding.tensor_path)) as fh:
+        tensors = np.array([[float(v) for v in line.split("\t")] for line in (raw.rstrip("\n") for raw in fh) if line],
+                           dtype=np.float32)
+    with open(os.path.join(out, embedding.metadata_path), encoding="utf-8") as fh:
+        rows = [line.rstrip("\n").split("\t") for line in fh]
+    assert len({len(row) for row in rows}) == 1 and len(rows[0]) > 1  # a header, every row as wide
+    return embedding, tensors, rows
+
+
+def test_projector_export_of_a_sample_of_users_and_of_the_urls(trained_model, doc_keys, doc_matrix, tmp_path):
+    out = tmp_path / "users"
+    result = export(trained_model, "docs", str(out), format="projector", sample=300, progress=False)
+    embedding, tensors, rows = read_projector(out)
+    assert result["rows"] == 300 and tensors.shape == (300, DIM) and len(rows) == 301
+    assert rows[0] == ["key", "host", "count"]
+    keys = [r[0] for r in rows[1:]]
+    assert len(set(keys)) == 300 and set(keys) <= set(doc_keys)
+    row_of = {key: i for i, key in enumerate(doc_keys)}
+    np.testing.assert_array_equal(tensors, doc_matrix[[row_of[k] for k in keys]])  # the text loses no bit
+    lengths = Corpus(checkpoint.ModelDir(trained_model).corpus_path()).docs().column("length").to_pylist()
+    assert [int(r[2]) for r in rows[1:]] == [lengths[row_of[k]] for k in keys]  # a user's count: its events
+    assert all(r[1] and "/" not in r[1] for r in rows[1:])  # its most visited host
+    assert embedding.tensor_name == "docs" and list(embedding.tensor_shape) in ([], [300, DIM])
+
+    urls = tmp_path / "urls"
+    export(trained_model, "words_out", str(urls), format="projector", sample=50, progress=False)
+    _, url_tensors, url_rows = read_projector(urls)
+    vocab = checkpoint.ModelDir(trained_model).vocab()
+    assert url_tensors.shape == (50, DIM) and [r[0] for r in url_rows[1:]] == vocab.column("token").to_pylist()[:50]
+    assert [int(r[2]) for r in url_rows[1:]] == vocab.column("count").to_pylist()[:50]  # the most visited
+    assert all(r[0].split("/")[2].removeprefix("www.") in r[0] and r[1] == r[0].split("/")[2] for r in url_rows[1:])

@@ -58,6 +58,12 @@ def test_job_runs_prepare_train_export_index_in_process(ray_cluster, tmp_path, c
     check_outputs(tmp_path)
     out = capsys.readouterr().out
     assert "held-out recall@10: model" in out and "similar users" in out
+    # the last line names the page, written beside the exports, with the held-out pairs' quality section
+    page = tmp_path / "exports" / "report.html"
+    assert out.strip().splitlines()[-1] == f"report: {page}"
+    text = page.read_text()
+    assert all(f'<section id="{s}">' in text for s in ("run", "training", "quality", "space"))
+    assert '<figure id="fig-recall">' in text
     meta = json.loads((tmp_path / "corpus" / "corpus.json").read_text())
     assert meta["parallel"] == 2
     settings = {k: meta[k] for k in ("time_col", "min_count", "holdout", "seed")}

@@ -69,7 +69,8 @@ def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_pa
     assert load_job("refresh").main(["--events", days["events2"], "--base-model", days["model"], "--out", str(day),
                                      "--no-progress", "--recall-queries", "200"]) == 0
     out = capsys.readouterr().out
-    assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json"])
+    assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json",
+                                              "report.html"])
     corpus = Corpus(str(day / "corpus"))
     assert corpus.meta["time_col"] == "ts" and corpus.meta["refresh"]["base"] == days["model"]
     new_keys, old_keys = _keys(str(day / "model")), _keys(days["model"])
@@ -90,10 +91,17 @@ def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_pa
     assert users.schema.field("vector").type.list_size == 8
     index = report["index"]
     assert index["kind"] == "flat" and index["rows"] == corpus.num_docs and "update" not in index
-    assert set(report["stages"]) == {"prepare", "train", "export", "index"}
+    assert set(report["stages"]) == {"prepare", "train", "export", "index", "report"}
     assert f"users: {len(old_keys):,} known, {refresh['new_docs']:,} new, {refresh['grown_docs']:,} grown" in out
     assert "drift    users cosine(old, new) median" in out and "index    flat: " in out
     assert "times    prepare" in out
+    # the page: its last line names it; the drift of the known users drawn, and the counts of new and grown ones
+    assert out.strip().splitlines()[-1] == f"report: {day / 'report.html'}"
+    page = (day / "report.html").read_text()
+    assert '<section id="refresh">' in page and '<figure id="fig-drift">' in page
+    figures = json.loads(page.split('<script type="application/json" id="figures">')[1].split("</script>")[0])
+    assert figures["refresh"]["new_docs"] == refresh["new_docs"] and figures["refresh"]["grown_docs"] == refresh["grown_docs"]
+    assert figures["drift"]["docs"]["median"] == pytest.approx(report["train"]["drift"]["docs"]["median"], abs=1e-6)
     # on the session's Ray, prepare ran as Ray tasks and made the single process's refresh (issue 30, item 5)
     assert corpus.meta["parallel"] == 2
     settings = {k: corpus.meta[k] for k in ("format", "doc_col", "token_col", "time_col", "min_count", "max_vocab",
@@ -252,7 +260,8 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
     assert f"resumed from v{version}" in out.err
     assert checkpoint.load_manifest(model)[1]["epoch"] == 30
     assert snapshot(str(day / "corpus")) == corpus  # not prepared again
-    assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json"])
+    assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json",
+                                              "report.html"])
     report = json.loads((day / "refresh.json").read_text())
     assert report["index"]["rows"] == Corpus(str(day / "corpus")).num_docs
     assert ds.dataset(str(day / "exports" / "users")).count_rows() == report["index"]["rows"]
