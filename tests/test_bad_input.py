@@ -516,6 +516,13 @@ CASES = [
     # --- issue 48: --device-memory -------------------------------------------------------------------------
     Case("--device-memory 0", "train --corpus {corpus} --out {t}/m --device-memory 0", "error",
          "bad training config: device_memory must be > 0", untouched="{t}/m"),
+    # --- issue 48: --kernel fused (triton_kernel.py) ------------------------------------------------------------
+    Case("--kernel fused for PV-DM", "train --corpus {corpus} --out {t}/m --kernel fused --mode dm", "error",
+         "bad training config: --kernel fused does not train --mode dm (several input rows an example): use "
+         "--kernel batched", untouched="{t}/m"),
+    Case("--kernel fused where triton is not installed", "train --corpus {corpus} --out {t}/m --kernel fused",
+         "error", "bad training config: --kernel fused needs triton, which is not installed here: pip install triton",
+         {"@no-triton": b""}, untouched="{t}/m"),
 ]
 
 
@@ -551,7 +558,7 @@ def _damage(model: str, files: dict) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot, tmpfs, request):
+def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot, tmpfs, request, monkeypatch):
     t = str(tmp_path / "w")
     os.makedirs(t)
     model = shutil.copytree(trained_model, str(tmp_path / "model"))
@@ -573,6 +580,8 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
             fh.write(content)
     _damage(model, case.files)
     _mount(t, model, case.files, tmpfs)
+    if "@no-triton" in case.files:  # what `import triton` finds where it is not installed
+        monkeypatch.setitem(sys.modules, "triton", None)
     if "@shard" in case.files:
         os.truncate(os.path.join(corpus, "shards", "part-00000.arrow"), 100)
     if "@locked" in case.files:  # another run writes the model: this process holds its lock meanwhile
