@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.device == "cpu":  # Triton's interpreter is chosen as triton is first imported, which torch.profiler does
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
     import torch
 
