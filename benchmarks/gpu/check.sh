@@ -71,8 +71,8 @@ def has(m):
     except ImportError:
         return False
 import importlib.metadata as md
-print('triton', md.version('triton') if has('triton') else 'absent', '| nvcc', shutil.which('nvcc') or 'absent',
-      '| numba.cuda', 'present' if has('numba') and has('numba.cuda') else 'absent')" | tee "$OUT/kernel_tools.txt"
+print('triton', md.version('triton') if has('triton') else 'absent', '; nvcc', shutil.which('nvcc') or 'absent',
+      '; numba.cuda', 'present' if has('numba') and has('numba.cuda') else 'absent')" | tee "$OUT/kernel_tools.txt"
 nproc; free -g | head -2; lscpu 2>/dev/null | grep -i -E "model name|^socket|core|thread|mhz" || true
 summary "| kernel tools | $(cat "$OUT/kernel_tools.txt" 2>/dev/null) | |"
 summary "| install | $(python3 -c 'import ray, gensim, faiss; print("ray", ray.__version__, "gensim", gensim.__version__)' 2>&1 | tail -1) | $((SECONDS - t)) |"
