@@ -11,6 +11,7 @@ held-out recall@10 against the most-popular-URLs baseline, as `evaluate` does.
     python benchmarks/gpu_bench.py --corpus C --heldout H.parquet --device cpu --epochs 2  # the same path, CPU as the device
     python benchmarks/gpu_bench.py --corpus C --heldout H.parquet --ray                  # through Ray: `train` itself
     python benchmarks/gpu_bench.py --corpus C --heldout H.parquet --ray --workers 2      # two workers sharing the GPU
+    python benchmarks/gpu_bench.py --corpus C --heldout H.parquet --kernel fused         # the fused Triton kernel
 
 With --ray it trains as `doc2vec-dist train` does (trainer.train: the servers and the workers Ray actors on
 a local Ray, checkpoints at each epoch's end), the mission's path; each epoch's tokens/s are its wall time's,
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="train through Ray as `doc2vec-dist train` does (servers and workers Ray actors)")
     ap.add_argument("--workers", type=int, default=1,
                     help="with --ray: workers sharing the device, 1/W of a GPU each, on the block schedule (default 1)")
+    ap.add_argument("--kernel", choices=("batched", "fused"), default="batched",
+                    help="the device's kernel: batched (torch, the default) or fused (Triton; on the CPU its "
+                         "interpreter, slow)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
     import torch
@@ -161,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--device cuda: torch sees no CUDA device")
         cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
         config = build(TrainConfig, load_yaml(args.config) if args.config else {}, {}).validate()
-        # the device path whichever the device: the batched kernel, the examples drawn where it runs
+        # the device path whichever the device: the batched kernel (or --kernel fused), the examples drawn where
+        # it runs
         every = config.checkpoint_every  # through Ray a run checkpoints as train's would
         config = dataclasses.replace(config, epochs=args.epochs, num_workers=1, progress=False, checkpoint_every=0,
-                                     gpus_per_worker=1 if cuda else 0, kernel="batched").validate()
+                                     gpus_per_worker=1 if cuda else 0, kernel=args.kernel).validate()
         if args.ray:
             workers = max(1, args.workers)
             # the device shared W ways; with the CPU as the device, this machine's CPUs too

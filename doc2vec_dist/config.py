@@ -203,8 +203,10 @@ class TrainConfig:
                                 "kernel)", engine=True)
     kernel: str = _f("auto", "exact: each example's update applied before the next, gensim's order, compiled "
                              "(CPU workers); batched: micro-batches of summed updates in torch (GPU workers, "
-                             "shared negatives); auto: exact on CPU workers, batched on GPU workers",
-                     ("auto", "exact", "batched"), engine=True)
+                             "shared negatives); fused: the batched kernel's micro-batch as two Triton launches "
+                             "(GPU workers, PV-DBOW with float32 device rows; needs triton); auto: exact on CPU "
+                             "workers, batched on GPU workers",
+                     ("auto", "exact", "batched", "fused"), engine=True)
     max_inflight_pushes: int = _f(2, "pushes a worker may have outstanding before it waits", engine=True)
     checkpoint_every: float = _f(600, "seconds between checkpoints, taken mid-epoch, plus one at each epoch end "
                                       "(0: only at the end of training)", engine=True)
@@ -372,6 +374,20 @@ class TrainConfig:
             return self.gpus_per_worker == 0 and not self.shared_negatives
         return self.kernel == "exact"
 
+    def _check_fused(self) -> None:
+        """--kernel fused (triton_kernel.py) trains what its kernels do: one input row an example, each
+        its own negatives, float32 rows on the device; and it needs triton."""
+        unsupported = ("--mode dm (several input rows an example)" if self.mode == "dm"
+                       else "--shared-negatives" if self.shared_negatives
+                       else f"--device-rows dtype with --dtype {self.dtype} (16-bit device rows)"
+                       if self.dtype != "float32" and self.device_rows == "dtype" else "")
+        if unsupported:
+            raise UserError(f"bad training config: --kernel fused does not train {unsupported}: use --kernel batched")
+        from .triton_kernel import MISSING, available
+
+        if not available():
+            raise UserError(f"bad training config: {MISSING}")
+
     def validate(self) -> TrainConfig:
         """Check every field, and the fields against each other: what __post_init__ runs, and what
         train() and plan() run again on a config whose fields were assigned since. Returns self."""
@@ -415,6 +431,8 @@ class TrainConfig:
                             "kernel (--kernel auto or batched)")
         if self.kernel == "exact" and self.shared_negatives:
             raise UserError("bad training config: shared_negatives needs the batched kernel (--kernel batched)")
+        if self.kernel == "fused":
+            self._check_fused()
         if self.schedule == "blocks" and (self.mode != "dbow" or self.dbow_words or self.shared_negatives):
             raise UserError("bad training config: --schedule blocks trains plain PV-DBOW with each example's own "
                             "negatives (the windows of --dbow-words and PV-DM, and shared negatives, reach across "

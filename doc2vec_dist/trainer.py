@@ -281,7 +281,8 @@ def engine_line(config: TrainConfig, words_out_rows: int, staged: bool | None = 
     token_path = config.token_path(words_out_rows)
     kernel = ("exact (each update applied at once, gensim's order"
               + ("; examples drawn in the kernel)" if token_path else ")")
-              if config.exact_kernel() else f"batched ({config.micro_batch:,}-example micro-batches"
+              if config.exact_kernel() else f"{'fused' if config.kernel == 'fused' else 'batched'} "
+              f"({config.micro_batch:,}-example micro-batches"
               + ("; examples drawn on its device)" if token_path else ")"))
     where = (f"all {words_out_rows:,} rows" if resident == words_out_rows else
              f"a block of ~{resident:,} rows, one of {config.num_workers} that rotate over the workers "
@@ -456,6 +457,9 @@ def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: boo
     if local:
         config = check_fit(config, tables, None)  # a local Ray's resources are known before starting it
     warned = quality_warnings(config, corpus)
+    if config.kernel == "fused" and not config.gpus_per_worker:
+        warned.append("--kernel fused on CPU workers runs Triton's interpreter, a stand-in for tests far slower than "
+                      "--kernel exact: give the workers GPUs (--gpus-per-worker 1) or use --kernel auto")
     for message in warned:
         log.warning(f"warning: {message}")
     log.info(engine_line(config, corpus.vocab_size, staged=staged_on_cpu() or None))

@@ -284,21 +284,28 @@ class Compute:
     """What a worker runs on each macro-batch's examples, as arguments rather than module globals:
     benchmarks/feed_rate.py swaps them for nothing to time the host side alone."""
 
-    batched: Callable          # kernels.train: micro-batches of summed updates, torch (CPU or CUDA)
+    batched: Callable          # kernels.train (or --kernel fused: triton_kernel.train, the same arguments)
     exact: Callable            # cpu_kernel.train: each update applied at once, on examples the host built
     tokens: Callable           # cpu_kernel.train_tokens: the exact kernel drawing its own examples
     device_examples: Callable  # device_examples.build: the token path's examples, on the device
 
     @staticmethod
-    def default() -> Compute:
-        # kernels and device_examples need torch: imported at their first call, so that a worker on the
-        # exact kernel never imports it
-        return Compute(batched=_batched, exact=cpu_kernel.train, tokens=cpu_kernel.train_tokens,
+    def default(fused: bool = False) -> Compute:
+        """fused: --kernel fused, the batched kernel's micro-batches as Triton launches."""
+        # kernels and device_examples need torch (and the fused kernel triton): imported at their first
+        # call, so that a worker on the exact kernel never imports it, nor one on the batched kernel triton
+        return Compute(batched=_fused if fused else _batched, exact=cpu_kernel.train, tokens=cpu_kernel.train_tokens,
                        device_examples=_device_examples)
 
 
 def _batched(*args, **kwargs):
     from .kernels import train
+
+    return train(*args, **kwargs)
+
+
+def _fused(*args, **kwargs):
+    from .triton_kernel import train
 
     return train(*args, **kwargs)
 
@@ -386,7 +393,7 @@ class Worker:
         self.step_pause = step_pause
         self.handover = handover
         self.node = ray_node_id()
-        self.compute = compute or Compute.default()
+        self.compute = compute or Compute.default(fused=config.kernel == "fused")
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
         self.exact = config.exact_kernel()
         self.adagrad = config.optimizer == "adagrad"

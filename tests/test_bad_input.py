@@ -621,6 +621,13 @@ CASES = [
     Case("prepare --expire-days without --base", "prepare {t}/good.csv --time-col ts --expire-days 7 --out {t}/c",
          "error", "--expire-days applies to a refresh (--base) with event times (--time-col)", {"good.csv": GOOD_CSV},
          "{t}/c"),
+    # --- issue 48: --kernel fused (triton_kernel.py) ------------------------------------------------------------
+    Case("--kernel fused for PV-DM", "train --corpus {corpus} --out {t}/m --kernel fused --mode dm", "error",
+         "bad training config: --kernel fused does not train --mode dm (several input rows an example): use "
+         "--kernel batched", untouched="{t}/m"),
+    Case("--kernel fused where triton is not installed", "train --corpus {corpus} --out {t}/m --kernel fused",
+         "error", "bad training config: --kernel fused needs triton, which is not installed here: pip install triton",
+         {"@no-triton": b""}, untouched="{t}/m"),
 ]
 
 
@@ -656,7 +663,7 @@ def _damage(model: str, files: dict) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot, tmpfs, request):
+def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, snapshot, tmpfs, request, monkeypatch):
     t = str(tmp_path / "w")
     os.makedirs(t)
     model = shutil.copytree(trained_model, str(tmp_path / "model"))
@@ -678,6 +685,8 @@ def test_bad_input(case: Case, tmp_path, trained_model, sample_corpus, capsys, s
             fh.write(content)
     _damage(model, case.files)
     _mount(t, model, case.files, tmpfs)
+    if "@no-triton" in case.files:  # what `import triton` finds where it is not installed
+        monkeypatch.setitem(sys.modules, "triton", None)
     if "@shard" in case.files:
         os.truncate(os.path.join(corpus, "shards", "part-00000.arrow"), 100)
     if "@locked" in case.files:  # another run writes the model: this process holds its lock meanwhile

@@ -17,6 +17,9 @@
 #   4. the same, two workers sharing the device (Ray's num_gpus 0.5 each, the block schedule)
 #   5. benchmarks/gpu_bench.py: one worker on the device against in-process servers (the in-process figure), once per
 #      table dtype in DTYPES (issue 29)
+#   5b. benchmarks/kernel_profile.py: the batched kernel against the fused one (--kernel fused, Triton) on one
+#      macro-batch: ms a micro-batch, launches and device busy (torch.profiler), their updates' max difference;
+#      then gpu_bench.py --kernel fused in-process, tokens/s and recall@10 beside step 5's (FUSED; issue 48, item 2)
 #   6. benchmarks/feed_rate.py through Ray: the host side alone (no kernel), and with the kernel; --no-ray where time is left
 #   7. gensim on every core (corpus_file mode, its fastest) on the same corpus and settings
 #   8. prepare_benchmark.py on a generated PREP_USERS-user corpus, --parallel PREP_PARALLEL (issue 30; off by default)
@@ -33,6 +36,10 @@ SCALE_WORKERS=${SCALE_WORKERS-8} SCALE_THREADS=${SCALE_THREADS-16} BOUND_PROCESS
 # gpu_bench once per table dtype (issue 29, resolved: float32 by default, so that the steps through Ray have their
 # time); DTYPE:dtype keeps the device's URL rows in that dtype too (--device-rows dtype), e.g. "bfloat16:dtype float16:dtype"
 DTYPES=${DTYPES-float32}
+# issue 48, item 2: the fused Triton kernel (--kernel fused) against the batched one: the kernel alone
+# (benchmarks/kernel_profile.py: ms a micro-batch, launches, device busy, max diff), then gpu_bench in-process with it
+# (FUSED= to skip; FUSED_EPOCHS: its epochs, on the CPU under Triton's interpreter keep it at 1)
+FUSED=${FUSED-1} FUSED_EPOCHS=${FUSED_EPOCHS:-$EPOCHS}
 # prepare's scaling (issue 30, closed): off unless asked for, e.g. PREP_PARALLEL="1 4 8 16"
 PREP_USERS=${PREP_USERS:-5000000} PREP_EVENTS=${PREP_EVENTS:-12} PREP_PARALLEL=${PREP_PARALLEL-}
 export PYTHONUNBUFFERED=1
@@ -55,7 +62,19 @@ else
 fi
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "no nvidia-smi"
+# what the device's Python offers for a kernel of our own (issue 48, item 2): triton (torch's CUDA build brings it), nvcc, numba.cuda
+python3 -c "
+import importlib.util, shutil
+def has(m):
+    try:
+        return importlib.util.find_spec(m) is not None
+    except ImportError:
+        return False
+import importlib.metadata as md
+print('triton', md.version('triton') if has('triton') else 'absent', '; nvcc', shutil.which('nvcc') or 'absent',
+      '; numba.cuda', 'present' if has('numba') and has('numba.cuda') else 'absent')" | tee "$OUT/kernel_tools.txt"
 nproc; free -g | head -2; lscpu 2>/dev/null | grep -i -E "model name|^socket|core|thread|mhz" || true
+summary "| kernel tools | $(cat "$OUT/kernel_tools.txt" 2>/dev/null) | |"
 summary "| install | $(python3 -c 'import ray, gensim, faiss; print("ray", ray.__version__, "gensim", gensim.__version__)' 2>&1 | tail -1) | $((SECONDS - t)) |"
 
 step "corpus: $USERS users x $URLS URLs"
@@ -106,6 +125,24 @@ PY
   summary "| gpu_bench ($DEVICE, $dt) | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/gpu_bench-$name.json')); print(f\"rows {r.get('device_rows')}: {r['tokens_per_second']/1e6:.2f}M tok/s overall, {r['last_epoch_tokens_per_second']/1e6:.2f}M last epoch, recall@10 {r.get('heldout',{}).get('model_recall@10','-')}\")" 2>/dev/null) | $((SECONDS - t)) |"
   rm -rf "$W/model-$name"
 done
+
+if [ -n "$FUSED" ]; then
+  step "the kernel alone on $DEVICE: where a micro-batch's time goes, batched against fused (kernel_profile)"
+  t=$SECONDS
+  # on the CPU the fused kernel runs under Triton's interpreter: a small macro-batch, only to try the step
+  small=(); [ "$DEVICE" = cpu ] && small=(--examples 32768 --micro-batch 4096 --docs 4000 --urls 20000 --repeats 2)
+  timeout 90 python3 benchmarks/kernel_profile.py --device "$DEVICE" "${small[@]}" --json "$OUT/kernel_profile.json"
+  rc=$?
+  summary "| kernel alone, batched vs fused ($DEVICE) | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/kernel_profile.json')); print(f\"triton {r['triton']}, {r['micro_batch']:,}-example micro-batches: \" + '; '.join(f\"{x['kernel']} {x['micro_batch_ms']:.3f} ms ({x['tokens_per_second']/1e6:.1f}M tok/s\" + (f\", {x['launches_per_micro_batch']} launches, device busy {x['device_busy']:.0%}\" if 'launches' in x else '') + f\", max diff {x.get('max_abs_diff', 0):.1e})\" for x in r['runs']))" 2>/dev/null) | $((SECONDS - t)) |"
+  step "gpu_bench on $DEVICE, $FUSED_EPOCHS epochs, --kernel fused (float32)"
+  t=$SECONDS
+  timeout $(( $(left) > 60 ? $(left) / 4 : 30 )) python3 benchmarks/gpu_bench.py --corpus "$W/corpus" --heldout "$W/heldout.parquet" \
+    --config "$CFG" --device "$DEVICE" --epochs "$FUSED_EPOCHS" --kernel fused --out "$W/model-fused" --overwrite \
+    --json "$OUT/gpu_bench-fused.json"
+  rc=$?
+  summary "| gpu_bench ($DEVICE, --kernel fused) | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/gpu_bench-fused.json')); print(f\"{r['tokens_per_second']/1e6:.2f}M tok/s overall, {r['last_epoch_tokens_per_second']/1e6:.2f}M last epoch, recall@10 {r.get('heldout',{}).get('model_recall@10','-')}\")" 2>/dev/null) | $((SECONDS - t)) |"
+  rm -rf "$W/model-fused"
+fi
 
 for ray in "" --no-ray; do
   [ -n "$ray" ] && [ "$(left)" -lt 240 ] && continue  # the feed without Ray only where time is left
