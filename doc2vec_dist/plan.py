@@ -345,9 +345,9 @@ def worker_rate(cal: dict | None, config: TrainConfig, corpus: Corpus,
                 round_seconds: float = ROUND_SECONDS) -> float | None:
     """One worker's tokens/s computing, from a calibration: its rate over its workers, less the time its rounds
     took (round_seconds each), which the scaling table counts apart (a calibration of 2 workers on Lee, its
-    rounds 0.9 of its time, made one worker 10 times too slow). Not less than its workers' own stages (read,
-    sample, compute) allow; a two-point calibration's rate is a difference of two slices' times, in which the
-    rounds cancel: as it is."""
+    rounds 0.9 of its time, made one worker 10 times too slow). Not less than its workers' own sample and compute
+    stages allow (their reads are a round's too: a segment's files opened each round); a two-point calibration's
+    rate is a difference of two slices' times, in which the rounds cancel: as it is."""
     s = (cal or {}).get("summary", {})
     workers = max((cal or {}).get("workers", config.num_workers), 1)
     rate = s.get("tokens_per_second", 0.0)
@@ -355,7 +355,7 @@ def worker_rate(cal: dict | None, config: TrainConfig, corpus: Corpus,
     if not rate or not seconds or cal.get("two_point"):
         return rate / workers or None
     rounds = rounds_per_epoch(config, corpus, workers) * cal.get("epochs", 1)
-    busy = sum(v for k, v in s.get("worker_seconds", {}).items() if k in ("read", "sample", "compute")) / workers
+    busy = sum(v for k, v in s.get("worker_seconds", {}).items() if k in ("sample", "compute")) / workers
     computing = max(seconds - rounds * round_seconds, busy)
     return rate * seconds / (computing if computing > 0 else seconds) / workers
 
