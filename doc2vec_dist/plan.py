@@ -345,7 +345,7 @@ def worker_rate(cal: dict | None, config: TrainConfig, corpus: Corpus,
                 round_seconds: float = ROUND_SECONDS) -> float | None:
     """One worker's tokens/s computing, from a calibration: its rate over its workers, less the time its rounds
     took (round_seconds each), which the scaling table counts apart (a calibration of 2 workers on Lee, its
-    rounds 0.9 of its time, made one worker 10 times too slow). Not less than its workers' own sample and compute
+    rounds 0.9 of its time, made one worker 17 times too slow). Not less than its workers' own sample and compute
     stages allow (their reads are a round's too: a segment's files opened each round); a two-point calibration's
     rate is a difference of two slices' times, in which the rounds cancel: as it is."""
     s = (cal or {}).get("summary", {})
