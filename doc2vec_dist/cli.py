@@ -273,6 +273,7 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_train(args) -> None:
+    from .plan import train_workers
     from .trainer import resumed_config, train
 
     yaml_values = _trainer_yaml(args)
@@ -280,6 +281,7 @@ def cmd_train(args) -> None:
     if config.resume:  # the checkpoint's config, changed only where a flag or the YAML says so
         config = resumed_config(args.out, explicit_values(TrainConfig, yaml_values, vars(args)))
         config.progress = not args.no_progress
+    config = train_workers(args.corpus, config)  # fewer workers where more would not pay (a small corpus)
     summary = train(args.corpus, args.out, config, overwrite=args.overwrite)
     _print_summary("doc2vec-dist", summary)
     print(f"model: {summary['model']} (checkpoint v{summary['version']})")
@@ -620,7 +622,7 @@ def make_parser() -> argparse.ArgumentParser:
     tu.add_argument("--no-compare", action="store_true", help="skip training the best, the defaults and gensim on "
                                                               "the whole corpus at the end")
     tu.add_argument("--config", help="YAML file with the base settings every trial starts from")
-    _add_config_flags(tu, TrainConfig, engine=True)
+    _add_config_flags(tu, TrainConfig, engine=True, skip=("force_workers",))  # a trial trains as it is asked
 
     e = add("export", cmd_export, "write a table as Parquet (key, vector), word2vec text or npy")
     e.add_argument("--model", required=True, help="model directory")

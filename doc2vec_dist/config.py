@@ -83,7 +83,9 @@ class PrepareConfig:
                                            "about this much")
     parallel: int | None = _f(None, "processes that run prepare's passes: N > 1 runs them as Ray tasks, N at a "
                                     "time, on a local Ray started here or on the cluster at --address or "
-                                    "RAY_ADDRESS; 0: one per CPU of that cluster; the corpus is the same (default: "
+                                    "RAY_ADDRESS; 0: one per CPU of that cluster, or this process alone where the "
+                                    "input is too small for tasks to pay (under 96 MiB); the corpus is the same "
+                                    "(default: "
                                     "1, this process alone; jobs/train.py and jobs/refresh.py on a cluster: 0)")
     engine: str = _f("tasks", "what runs --parallel's pass 2 (map and bucket): Ray tasks, or Ray Data (read_parquet/"
                               "read_csv and map_batches; Parquet and uncompressed CSV, other inputs run as tasks); the "
@@ -177,6 +179,10 @@ class TrainConfig:
     num_ps: int = _f(2, "parameter-server actors; row r lives on server r %% num_ps", engine=True)
     num_workers: int = _f(1, "training worker actors (one per machine: a worker uses all its CPUs' threads)",
                           engine=True)
+    force_workers: bool = _f(False, "train with --num-workers as given, even where plan's model predicts fewer "
+                                    "workers to train faster (a small corpus, whose rounds' Ray calls cost more than "
+                                    "a worker more computes); without it train takes the faster count and says so "
+                                    "in one line", engine=True)
     cpus_per_worker: int = _f(2, "CPUs each worker reserves, and the threads it trains with", engine=True)
     gpus_per_worker: float = _f(0, "GPUs each worker reserves; > 0 runs the math on CUDA", engine=True)
     schedule: str = _f("auto", "how several workers share the URL rows: blocks: each holds its own block of them "

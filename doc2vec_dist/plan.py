@@ -47,22 +47,27 @@ Time
       of one row, measured here), checkpoints (table bytes / the calibration's checkpoint rate).
 
 Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers and config.num_workers, each row a run of that many
-workers whatever config.num_workers is, bounded by three rates that one model, bound_rates, combines:
-the streamed rows' traffic overlaps compute, the held rows' adds to it; the expectation is the least
-column of its row, and the bound names it)
+workers whatever config.num_workers is, bounded by four rates that one model, bound_rates, combines:
+the streamed rows' traffic overlaps compute, the held rows' and the rounds' add to it; the expectation is
+the least column of its row, and the bound names it)
 
-    compute: W × the calibrated tokens/s of one worker (the calibration's tokens/s over its workers);
+    compute: W × the calibrated tokens/s of one worker (the calibration's tokens/s over its workers, less
+      the time its rounds took: worker_rate);
     servers: the rows that reach the servers per token, at num_ps servers applying rows at the
       calibration's measured rate (rows per second of busy time, each server on one core);
     network: bytes per token over links of --network-gbps, each worker on a link of its own and the
       servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding; the blocks
       handed from worker to worker cross the workers' links only.
+    rounds: an epoch's tokens over its rounds' fixed cost (rounds_per_epoch × ROUND_SECONDS: each round's
+      Ray calls, whatever its tokens), what a small corpus on several workers is bound by.
     A row whose workers outnumber the servers also says what a server per worker would give.
     GPU workers: rows of 1, 2, 4 and 8 GPUs, compute is the device (one GPU's tokens/s: a calibration's
       on the GPUs, else the kernel's measured on a device of DEVICES, --gpu-model; GPUs times), and a
       fourth limit is PCIe (each GPU's host link: the rows a token moves, float32, and its share of the
       token ids and offsets uploaded once an epoch). The device's memory sizes its documents' room as a
       worker does (worker.device_room), and so the way they are kept (document_ways).
+    train takes fewer workers than asked where this model predicts them faster (choose_workers: a
+    worker's rate measured here in place of a calibration), saying so in one line; --force-workers not.
     Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block
       schedule, each document's row pulled and pushed once per block its tokens fall in (counted on
       the corpus's documents with the blocks' own deal), and at each round's end every worker hands
@@ -81,6 +86,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -106,6 +112,8 @@ from .sharding import rows_on_shard
 from .trainer import HANDOVER_ENV, effective_macro_batch, quality_warnings
 from .worker import ROUNDS_PER_EPOCH, device_room
 
+log = logging.getLogger(__name__)
+
 GiB = 1 << 30
 # Sizes the calibration slice before anything is measured: tokens/s of one CPU worker, a low guess (a
 # slower worker calibrates on a few more tokens than it needs). The measured rate replaces it.
@@ -118,6 +126,17 @@ VOCAB_BYTES_PER_WORD = 40  # counts int64, keep probability, alias table (p, acc
 # users (docs/benchmarks.md, "Figures behind the code's constants").
 PS_RETAINED_PULLS = 14
 RAY_SYSTEM_BYTES = 600 << 20  # raylet, GCS, agents (PSS), when not measured
+# A round of an epoch costs this much whatever its tokens: its Ray calls (the block handed on through the object
+# store, the driver's call and its answer). Measured at 5.6-6.5 ms a round on Lee here, 2 workers at 16 segments
+# (12-16 ms at 64 segments before the block went into the object store whole; docs/benchmarks.md, "Fewer
+# workers where more would not pay"); a corpus whose rounds hold few tokens pays it many times an epoch.
+ROUND_SECONDS = 0.007
+# One worker's tokens/s computing (its read, sample and compute stages) where nothing calibrated it (train's
+# choice of workers, choose_workers), by where it computes: a CPU worker's of one CPU here on Lee and the
+# sample (4.3-4.7M), a GPU worker's on an H200 (10-15M; docs/benchmarks.md).
+UNCALIBRATED_TOKENS_PER_SECOND = {"cpu": 4_000_000, "gpu": 10_000_000}
+# The links train's choice of workers assumes (plan's default --network-gbps)
+CHOICE_NETWORK_GBPS = 10.0
 OOM_FRACTION = 0.95  # Ray's OOM killer acts above this share of a node's memory
 
 
@@ -428,21 +447,22 @@ def pcie_bytes_per_token(corpus: Corpus, config: TrainConfig, moved: dict) -> di
 
 def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_gbps: float,
                  profile: dict | None = None, workers: tuple[int, ...] | None = None,
-                 gpu: dict | None = None) -> list[dict]:
+                 gpu: dict | None = None, round_seconds: float = ROUND_SECONDS) -> list[dict]:
     """Expected tokens/s for each number of workers (scaling_workers where not given), and what bounds
     it (row_rates): compute (the calibrated rate of one worker, W times), servers (the rows they pull
     and push per second of their busy time, measured in the calibration, num_ps at once) or network
     (bytes per token over --network-gbps links: a link per worker, num_ps links on the servers' side).
     Without a calibration, the bytes alone. Every row is its number of workers as a run of it would be
     (bytes_per_token), whatever config.num_workers is; a row whose workers have more links than the
-    servers also says what a server per worker would give ("more_servers": the same model).
+    servers also says what a server per worker would give ("more_servers": the same model). Each round of
+    an epoch costs `round_seconds` besides (its Ray calls: rounds_per_epoch of them).
 
     GPU workers (--gpus-per-worker > 0): each row is also its GPUs ("gpus"), compute is the device (one
     GPU's tokens/s, device_rates of plan's flags `gpu`, times the GPUs) and a fourth limit is the GPUs'
     host↔device links ("pcie", a link a GPU: pcie_bytes_per_token at device_rates' bandwidth)."""
     s = (cal or {}).get("summary", {})
     device = device_rates(config, cal, gpu)
-    per_worker = s.get("tokens_per_second", 0.0) / max((cal or {}).get("workers", config.num_workers), 1) or None
+    per_worker = worker_rate(cal, config, corpus, round_seconds)
     row = table_specs(config, corpus)["words_out"].row_bytes
     served = sum(v for k, v in s.get("bytes", {}).items() if k != "handed") / row  # rows the servers saw
     busy = s.get("server_busy_seconds")
@@ -453,7 +473,8 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
         if refused_workers(config, w):
             continue
         moved = bytes_per_token(corpus, config, w, profile)
-        found = {"workers": w}
+        rounds = rounds_per_epoch(config, corpus, w)
+        found = {"workers": w, "rounds_per_epoch": rounds}
         if device is None:
             compute, pcie = per_worker * w if per_worker else None, None
         else:
@@ -465,8 +486,9 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
             found.update(gpus=gpus, pcie_bytes_per_token=crossing, total_pcie_bytes_per_token=sum(crossing.values()))
 
         def at(num_ps: int, moved: dict = moved, compute: float | None = compute, pcie: tuple | None = pcie,
-               w: int = w) -> dict:
-            return row_rates(moved, w, num_ps, link, compute, rows_per_busy_second, row, pcie=pcie)
+               w: int = w, rounds: int = rounds) -> dict:
+            return row_rates(moved, w, num_ps, link, compute, rows_per_busy_second, row, pcie=pcie,
+                             rounds=rounds * round_seconds / max(corpus.num_tokens, 1))
 
         found.update(bytes_per_token=moved, total_bytes_per_token=sum(moved.values()), **at(config.num_ps))
         if w > config.num_ps:
@@ -475,6 +497,30 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
                                      "bound": more["bound"]}
         out.append(found)
     return out
+
+
+def rounds_per_epoch(config: TrainConfig, corpus: Corpus, workers: int) -> int:
+    """Rounds in an epoch of a run of `workers` workers, else as `config` (TrainConfig.rounds)."""
+    return settle_segments(dataclasses.replace(config, num_workers=workers), corpus).rounds()
+
+
+def worker_rate(cal: dict | None, config: TrainConfig, corpus: Corpus,
+                round_seconds: float = ROUND_SECONDS) -> float | None:
+    """One worker's tokens/s computing, from a calibration: its rate over its workers, less the time its rounds
+    took (round_seconds each), which the scaling table counts apart (a calibration of 2 workers on Lee, its
+    rounds 0.9 of its time, made one worker 17 times too slow). Not less than its workers' own sample and compute
+    stages allow (their reads are a round's too: a segment's files opened each round); a two-point calibration's
+    rate is a difference of two slices' times, in which the rounds cancel: as it is."""
+    s = (cal or {}).get("summary", {})
+    workers = max((cal or {}).get("workers", config.num_workers), 1)
+    rate = s.get("tokens_per_second", 0.0)
+    seconds = s.get("train_seconds")
+    if not rate or not seconds or cal.get("two_point"):
+        return rate / workers or None
+    rounds = rounds_per_epoch(config, corpus, workers) * cal.get("epochs", 1)
+    busy = sum(v for k, v in s.get("worker_seconds", {}).items() if k in ("sample", "compute")) / workers
+    computing = max(seconds - rounds * round_seconds, busy)
+    return rate * seconds / (computing if computing > 0 else seconds) / workers
 
 
 def refused_workers(config: TrainConfig, workers: int) -> str | None:
@@ -487,14 +533,16 @@ def refused_workers(config: TrainConfig, workers: int) -> str | None:
 
 
 def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: float | None,
-              server_rows_per_second: float | None, row_bytes: int, pcie: tuple[float, float] | None = None) -> dict:
+              server_rows_per_second: float | None, row_bytes: int, pcie: tuple[float, float] | None = None,
+              rounds: float = 0.0) -> dict:
     """One row of the scaling table: the tokens/s each limit allows ("rates"), the expectation (the
     least of them) and the limit that sets it ("bound"), all from one model (bound_rates). The links:
     `workers` on the workers' side and `num_ps` on the servers', each of `link` bytes/s, the busier side
     bounding; the blocks a worker hands straight to its next holder ("handed") cross the workers'
     links only, and only the rows that reach the servers count against their apply rate
     (server_rows_per_second, one server's). GPU workers: `compute` is their devices' rate, and `pcie`
-    the seconds a token takes on their host↔device links, (streamed, held) as the network's."""
+    the seconds a token takes on their host↔device links, (streamed, held) as the network's. rounds: the
+    seconds a token of the rounds' fixed cost."""
     def seconds(moved_bytes: float, handed: float = 0.0) -> float:  # per token, over the busier side's links
         return max(moved_bytes / (workers * link), (moved_bytes - handed) / (num_ps * link))
 
@@ -503,22 +551,23 @@ def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: floa
     served = (sum(moved.values()) - moved["handed"]) / row_bytes
     servers = num_ps * server_rows_per_second / served if server_rows_per_second and served else None
     links = {"network": (streamed, held)} if pcie is None else {"pcie": pcie, "network": (streamed, held)}
-    return bound_rates(compute, servers, links, compute_name="compute" if pcie is None else "device")
+    return bound_rates(compute, servers, links, compute_name="compute" if pcie is None else "device", rounds=rounds)
 
 
 def bound_rates(compute: float | None, servers: float | None, links: dict[str, tuple[float, float]],
-                compute_name: str = "compute") -> dict:
+                compute_name: str = "compute", rounds: float = 0.0) -> dict:
     """The scaling table's model of one row: the tokens/s it expects, what bounds it, and each column.
 
     links: for each kind of link (the network; a GPU's host↔device link, "pcie"), the seconds a token
     takes on it, (streamed, held). The rows streamed with each macro-batch (pulled, pushed) move while
     the worker computes, so compute and that traffic overlap; the rows a worker holds (its block each
     round, its resident tables) move at a round's or an epoch's end while it waits, so their time adds
-    to the rest (the blocks handed straight to their next holder too): the workers train at
-    1 / (max(1/compute, each link's streamed) + the links' held). The servers apply pushes on their
+    to the rest (the blocks handed straight to their next holder too), as does each round's fixed cost (its
+    Ray calls, ROUND_SECONDS; `rounds`, seconds a token): the workers train at
+    1 / (max(1/compute, each link's streamed) + the links' held + rounds). The servers apply pushes on their
     own, at their rate; the lower of the two is the expectation. Each column is what its limit allows
     alone (compute, named compute_name: compute; a link: every byte's time on it, 1 / (streamed +
-    held); servers: servers), but the bound's, which shows the expectation: that limit with the time
+    held); rounds: 1 / rounds; servers: servers), but the bound's, which shows the expectation: that limit with the time
     the others add. The bound is the servers where they are the lower, else the least of compute and
     the links alone. So the expectation is always the least column, and the bound names it.
     Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
@@ -526,18 +575,19 @@ def bound_rates(compute: float | None, servers: float | None, links: dict[str, t
     the links' rate alone."""
     alone = {compute_name: compute or None, "servers": servers or None,
              **{name: 1.0 / (streamed + held) if streamed + held > 0 else None
-                for name, (streamed, held) in links.items()}}
+                for name, (streamed, held) in links.items()},
+             "rounds": 1.0 / rounds if rounds > 0 else None}
     if not any(alone.values()):
         return {"rates": alone, "alone": alone, "tokens_per_second": None, "bound": None}
     streamed = max(s for s, _ in links.values())
     held = sum(h for _, h in links.values())
-    waits = streamed + held
-    workers = (1.0 / (max(1.0 / compute, streamed) + held) if compute
+    waits = streamed + held + rounds
+    workers = (1.0 / (max(1.0 / compute, streamed) + held + rounds) if compute
                else 1.0 / waits if waits > 0 else None)
     if workers is None or (servers and servers <= workers):
         bound, rate = "servers", servers
     else:
-        bound, rate = min((k for k in (compute_name, *links) if alone[k]), key=alone.get), workers
+        bound, rate = min((k for k in (compute_name, *links, "rounds") if alone[k]), key=alone.get), workers
     return {"rates": {**alone, bound: rate}, "alone": alone, "tokens_per_second": rate, "bound": bound}
 
 
@@ -1185,8 +1235,8 @@ def format_plan(p: dict) -> str:
         lines.append("")
         lines.append(f"  scaling ({'the block schedule' if cfg.get('schedule') != 'shared' else 'shared rows'} where "
                      f"it applies; links of {p['network_gbps']:g} Gbit/s, one per worker and {cfg['num_ps']} on the "
-                     "servers' side; tokens/s each limit allows alone, but the bound's: what it allows with the "
-                     "time the others add, the expectation)")
+                     f"servers' side; rounds at {ROUND_SECONDS * 1e3:.0f} ms each of Ray calls; tokens/s each limit "
+                     "allows alone, but the bound's: what it allows with the time the others add, the expectation)")
         if device:  # GPU workers: the device and its host-device link beside the servers and the network
             lines.append(f"  device: {device['model']} (--gpu-model), {device['tokens_per_second'] / 1e6:.2f}M "
                          f"tokens/s a GPU ({device['source']}); PCIe: {device['pcie_bytes_per_second'] / 1e9:g} GB/s "
@@ -1196,25 +1246,32 @@ def format_plan(p: dict) -> str:
                          f"{device['device_bytes_per_token']:,} B a token's pair reads and writes); the kernel at "
                          f"{device['tokens_per_second'] / device['hbm_tokens_per_second']:.1%} of it")
             lines.append(f"  {'GPUs':>6} {'workers':>8} {'bytes/token':>12} {'PCIe B/token':>13} {'device':>10} "
-                         f"{'pcie':>10} {'servers':>10} {'network':>10} {'expected':>10}  bound")
+                         f"{'pcie':>10} {'servers':>10} {'network':>10} {'rounds':>10} {'expected':>10}  bound")
         else:
             lines.append(f"  {'workers':>8} {'bytes/token':>12} {'compute':>10} {'servers':>10} {'network':>10} "
-                         f"{'expected':>10}  bound")
+                         f"{'rounds':>10} {'expected':>10}  bound")
         for r in p["scaling"]:
             rate = r["rates"]
             if device:
                 lines.append(f"  {r['gpus']:>6g} {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
                              f"{r['total_pcie_bytes_per_token']:>13.1f} "
-                             + " ".join(f"{_m(rate[k]):>10}" for k in ("device", "pcie", "servers", "network"))
+                             + " ".join(f"{_m(rate.get(k)):>10}" for k in ("device", "pcie", "servers", "network", "rounds"))
                              + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
                 continue
             lines.append(f"  {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
-                         + " ".join(f"{_m(rate[k]):>10}" for k in ("compute", "servers", "network"))
+                         + " ".join(f"{_m(rate.get(k)):>10}" for k in ("compute", "servers", "network", "rounds"))
                          + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
         lines.extend(more_servers_lines(p["scaling"]))
         if p.get("scaling_unlisted"):
             gone = p["scaling_unlisted"]
             lines.append(f"  not listed: {', '.join(map(str, gone['workers']))} workers ({gone['why']})")
+        asked = cfg["num_workers"]
+        then = None if cfg.get("force_workers") else faster_fewer(p["scaling"], asked)
+        if then:
+            got = next(r for r in p["scaling"] if r["workers"] == asked)
+            lines.append(f"  train takes {_n(then['workers'], 'worker')} here, not {asked}: "
+                         f"{_m(then['tokens_per_second'])} tokens/s against {_m(got['tokens_per_second'])} "
+                         f"(bound: {got['bound']}); --force-workers trains with {asked}")
     for warning in p["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
@@ -1239,6 +1296,75 @@ def more_servers_lines(scaling: list[dict]) -> list[str]:
                    f"{more['tokens_per_second'] / 1e6:.2f}M tokens/s, {more['tokens_per_second'] / rate:.1f}× "
                    f"(bound: {more['bound']})")
     return out
+
+
+def choose_workers(corpus: Corpus, config: TrainConfig, worker_rate: float | None = None) -> tuple[TrainConfig, str | None]:
+    """train's number of workers: config's, unless the scaling table's model (scaling_plan) predicts fewer to
+    train faster by NO_FASTER (a small corpus, whose rounds' fixed cost outweighs what a worker more computes):
+    then the fastest of the table's fewer, and the line that says so with both figures. Nothing is
+    calibrated: one worker computes at `worker_rate` (default UNCALIBRATED_TOKENS_PER_SECOND, by where it
+    computes), over CHOICE_NETWORK_GBPS links. As asked with --force-workers, or with one worker. (A resumed
+    run may change its workers: the same choice holds for it.)"""
+    asked = config.num_workers
+    if asked == 1 or config.force_workers:
+        return config, None
+    fewer = tuple(w for w in SCALING_WORKERS if w < asked and not refused_workers(config, w))
+    if not fewer:
+        return config, None
+    rate = worker_rate or UNCALIBRATED_TOKENS_PER_SECOND["gpu" if config.gpus_per_worker > 0 else "cpu"]
+    cal = {"summary": {"tokens_per_second": rate}, "workers": 1}
+    rows = scaling_plan(corpus, config, cal, CHOICE_NETWORK_GBPS, workers=(*fewer, asked))
+    then = faster_fewer(rows, asked)
+    if then is None:
+        return config, None
+    got, best = rows[-1], then["workers"]
+    why = (f"each of {_n(got['rounds_per_epoch'], 'round')} an epoch costs about {ROUND_SECONDS * 1e3:.0f} ms of Ray "
+           f"calls, against {corpus.num_tokens / got['rounds_per_epoch']:,.0f} tokens a round"
+           if got["bound"] == "rounds" else f"bound: {got['bound']}")
+    line = (f"train: {_n(asked, 'worker')} are predicted to train this corpus at {_m(got['tokens_per_second'])} tokens/s "
+            f"and {_n(best, 'worker')} at {_m(then['tokens_per_second'])} ({why}; plan's model, a worker computing "
+            f"{_m(rate)} tokens/s): training with {_n(best, 'worker')}; --force-workers trains with {asked}")
+    return dataclasses.replace(config, num_workers=best), line
+
+
+def faster_fewer(rows: list[dict], asked: int) -> dict | None:
+    """Of the scaling table's rows of fewer workers than `asked`, the fastest where it trains at least NO_FASTER
+    times the asked-for row's rate (else None): what train takes instead (choose_workers)."""
+    got = next((r for r in rows if r["workers"] == asked), None)
+    fewer = [r for r in rows if r["workers"] < asked and r["tokens_per_second"]]
+    if not got or not got["tokens_per_second"] or not fewer:
+        return None
+    best = max(fewer, key=lambda r: r["tokens_per_second"])
+    return best if best["tokens_per_second"] >= NO_FASTER * got["tokens_per_second"] else None
+
+
+def train_workers(corpus_path: str, config: TrainConfig) -> TrainConfig:
+    """The config train and the jobs train with: choose_workers's, its line (if any) logged. A request this
+    machine cannot hold (a local Ray, its resources known before it starts) is left to train, which refuses
+    it naming the flag: no choice hides a mistake."""
+    if config.num_workers == 1 or config.force_workers:  # nothing to choose: the corpus is not read
+        return config
+    corpus = Corpus(corpus_path)
+    if _unfit_here(config, corpus):
+        return config
+    chosen, line = choose_workers(corpus, config)
+    if line:
+        log.info(line)
+    return chosen
+
+
+def _unfit_here(config: TrainConfig, corpus: Corpus) -> bool:
+    """Whether train would refuse `config` on the local Ray it starts, before starting it (trainer.check_fit)."""
+    import ray
+
+    from .placement import fit_problems, local_resources, without_resident_documents
+    from .trainer import local_object_store_bytes
+
+    if ray.is_initialized() or config.address or os.environ.get("RAY_ADDRESS"):
+        return False  # a cluster: train checks it once connected
+    tables = table_specs(settle_segments(config, corpus), corpus)
+    resources = local_resources(local_object_store_bytes())
+    return bool(fit_problems(config, tables, resources)) and without_resident_documents(config, tables, resources) is None
 
 
 def _m(rate: float | None) -> str:

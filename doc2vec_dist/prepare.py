@@ -17,7 +17,8 @@ never leaves a half-written corpus behind.
 Each pass is a function of one block of the inputs (readers.plan_blocks: a file, or a run of a big
 Parquet file's row groups) or of one bucket, with the settings (passes.py); this module runs them
 and merges what they return, in input order. With parallel 1 they run one after another in this
-process; with parallel N as Ray tasks, N at a time, on a local Ray or a cluster (runners.RayTasks).
+process; with parallel N as Ray tasks, N at a time, on a local Ray or a cluster (runners.RayTasks); with
+0 a task per CPU, but in this process where the input is too small for tasks to pay (processes_that_pay).
 The corpus is the same either way: the blocks depend on the inputs alone, and every result is
 merged in the order of its block or bucket. Through Ray every node must see the output's directory
 (the spills and shards are written there) and the inputs.
@@ -110,6 +111,7 @@ from .readers import (
     TimeKinds,
     csv_delimiter,
     expand_inputs,
+    input_bytes,
     plan_blocks,
 )
 from .urls import RAW, UrlRule, http_urls, normalize_distinct, recorded, report_line
@@ -235,6 +237,30 @@ def _next_units(blocks: list[Block], reads: dict[int, passes.Read]) -> list[Bloc
         if out[i].earlier and out[i].unit is None and reads[i - 1].unit is not None:
             out[i] = dataclasses.replace(out[i], unit=reads[i - 1].unit)
     return out
+
+
+# Input smaller than this is prepared sooner by one process than by Ray tasks, whose start (a local Ray's, or
+# the task workers' on a cluster) costs more than they save: --parallel 0 (a task per CPU, the jobs' default on
+# a cluster) prepares it in this process. Measured on generated Parquet here: tasks on a Ray already up paid
+# from about 74 MiB, a local Ray started for them from about 111 MiB (docs/benchmarks.md, "Fewer workers where
+# more would not pay").
+PARALLEL_MIN_INPUT_BYTES = 96 << 20
+
+
+def processes_that_pay(parallel: int | None, size: int) -> tuple[int | None, str | None]:
+    """--parallel for `size` bytes of input, and the line that says what was chosen (None: nothing to say).
+    0 (a task per CPU) below PARALLEL_MIN_INPUT_BYTES is 1, this process alone; an explicit N > 1 stays N (a
+    small input is said to be one)."""
+    if parallel in (None, 1) or size >= PARALLEL_MIN_INPUT_BYTES:
+        return parallel, None
+    below = f"{_bytes(size)} of input, below the {_bytes(PARALLEL_MIN_INPUT_BYTES)} where Ray tasks were measured to pay"
+    if parallel == 0:
+        return 1, f"prepare: {below} for their start: preparing it in this process (--parallel N runs N tasks whatever the size)"
+    return parallel, f"prepare: {below} for their start: running {parallel} tasks as asked (one process would be sooner)"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 1 << 30 else f"{n / 2**30:,.1f} GiB"
 
 
 @contextlib.contextmanager
@@ -724,7 +750,8 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
 
     parallel: 1 (or None) runs the passes in this process; N > 1 as Ray tasks, N at a time, on the Ray
     this process is connected to, else the cluster at `address` (or RAY_ADDRESS), else a local Ray of N
-    CPUs started here; 0 as many at a time as the cluster has CPUs. The corpus is the same.
+    CPUs started here; 0 as many at a time as the cluster has CPUs, or in this process where the input is
+    too small for tasks to pay (processes_that_pay). The corpus is the same.
     """
     c = dataclasses.replace(config) if config is not None else PrepareConfig()
     delimiter = csv_delimiter(c.delimiter)
@@ -742,6 +769,9 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
                   delimiter, "--window-days" if c.window_days is not None else "--base" if c.base is not None else None,
                   rule if rule.normalize else None)
     blocks = plan_blocks(files, opt)
+    c.parallel, line = processes_that_pay(c.parallel, input_bytes(files))
+    if line:
+        log.info(line)
     hold_final = os.path.abspath(c.holdout_out) if c.holdout_out else None
     made: list[str] = []  # directories we create for the outputs, removed again on failure
     try:

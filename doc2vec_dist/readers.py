@@ -962,6 +962,11 @@ class TimeKinds:
 # Blocks: the parts of the inputs that prepare's tasks read, each on its own
 # ---------------------------------------------------------------------------------------------------
 
+def input_bytes(files: list[str]) -> int:
+    """The input files' size in bytes, as stored (compressed, where they are)."""
+    return sum(_size(path) for path in files)
+
+
 # A Parquet file of more rows than this is read as several blocks of whole row groups, so that one big
 # file keeps several processes busy; any other file is one block.
 BLOCK_ROWS = 1 << 22

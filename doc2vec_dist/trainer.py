@@ -304,6 +304,7 @@ RESUMABLE_CHANGES = frozenset({
     "checkpoint_every", "keep_checkpoints", "resume", "address", "progress", "wait_for_resources",
     "dtype", "rounding",  # the servers narrow or widen the checkpoint's rows to the run's dtype (precision.py)
     "device_memory",  # where a worker keeps its documents' rows, not what it trains (Worker: partitions)
+    "force_workers",  # how many workers train it, not what (plan.choose_workers)
 })
 
 

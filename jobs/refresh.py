@@ -249,6 +249,7 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.export import export
     from doc2vec_dist.index import build_index, update_index
+    from doc2vec_dist.plan import train_workers
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.report import report as make_report
     from doc2vec_dist.runners import run_on_ray
@@ -270,6 +271,7 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
                                                          "time_range", "window_days", "expire_days")}
 
     t = time.perf_counter()
+    cfg = train_workers(corpus.path, cfg)  # fewer workers where more would not pay (a small corpus)
     result["train"] = train(corpus.path, job.path("model"), cfg,
                             resume_command=resume_command(job.argv, __file__))
     result["config"] = dataclasses.asdict(cfg)

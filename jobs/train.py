@@ -210,6 +210,7 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | 
     from doc2vec_dist.export import export
     from doc2vec_dist.index import build_index
     from doc2vec_dist.model import neighbors
+    from doc2vec_dist.plan import train_workers
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.report import report as make_report
     from doc2vec_dist.trainer import train
@@ -231,6 +232,7 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | 
     stages["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    cfg = train_workers(job.corpus, cfg)  # fewer workers where more would not pay (a small corpus)
     summary = train(job.corpus, job.out, cfg, overwrite=job.overwrite, resume_command=resume_command(origin.argv))
     stages["train"] = time.perf_counter() - t
 

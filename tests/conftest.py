@@ -121,6 +121,20 @@ def small_corpus(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def lee_corpus(tmp_path_factory) -> str:
+    """gensim's Lee background documents as a text corpus (min_count 2), as benchmarks/quality.py has them:
+    300 documents, 53,953 tokens: each of 2 workers' 32 rounds an epoch holds some 1,700 of them."""
+    from gensim.test.utils import datapath
+
+    from doc2vec_dist.config import PrepareConfig
+    from doc2vec_dist.prepare import prepare
+
+    out = tmp_path_factory.mktemp("lee") / "corpus"
+    return prepare([datapath("lee_background.cor")], str(out), PrepareConfig(format="text", min_count=2),
+                   progress=False).path
+
+
+@pytest.fixture(scope="session")
 def trained_model(ray_cluster, sample_corpus, tmp_path_factory):
     """Our model trained on the sample through Ray (2 parameter servers, 2 workers): its directory."""
     from doc2vec_dist.config import TrainConfig

@@ -181,7 +181,7 @@ def test_engine_only_fields_are_marked_in_the_config():
             "--micro-batch", "--max-inflight-pushes", "--checkpoint-every", "--keep-checkpoints", "--max-restarts",
             "--address", "--resume", "--resume-from", "--shared-negatives", "--optimizer", "--kernel", "--init-from",
             "--first-epoch", "--wait-for-resources", "--schedule", "--segments", "--dtype", "--rounding",
-            "--device-rows", "--device-memory"} == set(_engine_only_flags())
+            "--device-rows", "--device-memory", "--force-workers"} == set(_engine_only_flags())
 
 
 def test_baseline_help_lists_only_the_flags_gensim_uses(capsys):

@@ -676,3 +676,14 @@ def test_gpu_bench_trains_one_device_worker_without_ray_and_scores_the_model_it_
     assert gpu_bench.main(["--corpus", sample_corpus[0], "--heldout", sample_corpus[1], "--config", str(config),
                            "--device", "cpu", "--epochs", "1", "--out", str(model)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_job_trains_with_fewer_workers_where_more_would_not_pay(ray_cluster, lee_corpus, tmp_path, capsys):
+    """As `train` does (issue 50): Lee on 2 workers is predicted slower than on one, so the job trains one, saying so."""
+    out = tmp_path / "model"
+    assert load_job("train").main(["--corpus", lee_corpus, "--out", str(out), "--num-workers", "2", "--epochs", "1",
+                                   "--dim", "8", "--no-progress"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "workers are predicted" in line]
+    assert len(said) == 1 and said[0].startswith("train: 2 workers are predicted") and "training with 1 worker" in said[0]
+    with open(out / "config.json") as fh:
+        assert json.load(fh)["num_workers"] == 1

@@ -204,7 +204,7 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     for kind, value in counted.items():
         assert two["bytes_per_token"][kind] == pytest.approx(value, rel=0.1, abs=0.5), kind
     assert {r["workers"] for r in result["scaling"]} == {1, 2, 4, 8, 16}
-    assert all(r["bound"] in ("compute", "servers", "network") for r in result["scaling"])
+    assert all(r["bound"] in ("compute", "servers", "network", "rounds") for r in result["scaling"])
     assert "scaling" in text and "bound" in text
 
 
@@ -280,7 +280,7 @@ def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, cpus_per_worker=1, progress=False)
     cal = {"summary": {"tokens_per_second": 1e6, "server_busy_seconds": 1.0,
                        "bytes": {"pulled": 1e9, "pushed": 1e9, "resident_pulled": 0, "resident_pushed": 0}}}
-    fast = planmod.scaling_plan(corpus, cfg, cal, network_gbps=100)
+    fast = planmod.scaling_plan(corpus, cfg, cal, network_gbps=100, round_seconds=0)  # (rounds: issue 50's tests)
     per_token = [r["total_bytes_per_token"] for r in fast]
     assert per_token == sorted(per_token) and per_token[-1] > 2 * per_token[0]
     # compute: W × one worker's rate; the bound, so the expectation: less the waits for the held rows (at
@@ -288,7 +288,7 @@ def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     assert fast[0]["bound"] == fast[2]["bound"] == "compute"
     assert fast[0]["alone"]["compute"] == pytest.approx(1e6) and fast[2]["alone"]["compute"] == pytest.approx(4e6)
     assert fast[0]["rates"]["compute"] == pytest.approx(1e6, rel=0.01) and fast[0]["rates"]["compute"] < 1e6
-    slow = planmod.scaling_plan(corpus, cfg, cal, network_gbps=0.001)
+    slow = planmod.scaling_plan(corpus, cfg, cal, network_gbps=0.001, round_seconds=0)
     assert all(r["bound"] == "network" for r in slow)
     link = 0.001e9 / 8
     for r in slow:  # a link per worker, num_ps of them on the servers' side, the busier side bounding
@@ -309,7 +309,7 @@ def test_held_rows_move_while_the_worker_waits_and_streamed_rows_while_it_comput
     cal = {"summary": {"tokens_per_second": 1e6, "bytes": {}}}
     gbps = 0.01
     link = gbps * 1e9 / 8
-    for r in planmod.scaling_plan(corpus, cfg, cal, network_gbps=gbps, workers=(1, 2, 4)):
+    for r in planmod.scaling_plan(corpus, cfg, cal, network_gbps=gbps, workers=(1, 2, 4), round_seconds=0):
         moved, w = r["bytes_per_token"], r["workers"]
         # seconds a token on the links, the busier side's: a link per worker, 2 on the servers' side, which the
         # blocks handed from worker to worker do not cross
@@ -393,16 +393,16 @@ def test_each_rows_expected_rate_is_the_least_of_its_columns_and_the_bound_names
     cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
     for r in planmod.scaling_plan(corpus, cfg, CAL, network_gbps=gbps):
         columns = {k: v for k, v in r["rates"].items() if v}
-        assert set(columns) == {"compute", "servers", "network"}
+        assert set(columns) == {"compute", "servers", "network", "rounds"}
         assert r["tokens_per_second"] == min(columns.values()), r
         assert r["bound"] == min(columns, key=columns.get), r
     text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": planmod.scaling_plan(corpus, cfg, CAL, gbps),
                                 "network_gbps": gbps})
     for line in text.splitlines():
         cells = line.split()
-        if len(cells) == 7 and cells[0].isdigit():  # a row: workers, bytes/token, compute, servers, network, expected, bound
-            rates = dict(zip(("compute", "servers", "network"), cells[2:5]))
-            assert cells[5] == rates[cells[6]], line
+        if len(cells) == 8 and cells[0].isdigit():  # workers, bytes/token, compute, servers, network, rounds, expected, bound
+            rates = dict(zip(("compute", "servers", "network", "rounds"), cells[2:6]))
+            assert cells[6] == rates[cells[7]], line
 
 
 def _plan_shell(corpus, cfg) -> dict:
@@ -424,14 +424,14 @@ def test_where_more_workers_are_no_faster_the_table_says_how_much_more_servers_h
     corpus = Corpus(sample_corpus[0])
     cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
     cal = {"summary": {**CAL["summary"], "tokens_per_second": 20e6}}  # fast workers: the links bound
-    table = planmod.scaling_plan(corpus, cfg, cal, network_gbps=1.0)
+    table = planmod.scaling_plan(corpus, cfg, cal, network_gbps=1.0, round_seconds=0)  # the links alone
     stuck = [r for prev, r in itertools.pairwise(table) if r["tokens_per_second"] < 1.1 * prev["tokens_per_second"]]
     assert stuck, [r["tokens_per_second"] for r in table]
     for r in stuck:
         more = r["more_servers"]
         assert more["num_ps"] == r["workers"] and more["tokens_per_second"] > 1.1 * r["tokens_per_second"]
         alone = planmod.scaling_plan(corpus, dataclasses.replace(cfg, num_ps=r["workers"]), cal, network_gbps=1.0,
-                                     workers=(r["workers"],))[0]
+                                     workers=(r["workers"],), round_seconds=0)[0]
         assert more["tokens_per_second"] == pytest.approx(alone["tokens_per_second"])  # the same model
     text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": 1.0})
     for r in stuck:
@@ -477,8 +477,11 @@ def test_one_calibrated_worker_scaled_to_the_planned_workers_of_a_corpus_not_mad
     assert cal["corpus_tokens"] <= result["estimate"]["sample_tokens"] < result["corpus"]["tokens"] == 4_000_000
     four = next(r for r in result["scaling"] if r["workers"] == 4)
     one = next(r for r in result["scaling"] if r["workers"] == 1)
-    assert one["alone"]["compute"] == pytest.approx(cal["summary"]["tokens_per_second"])
-    assert four["alone"]["compute"] == pytest.approx(4 * cal["summary"]["tokens_per_second"])
+    # the calibrated worker's rate, less the time of its rounds (one an epoch: plan.worker_rate), 4 times
+    rate, seconds = cal["summary"]["tokens_per_second"], cal["summary"]["train_seconds"]
+    rounds = cal["epochs"] * planmod.ROUND_SECONDS if not cal.get("two_point") else 0.0
+    assert rate <= one["alone"]["compute"] <= rate * seconds / (seconds - rounds) * (1 + 1e-9)
+    assert four["alone"]["compute"] == pytest.approx(4 * one["alone"]["compute"])
     assert t["tokens_per_second"] == four["tokens_per_second"] and t["scaled_from_workers"] == 1
     assert t["epoch_seconds"] == pytest.approx(4_000_000 / four["tokens_per_second"])
     assert result["memory"]["object_store"]["in_flight"] == 4 * (2 + cfg.max_inflight_pushes) * \
@@ -597,8 +600,8 @@ def _gpu_config(**extra) -> TrainConfig:
 
 def _gpu_table_lines(text: str) -> list[dict]:
     """The GPU scaling table's rows as printed: GPUs, workers, bytes/token, PCIe bytes/token, device, PCIe,
-    servers, network, expected, bound."""
-    names = ("gpus", "workers", "bytes", "pcie_bytes", "device", "pcie", "servers", "network", "expected", "bound")
+    servers, network, rounds, expected, bound."""
+    names = ("gpus", "workers", "bytes", "pcie_bytes", "device", "pcie", "servers", "network", "rounds", "expected", "bound")
     rows = []
     for line in text.splitlines():
         cells = line.split()
@@ -619,7 +622,8 @@ def test_a_gpu_plan_lists_1_2_4_8_gpus_each_rows_rate_the_least_of_device_pcie_s
     assert [r["gpus"] for r in table] == [1, 2, 4, 8] and [r["workers"] for r in table] == [1, 2, 4, 8]
     for r in table:
         columns = {k: v for k, v in r["rates"].items() if v}
-        assert set(columns) == {"device", "pcie", "servers", "network"}, r
+        # (rounds: the block schedule's Ray calls a round, issue 50; one worker has one round an epoch)
+        assert set(columns) == {"device", "pcie", "servers", "network", "rounds"}, r
         assert r["tokens_per_second"] == min(columns.values()), r
         assert r["bound"] == min(columns, key=columns.get), r
         assert r["alone"]["device"] == pytest.approx(r["gpus"] * H200.kernel_tokens_per_second)
@@ -745,3 +749,91 @@ def test_a_gpu_plan_says_its_device_and_the_documents_way_with_each_ways_bytes(s
         saved["scaling"][0]["total_bytes_per_token"])
     assert f"device: H200 (--gpu-model), {H200.kernel_tokens_per_second / 1e6:.2f}M tokens/s a GPU (the kernel " \
            "measured:" in text
+# --- issue 50: fewer workers where more would not pay ---------------------------------------------------------
+
+def test_each_row_pays_its_rounds_fixed_cost(lee_corpus):
+    """Lee at 2 workers trained at 0.12× one worker: each of its 32 rounds an epoch costs 12–16 ms of Ray calls
+    against about 0.3 ms of compute. The table said 2 workers would train it near twice as fast."""
+    corpus = Corpus(lee_corpus)
+    cfg = TrainConfig(dim=100, epochs=10, num_ps=2, progress=False)
+    cal = {"summary": {"tokens_per_second": 2e6}, "workers": 1}
+    rows = {r["workers"]: r for r in planmod.scaling_plan(corpus, cfg, cal, network_gbps=10, workers=(1, 2, 4))}
+    for w, r in rows.items():
+        rounds = planmod.settle_segments(dataclasses.replace(cfg, num_workers=w), corpus).rounds()
+        assert r["rounds_per_epoch"] == rounds == (1 if w == 1 else w * 16)
+        assert r["alone"]["rounds"] == pytest.approx(corpus.num_tokens / (rounds * planmod.ROUND_SECONDS))
+    assert rows[2]["bound"] == rows[4]["bound"] == "rounds"
+    assert rows[2]["tokens_per_second"] < 0.5 * rows[1]["tokens_per_second"]
+    assert rows[1]["bound"] == "compute"
+
+
+def test_a_calibrations_rate_per_worker_leaves_its_rounds_out(lee_corpus):
+    """A calibration of 2 workers on Lee trained at a rate its rounds set: the table took that rate, halved, for
+    each worker's compute, and so said one worker would be slower still."""
+    corpus = Corpus(lee_corpus)
+    cfg = TrainConfig(dim=100, epochs=10, num_ps=2, num_workers=2, progress=False)
+    rounds = 2 * 2 * 16  # 2 epochs of 32 rounds
+    compute = corpus.num_tokens * 2 / (2 * 1.5e6)  # 2 workers at 1.5M tokens/s each, 2 epochs
+    train_seconds = compute + rounds * planmod.ROUND_SECONDS
+    cal = {"summary": {"tokens_per_second": 2 * corpus.num_tokens / train_seconds, "train_seconds": train_seconds,
+                       "worker_seconds": {"compute": compute * 2}},
+           "workers": 2, "epochs": 2, "corpus_tokens": corpus.num_tokens}
+    assert planmod.worker_rate(cal, cfg, corpus) == pytest.approx(1.5e6)
+    one = planmod.scaling_plan(corpus, cfg, cal, network_gbps=10, workers=(1,))[0]
+    assert one["alone"]["compute"] == pytest.approx(1.5e6)
+    # a two-point calibration's rate is a difference of two slices' times, in which the rounds cancel
+    two_point = {**cal, "two_point": {"tokens": [1, 2], "seconds": [1, 2]}}
+    assert planmod.worker_rate(two_point, cfg, corpus) == pytest.approx(cal["summary"]["tokens_per_second"] / 2)
+
+
+@pytest.mark.parametrize("rate", [0.5e6, 2e6, 15e6])
+def test_train_takes_fewer_workers_where_the_model_says_more_are_slower(lee_corpus, rate):
+    corpus = Corpus(lee_corpus)
+    cfg = TrainConfig(dim=100, epochs=40, num_ps=2, num_workers=2, progress=False)
+    chosen, line = planmod.choose_workers(corpus, cfg, worker_rate=rate)
+    assert chosen.num_workers == 1 and dataclasses.replace(chosen, num_workers=2) == cfg
+    rows = {r["workers"]: r["tokens_per_second"]
+            for r in planmod.scaling_plan(corpus, cfg, {"summary": {"tokens_per_second": rate}, "workers": 1},
+                                          network_gbps=planmod.CHOICE_NETWORK_GBPS, workers=(1, 2))}
+    assert line.startswith(f"train: 2 workers are predicted to train this corpus at {rows[2] / 1e6:.2f}M tokens/s "
+                           f"and 1 worker at {rows[1] / 1e6:.2f}M"), line
+    assert "--force-workers" in line and "\n" not in line
+    # told to, it trains with what it was asked for
+    forced = dataclasses.replace(cfg, force_workers=True)
+    assert planmod.choose_workers(corpus, forced, worker_rate=rate) == (forced, None)
+    # 8 asked for: the fastest of fewer
+    chosen, line = planmod.choose_workers(corpus, dataclasses.replace(cfg, num_workers=8), worker_rate=rate)
+    assert chosen.num_workers == 1 and line.startswith("train: 8 workers are predicted")
+
+
+@pytest.mark.parametrize("users", [200_000, 20_000_000])
+@pytest.mark.parametrize("rate", [0.5e6, 2e6, 15e6])
+def test_a_big_corpus_keeps_the_workers_asked_for(sample_corpus, users, rate):
+    """The 200k-user corpus trained 1.8× faster on 2 workers than on one: no rate a CPU or GPU worker has makes
+    the model send it back to one (the sample's shape scaled up, as plan --users does)."""
+    corpus = planmod.scaled_corpus(Corpus(sample_corpus[0]), users)
+    for workers in (2, 4):
+        cfg = TrainConfig(dim=100, epochs=10, num_ps=2, num_workers=workers, progress=False)
+        assert planmod.choose_workers(corpus, cfg, worker_rate=rate) == (cfg, None)
+
+
+def test_one_worker_asked_for_is_one_worker(lee_corpus):
+    one = TrainConfig(num_workers=1, progress=False)
+    assert planmod.choose_workers(Corpus(lee_corpus), one) == (one, None)
+
+
+def test_the_train_command_trains_with_the_faster_count_and_says_so(ray_cluster, lee_corpus, tmp_path, capsys):
+    from doc2vec_dist.cli import main
+
+    argv = ["train", "--corpus", lee_corpus, "--dim", "8", "--epochs", "1", "--num-workers", "2", "--cpus-per-worker", "1",
+            "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "m1")]) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("train: 2 workers are predicted")]
+    assert len(said) == 1 and "training with 1 worker" in said[0], err
+    with open(tmp_path / "m1" / "config.json") as fh:
+        assert json.load(fh)["num_workers"] == 1
+    assert main([*argv, "--force-workers", "--out", str(tmp_path / "m2")]) == 0
+    assert "workers are predicted" not in capsys.readouterr().err
+    with open(tmp_path / "m2" / "config.json") as fh:
+        assert json.load(fh)["num_workers"] == 2

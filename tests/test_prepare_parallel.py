@@ -460,3 +460,32 @@ def test_the_prepare_benchmark_times_1_and_2_processes_and_finds_the_same_corpus
     workers = [p for p in two["processes"] if p["what"] == "task worker"]
     assert workers and all(p["peak_rss_bytes"] > 0 for p in workers)  # (which tasks each ran: as sampled)
     assert "raylet" in {p["what"] for p in two["processes"]}
+
+
+# --- issue 50: one process where Ray tasks would not pay -------------------------------------------------------
+
+def test_a_task_per_cpu_on_a_small_input_is_this_process_and_says_so(ray_cluster, tmp_path, logged):
+    """A 200k-user prepare took 13 s in one process and 17 s as 2 Ray tasks here: on a small input --parallel 0
+    (every CPU, the jobs' default on a cluster) is one process, said in one line; --parallel 2 is as asked."""
+    corpus = prepare([SAMPLE_EVENTS], str(tmp_path / "c"), PrepareConfig(time_col="ts", parallel=0), progress=False)
+    assert corpus.meta["parallel"] == 1 and corpus.meta["engine"] == "process"
+    said = [r.getMessage() for r in logged.records if "where Ray tasks were measured to pay" in r.getMessage()]
+    size = readers.input_bytes(readers.expand_inputs([SAMPLE_EVENTS], "events")) / 2**20
+    assert said == [(f"prepare: {size:,.1f} MiB of input, below the 96.0 MiB where Ray tasks were measured to pay "
+                     "for their start: preparing it in this process (--parallel N runs N tasks whatever the size)")]
+    logged.clear()
+    corpus = prepare([SAMPLE_EVENTS], str(tmp_path / "c2"), PrepareConfig(time_col="ts", parallel=2), progress=False)
+    assert corpus.meta["parallel"] == 2 and corpus.meta["engine"] == "tasks"
+    assert next(r.getMessage() for r in logged.records if "measured to pay" in r.getMessage()).endswith(
+        "running 2 tasks as asked (one process would be sooner)")
+
+
+def test_a_task_per_cpu_is_kept_where_the_input_is_big_enough_to_pay():
+    from doc2vec_dist.prepare import PARALLEL_MIN_INPUT_BYTES, processes_that_pay
+
+    assert processes_that_pay(0, PARALLEL_MIN_INPUT_BYTES) == (0, None)
+    assert processes_that_pay(0, PARALLEL_MIN_INPUT_BYTES - 1)[0] == 1
+    assert processes_that_pay(4, 10 * PARALLEL_MIN_INPUT_BYTES) == (4, None)
+    assert processes_that_pay(4, 1000)[0] == 4
+    for one in (None, 1):
+        assert processes_that_pay(one, 1000) == (one, None)
