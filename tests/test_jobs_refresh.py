@@ -62,9 +62,11 @@ def _keys(model: str, table: str = "docs") -> list[str]:
     return ModelDir(model).keys(table).to_pylist()
 
 
-def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_path, capsys):
+def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_path, capsys, monkeypatch):
     """No --index: a new index. Settings come from the base model (dim 8, 2 servers: no flag says so),
-    the event columns from its corpus (time_col ts), epochs 1; known users and URLs keep their ids."""
+    the event columns from its corpus (time_col ts), epochs 1; known users and URLs keep their ids.
+    (The input size from which the job's task per CPU pays, issue 50, is lowered so that the tasks run.)"""
+    monkeypatch.setattr("doc2vec_dist.prepare.PARALLEL_MIN_INPUT_BYTES", 0)
     day = tmp_path / "day2"
     assert load_job("refresh").main(["--events", days["events2"], "--base-model", days["model"], "--out", str(day),
                                      "--no-progress", "--recall-queries", "200"]) == 0
