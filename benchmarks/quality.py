@@ -339,7 +339,8 @@ def run_set(data: Set, mode: str, seeds: list[int], overrides: dict, work: str, 
     from doc2vec_dist.trainer import train
 
     ours_runs = {"doc2vec-dist": {}} if not workers else {
-        workers_label(w): {"num_workers": w, "cpus_per_worker": 1} for w in workers}
+        # as asked: train's own choice of fewer workers (plan.choose_workers) would measure another count
+        workers_label(w): {"num_workers": w, "cpus_per_worker": 1, "force_workers": True} for w in workers}
     runs = {who: [] for who in list(ours_runs) + (["gensim"] if gensim else [])}
     for seed in seeds:
         model_settings = {**data.settings, **MODES[mode], "seed": seed, "progress": False}

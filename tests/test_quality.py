@@ -142,3 +142,19 @@ def test_pypi_sets_hold_out_one_word_of_every_document(tmp_path):
             assert sorted(trained[row["key"]] + [row["token"]] * summary.count(row["token"])) == sorted(summary)
     with pytest.raises(UserError, match="--pypi-summaries"):
         quality.make_set("pypi", str(tmp_path / "none"), pypi_summaries=str(tmp_path / "missing.parquet"))
+
+
+def test_worker_counts_train_as_asked(monkeypatch, tmp_path):
+    """--workers measures each count as given: train's own choice of fewer workers (plan's model, on a
+    small corpus) would measure one worker under another's name."""
+    from doc2vec_dist import trainer
+
+    quality = load_quality()
+    asked = []
+    monkeypatch.setattr(trainer, "train", lambda corpus, out, config, overwrite: asked.append(config)
+                        or {"tokens_per_second": 1.0})
+    data = quality.Set("tiny", str(tmp_path), {"dim": 8, "epochs": 1}, "recall@10", lambda model: 0.5, "tiny")
+    result = quality.run_set(data, "dbow", [1], {}, str(tmp_path), 1, workers=[1, 2, 4], gensim=False)
+    assert [(c.num_workers, c.cpus_per_worker, c.force_workers) for c in asked] == [(1, 1, True), (2, 1, True),
+                                                                                   (4, 1, True)]
+    assert result["differences"] == {"2 workers": 0.0, "4 workers": 0.0}
