@@ -6,6 +6,7 @@
     python benchmarks/quality.py --tune 8                         # tune each set, then tuned vs its settings vs gensim
     python benchmarks/quality.py --tune 8 --searcher optuna       # the same with Optuna's TPE drawing the trials
     python benchmarks/quality.py --workers 1 2 4 8 --ray-cpus 8 --no-gensim   # more workers against one worker
+    python benchmarks/quality.py --sets pypi15k pypi --workers 1 2 4 8 --ray-cpus 12   # real short documents
 
 Each set is trained by ours (`train`, the defaults plus the set's own model settings plus --config)
 and by gensim (`baseline --gensim-mode iterable`, its most accurate mode, all cores) with the same
