@@ -101,3 +101,60 @@ def test_leave_one_out_accuracy_counts_every_document(tmp_path):
     assert quality.leave_one_out_accuracy(model, labels, k=5) == 1.0
     halves = ["first" if i < 12 else "second" for i in range(24)]  # labels the vectors know nothing of
     assert 0.2 < quality.leave_one_out_accuracy(model, halves, k=5) < 0.8
+
+
+def test_pypi_sets_hold_out_one_word_of_every_document(tmp_path):
+    """A slice of summaries in the shared file's columns: the set keeps the documents of 3+ distinct
+    words seen twice or more, hides exactly one such word of each (every copy of it), trains on the
+    rest, and the 15k set takes the ranked packages only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from doc2vec_dist.corpus import Corpus, iter_shard
+
+    quality = load_quality()
+    rows = [("alpha", "Fast JSON parser for Python and Python tools", 1),
+            ("beta", "JSON schema tools for Python", None),
+            ("gamma", "Parser for fast JSON", 2),
+            ("delta", "Python tools", 3),                        # two words: nothing to train on once one is hidden
+            ("epsilon", "Zygomorphic quixotic flummox python", 4),  # one word seen twice: dropped
+            ("zeta", "Fast tools for schema parser", 5)]
+    path = tmp_path / "pypi.parquet"
+    pq.write_table(pa.table({"package": [r[0] for r in rows], "summary": [r[1] for r in rows],
+                             "download_rank": pa.array([r[2] for r in rows], pa.int64())}), path)
+    for name, expected in (("pypi", {"alpha", "beta", "gamma", "zeta"}), ("pypi15k", {"alpha", "gamma", "zeta"})):
+        data = quality.make_set(name, str(tmp_path / "work"), quick=True, pypi_summaries=str(path))
+        assert data.metric == "recall@10" and data.name == f"{name}-quick"
+        corpus = Corpus(data.corpus)
+        words = corpus.vocab().column("token").to_pylist()
+        keys = corpus.docs().column("key").to_pylist()
+        trained = {}
+        for shard in corpus.shard_paths:
+            for doc_ids, offsets, tokens in iter_shard(shard):
+                for i, doc in enumerate(doc_ids):
+                    trained[keys[doc]] = [words[t] for t in tokens[offsets[i]:offsets[i + 1]]]
+        hidden = pq.read_table(data.tune_target["heldout"]).to_pylist()
+        assert set(trained) == expected and sorted(r["key"] for r in hidden) == sorted(expected), (trained, hidden)
+        packages, kept = quality.pypi_documents(str(path), name == "pypi15k")
+        for row in hidden:
+            summary = kept[packages.index(row["key"])]
+            assert row["token"] in summary and row["token"] not in trained[row["key"]]  # every copy hidden
+            assert sorted(trained[row["key"]] + [row["token"]] * summary.count(row["token"])) == sorted(summary)
+    with pytest.raises(UserError, match="--pypi-summaries"):
+        quality.make_set("pypi", str(tmp_path / "none"), pypi_summaries=str(tmp_path / "missing.parquet"))
+
+
+def test_worker_counts_train_as_asked(monkeypatch, tmp_path):
+    """--workers measures each count as given: train's own choice of fewer workers (plan's model, on a
+    small corpus) would measure one worker under another's name."""
+    from doc2vec_dist import trainer
+
+    quality = load_quality()
+    asked = []
+    monkeypatch.setattr(trainer, "train", lambda corpus, out, config, overwrite: asked.append(config)
+                        or {"tokens_per_second": 1.0})
+    data = quality.Set("tiny", str(tmp_path), {"dim": 8, "epochs": 1}, "recall@10", lambda model: 0.5, "tiny")
+    result = quality.run_set(data, "dbow", [1], {}, str(tmp_path), 1, workers=[1, 2, 4], gensim=False)
+    assert [(c.num_workers, c.cpus_per_worker, c.force_workers) for c in asked] == [(1, 1, True), (2, 1, True),
+                                                                                   (4, 1, True)]
+    assert result["differences"] == {"2 workers": 0.0, "4 workers": 0.0}
