@@ -14,9 +14,12 @@ directory the run writes) and `run` (the run's id, as in its actors' names and i
     doc2vec_dist_server_pull_seconds{server}   counter  ... and gathering pulls
     doc2vec_dist_epoch, doc2vec_dist_round   gauge    where the run is (the epoch counted from 0)
 
-The driver records them all, from what it asks each worker and server every tick (their progress, and
-each server's info, asked for these): no worker or server records a metric; the cost to training is
-the driver's, one small call per server a tick.
+The driver records them all, from what it asks each worker every tick (its progress, asked for the
+progress bar) and each server every RECORD_SECONDS (its info, asked for these): no worker or server
+records a metric. What a tick brings is added up here, in plain Python, and Ray is told at most every
+RECORD_SECONDS (and at the run's end): a counter is increased by what it gained since, a gauge set
+when its value changed. A run of short epochs (the sample's are 40 ms) thus pays no Ray call per
+epoch or per tick; what it costs is measured in docs/benchmarks.md ("What training pays").
 Rows are the bytes moved over a row's bytes (client.TRAFFIC, TableSpec.row_bytes).
 """
 
@@ -27,7 +30,10 @@ import time
 
 log = logging.getLogger(__name__)
 
-RATE_SECONDS = 2.0  # a worker's tokens/s is measured over at least this long: ticks are 0.5 s apart
+# Ray is told the figures at most this often, and the servers asked for theirs: ticks are 0.5 s apart, and
+# a round's end, which a run of short epochs reaches every few ms, tells Ray nothing by itself. A worker's
+# tokens/s is measured over this long.
+RECORD_SECONDS = 2.0
 TRAFFIC_IN = ("pulled", "resident_pulled")
 TRAFFIC_OUT = ("pushed", "resident_pushed")
 
@@ -35,12 +41,22 @@ TRAFFIC_OUT = ("pushed", "resident_pushed")
 class RunMetrics:
     """The metrics of one run, fed by the driver (trainer._Run) each tick."""
 
-    def __init__(self, model: str, run: str, row_bytes: int):
+    def __init__(self, model: str, run: str, row_bytes: int, on: bool = True):
         self.tags = {"model": model, "run": run}
         self.row_bytes = max(int(row_bytes), 1)
         self._seen: dict[tuple[str, int], dict] = {}  # the last figures of each worker / server, to take deltas from
         self._tokens: dict[int, tuple] = {}  # worker → (epoch, its tokens so far in it, tokens seen trained in all)
         self._rate_from: dict[int, tuple[float, int]] = {}  # worker → (when its rate was last set, tokens trained then)
+        # what Ray has not been told yet: each counter's gain by (metric, tag) and each gauge's value, the
+        # gauges' values as last told (set only when changed), and when it was last told and the servers asked
+        self._gained: dict[tuple[str, str], float] = {}
+        self._values: dict[tuple[str, str], float] = {}
+        self._told: dict[tuple[str, str], float] = {}
+        self._recorded = time.monotonic()
+        self._asked = float("-inf")
+        self.on = on  # off: records nothing, and the driver asks the servers nothing for it (trainer.RECORDS_ENV)
+        if not on:
+            return
         try:
             from ray.util.metrics import Counter, Gauge
 
@@ -65,59 +81,97 @@ class RunMetrics:
             self.on = False
 
     def position(self, epoch: int, round_: int) -> None:
-        if self.on:
-            self.epoch.set(epoch, tags=self.tags)
-            self.round.set(round_, tags=self.tags)
+        """Where the run is: the epoch (from 0) and its round under way."""
+        self._values["epoch", ""] = epoch
+        self._values["round", ""] = round_
 
-    def workers(self, answers: dict[int, dict], now: float | None = None, final: bool = False) -> None:
-        """Each worker's progress answer (worker.Worker.progress), or, `final`, what its run_epoch returned."""
+    def workers(self, answers: dict[int, dict], now: float | None = None) -> None:
+        """Each worker's progress answer (worker.Worker.progress), or what its run_epoch returned."""
         if not self.on:
             return
         now = time.monotonic() if now is None else now
         for i, s in answers.items():
-            tags = {**self.tags, "worker": str(i)}
+            worker = str(i)
             call = (s.get("epoch"), s.get("round", 0))
             last = self._seen.get(("worker", i))
             same = last is not None and last["call"] == call  # counters run on within one run_epoch call
             moved = s.get("bytes") or {}
-            for counter, kinds in ((self.rows_pulled, TRAFFIC_IN), (self.rows_pushed, TRAFFIC_OUT)):
-                total = sum(moved.get(k, 0) for k in kinds)
-                delta = total - (last["bytes"][kinds] if same else 0)
+            totals = {}
+            for name, kinds in (("rows_pulled", TRAFFIC_IN), ("rows_pushed", TRAFFIC_OUT)):
+                totals[name] = sum(moved.get(k, 0) for k in kinds)
+                delta = totals[name] - (last["bytes"][name] if same else 0)
                 if delta > 0:
-                    counter.inc(delta / self.row_bytes, tags=tags)
-            self._seen[("worker", i)] = {"call": call, "bytes": {kinds: sum(moved.get(k, 0) for k in kinds)
-                                                                for kinds in (TRAFFIC_IN, TRAFFIC_OUT)}}
+                    self._gain(name, worker, delta / self.row_bytes)
+            self._seen[("worker", i)] = {"call": call, "bytes": totals}
             if s.get("pairs"):
-                self.loss.set(s["loss"] / s["pairs"], tags=tags)
-            self._rate(i, call[0], s["tokens"], now, tags, final)
+                self._values["loss", worker] = s["loss"] / s["pairs"]
+            self._count_tokens(i, call[0], s["tokens"], now)
 
-    def _rate(self, i: int, epoch, tokens: int, now: float, tags: dict, final: bool) -> None:
-        """The worker's tokens/s since the gauge was last set: at least RATE_SECONDS apart, or at a round's end.
-        Its tokens count from 0 each epoch (and from a checkpointed position after a restart: not counted)."""
+    def _count_tokens(self, i: int, epoch, tokens: int, now: float) -> None:
+        """Add what worker i trained since its last answer. Its tokens count from 0 each epoch (and from a
+        checkpointed position after a restart: not counted)."""
         prev = self._tokens.get(i)
         if prev is None:
             self._tokens[i] = (epoch, tokens, 0)
             self._rate_from[i] = (now, 0)
             return
         delta = tokens - prev[1] if prev[0] == epoch else tokens
-        trained = prev[2] + max(delta, 0)
-        self._tokens[i] = (epoch, tokens, trained)
-        since, at = self._rate_from[i]
-        if now - since >= RATE_SECONDS or (final and now > since and trained > at):
-            self.tokens_per_second.set((trained - at) / (now - since), tags=tags)
-            self._rate_from[i] = (now, trained)
+        self._tokens[i] = (epoch, tokens, prev[2] + max(delta, 0))
+
+    def servers_due(self, now: float | None = None) -> bool:
+        """Whether to ask the servers for their info now: at most every RECORD_SECONDS (then it says yes once)."""
+        if not self.on:
+            return False
+        now = time.monotonic() if now is None else now
+        if now - self._asked < RECORD_SECONDS:
+            return False
+        self._asked = now
+        return True
 
     def servers(self, infos: dict[int, dict]) -> None:
         """Each server's info (ps.ParameterServer.info): its apply and pull seconds since it started."""
         if not self.on:
             return
         for shard, info in infos.items():
-            tags = {**self.tags, "server": str(shard)}
             last = self._seen.get(("server", shard))
             same = last is not None and last["pid"] == info.get("pid")  # a restarted server counts from 0
-            for counter, key in ((self.apply_seconds, "apply_seconds"), (self.pull_seconds, "pull_seconds")):
+            for name, key in (("apply_seconds", "apply_seconds"), ("pull_seconds", "pull_seconds")):
                 delta = info.get(key, 0.0) - (last[key] if same else 0.0)
                 if delta > 0:
-                    counter.inc(delta, tags=tags)
+                    self._gain(name, str(shard), delta)
             self._seen[("server", shard)] = {"pid": info.get("pid"), "apply_seconds": info.get("apply_seconds", 0.0),
                                              "pull_seconds": info.get("pull_seconds", 0.0)}
+
+    def _gain(self, name: str, tag: str, amount: float) -> None:
+        self._gained[name, tag] = self._gained.get((name, tag), 0.0) + amount
+
+    def record(self, now: float | None = None) -> None:
+        """Tell Ray what it has not been told, if RECORD_SECONDS have passed since it last was."""
+        now = time.monotonic() if now is None else now
+        if self.on and now - self._recorded >= RECORD_SECONDS:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        """Tell Ray now: each counter's gain, each gauge that changed, each worker's tokens/s since it was last
+        set (the run's end calls this, so that a run shorter than RECORD_SECONDS has its figures too)."""
+        if not self.on:
+            return
+        now = time.monotonic() if now is None else now
+        self._recorded = now
+        for i, (_, _, trained) in self._tokens.items():
+            since, at = self._rate_from[i]
+            if now > since and (trained > at or now - since >= RECORD_SECONDS):  # a worker idle that long: 0
+                self._values["tokens_per_second", str(i)] = (trained - at) / (now - since)
+                self._rate_from[i] = (now, trained)
+        for (name, tag), amount in self._gained.items():
+            getattr(self, name).inc(amount, tags=self._tags(name, tag))
+        self._gained.clear()
+        for key, value in self._values.items():
+            if self._told.get(key) != value:
+                getattr(self, key[0]).set(value, tags=self._tags(*key))
+                self._told[key] = value
+
+    def _tags(self, name: str, tag: str) -> dict:
+        if name in ("epoch", "round"):
+            return self.tags
+        return {**self.tags, ("server" if name in ("apply_seconds", "pull_seconds") else "worker"): tag}

@@ -47,12 +47,15 @@ MAX_LOG_BYTES = 64 << 20  # read back at most this much: a run's lines are a few
 class RunLog:
     """The lines one run adds to a model's training log."""
 
-    def __init__(self, model: str, run: str):
+    def __init__(self, model: str, run: str, on: bool = True):
         self.store = storage.Store.of(model)
         self.run = run
+        self.on = on  # off: writes nothing (trainer.RECORDS_ENV)
         self._failed = False
 
     def write(self, event: str, **fields) -> None:
+        if not self.on:
+            return
         now = time.time()
         line = json.dumps({"event": event, "run": self.run, "t": round(now, 3),
                            "time": datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"), **fields},

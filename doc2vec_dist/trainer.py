@@ -69,6 +69,9 @@ STAGED_ENV = "DOC2VEC_DIST_STAGED_ON_CPU"
 # "0": on the block schedule each block goes home through the servers at a round's end and its next
 # holder pulls it (the path before the handover): for the tests that compare the two
 HANDOVER_ENV = "DOC2VEC_DIST_HANDOVER"
+# "0": the run writes no training log and records no Ray metrics (nor asks the servers for theirs): the
+# baseline of the measurement of what they cost (docs/benchmarks.md)
+RECORDS_ENV = "DOC2VEC_DIST_RUN_RECORDS"
 
 
 def staged_on_cpu() -> bool:
@@ -682,8 +685,9 @@ class _Run:
         self.where = where_lines(self.node_of, ray.nodes())
         for line in self.where:  # one line per node: which actors run there
             log.info(line)
-        self.log = RunLog(self.out, self.run_id)
-        self.metrics = RunMetrics(self.out, self.run_id, tables["words_out"].row_bytes)
+        records = os.environ.get(RECORDS_ENV) != "0"
+        self.log = RunLog(self.out, self.run_id, on=records)
+        self.metrics = RunMetrics(self.out, self.run_id, tables["words_out"].row_bytes, on=records)
         self.last_ckpt = time.perf_counter()
 
     def stop(self) -> None:
@@ -729,6 +733,7 @@ class _Run:
                        server_apply_seconds=round(sum(info["apply_seconds"] for info in now), 3),
                        server_busy_seconds=round(sum(info["apply_seconds"] + info["pull_seconds"] for info in now), 3))
         self.metrics.servers(dict(enumerate(now)))
+        self.metrics.flush()  # the run's last figures: Ray is told them now, however short the run
         self.log.write("end", **{k: summary[k] for k in ("train_seconds", "checkpoint_seconds", "tokens_per_second",
                                                         "worker_restarts", "server_restarts", "server_apply_seconds")})
         return summary
@@ -779,11 +784,15 @@ class _Run:
                     raise TrainingStopped(f"training stopped in epoch {epoch}: {_root_cause(exc)}") from None
             # progress: what each worker still training last answered (a call that has not answered,
             # a worker restarting or out of reach, is never waited for: the tick goes on)
+            # and, every few seconds, each server's info for the metrics (an answer still on its way is
+            # collected at the next tick)
+            ask_servers = self.metrics.servers_due()
             self._ask([("worker", i) for i in range(len(workers)) if i not in finished]
-                      + [("server", s) for s in range(len(self.servers))])
+                      + [("server", s) for s in range(len(self.servers)) if ask_servers or ("server", s) in self.asking])
             self._watch()
             self.metrics.workers({i: self.answers[i] for i in range(len(workers)) if i not in finished and i in self.answers})
             self.metrics.servers(self.server_answers)
+            self.metrics.record()
             live = [self.answers[i] for i in range(len(workers)) if i not in finished and i in self.answers]
             now = combine(list(finished.values())
                           + [s for s in live if (s["epoch"], s.get("round", 0)) == (epoch, starts[0].round)])
@@ -794,7 +803,7 @@ class _Run:
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
         done = [finished[i] for i in range(len(workers))]
-        self.metrics.workers(dict(enumerate(done)), final=True)  # each worker's last figures of the round
+        self.metrics.workers(dict(enumerate(done)))  # each worker's last figures of the round
         # The time each worker waited at the round's end for the last one (the barrier); 0 for one worker.
         end = max(s["ended"] for s in done)
         for s in done:

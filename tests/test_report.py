@@ -21,6 +21,7 @@ from doc2vec_dist import checkpoint, runlog
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
+from doc2vec_dist.metrics import RECORD_SECONDS, RunMetrics
 from doc2vec_dist.trainer import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +106,43 @@ def test_a_resumed_run_appends_to_the_log_and_the_metrics_reach_rays_endpoint(ra
     assert starts[0]["run"] != starts[1]["run"]
     assert [line["epoch"] for line in lines if line["event"] == "epoch"] == [1, 2, 3]
     assert [line["event"] for line in lines].count("end") == 2
+
+
+def test_the_metrics_tell_ray_every_few_seconds_not_every_tick_and_lose_no_rows(monkeypatch):
+    """What training pays for its metrics (issue 52's ≤1%): 20 simulated seconds of 40 ms rounds, each tick's
+    progress fed to the metrics, call Ray (a gauge set, a counter increased) and ask the servers only every
+    RECORD_SECONDS, not per tick or round; the counters still add up to every row moved, and the run's end
+    tells Ray the last figures."""
+    from ray.util.metrics import Counter, Gauge
+
+    calls: list[tuple[str, float, dict]] = []
+    monkeypatch.setattr(Gauge, "set", lambda self, value, tags=None: calls.append((self._name, value, tags)))
+    monkeypatch.setattr(Counter, "inc", lambda self, value=1.0, tags=None: calls.append((self._name, value, tags)))
+    row_bytes = 128
+    metrics = RunMetrics("model", "run", row_bytes)
+    step, rounds, per_round = 0.02, 500, 2  # a tick every 20 ms, two ticks a round, a round an epoch
+    pulled = asked = 0
+    for r in range(rounds):
+        for tick in range(1, per_round + 1):
+            now = (r * per_round + tick) * step
+            answer = {"epoch": r, "round": 0, "tokens": 1000 * tick, "pairs": 500 * tick, "loss": 0.5 * tick,
+                      "bytes": {"pulled": 10 * row_bytes * tick, "resident_pulled": row_bytes * tick}}
+            metrics.workers({0: answer, 1: answer}, now=now)
+            if metrics.servers_due(now):
+                asked += 1
+                metrics.servers({0: {"pid": 7, "apply_seconds": now / 10, "pull_seconds": now / 20}})
+            metrics.record(now)
+        pulled += 2 * 11 * per_round  # both workers' rows of the round (each call's counters start from 0)
+    metrics.position(rounds - 1, 0)
+    metrics.flush(rounds * per_round * step)
+    seconds = rounds * per_round * step
+    assert asked <= seconds / RECORD_SECONDS + 1, asked
+    # the old code called Ray about ten times a tick (2,000 ticks)
+    assert len(calls) <= (seconds / RECORD_SECONDS + 1) * 10, len(calls)
+    assert sum(v for name, v, _ in calls if name == "doc2vec_dist_rows_pulled") == pytest.approx(pulled)
+    rates = [(v, tags["worker"]) for name, v, tags in calls if name == "doc2vec_dist_tokens_per_second"]
+    assert {w for _, w in rates} == {"0", "1"} and all(v > 0 for v, _ in rates)
+    assert ("doc2vec_dist_epoch", rounds - 1, {"model": "model", "run": "run"}) in calls
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped_and_counted(tmp_path):
