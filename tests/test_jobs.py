@@ -349,6 +349,23 @@ def test_a_corpus_is_matched_by_its_files_in_a_ray_upload_and_by_every_file_of_a
         f"prepared from other inputs ({before}), not {now / 'f.parquet'}"
 
 
+def job_resume_args(err: str, model: str, job: str) -> tuple[int, str]:
+    """The version a stopped job kept and the arguments of the resume command it named (`python jobs/JOB
+    ARGS`), checked: the model is kept up to its latest checkpoint, short of the run's 30 epochs, and the
+    command is this Python and this checkout's jobs/JOB."""
+    from doc2vec_dist import checkpoint
+
+    version = checkpoint.latest_version(model)
+    assert version is not None and checkpoint.load_manifest(model)[1]["epoch"] < 30, err
+    resume = re.search(rf"training stopped: the model at {re.escape(model)} is kept up to checkpoint v{version}; "
+                       r"resume with `(\S+) (\S+) (.+)`$", err, re.MULTILINE)
+    assert resume, err
+    python, script, args = resume.groups()
+    assert script.endswith(job), resume.group(0)
+    assert os.path.samefile(python, sys.executable) and os.path.samefile(script, os.path.join(ROOT, "jobs", job))
+    return version, args
+
+
 def nodes_die_after_the_first_checkpoint(monkeypatch, model: str):
     """Ray's view of the nodes, as the driver asks for it, turned (as tests/test_faults.py turns it): once
     `model` has a checkpoint, every node is reported dead, on a cluster that cannot grow, so the run stops at
@@ -387,15 +404,7 @@ def test_a_job_stopped_by_a_dead_node_names_its_own_resume_which_finishes_the_jo
     argv = ["--config", config, "--no-progress"]
     assert job.main(argv) == 2
     err = capsys.readouterr().err
-    version = checkpoint.latest_version(model)
-    _, manifest = checkpoint.load_manifest(model)
-    assert version is not None and manifest["epoch"] < 30, err
-    resume = re.search(rf"training stopped: the model at {re.escape(model)} is kept up to checkpoint v{version}; "
-                       r"resume with `(\S+) (\S+) (.+)`$", err, re.MULTILINE)
-    assert resume, err
-    python, script, args = resume.groups()
-    assert script.endswith("train.py"), resume.group(0)
-    assert os.path.samefile(python, sys.executable) and os.path.samefile(script, os.path.join(ROOT, "jobs", "train.py"))
+    version, args = job_resume_args(err, model, "train.py")
     assert args == f"--config {config} --no-progress --resume"
     assert not (tmp_path / "exports").exists()
 

@@ -8,7 +8,6 @@ import glob
 import json
 import os
 import shutil
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -230,10 +229,9 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
     which leaves its export and index undone, and the refresh itself refused to run into that DAY_DIR again.
     It names `jobs/refresh.py … --resume`, which trains the model on from its checkpoint, then exports and
     indexes, without preparing again."""
-    import re
     import shlex
 
-    from test_jobs import nodes_die_after_the_first_checkpoint
+    from test_jobs import job_resume_args, nodes_die_after_the_first_checkpoint
 
     from doc2vec_dist import checkpoint
 
@@ -245,14 +243,7 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
             "--checkpoint-every", "0.05", "--no-progress"]
     assert job.main(argv) == 2
     err = capsys.readouterr().err
-    version = checkpoint.latest_version(model)
-    assert version is not None and checkpoint.load_manifest(model)[1]["epoch"] < 30, err
-    resume = re.search(rf"training stopped: the model at {re.escape(model)} is kept up to checkpoint v{version}; "
-                       r"resume with `(\S+) (\S+) (.+)`$", err, re.MULTILINE)
-    assert resume, err
-    python, script, args = resume.groups()
-    assert script.endswith("refresh.py"), resume.group(0)
-    assert os.path.samefile(python, sys.executable) and os.path.samefile(script, os.path.join(ROOT, "jobs", "refresh.py"))
+    version, args = job_resume_args(err, model, "refresh.py")
     assert shlex.split(args) == [*argv, "--resume"]
     corpus = snapshot(str(day / "corpus"))
 
