@@ -415,7 +415,6 @@ def test_both_ways_of_joining_count_duplicates_early_events_and_single_tokens_al
     "shards_by") gives the same documents and counts: an event logged twice at the base's latest time
     is one early event and one duplicate both ways (the re-bucketed path used to keep both copies and
     count two early events), and documents of a single token are counted alike."""
-    import shutil
 
     def events(rows):
         return pa.table({"user_id": [r[0] for r in rows], "url": [r[1] for r in rows],
@@ -428,13 +427,7 @@ def test_both_ways_of_joining_count_duplicates_early_events_and_single_tokens_al
     pq.write_table(events([("u1", "c", t0 + 3), ("u1", "c", t0 + 3), ("u4", "d", t0 + 9), ("u2", "a", t0 + 5),
                            ("u6", "a", t0 + 7), ("u6", "a", t0 + 7)]), new)
     by_shard = prepare([old], str(tmp_path / "base"), PrepareConfig(time_col="ts", num_shards=2), progress=False).path
-    unsaid = str(tmp_path / "base-unsaid")
-    shutil.copytree(by_shard, unsaid)
-    with open(os.path.join(unsaid, "corpus.json")) as fh:
-        meta = json.load(fh)
-    del meta["shards_by"]
-    with open(os.path.join(unsaid, "corpus.json"), "w") as fh:
-        json.dump(meta, fh)
+    unsaid = _unsaid(by_shard, str(tmp_path / "base-unsaid"))
     found = {}
     for name, base in (("joined", by_shard), ("re-bucketed", unsaid)):
         fresh = prepare([new], str(tmp_path / name), PrepareConfig(time_col="ts", base=base, num_shards=(
