@@ -1,0 +1,74 @@
+"""Issue 49's promise: the redesign trains the same model bit for bit as the code before it, on 1 and 2
+workers. The digests in tests/data/same_model.json were written by this file's `__main__` on the commit
+it names (before the redesign); a change that moves a bit of either model fails here.
+
+Floating point is the same on the same instruction set: the digests are kept per CPU capability
+(torch.backends.cpu.get_cpu_capability()), and `python tests/test_same_model.py --record` on a commit
+before a change adds this machine's."""
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+DIGESTS = pathlib.Path(__file__).parent / "data" / "same_model.json"
+# the small corpus, 2 epochs, rows small enough to train in seconds; every path the sample takes by default
+RUNS = {"1 worker": dict(num_workers=1), "2 workers": dict(num_workers=2, cpus_per_worker=1)}
+COMMON = dict(dim=16, epochs=2, num_ps=2, seed=7, checkpoint_every=0, progress=False)
+
+
+def model_digests(corpus: str, out: pathlib.Path) -> dict[str, dict[str, str]]:
+    from doc2vec_dist import checkpoint
+    from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.trainer import train
+
+    found = {}
+    for name, settings in RUNS.items():
+        model = train(corpus, str(out / name.replace(" ", "-")), TrainConfig(**COMMON, **settings))["model"]
+        saved = checkpoint.ModelDir(model)
+        found[name] = {table: hashlib.sha256(np.ascontiguousarray(saved.read_table(table)).tobytes()).hexdigest()
+                       for table in ("docs", "words_out")}
+    return found
+
+
+def capability() -> str:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def test_the_same_model_bit_for_bit_as_before_the_redesign(ray_cluster, small_corpus, tmp_path):
+    recorded = json.loads(DIGESTS.read_text())
+    if capability() not in recorded["by_capability"]:
+        pytest.fail(f"no digests for CPU capability {capability()!r} in {DIGESTS}: record them on the commit "
+                    f"{recorded['commit']} with `python tests/test_same_model.py --record`")
+    assert model_digests(small_corpus, tmp_path) == recorded["by_capability"][capability()]
+
+
+if __name__ == "__main__":  # python tests/test_same_model.py --record: this machine's digests, on this commit
+    import subprocess
+    import tempfile
+
+    import ray
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from conftest import SAMPLE_EVENTS, SMALL_USERS  # noqa: F401  (the small corpus as the fixture makes it)
+
+    assert sys.argv[1:] == ["--record"], "usage: python tests/test_same_model.py --record"
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        from conftest import small_corpus
+
+        corpus = small_corpus.__wrapped__(type("F", (), {"mktemp": lambda self, n: pathlib.Path(tempfile.mkdtemp(dir=tmp))})())
+        found = model_digests(corpus, pathlib.Path(tmp))
+    recorded = json.loads(DIGESTS.read_text()) if DIGESTS.exists() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if recorded and recorded["commit"] != commit:
+        sys.exit(f"{DIGESTS} holds digests of {recorded['commit']}: record on that commit, not {commit}")
+    recorded = {"commit": commit, "by_capability": {**recorded.get("by_capability", {}), capability(): found}}
+    DIGESTS.write_text(json.dumps(recorded, indent=1) + "\n")
+    print(json.dumps(found, indent=1))
