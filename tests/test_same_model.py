@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 DIGESTS = pathlib.Path(__file__).parent / "data" / "same_model.json"
-# the small corpus, 2 epochs, rows small enough to train in seconds; every path the sample takes by default
-RUNS = {"1 worker": dict(num_workers=1), "2 workers": dict(num_workers=2, cpus_per_worker=1)}
+# the small corpus, 2 epochs, one CPU a worker (a worker of several threads trains them Hogwild: not bit for bit)
+RUNS = {"1 worker": dict(num_workers=1, cpus_per_worker=1), "2 workers": dict(num_workers=2, cpus_per_worker=1)}
 COMMON = dict(dim=16, epochs=2, num_ps=2, seed=7, checkpoint_every=0, progress=False)
 
 
