@@ -114,7 +114,7 @@ class TableSpec:
     U[-1, 1) / dim; "zeros" its initialisation of the output weights (syn1neg).
 
     It lives here, not in ps.py: TrainConfig makes them (TrainConfig.table) and sizes resident rows by
-    their width, and ps.py imports checkpoint, which imports this module (lr_at), so config.py taking
+    their width, and ps.py imports checkpoint, which imports this module, so config.py taking
     it from ps.py would be an import cycle. config.py imports nothing of ours but errors: placement,
     plan, worker and the trainer take a TableSpec from here without pulling in a server's imports.
     """
@@ -475,16 +475,6 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
-
-
-def lr_at(alpha: float, min_alpha: float, done, planned: int):
-    """The learning rate after `done` of the `planned` tokens: gensim's linear decay from alpha to
-    min_alpha, never below min_alpha. `done` is a number (a checkpoint's rate) or a torch tensor of
-    them (kernels.micro_batch_alphas: each micro-batch's)."""
-    progress = done / max(planned, 1)
-    if hasattr(progress, "clamp"):
-        return (alpha - (alpha - min_alpha) * progress.clamp(0.0, 1.0)).clamp(min=min_alpha)
-    return max(min_alpha, alpha - (alpha - min_alpha) * min(max(progress, 0.0), 1.0))
 
 
 def _check_choices(obj: Any) -> None:
