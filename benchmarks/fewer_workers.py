@@ -71,7 +71,7 @@ def prepare_times(work: str, users: list[int]) -> None:
 
     from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
-    from doc2vec_dist.readers import expand_inputs, input_bytes
+    from doc2vec_dist.read_files import expand_inputs, input_bytes
     from doc2vec_dist.synthetic import generate
 
     made = {}

@@ -137,7 +137,7 @@ def time_split(events: str | list[str], out: str, seed: int, new_users: float = 
 
 
 def _expand(files: list[str]) -> list[str]:
-    from doc2vec_dist.readers import expand_inputs
+    from doc2vec_dist.read_files import expand_inputs
 
     return expand_inputs(files, "events")
 

@@ -53,21 +53,9 @@ from .corpus import (
     write_shard,
 )
 from .ids import TokenIds, hash_strings, mix64
-from .readers import (
-    ORDER,
-    PER_SECOND,
-    UNIT_NAMES,
-    Block,
-    BlockState,
-    Chunk,
-    Options,
-    ReadNotes,
-    Skips,
-    TimeReading,
-    count_lines,
-    read_block,
-    unit_by_size,
-)
+from .read_files import Options
+from .read_times import ORDER, PER_SECOND, UNIT_NAMES, TimeReading, unit_by_size
+from .readers import Block, BlockState, Chunk, ReadNotes, Skips, count_lines, read_block
 
 # Events a spill task keeps before writing them out, one record batch per bucket: fewer, larger
 # batches for pass 3 to read, at a bounded cost in memory (about 40 bytes an event).
@@ -192,7 +180,7 @@ def stored_time_range(meta: dict) -> tuple[list[float] | None, str | None, str |
 
     Such a corpus.json kept numeric times as they were read (epoch seconds from timestamps and ISO
     strings, but numbers in whatever unit they had, both mixed when files differed), so each end of
-    its range is read in the unit its size says (readers.EPOCH_SECONDS); a range that is no epoch
+    its range is read in the unit its size says (read_times.EPOCH_SECONDS); a range that is no epoch
     time in any unit was of numbers that only ordered events.
     """
     found, unit = meta.get("time_range"), meta.get("time_unit")

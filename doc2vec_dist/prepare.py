@@ -40,7 +40,7 @@ is the one named, however many processes read them.
              another encoding is the usual cause, and training on whatever part decodes would be
              wrong silently); all inputs empty, or nothing left once the skips below are made.
     skips    files in an input folder that are not data ("unread_files": a README.txt, a .DS_Store,
-             a hidden folder; readers.bookkeeping's _SUCCESS, _metadata, .crc pass quietly);
+             a hidden folder; read_files.bookkeeping's _SUCCESS, _metadata, .crc pass quietly);
              an empty file among non-empty ones; rows whose key is null or empty ("null_keys",
              "empty_keys"); null or empty tokens; text lines that are not valid UTF-8 (the line
              keeps its number, so later keys do not shift); duplicate events, i.e. the same
@@ -100,20 +100,9 @@ from .corpus import (
 )
 from .errors import UserError
 from .passes import Base, Settings, TokenCounter, hold_out, open_base, stored_time_range  # noqa: F401 (hold_out: tune's)
-from .readers import (
-    FORMATS,
-    ORDER,
-    TIME_UNITS,
-    Block,
-    Options,
-    ReadNotes,
-    Skips,
-    TimeKinds,
-    csv_delimiter,
-    expand_inputs,
-    input_bytes,
-    plan_blocks,
-)
+from .read_files import FORMATS, Options, csv_delimiter, expand_inputs, input_bytes
+from .read_times import ORDER, TIME_UNITS, TimeKinds
+from .readers import Block, ReadNotes, Skips, plan_blocks
 from .urls import RAW, UrlRule, http_urls, normalize_distinct, recorded, report_line
 
 log = logging.getLogger(__name__)
@@ -893,7 +882,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
     p1.skips.add("tokens_beyond_max_per_doc", p3.capped.tokens)
     p1.skips.where.update({"tokens_beyond_max_per_doc": p3.capped.keys} if p3.capped.keys else {})
     p1.skips.add("docs_without_tokens", p3.docs_without_tokens)
-    if unread:  # files in the input folders that are not data (readers.expand_inputs), bookkeeping apart
+    if unread:  # files in the input folders that are not data (read_files.expand_inputs), bookkeeping apart
         p1.skips.add("unread_files", len(unread))
         p1.skips.where["unread_files"] = unread[:p1.skips.EXAMPLES]
     meta = {

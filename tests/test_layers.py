@@ -23,7 +23,7 @@ LAYERS: dict[str, set[str]] = {
     "base": {"errors", "logs", "storage", "outputs", "ids", "urls", "memwatch", "metrics", "runlog",
              "precision", "sampling", "sharding", "environment", "config", "lr", "runners", "cluster"},
     # events and text in, the prepared corpus out
-    "ingest": {"corpus", "modeldir", "readers", "read_files", "read_formats", "read_times", "read_blocks", "synthetic",
+    "ingest": {"corpus", "modeldir", "readers", "read_files", "read_formats", "read_times", "synthetic",
                "passes", "raydata", "prepare", "compact", "forgotten"},
     # training: the servers, the workers, their kernels and schedule, checkpoints, the run's settings
     "engine": {"checkpoint", "kernels", "cpu_kernel", "fused_kernels", "triton_kernel", "device_examples",
