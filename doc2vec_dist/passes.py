@@ -23,7 +23,7 @@ what they write: the corpus is the same whichever runs it.
 Memory. A task holds one input batch at a time (readers: 256k Parquet rows, 16 MiB of CSV, JSON or
 text) plus, in pass 1, the counts of the block's distinct tokens; in pass 2, the vocabulary's lookup
 table and at most SPILL_BUFFER_ROWS events waiting to be written; in pass 3, one bucket's events,
-which prepare sizes to the memory budget (prepare._choose_buckets), plus arrays of the vocabulary's
+which prepare sizes to the memory budget (prepare_merge._choose_buckets), plus arrays of the vocabulary's
 size. `task_bytes` says how much that is, and the Ray runner reserves it for each task.
 
 Ids. A bucket's new documents are numbered after every earlier bucket's, so a shard's ids need

@@ -65,7 +65,7 @@ from .corpus import HOLDOUT_SCHEMA, Corpus, iter_shard, write_shard
 from .errors import UserError
 from .ids import hash_strings
 from .logs import quiet_exit_in_finalizers
-from .prepare import hold_out
+from .passes import hold_out
 from .sampling import keep_probabilities
 
 log = logging.getLogger(__name__)

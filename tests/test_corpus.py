@@ -922,7 +922,7 @@ def test_files_in_an_input_folder_that_are_not_data_are_counted_and_named(tmp_pa
 def test_a_document_holding_a_large_share_of_the_tokens_is_named(tmp_path, logged):
     """A user with 17% of all tokens (a bot) went unremarked: a document above HEAVY_SHARE of the tokens,
     in a corpus of HEAVY_MIN_DOCS documents or more, is named with its share, a line of its own."""
-    from doc2vec_dist.prepare import HEAVY_MIN_DOCS
+    from doc2vec_dist.prepare_report import HEAVY_MIN_DOCS
 
     rows = [(f"u{i}", f"url{(i * 7 + j) % 50}") for i in range(HEAVY_MIN_DOCS) for j in range(3)]
     rows += [("bot", f"url{j % 50}") for j in range(700)]

@@ -59,7 +59,7 @@ def test_the_sample_prepared_by_ray_tasks_is_the_single_process_corpus(ray_clust
 
 
 def test_the_memory_line_counts_tasks_and_the_largest_node():
-    from doc2vec_dist.prepare import task_memory_line
+    from doc2vec_dist.prepare_merge import task_memory_line
 
     assert task_memory_line(1 << 30, 4, 10 << 30) == ("prepare: each partition and shard task reserves 1.00 GiB of "
                                                       "Ray memory; 4 at once need 4.00 GiB across the cluster; the "
@@ -165,7 +165,7 @@ def assert_files_in_base(corpus: str, days: dict, window: bool = False) -> None:
     sent again counted for their file (read in several blocks) alone, with the report's line naming it
     alone; in a window, those of them inside it, taken to be the base's as events at or before its latest
     time, and not named (a window does not read the base's documents)."""
-    from doc2vec_dist.prepare import refresh_report
+    from doc2vec_dist.prepare_report import refresh_report
 
     meta = corpus_meta(corpus)
     events = pq.read_metadata(days["again"]).num_rows
@@ -481,7 +481,7 @@ def test_a_task_per_cpu_on_a_small_input_is_this_process_and_says_so(ray_cluster
 
 
 def test_a_task_per_cpu_is_kept_where_the_input_is_big_enough_to_pay():
-    from doc2vec_dist.prepare import PARALLEL_MIN_INPUT_BYTES, processes_that_pay
+    from doc2vec_dist.prepare_merge import PARALLEL_MIN_INPUT_BYTES, processes_that_pay
 
     assert processes_that_pay(0, PARALLEL_MIN_INPUT_BYTES) == (0, None)
     assert processes_that_pay(0, PARALLEL_MIN_INPUT_BYTES - 1)[0] == 1
