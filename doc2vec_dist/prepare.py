@@ -1,7 +1,8 @@
 """prepare: raw events in, a corpus directory out (the format is corpus.py's).
 
-Changes when the way a corpus is made changes: the passes, the vocabulary, the held-out split, the
-skips and their report. `prepare` turns browsing events (or token lists, or plain text; readers.py)
+Changes when the way a corpus is made changes: the order of the passes, the checks before and between
+them, the vocabulary, the held-out split, the files of a refresh. Running each pass and merging its results
+is prepare_merge.py's, the lines of the report prepare_report.py's. `prepare` turns browsing events (or token lists, or plain text; readers.py)
 into the corpus that training reads. It never holds the events in memory, only the vocabulary (one
 row per distinct token):
 
@@ -15,8 +16,8 @@ sibling of the output directory and renamed into place at the very end, so an er
 never leaves a half-written corpus behind.
 
 Each pass is a function of one block of the inputs (readers.plan_blocks: a file, or a run of a big
-Parquet file's row groups) or of one bucket, with the settings (passes.py); this module runs them
-and merges what they return, in input order. With parallel 1 they run one after another in this
+Parquet file's row groups) or of one bucket, with the settings (passes.py, shard_pass.py); prepare_merge.py runs
+them and merges what they return, in input order. With parallel 1 they run one after another in this
 process; with parallel N as Ray tasks, N at a time, on a local Ray or a cluster (runners.RayTasks); with
 0 a task per CPU, but in this process where the input is too small for tasks to pay (processes_that_pay).
 The corpus is the same either way: the blocks depend on the inputs alone, and every result is
@@ -79,7 +80,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 
-from . import compact, forgotten, outputs, passes, runners, storage
+from . import compact, forgotten, outputs, passes, prepare_base, runners, storage
 from .config import PrepareConfig
 from .corpus import (
     FORMAT_VERSION,
@@ -88,7 +89,8 @@ from .corpus import (
     CorpusError,
     one_line,
 )
-from .passes import Base, Settings, open_base, stored_time_range
+from .passes import Settings
+from .prepare_base import Base, open_base, stored_time_range
 from .prepare_merge import (
     DAY_SECONDS,
     _choose_buckets,
@@ -465,7 +467,7 @@ def _drop_rows(c: PrepareConfig, tmp: str, base: Base | None, listed: forgotten.
     p3's counts and shards; dropped.arrow names the base's rows that went, for the warm start."""
     if base is None:
         return None
-    docs = passes.read_mapped(os.path.join(tmp, "docs.arrow"))
+    docs = prepare_base.read_mapped(os.path.join(tmp, "docs.arrow"))
     forgotten_ids = np.flatnonzero(listed.matches(docs.column("key").slice(0, base.num_docs))) if len(listed) \
         else np.zeros(0, np.int64)
     expired = np.zeros(0, np.int64)

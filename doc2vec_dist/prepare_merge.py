@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import passes, raydata, runners
+from . import passes, raydata, runners, shard_pass
 from .config import PrepareConfig
 from .corpus import (
     DOCS_SCHEMA,
@@ -33,7 +33,8 @@ from .corpus import (
     write_changed,
 )
 from .errors import UserError
-from .passes import Base, Settings, TokenCounter
+from .passes import Settings, TokenCounter
+from .prepare_base import Base
 from .prepare_report import _compact, _name_files
 from .read_times import TimeKinds
 from .readers import Block, ReadNotes, Skips
@@ -405,7 +406,7 @@ class _Pass3:
     time_range: list | None = None   # earliest and latest event time kept (seconds), with a time column
     refresh: dict | None = None      # with a base: what is new, what grew, what no longer appears
     in_base: int = 0                 # input events a base had, dropped
-    capped: passes.Capped = dataclasses.field(default_factory=passes.Capped)  # --max-tokens-per-doc
+    capped: shard_pass.Capped = dataclasses.field(default_factory=shard_pass.Capped)  # --max-tokens-per-doc
     in_base_blocks: np.ndarray | None = None  # with a base: in_base, and early events, of each input block
     early_blocks: np.ndarray | None = None
 
@@ -413,7 +414,7 @@ class _Pass3:
 def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, progress, memory: int,
            rows: int, base: Base | None, blocks: int = 0) -> _Pass3:
     """Every bucket's shard, numbered in bucket order: a bucket's new documents after the earlier
-    buckets'. A bucket that ran before its first id was known is renumbered (passes.renumber). With a
+    buckets'. A bucket that ran before its first id was known is renumbered (shard_pass.renumber). With a
     base, the events it had and those at or before its latest time are counted for each of the
     `blocks` input blocks."""
     counts, new_word_counts = np.zeros(vocab_size, np.int64), np.zeros(vocab_size, np.int64)
@@ -422,7 +423,7 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
     first_ids, shards, renumber = [], [], []
     total = dict.fromkeys(("empty", "heldout", "duplicates", "single", "nothing_hidden", "early", "late_users",
                            "in_base", "base_untimed", "input_users", "known_input_users"), 0)
-    capped = passes.Capped()
+    capped = shard_pass.Capped()
     first_time, last_time = np.inf, -np.inf
     base_lengths = base.docs.column("length").to_numpy().copy() if base is not None else None
     grown = np.zeros(base.num_docs if base is not None else 0, bool)
@@ -433,7 +434,7 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
             here = [(sp.path, np.flatnonzero(sp.buckets == b)) for sp in spills]
             yield b, [(path, found) for path, found in here if len(found)], s, next_id if numbered == b else None
 
-    for b, found in _run(runner, passes.shard, calls(), memory=memory):
+    for b, found in _run(runner, shard_pass.shard, calls(), memory=memory):
         progress.update(rows / s.buckets)
         first_ids.append(next_id)
         if found.renumber:
@@ -456,7 +457,7 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
             for merged, counted in ((in_base_blocks, found.in_base_blocks), (early_blocks, found.early_blocks)):
                 if counted is not None:
                     merged[counted[0]] += counted[1]
-    for _ in _run(runner, passes.renumber, renumber):
+    for _ in _run(runner, shard_pass.renumber, renumber):
         pass
     refresh = None
     if base is not None:
@@ -473,7 +474,7 @@ def _pass3(spills: list[passes.Spilled], s: Settings, vocab_size: int, runner, p
 def _new_docs(s: Settings, first_ids: list[int]):
     """Record batches of docs.arrow's new documents, bucket after bucket, with their ids."""
     for b, first in enumerate(first_ids):
-        reader = pa.ipc.open_file(pa.memory_map(passes.docs_part(s, b)))
+        reader = pa.ipc.open_file(pa.memory_map(shard_pass.docs_part(s, b)))
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)
             yield pa.RecordBatch.from_arrays(
@@ -504,7 +505,7 @@ def _write_heldout(s: Settings, path: str) -> None:
     """The held-out file: every bucket's hidden pairs, bucket after bucket."""
     with pq.ParquetWriter(path, HOLDOUT_SCHEMA) as writer:
         for b in range(s.buckets):
-            part = passes.heldout_part(s, b)
+            part = shard_pass.heldout_part(s, b)
             if os.path.exists(part):
                 writer.write_table(pa.ipc.open_file(pa.memory_map(part)).read_all())
 

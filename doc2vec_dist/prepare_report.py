@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 
-from . import passes
+from . import prepare_base
 
 
 def _compact(counts: dict) -> str:
@@ -145,7 +145,7 @@ HEAVY_NAMED = 5
 def _heavy_docs(tmp: str, num_tokens: int) -> list[dict]:
     """The documents of the corpus at `tmp` above HEAVY_SHARE of its tokens (HEAVY_MIN_DOCS or more
     documents), largest first: key, tokens and share of each, at most HEAVY_NAMED."""
-    docs = passes.read_mapped(os.path.join(tmp, "docs.arrow"))
+    docs = prepare_base.read_mapped(os.path.join(tmp, "docs.arrow"))
     if docs.num_rows < HEAVY_MIN_DOCS or not num_tokens:
         return []
     lengths = docs.column("length").to_numpy()

@@ -65,8 +65,8 @@ from .corpus import HOLDOUT_SCHEMA, Corpus, iter_shard, write_shard
 from .errors import UserError
 from .ids import hash_strings
 from .logs import quiet_exit_in_finalizers
-from .passes import hold_out
 from .sampling import keep_probabilities
+from .shard_pass import hold_out
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ LAYERS: dict[str, set[str]] = {
              "precision", "sampling", "sharding", "environment", "config", "lr", "runners", "cluster"},
     # events and text in, the prepared corpus out
     "ingest": {"corpus", "modeldir", "readers", "read_files", "read_formats", "read_times", "synthetic",
-               "passes", "raydata", "prepare", "compact", "forgotten"},
+               "prepare_base", "passes", "shard_pass", "raydata", "prepare_merge", "prepare_report", "prepare",
+               "compact", "forgotten"},
     # training: the servers, the workers, their kernels and schedule, checkpoints, the run's settings
     "engine": {"checkpoint", "kernels", "cpu_kernel", "fused_kernels", "triton_kernel", "device_examples",
                "schedule", "placement", "ps", "client", "worker", "units", "trainer", "warmup", "plan",

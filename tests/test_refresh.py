@@ -662,10 +662,10 @@ def test_a_base_without_times_joins_every_event_and_says_it_cannot_tell(days, tm
 
 
 def test_sent_again_finds_exactly_the_input_events_a_base_has():
-    """passes.sent_again against a set of triples, on events crowded into few values (so many share a
+    """shard_pass.sent_again against a set of triples, on events crowded into few values (so many share a
     hash prefix): an input event is the base's when its (doc, token, time) is one of the base's, and a
     time that is NaN or -inf matches nothing."""
-    from doc2vec_dist.passes import sent_again
+    from doc2vec_dist.shard_pass import sent_again
 
     rng = np.random.default_rng(3)
     n = 20_000
