@@ -366,8 +366,8 @@ def _json_step(path: str, drop: set[str]) -> Step | None:
 # ---------------------------------------------------------------------------------------------------
 
 def _index_step(path: str, drop: pa.Array, manifest: dict, model: str, before: int, after: int) -> Step | None:
-    from .index import read_index_params
-    from .index import read_keys as index_keys
+    from .index_sources import read_keys as index_keys
+    from .index_update import read_index_params
 
     params = read_index_params(path)
     _lineage_check(params.get("provenance"), manifest, model, f"the index {path}")
@@ -389,7 +389,7 @@ def _forget_in_index(path: str, params: dict, keys: pa.Array, gone: np.ndarray, 
     import faiss
 
     from .export import open_npy
-    from .index import KEY_SCHEMA
+    from .index_sources import KEY_SCHEMA
 
     kind = params["kind"]
     index = faiss.read_index(os.path.join(path, "index.faiss"))
@@ -737,7 +737,7 @@ def forget(model: str, keys: Keys, corpus: str | None = None, exports: str | Non
                 steps += _exports_steps(os.path.abspath(root), drop, found.manifest, model, before, after, left)
         if index is not None:
             if not _is_index(index):
-                from .index import read_index_params
+                from .index_update import read_index_params
 
                 read_index_params(index)  # names what is there
             step = _index_step(os.path.abspath(index), drop, found.manifest, model, before, after)

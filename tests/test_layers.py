@@ -33,7 +33,7 @@ LAYERS: dict[str, set[str]] = {
     # a trained model's arithmetic: scoring, where vectors came from, URLs never seen, users never seen
     "model": {"scoring", "provenance", "compose", "infer"},
     # what users read out of a model: the Python object, exports, faiss indexes, quality figures
-    "serving": {"model", "export", "index", "evaluate", "baseline", "drift"},
+    "serving": {"model", "export", "index_sources", "index", "index_update", "evaluate", "baseline", "drift"},
     # the commands and the pipeline that strings the layers together
     "commands": {"cli", "tune", "report", "forget", "pipeline", "__main__", "__init__"},
 }
