@@ -35,7 +35,7 @@ LAYERS: dict[str, set[str]] = {
     # what users read out of a model: the Python object, exports, faiss indexes, quality figures
     "serving": {"model", "export", "index_sources", "index", "index_update", "evaluate", "baseline", "drift"},
     # the commands and the pipeline that strings the layers together
-    "commands": {"cli", "tune", "report", "forget", "pipeline", "__main__", "__init__"},
+    "commands": {"cli", "tune", "report", "forget_files", "forget_steps", "forget", "pipeline", "__main__", "__init__"},
 }
 ORDER = list(LAYERS)
 ENGINE_CORE = {"trainer", "worker", "client", "ps", "schedule", "kernels"}
