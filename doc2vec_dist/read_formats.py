@@ -186,8 +186,6 @@ def _json_kind(value) -> str:
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
-
-
 def _json_ids(values: list, path: str, column: str, row_base: int) -> pa.Array:
     """An id column as strings, whatever JSON type each row holds; an array or object is an error."""
     out = [id_string(v) for v in values]

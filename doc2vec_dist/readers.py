@@ -66,9 +66,8 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Inputs: paths → files → normalised chunks of events
+# What reading hands back: the events (Chunk), what it dropped (Skips) and what it noted (ReadNotes)
 # ---------------------------------------------------------------------------------------------------
-
 
 @dataclass
 class Chunk:
@@ -121,11 +120,6 @@ def _merge_examples(into: dict[str, list[str]], later: dict[str, list[str]], lim
     for name, found in later.items():
         where = into.setdefault(name, [])
         where += found[:max(0, limit - len(where))]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Times: every time column as float64 epoch seconds, UTC, as it is read
-# ---------------------------------------------------------------------------------------------------
 
 
 class ReadNotes:
@@ -195,7 +189,6 @@ def _stripped(arr: pa.Array, column: str, path: str, row_base: int, notes: ReadN
 # ---------------------------------------------------------------------------------------------------
 # Blocks: the parts of the inputs that prepare's tasks read, each on its own
 # ---------------------------------------------------------------------------------------------------
-
 
 # A Parquet file of more rows than this is read as several blocks of whole row groups, so that one big
 # file keeps several processes busy; any other file is one block.
