@@ -104,5 +104,6 @@ def id_string(value):
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return pa.scalar(value, pa.float64()).cast(pa.string()).as_py()  # Arrow's formatting, as read_formats._as_strings
+        # Arrow's formatting, as read_formats._as_strings
+        return pa.scalar(value, pa.float64()).cast(pa.string()).as_py()
     return value

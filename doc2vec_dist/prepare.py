@@ -2,9 +2,9 @@
 
 Changes when the way a corpus is made changes: the order of the passes, the checks before and between
 them, the vocabulary, the held-out split, the files of a refresh. Running each pass and merging its results
-is prepare_merge.py's, the lines of the report prepare_report.py's. `prepare` turns browsing events (or token lists, or plain text; readers.py)
-into the corpus that training reads. It never holds the events in memory, only the vocabulary (one
-row per distinct token):
+is prepare_merge.py's, the lines of the report prepare_report.py's. `prepare` turns browsing events (or
+token lists, or plain text; readers.py) into the corpus that training reads. It never holds the events in
+memory, only the vocabulary (one row per distinct token):
 
     pass 1  read every block of the inputs, count tokens and rows, check columns → vocabulary, ids by
             frequency
