@@ -16,8 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import corpus as corpus_mod
-from doc2vec_dist import passes as passes_mod
-from doc2vec_dist import read_formats
+from doc2vec_dist import read_formats, shard_pass
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
 from doc2vec_dist.errors import UserError
@@ -417,7 +416,7 @@ def test_failure_in_the_last_pass_leaves_nothing_behind(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(passes_mod, "write_shard", boom)
+    monkeypatch.setattr(shard_pass, "write_shard", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         _prepare([src], tmp_path / "out", num_shards=2)
     assert _leftovers(tmp_path) == []
