@@ -10,7 +10,7 @@ uncalibrated (plan.choose_workers's figures: what `train --num-workers 2` asks b
 count train would take. With --prepare-users, generates that many users (`generate --urls 100000 --seed 1`)
 and times `prepare --time-col ts` in one process, with --parallel 2 starting a local Ray, and with
 --parallel 0 on a Ray already up (as jobs/train.py on a cluster), before and after prepare's own choice
-(prepare.processes_that_pay). One JSON line per measurement on stdout.
+(prepare_merge.processes_that_pay). One JSON line per measurement on stdout.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def prepare_times(work: str, users: list[int]) -> None:
 
     from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
-    from doc2vec_dist.readers import expand_inputs, input_bytes
+    from doc2vec_dist.read_files import expand_inputs, input_bytes
     from doc2vec_dist.synthetic import generate
 
     made = {}

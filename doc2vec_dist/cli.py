@@ -382,7 +382,8 @@ def cmd_index(args) -> None:
     from .runners import calm_openmp
 
     calm_openmp()  # before faiss is imported
-    from .index import build_index, summary_line, update_index
+    from .index import build_index, summary_line
+    from .index_update import update_index
 
     if args.update:
         params = update_index(args.update, args.out, model=args.model, table=args.table, vectors_path=args.vectors,

@@ -61,7 +61,6 @@ from .corpus import HOLDOUT_SCHEMA, Corpus, iter_shard, write_shard
 from .errors import UserError
 from .ids import hash_strings
 from .logs import quiet_exit_in_finalizers
-from .prepare import hold_out
 from .search_cost import (
     REDUCTION,
     TRIAL_OVERHEAD_SECONDS,
@@ -74,6 +73,7 @@ from .search_cost import (
 )
 from .search_report import _Recorder, format_estimate, plot_settings
 from .search_space import OptunaSpace, _draw, _plain, default_space, seed_points, tune_space
+from .shard_pass import hold_out
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ DEFAULT_TEST_FRACTION = {"labels": 0.2, "pairs": 0.5}
 def split_validation(corpus: Corpus, out: str, fraction: float = VALIDATION_FRACTION, seed: int = 0,
                      users: int | None = None) -> tuple[Corpus, str]:
     """A copy of `corpus` at out/corpus with a share of some users' distinct URLs hidden, and those
-    (key, URL) pairs at out/heldout.parquet: the split `prepare --holdout` makes (prepare.hold_out:
+    (key, URL) pairs at out/heldout.parquet: the split `prepare --holdout` makes (shard_pass.hold_out:
     max(1, round(fraction × distinct)) of a user's distinct URLs, never all, every event of them), so
     a trial is measured the way the user's own held-out file measures the final model. The
     vocabulary keeps its ids; its counts become those of what stays.

@@ -69,7 +69,7 @@ def device_room(config: TrainConfig, free_bytes: int, words_out_rows: int) -> in
     """Bytes of a GPU with `free_bytes` free that a worker's documents' rows may take
     (config.document_partitions): DEVICE_SHARE of them, of the worker's share of the device where workers
     share one (a fractional --gpus-per-worker), less the URL rows it holds there (float32). The worker's
-    rule at its start (Worker._device_room), and plan's for a device of its table (plan.DEVICES)."""
+    rule at its start (Worker._device_room), and plan's for a device of its table (plan_model.DEVICES)."""
     urls = sum(config.resident_tables(words_out_rows).values()) * config.table("words_out", words_out_rows).width * 4
     return max(0, int(free_bytes * DEVICE_SHARE * min(1.0, config.gpus_per_worker)) - urls)
 
