@@ -47,11 +47,7 @@ def train_config(values: dict, flags: dict, source: str | None = None, model: st
     from .warmstart import taken_settings
 
     named = [(source or "--config", values), ("", flags)]
-    if model is not None and (flags.get("resume") or values.get("resume")):
-        from .trainer import resumed_config
-
-        config = resumed_config(model, explicit_values(TrainConfig, values, flags))
-    elif base_model is not None:
+    if base_model is not None:
         from .checkpoint import ModelDir
 
         taken = taken_settings(base_model, named, flag="--base-model")
@@ -62,7 +58,14 @@ def train_config(values: dict, flags: dict, source: str | None = None, model: st
         resumed = flags.get("resume") or values.get("resume")  # a resumed run has its checkpoint's shape
         taken = taken_settings(init_from, named) if init_from and not resumed else {}
         config = build(TrainConfig, taken, values, flags)
-    config.progress = bool(values.get("progress", True)) and not flags.get("no_progress")
+    progress = bool(values.get("progress", True)) and not flags.get("no_progress")
+    config.progress = progress
+    config = config.validate()  # a version named (resume_from) is a resume too
+    if model is not None and config.resume:
+        from .trainer import resumed_config
+
+        config = resumed_config(model, explicit_values(TrainConfig, values, flags))
+        config.progress = progress
     return config.validate()
 
 

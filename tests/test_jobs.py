@@ -412,6 +412,30 @@ def test_a_job_stopped_by_a_dead_node_names_its_own_resume_which_finishes_the_jo
     assert "evaluate" in result["stages"] and result["heldout"]["users"] > 4000
 
 
+def test_the_job_run_as_a_process_names_its_config_first_and_on_ctrl_c_its_resume(ray_cluster, small_corpus, tmp_path,
+                                                                                  interrupt_when):
+    """What only a process shows (issue 49: the other tests call the pipeline's functions in this process):
+    `python jobs/train.py`, an entry point with no sys.path of its own, imports the package, says first which
+    config it took, and a Ctrl-C after a checkpoint ends it with 130 and the command that resumes the job
+    (this Python, jobs/train.py, its arguments and --resume). It joins the session's Ray (RAY_ADDRESS, as
+    `ray job submit` sets it) rather than starting one."""
+    from doc2vec_dist import checkpoint
+
+    model = str(tmp_path / "model")
+    argv = ["--corpus", small_corpus, "--out", model, "--epochs", "30", "--checkpoint-every", "0.05", "--no-progress"]
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    proc = subprocess.Popen([sys.executable, "jobs/train.py", *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    err = interrupt_when(proc, lambda: checkpoint.latest_version(model) is not None)
+    lines = err.splitlines()
+    assert lines[0] == "config: none (the library's defaults, and the flags given)", err
+    assert proc.returncode == 130 and lines[-1] == "interrupted", err
+    stopped = re.search(rf"^interrupted: the model at {re.escape(model)} is kept up to checkpoint v\d+; resume with "
+                        r"`(\S+) jobs/train.py (.+)`$", err, re.MULTILINE)
+    assert stopped, err
+    assert os.path.samefile(stopped.group(1), sys.executable) and stopped.group(2) == shlex.join([*argv, "--resume"])
+
+
 def test_inside_a_submitted_job_the_resume_command_is_the_entrypoint_submitted_again(monkeypatch):
     """The job cannot know the `ray job submit` options it was sent with: it names the entrypoint to submit
     again with --resume, as the python of the cluster's PATH runs it; outside, this Python."""
