@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from compare import run_trainer, synthetic, write_config
 
-from doc2vec_dist.cli import _add_config_flags
+from doc2vec_dist.cli import add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.logs import to_terminal
 
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out-json", help="default: WORKDIR/benchmark.json")
     ap.add_argument("--out-png", help="default: WORKDIR/benchmark.png ('' for none)")
     ap.add_argument("--config", help="YAML of training flags")
-    _add_config_flags(ap, TrainConfig)
+    add_config_flags(ap, TrainConfig)
     ap.set_defaults(epochs=5)
     args = ap.parse_args(argv)
 

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from benchmark import worker_split
 from harness import save_json
 
-from doc2vec_dist.cli import _add_config_flags
+from doc2vec_dist.cli import add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.trainer import time_split
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--network-gbps", type=float, default=10.0, help="for plan's predicted bytes (none here)")
     ap.add_argument("--json", help="default: WORKDIR/scaling.json")
     ap.add_argument("--config", help="YAML of training flags")
-    _add_config_flags(ap, TrainConfig)
+    add_config_flags(ap, TrainConfig)
     ap.set_defaults(epochs=3, sample=0.0, cpus_per_worker=1, checkpoint_every=0.0)
     args = ap.parse_args(argv)
     base = build(TrainConfig, load_yaml(args.config) if args.config else {}, vars(args))

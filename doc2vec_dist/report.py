@@ -514,7 +514,7 @@ class _Page:
         base = self.settings.get("init_from")
         if not base:
             return
-        from .warmstart import drift_cosines
+        from .drift import drift_cosines
 
         body = [f"<p>Trained from <code>{html.escape(str(base))}</code> (--init-from).</p>"]
         meta = (self.corpus.meta.get("refresh") if self.corpus is not None else None) or {}

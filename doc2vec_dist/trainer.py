@@ -490,12 +490,6 @@ def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: boo
         summary["warnings"] = warned
         summary["model"] = out
         summary["version"] = checkpoint.latest_version(out)
-        if config.init_from and not (storage.is_uri(out) or storage.is_uri(config.init_from)):
-            # how far the known keys' vectors moved
-            from .warmstart import drift, drift_line
-
-            summary["drift"] = drift(config.init_from, out)
-            log.info(drift_line(summary["drift"]))
         checkpoint.write_config(out, config, corpus.path, summary=summary)
         made = None  # finished: nothing to undo
         return summary

@@ -353,11 +353,6 @@ def _load_script(folder: str, name: str, module: str) -> types.ModuleType:
     return loaded
 
 
-def load_job(name: str, module: str | None = None):
-    """jobs/NAME.py, an entry point a user submits to Ray, as a module named `module` (default NAME_job)."""
-    return _load_script("jobs", name, module or f"{name}_job")
-
-
 def load_benchmark(name: str, module: str | None = None):
     """benchmarks/NAME.py, a measuring script, as a module named `module` (default NAME_job)."""
     return _load_script("benchmarks", name, module or f"{name}_job")

@@ -20,9 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import load_job
 
-from doc2vec_dist import checkpoint, compact, forgotten
+from doc2vec_dist import checkpoint, compact, forgotten, pipeline
 from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.cli import main
 
@@ -94,11 +93,11 @@ def erased(ray_cluster, tmp_path_factory):
         paths[name] = str(root / f"{name}.parquet")
         pq.write_table(pa.concat_tables([mine, events.filter(pa.array(keep))]), paths[name])
     day1 = str(root / "day1" / "model")
-    assert load_job("train").main(["--input", paths["day1"], "--out", day1, "--time-col", "ts", "--holdout", "0.2",
+    assert pipeline.train_job(["--input", paths["day1"], "--out", day1, "--time-col", "ts", "--holdout", "0.2",
                                    "--dim", "8", "--epochs", "1", "--sample", "0", "--num-ps", "2",
                                    "--cpus-per-worker", "1", "--no-progress"]) == 0
     day2 = str(root / "day2")
-    assert load_job("refresh").main(["--events", paths["day2"], "--base-model", day1, "--index",
+    assert pipeline.refresh_job(["--events", paths["day2"], "--base-model", day1, "--index",
                                      os.path.join(day1, "exports", "users.index"), "--out", day2, "--no-progress",
                                      "--recall-queries", "100"]) == 0
     corpus1 = _json(os.path.join(day1 + "-corpus", "corpus.json"))
@@ -194,7 +193,7 @@ def test_a_refresh_from_logs_that_still_hold_them_does_not_bring_them_back(erase
     from doc2vec_dist.index import ServedIndex
 
     day3 = str(tmp_path / "day3")
-    assert load_job("refresh").main(["--events", erased["paths"]["day3"], "--base-model",
+    assert pipeline.refresh_job(["--events", erased["paths"]["day3"], "--base-model",
                                      os.path.join(erased["day2"], "model"), "--index",
                                      os.path.join(erased["day2"], "index"), "--out", day3, "--no-progress",
                                      "--recall-queries", "100", "--expire-days", "3"]) == 0
