@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from doc2vec_dist import checkpoint
+from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.trainer import STAGED_ENV, STEP_PAUSE_ENV, train
@@ -114,7 +115,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_device_worker_that_dies_before_the_checkpoint_has_its_rows_trains_that_epoch_again(ray_cluster,
-                                                                                              small_corpus, tmp_path):
+                                                                                              small_corpus, tmp_path,
+                                                                                              monkeypatch):
     """Issue 48: one worker keeps its rows on its device across an epoch's end until the checkpoint there
     fetches them. Killed in between, it takes that epoch's updates with it; the driver has it train the
     epoch again from the last checkpoint (here the run's start), whose rows the servers still hold, so
@@ -125,14 +127,15 @@ def test_a_device_worker_that_dies_before_the_checkpoint_has_its_rows_trains_tha
     flags = ["--corpus", small_corpus, "--dim", "16", "--epochs", "2", "--sample", "0", "--num-ps", "2",
              "--num-workers", "1", "--cpus-per-worker", "1", "--kernel", "batched", "--macro-batch", "4096",
              "--address", address, "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": ROOT, STAGED_ENV: "1"}
-    models = {}
-    for name, script in (("straight", None), ("died", DIES_AT_ITS_FIRST_PAUSE)):
-        model = models[name] = str(tmp_path / name)
-        argv = ["-m", "doc2vec_dist"] if script is None else ["-c", script, str(tmp_path / "mark")]
-        done = subprocess.run([sys.executable, *argv, "train", "--out", model, *flags], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=300, check=False)
-        assert done.returncode == 0, done.stderr[-3000:]
+    models = {name: str(tmp_path / name) for name in ("straight", "died")}
+    # the run that never fails in this process, on the session's Ray; the one whose worker dies in a process
+    # of its own, where its Worker class is the one that dies
+    monkeypatch.setenv(STAGED_ENV, "1")
+    assert main(["train", "--out", models["straight"], *flags]) == 0
+    done = subprocess.run([sys.executable, "-c", DIES_AT_ITS_FIRST_PAUSE, str(tmp_path / "mark"), "train", "--out",
+                           models["died"], *flags], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert os.path.exists(tmp_path / "mark")
     assert "before the checkpoint at the end of epoch 1 had its rows; training that epoch again" in done.stderr
     with open(os.path.join(models["died"], "config.json")) as fh:
@@ -260,6 +263,8 @@ def test_ctrl_c_ends_a_run_waiting_on_a_worker_that_stopped_answering(sample_cor
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
     assert proc.returncode == 130, err
-    assert ended_after < 10, (ended_after, err)
+    # within seconds (about 2 quiet); the bug waited a minute for each frozen worker. 30 s tells the two
+    # apart on a busy machine too
+    assert ended_after < 30, (ended_after, err)
     version = checkpoint.latest_version(model)
     assert f"interrupted: the model at {model} is kept up to checkpoint v{version}; resume with" in err

@@ -16,6 +16,7 @@ from conftest import SAMPLE_EVENTS, SMALL_USERS
 from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, worker
 from doc2vec_dist.config import TrainConfig, settle_segments
 from doc2vec_dist.corpus import Corpus, iter_shard
+from doc2vec_dist.errors import UserError
 from doc2vec_dist.ps import table_specs
 from doc2vec_dist.trainer import effective_macro_batch
 
@@ -181,9 +182,12 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert 50 << 20 < mem["worker"]["total"] < 2 << 30
     assert not os.listdir(tmp_path)  # the calibration cleans up after itself
 
-    # The time: what does not depend on how busy the machine is, exactly. The calibration is a real run of
-    # this config (the sample whole: every token trained, counted), its tokens/s what that run measured,
-    # and the epoch and the run are that rate's arithmetic.
+    # The time: the calibration is a real run of this config (the sample whole: every token trained,
+    # counted), its tokens/s what that run measured, and the epoch and the run are that rate's arithmetic
+    # (test_the_time_plan_is_the_arithmetic_of_the_calibration_it_is_given holds it for given inputs). How
+    # close the plan comes to a run measured at another moment depends on how busy the machine is then
+    # (0.71 s planned against 0.096 s run under load): benchmarks/benchmark.py --plan measures it
+    # (docs/benchmarks.md: time per epoch −19% at 20M users), not a test.
     cal, s = result["calibration"], result["calibration"]["summary"]
     assert not cal["sliced"] and s["tokens"] == cal["epochs"] * result["corpus"]["tokens"]
     assert t["tokens_per_second"] == s["tokens_per_second"] == pytest.approx(s["tokens"] / s["train_seconds"],
@@ -191,11 +195,6 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert t["epoch_seconds"] == pytest.approx(result["corpus"]["tokens"] / t["tokens_per_second"])
     assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 10 * t["epoch_seconds"]
                                                + t["checkpoints"] * t["checkpoint_seconds"])
-    # Against the fixture's run, measured at another moment (this check failed at 4× on a busy machine:
-    # 0.71 s planned, 0.096 s run), only loosely: a plan off by a unit (ms for s) or by the calibration
-    # timing something else than training is off by far more.
-    measured_epoch = run["summary"]["train_seconds"] / 10
-    assert measured_epoch / 30 < t["epoch_seconds"] < measured_epoch * 30, (t, run["summary"])
     text = plan_report.format_plan(result)
     assert "parameter server" in text and "per epoch" in text and "worker time: read" in text
     # the scaling table: the bytes per token it predicts for 2 workers are what that run's counters counted
@@ -206,6 +205,44 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert {r["workers"] for r in result["scaling"]} == {1, 2, 4, 8, 16}
     assert all(r["bound"] in ("compute", "servers", "network", "rounds") for r in result["scaling"])
     assert "scaling" in text and "bound" in text
+
+
+def test_the_time_plan_is_the_arithmetic_of_the_calibration_it_is_given(sample_corpus):
+    """plan's time from a calibration given to it (no run, no clock): the epoch is the corpus's tokens at the
+    calibration's rate (or the scaling table's rate where fewer workers were calibrated), the start-up the
+    calibration's plus the rows the slice lacked, each checkpoint the calibration's rate of writing over the
+    whole model's bytes, and the run their sum."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False,
+                      checkpoint_every=1.0)
+    tables = table_specs(cfg, corpus)
+    full = [sum(t.values()) for t in plan_model.shard_table_bytes(tables, cfg.num_ps)]
+    rate = corpus.num_tokens / 0.25  # an epoch of 0.25 s: 2.5 s of training, a checkpoint each second
+    cal = {"summary": {"tokens_per_second": rate, "startup_seconds": 3.0, "checkpoint_seconds": 0.5,
+                       "train_seconds": 1.0, "tokens": 4 * corpus.num_tokens},
+           "table_bytes": [b // 4 for b in full], "corpus_docs": corpus.num_docs, "workers": 2}
+    t = plan.time_plan(corpus, cfg, tables, cal)
+    assert t["tokens_per_second"] == rate and t["scaled_from_workers"] is None
+    assert t["epoch_seconds"] == pytest.approx(0.25)
+    assert t["startup_seconds"] == 3.0  # the calibration held every document's row already
+    assert t["checkpoint_bytes_per_second"] == pytest.approx(sum(b // 4 for b in full) / 0.5)
+    assert t["checkpoint_seconds"] == pytest.approx(0.5 * sum(full) / sum(b // 4 for b in full))
+    assert t["checkpoints"] == 1 + 2  # the last one, and one each second of 2.5 s
+    assert t["total_seconds"] == pytest.approx(3.0 + 2.5 + 3 * t["checkpoint_seconds"])
+    assert (t["calibration_train_seconds"], t["calibration_tokens"]) == (1.0, 4 * corpus.num_tokens)
+
+    # a calibration of a slice (a tenth of the documents) and of one worker, scaled to the planned two
+    sliced = {**cal, "corpus_docs": corpus.num_docs // 10, "workers": 1}
+    t = plan.time_plan(corpus, cfg, tables, sliced, scaled=2 * rate)
+    extra = math.ceil(corpus.num_docs / 2) - math.ceil(corpus.num_docs // 10 / 2)
+    assert t["tokens_per_second"] == 2 * rate and t["scaled_from_workers"] == 1
+    assert t["epoch_seconds"] == pytest.approx(0.125)
+    assert t["startup_seconds"] == pytest.approx(3.0 + extra * t["ps_init_seconds_per_row"])
+    assert t["checkpoints"] == 1 + 1
+    assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 1.25 + 2 * t["checkpoint_seconds"])
+
+    with pytest.raises(UserError, match="the calibration run trained no tokens"):
+        plan.time_plan(corpus, cfg, tables, {**cal, "summary": {**cal["summary"], "tokens_per_second": 0}})
 
 
 # --- issue 29: a 16-bit --dtype, counted -----------------------------------------------------------------

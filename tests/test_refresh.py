@@ -328,7 +328,7 @@ def test_the_settings_a_run_takes_from_an_earlier_model(old_model):
 
 
 def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, old_model, refreshed, tmp_path,
-                                                                  interrupt_when):
+                                                                  interrupt_when, capsys):
     """Ctrl-C after the refresh's first checkpoint, then --resume with 3 servers instead of 2: the
     servers load the refresh's own rows (not the old model's again) and the run completes."""
     import subprocess
@@ -350,10 +350,14 @@ def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, o
     from doc2vec_dist.checkpoint import load_manifest
 
     epoch = load_manifest(model)[1]["epoch"]  # resumed to the end of the epoch it stopped in
-    done = subprocess.run(cmd + ["--resume", "--epochs", str(epoch + 1), "--num-ps", "3"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"resumed from v{kept}" in done.stderr and "starting from" not in done.stderr
+    # the resumed run in this process, on the session's Ray (only the interrupted one needed its own)
+    from doc2vec_dist.cli import main
+
+    capsys.readouterr()
+    code = main(cmd[3:] + ["--resume", "--epochs", str(epoch + 1), "--num-ps", "3"])
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert f"resumed from v{kept}" in err and "starting from" not in err
     with open(os.path.join(model, "config.json")) as fh:
         summary = json.load(fh)["summary"]
     assert summary["servers_loaded_from"] == [kept] * 3

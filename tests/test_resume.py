@@ -95,10 +95,9 @@ def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cl
         driver.wait()
     killed_at = manifest_of(model, latest(model))
     assert killed_at["epoch"] < 10
-    # resume names only what may change; the rest comes from the checkpoint
-    done = subprocess.run(cmd + ["--resume", "--address", address, "--no-progress"], check=False, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    # resume names only what may change; the rest comes from the checkpoint (in this process, on the
+    # session's Ray: only the killed driver needed a process of its own)
+    assert main(cmd[3:] + ["--resume", "--no-progress"]) == 0
     with open(os.path.join(model, "config.json")) as fh:
         summary = json.load(fh)["summary"]
     assert summary["resumed_from_epoch"] == killed_at["epoch"]
@@ -202,7 +201,7 @@ def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
 
 
 def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_cluster, sample_corpus, tmp_path,
-                                                                      interrupt_when):
+                                                                      interrupt_when, capsys):
     corpus = sample_corpus[0]
     model = str(tmp_path / "model")
     address = ray_cluster.get_runtime_context().gcs_address
@@ -221,11 +220,13 @@ def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_clust
     assert kept >= 1 and "Traceback" not in err
     at = manifest_of(model, kept)
     tokens = at["epoch"] * Corpus(corpus).num_tokens + sum(p["tokens"] for p in at["positions"] or [])
-    done = subprocess.run(cmd + ["--resume", "--epochs", str(at["epoch"] + 1), "--address", address, "--no-progress"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
-    assert f"resumed from v{kept} (epoch {at['epoch']}, {tokens:,} tokens)" in done.stderr
-    assert f"model: {model} (checkpoint v" in done.stdout
+    # the resumed run in this process, on the session's Ray (only the interrupted one needed its own)
+    capsys.readouterr()
+    code = main(cmd[3:] + ["--resume", "--epochs", str(at["epoch"] + 1), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"resumed from v{kept} (epoch {at['epoch']}, {tokens:,} tokens)" in err
+    assert f"model: {model} (checkpoint v" in out
 
 
 def test_a_worker_position_is_written_to_the_manifest_and_read_back_as_it_was():

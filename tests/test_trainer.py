@@ -235,7 +235,9 @@ def test_refused_resources_are_refused_before_ray_starts_and_nothing_is_written(
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), done.stderr
         assert not out.exists()
-        assert seconds < 30, (flags, seconds)  # python, torch and ray imports included; no Ray start
+        # a guard against the hang (minutes spawning servers), not a clock's test: python, torch and ray's
+        # imports take a few seconds quiet, and many more on a busy machine
+        assert seconds < 90, (flags, seconds)
 
 
 def test_a_flag_error_comes_back_in_under_a_second(sample_corpus, tmp_path, capsys):
