@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -21,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from . import storage
+from . import logs, storage
 from .checkpoint import ModelDir
 from .corpus import Corpus
 from .errors import UserError
@@ -347,8 +346,7 @@ def save_and_print(model: str, name: str, metrics: dict) -> str:
     width = max(len(k) for k in metrics)
     for key, value in metrics.items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
-        print(f"{key:<{width}}  {shown}", file=sys.stdout)
-    sys.stdout.flush()
+        logs.result(f"{key:<{width}}  {shown}")
     store = storage.Store.of(model)
     rel = f"eval-{name}.json"
     try:
