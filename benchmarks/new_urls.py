@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         arms = ("derived", *arms)
     to_terminal(logging.WARNING)
     try:
-        from doc2vec_dist.trainer import ray_connection
+        from doc2vec_dist.cluster import ray_connection
 
         work = os.path.abspath(args.work)
         os.makedirs(work, exist_ok=True)

@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = load_yaml(args.config) if args.config else {}
         import ray
 
-        from doc2vec_dist.trainer import connect
+        from doc2vec_dist.cluster import connect
 
         started = False
         if args.ray_cpus and not ray.is_initialized():

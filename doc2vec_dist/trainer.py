@@ -26,6 +26,7 @@ import ray
 from tqdm import tqdm
 
 from . import checkpoint, outputs, storage, warmup
+from .cluster import connect, local_object_store_bytes
 from .config import TEXT_SEGMENTS, TableSpec, TrainConfig, build, is_text, settle_segments
 from .corpus import Corpus
 from .errors import UserError
@@ -90,46 +91,6 @@ class TrainingStopped(UserError):
 # cluster cannot grow; after --wait-for-resources where an autoscaler may add a node.
 NODE_CHECK_SECONDS = 1.0
 RESTART_SECONDS = 300.0
-
-
-def connect(address: str | None = None) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), else start a local Ray; True if we started one.
-
-    With no address, `address="local"` starts a Ray of our own even when another one runs on this
-    machine (a leftover `ray start`): we never join a cluster by accident. A local Ray started here
-    binds to loopback only and gets a small object store: pulls and pushes are the only objects that
-    pass through it.
-    """
-    if ray.is_initialized():
-        return False
-    common = {"logging_level": "WARNING", "configure_logging": True, "log_to_driver": True}
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or os.environ["RAY_ADDRESS"], **common)
-        return False
-    ray.init(address="local", include_dashboard=False, object_store_memory=local_object_store_bytes(), **common)
-    return True
-
-
-@contextlib.contextmanager
-def ray_connection(address: str | None = None):
-    """connect() for the length of a `with` block; shuts down a local Ray only if it started one."""
-    started = connect(address)
-    try:
-        yield started
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def local_object_store_bytes() -> int:
-    """Object store of a local Ray: 15% of RAM, between 1 and 4 GiB.
-
-    Only pulls and pushes pass through it, but with a vocabulary of ~1M URLs one macro-batch moves
-    ~60 MB each way, and a few are in flight per worker: 512 MiB spilled 2.2 GB to disk on a
-    1M-user corpus and halved throughput. Ray's default (30% of RAM) takes memory the PS tables need.
-    """
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(min(max(0.15 * ram, 1 << 30), 4 << 30))
 
 
 def check_fit(config: TrainConfig, tables: dict[str, TableSpec], started_here: bool | None) -> TrainConfig:

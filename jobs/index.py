@@ -52,7 +52,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     to_terminal()
     args = parse(argv)
-    from doc2vec_dist.trainer import ray_connection
+    from doc2vec_dist.cluster import ray_connection
 
     try:
         with ray_connection(args.address):
