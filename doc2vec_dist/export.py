@@ -4,7 +4,7 @@ Changes when an export format or how its parts are written changes.
 
 Each checkpoint part (one parameter-server slice) is exported by its own task, and the tasks run in
 parallel: a thread pool here, Ray tasks under jobs/export.py (`runner=run_on_ray`). A task streams
-its part one record batch at a time (checkpoint.ModelDir.batches), so a process holds about one batch per
+its part one record batch at a time (modeldir.ModelDir.batches), so a process holds about one batch per
 task and never the table: nothing gathers the table in one place.
 
     parquet, --out DIR             one part-SSSSS.parquet per checkpoint part, written in parallel
@@ -43,9 +43,9 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import checkpoint, outputs, provenance
-from .checkpoint import ModelDir
 from .errors import UserError
 from .memwatch import peak_rss_bytes
+from .modeldir import ModelDir
 from .runners import Runner, run_local, where
 from .scoring import unit_rows
 

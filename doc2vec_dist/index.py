@@ -75,11 +75,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import checkpoint, outputs, provenance
-from .checkpoint import ModelDir
+from . import modeldir, outputs, provenance
 from .errors import UserError
 from .export import npy_data_offset, open_npy
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
+from .modeldir import ModelDir
 from .runners import Runner, run_local, where
 from .scoring import NAMED, check_k, counted, lookup, named, unit_rows
 
@@ -130,7 +130,7 @@ def model_source(model: str, table: str) -> Source:
     spec = found.spec(table)
     if (count := found.key_count(table)) != spec["rows"]:
         raise UserError(f"{model}: {count} keys but table {table} has {spec['rows']} rows")
-    vdir = checkpoint.version_dir(model, found.version)
+    vdir = modeldir.version_dir(model, found.version)
     units, offset = [], 0
     for i, part in enumerate(spec["parts"]):
         units.append(Unit(os.path.join(vdir, part["path"]), part["rows"], offset, i))
@@ -191,7 +191,7 @@ def parquet_vectors(path: str, keys: list[str]) -> tuple[np.ndarray, Source]:
     column = found.column("vector").take(at)
     vectors = np.full((len(keys), source.dim), np.nan, np.float32)
     valid = column.is_valid().to_numpy(zero_copy_only=False)
-    vectors[valid] = checkpoint.matrix_of(column.filter(valid), source.dim)  # matrix_of of nulls would drop their rows
+    vectors[valid] = modeldir.matrix_of(column.filter(valid), source.dim)  # matrix_of of nulls would drop their rows
     return vectors, source
 
 
@@ -211,7 +211,7 @@ def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
             valid = column.is_valid()
             no_vector = batch_keys.filter(pc.invert(valid))
             batch_keys, column = batch_keys.filter(valid), column.filter(valid)
-        vectors = checkpoint.matrix_of(column, source.dim).astype(np.float32, copy=False)
+        vectors = modeldir.matrix_of(column, source.dim).astype(np.float32, copy=False)
         yield batch_keys, vectors, no_vector
 
 

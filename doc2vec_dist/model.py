@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import checkpoint, provenance
+from . import modeldir, provenance
 from .compose import Composed, UrlComposer, no_vector_line
 from .corpus import Corpus
 from .errors import UserError
@@ -92,7 +92,7 @@ class Model:
     def __init__(self, path: str):
         # fails early, naming the directory, if it is not a model; a remote model (s3://…) is used
         # from a verified local copy
-        self.dir = checkpoint.ModelDir.served(path)
+        self.dir = modeldir.ModelDir.served(path)
         self.path = self.dir.path
         self._keys: dict[str, pa.Array] = {}
         self._tables: dict[str, np.ndarray] = {}

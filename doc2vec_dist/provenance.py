@@ -28,8 +28,8 @@ import os
 
 import pyarrow.parquet as pq
 
-from .checkpoint import ModelDir
 from .errors import UserError
+from .modeldir import ModelDir
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
-from . import checkpoint, precision
+from . import checkpoint, modeldir, precision
 from .logs import quiet_exit_in_finalizers
 from .sharding import global_rows, rows_on_shard
 
@@ -151,11 +151,11 @@ class ParameterServer:
         self.applied: dict[str, int] = {}  # pushes of deltas applied to each table: its rounding's key
         self.restored_version: int | None = None
         manifest = None
-        version = checkpoint.latest_version(model) if model is not None else None
+        version = modeldir.latest_version(model) if model is not None else None
         if restore is not None and version == restore[1]:
             version = restore[0]  # resumed from an older version, and nothing committed since
         if version is not None:
-            _, manifest = checkpoint.load_manifest(model, version=version)
+            _, manifest = modeldir.load_manifest(model, version=version)
             self.restored_version = int(manifest["version"])
         for i, (name, spec) in enumerate(sorted(tables.items())):
             n = rows_on_shard(shard, num_shards, spec.rows)
@@ -169,8 +169,8 @@ class ParameterServer:
                     # the old rows of this shard: global rows r ≡ shard (mod S) below the old row count,
                     # which are this slice's first local rows (row r sits at r // S)
                     known = rows_on_shard(shard, num_shards, warm.rows[name])
-                    checkpoint.read_shard(warm.model, name, shard, num_shards, version=warm.version,
-                                          out=table[:known], dtype=self.dtype, dropped=warm.dropped.get(name))
+                    modeldir.read_shard(warm.model, name, shard, num_shards, version=warm.version,
+                                        out=table[:known], dtype=self.dtype, dropped=warm.dropped.get(name))
             self.tables[name] = table
             self.rows[name] = spec.rows
             self.dims[name] = spec.dim
@@ -196,8 +196,8 @@ class ParameterServer:
             raise ValueError(f"{model}: checkpoint v{manifest['version']} table {spec.name!r} is {have}; this run "
                              f"needs {spec.rows} × {spec.dim}")
         table = self._zeros(spec, n)
-        checkpoint.read_shard(model, spec.name, self.shard, self.num_shards, version=int(manifest["version"]),
-                              out=table, dtype=self.dtype)
+        modeldir.read_shard(model, spec.name, self.shard, self.num_shards, version=int(manifest["version"]),
+                            out=table, dtype=self.dtype)
         return table
 
     def info(self) -> dict:

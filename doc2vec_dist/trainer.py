@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import ray
 from tqdm import tqdm
 
-from . import checkpoint, outputs, storage, warmup
+from . import checkpoint, modeldir, outputs, storage, warmup
 from .cluster import connect, local_object_store_bytes
 from .config import TEXT_SEGMENTS, TableSpec, TrainConfig, build, is_text, settle_segments
 from .corpus import Corpus
@@ -381,7 +381,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     checkpoint.refuse_other_writer(out)  # another run writing it is named first, whatever else is wrong
     replaces = False
     if config.resume:
-        if checkpoint.latest_version(out) is None:  # before the lock: nothing is written into what is no model
+        if modeldir.latest_version(out) is None:  # before the lock: nothing is written into what is no model
             raise UserError(f"{storage.strip_query(out)}: not a trained model (no LATEST file)")
     else:
         replaces = checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
@@ -450,7 +450,7 @@ def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: boo
         summary["startup_seconds"] = round(t_ready - t_start, 3)
         summary["warnings"] = warned
         summary["model"] = out
-        summary["version"] = checkpoint.latest_version(out)
+        summary["version"] = modeldir.latest_version(out)
         if config.init_from and not (storage.is_uri(out) or storage.is_uri(config.init_from)):
             # how far the known keys' vectors moved
             from .warmstart import drift, drift_line
@@ -490,14 +490,14 @@ def check_room(out: str, config: TrainConfig, corpus: Corpus, tables: dict[str, 
     one = checkpoint.version_bytes(tables.values(), config.num_ps)
     free = _free_bytes(out) + (_replaced_bytes(out) if replaces else 0)
     keys = 0 if config.resume else sum(os.path.getsize(os.path.join(corpus.path, name))
-                                       for name in checkpoint.KEY_FILES)
+                                       for name in modeldir.KEY_FILES)
     if free < one + keys:
         if config.resume:
             raise UserError(f"{out}: {_size(free)} free on its disk, and the next checkpoint needs about {_size(one)}; "
                             f"the model stays at checkpoint v{resume.version}: free some space, then resume")
         raise UserError(f"{out}: {_size(free)} free on its disk, and the first checkpoint needs about "
                         f"{_size(one + keys)}: free some space or choose another --out")
-    kept = len(checkpoint.committed_versions(out)) if config.resume else 0
+    kept = len(modeldir.committed_versions(out)) if config.resume else 0
     count = max(config.epochs - resume.epoch, 1) if config.checkpoint_every > 0 else 1
     written = min(kept + count, config.keep_checkpoints + 1) - kept  # versions added before pruning starts
     if free < keys + written * one:
@@ -554,7 +554,7 @@ def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool
     """What became of `out` after a run that wrote to it and stopped, on one line: removed (a fresh
     run with no checkpoint yet) or kept, with the command that resumes it (train's, unless given)."""
     what = "interrupted" if interrupted else "training stopped"
-    version = checkpoint.latest_version(out)
+    version = modeldir.latest_version(out)
     if version is None:
         try:
             removed = made is not None and checkpoint.discard_unfinished(out, made)
@@ -1036,7 +1036,7 @@ class _Run:
         if exc.errno != errno.ENOSPC or not storage.Store.of(self.out).local:
             return f"checkpoint v{version}: {exc}"
         one = checkpoint.version_bytes(table_specs(self.config, self.corpus).values(), self.config.num_ps)
-        kept = len(checkpoint.committed_versions(self.out))
+        kept = len(modeldir.committed_versions(self.out))
         return (f"{self.out}: no space left on device for checkpoint v{version}: it needs about {_size(one)}, and "
                 f"{_size(_free_bytes(self.out))} is free"
                 + (f" beside the {kept} kept (--keep-checkpoints {self.config.keep_checkpoints})" if kept else ""))

@@ -23,10 +23,10 @@ from doc2vec_dist.environment import require_packages
 
 require_packages()  # one line, not a traceback, from a Python without the project's packages
 
-from doc2vec_dist.checkpoint import KEY_TABLES
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import FORMATS, export
 from doc2vec_dist.logs import to_terminal
+from doc2vec_dist.modeldir import KEY_TABLES
 from doc2vec_dist.runners import run_on_ray
 
 

@@ -181,7 +181,7 @@ def refresh_config(base_model: str, values: dict, flags: dict, config_path: str 
     the changed users (EPOCHS_HELP, FIRST_EPOCH_HELP), then the YAML `values` (read from config_path) and
     the flags, starting from the base model. Its shape (dim, mode) is the base model's: a YAML value or
     flag that contradicts it is refused, as train --init-from refuses it (warmstart.taken_settings)."""
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
     from doc2vec_dist.warmstart import taken_settings
 
     taken = taken_settings(base_model, [(config_path or "--config", values), ("", flags)], flag="--base-model")
@@ -193,8 +193,8 @@ def refresh_config(base_model: str, values: dict, flags: dict, config_path: str 
 def base_corpus_settings(job: RefreshJob) -> dict:
     """How the base corpus read its events (format, columns), so today's are read the same way; {} when
     the base model's corpus is gone (a --window-days refresh needs none)."""
-    from doc2vec_dist.checkpoint import ModelDir
     from doc2vec_dist.corpus import Corpus
+    from doc2vec_dist.modeldir import ModelDir
 
     try:
         meta = Corpus(job.base_corpus or ModelDir(job.base_model).corpus_path()).meta
@@ -215,11 +215,11 @@ def check_day_dir(day: str) -> None:
 def check_resumable(day: str) -> None:
     """DAY_DIR holds a refresh whose training stopped after a checkpoint (its corpus and model, no exports
     yet); anything else is refused in one line."""
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
     if not os.path.isdir(day) or not outputs.check_dir(day, "refresh", None):
         raise UserError(f"{day}: holds no refresh to resume; run the refresh without --resume")
-    if checkpoint.latest_version(os.path.join(day, "model")) is None:
+    if modeldir.latest_version(os.path.join(day, "model")) is None:
         raise UserError(f"{day}: its model has no checkpoint to resume from; remove {day} to run that day again")
     done = [name for name in ("exports", "index", "refresh.json") if os.path.exists(os.path.join(day, name))]
     if done:

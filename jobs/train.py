@@ -205,7 +205,7 @@ def _output_resolver(config: str, root: str | None, base: str):
 
 
 def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | None = None) -> dict:
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
     from doc2vec_dist.evaluate import heldout_metrics
     from doc2vec_dist.export import export
     from doc2vec_dist.index import build_index
@@ -237,7 +237,7 @@ def run(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | 
     stages["train"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    model = checkpoint.local_copy(job.out)  # a model on object storage is read from a verified local copy
+    model = modeldir.local_copy(job.out)  # a model on object storage is read from a verified local copy
     os.makedirs(job.exports, exist_ok=True)
     users = export(model, "docs", os.path.join(job.exports, "users.parquet"), progress=cfg.progress)
     urls = export(model, "words_out", os.path.join(job.exports, "urls.parquet"), progress=cfg.progress)
@@ -366,7 +366,7 @@ def on_cluster(prep: PrepareConfig, cfg: TrainConfig) -> PrepareConfig:
 
 
 def _first_key(model: str) -> str:
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     return ModelDir(model).keys("docs")[0].as_py()
 
