@@ -22,7 +22,7 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numba
 import numpy as np
@@ -34,7 +34,6 @@ from .sharding import global_rows, rows_on_shard
 if TYPE_CHECKING:
     from .config import TableSpec, TrainConfig
     from .corpus import Corpus
-    from .warmstart import WarmStart
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -106,9 +105,19 @@ def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 1
         out[at:at + len(rows)] = precision.narrow(rows, dtype)
 
 
+class WarmRows(Protocol):
+    """What a server reads of an earlier model over its fresh rows (train --init-from): warmstart.WarmStart
+    is one. Named here by what the server uses, so the server knows nothing of how a warm start is decided."""
+
+    model: str
+    version: int
+    rows: dict[str, int]  # per table, how many of its first rows come from the earlier model
+    dropped: dict[str, np.ndarray]  # per table, the earlier model's rows left out (compact.py)
+
+
 class ParameterServer:
     def __init__(self, shard: int, num_shards: int, tables: dict[str, TableSpec], seed: int, model: str | None = None,
-                 warm: WarmStart | None = None, journal: str | None = None, rounding: str = "stochastic",
+                 warm: WarmRows | None = None, journal: str | None = None, rounding: str = "stochastic",
                  restore: tuple[int, int] | None = None):
         """tables: name → its TableSpec (global row count, dim, init, optimiser state columns).
 
