@@ -54,6 +54,7 @@ from .modeldir import (
     read_latest,
     read_manifest,
     validate_manifest,
+    vectors_array,
     version_damage,
     version_dir,
     version_dirs,
@@ -149,14 +150,6 @@ def discard_unfinished(out: str, made: list[str], *, fs: pafs.FileSystem | None 
 # ---------------------------------------------------------------------------------------------------
 # writing a version
 # ---------------------------------------------------------------------------------------------------
-
-def vectors_array(matrix: np.ndarray) -> pa.FixedSizeListArray:
-    """A [n, dim] float32 (or float16, or bfloat16's bits as uint16) matrix as fixed_size_list<float>[dim],
-    without copying."""
-    kept = np.float16 if matrix.dtype == np.float16 else np.uint16 if matrix.dtype == np.uint16 else np.float32
-    matrix = np.ascontiguousarray(matrix, dtype=kept)
-    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
-
 
 def write_slice(model: str, version: int, table: str, shard: int, num_shards: int,
                 ids: np.ndarray, matrix: np.ndarray, state: np.ndarray | None = None,

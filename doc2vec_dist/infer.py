@@ -467,18 +467,16 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
         vectors = np.concatenate([v for _, v in pieces]) if pieces else np.zeros((0, dim), np.float32)
         return keys, vectors
     out = os.path.abspath(os.fspath(out))
-    from .export import PARQUET_OPTIONS, key_vector_table
-
     rows = nulls = 0
     # nothing there, or a (key, vector) file of ours; the folders made for it go again if anything fails
     with outputs.replacing(out, "vectors") as staged:
         # one schema for every batch, and for an empty result
         source = provenance.of_model(modeldir.ModelDir(model), "docs")  # the users are rows of its docs space
-        schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32), source).schema
-        with pq.ParquetWriter(staged.path, schema, **PARQUET_OPTIONS) as writer:
+        schema = provenance.key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32), source).schema
+        with pq.ParquetWriter(staged.path, schema, **outputs.PARQUET_OPTIONS) as writer:
             for keys, vectors in batches:
                 missing = np.isnan(vectors).all(axis=1)  # a user with no URL the model knows: a null vector
-                writer.write_table(key_vector_table(keys, vectors, source, missing))
+                writer.write_table(provenance.key_vector_table(keys, vectors, source, missing))
                 nulls += int(missing.sum())
                 rows += len(keys) - int(missing.sum())
     _report(counts)

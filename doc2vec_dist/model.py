@@ -206,11 +206,9 @@ class Model:
         (own, path, host, domain: whether and from what it was composed; null without a vector) and part
         (the path prefix, host or domain whose row it is). Rows in `table`'s space (words_out: what users
         are scored against; words where the model trained input vectors)."""
-        from .export import key_vector_table
-
         composed = self.composed(urls, table)
         vectors = composed.vectors(self.table(table))
-        found = key_vector_table(composed.keys, vectors, self.source(table), ~composed.has_vector)
+        found = provenance.key_vector_table(composed.keys, vectors, self.source(table), ~composed.has_vector)
         return found.append_column("source", composed.source).append_column("part", composed.part)
 
     def gather(self, table: str, rows: np.ndarray) -> np.ndarray:

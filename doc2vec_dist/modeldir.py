@@ -99,6 +99,14 @@ def part_dtype(schema: pa.Schema) -> str | None:
     return None
 
 
+def vectors_array(matrix: np.ndarray) -> pa.FixedSizeListArray:
+    """A [n, dim] float32 (or float16, or bfloat16's bits as uint16) matrix as fixed_size_list<float>[dim],
+    without copying."""
+    kept = np.float16 if matrix.dtype == np.float16 else np.uint16 if matrix.dtype == np.uint16 else np.float32
+    matrix = np.ascontiguousarray(matrix, dtype=kept)
+    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+
+
 def matrix_of(vectors: pa.Array | pa.ChunkedArray, dim: int) -> np.ndarray:
     """fixed_size_list<float32>[dim] back to a [n, dim] float32 matrix (zero-copy for one chunk)."""
     if isinstance(vectors, pa.ChunkedArray):
