@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep every day's corpus, model and index")
     ap.add_argument("--json", help="write the results as JSON here too")
     args = ap.parse_args(argv)
-    from doc2vec_dist.trainer import ray_connection
+    from doc2vec_dist.cluster import ray_connection
 
     temporary = args.work is None
     args.work = args.work or tempfile.mkdtemp(prefix="doc2vec-churn-")

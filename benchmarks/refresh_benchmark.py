@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, s = parse(argv)
         to_terminal(logging.INFO if args.verbose else logging.WARNING)
-        from doc2vec_dist.trainer import ray_connection
+        from doc2vec_dist.cluster import ray_connection
 
         os.makedirs(s.work, exist_ok=True)
         results = []

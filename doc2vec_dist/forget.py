@@ -54,10 +54,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import checkpoint, compact, forgotten, storage
-from .checkpoint import ModelDir
+from . import checkpoint, compact, forgotten, modeldir, storage
 from .errors import UserError
 from .forget_steps import Step, _corpus_steps, _exports_steps, _index_step, _is_index, _json_step, _probe
+from .modeldir import ModelDir
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _write_version_without(model: str, found: ModelDir, ids: np.ndarray) -> list
             os.makedirs(os.path.join(vrel, table), exist_ok=True)
             if table != "docs":  # the URL tables keep every row: the same bytes
                 for part in spec["parts"]:
-                    shutil.copyfile(os.path.join(checkpoint.version_dir(model, found.version), part["path"]),
+                    shutil.copyfile(os.path.join(modeldir.version_dir(model, found.version), part["path"]),
                                     os.path.join(vrel, part["path"]))
                 tables[table] = [dict(part) for part in spec["parts"]]
                 continue
@@ -191,7 +191,7 @@ def _write_version_without(model: str, found: ModelDir, ids: np.ndarray) -> list
         dtype = found.manifest["tables"]["docs"].get("dtype", "float32")
         checkpoint.commit(model, version, tables, dims, extra, keep=1, dtype=dtype)  # keep=1: the rest are pruned
     except BaseException:
-        if checkpoint.latest_version(model) != version:  # not committed: nothing of it stays
+        if modeldir.latest_version(model) != version:  # not committed: nothing of it stays
             checkpoint.discard_version(model, version)
             with contextlib.suppress(OSError):
                 os.remove(pending)
@@ -207,7 +207,7 @@ def _docs_parts(found: ModelDir, spec: dict, ids: np.ndarray, vrel: str) -> list
     """The docs table without rows `ids`, the others closed up, in as many parts as before (row r in part
     r % T), each row's bytes as they were."""
     total = len(spec["parts"])
-    paths = [os.path.join(vrel, "docs", checkpoint.part_name(t, total)) for t in range(total)]
+    paths = [os.path.join(vrel, "docs", modeldir.part_name(t, total)) for t in range(total)]
     writers, sinks, pending, rows = [None] * total, [None] * total, [[] for _ in range(total)], [0] * total
     schema = None
 
@@ -247,7 +247,7 @@ def _docs_parts(found: ModelDir, spec: dict, ids: np.ndarray, vrel: str) -> list
                 with contextlib.suppress(Exception):
                     sink.close()
         raise
-    return [{"path": f"docs/{checkpoint.part_name(t, total)}", "rows": rows[t], "bytes": os.path.getsize(paths[t]),
+    return [{"path": f"docs/{modeldir.part_name(t, total)}", "rows": rows[t], "bytes": os.path.getsize(paths[t]),
              "sha256": storage.sha256_file(paths[t])} for t in range(total)]
 
 

@@ -50,8 +50,6 @@ def _parquet_holds(path: str, drop: pa.Array) -> bool:
 def _rewrite_parquet(path: str, drop: pa.Array, source: Callable[[dict | None], dict | None] | None = None) -> int:
     """The Parquet file without the rows any string column of which is a dropped key, written anew (so its
     statistics are those of the rows that stay) under a temporary name and renamed; returns rows dropped."""
-    from .export import PARQUET_OPTIONS
-
     found = pq.ParquetFile(path)
     schema = found.schema_arrow
     columns = _string_columns(schema)
@@ -60,7 +58,7 @@ def _rewrite_parquet(path: str, drop: pa.Array, source: Callable[[dict | None], 
         updated = source(provenance.of_parquet_schema(metadata))
         metadata[provenance.PARQUET_KEY] = json.dumps(updated).encode()
     schema = schema.with_metadata(metadata)
-    options = PARQUET_OPTIONS if {"key", "vector"} <= set(schema.names) else {}
+    options = outputs.PARQUET_OPTIONS if {"key", "vector"} <= set(schema.names) else {}
     tmp = outputs.temp_path(path)
     dropped = 0
     try:

@@ -50,7 +50,6 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from . import outputs
-from .checkpoint import ModelDir
 from .errors import UserError
 from .export import npy_data_offset, open_npy
 from .index_sources import (
@@ -64,6 +63,7 @@ from .index_sources import (
     stage_unit,
 )
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
+from .modeldir import ModelDir
 from .runners import Runner, run_local
 from .scoring import check_k, counted, named
 

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import checkpoint, provenance
-from .checkpoint import ModelDir
+from . import modeldir, provenance
 from .errors import UserError
 from .export import npy_data_offset, open_npy
+from .modeldir import ModelDir
 from .runners import where
 from .scoring import NAMED, lookup, unit_rows
 
@@ -58,7 +58,7 @@ def model_source(model: str, table: str) -> Source:
     spec = found.spec(table)
     if (count := found.key_count(table)) != spec["rows"]:
         raise UserError(f"{model}: {count} keys but table {table} has {spec['rows']} rows")
-    vdir = checkpoint.version_dir(model, found.version)
+    vdir = modeldir.version_dir(model, found.version)
     units, offset = [], 0
     for i, part in enumerate(spec["parts"]):
         units.append(Unit(os.path.join(vdir, part["path"]), part["rows"], offset, i))
@@ -119,7 +119,7 @@ def parquet_vectors(path: str, keys: list[str]) -> tuple[np.ndarray, Source]:
     column = found.column("vector").take(at)
     vectors = np.full((len(keys), source.dim), np.nan, np.float32)
     valid = column.is_valid().to_numpy(zero_copy_only=False)
-    vectors[valid] = checkpoint.matrix_of(column.filter(valid), source.dim)  # matrix_of of nulls would drop their rows
+    vectors[valid] = modeldir.matrix_of(column.filter(valid), source.dim)  # matrix_of of nulls would drop their rows
     return vectors, source
 
 
@@ -139,7 +139,7 @@ def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
             valid = column.is_valid()
             no_vector = batch_keys.filter(pc.invert(valid))
             batch_keys, column = batch_keys.filter(valid), column.filter(valid)
-        vectors = checkpoint.matrix_of(column, source.dim).astype(np.float32, copy=False)
+        vectors = modeldir.matrix_of(column, source.dim).astype(np.float32, copy=False)
         yield batch_keys, vectors, no_vector
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from . import outputs, storage
+from . import modeldir, outputs, storage
 from .config import JobConfig, PrepareConfig, TrainConfig, build, explicit_values, field_names, load_yaml
 from .errors import UserError
 
@@ -48,7 +48,7 @@ def train_config(values: dict, flags: dict, source: str | None = None, model: st
 
     named = [(source or "--config", values), ("", flags)]
     if base_model is not None:
-        from .checkpoint import ModelDir
+        from .modeldir import ModelDir
 
         taken = taken_settings(base_model, named, flag="--base-model")
         saved = {k: v for k, v in dataclasses.asdict(ModelDir(base_model).config()).items() if k not in NOT_CARRIED}
@@ -226,7 +226,6 @@ def _output_resolver(config: str, root: str | None, base: str):
 
 
 def run_job(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origin | None = None) -> dict:
-    from . import checkpoint
     from .evaluate import heldout_metrics
     from .export import export
     from .index import build_index
@@ -256,7 +255,7 @@ def run_job(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origi
     stages["train"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    model = checkpoint.local_copy(job.out)  # a model on object storage is read from a verified local copy
+    model = modeldir.local_copy(job.out)  # a model on object storage is read from a verified local copy
     os.makedirs(job.exports, exist_ok=True)
     users = export(model, "docs", os.path.join(job.exports, "users.parquet"), progress=cfg.progress)
     urls = export(model, "words_out", os.path.join(job.exports, "urls.parquet"), progress=cfg.progress)
@@ -385,7 +384,7 @@ def on_cluster(prep: PrepareConfig, cfg: TrainConfig) -> PrepareConfig:
 
 
 def _first_key(model: str) -> str:
-    from .checkpoint import ModelDir
+    from .modeldir import ModelDir
 
     return ModelDir(model).keys("docs")[0].as_py()
 
@@ -542,8 +541,8 @@ def parse_refresh(argv: list[str] | None, description: str | None = None) -> tup
 def base_corpus_settings(job: RefreshJob) -> dict:
     """How the base corpus read its events (format, columns), so today's are read the same way; {} when
     the base model's corpus is gone (a --window-days refresh needs none)."""
-    from .checkpoint import ModelDir
     from .corpus import Corpus
+    from .modeldir import ModelDir
 
     try:
         meta = Corpus(job.base_corpus or ModelDir(job.base_model).corpus_path()).meta
@@ -564,11 +563,10 @@ def check_day_dir(day: str) -> None:
 def check_resumable(day: str) -> None:
     """DAY_DIR holds a refresh whose training stopped after a checkpoint (its corpus and model, no exports
     yet); anything else is refused in one line."""
-    from . import checkpoint
 
     if not os.path.isdir(day) or not outputs.check_dir(day, "refresh", None):
         raise UserError(f"{day}: holds no refresh to resume; run the refresh without --resume")
-    if checkpoint.latest_version(os.path.join(day, "model")) is None:
+    if modeldir.latest_version(os.path.join(day, "model")) is None:
         raise UserError(f"{day}: its model has no checkpoint to resume from; remove {day} to run that day again")
     done = [name for name in ("exports", "index", "refresh.json") if os.path.exists(os.path.join(day, name))]
     if done:
@@ -705,7 +703,7 @@ def refresh_job(argv: list[str] | None = None, root: str = CHECKOUT, description
 
 def _serving_parser(description: str | None, model_required: bool = True) -> argparse.ArgumentParser:
     """The flags jobs/export.py and jobs/index.py share (an index may be built from --vectors instead)."""
-    from .checkpoint import KEY_TABLES
+    from .modeldir import KEY_TABLES
 
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=model_required, help="model directory")
@@ -750,8 +748,8 @@ def parse_index(argv: list[str] | None, description: str | None = None) -> argpa
 def on_ray(address: str | None, work) -> int:
     """A job's `work` inside a connection to Ray at `address` (else RAY_ADDRESS, as `ray job submit` sets it,
     else a local Ray started here); its exit status, as logs.command gives it (an error in one line)."""
+    from .cluster import ray_connection
     from .logs import command
-    from .trainer import ray_connection  # trainer's until one module owns the Ray connection (issue 49)
 
     def connected() -> None:
         with ray_connection(address):

@@ -166,8 +166,8 @@ def refuse_calibration(config: TrainConfig, cal_config: TrainConfig, corpus: Cor
     cannot hold: `resources`, a joined cluster's (refused where it cannot grow: elsewhere the run waits
     for its autoscaler, as train's does), or None: this machine's, before a local Ray starts. The servers
     hold the calibration's slice of the corpus (calibration_tokens), not the whole."""
+    from .cluster import local_object_store_bytes
     from .placement import cluster_can_grow, fit_problems, local_resources
-    from .trainer import local_object_store_bytes
 
     where = "this machine" if resources is None else "the Ray cluster"
     resources = local_resources(local_object_store_bytes()) if resources is None else resources
@@ -276,7 +276,7 @@ def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir
     if run_calibration:
         import ray
 
-        from .trainer import ray_connection
+        from .cluster import ray_connection
 
         # plan's own refusal where plan connects to Ray (the command); a caller already on Ray (tune) has
         # train's, which names the training flags
@@ -294,7 +294,7 @@ def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir
         cal["workers"] = cal_config.num_workers
         result["calibration"] = cal
     else:
-        from .trainer import local_object_store_bytes
+        from .cluster import local_object_store_bytes
 
         store, local = local_object_store_bytes(), True
 
@@ -453,8 +453,8 @@ def _unfit_here(config: TrainConfig, corpus: Corpus) -> bool:
     """Whether train would refuse `config` on the local Ray it starts, before starting it (trainer.check_fit)."""
     import ray
 
+    from .cluster import local_object_store_bytes
     from .placement import fit_problems, local_resources, without_resident_documents
-    from .trainer import local_object_store_bytes
 
     if ray.is_initialized() or config.address or os.environ.get("RAY_ADDRESS"):
         return False  # a cluster: train checks it once connected

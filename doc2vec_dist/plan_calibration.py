@@ -172,7 +172,7 @@ def _calibrate_once(corpus: Corpus, config: TrainConfig, tokens: int, epochs: in
 def _object_store_bytes(started_here: bool) -> int:
     import ray
 
-    from .trainer import local_object_store_bytes
+    from .cluster import local_object_store_bytes
 
     if started_here:
         return local_object_store_bytes()

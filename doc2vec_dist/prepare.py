@@ -452,7 +452,7 @@ def _base_forget_list(base: Base | None) -> forgotten.ForgetList:
         return forgotten.ForgetList()
     if base.kind == "corpus":
         return forgotten.of_corpus(base.path)
-    from .checkpoint import ModelDir
+    from .modeldir import ModelDir
 
     listed = forgotten.of_model(base.path, ModelDir(base.path).manifest)
     return listed.merge(forgotten.of_corpus(base.corpus.path)) if base.corpus is not None else listed

@@ -94,8 +94,8 @@ def open_base(path: str, join: bool) -> Base:
         return Base(path, "corpus", read_mapped(os.path.join(path, "docs.arrow")),
                     read_mapped(os.path.join(path, "vocab.arrow")).column("token").combine_chunks(), corpus,
                     corpus.meta)
-    from .checkpoint import ModelDir
     from .errors import UserError
+    from .modeldir import ModelDir
 
     try:
         model = ModelDir(path)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 import ray
 from tqdm import tqdm
 
-from . import checkpoint, outputs, storage, warmup
+from . import checkpoint, modeldir, outputs, storage, warmup
+from .cluster import connect, local_object_store_bytes
 from .config import TEXT_SEGMENTS, TableSpec, TrainConfig, build, is_text, settle_segments
 from .corpus import Corpus
 from .errors import UserError
@@ -90,46 +91,6 @@ class TrainingStopped(UserError):
 # cluster cannot grow; after --wait-for-resources where an autoscaler may add a node.
 NODE_CHECK_SECONDS = 1.0
 RESTART_SECONDS = 300.0
-
-
-def connect(address: str | None = None) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), else start a local Ray; True if we started one.
-
-    With no address, `address="local"` starts a Ray of our own even when another one runs on this
-    machine (a leftover `ray start`): we never join a cluster by accident. A local Ray started here
-    binds to loopback only and gets a small object store: pulls and pushes are the only objects that
-    pass through it.
-    """
-    if ray.is_initialized():
-        return False
-    common = {"logging_level": "WARNING", "configure_logging": True, "log_to_driver": True}
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or os.environ["RAY_ADDRESS"], **common)
-        return False
-    ray.init(address="local", include_dashboard=False, object_store_memory=local_object_store_bytes(), **common)
-    return True
-
-
-@contextlib.contextmanager
-def ray_connection(address: str | None = None):
-    """connect() for the length of a `with` block; shuts down a local Ray only if it started one."""
-    started = connect(address)
-    try:
-        yield started
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def local_object_store_bytes() -> int:
-    """Object store of a local Ray: 15% of RAM, between 1 and 4 GiB.
-
-    Only pulls and pushes pass through it, but with a vocabulary of ~1M URLs one macro-batch moves
-    ~60 MB each way, and a few are in flight per worker: 512 MiB spilled 2.2 GB to disk on a
-    1M-user corpus and halved throughput. Ray's default (30% of RAM) takes memory the PS tables need.
-    """
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(min(max(0.15 * ram, 1 << 30), 4 << 30))
 
 
 def check_fit(config: TrainConfig, tables: dict[str, TableSpec], started_here: bool | None) -> TrainConfig:
@@ -420,7 +381,7 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     checkpoint.refuse_other_writer(out)  # another run writing it is named first, whatever else is wrong
     replaces = False
     if config.resume:
-        if checkpoint.latest_version(out) is None:  # before the lock: nothing is written into what is no model
+        if modeldir.latest_version(out) is None:  # before the lock: nothing is written into what is no model
             raise UserError(f"{storage.strip_query(out)}: not a trained model (no LATEST file)")
     else:
         replaces = checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
@@ -489,7 +450,7 @@ def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: boo
         summary["startup_seconds"] = round(t_ready - t_start, 3)
         summary["warnings"] = warned
         summary["model"] = out
-        summary["version"] = checkpoint.latest_version(out)
+        summary["version"] = modeldir.latest_version(out)
         checkpoint.write_config(out, config, corpus.path, summary=summary)
         made = None  # finished: nothing to undo
         return summary
@@ -523,14 +484,14 @@ def check_room(out: str, config: TrainConfig, corpus: Corpus, tables: dict[str, 
     one = checkpoint.version_bytes(tables.values(), config.num_ps)
     free = _free_bytes(out) + (_replaced_bytes(out) if replaces else 0)
     keys = 0 if config.resume else sum(os.path.getsize(os.path.join(corpus.path, name))
-                                       for name in checkpoint.KEY_FILES)
+                                       for name in modeldir.KEY_FILES)
     if free < one + keys:
         if config.resume:
             raise UserError(f"{out}: {_size(free)} free on its disk, and the next checkpoint needs about {_size(one)}; "
                             f"the model stays at checkpoint v{resume.version}: free some space, then resume")
         raise UserError(f"{out}: {_size(free)} free on its disk, and the first checkpoint needs about "
                         f"{_size(one + keys)}: free some space or choose another --out")
-    kept = len(checkpoint.committed_versions(out)) if config.resume else 0
+    kept = len(modeldir.committed_versions(out)) if config.resume else 0
     count = max(config.epochs - resume.epoch, 1) if config.checkpoint_every > 0 else 1
     written = min(kept + count, config.keep_checkpoints + 1) - kept  # versions added before pruning starts
     if free < keys + written * one:
@@ -587,7 +548,7 @@ def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool
     """What became of `out` after a run that wrote to it and stopped, on one line: removed (a fresh
     run with no checkpoint yet) or kept, with the command that resumes it (train's, unless given)."""
     what = "interrupted" if interrupted else "training stopped"
-    version = checkpoint.latest_version(out)
+    version = modeldir.latest_version(out)
     if version is None:
         try:
             removed = made is not None and checkpoint.discard_unfinished(out, made)
@@ -1069,7 +1030,7 @@ class _Run:
         if exc.errno != errno.ENOSPC or not storage.Store.of(self.out).local:
             return f"checkpoint v{version}: {exc}"
         one = checkpoint.version_bytes(table_specs(self.config, self.corpus).values(), self.config.num_ps)
-        kept = len(checkpoint.committed_versions(self.out))
+        kept = len(modeldir.committed_versions(self.out))
         return (f"{self.out}: no space left on device for checkpoint v{version}: it needs about {_size(one)}, and "
                 f"{_size(_free_bytes(self.out))} is free"
                 + (f" beside the {kept} kept (--keep-checkpoints {self.config.keep_checkpoints})" if kept else ""))

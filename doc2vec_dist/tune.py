@@ -362,7 +362,7 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from .trainer import ray_connection
+    from .cluster import ray_connection
 
     given = [(k, v) for k, v in (("heldout", heldout), ("labels", labels), ("pairs", pairs)) if v]
     if len(given) != 1:

@@ -9,7 +9,7 @@ corpus's dropped.arrow, compact.py), the ids after them are closed up, and row r
 r-th row that stays. `warm_start` checks that
 (the first rows of each key table are the old model's keys that stay, in order, and the sizes agree) and says
 which rows each table takes from it; each parameter server then fills its own slice from the old
-checkpoint with `checkpoint.read_shard` (whatever number of servers wrote it) over its fresh
+checkpoint with `modeldir.read_shard` (whatever number of servers wrote it) over its fresh
 initialisation, so new rows start as in any run (inputs uniform, words_out zero). Optimiser state
 (row-wise Adagrad's accumulator) comes along where the old checkpoint has it and the new run keeps
 one. The old model is only read.
@@ -30,9 +30,9 @@ import numpy as np
 import pyarrow as pa
 
 from . import compact
-from .checkpoint import KEY_TABLES, ModelDir
 from .config import TableSpec
 from .errors import UserError
+from .modeldir import KEY_TABLES, ModelDir
 
 # The settings an earlier model's tables are made by: a run from it takes them, and a flag or YAML value
 # that contradicts them is refused. dim: the width of every row; mode: what a user's vector and words_out

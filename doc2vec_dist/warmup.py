@@ -19,7 +19,11 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+import pyarrow as pa
+
 from .config import TrainConfig
+from .corpus import DOCS_SCHEMA, FORMAT_VERSION, VOCAB_SCHEMA, Corpus, write_shard
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +85,10 @@ def stop(started: tuple[subprocess.Popen, float] | None) -> None:
 
 
 def compile_kernels(settings: dict) -> None:
-    """Train a tiny generated corpus with `settings` (a TrainConfig's fields, and whether the real run
+    """Train a tiny corpus made in memory with `settings` (a TrainConfig's fields, and whether the real run
     takes the token path) for one epoch, in this process: the kernels it calls are compiled and cached."""
     from .client import LocalServer
-    from .config import PrepareConfig
-    from .corpus import Corpus
-    from .prepare import prepare
     from .ps import ParameterServer, table_specs
-    from .synthetic import generate
     from .worker import Position, Worker, plan_of
 
     token_path = settings.pop("token_path")
@@ -101,9 +101,7 @@ def compile_kernels(settings: dict) -> None:
                                  kernel="exact" if config.exact_kernel() else "batched",
                                  cache_rows=config.cache_rows if token_path else 0).validate()
     with tempfile.TemporaryDirectory(prefix="doc2vec-dist-warmup-") as work:
-        generate(os.path.join(work, "logs"), users=200, urls=50, progress=False)
-        corpus = Corpus(prepare([os.path.join(work, "logs", "events")], os.path.join(work, "corpus"),
-                                PrepareConfig(time_col="ts"), progress=False).path)
+        corpus = tiny_corpus(os.path.join(work, "corpus"))
         tables = table_specs(config, corpus)
         servers = [LocalServer(ParameterServer(0, 1, tables, config.seed, rounding=config.rounding))]
         try:
@@ -113,6 +111,33 @@ def compile_kernels(settings: dict) -> None:
         finally:
             servers[0].close()
     _read_only_pushes()
+
+
+def tiny_corpus(directory: str, docs: int = 200, words: int = 50, seed: int = 0) -> Corpus:
+    """A corpus of `docs` documents over `words` word ids, drawn in memory (a word's frequency falling as
+    1/rank, as URLs' do) and written as prepare writes one: ids by frequency, a word's count its
+    occurrences. The kernels see the arrays a real run's shards give them, and nothing is read or parsed."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 40, docs).astype(np.int64)
+    weights = 1.0 / np.arange(1, words + 1)
+    drawn = rng.choice(words, size=int(lengths.sum()) - words, p=weights / weights.sum())
+    tokens = rng.permutation(np.concatenate([np.arange(words), drawn]))  # every word occurs
+    counts = np.bincount(tokens, minlength=words)
+    by_count = np.argsort(-counts, kind="stable")
+    tokens = np.argsort(by_count)[tokens].astype(np.int32)  # id = rank by count
+    os.makedirs(directory)
+    tables = {"vocab.arrow": pa.table({"token": [f"w{i}" for i in range(words)], "count": counts[by_count],
+                                       "id": np.arange(words, dtype=np.int32)}, schema=VOCAB_SCHEMA),
+              "docs.arrow": pa.table({"key": [f"d{i}" for i in range(docs)], "id": np.arange(docs, dtype=np.int64),
+                                      "length": lengths}, schema=DOCS_SCHEMA)}
+    for name, table in tables.items():
+        with pa.OSFile(os.path.join(directory, name), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    shard = write_shard(directory, 0, np.arange(docs, dtype=np.int64), lengths, tokens)
+    with open(os.path.join(directory, "corpus.json"), "w") as fh:
+        json.dump({"format_version": FORMAT_VERSION, "num_docs": docs, "num_tokens": int(lengths.sum()),
+                   "vocab_size": words, "num_shards": 1, "shards": [shard]}, fh)
+    return Corpus(directory)
 
 
 def _read_only_pushes() -> None:

@@ -839,12 +839,12 @@ def test_a_worker_s_and_a_server_s_reading_imports_no_pandas(sample_corpus, trai
 
     code = f"""
 import sys
-from doc2vec_dist import checkpoint
+from doc2vec_dist import modeldir
 from doc2vec_dist.corpus import Corpus, iter_shard
 c = Corpus({sample_corpus[0]!r})
 tokens = sum(len(t) for path in c.shard_paths for _, _, t in iter_shard(path))
 assert tokens == c.num_tokens and len(c.counts()) == c.vocab_size
-rows, state = checkpoint.read_shard({trained_model!r}, "words_out", 0, 2)
+rows, state = modeldir.read_shard({trained_model!r}, "words_out", 0, 2)
 assert len(rows) > 0
 print("pandas" in sys.modules)
 """

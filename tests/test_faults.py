@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
-from doc2vec_dist import checkpoint
+from doc2vec_dist import modeldir
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
@@ -46,7 +46,7 @@ def kill_one_when_checkpointed(model: str, name: str, killed: list, min_epoch: i
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if os.path.exists(os.path.join(model, "LATEST")):
-            _, manifest = checkpoint.load_manifest(model)
+            _, manifest = modeldir.load_manifest(model)
             if manifest["epoch"] >= min_epoch:
                 procs = actor_processes(name)
                 if procs:
@@ -80,7 +80,7 @@ def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_c
                                                   **engine}))
     killer.join(timeout=5)
     assert killed, f"no {victim} was killed: the run ended before a checkpoint"
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert manifest["epoch"] == 12
     if victim == "ParameterServer":
         assert summary["server_restarts"] == 1
@@ -141,8 +141,8 @@ def test_a_device_worker_that_dies_before_the_checkpoint_has_its_rows_trains_tha
     with open(os.path.join(models["died"], "config.json")) as fh:
         assert json.load(fh)["summary"]["worker_restarts"] == 1
     for table in ("docs", "words_out"):
-        np.testing.assert_array_equal(checkpoint.ModelDir(models["died"]).read_table(table),
-                                      checkpoint.ModelDir(models["straight"]).read_table(table), err_msg=table)
+        np.testing.assert_array_equal(modeldir.ModelDir(models["died"]).read_table(table),
+                                      modeldir.ModelDir(models["straight"]).read_table(table), err_msg=table)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_actors_on_a_dead_node_that_do_not_come_back_stop_the_run_with_the_resum
 
     def nodes():
         found = real_nodes()
-        if checkpoint.latest_version(model) is None:
+        if modeldir.latest_version(model) is None:
             return found
         dead = [{**n, "Alive": False, "DeathReasonMessage": "health check failed due to missing too many heartbeats"}
                 for n in found]
@@ -199,9 +199,9 @@ def test_actors_on_a_dead_node_that_do_not_come_back_stop_the_run_with_the_resum
     else:
         assert message.endswith("still after 1s (--wait-for-resources)"), message
         assert "which cannot be restarted yet: " in logged.text and "waiting up to 1s (--wait-for-resources)" in logged.text
-    version = checkpoint.latest_version(model)
+    version = modeldir.latest_version(model)
     assert f"training stopped: the model at {model} is kept up to checkpoint v{version}; resume with" in logged.text
-    assert checkpoint.ModelDir(model).read_table("docs").shape[1] == 16
+    assert modeldir.ModelDir(model).read_table("docs").shape[1] == 16
     assert time.monotonic() - t0 < 60
 
 
@@ -266,5 +266,5 @@ def test_ctrl_c_ends_a_run_waiting_on_a_worker_that_stopped_answering(sample_cor
     # within seconds (about 2 quiet); the bug waited a minute for each frozen worker. 30 s tells the two
     # apart on a busy machine too
     assert ended_after < 30, (ended_after, err)
-    version = checkpoint.latest_version(model)
+    version = modeldir.latest_version(model)
     assert f"interrupted: the model at {model} is kept up to checkpoint v{version}; resume with" in err

@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint, compact, forgotten, pipeline
-from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist import checkpoint, compact, forgotten, modeldir, pipeline
 from doc2vec_dist.cli import main
+from doc2vec_dist.modeldir import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAY = 86_400
@@ -140,7 +140,7 @@ def test_forget_leaves_no_byte_of_the_users_keys_or_vectors(erased):
     assert _find(erased["places"]["day1"] + erased["places"]["day2"], erased["needles"]) == []
     # the model keeps one version, and the forget list holds the keys' salted hashes
     for model in (erased["day1"], os.path.join(erased["day2"], "model")):
-        assert os.listdir(os.path.join(model, "checkpoints")) == [f"v{checkpoint.latest_version(model)}"]
+        assert os.listdir(os.path.join(model, "checkpoints")) == [f"v{modeldir.latest_version(model)}"]
         listed = forgotten.of_model(model, ModelDir(model).manifest)
         assert len(listed) == PLANTED + 1 and all(listed.holds(k) for k in erased["keys"])
 
@@ -154,7 +154,7 @@ def test_the_others_keep_their_vectors_bit_for_bit_and_recall_is_the_same(erased
     assert set(after) == set(before) - set(erased["keys"])
     assert all(np.array_equal(after[k], before[k]) for k in after)
     exported = pq.read_table(os.path.join(erased["day2"], "exports", "users"))
-    vectors = checkpoint.matrix_of(exported.column("vector"), 8)
+    vectors = modeldir.matrix_of(exported.column("vector"), 8)
     assert all(np.array_equal(v, after[k]) for k, v in zip(exported.column("key").to_pylist(), vectors, strict=True))
     served = ServedIndex.load(os.path.join(erased["day2"], "index"))
     ids = np.arange(served.index.ntotal)

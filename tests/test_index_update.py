@@ -375,7 +375,7 @@ def test_cli_index_update_round_trip(day0, day1, tmp_path, capsys):
 # -- which model an index belongs to (issue 26, item 2) -------------------------------------------------
 
 def test_an_update_refuses_an_index_of_another_model_and_touches_nothing(small_models, tmp_path, snapshot):
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     first, second = small_models.make(tmp_path / "first", 1), small_models.make(tmp_path / "second", 2)
     index = str(tmp_path / "first.index")
@@ -392,7 +392,7 @@ def test_an_update_refuses_an_index_of_another_model_and_touches_nothing(small_m
 
 def test_an_update_to_the_models_next_version_or_a_refresh_of_it_is_what_updates_are_for(small_models, tmp_path,
                                                                                            logged):
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     base = small_models.make(tmp_path / "base", 1)
     index = str(tmp_path / "users.index")

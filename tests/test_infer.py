@@ -265,7 +265,7 @@ def test_events_that_barely_overlap_the_model_get_a_warning_with_the_shares(trai
 
 def test_inferred_vectors_record_the_model_and_neighbors_reads_them_by_key(trained_model, few_users_file, tmp_path,
                                                                          capsys):
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
     from doc2vec_dist.provenance import of_parquet
 
     path, _ = few_users_file

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import assert_same_corpus, load_benchmark
 
-from doc2vec_dist import pipeline
+from doc2vec_dist import modeldir, pipeline
 from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.prepare import prepare
@@ -224,8 +224,8 @@ def test_input_trains_on_those_events_with_the_librarys_defaults_not_the_samples
     """Issue 47, item 1: with the sample prepared (the README's first command), `jobs/train.py --input MINE
     --out T` printed `corpus: using runs/sample/corpus`, trained the sample at the sample's dim 64 and wrote the
     sample's exports. It trains MINE, with the library's defaults, and leaves runs/sample as it was."""
-    from doc2vec_dist.checkpoint import ModelDir
     from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.modeldir import ModelDir
 
     checkout = tmp_path / "checkout"
     job = job_in_a_copy(str(checkout), monkeypatch)
@@ -349,10 +349,9 @@ def job_resume_args(err: str, model: str, job: str) -> tuple[int, str]:
     """The version a stopped job kept and the arguments of the resume command it named (`python jobs/JOB
     ARGS`), checked: the model is kept up to its latest checkpoint, short of the run's 30 epochs, and the
     command is this Python and this checkout's jobs/JOB."""
-    from doc2vec_dist import checkpoint
 
-    version = checkpoint.latest_version(model)
-    assert version is not None and checkpoint.load_manifest(model)[1]["epoch"] < 30, err
+    version = modeldir.latest_version(model)
+    assert version is not None and modeldir.load_manifest(model)[1]["epoch"] < 30, err
     resume = re.search(rf"training stopped: the model at {re.escape(model)} is kept up to checkpoint v{version}; "
                        r"resume with `(\S+) (\S+) (.+)`$", err, re.MULTILINE)
     assert resume, err
@@ -368,13 +367,13 @@ def nodes_die_after_the_first_checkpoint(monkeypatch, model: str):
     the driver's next check, keeping that checkpoint. Returns the switch that brings the nodes back."""
     import ray
 
-    from doc2vec_dist import checkpoint, trainer
+    from doc2vec_dist import modeldir, trainer
 
     real_nodes, alive = ray.nodes, [False]
 
     def nodes():
         found = real_nodes()
-        if alive[0] or checkpoint.latest_version(model) is None:
+        if alive[0] or modeldir.latest_version(model) is None:
             return found
         return [{**n, "Alive": False, "DeathReasonMessage": "health check failed due to missing too many heartbeats"}
                 for n in found]
@@ -390,7 +389,7 @@ def test_a_job_stopped_by_a_dead_node_names_its_own_resume_which_finishes_the_jo
     """Issue 47, item 11: after a node died the job said `doc2vec-dist train --corpus … --out … --resume`,
     which leaves its export, index and evaluate undone. It names itself, with the arguments it was given, and
     that command resumes the model from its checkpoint and then does the rest of the job."""
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
     corpus, heldout = sample_corpus  # the sample's settings with its held-out file: the job uses it as it is
     config = job_config(tmp_path, corpus=corpus, holdout_out=heldout, epochs=30, checkpoint_every=0.05)
@@ -406,7 +405,7 @@ def test_a_job_stopped_by_a_dead_node_names_its_own_resume_which_finishes_the_jo
     bring_back()
     assert pipeline.train_job(shlex.split(args)) == 0
     assert f"resumed from v{version}" in capsys.readouterr().err
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert manifest["epoch"] == 30
     result = check_outputs(tmp_path)
     assert "evaluate" in result["stages"] and result["heldout"]["users"] > 4000
@@ -419,14 +418,13 @@ def test_the_job_run_as_a_process_names_its_config_first_and_on_ctrl_c_its_resum
     config it took, and a Ctrl-C after a checkpoint ends it with 130 and the command that resumes the job
     (this Python, jobs/train.py, its arguments and --resume). It joins the session's Ray (RAY_ADDRESS, as
     `ray job submit` sets it) rather than starting one."""
-    from doc2vec_dist import checkpoint
 
     model = str(tmp_path / "model")
     argv = ["--corpus", small_corpus, "--out", model, "--epochs", "30", "--checkpoint-every", "0.05", "--no-progress"]
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
     proc = subprocess.Popen([sys.executable, "jobs/train.py", *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    err = interrupt_when(proc, lambda: checkpoint.latest_version(model) is not None)
+    err = interrupt_when(proc, lambda: modeldir.latest_version(model) is not None)
     lines = err.splitlines()
     assert lines[0] == "config: none (the library's defaults, and the flags given)", err
     assert proc.returncode == 130 and lines[-1] == "interrupted", err
@@ -656,7 +654,7 @@ def test_gpu_bench_through_ray_trains_what_it_trains_in_process_and_shares_the_d
     """Issue 48: gpu_bench.py --ray trains as `train` does (servers and workers Ray actors, checkpoints at each
     epoch's end): one worker the model of the in-process bench, bit for bit, with no bytes a token after its
     first pulls but each checkpoint's write-back; --workers 2 shares the device on the block schedule."""
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
     gpu_bench = load_benchmark("gpu_bench")
     config = tmp_path / "small.yaml"
@@ -673,8 +671,8 @@ def test_gpu_bench_through_ray_trains_what_it_trains_in_process_and_shares_the_d
     assert [len(r["epochs"]) for r in runs.values()] == [3, 3, 3]
     assert runs["ray2"]["workers"] == 2 and runs["ray2"]["config"]["schedule"] == "auto"
     for table in ("docs", "words_out"):
-        np.testing.assert_array_equal(checkpoint.ModelDir(str(tmp_path / "ray")).read_table(table),
-                                      checkpoint.ModelDir(str(tmp_path / "in-process")).read_table(table), err_msg=table)
+        np.testing.assert_array_equal(modeldir.ModelDir(str(tmp_path / "ray")).read_table(table),
+                                      modeldir.ModelDir(str(tmp_path / "in-process")).read_table(table), err_msg=table)
     # one worker: its URL and documents' rows pulled once and written back once an epoch (the checkpoints)
     moved = runs["ray"]["bytes_per_token"]
     assert moved["pulled"] == moved["pushed"] == 0 < moved["resident_pushed"], moved

@@ -19,10 +19,10 @@ import yaml
 from conftest import assert_same_corpus
 
 from doc2vec_dist import outputs, pipeline
-from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.modeldir import ModelDir
 from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,7 +232,7 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
 
     from test_jobs import job_resume_args, nodes_die_after_the_first_checkpoint
 
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
     day = tmp_path / "day2"
     model = str(day / "model")
@@ -249,7 +249,7 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
     assert pipeline.refresh_job(shlex.split(args)) == 0
     out = capsys.readouterr()
     assert f"resumed from v{version}" in out.err
-    assert checkpoint.load_manifest(model)[1]["epoch"] == 30
+    assert modeldir.load_manifest(model)[1]["epoch"] == 30
     assert snapshot(str(day / "corpus")) == corpus  # not prepared again
     assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json",
                                               "report.html"])

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from conftest import load_benchmark
 
-from doc2vec_dist import checkpoint, pipeline
-from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist import modeldir, pipeline
+from doc2vec_dist.modeldir import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,7 +27,7 @@ def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, tra
     table = pq.read_table(out)
     assert table.num_rows == 5000 and sorted(table.column("key").to_pylist()) == sorted(
         ModelDir(trained_model).keys("docs").to_pylist())
-    vectors = checkpoint.matrix_of(table.column("vector"), 32)
+    vectors = modeldir.matrix_of(table.column("vector"), 32)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
 
@@ -46,7 +46,7 @@ def test_export_job_tasks_run_in_ray_worker_processes(ray_cluster, trained_model
 
 def test_an_error_inside_a_ray_task_is_one_clear_line(ray_cluster, trained_model, tmp_path, capsys):
     model = shutil.copytree(trained_model, str(tmp_path / "model"))
-    vdir, manifest = checkpoint.load_manifest(model)
+    vdir, manifest = modeldir.load_manifest(model)
     part = os.path.join(vdir, manifest["tables"]["docs"]["parts"][1]["path"])
     with open(part, "r+b") as fh:
         fh.seek(os.path.getsize(part) // 2)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from doc2vec_dist import checkpoint, precision
+from doc2vec_dist import checkpoint, modeldir, precision
 from doc2vec_dist.config import TableSpec
 from doc2vec_dist.ps import NonFiniteUpdate, ParameterServer
 
@@ -135,7 +135,7 @@ def test_a_16_bit_table_keeps_adagrads_accumulator_float32_and_saves_it_so(tmp_p
     entries = ps.save(str(tmp_path / "m"), 1)
     checkpoint.commit(str(tmp_path / "m"), 1, {n: [e] for n, e in entries.items()}, {n: 8 for n in entries}, {},
                       keep=1, dtype="bfloat16")
-    vectors, state = checkpoint.read_shard(str(tmp_path / "m"), "docs", 0, 1)  # a float32 reader
+    vectors, state = modeldir.read_shard(str(tmp_path / "m"), "docs", 0, 1)  # a float32 reader
     assert vectors.dtype == np.float32
     np.testing.assert_array_equal(vectors, precision.widen(ps.tables["docs"][:, :8], "bfloat16"))
     np.testing.assert_array_equal(state[ids, 0], delta[:, 8])

@@ -181,7 +181,7 @@ def test_joining_needs_the_models_corpus_and_a_window_does_not(trained_model, da
     join documents it needs the corpus, and says so."""
     import shutil
 
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     model = str(tmp_path / "model")
     shutil.copytree(trained_model, model)
@@ -216,7 +216,7 @@ def refreshed(days, tmp_path_factory):
 
 
 def _table(model: str, name: str) -> np.ndarray:
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     return ModelDir(model).read_table(name)
 
@@ -245,7 +245,7 @@ def test_init_from_starts_every_table_from_the_old_rows(old_model, refreshed, tm
     assert set(drift) == {"docs", "words_out"}
     # a model of its own, that knows which model it started from (issue 26, item 2: an index of the old
     # model is then updated to it, and neighbours say the index is the old model's)
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     old, new = ModelDir(old_model).manifest, ModelDir(model).manifest
     assert new["model_id"] != old["model_id"] and new["derived_from"] == [old["model_id"]]
@@ -294,8 +294,8 @@ def test_train_init_from_takes_the_old_models_shape_and_refuses_a_contradiction(
     """Issue 26, item 8: `train --init-from OLD` once failed with `--init-from needs the same --dim` unless the
     user repeated the old model's settings. Its dim, mode and dbow_words are taken from OLD; a flag or a YAML
     value that contradicts its dim or mode is one line naming it, its value and OLD's."""
-    from doc2vec_dist.checkpoint import ModelDir
     from doc2vec_dist.cli import main
+    from doc2vec_dist.modeldir import ModelDir
 
     model = str(tmp_path / "model")
     base = ["train", "--corpus", refreshed, "--out", model, "--init-from", old_model, "--no-progress"]
@@ -334,7 +334,7 @@ def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, o
     import subprocess
     import sys
 
-    from doc2vec_dist.checkpoint import latest_version
+    from doc2vec_dist.modeldir import latest_version
 
     model = str(tmp_path / "model")
     address = ray_cluster.get_runtime_context().gcs_address
@@ -347,7 +347,7 @@ def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, o
     assert driver.returncode == 130, err
     kept = latest_version(model)
     at_kill = _table(model, "docs")
-    from doc2vec_dist.checkpoint import load_manifest
+    from doc2vec_dist.modeldir import load_manifest
 
     epoch = load_manifest(model)[1]["epoch"]  # resumed to the end of the epoch it stopped in
     # the resumed run in this process, on the session's Ray (only the interrupted one needed its own)
@@ -368,8 +368,8 @@ def test_a_first_epoch_of_changed_users_leaves_the_others_exactly_as_they_were(o
     """--first-epoch changed: users without new events keep their vectors bit for bit through it (so an
     index update replaces only the others), the changed ones train, and the learning rate still
     decays over what was planned: the last checkpoint's rate is min_alpha."""
-    from doc2vec_dist.checkpoint import load_manifest
     from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.modeldir import load_manifest
     from doc2vec_dist.trainer import train
 
     model = str(tmp_path / "model")
@@ -754,8 +754,8 @@ def test_expire_days_drops_the_users_last_seen_before_the_cutoff_and_closes_up_t
 def test_init_from_a_corpus_that_expired_users_takes_each_kept_users_own_old_row(old_model, days, tmp_path):
     """With a learning rate too small to move anything, every user and URL that stays has its old row,
     though its id moved down past those that left (read by 3 servers from a checkpoint of 2)."""
-    from doc2vec_dist.checkpoint import ModelDir
     from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.modeldir import ModelDir
     from doc2vec_dist.trainer import train
 
     corpus = prepare([days["new"]], str(tmp_path / "corpus"), PrepareConfig(time_col="ts", base=old_model,

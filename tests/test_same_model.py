@@ -22,14 +22,14 @@ COMMON = {"dim": 16, "epochs": 2, "num_ps": 2, "seed": 7, "checkpoint_every": 0,
 
 
 def model_digests(corpus: str, out: pathlib.Path) -> dict[str, dict[str, str]]:
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
     from doc2vec_dist.config import TrainConfig
     from doc2vec_dist.trainer import train
 
     found = {}
     for name, settings in RUNS.items():
         model = train(corpus, str(out / name.replace(" ", "-")), TrainConfig(**COMMON, **settings))["model"]
-        saved = checkpoint.ModelDir(model)
+        saved = modeldir.ModelDir(model)
         found[name] = {table: hashlib.sha256(np.ascontiguousarray(saved.read_table(table)).tobytes()).hexdigest()
                        for table in ("docs", "words_out")}
     return found

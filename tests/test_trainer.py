@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from doc2vec_dist import checkpoint
+from doc2vec_dist import modeldir
 from doc2vec_dist.config import PrepareConfig, TrainConfig, settle_segments
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
@@ -28,7 +28,7 @@ def test_checkpoint_layout_has_one_part_per_server_and_latest(trained_model, sam
     with open(os.path.join(trained_model, "LATEST")) as fh:
         assert fh.read().strip() == "v10"
     assert sorted(os.listdir(os.path.join(trained_model, "checkpoints"))) == ["v10", "v9"]
-    vdir, manifest = checkpoint.load_manifest(trained_model)
+    vdir, manifest = modeldir.load_manifest(trained_model)
     corpus = Corpus(sample_corpus[0])
     assert manifest["num_ps"] == 2 and manifest["epoch"] == 10
     assert set(manifest["tables"]) == {"docs", "words_out"}
@@ -59,8 +59,8 @@ def test_training_learns_and_beats_most_popular_urls(trained_model, sample_corpu
 
 
 def test_trained_vectors_are_finite_and_moved(trained_model):
-    docs = checkpoint.ModelDir(trained_model).read_table("docs")
-    out = checkpoint.ModelDir(trained_model).read_table("words_out")
+    docs = modeldir.ModelDir(trained_model).read_table("docs")
+    out = modeldir.ModelDir(trained_model).read_table("words_out")
     assert np.isfinite(docs).all() and np.isfinite(out).all()
     assert np.abs(out).max() > 0.1  # words_out starts at zero and must have learned
     assert np.abs(docs).max() > 1 / 32  # beyond the initial U[-1,1)/dim range
@@ -187,7 +187,7 @@ def test_chunks_whose_tokens_are_all_subsampled_away_still_train(ray_cluster, tm
                     TrainConfig(dim=8, epochs=2, sample=1e-6, macro_batch=64, progress=False))
     assert summary["tokens"] == 2 * corpus.num_tokens
     assert summary["pairs"] < 0.2 * summary["tokens"]
-    assert np.isfinite(checkpoint.ModelDir(str(tmp_path / "m")).read_table("docs")).all()
+    assert np.isfinite(modeldir.ModelDir(str(tmp_path / "m")).read_table("docs")).all()
 
 
 def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, sample_corpus, tmp_path, logged):
@@ -279,17 +279,17 @@ def test_every_mode_learns_and_beats_most_popular_urls(ray_cluster, sample_corpu
     summary = train(sample_corpus[0], model, TrainConfig(dim=32, epochs=8, progress=False, **flags))
     losses = summary["loss_per_epoch"]
     assert losses[-1] < 0.85 * losses[0], losses
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert set(manifest["tables"]) == tables
     m = heldout_metrics(model, sample_corpus[1])
     assert m["model_recall@10"] > m["popularity_recall@10"], m
     assert m["model_mrr"] > m["popularity_mrr"], m
     if "words" in tables:  # trained, not left at their random start
-        words = checkpoint.ModelDir(model).read_table("words")
+        words = modeldir.ModelDir(model).read_table("words")
         assert np.isfinite(words).all() and np.abs(words).max() > 5.0 / 32
     if flags.get("optimizer") == "adagrad":  # the accumulator is checkpointed with its row
-        found = checkpoint.ModelDir(model)
-        vdir, spec = checkpoint.version_dir(model, found.version), found.spec("docs")
+        found = modeldir.ModelDir(model)
+        vdir, spec = modeldir.version_dir(model, found.version), found.spec("docs")
         with pa.memory_map(os.path.join(vdir, spec["parts"][0]["path"])) as src:
             state = pa.ipc.open_file(src).read_all().column("adagrad").to_numpy()
         assert (state > 0).mean() > 0.99
@@ -358,7 +358,7 @@ def test_resident_rows_train_as_well_and_reach_the_servers(ray_cluster, sample_c
     vocab = Corpus(corpus).vocab_size
     train(corpus, model, TrainConfig(dim=32, epochs=1, sample=0, num_workers=1, cache_rows=vocab + 100,
                                      progress=False))
-    assert np.abs(checkpoint.ModelDir(model).read_table("words_out")).max() > 0.01
+    assert np.abs(modeldir.ModelDir(model).read_table("words_out")).max() > 0.01
     # the 500 hottest rows resident in each of 2 workers: as good as pulling every row every step
     model = str(tmp_path / "hot")
     train(corpus, model, TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, cache_rows=500,

@@ -99,7 +99,7 @@ def test_the_written_yaml_trains(searched, sample_corpus, tmp_path):
     model = str(tmp_path / "model")
     assert main(["train", "--corpus", sample_corpus[0], "--out", model, "--config", os.path.join(out, "best.yaml"),
                  "--epochs", "1", "--no-progress"]) == 0
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     assert ModelDir(model).config().alpha == 0.05 and ModelDir(model).spec("docs")["dim"] == 16
 
