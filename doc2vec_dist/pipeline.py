@@ -316,7 +316,7 @@ def corpus_to_prepare(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, ori
 def corpus_differs(meta: dict, inputs: list[str], prep: PrepareConfig, seed: int) -> str | None:
     """How the corpus that corpus.json `meta` describes differs from one prepared from `inputs` with `prep`
     (CORPUS_SETTINGS; the seed where something is held out), in words; None when it does not."""
-    from .readers import expand_inputs
+    from .read_files import expand_inputs
     from .urls import RAW, UrlRule
 
     files = [_same_path(f) for f in expand_inputs(inputs, prep.format)]
@@ -597,7 +597,8 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
 
     from .corpus import Corpus
     from .export import export
-    from .index import RECALL_QUERIES, build_index, update_index
+    from .index import RECALL_QUERIES, build_index
+    from .index_update import update_index
     from .prepare import prepare
     from .report import report as make_report
     from .runners import run_on_ray
@@ -778,7 +779,8 @@ def export_job(argv: list[str] | None = None, description: str | None = None) ->
 def index_job(argv: list[str] | None = None, description: str | None = None) -> int:
     """jobs/index.py: a faiss index built (or --update'd) with its per-file work as Ray tasks; its exit status."""
     args = parse_index(argv, description)
-    from .index import build_index, summary_line, update_index
+    from .index import build_index, summary_line
+    from .index_update import update_index
     from .runners import run_on_ray
 
     def work() -> None:
