@@ -15,7 +15,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from . import logs
+if __package__:
+    from . import logs
+else:  # run by path (runpy) by a job whose Python cannot import the package: logs.py by path, stdlib alone
+    import runpy as _runpy
+    from types import SimpleNamespace as _Namespace
+
+    logs = _Namespace(**_runpy.run_path(__file__.replace("environment.py", "logs.py")))
 
 # The packages of pyproject.toml's dependencies: the name they are imported by → the name pip knows.
 REQUIRED = {"torch": "torch", "gensim": "gensim", "pyarrow": "pyarrow", "ray": "ray", "numpy": "numpy",
