@@ -120,6 +120,23 @@ def test_a_runs_settings_are_resolved_in_one_place(name):
     assert len(callers) <= 1, callers
 
 
+def test_the_how_it_works_diagram_is_the_layers():
+    """docs/how-it-works.md's picture names every module in its layer, and no module that is not there."""
+    text = (ROOT / "docs" / "how-it-works.md").read_text()
+    block = text.split("## The layers", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    drawn: dict[str, set[str]] = {}
+    layer = None
+    for line in block.splitlines():
+        words = line.split()
+        if not words or words == ["|"] or line.startswith(" " * 14):  # the arrows, and each layer's one-line gloss
+            continue
+        if words[0] in LAYERS:
+            layer, words = words[0], words[1:]
+        drawn.setdefault(layer, set()).update(words)
+    modules = set(package_imports())
+    assert drawn == {name: members & modules for name, members in LAYERS.items()}
+
+
 def import_table() -> str:
     imports, layer = package_imports(), _layer_of()
     lines = ["| layer | module | lines | imports (package modules) |", "|---|---|---|---|"]
