@@ -39,6 +39,7 @@ from benchmark import worker_split
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.logs import to_terminal
+from doc2vec_dist.settings import resolve
 
 
 def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, compute=None, staged: bool | None = None):
@@ -72,8 +73,9 @@ def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, comp
                 server.close()
 
     try:
-        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, config, servers, tables,
-                                   compute=compute, staged=staged)
+        settings = dataclasses.replace(resolve(config, corpus), staged=staged)
+        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, settings, servers, tables,
+                                   compute=compute)
     except BaseException:
         close()
         raise

@@ -38,25 +38,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import client, cpu_kernel, precision
-from .config import TableSpec, TrainConfig, lr_at, settle_segments
+from .config import TableSpec, TrainConfig, lr_at
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
 from .ps import NonFiniteUpdate, load_compiled, ray_node_id
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
+from .settings import ROUNDS_PER_EPOCH, RunSettings  # noqa: F401 - ROUNDS_PER_EPOCH: plan's, until it reads RunSettings
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
 
-MIN_MACRO_BATCH = 4096
-ROUNDS_PER_EPOCH = 16  # pull/push rounds a worker makes at least per epoch where rows are shared (macro_batch_for)
 # folded into a batch's seed for the draws of a 16-bit `outputs` matrix's stochastic rounding (kernels.py)
 ROUNDING_SEED = 0x2545F4914F6CDD1D
-SHARED_MACRO_BATCH = 65536  # the default macro-batch where workers share rows (macro_batch_for)
-SOLE_WRITER_MACRO_BATCH = 262144  # ... and where one worker writes every row it trains
-DEVICE_MACRO_BATCH = 1048576  # ... and where it does with the examples drawn on its device
 STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
 CHUNK_CACHE_BYTES = 1 << 30  # the block schedule keeps an epoch's chunks split by block within this (_block_chunks)
 # of a GPU's free memory at a worker's start, what its documents' rows may take (the rest: its URL rows, counted
@@ -72,26 +68,6 @@ def device_room(config: TrainConfig, free_bytes: int, words_out_rows: int) -> in
     rule at its start (Worker._device_room), and plan's for a device of its table (plan.DEVICES)."""
     urls = sum(config.resident_tables(words_out_rows).values()) * config.table("words_out", words_out_rows).width * 4
     return max(0, int(free_bytes * DEVICE_SHARE * min(1.0, config.gpus_per_worker)) - urls)
-
-
-def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer: bool = False,
-                    on_device: bool = False) -> int:
-    """A worker's macro-batch: `macro_batch` tokens (None: SOLE_WRITER_MACRO_BATCH for a sole writer,
-    DEVICE_MACRO_BATCH if its examples are drawn on its device, else SHARED_MACRO_BATCH), and, where
-    workers share rows, at least ROUNDS_PER_EPOCH pull/push rounds.
-
-    Where rows are shared, on a small corpus one huge macro-batch would leave every worker training on
-    a copy of words_out that is an epoch old (Lee corpus: -0.02 Pearson). A sole writer (one worker
-    holding every words_out row resident, and its documents' rows its own) trains nothing another
-    writes, so its rounds only cost calls, and fewer, larger rounds train faster (the push of a batch's
-    document rows is a fixed cost per round); Lee trains an epoch in one round. With the examples drawn
-    on the device the host only moves the documents' rows, and the rounds' fixed costs are most of its
-    work, so its rounds are larger still (the figures: docs/benchmarks.md).
-    """
-    if sole_writer:
-        return int(macro_batch or (DEVICE_MACRO_BATCH if on_device else SOLE_WRITER_MACRO_BATCH))
-    macro_batch = macro_batch or SHARED_MACRO_BATCH
-    return int(min(macro_batch, max(MIN_MACRO_BATCH, tokens_per_epoch // ROUNDS_PER_EPOCH)))
 
 
 @dataclass(frozen=True)
@@ -135,9 +111,9 @@ class Unit:
     segment: int | None = None  # an interleaved plan's: the worker's segment this run belongs to (plan_units)
 
 
-def plan_of(corpus: Corpus, config: TrainConfig) -> list[list[Unit]]:
-    """The run's plan (TrainConfig.plan): plan_units with the segments of the block schedule."""
-    return plan_units(corpus, config.num_workers, config.segments if config.plan() == "interleaved" else 1)
+def plan_of(corpus: Corpus, settings: RunSettings) -> list[list[Unit]]:
+    """The run's plan (RunSettings.plan): plan_units with the segments of the block schedule."""
+    return plan_units(corpus, settings.config.num_workers, settings.segments if settings.plan == "interleaved" else 1)
 
 
 def plan_units(corpus: Corpus, num_workers: int, segments: int = 1) -> list[list[Unit]]:
@@ -374,28 +350,28 @@ class Arrival:
 
 
 class Worker:
-    def __init__(self, index: int, units: list[Unit], corpus_path: str, config: TrainConfig,
+    def __init__(self, index: int, units: list[Unit], corpus_path: str, settings: RunSettings,
                  servers: list, tables: dict[str, TableSpec], compute: Compute | None = None,
-                 step_pause: float = 0.0, staged: bool | None = None, handover: bool = True):
-        """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
+                 step_pause: float = 0.0):
+        """settings: the run's, as the driver resolved them (settings.resolve): the worker decides none
+        of them again. servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
         client.LocalServer objects (no Ray at all). tables: the servers' table specs (ps.table_specs).
         compute: what trains the examples (Compute.default()). step_pause: seconds slept after each
-        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV). staged:
-        whether it runs the device path (None: where it has a GPU; True on CPU: trainer.STAGED_ENV).
-        handover: on the block schedule, hand the held block to its next holder at a round's end
-        (client.ParameterClient.hand_over) rather than through the servers (trainer.HANDOVER_ENV)."""
+        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV)."""
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         load_compiled()
         corpus = Corpus(corpus_path)
-        config = settle_segments(config, corpus)  # the driver's is settled; one built by hand may not be
-        self.index, self.units, self.config = index, units, config
+        config = settings.config
+        self.index, self.units, self.config, self.settings = index, units, config, settings
         self.step_pause = step_pause
-        self.handover = handover
+        # on the block schedule, hand the held block to its next holder at a round's end
+        # (client.ParameterClient.hand_over) rather than through the servers (settings.HANDOVER_ENV)
+        self.handover = settings.handover
         self.node = ray_node_id()
-        self.compute = compute or Compute.default(fused=config.kernel == "fused")
+        self.compute = compute or Compute.default(fused=settings.kernel == "fused")
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
-        self.exact = config.exact_kernel()
+        self.exact = settings.exact
         self.adagrad = config.optimizer == "adagrad"
         use_cuda = config.gpus_per_worker > 0
         # torch only where the batched kernel or a GPU needs it; else numpy matrices (the module's docstring)
@@ -412,7 +388,8 @@ class Worker:
         # Staged: a macro-batch's rows are assembled in persistent host matrices (pinned on CUDA), copied
         # to matrices on the device, trained there and copied back for the push; unstaged (CPU), the host
         # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
-        self.staged = use_cuda if staged is None else bool(staged) and not self.exact  # the exact kernel: host only
+        # (settings.STAGED_ENV: on the CPU too, for tests)
+        self.staged = use_cuda if settings.staged is None else bool(settings.staged) and not self.exact  # the exact kernel: host only
         counts = corpus.counts()
         self.counts = counts
         self.keep_prob = keep_probabilities(counts, config.sample)
@@ -431,27 +408,26 @@ class Worker:
         self.stats = self._zero_stats()
         # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
         # here, at the head of the `outputs` matrix, between macro-batches; see client.ParameterClient.sync
-        resident = config.resident_tables(words_out.rows)
+        resident = dict(settings.resident_tables)
         self.cached = resident["words_out"]
         # The token path: every URL row resident here and no other worker: the host only reads the
         # tokens and routes the documents' rows. The exact kernel draws the subsampling and negatives
         # itself (cpu_kernel.train_tokens, plain PV-DBOW); for the batched one they are drawn on its
         # device (device_examples, every mode), where the URL tables already are.
-        self.token_path = config.token_path(words_out.rows)
+        self.token_path = settings.token_path
         # ... where `words` is trained too (dbow_words, PV-DM), every words row is resident as well, at
         # the head of `inputs`: a word's input row is its id, the documents' follow
         self.words_head = resident.get("words", 0)
         # The block schedule (schedule.py): several workers on the token path, each holding one block of
         # the URL rows per round, its sole writer. One worker holds one block: every row.
-        self.num_blocks = config.num_workers if config.blocks() else 1
+        self.num_blocks = config.num_workers if settings.blocks else 1
         # --segments: round r trains segment r // num_blocks of the units, with block held(index, r)
-        self.rounds = config.rounds()
+        self.rounds = settings.rounds
         self._segments: list[list[Unit]] | None = None  # segment_units, at the first round that needs them
         self._blocks: Blocks | None = None  # this epoch's blocks
         self.held: Block | None = None      # the block this worker holds (the token path)
         self._device_tables = None  # device_examples.DeviceTables of the held block, made at its first device batch
-        self.macro_batch = macro_batch_for(config.macro_batch, self.tokens_per_epoch, sole_writer=self.token_path,
-                                           on_device=not self.exact)
+        self.macro_batch = settings.worker_macro_batch(self.tokens_per_epoch)
         # on the block schedule most of a chunk's tokens are in other blocks: it reads num_blocks times as
         # many, so that a macro-batch trains about as many tokens as one worker's
         self.read_tokens = self.macro_batch * self.num_blocks
@@ -946,7 +922,7 @@ class Worker:
         """The torch type of a staged worker's `outputs` matrix where it keeps the URL rows resident in
         the tables' 16-bit dtype (kernels.py: widened as read, narrowed stochastically as updated):
         on the token path, where that matrix holds the resident rows only. None: float32."""
-        if not self.config.half_on_device(self.url_rows, self.staged):
+        if not self.settings.half_on_device(self.staged):
             return None
         import torch
 

@@ -256,7 +256,8 @@ def test_one_device_worker_moves_the_bytes_plan_counts_its_documents_resident_or
     epochs (pulled once, written back by each epoch's checkpoint), or under --device-memory swaps them by
     partition (each pulled and written back once an epoch); the run's own counters are the bytes plan
     predicts for each, to the byte, and plan says which way the run takes."""
-    from doc2vec_dist.trainer import STAGED_ENV, train
+    from doc2vec_dist.settings import STAGED_ENV
+    from doc2vec_dist.trainer import train
 
     monkeypatch.setenv(STAGED_ENV, "1")
     corpus = Corpus(small_corpus)

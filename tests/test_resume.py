@@ -145,7 +145,7 @@ def test_one_device_worker_keeps_its_rows_across_epochs_and_every_checkpoint_hol
     checkpoint, or from an epoch's end, end where the straight run did."""
     import shutil
 
-    from doc2vec_dist.trainer import STAGED_ENV
+    from doc2vec_dist.settings import STAGED_ENV
 
     def tables(model: str) -> dict:
         found = checkpoint.ModelDir(model)
