@@ -50,7 +50,7 @@ def ps_raw_bytes(config: TrainConfig, num_docs: int, vocab_size: int) -> list[in
     """Raw bytes of the rows each parameter server owns: rows on it × (dim + optimiser columns) × 4."""
     from types import SimpleNamespace
 
-    from doc2vec_dist.plan import shard_table_bytes
+    from doc2vec_dist.plan_model import shard_table_bytes
     from doc2vec_dist.ps import table_specs
 
     tables = table_specs(config, SimpleNamespace(num_docs=num_docs, vocab_size=vocab_size))
@@ -249,8 +249,7 @@ def run_sweep(corpus: str, config: TrainConfig, points: list[dict], epochs: int,
     """Ours alone at each point, in this process, on a local Ray with CPUs for the largest point
     (more workers than cores is a point of the curve: contention shows)."""
     from doc2vec_dist.corpus import Corpus
-    from doc2vec_dist.plan import effective_macro_batch
-    from doc2vec_dist.trainer import train
+    from doc2vec_dist.trainer import effective_macro_batch, train
 
     data = Corpus(corpus)
     out = []
@@ -388,7 +387,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
     from harness import local_ray
 
-    from doc2vec_dist.plan import empty_ps_bytes
+    from doc2vec_dist.plan_calibration import empty_ps_bytes
 
     points = sweep_points(config, args.sweep_macro_batch, args.sweep_workers)
     cpus = max([os.cpu_count() or 1] + [p["num_workers"] * config.cpus_per_worker for p in points])
@@ -416,7 +415,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = report(result)
     print(text)
     if args.plan:
-        from doc2vec_dist.plan import format_plan
+        from doc2vec_dist.plan_report import format_plan
 
         print("\n" + format_plan(result["plan"]))
     with open(out_json, "w") as fh:

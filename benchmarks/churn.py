@@ -90,7 +90,8 @@ def run(args) -> dict:
     from doc2vec_dist.config import PrepareConfig, TrainConfig
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.evaluate import heldout_metrics
-    from doc2vec_dist.index import build_index, update_index
+    from doc2vec_dist.index import build_index
+    from doc2vec_dist.index_update import update_index
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.synthetic import _WINDOW_START_MS, _Churn, generate
     from doc2vec_dist.trainer import train

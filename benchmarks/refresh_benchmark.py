@@ -137,7 +137,7 @@ def time_split(events: str | list[str], out: str, seed: int, new_users: float = 
 
 
 def _expand(files: list[str]) -> list[str]:
-    from doc2vec_dist.readers import expand_inputs
+    from doc2vec_dist.read_files import expand_inputs
 
     return expand_inputs(files, "events")
 
@@ -191,7 +191,8 @@ class Settings:
 
 def run_seed(seed: int, s: Settings, bar: tqdm) -> dict:
     from doc2vec_dist.evaluate import heldout_metrics
-    from doc2vec_dist.index import build_index, update_index
+    from doc2vec_dist.index import build_index
+    from doc2vec_dist.index_update import update_index
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.synthetic import generate
     from doc2vec_dist.trainer import train

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     from harness import local_ray
 
     from doc2vec_dist.corpus import Corpus
-    from doc2vec_dist.plan import bytes_per_token
+    from doc2vec_dist.plan_model import bytes_per_token
 
     found = Corpus(corpus)
     cpus = max([w * base.cpus_per_worker for w in args.workers] + list(args.threads) + [os.cpu_count() or 1])

@@ -118,8 +118,8 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
           sample: float = 1e-3, ns_exponent: float = 0.75, hashed_seeds: bool = False,
           how: str = "interleaved") -> np.ndarray:
     """The document vectors after training with `schedule` on `workers` workers (see the docstring)."""
-    from doc2vec_dist.config import lr_at
     from doc2vec_dist.cpu_kernel import train_tokens
+    from doc2vec_dist.lr import rate_at
     from doc2vec_dist.ps import _fill_uniform
     from doc2vec_dist.sampling import NegativeTable, keep_probabilities
     from doc2vec_dist.schedule import MAX_NEGATIVE_RATIO, Blocks
@@ -143,9 +143,9 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
         # worker i's tokens, its learning rate decaying over its own planned tokens (as a worker's does)
         if len(tokens) == 0:
             return
-        start = lr_at(alpha, min_alpha, done[i], planned[i])
+        start = rate_at(alpha, min_alpha, done[i], planned[i])
         done[i] += len(tokens)
-        end = lr_at(alpha, min_alpha, done[i], planned[i])
+        end = rate_at(alpha, min_alpha, done[i], planned[i])
         calls[0] += 1
         train_tokens(inputs, rows, doc_of, tokens, keep_of, table.accept, table.alias, count, start, end,
                      call_seed(seed, calls[0], hashed_seeds), threads=1)

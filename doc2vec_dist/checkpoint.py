@@ -63,9 +63,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from . import forgotten, outputs, precision, storage
+from . import forgotten, lr, outputs, precision, storage
 from .compact import new_ids
-from .config import lr_at
 from .corpus import numpy_of
 from .errors import UserError
 from .storage import (
@@ -394,10 +393,10 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
         tables = {name: [e[name] for e in entries] for name in entries[0]}
         done = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
         planned = corpus.tokens_before(config.epochs, config.first_epoch)
-        lr = lr_at(config.alpha, config.min_alpha, done, planned)
+        rate = lr.rate_at(config.alpha, config.min_alpha, done, planned)
         commit(out, version, tables, {name: config.dim for name in tables}, dtype=config.dtype, extra=
                {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],
-                "lr": lr, "num_ps": config.num_ps, "plan": (settings or {}).get("plan") or config.plan(),
+                "lr": rate, "num_ps": config.num_ps, "plan": (settings or {}).get("plan") or config.plan(),
                 "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
                 "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
                 "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],

@@ -315,7 +315,8 @@ def _print_summary(who: str, s: dict) -> None:
 
 
 def cmd_plan(args) -> None:
-    from .plan import format_plan, plan, save_json
+    from .plan import plan, save_json
+    from .plan_report import format_plan
 
     outputs.check_writable(args.json)
     if not args.no_calibrate:
@@ -333,7 +334,9 @@ def cmd_plan(args) -> None:
 
 
 def cmd_tune(args) -> None:
-    from .tune import format_result, load_space, search
+    from .search_report import format_result
+    from .search_space import load_space
+    from .tune import search
 
     result = search(args.corpus, args.out, heldout=args.heldout, labels=args.labels, pairs=args.pairs,
                     budget=args.budget, space=load_space(args.space) if args.space else None,
@@ -379,7 +382,8 @@ def cmd_index(args) -> None:
     from .runners import calm_openmp
 
     calm_openmp()  # before faiss is imported
-    from .index import build_index, summary_line, update_index
+    from .index import build_index, summary_line
+    from .index_update import update_index
 
     if args.update:
         params = update_index(args.update, args.out, model=args.model, table=args.table, vectors_path=args.vectors,

@@ -114,7 +114,7 @@ class TableSpec:
     U[-1, 1) / dim; "zeros" its initialisation of the output weights (syn1neg).
 
     It lives here, not in ps.py: TrainConfig makes them (TrainConfig.table) and sizes resident rows by
-    their width, and ps.py imports checkpoint, which imports this module (lr_at), so config.py taking
+    their width, and ps.py imports checkpoint, which imports this module, so config.py taking
     it from ps.py would be an import cycle. config.py imports nothing of ours but errors: placement,
     plan, worker and the trainer take a TableSpec from here without pulling in a server's imports.
     """
@@ -474,16 +474,6 @@ class JobConfig:
         _check_types(self)
 
 
-def lr_at(alpha: float, min_alpha: float, done, planned: int):
-    """The learning rate after `done` of the `planned` tokens: gensim's linear decay from alpha to
-    min_alpha, never below min_alpha. `done` is a number (a checkpoint's rate) or a torch tensor of
-    them (kernels.micro_batch_alphas: each micro-batch's)."""
-    progress = done / max(planned, 1)
-    if hasattr(progress, "clamp"):
-        return (alpha - (alpha - min_alpha) * progress.clamp(0.0, 1.0)).clamp(min=min_alpha)
-    return max(min_alpha, alpha - (alpha - min_alpha) * min(max(progress, 0.0), 1.0))
-
-
 def _check_choices(obj: Any) -> None:
     """Every field of a config section declared with choices (_f) holds one of them."""
     for f in dataclasses.fields(obj):
@@ -500,16 +490,6 @@ TEXT_SEGMENTS = 16
 def is_text(corpus: Any) -> bool:
     """Whether a corpus (corpus.Corpus) was prepared from text (prepare --format text): documents of words."""
     return (getattr(corpus, "meta", None) or {}).get("format") == "text"
-
-
-def settle_segments(config: TrainConfig, corpus: Any) -> TrainConfig:
-    """The config with --segments' default settled for the corpus: TEXT_SEGMENTS on text, where several
-    workers measured to lose quality with fewer, else 1. One worker trains alike either way; the value is
-    kept in the checkpoint, so that a resume on more workers walks the corpus as the default would. A
-    value given stays."""
-    if config.segments is not None:
-        return config
-    return dataclasses.replace(config, segments=TEXT_SEGMENTS if is_text(corpus) else 1)
 
 
 def _check_types(obj: Any) -> None:

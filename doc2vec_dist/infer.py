@@ -72,7 +72,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from . import checkpoint, device_examples, kernels, outputs, provenance
+from . import checkpoint, device_examples, kernels, lr, outputs, provenance
 from .compose import SOURCES, Composed, UrlComposer
 from .config import PrepareConfig
 from .corpus import Corpus, iter_shard
@@ -237,7 +237,8 @@ class Inferrer:
             if len(ex) == 0:
                 continue
             n_micro = -(-len(ex) // ex.micro_batch)
-            alphas = kernels.micro_batch_alphas(s.alpha, s.min_alpha, epoch * raw, raw, s.epochs * raw, n_micro)
+            alphas = torch.from_numpy(lr.micro_batch_rates(s.alpha, s.min_alpha, epoch * raw, raw, s.epochs * raw,
+                                                           n_micro))
             kernels.train(inputs, self.words_out, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas, ex.micro_batch,
                           ctx_mask=ex.ctx_mask, scale=ex.scale, adagrad=False, learn_outputs=False,
                           learn_context_words=False)

@@ -47,7 +47,8 @@ from .compose import Composed, UrlComposer, no_vector_line
 from .corpus import Corpus
 from .errors import UserError
 from .ids import id_string
-from .index import ServedIndex, parquet_vectors
+from .index import ServedIndex
+from .index_sources import parquet_vectors
 from .scoring import (
     ServingWarning,
     check_k,

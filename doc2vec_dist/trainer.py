@@ -49,7 +49,7 @@ from .placement import (
 from .ps import ParameterServer, table_specs
 from .runlog import RunLog
 from .schedule import Blocks
-from .settings import HANDOVER_ENV, RunSettings, resolve  # noqa: F401 - HANDOVER_ENV: plan's, until it reads RunSettings
+from .settings import RunSettings, resolve
 from .worker import Position, Worker, plan_of
 
 if TYPE_CHECKING:
@@ -192,21 +192,6 @@ def wait_for_nodes(config: TrainConfig, tables: dict[str, TableSpec], problem: s
                                 "(--wait-for-resources)")
     finally:
         request_resources(bundles=[])  # the run's actors hold what they need from here; ask for nothing more
-
-
-def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows: int) -> int:
-    """plan's, until it reads RunSettings (i49-split2): settings.macro_batch_for with the config's path."""
-    from .settings import macro_batch_for
-
-    return macro_batch_for(config.macro_batch, epoch_tokens // config.num_workers,
-                           sole_writer=config.token_path(words_out_rows), on_device=not config.exact_kernel())
-
-
-def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
-    """plan's, until it reads RunSettings (i49-split2): settings.quality_warnings of the resolved run."""
-    from . import settings
-
-    return settings.quality_warnings(resolve(config, corpus), corpus)
 
 
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else

@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import client, cpu_kernel, precision
-from .config import TableSpec, TrainConfig, lr_at
+from . import client, cpu_kernel, lr, precision
+from .config import TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
 from .logs import quiet_exit_in_finalizers
 from .ps import NonFiniteUpdate, load_compiled, ray_node_id
 from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
-from .settings import ROUNDS_PER_EPOCH, RunSettings  # noqa: F401 - ROUNDS_PER_EPOCH: plan's, until it reads RunSettings
+from .settings import RunSettings
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +65,7 @@ def device_room(config: TrainConfig, free_bytes: int, words_out_rows: int) -> in
     """Bytes of a GPU with `free_bytes` free that a worker's documents' rows may take
     (config.document_partitions): DEVICE_SHARE of them, of the worker's share of the device where workers
     share one (a fractional --gpus-per-worker), less the URL rows it holds there (float32). The worker's
-    rule at its start (Worker._device_room), and plan's for a device of its table (plan.DEVICES)."""
+    rule at its start (Worker._device_room), and plan's for a device of its table (plan_model.DEVICES)."""
     urls = sum(config.resident_tables(words_out_rows).values()) * config.table("words_out", words_out_rows).width * 4
     return max(0, int(free_bytes * DEVICE_SHARE * min(1.0, config.gpus_per_worker)) - urls)
 
@@ -305,14 +305,6 @@ class _CPU:
 
     def __str__(self) -> str:
         return "cpu"
-
-
-def ends_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,
-                planned_tokens: int) -> np.ndarray:
-    """kernels.micro_batch_alphas(..., n_micro=1, ends=True) without torch: the rates at a batch's start
-    and end (config.lr_at on plain numbers, the same float64 operations), float32, the same bits."""
-    return np.array([lr_at(alpha0, min_alpha, done_before + k * float(batch_tokens), planned_tokens) for k in (0, 1)],
-                    dtype=np.float32)
 
 
 @dataclass
@@ -794,13 +786,8 @@ class Worker:
                 # it interpolates between the two ends once its examples are drawn
                 ends = self.exact or ex is None
                 n_micro = 1 if ends else max(1, -(-len(ex) // ex.micro_batch))
-                if self.exact:
-                    alphas = ends_alphas(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens, self.planned_tokens)
-                else:
-                    from .kernels import micro_batch_alphas
-
-                    alphas = micro_batch_alphas(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens,
-                                                self.planned_tokens, n_micro, ends=ends)
+                alphas = lr.micro_batch_rates(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens,
+                                              self.planned_tokens, n_micro, ends=ends)
                 loss, pairs = self._compute(batch, arrival, alphas)
                 t2 = time.perf_counter()
                 seconds["compute"] += t2 - t1
@@ -956,7 +943,7 @@ class Worker:
         self._host[name] = self._grown(self._host.get(name, empty), rows, pin=self.device.type == "cuda")
         return self._host[name][:rows].numpy()
 
-    def _compute(self, batch: Batch, arrival: Arrival, alphas: torch.Tensor) -> tuple[float, int]:
+    def _compute(self, batch: Batch, arrival: Arrival, alphas: np.ndarray) -> tuple[float, int]:
         """Train the batch on its compact matrices; returns (summed loss, examples trained)."""
         cfg, ex, local = self.config, batch.examples, arrival.local
         dev = self.device
@@ -1004,8 +991,7 @@ class Worker:
             ex = self._draw_on_device(batch, to_dev)
             pairs = len(ex)
             n_micro = max(1, -(-pairs // ex.micro_batch))
-            mid = (torch.arange(n_micro, dtype=torch.float32) + 0.5) / n_micro
-            alphas = alphas[0] + (alphas[1] - alphas[0]) * mid  # the rate at each micro-batch's midpoint
+            alphas = torch.from_numpy(lr.between_ends(alphas, n_micro))  # at each micro-batch's midpoint
             rounding = None
             if outputs.dtype != torch.float32 and cfg.rounding == "stochastic":  # its own draws, seeded as the examples
                 from .device_examples import generator
@@ -1016,6 +1002,7 @@ class Worker:
                                         adagrad=self.adagrad, rounding=rounding)
         else:
             pairs = len(ex)
+            alphas = torch.from_numpy(alphas)
             loss = self.compute.batched(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos),
                                         to_dev(batch.neg_pos), to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch,
                                         ctx_mask=to_dev(ex.ctx_mask), scale=to_dev(batch.scale),

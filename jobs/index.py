@@ -29,7 +29,8 @@ calm_openmp()  # before faiss is imported
 
 from doc2vec_dist.checkpoint import KEY_TABLES
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.index import KINDS, build_index, summary_line, update_index
+from doc2vec_dist.index import KINDS, build_index, summary_line
+from doc2vec_dist.index_update import update_index
 from doc2vec_dist.logs import to_terminal
 from doc2vec_dist.runners import run_on_ray
 

@@ -248,7 +248,8 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
 
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.export import export
-    from doc2vec_dist.index import build_index, update_index
+    from doc2vec_dist.index import build_index
+    from doc2vec_dist.index_update import update_index
     from doc2vec_dist.plan import train_workers
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.report import report as make_report

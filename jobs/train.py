@@ -298,7 +298,7 @@ def corpus_to_prepare(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, ori
 def corpus_differs(meta: dict, inputs: list[str], prep: PrepareConfig, seed: int) -> str | None:
     """How the corpus that corpus.json `meta` describes differs from one prepared from `inputs` with `prep`
     (CORPUS_SETTINGS; the seed where something is held out), in words; None when it does not."""
-    from doc2vec_dist.readers import expand_inputs
+    from doc2vec_dist.read_files import expand_inputs
     from doc2vec_dist.urls import RAW, UrlRule
 
     files = [_same_path(f) for f in expand_inputs(inputs, prep.format)]

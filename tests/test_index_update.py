@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.index import ServedIndex, build_index, update_index
+from doc2vec_dist.index import ServedIndex, build_index
+from doc2vec_dist.index_update import update_index
 
 DIM = 24
 ROWS = 3000
@@ -258,7 +259,7 @@ def test_flat_update_answers_exactly_and_drops_its_dead_ids(day0, day1, tmp_path
 
 def test_an_update_in_place_swaps_in_at_the_end_and_a_failure_leaves_the_old_index(day0, day1, tmp_path, snapshot,
                                                                                  monkeypatch, logged):
-    from doc2vec_dist import index as index_module
+    from doc2vec_dist import index_update as index_module
 
     index = str(tmp_path / "users.index")
     build_index(index, kind="hnsw", vectors_path=write_source(str(tmp_path / "day0.parquet"), day0), progress=False)

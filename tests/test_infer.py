@@ -160,7 +160,7 @@ def test_cli_help_lists_the_flags_of_prepare_and_the_overrides(capsys):
 
 
 def test_cli_writes_key_vector_parquet_that_index_reads(trained_model, few_users_file, tmp_path, capsys):
-    from doc2vec_dist.index import parquet_source
+    from doc2vec_dist.index_sources import parquet_source
 
     path, users = few_users_file
     out = str(tmp_path / "new" / "users.parquet")

@@ -55,7 +55,7 @@ def test_job_runs_prepare_train_export_index_in_process(ray_cluster, tmp_path, c
     """On the session's Ray, prepare's passes ran as Ray tasks on its 2 CPUs (issue 30, item 5), and
     made the corpus and held-out file that one process makes. (The sample is far below the input size
     from which the job's task per CPU pays, issue 50: that size is lowered here so the tasks still run.)"""
-    monkeypatch.setattr("doc2vec_dist.prepare.PARALLEL_MIN_INPUT_BYTES", 0)
+    monkeypatch.setattr("doc2vec_dist.prepare_merge.PARALLEL_MIN_INPUT_BYTES", 0)
     assert load_job("train").main(["--config", job_config(tmp_path), "--no-progress"]) == 0
     check_outputs(tmp_path)
     out = capsys.readouterr().out

@@ -65,7 +65,7 @@ def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_pa
     """No --index: a new index. Settings come from the base model (dim 8, 2 servers: no flag says so),
     the event columns from its corpus (time_col ts), epochs 1; known users and URLs keep their ids.
     (The input size from which the job's task per CPU pays, issue 50, is lowered so that the tasks run.)"""
-    monkeypatch.setattr("doc2vec_dist.prepare.PARALLEL_MIN_INPUT_BYTES", 0)
+    monkeypatch.setattr("doc2vec_dist.prepare_merge.PARALLEL_MIN_INPUT_BYTES", 0)
     day = tmp_path / "day2"
     assert load_job("refresh").main(["--events", days["events2"], "--base-model", days["model"], "--out", str(day),
                                      "--no-progress", "--recall-queries", "200"]) == 0

@@ -23,18 +23,20 @@ LAYERS: dict[str, set[str]] = {
     "base": {"errors", "logs", "storage", "outputs", "ids", "urls", "memwatch", "metrics", "runlog",
              "precision", "sampling", "sharding", "environment", "config", "lr", "runners", "cluster"},
     # events and text in, the prepared corpus out
-    "ingest": {"corpus", "modeldir", "readers", "read_files", "read_formats", "read_times", "read_blocks", "synthetic",
-               "passes", "raydata", "prepare", "compact", "forgotten"},
+    "ingest": {"corpus", "modeldir", "readers", "read_files", "read_formats", "read_times", "synthetic",
+               "prepare_base", "passes", "shard_pass", "raydata", "prepare_merge", "prepare_report", "prepare",
+               "compact", "forgotten"},
     # training: the servers, the workers, their kernels and schedule, checkpoints, the run's settings
     "engine": {"checkpoint", "kernels", "cpu_kernel", "fused_kernels", "triton_kernel", "device_examples",
                "schedule", "placement", "ps", "client", "worker", "units", "trainer", "warmup", "plan",
-               "settings", "warmstart"},
+               "plan_model", "plan_calibration", "plan_report", "settings", "warmstart"},
     # a trained model's arithmetic: scoring, where vectors came from, URLs never seen, users never seen
     "model": {"scoring", "provenance", "compose", "infer"},
     # what users read out of a model: the Python object, exports, faiss indexes, quality figures
-    "serving": {"model", "export", "index", "evaluate", "baseline", "drift"},
+    "serving": {"model", "export", "index_sources", "index", "index_update", "evaluate", "baseline", "drift"},
     # the commands and the pipeline that strings the layers together
-    "commands": {"cli", "tune", "report", "forget", "pipeline", "__main__", "__init__"},
+    "commands": {"cli", "tune", "search_space", "search_cost", "search_report", "report", "forget_files",
+                 "forget_steps", "forget", "pipeline", "__main__", "__init__"},
 }
 ORDER = list(LAYERS)
 ENGINE_CORE = {"trainer", "worker", "client", "ps", "schedule", "kernels"}

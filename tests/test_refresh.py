@@ -600,7 +600,7 @@ def test_of_several_inputs_each_file_mostly_of_the_bases_events_is_named_with_it
 def test_many_files_mostly_of_the_bases_events_are_named_a_few_then_counted():
     """Past a few files mostly of the base's events, the rest are one line of counts; a file mostly new is
     never named, nor, with a base that keeps times, one whose events are only at or before its latest time."""
-    from doc2vec_dist.prepare import NAMED_FILES, refresh_report
+    from doc2vec_dist.prepare_report import NAMED_FILES, refresh_report
 
     files = [{"file": f"d{i}.parquet", "events": 100, "in_base": 90, "not_after_base": 0} for i in range(NAMED_FILES + 2)]
     files += [{"file": "new.parquet", "events": 100, "in_base": 50, "not_after_base": 0},
@@ -662,10 +662,10 @@ def test_a_base_without_times_joins_every_event_and_says_it_cannot_tell(days, tm
 
 
 def test_sent_again_finds_exactly_the_input_events_a_base_has():
-    """passes.sent_again against a set of triples, on events crowded into few values (so many share a
+    """shard_pass.sent_again against a set of triples, on events crowded into few values (so many share a
     hash prefix): an input event is the base's when its (doc, token, time) is one of the base's, and a
     time that is NaN or -inf matches nothing."""
-    from doc2vec_dist.passes import sent_again
+    from doc2vec_dist.shard_pass import sent_again
 
     rng = np.random.default_rng(3)
     n = 20_000

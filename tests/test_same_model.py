@@ -17,8 +17,8 @@ import pytest
 
 DIGESTS = pathlib.Path(__file__).parent / "data" / "same_model.json"
 # the small corpus, 2 epochs, one CPU a worker (a worker of several threads trains them Hogwild: not bit for bit)
-RUNS = {"1 worker": dict(num_workers=1, cpus_per_worker=1), "2 workers": dict(num_workers=2, cpus_per_worker=1)}
-COMMON = dict(dim=16, epochs=2, num_ps=2, seed=7, checkpoint_every=0, progress=False)
+RUNS = {"1 worker": {"num_workers": 1, "cpus_per_worker": 1}, "2 workers": {"num_workers": 2, "cpus_per_worker": 1}}
+COMMON = {"dim": 16, "epochs": 2, "num_ps": 2, "seed": 7, "checkpoint_every": 0, "progress": False}
 
 
 def model_digests(corpus: str, out: pathlib.Path) -> dict[str, dict[str, str]]:
@@ -66,7 +66,8 @@ if __name__ == "__main__":  # python tests/test_same_model.py --record: this mac
         corpus = small_corpus.__wrapped__(type("F", (), {"mktemp": lambda self, n: pathlib.Path(tempfile.mkdtemp(dir=tmp))})())
         found = model_digests(corpus, pathlib.Path(tmp))
     recorded = json.loads(DIGESTS.read_text()) if DIGESTS.exists() else {}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
     if recorded and recorded["commit"] != commit:
         sys.exit(f"{DIGESTS} holds digests of {recorded['commit']}: record on that commit, not {commit}")
     recorded = {"commit": commit, "by_capability": {**recorded.get("by_capability", {}), capability(): found}}

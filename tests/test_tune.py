@@ -13,20 +13,17 @@ from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.tune import (
+from doc2vec_dist.search_cost import (
     ADAGRAD_COST,
-    DEFAULT_SPACE,
     TRIAL_OVERHEAD_SECONDS,
     asha_epochs,
     rung_epochs,
-    search,
-    seed_points,
-    split_validation,
     trial_cost,
     trial_epoch_cost,
     trials_for_budget,
-    tune_space,
 )
+from doc2vec_dist.search_space import DEFAULT_SPACE, seed_points, tune_space
+from doc2vec_dist.tune import search, split_validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a deliberately bad learning rate beside a good one, and a setting that cannot train
@@ -146,7 +143,7 @@ def test_trials_are_measured_at_ashas_milestones():
     bracket has exactly these milestones."""
     from ray.tune.schedulers.async_hyperband import _Bracket
 
-    from doc2vec_dist.tune import REDUCTION, grace_epochs
+    from doc2vec_dist.search_cost import REDUCTION, grace_epochs
 
     for max_epochs in (1, 4, 6, 8, 10, 20, 27, 40, 80):
         bracket = _Bracket(grace_epochs(max_epochs), max_epochs, REDUCTION, 0)
@@ -300,7 +297,7 @@ def test_best_so_far_never_goes_down(tmp_path):
     running trial whose figure falls after its rung (0.2366, then 0.2303) never lowers it."""
     from types import SimpleNamespace
 
-    from doc2vec_dist.tune import _Recorder
+    from doc2vec_dist.search_report import _Recorder
 
     recorder = _Recorder(str(tmp_path), ["alpha", "epochs"], {"epochs": 20}, "recall@10", "validation", 3, False)
     a = SimpleNamespace(trial_id="a", config={"alpha": 0.05, "epochs": 20}, error_file=None)

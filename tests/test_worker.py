@@ -483,23 +483,6 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
             server.close()
 
 
-def test_the_exact_kernels_two_rates_are_the_batched_paths_bit_for_bit():
-    """worker.ends_alphas (numpy, so that the exact kernel's worker needs no torch) gives the bits that
-    kernels.micro_batch_alphas(..., n_micro=1, ends=True) gives: runs keep the learning rates they had."""
-    from doc2vec_dist.kernels import micro_batch_alphas
-    from doc2vec_dist.worker import ends_alphas
-
-    rng = np.random.default_rng(0)
-    for _ in range(500):
-        alpha = float(rng.uniform(0.001, 0.2))
-        low = float(alpha * rng.uniform(0, 0.5))
-        planned = int(rng.integers(1, 10**9))
-        done, tokens = int(rng.integers(0, planned + 1000)), int(rng.integers(0, 10**6))
-        ours = ends_alphas(alpha, low, done, tokens, planned)
-        torch_s = micro_batch_alphas(alpha, low, done, tokens, planned, 1, ends=True).numpy()
-        np.testing.assert_array_equal(ours.view(np.uint32), torch_s.view(np.uint32))
-
-
 def _rows_on_servers(servers, table: str, ids: np.ndarray, width: int, config: TrainConfig) -> np.ndarray:
     """Rows `ids` of a table as the servers hold them, widened (row r lives on server r % NUM_PS, at r // NUM_PS)."""
     from doc2vec_dist import client
