@@ -98,12 +98,13 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     counts = corpus.counts()
     keep = keep_probabilities(counts, config.sample)
     negatives = NegativeTable(counts, config.ns_exponent)
-    macro = resolve(config, corpus).macro_batch
+    run = resolve(config, corpus)
+    macro = run.macro_batch
     rng = np.random.default_rng(config.seed)
     # words rows are pulled where trained, unless resident (the token path holds every one)
-    trains_words = config.trains_words() and "words" not in config.resident_tables(corpus.vocab_size)
+    trains_words = config.trains_words() and "words" not in run.resident_tables
     # words_out rows 0..resident-1 stay in the worker; on the block schedule, the block it holds
-    resident = corpus.vocab_size if config.blocks() else config.resident_rows(corpus.vocab_size)
+    resident = corpus.vocab_size if run.blocks else run.resident_rows
     # ... and on the token path its documents' rows (document_partitions): no macro-batch pulls them
     docs_resident = config.document_partitions(corpus.num_docs, corpus.vocab_size) > 0
     seen = []
@@ -206,7 +207,7 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
                 break
         pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
     # one worker holds the URL rows it keeps (cfg: a run of `workers`, not of config.num_workers)
-    resident = cfg.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
+    resident = dict(run.resident_tables) if workers == 1 else {"words_out": vocab}
     url_rows = sum(resident.values())
     if blocks.num_blocks > 1:  # every block moves at each round's end; a rotation a segment
         rounds = blocks.num_blocks * cfg.segments
@@ -291,7 +292,7 @@ def sized_for_device(config: TrainConfig, corpus: Corpus, device: dict | None) -
     does not give it: what a worker measures at its start (worker.device_room), of the device's whole
     memory (DEVICES; its free memory there is less). It decides whether they are kept across epochs or
     swapped by partition (TrainConfig.document_partitions); device["document_room"] says it, in bytes."""
-    if device is None or config.device_memory is not None or not config.token_path(corpus.vocab_size):
+    if device is None or config.device_memory is not None or not resolve(config, corpus).token_path:
         return config
     room = device_room(config, int(device["memory_bytes"]), corpus.vocab_size)
     device["document_room"] = room
@@ -307,7 +308,7 @@ def document_ways(corpus: Corpus, config: TrainConfig, device: dict | None) -> d
     macro-batch pulls and pushes them). None off the token path."""
     vocab = corpus.vocab_size
     way = config.document_partitions(corpus.num_docs, vocab)
-    if not config.token_path(vocab) or not config.resident_docs:
+    if not resolve(config, corpus).token_path or not config.resident_docs:
         return None
     share_bytes = -(-corpus.num_docs // config.num_workers) * config.table("docs", corpus.num_docs).width * FLOAT_BYTES
     out = {"way": way, "share_bytes": share_bytes}
