@@ -381,7 +381,7 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
     """Write a checkpoint version (`version`, default next_version) and return its number: `save(version)`
     writes every server's slice (returning each server's entries), then the manifest says the epochs
     done, where each worker's data stands (None: at the start of epoch `epoch`) and the learning
-    rate there. config: the run's TrainConfig; corpus: its corpus.Corpus; positions: worker.Position
+    rate there. config: the run's TrainConfig; corpus: its corpus.Corpus; positions: units.Position
     each; derived_from: the ids of the model a fresh --init-from run started from and of its own
     ancestors (a resumed run keeps its manifest's); damaged: as commit takes it; settings: the run's
     resolved settings (settings.RunSettings.to_json), which a resume resolves from. If anything fails before LATEST names the version,

@@ -357,7 +357,7 @@ class TrainConfig:
         return plain and not self.shared_negatives and (self.schedule == "blocks" or self.cache_rows is None)
 
     def plan(self) -> str:
-        """How the corpus is divided among the workers (worker.plan_units): "interleaved" where several
+        """How the corpus is divided among the workers (units.plan_units): "interleaved" where several
         workers walk it in segments on the block schedule (piece W·s + i is worker i's segment s), else
         "runs" (each worker its own run of it). A checkpoint's data positions hold only under its plan."""
         return "interleaved" if self.blocks() and self._segments() > 1 else "runs"

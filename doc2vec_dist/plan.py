@@ -65,7 +65,7 @@ the least column of its row, and the bound names it)
       on the GPUs, else the kernel's measured on a device of DEVICES, --gpu-model; GPUs times), and a
       fourth limit is PCIe (each GPU's host link: the rows a token moves, float32, and its share of the
       token ids and offsets uploaded once an epoch). The device's memory sizes its documents' room as a
-      worker does (worker.device_room), and so the way they are kept (document_ways).
+      worker does (units.device_room), and so the way they are kept (document_ways).
     train takes fewer workers than asked where this model predicts them faster (choose_workers: a
     worker's rate measured here in place of a calibration), saying so in one line; --force-workers not.
     Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block

@@ -21,7 +21,7 @@ from .sampling import NegativeTable, build_examples, keep_probabilities
 from .schedule import Blocks
 from .settings import resolve
 from .sharding import rows_on_shard
-from .worker import device_room
+from .units import device_room
 
 GiB = 1 << 30
 # A round of an epoch costs this much whatever its tokens: its Ray calls (the block handed on through the object
@@ -289,7 +289,7 @@ def device_rates(config: TrainConfig, cal: dict | None, gpu: dict | None = None)
 
 def sized_for_device(config: TrainConfig, corpus: Corpus, device: dict | None) -> TrainConfig:
     """`config` with the room its GPU workers' documents' rows have on their device where --device-memory
-    does not give it: what a worker measures at its start (worker.device_room), of the device's whole
+    does not give it: what a worker measures at its start (units.device_room), of the device's whole
     memory (DEVICES; its free memory there is less). It decides whether they are kept across epochs or
     swapped by partition (TrainConfig.document_partitions); device["document_room"] says it, in bytes."""
     if device is None or config.device_memory is not None or not resolve(config, corpus).token_path:

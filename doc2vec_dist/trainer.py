@@ -50,7 +50,8 @@ from .ps import ParameterServer, table_specs
 from .runlog import RunLog
 from .schedule import Blocks
 from .settings import RunSettings, resolve
-from .worker import Position, Worker, plan_of
+from .units import Position, plan_of
+from .worker import Worker
 
 if TYPE_CHECKING:
     from .warmstart import WarmStart

@@ -90,7 +90,8 @@ def compile_kernels(settings: dict) -> None:
     from .prepare import prepare
     from .ps import ParameterServer, table_specs
     from .synthetic import generate
-    from .worker import Position, Worker, plan_of
+    from .units import Position, plan_of
+    from .worker import Worker
 
     token_path, exact = settings.pop("token_path"), settings.pop("exact")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import SAMPLE_EVENTS, SMALL_USERS
 
-from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, worker
+from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, units
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.ps import table_specs
@@ -717,7 +717,7 @@ def test_a_gpu_plans_device_is_its_flags_else_a_gpu_calibrations_else_its_models
 
 def test_a_gpu_plan_says_its_device_and_the_documents_way_with_each_ways_bytes(sample_corpus, tmp_path, capsys):
     """Through the command: the device, its source and its link; the room a worker gives its documents on that
-    device's memory (worker.device_room), and so whether they are kept across epochs or swapped by partition;
+    device's memory (units.device_room), and so whether they are kept across epochs or swapped by partition;
     and each way's bytes a token, the scaling table's for this run's way."""
     from doc2vec_dist.cli import main
 
@@ -733,7 +733,7 @@ def test_a_gpu_plan_says_its_device_and_the_documents_way_with_each_ways_bytes(s
         saved = json.load(fh)
     assert saved["device"]["tokens_per_second"] == 20e6 and saved["scaling"][0]["alone"]["device"] == 20e6
     cfg = _gpu_config()
-    room = worker.device_room(cfg, int(32e9), corpus.vocab_size)
+    room = units.device_room(cfg, int(32e9), corpus.vocab_size)
     assert saved["device"]["document_room"] == room
     ways = saved["documents"]
     assert ways["way"] == 1 and "this run: kept" in text and "documents' rows: kept in each worker" in text

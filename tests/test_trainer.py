@@ -16,7 +16,7 @@ from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.prepare import prepare
 from doc2vec_dist.settings import resolve
 from doc2vec_dist.trainer import train
-from doc2vec_dist.worker import plan_units, segment_units
+from doc2vec_dist.units import plan_units, segment_units
 
 
 def read_config(model: str) -> dict:

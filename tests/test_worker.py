@@ -24,7 +24,8 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.ps import ParameterServer, table_specs
 from doc2vec_dist.settings import resolve
-from doc2vec_dist.worker import Position, Worker, plan_units
+from doc2vec_dist.units import Position, plan_units
+from doc2vec_dist.worker import Worker
 
 NUM_PS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -270,7 +271,7 @@ def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and
     as the trainer restarts it, it finds the servers holding exactly the checkpoint's rows, and trains
     what a run that never stopped trains, bit for bit. (Before, the documents' pushes it made after the
     checkpoint were in the servers, and the restart trained that stretch a second time over them.)"""
-    from doc2vec_dist.worker import Compute
+    from doc2vec_dist.units import Compute
 
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=4096, kernel="batched",
                          progress=False)
@@ -391,7 +392,8 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
         from doc2vec_dist.corpus import Corpus
         from doc2vec_dist.ps import ParameterServer, table_specs
         from doc2vec_dist.settings import resolve
-        from doc2vec_dist.worker import Position, Worker, plan_units
+        from doc2vec_dist.units import Position, plan_units
+        from doc2vec_dist.worker import Worker
         corpus = Corpus({sample_corpus[0]!r})
         out = {{}}
         for name, engine in {{"exact": {{}}, "batched": {{"kernel": "batched"}}, "host": {{"cache_rows": 0}}}}.items():
@@ -429,7 +431,8 @@ def test_a_cpu_worker_on_the_exact_kernel_trains_without_importing_torch(small_c
         from doc2vec_dist.corpus import Corpus
         from doc2vec_dist.ps import ParameterServer, table_specs
         from doc2vec_dist.settings import resolve
-        from doc2vec_dist.worker import Worker, plan_units
+        from doc2vec_dist.units import plan_units
+        from doc2vec_dist.worker import Worker
 
         for kernel in ("exact", "batched"):
             config = TrainConfig(dim=8, epochs=1, sample=0, num_ps=2, kernel=kernel, progress=False)
@@ -543,7 +546,7 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
     from doc2vec_dist import client
     from doc2vec_dist.cpu_kernel import train_tokens
     from doc2vec_dist.schedule import Blocks
-    from doc2vec_dist.worker import Compute
+    from doc2vec_dist.units import Compute
 
     epochs, workers = 3, 2
     config = TrainConfig(dim=8, epochs=epochs, num_ps=NUM_PS, num_workers=workers, cpus_per_worker=1, macro_batch=2048,
