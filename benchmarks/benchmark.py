@@ -249,7 +249,8 @@ def run_sweep(corpus: str, config: TrainConfig, points: list[dict], epochs: int,
     """Ours alone at each point, in this process, on a local Ray with CPUs for the largest point
     (more workers than cores is a point of the curve: contention shows)."""
     from doc2vec_dist.corpus import Corpus
-    from doc2vec_dist.trainer import effective_macro_batch, train
+    from doc2vec_dist.settings import resolve
+    from doc2vec_dist.trainer import train
 
     data = Corpus(corpus)
     out = []
@@ -260,7 +261,7 @@ def run_sweep(corpus: str, config: TrainConfig, points: list[dict], epochs: int,
               f"{p['num_workers']} workers", file=sys.stderr, flush=True)
         s = train(corpus, os.path.join(work, "sweep-model"), cfg, overwrite=True)
         # a worker makes at least 16 rounds an epoch: on a small corpus a large macro-batch is cut
-        p = {**p, "effective_macro_batch": effective_macro_batch(cfg, data.num_tokens, data.vocab_size)}
+        p = {**p, "effective_macro_batch": resolve(cfg, data).macro_batch}
         out.append({**p, "tokens_per_second": s["tokens_per_second"], "train_seconds": s["train_seconds"],
                     "worker_seconds": s.get("worker_seconds", {})})
     return out

@@ -10,7 +10,7 @@ negative 5, sample 0 unless flags say otherwise:
             parallel efficiency (tokens/s ÷ (W × one worker's)), where the workers' time went, the
             servers' busy seconds, and the bytes moved per token (the workers' counters) beside
             `plan`'s prediction of them; with --through-servers each W > 1 again with its blocks going
-            home through the servers at each round's end and pulled again (trainer.HANDOVER_ENV=0, the
+            home through the servers at each round's end and pulled again (settings.HANDOVER_ENV=0, the
             path before the blocks were handed from worker to worker);
   threads   one worker with T threads (--cpus-per-worker T), beside gensim (corpus_file mode, its
             fastest) with T threads.
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
             row = {"workers": w, **run_ours(corpus, args.workdir, config, f"w{w}"),
                    "planned_bytes_per_token": bytes_per_token(found, config, w)}
             if args.through_servers and w > 1:
-                from doc2vec_dist.trainer import HANDOVER_ENV
+                from doc2vec_dist.settings import HANDOVER_ENV
 
                 os.environ[HANDOVER_ENV] = "0"
                 try:

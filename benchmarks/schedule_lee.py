@@ -31,7 +31,7 @@ Schedules (--schedules):
 the next (TrainConfig.segments): W x S rounds an epoch on the block schedules, S on local-sgd.
 
 --split: which documents are worker i's segment s (split()):
-  interleaved    the engine's plan (worker.plan_units) since 2026-11-28: the corpus cut into W x S pieces of
+  interleaved    the engine's plan (units.plan_units) since 2026-11-28: the corpus cut into W x S pieces of
                  about equal tokens, piece W*s + i is worker i's segment s (the rounds walk the corpus in order)
   halves         the engine's plan before: each worker a run of about 1/W of the tokens, cut into S segments
                  of about equal tokens
@@ -88,7 +88,7 @@ SPLITS = ("interleaved", "halves", "by-count")
 
 def split(lengths: np.ndarray, workers: int, segments: int, how: str = "interleaved") -> list[list[np.ndarray]]:
     """Each worker's segments: the documents (indices, in corpus order) of worker i's segment s (--split)."""
-    from doc2vec_dist.worker import _even_cuts
+    from doc2vec_dist.units import _even_cuts
 
     def cut(docs: np.ndarray, pieces: int) -> list[np.ndarray]:
         if how == "by-count":

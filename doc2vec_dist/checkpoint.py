@@ -265,13 +265,14 @@ def _identity(store: Store, latest: int | None) -> dict:
 
 def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]], epoch: int, positions: list | None,
                     epoch_stats: list[dict], derived_from: list[str] | None = None, version: int | None = None,
-                    damaged: Collection[int] = ()) -> int:
+                    damaged: Collection[int] = (), settings: dict | None = None) -> int:
     """Write a checkpoint version (`version`, default next_version) and return its number: `save(version)`
     writes every server's slice (returning each server's entries), then the manifest says the epochs
     done, where each worker's data stands (None: at the start of epoch `epoch`) and the learning
-    rate there. config: the run's TrainConfig; corpus: its corpus.Corpus; positions: worker.Position
+    rate there. config: the run's TrainConfig; corpus: its corpus.Corpus; positions: units.Position
     each; derived_from: the ids of the model a fresh --init-from run started from and of its own
-    ancestors (a resumed run keeps its manifest's); damaged: as commit takes it. If anything fails before LATEST names the version,
+    ancestors (a resumed run keeps its manifest's); damaged: as commit takes it; settings: the run's
+    resolved settings (settings.RunSettings.to_json), which a resume resolves from. If anything fails before LATEST names the version,
     what was written of it is deleted (discard_version): a full disk gets its room back, and keeps no
     partial version."""
     version = next_version(out) if version is None else version
@@ -283,11 +284,12 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
         rate = lr.rate_at(config.alpha, config.min_alpha, done, planned)
         commit(out, version, tables, {name: config.dim for name in tables}, dtype=config.dtype, extra=
                {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],
-                "lr": rate, "num_ps": config.num_ps, "plan": config.plan(),
+                "lr": rate, "num_ps": config.num_ps, "plan": (settings or {}).get("plan") or config.plan(),
                 "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
                 "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
                 "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
-                **({"derived_from": derived_from} if derived_from else {})},
+                **({"derived_from": derived_from} if derived_from else {}),
+                **({"settings": settings} if settings else {})},
                keep=config.keep_checkpoints, damaged=damaged)
     except BaseException:
         discard_version(out, version)

@@ -343,8 +343,8 @@ class TrainConfig:
         return self.num_workers * self._segments() if self.blocks() else 1
 
     def _segments(self) -> int:
-        if self.segments is None:  # the default depends on the corpus: settle_segments sets it
-            raise ValueError("segments is not settled for the corpus yet (config.settle_segments)")
+        if self.segments is None:  # the default depends on the corpus: settings.resolve sets it
+            raise ValueError("segments is not settled for the corpus yet (settings.resolve)")
         return self.segments
 
     def blocks(self) -> bool:
@@ -357,7 +357,7 @@ class TrainConfig:
         return plain and not self.shared_negatives and (self.schedule == "blocks" or self.cache_rows is None)
 
     def plan(self) -> str:
-        """How the corpus is divided among the workers (worker.plan_units): "interleaved" where several
+        """How the corpus is divided among the workers (units.plan_units): "interleaved" where several
         workers walk it in segments on the block schedule (piece W·s + i is worker i's segment s), else
         "runs" (each worker its own run of it). A checkpoint's data positions hold only under its plan."""
         return "interleaved" if self.blocks() and self._segments() > 1 else "runs"
@@ -382,17 +382,14 @@ class TrainConfig:
 
     def _check_fused(self) -> None:
         """--kernel fused (triton_kernel.py) trains what its kernels do: one input row an example, each
-        its own negatives, float32 rows on the device; and it needs triton."""
+        its own negatives, float32 rows on the device. Whether triton is there is the run's to find
+        (settings.resolve): a declaration is valid on a machine without it."""
         unsupported = ("--mode dm (several input rows an example)" if self.mode == "dm"
                        else "--shared-negatives" if self.shared_negatives
                        else f"--device-rows dtype with --dtype {self.dtype} (16-bit device rows)"
                        if self.dtype != "float32" and self.device_rows == "dtype" else "")
         if unsupported:
             raise UserError(f"bad training config: --kernel fused does not train {unsupported}: use --kernel batched")
-        from .triton_kernel import MISSING, available
-
-        if not available():
-            raise UserError(f"bad training config: {MISSING}")
 
     def validate(self) -> TrainConfig:
         """Check every field, and the fields against each other: what __post_init__ runs, and what
@@ -485,24 +482,14 @@ def _check_choices(obj: Any) -> None:
             raise UserError(f"bad value for {f.name}: {getattr(obj, f.name)!r} (choose from {', '.join(choices)})")
 
 
-# --segments' default on text corpora (settle_segments): what Lee and mini_newsgroup measured to hold one
-# worker's quality with several workers (trainer.SEGMENTS_MEASURED, docs/benchmarks.md)
+# --segments' default on text corpora (settings.resolve): what Lee and mini_newsgroup measured to hold one
+# worker's quality with several workers (settings.SEGMENTS_MEASURED, docs/benchmarks.md)
 TEXT_SEGMENTS = 16
 
 
 def is_text(corpus: Any) -> bool:
     """Whether a corpus (corpus.Corpus) was prepared from text (prepare --format text): documents of words."""
     return (getattr(corpus, "meta", None) or {}).get("format") == "text"
-
-
-def settle_segments(config: TrainConfig, corpus: Any) -> TrainConfig:
-    """The config with --segments' default settled for the corpus: TEXT_SEGMENTS on text, where several
-    workers measured to lose quality with fewer, else 1. One worker trains alike either way; the value is
-    kept in the checkpoint, so that a resume on more workers walks the corpus as the default would. A
-    value given stays."""
-    if config.segments is not None:
-        return config
-    return dataclasses.replace(config, segments=TEXT_SEGMENTS if is_text(corpus) else 1)
 
 
 def _check_types(obj: Any) -> None:

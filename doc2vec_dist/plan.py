@@ -65,7 +65,7 @@ the least column of its row, and the bound names it)
       on the GPUs, else the kernel's measured on a device of DEVICES, --gpu-model; GPUs times), and a
       fourth limit is PCIe (each GPU's host link: the rows a token moves, float32, and its share of the
       token ids and offsets uploaded once an epoch). The device's memory sizes its documents' room as a
-      worker does (worker.device_room), and so the way they are kept (document_ways).
+      worker does (units.device_room), and so the way they are kept (document_ways).
     train takes fewer workers than asked where this model predicts them faster (choose_workers: a
     worker's rate measured here in place of a calibration), saying so in one line; --force-workers not.
     Bytes per token, counted as the workers' counters count them (client.TRAFFIC): on the block
@@ -94,7 +94,7 @@ from collections.abc import Callable
 import psutil
 
 from . import outputs, storage
-from .config import TableSpec, TrainConfig, settle_segments
+from .config import TableSpec, TrainConfig
 from .corpus import Corpus
 from .errors import UserError
 from .placement import PROCESS_BYTES
@@ -128,7 +128,7 @@ from .plan_model import (
 )
 from .plan_report import _gb, _m, _n, faster_fewer
 from .ps import table_specs
-from .trainer import quality_warnings
+from .settings import quality_warnings, resolve
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float 
     if corpus_path is not None:
         return _plan(scaled_corpus(Corpus(corpus_path), users), config, **how)
     events = _Sizes(round(users * tokens_per_user), urls)  # (no text: the default --segments of events)
-    config = settle_segments(config, events)
+    config = resolve(config, events).config
     sample_tokens = estimate_sample_tokens(config, calibration_config(config, calibrate_workers) if run_calibration
                                            else None, events.num_tokens, urls, tokens_per_user, calibrate_seconds)
     os.makedirs(workdir or tempfile.gettempdir(), exist_ok=True)
@@ -257,7 +257,8 @@ def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float 
 def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir: str | None,
           run_calibration: bool, measure: Callable[[str], dict] | None, network_gbps: float,
           calibrate_workers: int, gpu: dict | None = None) -> dict:
-    config = settle_segments(config, corpus)
+    settings = resolve(config, corpus)
+    config = settings.config
     tables = table_specs(config, corpus)
     cal_config = calibration_config(config, calibrate_workers)
     profile = macro_batch_profile(corpus, config)
@@ -351,7 +352,7 @@ def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir
     result["time"] = time_plan(corpus, config, tables, cal, scaled) if cal else None
     ram = psutil.virtual_memory().total
     result["node_ram"] = ram
-    result["warnings"] = plan_warnings(result, ram, local) + quality_warnings(config, corpus)
+    result["warnings"] = plan_warnings(result, ram, local) + quality_warnings(settings, corpus)
     return result
 
 
@@ -450,7 +451,7 @@ def train_workers(corpus_path: str, config: TrainConfig) -> TrainConfig:
 
 
 def _unfit_here(config: TrainConfig, corpus: Corpus) -> bool:
-    """Whether train would refuse `config` on the local Ray it starts, before starting it (trainer.check_fit)."""
+    """Whether train would refuse `config` on the local Ray it starts, before starting it (settings.resolve on its resources)."""
     import ray
 
     from .cluster import local_object_store_bytes
@@ -458,7 +459,7 @@ def _unfit_here(config: TrainConfig, corpus: Corpus) -> bool:
 
     if ray.is_initialized() or config.address or os.environ.get("RAY_ADDRESS"):
         return False  # a cluster: train checks it once connected
-    tables = table_specs(settle_segments(config, corpus), corpus)
+    tables = table_specs(resolve(config, corpus).config, corpus)
     resources = local_resources(local_object_store_bytes())
     return bool(fit_problems(config, tables, resources)) and without_resident_documents(config, tables, resources) is None
 

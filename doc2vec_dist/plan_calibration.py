@@ -27,8 +27,7 @@ from .errors import UserError
 from .memwatch import MemoryWatch, proc_status
 from .plan_model import SCALING_SAMPLE_DOCS, shard_table_bytes
 from .ps import table_specs
-from .trainer import effective_macro_batch
-from .worker import ROUNDS_PER_EPOCH
+from .settings import ROUNDS_PER_EPOCH, resolve
 
 # Sizes the calibration slice before anything is measured: tokens/s of one CPU worker, a low guess (a
 # slower worker calibrates on a few more tokens than it needs). The measured rate replaces it.
@@ -104,7 +103,7 @@ def calibration_tokens(corpus: Corpus, config: TrainConfig, seconds: float) -> t
     """(tokens of the slice, epochs) for a calibration of about `seconds`: the full run's macro-batch
     needs ROUNDS_PER_EPOCH × macro-batch tokens per worker; a smaller corpus is trained whole."""
     want = int(seconds * GUESS_TOKENS_PER_SECOND_PER_WORKER * config.num_workers)
-    floor = ROUNDS_PER_EPOCH * effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size) * config.num_workers
+    floor = ROUNDS_PER_EPOCH * resolve(config, corpus).macro_batch * config.num_workers
     want = max(want, floor)
     if want >= corpus.num_tokens:
         return corpus.num_tokens, int(min(MAX_CALIBRATION_EPOCHS, max(1, want // max(corpus.num_tokens, 1))))
@@ -164,7 +163,7 @@ def _calibrate_once(corpus: Corpus, config: TrainConfig, tokens: int, epochs: in
         return {"corpus_tokens": target.num_tokens, "corpus_docs": target.num_docs, "epochs": epochs,
                 "sliced": target is not corpus, "summary": summary, "processes": procs, "measured": measured,
                 "table_bytes": [sum(t.values()) for t in cal_tables],
-                "macro_batch": effective_macro_batch(config, target.num_tokens, target.vocab_size)}
+                "macro_batch": resolve(config, target).macro_batch}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -235,14 +234,14 @@ def estimate_sample_tokens(config: TrainConfig, cal_config: TrainConfig | None, 
     (macro_batch_profile), SCALING_SAMPLE_DOCS users (bytes_per_token), and where it calibrates
     (cal_config) twice the calibration's first slice (the second slice of a two-point calibration is
     larger), within the corpus and ESTIMATE_SAMPLE_MAX_TOKENS."""
-    want = max(3 * effective_macro_batch(config, num_tokens, vocab), int(SCALING_SAMPLE_DOCS * tokens_per_user))
+    want = max(3 * resolve(config, _Sizes(num_tokens, vocab)).macro_batch, int(SCALING_SAMPLE_DOCS * tokens_per_user))
     if cal_config is not None:
         want = max(want, 2 * calibration_tokens(_Sizes(num_tokens, vocab), cal_config, calibrate_seconds)[0])
     return int(min(num_tokens, want, ESTIMATE_SAMPLE_MAX_TOKENS))
 
 
 @dataclasses.dataclass
-class _Sizes:  # a corpus's sizes, all that calibration_tokens, table_specs and settle_segments read of one
+class _Sizes:  # a corpus's sizes, all that calibration_tokens, table_specs and settings.resolve read of one
     num_tokens: int
     vocab_size: int
     num_docs: int = 0

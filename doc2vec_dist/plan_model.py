@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 
 import numpy as np
 
-from .config import TableSpec, TrainConfig, settle_segments
+from .config import TableSpec, TrainConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .placement import FLOAT_BYTES
 from .ps import table_specs
 from .sampling import NegativeTable, build_examples, keep_probabilities
 from .schedule import Blocks
+from .settings import resolve
 from .sharding import rows_on_shard
-from .trainer import HANDOVER_ENV, effective_macro_batch
-from .worker import device_room
+from .units import device_room
 
 GiB = 1 << 30
 # A round of an epoch costs this much whatever its tokens: its Ray calls (the block handed on through the object
@@ -99,12 +98,13 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     counts = corpus.counts()
     keep = keep_probabilities(counts, config.sample)
     negatives = NegativeTable(counts, config.ns_exponent)
-    macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
+    run = resolve(config, corpus)
+    macro = run.macro_batch
     rng = np.random.default_rng(config.seed)
     # words rows are pulled where trained, unless resident (the token path holds every one)
-    trains_words = config.trains_words() and "words" not in config.resident_tables(corpus.vocab_size)
+    trains_words = config.trains_words() and "words" not in run.resident_tables
     # words_out rows 0..resident-1 stay in the worker; on the block schedule, the block it holds
-    resident = corpus.vocab_size if config.blocks() else config.resident_rows(corpus.vocab_size)
+    resident = corpus.vocab_size if run.blocks else run.resident_rows
     # ... and on the token path its documents' rows (document_partitions): no macro-batch pulls them
     docs_resident = config.document_partitions(corpus.num_docs, corpus.vocab_size) > 0
     seen = []
@@ -179,17 +179,17 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
     """The bytes a run of `workers` workers (else as `config`) moves to and from the servers per token
     trained, by the workers' counters' kinds (client.TRAFFIC), over an epoch of the corpus; rows
     in the tables' dtype (TableSpec.row_bytes)."""
-    cfg = settle_segments(dataclasses.replace(config, num_workers=workers), corpus)
+    run = resolve(dataclasses.replace(config, num_workers=workers), corpus)
+    cfg = run.config
     tables = table_specs(cfg, corpus)
     row = tables["words_out"].row_bytes
     vocab, tokens = corpus.vocab_size, max(corpus.num_tokens, 1)
-    if not cfg.token_path(vocab):  # the shared schedule: each macro-batch's unique rows, there and back
-        prof = profile if profile is not None and profile["macro_batch"] == effective_macro_batch(
-            cfg, corpus.num_tokens, vocab) else macro_batch_profile(corpus, cfg)
+    if not run.token_path:  # the shared schedule: each macro-batch's unique rows, there and back
+        prof = profile if profile is not None and profile["macro_batch"] == run.macro_batch else macro_batch_profile(corpus, cfg)
         per = prof["unique_rows"] * row / max(prof["tokens"], 1)
         return {"pulled": per, "pushed": per, "resident_pulled": 0.0, "resident_pushed": 0.0, "handed": 0.0}
     counts, keep = corpus.counts(), keep_probabilities(corpus.counts(), cfg.sample)
-    blocks = Blocks(counts, keep, workers if cfg.blocks() else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
+    blocks = Blocks(counts, keep, workers if run.blocks else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
     epochs = max(cfg.epochs, 1)
     partitions = cfg.document_partitions(corpus.num_docs, vocab)
     resident_docs = bool(partitions)
@@ -207,13 +207,13 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
                 break
         pulled_docs = pushed_docs = touched * corpus.num_docs / max(docs, 1)
     # one worker holds the URL rows it keeps (cfg: a run of `workers`, not of config.num_workers)
-    resident = cfg.resident_tables(vocab) if workers == 1 else {"words_out": vocab}
+    resident = dict(run.resident_tables) if workers == 1 else {"words_out": vocab}
     url_rows = sum(resident.values())
     if blocks.num_blocks > 1:  # every block moves at each round's end; a rotation a segment
         rounds = blocks.num_blocks * cfg.segments
         # pulled from the servers in an epoch's first round, pushed home at its last, handed to the next
-        # holder at the others' ends (HANDOVER_ENV=0: pushed and pulled in every round)
-        handed = (rounds - 1) * url_rows if os.environ.get(HANDOVER_ENV) != "0" else 0
+        # holder at the others' ends (settings.HANDOVER_ENV=0: pushed and pulled in every round)
+        handed = (rounds - 1) * url_rows if run.handover else 0
         pulled_urls = pushed_urls = url_rows * rounds - handed
         return {"pulled": 0.0 if resident_docs else pulled_docs * row / tokens,
                 "pushed": 0.0 if resident_docs else pushed_docs * row / tokens,
@@ -289,10 +289,10 @@ def device_rates(config: TrainConfig, cal: dict | None, gpu: dict | None = None)
 
 def sized_for_device(config: TrainConfig, corpus: Corpus, device: dict | None) -> TrainConfig:
     """`config` with the room its GPU workers' documents' rows have on their device where --device-memory
-    does not give it: what a worker measures at its start (worker.device_room), of the device's whole
+    does not give it: what a worker measures at its start (units.device_room), of the device's whole
     memory (DEVICES; its free memory there is less). It decides whether they are kept across epochs or
     swapped by partition (TrainConfig.document_partitions); device["document_room"] says it, in bytes."""
-    if device is None or config.device_memory is not None or not config.token_path(corpus.vocab_size):
+    if device is None or config.device_memory is not None or not resolve(config, corpus).token_path:
         return config
     room = device_room(config, int(device["memory_bytes"]), corpus.vocab_size)
     device["document_room"] = room
@@ -308,7 +308,7 @@ def document_ways(corpus: Corpus, config: TrainConfig, device: dict | None) -> d
     macro-batch pulls and pushes them). None off the token path."""
     vocab = corpus.vocab_size
     way = config.document_partitions(corpus.num_docs, vocab)
-    if not config.token_path(vocab) or not config.resident_docs:
+    if not resolve(config, corpus).token_path or not config.resident_docs:
         return None
     share_bytes = -(-corpus.num_docs // config.num_workers) * config.table("docs", corpus.num_docs).width * FLOAT_BYTES
     out = {"way": way, "share_bytes": share_bytes}
@@ -392,8 +392,8 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
 
 
 def rounds_per_epoch(config: TrainConfig, corpus: Corpus, workers: int) -> int:
-    """Rounds in an epoch of a run of `workers` workers, else as `config` (TrainConfig.rounds)."""
-    return settle_segments(dataclasses.replace(config, num_workers=workers), corpus).rounds()
+    """Rounds in an epoch of a run of `workers` workers, else as `config` (RunSettings.rounds)."""
+    return resolve(dataclasses.replace(config, num_workers=workers), corpus).rounds
 
 
 def worker_rate(cal: dict | None, config: TrainConfig, corpus: Corpus,

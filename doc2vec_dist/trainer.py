@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from . import checkpoint, modeldir, outputs, storage, warmup
 from .cluster import connect, local_object_store_bytes
-from .config import TEXT_SEGMENTS, TableSpec, TrainConfig, build, is_text, settle_segments
+from .config import TableSpec, TrainConfig, build
 from .corpus import Corpus
 from .errors import UserError
 from .metrics import RunMetrics
@@ -50,7 +50,9 @@ from .placement import (
 from .ps import ParameterServer, table_specs
 from .runlog import RunLog
 from .schedule import Blocks
-from .worker import Position, Worker, macro_batch_for, plan_of
+from .settings import RunSettings, resolve
+from .units import Position, plan_of
+from .worker import Worker
 
 if TYPE_CHECKING:
     from .warmstart import WarmStart
@@ -64,19 +66,9 @@ PUSH_JOURNAL_ENV = "DOC2VEC_DIST_PUSH_JOURNAL"
 # Seconds each worker sleeps after every macro-batch: for the tests that need a round to outlast the
 # driver's tick, so that a checkpoint falls inside it whatever the machine's speed
 STEP_PAUSE_ENV = "DOC2VEC_DIST_STEP_PAUSE"
-# "1": workers without a GPU run the device (staged) path with the CPU as the device, as a GPU worker's
-# bookkeeping runs: for the tests and measurements of that path where there is no GPU
-STAGED_ENV = "DOC2VEC_DIST_STAGED_ON_CPU"
-# "0": on the block schedule each block goes home through the servers at a round's end and its next
-# holder pulls it (the path before the handover): for the tests that compare the two
-HANDOVER_ENV = "DOC2VEC_DIST_HANDOVER"
 # "0": the run writes no training log and records no Ray metrics (nor asks the servers for theirs): the
 # baseline of the measurement of what they cost (docs/benchmarks.md)
 RECORDS_ENV = "DOC2VEC_DIST_RUN_RECORDS"
-
-
-def staged_on_cpu() -> bool:
-    return os.environ.get(STAGED_ENV) == "1"
 
 
 class TrainingStopped(UserError):
@@ -93,34 +85,30 @@ NODE_CHECK_SECONDS = 1.0
 RESTART_SECONDS = 300.0
 
 
-def check_fit(config: TrainConfig, tables: dict[str, TableSpec], started_here: bool | None) -> TrainConfig:
-    """Refuse a run whose servers and workers cannot fit, before any actor starts; returns the config to run.
-
-    started_here None: before connecting, for a local Ray that connect() will start (its resources are
-    known without starting it, so the refusal is immediate). True: a local Ray we started. False: a
-    cluster we joined: each actor must fit one live node (placement.node_fit_problem) and all of them
-    the cluster's totals (placement.fit_problems). A run that fits only without the workers' resident
+def check_fit(settings: RunSettings, tables: dict[str, TableSpec], started_here: bool) -> RunSettings:
+    """Refuse a run whose servers and workers cannot fit the cluster this process is connected to, before
+    any actor starts; returns the settings to run (a local Ray's resources are known before starting it:
+    settings.resolve fits the run to them). started_here True: a local Ray we started. False: a cluster
+    we joined: each actor must fit one live node (placement.node_fit_problem) and all of them the
+    cluster's totals (placement.fit_problems). A run that fits only without the workers' resident
     documents runs without them, saying so (placement.without_resident_documents). What does not fit is
     refused at once where the cluster cannot grow, and where GPUs are missing (GPU nodes are up before a
     job, deploy/README.md); elsewhere the run waits up to --wait-for-resources seconds for the
     autoscaler (wait_for_nodes).
     """
-    if started_here is None:
-        resources = local_resources(local_object_store_bytes())
-        problems = fit_problems(config, tables, resources)
-    else:
-        resources = ray.cluster_resources()
-        problems = _cluster_problems(config, tables)
+    config = settings.config
+    problems = _cluster_problems(config, tables)
     if not problems:
-        return config
+        return settings
+    resources = ray.cluster_resources()
     lighter = without_resident_documents(config, tables, resources)
-    if lighter is not None and (started_here is None or not _cluster_problems(lighter, tables)):
+    if lighter is not None and not _cluster_problems(lighter, tables):
         log.info(resident_documents_line(config, tables, resources))
-        return lighter
-    if started_here is not False or " GPU" in problems[0]:
+        return settings.placed(lighter)
+    if started_here or " GPU" in problems[0]:
         raise UserError(problems[0])
     wait_for_nodes(config, tables, problems[0])
-    return config
+    return settings
 
 
 def _cluster_problems(config: TrainConfig, tables: dict[str, TableSpec]) -> list[str]:
@@ -166,97 +154,6 @@ def wait_for_nodes(config: TrainConfig, tables: dict[str, TableSpec], problem: s
                                 "(--wait-for-resources)")
     finally:
         request_resources(bundles=[])  # the run's actors hold what they need from here; ask for nothing more
-
-
-# Settings measured to lose quality (200k users x 100k URLs, PV-DBOW, dim 100, 5 epochs, sample 0,
-# recall@10 on held-out URLs; gensim 0.1625-0.1638; docs/benchmarks.md, "Stale rows and shared negatives"):
-# - A worker trains rows of words_out as the other workers left them at its pull: as stale as the
-#   tokens they train meanwhile, (workers - 1) x macro-batch. Held at 150k and below with 2 workers
-#   (0.165); 4 workers: 0.1667 at 16k-token macro-batches (49k stale), 0.1596 at 32k (98k), 0.1505
-#   at 65k (196k), 0.1446 at 75k (225k); 0.1613 at 65k with the 20,000 hottest rows resident.
-# - A shared negative row takes the summed update of micro_batch x negative / shared_negatives
-#   examples at once: 0.164 at 320 (1,024 x 5 / 16); 0.106 at 2,560 (8,192 x 5 / 16), below the
-#   popularity baseline (0.127). Row-wise adagrad held up there (0.160).
-STALE_TOKENS = 163840
-SHARED_ROW_UPDATES = 640
-
-
-def effective_macro_batch(config: TrainConfig, epoch_tokens: int, words_out_rows: int) -> int:
-    """The tokens each worker reads per macro-batch, as the workers take it (worker.macro_batch_for)."""
-    return macro_batch_for(config.macro_batch, epoch_tokens // config.num_workers,
-                           sole_writer=config.token_path(words_out_rows), on_device=not config.exact_kernel())
-
-
-# what --segments measured on text (benchmarks/quality.py, the engine, and benchmarks/schedule_lee.py, its
-# in-process copy; docs/benchmarks.md, "Segments interleaved"): TEXT_SEGMENTS, --segments' default there
-SEGMENTS_MEASURED = ("at --segments 16 Lee, test first / background first, against one worker: 2 workers "
-                     "-0.001 / -0.004 Pearson over 16 seeds, 4 workers -0.001 / +0.003 over 3, 8 workers -0.005 / -0.002 "
-                     "over 12 / 9 (the in-process copy over 24: -0.003 / -0.003 at 8); mini_newsgroup -0.002, 0.000, -0.002 "
-                     "accuracy with 2, 4, 8 workers; 2 workers trained "
-                     "Lee 8 times slower than one, its rounds a fixed cost on so small a corpus")
-
-
-def quality_warnings(config: TrainConfig, corpus: Corpus) -> list[str]:
-    """Warnings for settings measured to lose quality, each naming the flags to change."""
-    found = []
-    config = settle_segments(config, corpus)
-    if config.blocks() and is_text(corpus):
-        if config.segments < TEXT_SEGMENTS:
-            found.append(f"{config.num_workers} workers on the block schedule were measured to lose quality on text "
-                         f"corpora with --segments {config.segments} (Lee at --segments 1: -0.018 and -0.020 Pearson "
-                         "with 2 workers, -0.014 to -0.038 with 2 to 8, 3 seeds; in the in-process copy over 24 "
-                         "seeds, -0.010 / -0.019 at --segments 2, -0.007 with 4 workers at 4 and -0.005 at 8): a "
-                         "document meets its words one block a round, and the rounds lie far apart; use "
-                         f"--segments {TEXT_SEGMENTS}, the default on text ({SEGMENTS_MEASURED})")
-        elif config.num_workers >= 8:
-            found.append(f"{config.num_workers} workers on the block schedule were measured at the edge of one "
-                         f"worker's quality on text corpora ({SEGMENTS_MEASURED}); 4 workers held it")
-    if config.num_workers > 1 and config.dbow_words:
-        found.append(f"{config.num_workers} workers with --dbow-words share the URL rows (the block schedule trains plain "
-                     "PV-DBOW only): measured on Lee with 2 workers, quality held (Pearson 0.4477 against one worker's "
-                     "0.4472, 3 seeds) but the speed barely grew (+14% tokens/s); one worker on all "
-                     "the machine's CPUs is as good")
-    macro = effective_macro_batch(config, corpus.num_tokens, corpus.vocab_size)
-    stale = 0 if config.blocks() else (config.num_workers - 1) * macro  # on the block schedule nothing is stale
-    if stale > STALE_TOKENS:
-        found.append(f"{config.num_workers} workers x {macro:,}-token macro-batches: each worker trains rows "
-                     f"up to {stale:,} tokens stale, and recall was measured to drop above {STALE_TOKENS:,} "
-                     f"(4 workers: 0.167 at 16k-token macro-batches, 0.151 at 65k); lower --macro-batch to "
-                     f"{STALE_TOKENS // (config.num_workers - 1):,} or fewer"
-                     + ("" if config.resident_rows(corpus.vocab_size) else ", or keep the hottest rows in the workers with --cache-rows "
-                        "(0.161 at 65k with --cache-rows 20000)"))
-    if config.shared_negatives and config.optimizer == "sgd":
-        updates = config.micro_batch * config.negative / config.shared_negatives
-        if updates > SHARED_ROW_UPDATES:
-            found.append(f"--shared-negatives {config.shared_negatives} with --micro-batch {config.micro_batch:,}: "
-                         f"each shared row takes up to {updates:,.0f} summed updates at once, and training was "
-                         f"measured to collapse at 2,560 (recall below the popularity baseline); keep "
-                         f"micro_batch x negative / shared_negatives <= {SHARED_ROW_UPDATES}, or use own negatives "
-                         f"(--shared-negatives 0) or --optimizer adagrad")
-    return found
-
-
-def engine_line(config: TrainConfig, words_out_rows: int, staged: bool | None = None) -> str:
-    """How the run trains, in one line: workers and threads, kernel, resident rows of words_out (and of
-    words, which the token path holds too where they are trained), and their type where a device
-    worker keeps them in the tables' 16 bits. staged: whether workers run the device path (None:
-    where they have a GPU)."""
-    resident = config.resident_rows(words_out_rows)
-    token_path = config.token_path(words_out_rows)
-    kernel = ("exact (each update applied at once, gensim's order"
-              + ("; examples drawn in the kernel)" if token_path else ")")
-              if config.exact_kernel() else f"{'fused' if config.kernel == 'fused' else 'batched'} "
-              f"({config.micro_batch:,}-example micro-batches"
-              + ("; examples drawn on its device)" if token_path else ")"))
-    where = (f"all {words_out_rows:,} rows" if resident == words_out_rows else
-             f"a block of ~{resident:,} rows, one of {config.num_workers} that rotate over the workers "
-             + ("each epoch" if config.segments == 1 else f"{config.segments} times an epoch (--segments)")
-             if config.blocks() else f"the {resident:,} hottest rows" if resident else "none")
-    return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"
-            + (f" + {config.gpus_per_worker:g} GPU(s)" if config.gpus_per_worker else "")
-            + f", {config.num_ps} parameter server(s); kernel {kernel}; words_out resident in each worker: {where}"
-            + (f", kept in {config.dtype} on its device" if config.half_on_device(words_out_rows, staged) else "")
-            + ("; words too" if "words" in config.resident_tables(words_out_rows) else ""))
 
 
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
@@ -313,7 +210,8 @@ class _Resume:
     damaged: dict[int, str] = dataclasses.field(default_factory=dict)  # the versions passed over, and why
 
     @classmethod
-    def of(cls, out: str, config: TrainConfig, corpus: Corpus) -> _Resume:
+    def of(cls, out: str, settings: RunSettings, corpus: Corpus) -> _Resume:
+        config = settings.config
         point = checkpoint.resume_point(out, config.resume_version())  # verified before any actor starts
         manifest = point.manifest
         for key in ("num_docs", "num_tokens", "vocab_size"):
@@ -327,16 +225,19 @@ class _Resume:
         if positions is not None and len(positions) != config.num_workers:
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with {len(positions)} workers; resume with "
                             f"--num-workers {len(positions)} (their data positions cannot be redistributed)")
-        if positions and positions[0].round > 0 and not config.blocks():
+        if positions and positions[0].round > 0 and not settings.blocks:
             raise UserError(f"{out}: the checkpoint stopped in round {positions[0].round + 1} of an epoch of the block "
                             "schedule; resume with --schedule blocks (or auto), then change it at an epoch's end")
-        segments = int((manifest.get("config") or {}).get("segments", 1))
-        if positions and segments != config.segments:  # the rounds of the epoch under way are numbered by them
+        # the settings the checkpoint ran with (a manifest without them: its config's segments, and its plan)
+        ran = manifest.get("settings") or {"segments": (manifest.get("config") or {}).get("segments") or 1,
+                                           "plan": manifest.get("plan", "runs")}  # without a plan: runs, the only one once
+        segments = int(ran["segments"])
+        if positions and segments != settings.segments:  # the rounds of the epoch under way are numbered by them
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with --segments {segments}; resume with "
                             f"--segments {segments}, then change it at an epoch's end")
-        if positions and manifest.get("plan", "runs") != config.plan():  # a manifest without it: runs, the only plan once
+        if positions and ran["plan"] != settings.plan:
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with the corpus divided among the workers as "
-                            f"{manifest.get('plan', 'runs')} and this run divides it as {config.plan()} (another "
+                            f"{ran['plan']} and this run divides it as {settings.plan} (another "
                             "--schedule, or a checkpoint of an earlier version of doc2vec-dist): its data positions "
                             "cannot be followed; finish the epoch with the settings and version that wrote it")
         if epoch > config.epochs:
@@ -376,15 +277,20 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
     """
     config.validate()
     corpus = Corpus(corpus_path)
-    config = settle_segments(config, corpus)
     out = storage.location(out)  # absolute local path, or a URI (s3://, gs://, hdfs://) as it is
     checkpoint.refuse_other_writer(out)  # another run writing it is named first, whatever else is wrong
-    replaces = False
+    replaces, saved = False, None
     if config.resume:
         if modeldir.latest_version(out) is None:  # before the lock: nothing is written into what is no model
             raise UserError(f"{storage.strip_query(out)}: not a trained model (no LATEST file)")
+        # the settings the checkpoint ran with: a resume walks the corpus as it did (_Resume.of checks them)
+        saved = checkpoint.resume_point(out, config.resume_version(), verify=False, quiet=True).manifest.get("settings")
     else:
         replaces = checkpoint.refuse_existing_model(out, overwrite)  # before starting Ray
+    # the run's settings, decided once; a local Ray's resources are known before starting it
+    local = not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS"))
+    settings = resolve(config, corpus, local_resources(local_object_store_bytes()) if local else None, saved=saved)
+    config = settings.config
     tables = table_specs(config, corpus)
     warm = None
     if config.init_from and not config.resume:  # a resumed run loads its own checkpoint instead
@@ -394,18 +300,18 @@ def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = Fal
         warm = warm_start(config.init_from, out, corpus.path, tables)
     outputs.check_writable(out, inside=True)  # a read-only or forbidden place, before Ray starts
     with checkpoint.writing(out):  # before anything in `out` is deleted or written
-        return _train_writing(corpus, out, config, overwrite, replaces, tables, warm, on_epoch, report_at,
-                              resume_command)
+        return _train_writing(corpus, out, settings, overwrite, replaces, tables, warm, on_epoch, report_at,
+                              resume_command, local)
 
 
-def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: bool, replaces: bool,
+def _train_writing(corpus: Corpus, out: str, settings: RunSettings, overwrite: bool, replaces: bool,
                    tables: dict[str, TableSpec], warm: WarmStart | None, on_epoch: Callable[[int, dict], None] | None,
-                   report_at: Collection[int] | None, resume_command: str | None = None) -> dict:
+                   report_at: Collection[int] | None, resume_command: str | None = None, local: bool = False) -> dict:
     """train() once it holds the lock of `out`: the resumed version chosen and verified, the room and the
-    cluster checked, the actors started and the epochs run."""
-    resume = _Resume()
+    cluster checked, the actors started and the epochs run. local: a local Ray is started for it."""
+    config, resume = settings.config, _Resume()
     if config.resume:
-        resume = _Resume.of(out, config, corpus)
+        resume = _Resume.of(out, settings, corpus)
         log.info(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)")
         # versions a stopped run left half-written take room the next checkpoint needs
         for version in checkpoint.discard_partial_versions(out):
@@ -418,20 +324,14 @@ def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: boo
     if warm is not None:
         log.info(f"starting from {warm.model} (checkpoint v{warm.version}): "
                  + ", ".join(f"{name} {rows:,} of {tables[name].rows:,} rows" for name, rows in warm.rows.items()))
-    local = not ray.is_initialized() and not (config.address or os.environ.get("RAY_ADDRESS"))
-    if local:
-        config = check_fit(config, tables, None)  # a local Ray's resources are known before starting it
-    warned = quality_warnings(config, corpus)
-    if config.kernel == "fused" and not config.gpus_per_worker:
-        warned.append("--kernel fused on CPU workers runs Triton's interpreter, a stand-in for tests far slower than "
-                      "--kernel exact: give the workers GPUs (--gpus-per-worker 1) or use --kernel auto")
+    warned = list(settings.warnings)
     for message in warned:
         log.warning(f"warning: {message}")
-    log.info(engine_line(config, corpus.vocab_size, staged=staged_on_cpu() or None))
+    log.info(settings.engine_line())
     made: list[str] | None = None  # what a fresh run created, to remove if it stops before a checkpoint
     run = None
     # a fresh install's first local run: its kernels compiled beside Ray's start, not in the first epoch
-    compiling = warmup.start(config, corpus.vocab_size) if local else None
+    compiling = warmup.start(settings) if local else None
     try:
         started_here = connect(config.address)
     except BaseException:
@@ -439,10 +339,11 @@ def _train_writing(corpus: Corpus, out: str, config: TrainConfig, overwrite: boo
         raise
     try:
         t_start = time.perf_counter()
-        config = check_fit(config, tables, started_here)  # before anything is written
+        settings = check_fit(settings, tables, started_here)  # before anything is written
+        config = settings.config
         if not config.resume:
             made = checkpoint.start_model_dir(out, corpus.path, overwrite)
-        run = _Run(out, config, corpus, resume, on_epoch, report_at, warm)
+        run = _Run(out, settings, corpus, resume, on_epoch, report_at, warm)
         run.start()
         warmup.wait(compiling)
         t_ready = time.perf_counter()
@@ -563,10 +464,11 @@ def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool
 class _Run:
     """One training run's actors and schedule: epochs, checkpoints, restarts of failed workers."""
 
-    def __init__(self, out: str, config: TrainConfig, corpus: Corpus, resume: _Resume,
+    def __init__(self, out: str, settings: RunSettings, corpus: Corpus, resume: _Resume,
                  on_epoch: Callable[[int, dict], None] | None = None, report_at: Collection[int] | None = None,
                  warm: WarmStart | None = None):
-        self.out, self.config, self.corpus, self.resume = out, config, corpus, resume
+        config = settings.config
+        self.out, self.settings, self.config, self.corpus, self.resume = out, settings, config, corpus, resume
         self.on_epoch, self.report_at, self.warm = on_epoch, report_at, warm
         self.servers: list = []
         self.workers: list = []
@@ -622,15 +524,12 @@ class _Run:
             for s in range(config.num_ps)]
         worker_cls = ray.remote(Worker)
         step_pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)  # for tests
-        handover = os.environ.get(HANDOVER_ENV) != "0"
-        staged = staged_on_cpu() or None
-        self.plan = plan_of(corpus, config)
+        self.plan = plan_of(corpus, self.settings)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
                                            max_task_retries=0, **on_node(worker_placement, homes["workers"][i])).remote(
-            i, self.plan[i], os.path.abspath(corpus.path), config, names, tables, step_pause=step_pause, staged=staged,
-            handover=handover)
+            i, self.plan[i], os.path.abspath(corpus.path), self.settings, names, tables, step_pause=step_pause)
             for i in range(config.num_workers)]
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
             self._seen(("worker", i), answer)
@@ -696,7 +595,7 @@ class _Run:
     def _run_epoch(self, epoch: int, starts: list[Position] | None, bar: tqdm) -> dict:
         """One epoch: on the block schedule its rounds, one after another (every worker ends a round, its
         block pushed home, before any starts the next), else one round; returns the epoch's counters."""
-        rounds, workers = self.config.rounds(), self.config.num_workers
+        rounds, workers = self.settings.rounds, self.config.num_workers
         starts = starts or [Position(epoch)] * workers
         every: list[dict] = []
         last: list[dict] = []
@@ -999,7 +898,7 @@ class _Run:
         try:
             checkpoint.commit_training(self.out, self.config, self.corpus, self._save, epoch, positions, epoch_stats,
                                        derived_from=list(self.warm.lineage) if self.warm else None, version=version,
-                                       damaged=self.resume.damaged)
+                                       damaged=self.resume.damaged, settings=self.settings.to_json())
         except storage.CheckpointWriteError as exc:
             raise TrainingStopped(self._write_failure(version, exc)) from None
         self.last_positions, self.last_epoch = positions, epoch

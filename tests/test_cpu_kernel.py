@@ -232,7 +232,12 @@ def test_the_token_path_learns_on_two_threads():
 
 
 def test_the_token_path_is_taken_where_every_url_row_is_the_workers_alone():
-    from doc2vec_dist.trainer import engine_line
+    from types import SimpleNamespace
+
+    from doc2vec_dist.settings import resolve
+
+    def engine_line(config, rows):
+        return resolve(config, SimpleNamespace(num_tokens=10 * rows, vocab_size=rows, meta={})).engine_line()
 
     assert TrainConfig().token_path(100_000)
     assert TrainConfig(optimizer="adagrad").token_path(100_000)

@@ -21,7 +21,8 @@ from doc2vec_dist import modeldir
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.trainer import STAGED_ENV, STEP_PAUSE_ENV, train
+from doc2vec_dist.settings import STAGED_ENV
+from doc2vec_dist.trainer import STEP_PAUSE_ENV, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,7 +61,7 @@ def kill_one_when_checkpointed(model: str, name: str, killed: list, min_epoch: i
     ("ParameterServer", {}),
     ("Worker", {}),
     # one worker holding the whole URL table, its examples drawn on its device (the token path): the GPU
-    # workers' path, the CPU as the device (trainer.STAGED_ENV), its documents' rows kept there across epochs
+    # workers' path, the CPU as the device (settings.STAGED_ENV), its documents' rows kept there across epochs
     # (issue 48), and lost with it since the last checkpoint
     ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "staged": True}),
     # ... and PV-DM's words rows resident beside the URL table: a restarted worker pulls both again
@@ -121,7 +122,7 @@ def test_a_device_worker_that_dies_before_the_checkpoint_has_its_rows_trains_tha
     fetches them. Killed in between, it takes that epoch's updates with it; the driver has it train the
     epoch again from the last checkpoint (here the run's start), whose rows the servers still hold, so
     the run ends with the model of one that never failed, bit for bit, and says so."""
-    from doc2vec_dist.trainer import STAGED_ENV
+    from doc2vec_dist.settings import STAGED_ENV
 
     address = ray_cluster.get_runtime_context().gcs_address
     flags = ["--corpus", small_corpus, "--dim", "16", "--epochs", "2", "--sample", "0", "--num-ps", "2",

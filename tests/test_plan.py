@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from conftest import SAMPLE_EVENTS, SMALL_USERS
 
-from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, worker
-from doc2vec_dist.config import TrainConfig, settle_segments
+from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, units
+from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.ps import table_specs
-from doc2vec_dist.trainer import effective_macro_batch
+from doc2vec_dist.settings import resolve
 
 
 def _tables(config, docs, vocab):
@@ -95,22 +95,27 @@ def test_memory_plan_adds_up_for_known_sizes():
     assert mem["resident"]["tables"] == {"words_out": 333_334, "docs": 66_667}
 
 
+def _tokens(num_tokens: int) -> SimpleNamespace:
+    """A corpus of `num_tokens` tokens over 1,000 URLs, as settings.resolve reads one."""
+    return SimpleNamespace(num_tokens=num_tokens, vocab_size=1000)
+
+
 def test_macro_batch_is_the_workers():
     cfg = TrainConfig(macro_batch=65536, num_workers=2, schedule="shared")
-    assert effective_macro_batch(cfg, 600_000_000, 1000) == 65536
-    assert effective_macro_batch(cfg, 16 * 2 * 10_000, 1000) == 10_000  # ≥ 16 rounds per epoch
-    assert effective_macro_batch(cfg, 1000, 1000) == 4096  # never below the floor
+    assert resolve(cfg, _tokens(600_000_000)).macro_batch == 65536
+    assert resolve(cfg, _tokens(16 * 2 * 10_000)).macro_batch == 10_000  # ≥ 16 rounds per epoch
+    assert resolve(cfg, _tokens(1000)).macro_batch == 4096  # never below the floor
     # rows shared by several workers: 65,536 by default; one worker writing every row it trains
     # (every words_out row resident) takes 262,144, and a small corpus's epoch in one round
-    assert effective_macro_batch(TrainConfig(num_workers=2, schedule="shared"), 600_000_000, 1000) == 65536
+    assert resolve(TrainConfig(num_workers=2, schedule="shared"), _tokens(600_000_000)).macro_batch == 65536
     # the block schedule: each worker writes every row it trains alone, as one worker does
-    assert effective_macro_batch(TrainConfig(num_workers=2), 600_000_000, 1000) == 262144
+    assert resolve(TrainConfig(num_workers=2), _tokens(600_000_000)).macro_batch == 262144
     alone = TrainConfig(num_workers=1)
-    assert effective_macro_batch(alone, 600_000_000, 1000) == 262144
-    assert effective_macro_batch(alone, 60_000, 1000) == 262144
-    assert effective_macro_batch(TrainConfig(num_workers=1, macro_batch=8192), 60_000, 1000) == 8192
+    assert resolve(alone, _tokens(600_000_000)).macro_batch == 262144
+    assert resolve(alone, _tokens(60_000)).macro_batch == 262144
+    assert resolve(TrainConfig(num_workers=1, macro_batch=8192), _tokens(60_000)).macro_batch == 8192
     # ... and 1,048,576 when its examples are drawn on its device (the batched kernel's token path)
-    assert effective_macro_batch(TrainConfig(num_workers=1, kernel="batched"), 60_000, 1000) == 1_048_576
+    assert resolve(TrainConfig(num_workers=1, kernel="batched"), _tokens(60_000)).macro_batch == 1_048_576
 
 
 def test_warnings_name_what_does_not_fit():
@@ -293,7 +298,8 @@ def test_one_device_worker_moves_the_bytes_plan_counts_its_documents_resident_or
     epochs (pulled once, written back by each epoch's checkpoint), or under --device-memory swaps them by
     partition (each pulled and written back once an epoch); the run's own counters are the bytes plan
     predicts for each, to the byte, and plan says which way the run takes."""
-    from doc2vec_dist.trainer import STAGED_ENV, train
+    from doc2vec_dist.settings import STAGED_ENV
+    from doc2vec_dist.trainer import train
 
     monkeypatch.setenv(STAGED_ENV, "1")
     corpus = Corpus(small_corpus)
@@ -748,7 +754,7 @@ def test_a_gpu_plans_device_is_its_flags_else_a_gpu_calibrations_else_its_models
 
 def test_a_gpu_plan_says_its_device_and_the_documents_way_with_each_ways_bytes(sample_corpus, tmp_path, capsys):
     """Through the command: the device, its source and its link; the room a worker gives its documents on that
-    device's memory (worker.device_room), and so whether they are kept across epochs or swapped by partition;
+    device's memory (units.device_room), and so whether they are kept across epochs or swapped by partition;
     and each way's bytes a token, the scaling table's for this run's way."""
     from doc2vec_dist.cli import main
 
@@ -764,7 +770,7 @@ def test_a_gpu_plan_says_its_device_and_the_documents_way_with_each_ways_bytes(s
         saved = json.load(fh)
     assert saved["device"]["tokens_per_second"] == 20e6 and saved["scaling"][0]["alone"]["device"] == 20e6
     cfg = _gpu_config()
-    room = worker.device_room(cfg, int(32e9), corpus.vocab_size)
+    room = units.device_room(cfg, int(32e9), corpus.vocab_size)
     assert saved["device"]["document_room"] == room
     ways = saved["documents"]
     assert ways["way"] == 1 and "this run: kept" in text and "documents' rows: kept in each worker" in text
@@ -796,7 +802,7 @@ def test_each_row_pays_its_rounds_fixed_cost(lee_corpus):
     cal = {"summary": {"tokens_per_second": 2e6}, "workers": 1}
     rows = {r["workers"]: r for r in plan_model.scaling_plan(corpus, cfg, cal, network_gbps=10, workers=(1, 2, 4))}
     for w, r in rows.items():
-        rounds = settle_segments(dataclasses.replace(cfg, num_workers=w), corpus).rounds()
+        rounds = resolve(dataclasses.replace(cfg, num_workers=w), corpus).rounds
         assert r["rounds_per_epoch"] == rounds == (1 if w == 1 else w * 16)
         assert r["alone"]["rounds"] == pytest.approx(corpus.num_tokens / (rounds * plan_model.ROUND_SECONDS))
     assert rows[2]["bound"] == rows[4]["bound"] == "rounds"

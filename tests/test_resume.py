@@ -21,7 +21,7 @@ from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.trainer import STEP_PAUSE_ENV, TrainingStopped, resumed_config, train
-from doc2vec_dist.worker import Unit, read_chunks
+from doc2vec_dist.units import Unit, read_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the trained_model fixture's settings (tests/conftest.py): a resumed run must end as good as it
@@ -144,7 +144,7 @@ def test_one_device_worker_keeps_its_rows_across_epochs_and_every_checkpoint_hol
     checkpoint, or from an epoch's end, end where the straight run did."""
     import shutil
 
-    from doc2vec_dist.trainer import STAGED_ENV
+    from doc2vec_dist.settings import STAGED_ENV
 
     def tables(model: str) -> dict:
         found = modeldir.ModelDir(model)
@@ -230,7 +230,7 @@ def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_clust
 
 
 def test_a_worker_position_is_written_to_the_manifest_and_read_back_as_it_was():
-    from doc2vec_dist.worker import Position
+    from doc2vec_dist.units import Position
 
     saved = {"epoch": 2, "unit": 1, "row": 350, "step": 7, "tokens": 41_000, "pairs": 203_112, "loss": 1234.5}
     position = Position.from_json(saved)

@@ -9,13 +9,14 @@ import pyarrow as pa
 import pytest
 
 from doc2vec_dist import modeldir
-from doc2vec_dist.config import PrepareConfig, TrainConfig, settle_segments
+from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.prepare import prepare
-from doc2vec_dist.trainer import quality_warnings, train
-from doc2vec_dist.worker import plan_units, segment_units
+from doc2vec_dist.settings import resolve
+from doc2vec_dist.trainer import train
+from doc2vec_dist.units import plan_units, segment_units
 
 
 def read_config(model: str) -> dict:
@@ -163,17 +164,19 @@ def test_a_cluster_that_can_grow_is_waited_for_up_to_the_deadline(ray_cluster, s
     monkeypatch.setattr(trainer, "RESOURCE_POLL_SECONDS", 0.1)
     monkeypatch.setattr(ray.autoscaler.sdk, "request_resources", lambda bundles: asked.append(bundles))
     config = TrainConfig(cpus_per_worker=3, wait_for_resources=0.5, progress=False)
-    tables = table_specs(config, Corpus(sample_corpus[0]))
+    corpus = Corpus(sample_corpus[0])
+    tables = table_specs(config, corpus)
     with pytest.raises(UserError, match=r"^a worker asks for 3 CPU, .*; still missing after waiting 0.5s for the "
                                         r"autoscaler \(--wait-for-resources\)$"):
-        trainer.check_fit(config, tables, False)
+        trainer.check_fit(resolve(config, corpus), tables, False)
     assert "waiting up to 0.5s (--wait-for-resources) for the autoscaler: a worker asks for 3 CPU" in logged.text
     assert asked == [[{"CPU": 3}], []]  # the run's actors, then nothing once it stops waiting
     with pytest.raises(UserError, match=r"\(--wait-for-resources 0: not waiting for the autoscaler\)$"):
-        trainer.check_fit(TrainConfig(cpus_per_worker=3, wait_for_resources=0, progress=False), tables, False)
+        trainer.check_fit(resolve(TrainConfig(cpus_per_worker=3, wait_for_resources=0, progress=False), corpus), tables,
+                          False)
     found = iter([["a worker asks for 3 CPU ..."], []])  # the autoscaler added a node at the second look
     monkeypatch.setattr(trainer, "_cluster_problems", lambda config, tables: next(found))
-    trainer.check_fit(config, tables, False)
+    trainer.check_fit(resolve(config, corpus), tables, False)
     assert "the cluster has what the run needs: starting" in logged.text
 
 
@@ -297,11 +300,11 @@ def test_every_mode_learns_and_beats_most_popular_urls(ray_cluster, sample_corpu
 
 def test_a_device_worker_keeps_its_url_rows_in_16_bits_and_learns_as_with_float32(ray_cluster, sample_corpus, tmp_path,
                                                                                  monkeypatch, caplog):
-    """The GPU workers' path, the CPU as the device (trainer.STAGED_ENV): with a 16-bit --dtype and
+    """The GPU workers' path, the CPU as the device (settings.STAGED_ENV): with a 16-bit --dtype and
     --device-rows dtype it keeps every URL row in it there, each micro-batch's update rounded
     stochastically, and learns what the float32 rows learn (the sample, dim 64, 10 epochs: recall@10 0.2284 float32, 0.2281 bfloat16,
     0.2282 float16)."""
-    from doc2vec_dist.trainer import STAGED_ENV
+    from doc2vec_dist.settings import STAGED_ENV
 
     monkeypatch.setenv(STAGED_ENV, "1")
     recall = {}
@@ -385,41 +388,41 @@ def test_settings_measured_to_lose_quality_are_warned_about_and_the_recipes_are_
         num_tokens = 480_000_000
         vocab_size = 1_000_000
 
-    assert quality_warnings(TrainConfig(), Big) == []
-    assert quality_warnings(TrainConfig(**config_file("gpu.yaml")), Big) == []
+    assert resolve(TrainConfig(), Big).warnings == ()
+    assert resolve(TrainConfig(**config_file("gpu.yaml")), Big).warnings == ()
     # four workers sharing the rows at 65k-token macro-batches trained rows 196k tokens stale (recall
     # 0.151 vs 0.167); on the block schedule (the default) nothing is stale
-    (stale,) = quality_warnings(TrainConfig(num_workers=4, schedule="shared"), Big)
+    (stale,) = resolve(TrainConfig(num_workers=4, schedule="shared"), Big).warnings
     assert "196,608 tokens stale" in stale and "--macro-batch to 54,613" in stale
-    assert quality_warnings(TrainConfig(num_workers=4, schedule="shared", macro_batch=32768), Big) == []
-    assert quality_warnings(TrainConfig(num_workers=4), Big) == []
+    assert resolve(TrainConfig(num_workers=4, schedule="shared", macro_batch=32768), Big).warnings == ()
+    assert resolve(TrainConfig(num_workers=4), Big).warnings == ()
     # ... but it was measured to lose quality on text corpora (Lee, mini_newsgroup), and says so
     from types import SimpleNamespace
 
     text_corpus = SimpleNamespace(num_tokens=Big.num_tokens, vocab_size=Big.vocab_size, meta={"format": "text"})
-    # --segments' default settles to 16 there (config.settle_segments), so the default warns of nothing
-    assert quality_warnings(TrainConfig(num_workers=2), text_corpus) == []
-    assert settle_segments(TrainConfig(num_workers=2), text_corpus).segments == 16
-    assert settle_segments(TrainConfig(num_workers=2), Big).segments == 1
-    assert settle_segments(TrainConfig(num_workers=2, segments=3), text_corpus).segments == 3  # given: kept
-    (text,) = quality_warnings(TrainConfig(num_workers=2, segments=1), text_corpus)
+    # --segments' default settles to 16 there (settings.resolve), so the default warns of nothing
+    assert resolve(TrainConfig(num_workers=2), text_corpus).warnings == ()
+    assert resolve(TrainConfig(num_workers=2), text_corpus).segments == 16
+    assert resolve(TrainConfig(num_workers=2), Big).segments == 1
+    assert resolve(TrainConfig(num_workers=2, segments=3), text_corpus).segments == 3  # given: kept
+    (text,) = resolve(TrainConfig(num_workers=2, segments=1), text_corpus).warnings
     assert "text corpora with --segments 1 (" in text and "; use --segments 16, the default on text (at --segments 16 Lee" in text
-    (few,) = quality_warnings(TrainConfig(num_workers=4, segments=8), text_corpus)
+    (few,) = resolve(TrainConfig(num_workers=4, segments=8), text_corpus).warnings
     assert "with --segments 8 (" in few
     # --segments 16 held it with 2 and 4 workers; 8 workers stayed at the edge, and say so
-    assert quality_warnings(TrainConfig(num_workers=2, segments=16), text_corpus) == []
-    assert quality_warnings(TrainConfig(num_workers=4, segments=64), text_corpus) == []
-    (edge,) = quality_warnings(TrainConfig(num_workers=8, segments=16), text_corpus)
+    assert resolve(TrainConfig(num_workers=2, segments=16), text_corpus).warnings == ()
+    assert resolve(TrainConfig(num_workers=4, segments=64), text_corpus).warnings == ()
+    (edge,) = resolve(TrainConfig(num_workers=8, segments=16), text_corpus).warnings
     assert "at the edge of one worker's quality on text corpora (at --segments 16 Lee" in edge
-    assert quality_warnings(TrainConfig(num_workers=1), text_corpus) == []
+    assert resolve(TrainConfig(num_workers=1), text_corpus).warnings == ()
     # ... but on a small corpus each worker caps its macro-batch at 1/16 of its share
     class Small:
         num_tokens = 4 * 16 * 20_000
         vocab_size = 20_000
 
-    assert quality_warnings(TrainConfig(num_workers=4), Small) == []
+    assert resolve(TrainConfig(num_workers=4), Small).warnings == ()
     # shared negatives over 8,192-example micro-batches collapsed with SGD, held with adagrad
-    (shared,) = quality_warnings(TrainConfig(shared_negatives=16, micro_batch=8192), Big)
+    (shared,) = resolve(TrainConfig(shared_negatives=16, micro_batch=8192), Big).warnings
     assert "2,560 summed updates" in shared and "--shared-negatives 0" in shared
-    assert quality_warnings(TrainConfig(shared_negatives=16, micro_batch=8192, optimizer="adagrad"), Big) == []
-    assert len(quality_warnings(TrainConfig(num_workers=8, shared_negatives=4, micro_batch=1024), Big)) == 2
+    assert resolve(TrainConfig(shared_negatives=16, micro_batch=8192, optimizer="adagrad"), Big).warnings == ()
+    assert len(resolve(TrainConfig(num_workers=8, shared_negatives=4, micro_batch=1024), Big).warnings) == 2

@@ -23,7 +23,9 @@ from doc2vec_dist import precision
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.ps import ParameterServer, table_specs
-from doc2vec_dist.worker import Position, Worker, plan_units
+from doc2vec_dist.settings import resolve
+from doc2vec_dist.units import Position, plan_units
+from doc2vec_dist.worker import Worker
 
 NUM_PS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +38,7 @@ def start_worker(ray, corpus_path: str, config: TrainConfig, **server_options) -
     server_cls = ray.remote(ParameterServer)
     servers = [server_cls.options(**server_options).remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
     rows = {name: spec.rows for name, spec in tables.items()}
-    worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, config, servers, tables)
+    worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, resolve(config, corpus), servers, tables)
     return servers, rows, worker
 
 
@@ -269,7 +271,7 @@ def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and
     as the trainer restarts it, it finds the servers holding exactly the checkpoint's rows, and trains
     what a run that never stopped trains, bit for bit. (Before, the documents' pushes it made after the
     checkpoint were in the servers, and the restart trained that stretch a second time over them.)"""
-    from doc2vec_dist.worker import Compute
+    from doc2vec_dist.units import Compute
 
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=4096, kernel="batched",
                          progress=False)
@@ -306,8 +308,8 @@ def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and
     (at,) = paused
     assert at.step < 5 and len(computed) == 6  # killed batches after it
     corpus = Corpus(small_corpus)
-    restarted = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, table_specs(config, corpus),
-                       staged=True)
+    restarted = Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.replace(resolve(config, corpus), staged=True),
+                       servers, table_specs(config, corpus))
     restarted.run_epoch(0, at)
     restarted.run_epoch(1)
     for name, n in rows.items():
@@ -389,7 +391,9 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
         from doc2vec_dist.config import TrainConfig
         from doc2vec_dist.corpus import Corpus
         from doc2vec_dist.ps import ParameterServer, table_specs
-        from doc2vec_dist.worker import Position, Worker, plan_units
+        from doc2vec_dist.settings import resolve
+        from doc2vec_dist.units import Position, plan_units
+        from doc2vec_dist.worker import Worker
         corpus = Corpus({sample_corpus[0]!r})
         out = {{}}
         for name, engine in {{"exact": {{}}, "batched": {{"kernel": "batched"}}, "host": {{"cache_rows": 0}}}}.items():
@@ -397,7 +401,7 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
             tables = table_specs(config, corpus)
             servers = [LocalServer(ParameterServer(s, 2, tables, 1)) for s in range(2)]
             start = servers[0].server.tables["docs"].copy()
-            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, tables)
+            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, resolve(config, corpus), servers, tables)
             stats = [worker.run_epoch(e) for e in range(config.epochs)]
             moved = float(np.abs(servers[0].server.tables["docs"] - start).mean())
             for s in servers:
@@ -426,14 +430,16 @@ def test_a_cpu_worker_on_the_exact_kernel_trains_without_importing_torch(small_c
         from doc2vec_dist.config import TrainConfig
         from doc2vec_dist.corpus import Corpus
         from doc2vec_dist.ps import ParameterServer, table_specs
-        from doc2vec_dist.worker import Worker, plan_units
+        from doc2vec_dist.settings import resolve
+        from doc2vec_dist.units import plan_units
+        from doc2vec_dist.worker import Worker
 
         for kernel in ("exact", "batched"):
             config = TrainConfig(dim=8, epochs=1, sample=0, num_ps=2, kernel=kernel, progress=False)
             corpus = Corpus({small_corpus!r})
             tables = table_specs(config, corpus)
             servers = [client.LocalServer(ParameterServer(s, 2, tables, 1)) for s in range(2)]
-            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, tables)
+            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, resolve(config, corpus), servers, tables)
             stats = worker.run_epoch(0)
             for server in servers:
                 server.close()
@@ -457,7 +463,7 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
     tables = table_specs(config, corpus)
     servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
     try:
-        worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, config, servers, tables)
+        worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, resolve(config, corpus), servers, tables)
         assert config.blocks() and worker.rounds == 2 and worker.docs_head > 0
 
         def on_servers(ids):  # row r lives on server r % NUM_PS, at r // NUM_PS
@@ -507,7 +513,7 @@ def test_resident_rows_pulled_in_place_train_what_rows_copied_in_train(small_cor
     for copied in (False, True):
         servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
         try:
-            worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, config, servers, tables)
+            worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, resolve(config, corpus), servers, tables)
             assert worker.docs_head > 0 and worker.rounds == 2
             docs = worker.client.docs  # kept grouped by server
             on_servers = _rows_on_servers(servers, "docs", docs.ids, worker.width, config)
@@ -540,7 +546,7 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
     from doc2vec_dist import client
     from doc2vec_dist.cpu_kernel import train_tokens
     from doc2vec_dist.schedule import Blocks
-    from doc2vec_dist.worker import Compute
+    from doc2vec_dist.units import Compute
 
     epochs, workers = 3, 2
     config = TrainConfig(dim=8, epochs=epochs, num_ps=NUM_PS, num_workers=workers, cpus_per_worker=1, macro_batch=2048,
@@ -566,7 +572,7 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
         plan = plan_units(corpus, workers)
         pool = []
         for i in range(workers):
-            worker = Worker(i, plan[i], corpus.path, config, servers, tables)
+            worker = Worker(i, plan[i], corpus.path, resolve(config, corpus), servers, tables)
             worker.compute = dataclasses.replace(Compute.default(), tokens=counted(worker))
             pool.append(worker)
         for epoch in range(epochs):  # as trainer._run_epoch drives them
