@@ -26,6 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout without installing the package
 
+from doc2vec_dist import run as run_module
 from doc2vec_dist import settings, trainer
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.corpus import Corpus
@@ -59,7 +60,7 @@ def main() -> None:
                     workers.append(took - (sum(times["save"]) - saved))
         return run
 
-    run_class = trainer._Run
+    run_class = run_module.Run
     run_class._checkpoint_between_epochs = timed("between_epochs", run_class._checkpoint_between_epochs)
     run_class._checkpoint_mid_epoch = timed("mid_epoch", run_class._checkpoint_mid_epoch)
     run_class._checkpoint = timed("save", run_class._checkpoint)

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from doc2vec_dist import modeldir
-from doc2vec_dist.trainer import RECORDS_ENV
+from doc2vec_dist.run import RECORDS_ENV
 
 
 @contextlib.contextmanager

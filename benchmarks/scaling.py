@@ -39,7 +39,7 @@ from harness import save_json
 from doc2vec_dist.cli import add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.logs import to_terminal
-from doc2vec_dist.trainer import time_split
+from doc2vec_dist.run import time_split
 
 
 def run_ours(corpus: str, work: str, config: TrainConfig, label: str) -> dict:

@@ -295,7 +295,7 @@ def _print_summary(who: str, s: dict) -> None:
     print(f"{who}: {s['tokens']:,} tokens in {s['train_seconds']:.1f}s = {s['tokens_per_second'] / 1e6:.3f}M tokens/s; "
           f"checkpoint {s['checkpoint_seconds']:.1f}s")
     if s.get("worker_seconds"):
-        from .trainer import time_split
+        from .run import time_split
 
         print("worker time: " + time_split(s["worker_seconds"]))
 

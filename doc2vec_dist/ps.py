@@ -51,7 +51,7 @@ def refuse_non_finite(rows: np.ndarray, push: str, who: str = "") -> None:
 
 def ray_node_id() -> str | None:
     """The Ray node this process runs on (None outside Ray): actors report it, and the driver watches
-    whether Ray has marked it dead (trainer._Run._watch). Ray is not imported here for it: code that
+    whether Ray has marked it dead (run.Run._watch). Ray is not imported here for it: code that
     runs the servers and workers in one process (client.LocalServer) does without Ray."""
     import sys
 

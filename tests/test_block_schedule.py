@@ -17,8 +17,9 @@ import pytest
 from doc2vec_dist import modeldir
 from doc2vec_dist.config import TEXT_SEGMENTS, TrainConfig
 from doc2vec_dist.corpus import Corpus
+from doc2vec_dist.run import PUSH_JOURNAL_ENV, STEP_PAUSE_ENV
 from doc2vec_dist.settings import HANDOVER_ENV, STAGED_ENV
-from doc2vec_dist.trainer import PUSH_JOURNAL_ENV, STEP_PAUSE_ENV, resumed_config, train
+from doc2vec_dist.trainer import resumed_config, train
 
 TWO = {"dim": 16, "epochs": 2, "sample": 0, "num_ps": 2, "num_workers": 2, "cpus_per_worker": 1, "progress": False,
        "macro_batch": 8192}

@@ -21,8 +21,9 @@ from doc2vec_dist import modeldir
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
+from doc2vec_dist.run import STEP_PAUSE_ENV, TrainingStopped
 from doc2vec_dist.settings import STAGED_ENV
-from doc2vec_dist.trainer import STEP_PAUSE_ENV, train
+from doc2vec_dist.trainer import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -177,12 +178,13 @@ def test_actors_on_a_dead_node_that_do_not_come_back_stop_the_run_with_the_resum
         return dead + spare
 
     monkeypatch.setattr(ray, "nodes", nodes)
-    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: case == "can-grow")
-    monkeypatch.setattr(trainer, "RESTART_SECONDS", 1.0)
+    monkeypatch.setattr("doc2vec_dist.run.cluster_can_grow", lambda: case == "can-grow")
+    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: case == "can-grow")  # and where a run waits to start
+    monkeypatch.setattr("doc2vec_dist.run.RESTART_SECONDS", 1.0)
     config = TrainConfig(dim=16, epochs=200, sample=0, num_ps=2, num_workers=1, cpus_per_worker=1, checkpoint_every=0.3,
                          progress=False, wait_for_resources=1.0)
     t0 = time.monotonic()
-    with pytest.raises(trainer.TrainingStopped) as stopped:
+    with pytest.raises(TrainingStopped) as stopped:
         train(corpus, model, config)
     message = str(stopped.value)
     node = real_nodes()[0]

@@ -379,8 +379,9 @@ def nodes_die_after_the_first_checkpoint(monkeypatch, model: str):
                 for n in found]
 
     monkeypatch.setattr(ray, "nodes", nodes)
-    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: False)
-    monkeypatch.setattr(trainer, "NODE_CHECK_SECONDS", 0.02)
+    monkeypatch.setattr("doc2vec_dist.run.cluster_can_grow", lambda: False)
+    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: False)  # and where a run waits to start
+    monkeypatch.setattr("doc2vec_dist.run.NODE_CHECK_SECONDS", 0.02)
     return lambda: alive.__setitem__(0, True)
 
 

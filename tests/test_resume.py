@@ -20,7 +20,8 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.trainer import STEP_PAUSE_ENV, TrainingStopped, resumed_config, train
+from doc2vec_dist.run import STEP_PAUSE_ENV, TrainingStopped
+from doc2vec_dist.trainer import resumed_config, train
 from doc2vec_dist.units import Unit, read_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -308,10 +309,10 @@ def test_the_room_a_model_replaced_with_overwrite_frees_counts_as_free(trained_m
     model, corpus = os.path.join(disk, "model"), Corpus(sample_corpus[0])
     config = TrainConfig(**SAMPLE)
     tables = table_specs(config, corpus)
-    trainer.check_room(model, config, corpus, tables, trainer._Resume(), replaces=True)  # its old checkpoints go
+    trainer.check_room(model, config, corpus, tables, trainer.Resume(), replaces=True)  # its old checkpoints go
     another = os.path.join(disk, "another")
     with pytest.raises(UserError, match=f"^{another}: 0.0 MiB free on its disk, and the first checkpoint needs about "):
-        trainer.check_room(another, config, corpus, tables, trainer._Resume(), replaces=False)
+        trainer.check_room(another, config, corpus, tables, trainer.Resume(), replaces=False)
 
 
 # --- issue 29: a run's --dtype may change on resume, and a model of one dtype starts a run of another ---------

@@ -194,7 +194,7 @@ def test_chunks_whose_tokens_are_all_subsampled_away_still_train(ray_cluster, tm
 
 
 def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, sample_corpus, tmp_path, logged):
-    from doc2vec_dist.trainer import TrainingStopped
+    from doc2vec_dist.run import TrainingStopped
 
     out = tmp_path / "new" / "m"
     # (one worker keeps its documents' rows until a checkpoint: its batch's loss stops it, issue 48)
