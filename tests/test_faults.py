@@ -97,12 +97,12 @@ def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_c
 
 DIES_AT_ITS_FIRST_PAUSE = """
 import os, sys
-from doc2vec_dist import trainer
+from doc2vec_dist import run
 from doc2vec_dist.cli import main
 
 MARK = sys.argv.pop(1)
 
-class DiesAtItsFirstPause(trainer.Worker):
+class DiesAtItsFirstPause(run.Worker):
     # a worker whose process dies as the checkpoint at its first epoch's end asks for its rows (once in
     # the run: its restart finds MARK)
     def pause(self):
@@ -111,7 +111,7 @@ class DiesAtItsFirstPause(trainer.Worker):
             os._exit(1)
         return super().pause()
 
-trainer.Worker = DiesAtItsFirstPause
+run.Worker = DiesAtItsFirstPause
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -210,10 +210,10 @@ def test_actors_on_a_dead_node_that_do_not_come_back_stop_the_run_with_the_resum
 
 FROZEN_AT_PAUSE = """
 import os, signal, sys
-from doc2vec_dist import trainer
+from doc2vec_dist import run
 from doc2vec_dist.cli import main
 
-class FrozenAtPause(trainer.Worker):
+class FrozenAtPause(run.Worker):
     # a worker whose machine hangs while a checkpoint waits for it (its second pause, after a version is
     # committed): it answers nothing more
     pauses = 0
@@ -224,7 +224,7 @@ class FrozenAtPause(trainer.Worker):
             os.kill(os.getpid(), signal.SIGSTOP)
         return super().pause()
 
-trainer.Worker = FrozenAtPause
+run.Worker = FrozenAtPause
 sys.exit(main(sys.argv[1:]))
 """
 
