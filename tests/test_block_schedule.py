@@ -80,8 +80,14 @@ def test_no_url_row_is_pushed_by_two_workers_in_the_same_round(ray_cluster, samp
                 docs[r].add(worker)
     assert docs and all(len(w) == 1 for w in docs.values())
 
-    # the check can fail: the shared schedule has both workers push the hot rows in the same step
-    shutil.rmtree(journal)
+
+def test_the_shared_schedule_has_both_workers_push_the_same_rows_in_a_round(ray_cluster, sample_corpus, tmp_path,
+                                                                           monkeypatch):
+    """The check of test_no_url_row_is_pushed_by_two_workers_in_the_same_round can fail: the shared schedule
+    has both workers push the hot rows in the same step. (Once: --segments does not apply to it.)"""
+    journal = tmp_path / "journal"
+    monkeypatch.setenv(PUSH_JOURNAL_ENV, str(journal))
+    monkeypatch.setenv(HANDOVER_ENV, "0")
     train(sample_corpus[0], str(tmp_path / "shared"), TrainConfig(**TWO, schedule="shared"))
     shared = writers(str(journal), "words_out")
     assert any(by_worker[0] & by_worker[1] for by_worker in shared.values())

@@ -58,38 +58,44 @@ def kill_one_when_checkpointed(model: str, name: str, killed: list, min_epoch: i
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("victim, engine", [
-    ("ParameterServer", {}),
-    ("Worker", {}),
+def kill_each_when_checkpointed(model: str, names: tuple[str, ...], killed: list) -> None:
+    """Kill one actor of each of `names` in turn (kill_one_when_checkpointed): the first once the run has
+    a checkpoint of an epoch, each next once it has one of an epoch after the last kill (the run went on)."""
+    for name in names:
+        kill_one_when_checkpointed(model, name, killed, min_epoch=killed[-1][1] + 1 if killed else 1)
+
+
+@pytest.mark.parametrize("victims, engine", [
+    # a server, and later in the same run (same settings, one training for both) a worker
+    (("ParameterServer", "Worker"), {}),
     # one worker holding the whole URL table, its examples drawn on its device (the token path): the GPU
     # workers' path, the CPU as the device (settings.STAGED_ENV), its documents' rows kept there across epochs
     # (issue 48), and lost with it since the last checkpoint
-    ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "staged": True}),
+    (("Worker",), {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "staged": True}),
     # ... and PV-DM's words rows resident beside the URL table: a restarted worker pulls both again
-    ("Worker", {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "mode": "dm", "window": 3}),
-], ids=["server", "worker", "worker-tokens-on-device", "worker-dm-words-resident"])
-def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_corpus, tmp_path, monkeypatch, victim,
+    (("Worker",), {"num_workers": 1, "cpus_per_worker": 2, "kernel": "batched", "mode": "dm", "window": 3}),
+], ids=["server-then-worker", "worker-tokens-on-device", "worker-dm-words-resident"])
+def test_a_killed_actor_is_restarted_and_the_run_completes(ray_cluster, sample_corpus, tmp_path, monkeypatch, victims,
                                                            engine):
     corpus, heldout = sample_corpus
     if engine.pop("staged", False):
         monkeypatch.setenv(STAGED_ENV, "1")
     model = str(tmp_path / "model")
     killed: list = []
-    killer = threading.Thread(target=kill_one_when_checkpointed, args=(model, victim, killed), daemon=True)
+    killer = threading.Thread(target=kill_each_when_checkpointed, args=(model, victims, killed), daemon=True)
     killer.start()
     summary = train(corpus, model, TrainConfig(**{"dim": 32, "epochs": 12, "sample": 0, "num_ps": 2, "num_workers": 2,
                                                   "cpus_per_worker": 1, "checkpoint_every": 0.5, "progress": False,
                                                   **engine}))
     killer.join(timeout=5)
-    assert killed, f"no {victim} was killed: the run ended before a checkpoint"
+    assert len(killed) == len(victims), f"{victims[len(killed)]} was not killed: the run ended before a checkpoint"
     _, manifest = modeldir.load_manifest(model)
     assert manifest["epoch"] == 12
-    if victim == "ParameterServer":
+    if "ParameterServer" in victims:
         assert summary["server_restarts"] == 1
         # the restarted server reloaded its rows from a checkpoint; the other kept its own
         assert sum(v is not None for v in summary["servers_loaded_from"]) == 1
-    else:
-        assert summary["worker_restarts"] == 1
+    assert summary["worker_restarts"] == victims.count("Worker")
     # nothing lost beyond the work since the last checkpoint: it still beats popularity clearly
     m = heldout_metrics(model, heldout)
     assert m["model_recall@10"] > 1.15 * m["popularity_recall@10"], m
