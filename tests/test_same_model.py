@@ -4,9 +4,8 @@ it names (before the redesign); a change that moves a bit of either model fails 
 
 Floating point is the same on the same instruction set, not across them (numba compiles the exact kernel
 for the host CPU, torch picks its kernels by the CPU's capability): the digests are kept per CPU, and a
-machine whose CPU has none recorded skips the test, saying how to add them (`python
-tests/test_same_model.py --record` with PYTHONPATH naming a checkout of the commit the file names, from
-before the redesign)."""
+machine whose CPU has none recorded skips the test, saying how to add them (in a checkout of the commit the file names, from
+before the redesign: `cd CHECKOUT && PYTHONPATH=. python REPO/tests/test_same_model.py --record`)."""
 from __future__ import annotations
 
 import hashlib
@@ -51,14 +50,15 @@ def capability() -> str:
 def test_the_same_model_bit_for_bit_as_before_the_redesign(ray_cluster, small_corpus, tmp_path):
     recorded = json.loads(DIGESTS.read_text())
     if capability() not in recorded["by_capability"]:
-        pytest.skip(f"no digests for this CPU ({capability()}) in {DIGESTS}: record them on the commit "
-                    f"{recorded['commit']} with `python tests/test_same_model.py --record`")
+        pytest.skip(f"no digests for this CPU ({capability()}) in {DIGESTS}: record them in a checkout of "
+                    f"{recorded['commit']}: `cd CHECKOUT && PYTHONPATH=. python {__file__} --record`")
     assert model_digests(small_corpus, tmp_path) == recorded["by_capability"][capability()]
 
 
 if __name__ == "__main__":
-    # PYTHONPATH=CHECKOUT python tests/test_same_model.py --record: this machine's digests of the package in
-    # CHECKOUT, a worktree of the commit the file names (the code before the redesign)
+    # cd CHECKOUT && PYTHONPATH=. python REPO/tests/test_same_model.py --record: this machine's digests of the
+    # package in CHECKOUT, a worktree of the commit the file names (the code before the redesign); from its
+    # directory, because Ray's workers import from the driver's working directory
     import subprocess
     import tempfile
 
