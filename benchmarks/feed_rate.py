@@ -89,7 +89,7 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = Tr
     ParameterServer objects in this process, each on a thread of its own. staged: as one_worker.
 
     The worker runs them as epochs of a longer run: the end of a run's last epoch, and each checkpoint,
-    write back the rows a worker keeps resident across epochs (TrainConfig.writes_back_at_end_of), which is a
+    write back the rows a worker keeps resident across epochs (RunSettings.writes_back_at_end_of), which is a
     checkpoint's work, on its clock. That write-back is timed apart, after the timed epochs, as a
     checkpoint's pause makes it ("write_back_seconds", and its bytes)."""
     from doc2vec_dist import units

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from . import forgotten, lr, outputs, storage
+from . import settings as run_settings
 from .errors import UserError
 from .modeldir import (
     DTYPE_KEY,
@@ -284,7 +285,7 @@ def commit_training(out: str, config, corpus, save: Callable[[int], list[dict]],
         rate = lr.rate_at(config.alpha, config.min_alpha, done, planned)
         commit(out, version, tables, {name: config.dim for name in tables}, dtype=config.dtype, extra=
                {"epoch": epoch, "positions": None if positions is None else [p.to_json() for p in positions],
-                "lr": rate, "num_ps": config.num_ps, "plan": (settings or {}).get("plan") or config.plan(),
+                "lr": rate, "num_ps": config.num_ps, "plan": (settings or {}).get("plan") or run_settings.plan(config),
                 "num_workers": config.num_workers, "config": dataclasses.asdict(config), "corpus": corpus.path,
                 "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")},
                 "losses": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],

@@ -103,7 +103,6 @@ class PrepareConfig:
 # imports nothing of ours but errors)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-RESIDENT_AUTO_BYTES = 2 << 30  # resident words_out rows a single worker keeps by default (cache_rows None)
 
 
 @dataclass(frozen=True)
@@ -262,123 +261,9 @@ class TrainConfig:
         """A table of this run: `rows` rows of dim floats, and row-wise Adagrad's accumulator column."""
         return TableSpec(name, rows, self.dim, state=int(self.optimizer == "adagrad"), init=init, dtype=self.dtype)
 
-    def resident_tables(self, vocab: int) -> dict[str, int]:
-        """Rows of each URL table a worker keeps resident: words_out's (resident_rows), and on the
-        token path, where words are trained, every words row too."""
-        rows = self.resident_rows(vocab)
-        if self.token_path(vocab) and self.trains_words():
-            return {"words_out": rows, "words": rows}
-        return {"words_out": rows}
-
-    def resident_rows(self, words_out_rows: int) -> int:
-        """Rows of words_out each worker keeps resident: --cache-rows, or by default, with one worker
-        (nothing else writes them, so they are never stale), every row within RESIDENT_AUTO_BYTES;
-        on the block schedule, the block it holds (its largest)."""
-        if self.cache_rows is not None:
-            return min(self.cache_rows, words_out_rows)
-        if self.blocks():
-            return -(-words_out_rows // self.num_workers)
-        if self.num_workers > 1:
-            return 0
-        row_bytes = 4 * self.table("words_out", words_out_rows).width
-        return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
-
-    def resident_documents(self, num_docs: int, words_out_rows: int) -> int:
-        """Rows of docs each worker holds resident at once (document_partitions): its share of the
-        documents, or of one partition of them; none where each macro-batch pulls and pushes its own."""
-        partitions = self.document_partitions(num_docs, words_out_rows)
-        share = -(-num_docs // self.num_workers)
-        return -(-share // partitions) if partitions else 0
-
-    def document_partitions(self, num_docs: int, words_out_rows: int, share: int | None = None,
-                            free_bytes: int | None = None) -> int:
-        """How a worker keeps its share of the documents' rows (`share` rows; None: num_docs / workers)
-        on the token path (the block schedule, or one worker holding every URL row), where no one else
-        writes them: 1, resident for the run (pulled once, written back at checkpoints and at the end);
-        P > 1, cut into P partitions that each fit, held one at a time and swapped where the worker's
-        walk of its documents passes from one to the next; 0, pulled and pushed with each macro-batch.
-
-        They fit --device-memory where it is given. Otherwise a GPU worker's fit `free_bytes` (what its
-        device has free for them, which the worker measures; unknown, as to the driver: they fit), and
-        a CPU worker's RESIDENT_AUTO_BYTES of its host's memory, beyond which they stream as before."""
-        if not self.token_path(words_out_rows) or not self.resident_docs:
-            return 0
-        share = -(-num_docs // self.num_workers) if share is None else share
-        need = share * 4 * self.table("docs", num_docs).width
-        if self.device_memory is not None:
-            room = int(self.device_memory * 2**30)
-        elif self.gpus_per_worker > 0:
-            room = need if free_bytes is None else free_bytes
-        elif need > RESIDENT_AUTO_BYTES:
-            return 0
-        else:
-            return 1
-        return int(min(max(share, 1), max(1, -(-need // max(room, 1)))))
-
-    def writes_back_at_end_of(self, epoch: int) -> bool:
-        """Whether a worker writes the rows it keeps resident across epochs (its documents' on the token path;
-        one worker's URL rows) back to the servers at the end of `epoch`: at the run's last, and with
-        --checkpoint-every 0 at every one, so that a worker restarted from an epoch's start finds them
-        there. Otherwise they stay in the worker into the next epoch, and the checkpoint the driver takes
-        at each epoch's end fetches them (Worker.pause): moved once an epoch either way, on the
-        checkpoint's clock rather than the epoch's."""
-        return epoch >= self.epochs - 1 or self.checkpoint_every <= 0
-
-    def token_path(self, words_out_rows: int) -> bool:
-        """Whether a worker trains straight from the tokens, its examples drawn where the kernel runs
-        (cpu_kernel.train_tokens for plain PV-DBOW, device_examples for the batched kernel in every
-        mode): one worker (nothing else writes the URL rows), every URL row resident in it (words_out,
-        and words where trained), and each example's own negatives. Shared negatives keep the host's
-        examples: drawn for a device group's micro-batches (1,024 examples) they fell below popularity
-        on the sample's MRR (0.279 against 0.291)."""
-        plain = self.mode == "dbow" and not self.dbow_words
-        if self.blocks():  # each worker the sole writer of the block it holds (schedule.py)
-            return True
-        return ((plain or not self.exact_kernel()) and self.num_workers == 1 and not self.shared_negatives
-                and self.resident_rows(words_out_rows) == words_out_rows)
-
-    def rounds(self) -> int:
-        """Rounds in an epoch: on the block schedule, a rotation of the blocks (one per worker) for each
-        segment of the workers' documents; else one."""
-        return self.num_workers * self._segments() if self.blocks() else 1
-
-    def _segments(self) -> int:
-        if self.segments is None:  # the default depends on the corpus: settings.resolve sets it
-            raise ValueError("segments is not settled for the corpus yet (settings.resolve)")
-        return self.segments
-
-    def blocks(self) -> bool:
-        """Whether several workers take turns at blocks of the URL rows (schedule.py): --schedule blocks,
-        or auto for plain PV-DBOW with each example's own negatives and no --cache-rows. The windows of
-        --dbow-words and PV-DM reach across blocks, so those modes share the rows instead."""
-        if self.num_workers == 1 or self.schedule == "shared":
-            return False
-        plain = self.mode == "dbow" and not self.dbow_words
-        return plain and not self.shared_negatives and (self.schedule == "blocks" or self.cache_rows is None)
-
-    def plan(self) -> str:
-        """How the corpus is divided among the workers (units.plan_units): "interleaved" where several
-        workers walk it in segments on the block schedule (piece W·s + i is worker i's segment s), else
-        "runs" (each worker its own run of it). A checkpoint's data positions hold only under its plan."""
-        return "interleaved" if self.blocks() and self._segments() > 1 else "runs"
-
     def trains_words(self) -> bool:
         """Whether the `words` table (input vectors of URLs) is trained: PV-DM, and dbow_words."""
         return self.mode == "dm" or self.dbow_words
-
-    def half_on_device(self, words_out_rows: int, staged: bool | None = None) -> bool:
-        """Whether device workers keep their resident URL rows in the tables' 16-bit dtype (kernels.py):
-        on the device (staged) path, where the token path holds every URL row there. staged: whether
-        workers run that path (None: where they have a GPU)."""
-        staged = self.gpus_per_worker > 0 if staged is None else staged
-        return bool(staged and self.dtype != "float32" and self.device_rows == "dtype" and not self.exact_kernel()
-                    and self.token_path(words_out_rows))
-
-    def exact_kernel(self) -> bool:
-        """Whether workers use cpu_kernel (each update applied at once) rather than kernels.train."""
-        if self.kernel == "auto":
-            return self.gpus_per_worker == 0 and not self.shared_negatives
-        return self.kernel == "exact"
 
     def _check_fused(self) -> None:
         """--kernel fused (triton_kernel.py) trains what its kernels do: one input row an example, each

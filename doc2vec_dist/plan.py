@@ -77,7 +77,7 @@ the least column of its row, and the bound names it)
       its block home and pulls the next); one worker pulls its URL rows
       once and writes them back at each epoch's end (its checkpoint); on the token path a worker's
       documents' rows are pulled once and written back once an epoch, or, swapped by partition
-      (TrainConfig.document_partitions), pulled and written back once an epoch; the shared schedule
+      (settings.document_partitions), pulled and written back once an epoch; the shared schedule
       pulls and pushes each macro-batch's unique rows (macro_batch_profile).
 """
 

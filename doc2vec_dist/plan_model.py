@@ -19,7 +19,7 @@ from .placement import FLOAT_BYTES
 from .ps import table_specs
 from .sampling import NegativeTable, build_examples, keep_probabilities
 from .schedule import Blocks
-from .settings import resolve
+from .settings import document_partitions, half_on_device, resident_documents, resident_tables, resolve
 from .sharding import rows_on_shard
 from .units import device_room
 
@@ -54,18 +54,18 @@ def resident_plan(config: TrainConfig, words_out: TableSpec, docs: TableSpec | N
     """The URL rows each worker keeps resident between macro-batches, and where: words_out's hottest
     (all of them with one worker, within 2 GiB), and on the token path words' too where they are
     trained; in the worker's host memory, or on its GPU. They are float32 there, but for a GPU's words_out
-    rows on the token path, which it keeps in the tables' dtype (TrainConfig.half_on_device)."""
-    tables = config.resident_tables(words_out.rows)
-    if docs is not None and config.resident_documents(docs.rows, words_out.rows):  # the token path: its share of them
-        tables = {**tables, "docs": config.resident_documents(docs.rows, words_out.rows)}
-    half = config.half_on_device(words_out.rows)
+    rows on the token path, which it keeps in the tables' dtype (settings.half_on_device)."""
+    tables = resident_tables(config, words_out.rows)
+    if docs is not None and resident_documents(config, docs.rows, words_out.rows):  # the token path: its share of them
+        tables = {**tables, "docs": resident_documents(config, docs.rows, words_out.rows)}
+    half = half_on_device(config, words_out.rows)
     url_row = words_out.row_bytes if half else words_out.width * FLOAT_BYTES
     float_rows = sum(tables.values()) - tables["words_out"]
     return {"tables": tables, "bytes": float_rows * words_out.width * FLOAT_BYTES + tables["words_out"] * url_row,
             "all": tables["words_out"] == words_out.rows, "on": "device" if config.gpus_per_worker > 0 else "host",
             "dtype": config.dtype if half else "float32",
             # the documents' rows: across epochs (1), swapped by partition (P > 1), or with each macro-batch (0)
-            "document_partitions": config.document_partitions(docs.rows, words_out.rows) if docs is not None else 0}
+            "document_partitions": document_partitions(config, docs.rows, words_out.rows) if docs is not None else 0}
 
 
 def memory_plan(tables: dict[str, TableSpec], config: TrainConfig, profile: dict, *, ps_overhead: int,
@@ -106,7 +106,7 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     # words_out rows 0..resident-1 stay in the worker; on the block schedule, the block it holds
     resident = corpus.vocab_size if run.blocks else run.resident_rows
     # ... and on the token path its documents' rows (document_partitions): no macro-batch pulls them
-    docs_resident = config.document_partitions(corpus.num_docs, corpus.vocab_size) > 0
+    docs_resident = document_partitions(config, corpus.num_docs, corpus.vocab_size) > 0
     seen = []
     for path in corpus.shard_paths:
         for doc_ids, offsets, tokens in iter_shard(path, max_tokens=macro):
@@ -191,7 +191,7 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
     counts, keep = corpus.counts(), keep_probabilities(corpus.counts(), cfg.sample)
     blocks = Blocks(counts, keep, workers if run.blocks else 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
     epochs = max(cfg.epochs, 1)
-    partitions = cfg.document_partitions(corpus.num_docs, vocab)
+    partitions = document_partitions(cfg, corpus.num_docs, vocab)
     resident_docs = bool(partitions)
     if resident_docs:
         # a worker's documents resident for the run: pulled once, written back once an epoch (the checkpoint
@@ -291,7 +291,7 @@ def sized_for_device(config: TrainConfig, corpus: Corpus, device: dict | None) -
     """`config` with the room its GPU workers' documents' rows have on their device where --device-memory
     does not give it: what a worker measures at its start (units.device_room), of the device's whole
     memory (DEVICES; its free memory there is less). It decides whether they are kept across epochs or
-    swapped by partition (TrainConfig.document_partitions); device["document_room"] says it, in bytes."""
+    swapped by partition (settings.document_partitions); device["document_room"] says it, in bytes."""
     if device is None or config.device_memory is not None or not resolve(config, corpus).token_path:
         return config
     room = device_room(config, int(device["memory_bytes"]), corpus.vocab_size)
@@ -300,14 +300,14 @@ def sized_for_device(config: TrainConfig, corpus: Corpus, device: dict | None) -
 
 
 def document_ways(corpus: Corpus, config: TrainConfig, device: dict | None) -> dict | None:
-    """On the token path, the two ways a worker keeps its documents' rows (TrainConfig.document_partitions)
+    """On the token path, the two ways a worker keeps its documents' rows (settings.document_partitions)
     and the bytes a token moves in each, for config.num_workers (bytes_per_token; GPU workers, over their
     host links too: pcie_bytes_per_token): "kept" on the worker across epochs, pulled once and written
     back at checkpoints; "partitions", swapped by partition where they do not fit, each pulled and
     written back once an epoch, whatever their number. "way": the one this run takes (0: neither, each
     macro-batch pulls and pushes them). None off the token path."""
     vocab = corpus.vocab_size
-    way = config.document_partitions(corpus.num_docs, vocab)
+    way = document_partitions(config, corpus.num_docs, vocab)
     if not resolve(config, corpus).token_path or not config.resident_docs:
         return None
     share_bytes = -(-corpus.num_docs // config.num_workers) * config.table("docs", corpus.num_docs).width * FLOAT_BYTES

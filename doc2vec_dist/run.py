@@ -479,7 +479,7 @@ class Run:
 
     def _checkpoint_between_epochs(self, epoch: int, epoch_stats: list, bar: tqdm) -> None:
         """The checkpoint at the start of epoch `epoch`: every worker paused first, which writes back the rows
-        it keeps resident across epochs (Worker.pause; TrainConfig.writes_back_at_end_of), then resumed.
+        it keeps resident across epochs (Worker.pause; RunSettings.writes_back_at_end_of), then resumed.
 
         A worker that died since its epoch ended took with it its rows' updates since the last checkpoint
         (Ray restarts it) where it kept them across that end. One worker then trains the epoch again from
@@ -498,7 +498,7 @@ class Run:
                         died.append((i, root_cause(exc)))
                 self.worker_restarts += len(died)
                 failed.update(i for i, _ in died)
-                if not died or self.config.writes_back_at_end_of(epoch - 1):  # nothing kept: nothing lost
+                if not died or self.settings.writes_back_at_end_of(epoch - 1):  # nothing kept: nothing lost
                     break
                 if len(self.workers) > 1:
                     for i, cause in died:

@@ -36,6 +36,128 @@ SHARED_MACRO_BATCH = 65536  # the default macro-batch where workers share rows (
 SOLE_WRITER_MACRO_BATCH = 262144  # ... and where one worker writes every row it trains
 DEVICE_MACRO_BATCH = 1048576  # ... and where it does with the examples drawn on its device
 
+
+RESIDENT_AUTO_BYTES = 2 << 30  # resident words_out rows a single worker keeps by default (cache_rows None)
+
+
+# -- what a config decides with the corpus's sizes (resolve stores it in RunSettings) -----------------
+
+def exact_kernel(config: TrainConfig) -> bool:
+    """Whether workers use cpu_kernel (each update applied at once) rather than kernels.train."""
+    if config.kernel == "auto":
+        return config.gpus_per_worker == 0 and not config.shared_negatives
+    return config.kernel == "exact"
+
+
+def blocks(config: TrainConfig) -> bool:
+    """Whether several workers take turns at blocks of the URL rows (schedule.py): --schedule blocks,
+    or auto for plain PV-DBOW with each example's own negatives and no --cache-rows. The windows of
+    --dbow-words and PV-DM reach across blocks, so those modes share the rows instead."""
+    if config.num_workers == 1 or config.schedule == "shared":
+        return False
+    plain = config.mode == "dbow" and not config.dbow_words
+    return plain and not config.shared_negatives and (config.schedule == "blocks" or config.cache_rows is None)
+
+
+def _segments(config: TrainConfig) -> int:
+    if config.segments is None:  # the default depends on the corpus: resolve sets it
+        raise ValueError("segments is not settled for the corpus yet (settings.resolve)")
+    return config.segments
+
+
+def rounds(config: TrainConfig) -> int:
+    """Rounds in an epoch: on the block schedule, a rotation of the blocks (one per worker) for each
+    segment of the workers' documents; else one."""
+    return config.num_workers * _segments(config) if blocks(config) else 1
+
+
+def plan(config: TrainConfig) -> str:
+    """How the corpus is divided among the workers (units.plan_units): "interleaved" where several
+    workers walk it in segments on the block schedule (piece W·s + i is worker i's segment s), else
+    "runs" (each worker its own run of it). A checkpoint's data positions hold only under its plan."""
+    return "interleaved" if blocks(config) and _segments(config) > 1 else "runs"
+
+
+def resident_rows(config: TrainConfig, words_out_rows: int) -> int:
+    """Rows of words_out each worker keeps resident: --cache-rows, or by default, with one worker
+    (nothing else writes them, so they are never stale), every row within RESIDENT_AUTO_BYTES;
+    on the block schedule, the block it holds (its largest)."""
+    if config.cache_rows is not None:
+        return min(config.cache_rows, words_out_rows)
+    if blocks(config):
+        return -(-words_out_rows // config.num_workers)
+    if config.num_workers > 1:
+        return 0
+    row_bytes = 4 * config.table("words_out", words_out_rows).width
+    return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
+
+
+def token_path(config: TrainConfig, words_out_rows: int) -> bool:
+    """Whether a worker trains straight from the tokens, its examples drawn where the kernel runs
+    (cpu_kernel.train_tokens for plain PV-DBOW, device_examples for the batched kernel in every
+    mode): one worker (nothing else writes the URL rows), every URL row resident in it (words_out,
+    and words where trained), and each example's own negatives. Shared negatives keep the host's
+    examples: drawn for a device group's micro-batches (1,024 examples) they fell below popularity
+    on the sample's MRR (0.279 against 0.291)."""
+    plain = config.mode == "dbow" and not config.dbow_words
+    if blocks(config):  # each worker the sole writer of the block it holds (schedule.py)
+        return True
+    return ((plain or not exact_kernel(config)) and config.num_workers == 1 and not config.shared_negatives
+            and resident_rows(config, words_out_rows) == words_out_rows)
+
+
+def resident_tables(config: TrainConfig, words_out_rows: int) -> dict[str, int]:
+    """Rows of each URL table a worker keeps resident: words_out's (resident_rows), and on the
+    token path, where words are trained, every words row too."""
+    rows = resident_rows(config, words_out_rows)
+    if token_path(config, words_out_rows) and config.trains_words():
+        return {"words_out": rows, "words": rows}
+    return {"words_out": rows}
+
+
+def document_partitions(config: TrainConfig, num_docs: int, words_out_rows: int, share: int | None = None,
+                        free_bytes: int | None = None) -> int:
+    """How a worker keeps its share of the documents' rows (`share` rows; None: num_docs / workers)
+    on the token path (the block schedule, or one worker holding every URL row), where no one else
+    writes them: 1, resident for the run (pulled once, written back at checkpoints and at the end);
+    P > 1, cut into P partitions that each fit, held one at a time and swapped where the worker's
+    walk of its documents passes from one to the next; 0, pulled and pushed with each macro-batch.
+
+    They fit --device-memory where it is given. Otherwise a GPU worker's fit `free_bytes` (what its
+    device has free for them, which the worker measures; unknown, as to the driver: they fit), and
+    a CPU worker's RESIDENT_AUTO_BYTES of its host's memory, beyond which they stream as before."""
+    if not token_path(config, words_out_rows) or not config.resident_docs:
+        return 0
+    share = -(-num_docs // config.num_workers) if share is None else share
+    need = share * 4 * config.table("docs", num_docs).width
+    if config.device_memory is not None:
+        room = int(config.device_memory * 2**30)
+    elif config.gpus_per_worker > 0:
+        room = need if free_bytes is None else free_bytes
+    elif need > RESIDENT_AUTO_BYTES:
+        return 0
+    else:
+        return 1
+    return int(min(max(share, 1), max(1, -(-need // max(room, 1)))))
+
+
+def resident_documents(config: TrainConfig, num_docs: int, words_out_rows: int) -> int:
+    """Rows of docs each worker holds resident at once (document_partitions): its share of the
+    documents, or of one partition of them; none where each macro-batch pulls and pushes its own."""
+    partitions = document_partitions(config, num_docs, words_out_rows)
+    share = -(-num_docs // config.num_workers)
+    return -(-share // partitions) if partitions else 0
+
+
+def half_on_device(config: TrainConfig, words_out_rows: int, staged: bool | None = None) -> bool:
+    """Whether device workers keep their resident URL rows in the tables' 16-bit dtype (kernels.py):
+    on the device (staged) path, where the token path holds every URL row there. staged: whether
+    workers run that path (None: where they have a GPU)."""
+    staged = config.gpus_per_worker > 0 if staged is None else staged
+    return bool(staged and config.dtype != "float32" and config.device_rows == "dtype" and not exact_kernel(config)
+                and token_path(config, words_out_rows))
+
+
 def staged_on_cpu() -> bool:
     return os.environ.get(STAGED_ENV) == "1"
 
@@ -89,8 +211,17 @@ class RunSettings:
                                on_device=not self.exact)
 
     def half_on_device(self, staged: bool | None = None) -> bool:
-        """Whether device workers keep their resident URL rows in the tables' 16-bit dtype (TrainConfig.half_on_device)."""
-        return self.config.half_on_device(self.words_out_rows, self.staged if staged is None else staged)
+        """Whether device workers keep their resident URL rows in the tables' 16-bit dtype (half_on_device)."""
+        return half_on_device(self.config, self.words_out_rows, self.staged if staged is None else staged)
+
+    def writes_back_at_end_of(self, epoch: int) -> bool:
+        """Whether a worker writes the rows it keeps resident across epochs (its documents' on the token path;
+        one worker's URL rows) back to the servers at the end of `epoch`: at the run's last, and with
+        --checkpoint-every 0 at every one, so that a worker restarted from an epoch's start finds them
+        there. Otherwise they stay in the worker into the next epoch, and the checkpoint the driver takes
+        at each epoch's end fetches them (Worker.pause): moved once an epoch either way, on the
+        checkpoint's clock rather than the epoch's."""
+        return epoch >= self.config.epochs - 1 or self.config.checkpoint_every <= 0
 
     def placed(self, config: TrainConfig) -> RunSettings:
         """These settings with the config the placement chose (its workers' documents not resident)."""
@@ -142,14 +273,14 @@ def resolve(config: TrainConfig, corpus: Any, cluster: dict[str, float] | None =
     if cluster is not None:
         config = _fit(config, corpus, cluster)
     rows = corpus.vocab_size
-    token_path = config.token_path(rows)
-    exact = config.exact_kernel()
+    sole_writer = token_path(config, rows)
+    exact = exact_kernel(config)
     settings = RunSettings(
-        config=config, words_out_rows=rows, segments=config.segments, blocks=config.blocks(), rounds=config.rounds(),
-        plan=config.plan(), token_path=token_path, resident_rows=config.resident_rows(rows),
-        resident_tables=config.resident_tables(rows),
+        config=config, words_out_rows=rows, segments=config.segments, blocks=blocks(config), rounds=rounds(config),
+        plan=plan(config), token_path=sole_writer, resident_rows=resident_rows(config, rows),
+        resident_tables=resident_tables(config, rows),
         macro_batch=macro_batch_for(config.macro_batch, corpus.num_tokens // config.num_workers,
-                                    sole_writer=token_path, on_device=not exact),
+                                    sole_writer=sole_writer, on_device=not exact),
         handover=os.environ.get(HANDOVER_ENV) != "0",
         kernel="exact" if exact else "fused" if config.kernel == "fused" else "batched",
         staged=staged_on_cpu() or None)

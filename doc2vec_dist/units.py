@@ -21,7 +21,7 @@ from . import client, cpu_kernel
 from .config import TrainConfig
 from .corpus import Corpus, iter_shard
 from .sampling import Examples
-from .settings import RunSettings
+from .settings import RunSettings, resident_tables
 
 # of a GPU's free memory at a worker's start, what its documents' rows may take (the rest: its URL rows, counted
 # apart, and each macro-batch's examples and micro-batches)
@@ -30,10 +30,10 @@ DEVICE_SHARE = 0.75
 
 def device_room(config: TrainConfig, free_bytes: int, words_out_rows: int) -> int:
     """Bytes of a GPU with `free_bytes` free that a worker's documents' rows may take
-    (config.document_partitions): DEVICE_SHARE of them, of the worker's share of the device where workers
+    (settings.document_partitions): DEVICE_SHARE of them, of the worker's share of the device where workers
     share one (a fractional --gpus-per-worker), less the URL rows it holds there (float32). The worker's
     rule at its start (Worker._device_room), and plan's for a device of its table (plan_model.DEVICES)."""
-    urls = sum(config.resident_tables(words_out_rows).values()) * config.table("words_out", words_out_rows).width * 4
+    urls = sum(resident_tables(config, words_out_rows).values()) * config.table("words_out", words_out_rows).width * 4
     return max(0, int(free_bytes * DEVICE_SHARE * min(1.0, config.gpus_per_worker)) - urls)
 
 

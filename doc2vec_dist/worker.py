@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import client, lr, precision
+from . import settings as run_settings
 from .config import TableSpec
 from .corpus import Corpus
 from .logs import quiet_exit_in_finalizers
@@ -157,15 +158,16 @@ class Worker:
         self.read_tokens = self.macro_batch * self.num_blocks
         # ... and on the token path it keeps its documents' rows (no one else writes them) for the whole
         # run: pulled once, written back at checkpoints and at the run's end
-        # (TrainConfig.writes_back_at_end_of), instead of pulled and pushed with every macro-batch; where
-        # they do not fit, in partitions held one at a time (TrainConfig.document_partitions,
+        # (RunSettings.writes_back_at_end_of), instead of pulled and pushed with every macro-batch; where
+        # they do not fit, in partitions held one at a time (settings.document_partitions,
         # document_partitions), swapped as its walk passes from one to the next
         self.partitions: list[np.ndarray] = []
-        if config.document_partitions(tables["docs"].rows, words_out.rows):
+        if run_settings.document_partitions(config, tables["docs"].rows, words_out.rows):
             walk = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, self.read_tokens)]
             share = sum(len(ids) for ids in walk)
             free = self._device_room(words_out) if use_cuda and config.device_memory is None else None
-            count = config.document_partitions(tables["docs"].rows, words_out.rows, share=share, free_bytes=free)
+            count = run_settings.document_partitions(config, tables["docs"].rows, words_out.rows, share=share,
+                                                     free_bytes=free)
             self.partitions = document_partitions(walk, count)
             if len(self.partitions) > 1:
                 log.info(f"worker {index}: its {share:,} documents' rows do not fit its "
@@ -206,7 +208,7 @@ class Worker:
         self._parts: tuple | None = None  # (epoch, [(data position, {block: its part of the chunk})]): _block_chunks
 
     def _device_room(self, words_out: TableSpec) -> int:
-        """Bytes of its GPU a worker's documents' rows may take (config.document_partitions): DEVICE_SHARE of
+        """Bytes of its GPU a worker's documents' rows may take (settings.document_partitions): DEVICE_SHARE of
         what the device has free as the worker starts, of its share of the device where workers share one
         (a fractional --gpus-per-worker: the others measure the same free memory), less the URL rows it
         will hold there."""
@@ -351,7 +353,7 @@ class Worker:
                 # idle: between epochs, or on the block schedule between two rounds of one, waiting for
                 # the others. The rows it keeps resident (its documents', one worker's URL rows) go home
                 # after an epoch's last round at most, and mostly not even then
-                # (TrainConfig.writes_back_at_end_of), so what it trained since goes into the checkpoint
+                # (RunSettings.writes_back_at_end_of), so what it trained since goes into the checkpoint
                 # now (a run resumed from it lost them, and trained other vectors than one that never
                 # stopped). Under the lock: a round that starts meanwhile waits. The pushes are named
                 # after the round it trained last.
@@ -539,11 +541,11 @@ class Worker:
             t0 = time.perf_counter()
             self.client.drain()
             # the resident documents go home once their last round of the epoch is done, where the epoch's
-            # end writes back (TrainConfig.writes_back_at_end_of; else the checkpoint that follows fetches
+            # end writes back (RunSettings.writes_back_at_end_of; else the checkpoint that follows fetches
             # them, and they stay here for the next epoch, as one worker's URL rows do); the push is named
             # after the last step trained (its learning rate shows in an error of the push)
             last = start.round == self.rounds - 1
-            keep = last and not cfg.writes_back_at_end_of(epoch)
+            keep = last and not self.settings.writes_back_at_end_of(epoch)
             handover = None
             if not (keep and self.num_blocks == 1):  # (the block schedule's blocks go home whatever its documents do)
                 handover = self._sync(f"{self._when(epoch)} end of worker {self.index}"

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from doc2vec_dist import modeldir
+from doc2vec_dist import modeldir, settings
 from doc2vec_dist.config import TEXT_SEGMENTS, TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.run import PUSH_JOURNAL_ENV, STEP_PAUSE_ENV
@@ -206,7 +206,7 @@ def test_modes_whose_windows_reach_across_blocks_are_warned_about_or_refused_wit
     from doc2vec_dist.settings import resolve
 
     # dbow_words shares the rows: it held quality on Lee but barely sped up, and says so
-    assert not TrainConfig(num_workers=2, dbow_words=True).blocks()
+    assert not settings.blocks(TrainConfig(num_workers=2, dbow_words=True))
     with pytest.raises(UserError, match="--schedule blocks trains plain PV-DBOW"):
         TrainConfig(num_workers=2, schedule="blocks", dbow_words=True)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import SAMPLE_EVENTS, SMALL_USERS
 
-from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, units
+from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, settings, units
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.errors import UserError
@@ -307,7 +307,7 @@ def test_one_device_worker_moves_the_bytes_plan_counts_its_documents_resident_or
            "kernel": "batched", "macro_batch": 4096, "progress": False}
     for ways, extra in ((1, {}), (5, {"device_memory": 300 * 16 * 4 / 2**30})):  # all 1,500 documents, or 300
         config = TrainConfig(**one, **extra)
-        assert config.document_partitions(corpus.num_docs, corpus.vocab_size) == ways
+        assert settings.document_partitions(config, corpus.num_docs, corpus.vocab_size) == ways
         counted = train(small_corpus, str(tmp_path / f"m{ways}"), config)["bytes_per_token"]
         planned = plan_model.bytes_per_token(corpus, config, 1)
         assert planned["pulled"] == planned["pushed"] == 0
@@ -705,8 +705,8 @@ def test_documents_swapped_by_partition_make_a_gpu_run_bound_by_pcie(sample_corp
     400 Gbit/s, is never the bound."""
     corpus = Corpus(sample_corpus[0])
     kept, swapped = _gpu_config(), _gpu_config(device_memory=corpus.num_docs / 5 * 100 * 4 / 2**30)
-    assert kept.document_partitions(corpus.num_docs, corpus.vocab_size) == 1
-    assert swapped.document_partitions(corpus.num_docs, corpus.vocab_size) == 5
+    assert settings.document_partitions(kept, corpus.num_docs, corpus.vocab_size) == 1
+    assert settings.document_partitions(swapped, corpus.num_docs, corpus.vocab_size) == 5
 
     def one_gpu(cfg, pcie=None):
         return plan_model.scaling_plan(corpus, cfg, SERVERS, network_gbps=400.0, workers=(1,),

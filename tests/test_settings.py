@@ -76,3 +76,21 @@ def test_the_checkpoint_records_the_resolved_settings(trained_model):
                                     "macro_batch": manifest["settings"]["macro_batch"], "handover": True,
                                     "kernel": "exact", "resident_docs": True}
     assert manifest["settings"]["resident_rows"] > 0 and manifest["plan"] == "runs"
+
+
+DERIVED = {"resident_tables", "resident_rows", "resident_documents", "document_partitions", "writes_back_at_end_of",
+           "token_path", "rounds", "_segments", "blocks", "plan", "half_on_device", "exact_kernel"}
+
+
+def test_config_declares_and_settings_decides():
+    """config.py keeps the declarations and their checks (issue 49, item 1): what follows from the
+    settings together with the corpus's sizes, and how a run trains, is settings.py's, in one home."""
+    from doc2vec_dist import settings
+
+    assert not DERIVED & set(vars(TrainConfig)), sorted(DERIVED & set(vars(TrainConfig)))
+    tree = ast.parse((ROOT / "doc2vec_dist" / "config.py").read_text())
+    sized = [f"{node.name}({arg.arg})" for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+             for arg in node.args.args if arg.arg.endswith("_rows") or arg.arg in {"num_docs", "vocab", "share"}]
+    assert not sized, sized
+    homeless = [name for name in DERIVED if not hasattr(settings, name) and not hasattr(RunSettings, name)]
+    assert not homeless, homeless

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from doc2vec_dist import precision
+from doc2vec_dist import settings as run_settings
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.ps import ParameterServer, table_specs
@@ -84,7 +85,7 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
     for epoch in range(config.epochs):
         # on the block schedule, worker 0 goes through every round as if the others' shares were empty
         start = Position(epoch)
-        for r in range(config.num_workers if config.blocks() else 1):
+        for r in range(config.num_workers if run_settings.blocks(config) else 1):
             s = worker.run_epoch(epoch, start)
             start = Position(epoch, round=r + 1, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"])
         stats.append(s)
@@ -240,28 +241,29 @@ def test_documents_resident_or_swapped_by_partition_train_what_documents_pulled_
 
 
 def test_where_a_workers_documents_live_kept_across_epochs_swapped_by_partition_or_streamed(monkeypatch):
-    """config.document_partitions: a CPU worker keeps its share within 2 GiB, else streams it as before; a
+    """settings.document_partitions: a CPU worker keeps its share within 2 GiB, else streams it as before; a
     GPU worker keeps it where its share of its device's free memory holds it beside its URL rows
     (Worker._device_room), else in partitions; --device-memory caps either; off the token path, streamed."""
     from types import SimpleNamespace
 
     import torch
 
-    from doc2vec_dist.config import RESIDENT_AUTO_BYTES, TableSpec
+    from doc2vec_dist.config import TableSpec
+    from doc2vec_dist.settings import RESIDENT_AUTO_BYTES
 
     row = 100 * 4
     fits = RESIDENT_AUTO_BYTES // row
-    assert TrainConfig(dim=100).document_partitions(fits, 1000) == 1
-    assert TrainConfig(dim=100).document_partitions(fits + 1, 1000) == 0
-    assert TrainConfig(dim=100, device_memory=0.5).document_partitions(fits + 1, 1000) == 5  # 2 GiB and a row
-    assert TrainConfig(dim=100, num_workers=2, schedule="shared").document_partitions(1000, 1000) == 0
-    assert TrainConfig(dim=100, gpus_per_worker=1).document_partitions(10 * fits, 1000) == 1  # the driver: unknown
+    assert run_settings.document_partitions(TrainConfig(dim=100), fits, 1000) == 1
+    assert run_settings.document_partitions(TrainConfig(dim=100), fits + 1, 1000) == 0
+    assert run_settings.document_partitions(TrainConfig(dim=100, device_memory=0.5), fits + 1, 1000) == 5  # 2 GiB and a row
+    assert run_settings.document_partitions(TrainConfig(dim=100, num_workers=2, schedule="shared"), 1000, 1000) == 0
+    assert run_settings.document_partitions(TrainConfig(dim=100, gpus_per_worker=1), 10 * fits, 1000) == 1  # the driver: unknown
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 16 << 30))
     two = TrainConfig(dim=100, num_workers=2, gpus_per_worker=0.5)
     room = Worker._device_room(SimpleNamespace(device="cuda", config=two, width=100),
                                TableSpec("words_out", 1_000_000, 100))
     assert room == int((8 << 30) * 0.75 * 0.5) - 500_000 * row  # half the device, less its block of URL rows
-    assert two.document_partitions(20_000_000, 1_000_000, free_bytes=room) == 2  # 10M users' rows, 4 GB each
+    assert run_settings.document_partitions(two, 20_000_000, 1_000_000, free_bytes=room) == 2  # 10M users' rows, 4 GB each
 
 
 def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and_its_restart_trains_the_same_rows(
@@ -464,7 +466,7 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
     servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
     try:
         worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, resolve(config, corpus), servers, tables)
-        assert config.blocks() and worker.rounds == 2 and worker.docs_head > 0
+        assert run_settings.blocks(config) and worker.rounds == 2 and worker.docs_head > 0
 
         def on_servers(ids):  # row r lives on server r % NUM_PS, at r // NUM_PS
             rows = np.empty((len(ids), worker.width), np.float32)
@@ -577,7 +579,7 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
             pool.append(worker)
         for epoch in range(epochs):  # as trainer._run_epoch drives them
             starts, handed = [Position(epoch)] * workers, [None] * workers
-            for r in range(config.rounds()):
+            for r in range(run_settings.rounds(config)):
                 last = [w.run_epoch(epoch, starts[i], handed[i]) for i, w in enumerate(pool)]
                 by_block = {h["block"]: h for h in (s.pop("handover") for s in last) if h is not None}
                 handed = [by_block.get(Blocks.held(i, r + 1, workers)) for i in range(workers)]
