@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from compare import run_trainer, synthetic, write_config
 
-from doc2vec_dist.cli import _add_config_flags
+from doc2vec_dist.cli import add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.logs import to_terminal
 
@@ -50,7 +50,7 @@ def ps_raw_bytes(config: TrainConfig, num_docs: int, vocab_size: int) -> list[in
     """Raw bytes of the rows each parameter server owns: rows on it × (dim + optimiser columns) × 4."""
     from types import SimpleNamespace
 
-    from doc2vec_dist.plan import shard_table_bytes
+    from doc2vec_dist.plan_model import shard_table_bytes
     from doc2vec_dist.ps import table_specs
 
     tables = table_specs(config, SimpleNamespace(num_docs=num_docs, vocab_size=vocab_size))
@@ -249,7 +249,7 @@ def run_sweep(corpus: str, config: TrainConfig, points: list[dict], epochs: int,
     """Ours alone at each point, in this process, on a local Ray with CPUs for the largest point
     (more workers than cores is a point of the curve: contention shows)."""
     from doc2vec_dist.corpus import Corpus
-    from doc2vec_dist.plan import effective_macro_batch
+    from doc2vec_dist.settings import resolve
     from doc2vec_dist.trainer import train
 
     data = Corpus(corpus)
@@ -261,7 +261,7 @@ def run_sweep(corpus: str, config: TrainConfig, points: list[dict], epochs: int,
               f"{p['num_workers']} workers", file=sys.stderr, flush=True)
         s = train(corpus, os.path.join(work, "sweep-model"), cfg, overwrite=True)
         # a worker makes at least 16 rounds an epoch: on a small corpus a large macro-batch is cut
-        p = {**p, "effective_macro_batch": effective_macro_batch(cfg, data.num_tokens, data.vocab_size)}
+        p = {**p, "effective_macro_batch": resolve(cfg, data).macro_batch}
         out.append({**p, "tokens_per_second": s["tokens_per_second"], "train_seconds": s["train_seconds"],
                     "worker_seconds": s.get("worker_seconds", {})})
     return out
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out-json", help="default: WORKDIR/benchmark.json")
     ap.add_argument("--out-png", help="default: WORKDIR/benchmark.png ('' for none)")
     ap.add_argument("--config", help="YAML of training flags")
-    _add_config_flags(ap, TrainConfig)
+    add_config_flags(ap, TrainConfig)
     ap.set_defaults(epochs=5)
     args = ap.parse_args(argv)
 
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
     from harness import local_ray
 
-    from doc2vec_dist.plan import empty_ps_bytes
+    from doc2vec_dist.plan_calibration import empty_ps_bytes
 
     points = sweep_points(config, args.sweep_macro_batch, args.sweep_workers)
     cpus = max([os.cpu_count() or 1] + [p["num_workers"] * config.cpus_per_worker for p in points])
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = report(result)
     print(text)
     if args.plan:
-        from doc2vec_dist.plan import format_plan
+        from doc2vec_dist.plan_report import format_plan
 
         print("\n" + format_plan(result["plan"]))
     with open(out_json, "w") as fh:

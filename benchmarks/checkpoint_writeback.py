@@ -26,7 +26,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # runs from a checkout without installing the package
 
-from doc2vec_dist import trainer
+from doc2vec_dist import run as run_module
+from doc2vec_dist import settings, trainer
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.corpus import Corpus
 
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--checkpoint-every", type=float, default=600.0)
     args = ap.parse_args()
-    os.environ[trainer.STAGED_ENV] = "1"  # the GPU worker's path, the CPU as its device
+    os.environ[settings.STAGED_ENV] = "1"  # the GPU worker's path, the CPU as its device
     cfg = build(TrainConfig, load_yaml(args.config), {})
     cfg = dataclasses.replace(cfg, gpus_per_worker=0, kernel="batched", cpus_per_worker=2, epochs=args.epochs,
                               checkpoint_every=args.checkpoint_every, progress=False)
@@ -59,7 +60,7 @@ def main() -> None:
                     workers.append(took - (sum(times["save"]) - saved))
         return run
 
-    run_class = trainer._Run
+    run_class = run_module.Run
     run_class._checkpoint_between_epochs = timed("between_epochs", run_class._checkpoint_between_epochs)
     run_class._checkpoint_mid_epoch = timed("mid_epoch", run_class._checkpoint_mid_epoch)
     run_class._checkpoint = timed("save", run_class._checkpoint)

@@ -90,7 +90,8 @@ def run(args) -> dict:
     from doc2vec_dist.config import PrepareConfig, TrainConfig
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.evaluate import heldout_metrics
-    from doc2vec_dist.index import build_index, update_index
+    from doc2vec_dist.index import build_index
+    from doc2vec_dist.index_update import update_index
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.synthetic import _WINDOW_START_MS, _Churn, generate
     from doc2vec_dist.trainer import train
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep every day's corpus, model and index")
     ap.add_argument("--json", help="write the results as JSON here too")
     args = ap.parse_args(argv)
-    from doc2vec_dist.trainer import ray_connection
+    from doc2vec_dist.cluster import ray_connection
 
     temporary = args.work is None
     args.work = args.work or tempfile.mkdtemp(prefix="doc2vec-churn-")

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import yaml
 
-from doc2vec_dist.cli import _add_config_flags
+from doc2vec_dist.cli import add_config_flags
 from doc2vec_dist.config import PrepareConfig, TrainConfig, build
 from doc2vec_dist.evaluate import heldout_metrics, labels_metrics
 from doc2vec_dist.logs import to_terminal
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gensim-workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--work", default="runs/compare")
     ap.add_argument("--config", help="YAML of training flags")
-    _add_config_flags(ap, TrainConfig)
+    add_config_flags(ap, TrainConfig)
     args = ap.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     from doc2vec_dist.config import load_yaml

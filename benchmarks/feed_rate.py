@@ -39,14 +39,15 @@ from benchmark import worker_split
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.logs import to_terminal
+from doc2vec_dist.settings import resolve
 
 
 def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, compute=None, staged: bool | None = None):
     """Parameter servers for `corpus_path` and the real worker 0 of a one-worker run against them:
     (servers, worker, close). The servers are Ray actors, or (use_ray False) ParameterServer objects
-    in this process, each on a thread of its own (client.LocalServer). compute: worker.Compute (None:
+    in this process, each on a thread of its own (client.LocalServer). compute: units.Compute (None:
     the real kernels). staged: whether the worker runs the device path (None: where it has a GPU)."""
-    from doc2vec_dist import client
+    from doc2vec_dist import client, units
     from doc2vec_dist import worker as worker_mod
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.ps import ParameterServer, table_specs
@@ -72,8 +73,9 @@ def one_worker(corpus_path: str, config: TrainConfig, use_ray: bool = True, comp
                 server.close()
 
     try:
-        worker = worker_mod.Worker(0, worker_mod.plan_units(corpus, 1)[0], corpus.path, config, servers, tables,
-                                   compute=compute, staged=staged)
+        settings = dataclasses.replace(resolve(config, corpus), staged=staged)
+        worker = worker_mod.Worker(0, units.plan_units(corpus, 1)[0], corpus.path, settings, servers, tables,
+                                   compute=compute)
     except BaseException:
         close()
         raise
@@ -87,14 +89,14 @@ def feed(corpus_path: str, config: TrainConfig, kernel: bool, use_ray: bool = Tr
     ParameterServer objects in this process, each on a thread of its own. staged: as one_worker.
 
     The worker runs them as epochs of a longer run: the end of a run's last epoch, and each checkpoint,
-    write back the rows a worker keeps resident across epochs (TrainConfig.writes_back_at_end_of), which is a
+    write back the rows a worker keeps resident across epochs (RunSettings.writes_back_at_end_of), which is a
     checkpoint's work, on its clock. That write-back is timed apart, after the timed epochs, as a
     checkpoint's pause makes it ("write_back_seconds", and its bytes)."""
-    from doc2vec_dist import worker as worker_mod
+    from doc2vec_dist import units
 
     # every kernel (batched, exact, exact drawing its own examples) and the device's example drawing
-    nothing = worker_mod.Compute(batched=lambda *args, **kwargs: 0.0, exact=lambda *args, **kwargs: 0.0,
-                                 tokens=lambda *args, **kwargs: (0.0, 0), device_examples=_no_examples)
+    nothing = units.Compute(batched=lambda *args, **kwargs: 0.0, exact=lambda *args, **kwargs: 0.0,
+                            tokens=lambda *args, **kwargs: (0.0, 0), device_examples=_no_examples)
     longer = dataclasses.replace(config, epochs=config.epochs + 1)  # the timed epochs are not the run's last
     _, worker, close = one_worker(corpus_path, longer, use_ray, compute=None if kernel else nothing, staged=staged)
     first = config.epochs - timed

@@ -10,7 +10,7 @@ uncalibrated (plan.choose_workers's figures: what `train --num-workers 2` asks b
 count train would take. With --prepare-users, generates that many users (`generate --urls 100000 --seed 1`)
 and times `prepare --time-col ts` in one process, with --parallel 2 starting a local Ray, and with
 --parallel 0 on a Ray already up (as jobs/train.py on a cluster), before and after prepare's own choice
-(prepare.processes_that_pay). One JSON line per measurement on stdout.
+(prepare_merge.processes_that_pay). One JSON line per measurement on stdout.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def corpora(work: str) -> dict[str, str]:
 
 
 def train_rates(work: str, paths: dict[str, str], epochs: dict[str, int]) -> None:
-    from doc2vec_dist import plan
+    from doc2vec_dist import plan, plan_model
     from doc2vec_dist.config import TrainConfig
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.trainer import train
@@ -56,7 +56,7 @@ def train_rates(work: str, paths: dict[str, str], epochs: dict[str, int]) -> Non
         corpus = Corpus(path)
         chosen, line = plan.choose_workers(corpus, cfg)
         cal = {"summary": {"tokens_per_second": plan.UNCALIBRATED_TOKENS_PER_SECOND["cpu"]}, "workers": 1}
-        rows = plan.scaling_plan(corpus, cfg, cal, plan.CHOICE_NETWORK_GBPS, workers=(1, 2))
+        rows = plan_model.scaling_plan(corpus, cfg, cal, plan.CHOICE_NETWORK_GBPS, workers=(1, 2))
         _say(what="model", corpus=name, tokens=corpus.num_tokens, train_takes=chosen.num_workers, line=line,
              predicted={r["workers"]: r["tokens_per_second"] for r in rows})
         for workers in (1, 2, 1, 2):
@@ -71,7 +71,7 @@ def prepare_times(work: str, users: list[int]) -> None:
 
     from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
-    from doc2vec_dist.readers import expand_inputs, input_bytes
+    from doc2vec_dist.read_files import expand_inputs, input_bytes
     from doc2vec_dist.synthetic import generate
 
     made = {}

@@ -97,7 +97,7 @@ def bench_ray(corpus_path: str, config: TrainConfig, out: str, heldout: str | No
     import ray
     from harness import local_ray
 
-    from doc2vec_dist import trainer
+    from doc2vec_dist import settings, trainer
 
     epochs: list[dict] = []
 
@@ -109,9 +109,9 @@ def bench_ray(corpus_path: str, config: TrainConfig, out: str, heldout: str | No
         print(f"epoch {done}/{config.epochs}: {rate / 1e6:.2f}M tokens/s  loss {epochs[-1]['loss']:.4f}\n    "
               f"{worker_split(stats['seconds'], digits=2)}", flush=True)
 
-    staged = os.environ.get(trainer.STAGED_ENV)
+    staged = os.environ.get(settings.STAGED_ENV)
     if not cuda:
-        os.environ[trainer.STAGED_ENV] = "1"  # the driver reads it: its workers run the device path on the CPU
+        os.environ[settings.STAGED_ENV] = "1"  # the driver reads it: its workers run the device path on the CPU
     started = local_ray(max(os.cpu_count() or 1, config.num_workers * config.cpus_per_worker + config.num_ps),
                         logging_level="ERROR", log_to_driver=False)
     try:
@@ -120,9 +120,9 @@ def bench_ray(corpus_path: str, config: TrainConfig, out: str, heldout: str | No
         if started:
             ray.shutdown()
         if staged is None:
-            os.environ.pop(trainer.STAGED_ENV, None)
+            os.environ.pop(settings.STAGED_ENV, None)
         else:
-            os.environ[trainer.STAGED_ENV] = staged
+            os.environ[settings.STAGED_ENV] = staged
     result = {"corpus": corpus_path, "through": "Ray (trainer.train)", "device": "cuda" if cuda else "cpu",
               "workers": config.num_workers, "gpus_per_worker": config.gpus_per_worker,
               "config": dataclasses.asdict(config), "epochs": epochs,

@@ -14,7 +14,7 @@ def local_ray(cpus: int, logging_level: str = "WARNING", **kwargs) -> bool:
     only when this call started one, which the caller then shuts down."""
     import ray
 
-    from doc2vec_dist.trainer import local_object_store_bytes
+    from doc2vec_dist.cluster import local_object_store_bytes
 
     if ray.is_initialized():
         return False

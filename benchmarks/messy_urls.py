@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         args.users, args.urls, args.epochs, args.seeds = 1500, 2000, 2, [1]
     to_terminal(logging.WARNING)
     try:
+        from doc2vec_dist.cluster import ray_connection
         from doc2vec_dist.synthetic import generate
-        from doc2vec_dist.trainer import ray_connection
 
         work = os.path.abspath(args.work)
         generated = os.path.join(work, f"generated-{args.users}x{args.urls}")

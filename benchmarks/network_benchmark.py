@@ -52,7 +52,7 @@ from doc2vec_dist.logs import to_terminal
 def planned(corpus_path: str, config: TrainConfig, workers: int, gbps: float) -> dict:
     """plan's bytes per token (by kind) and network-bound tokens/s for W workers over links of `gbps`."""
     from doc2vec_dist.corpus import Corpus
-    from doc2vec_dist.plan import macro_batch_profile, scaling_plan
+    from doc2vec_dist.plan_model import macro_batch_profile, scaling_plan
 
     corpus = Corpus(corpus_path)
     config = dataclasses.replace(config, num_workers=workers)
@@ -102,9 +102,9 @@ def run_one(cluster: netcluster.NetCluster, corpus: str, work: str, config: Trai
 
 
 def expected(rows: list[dict]) -> None:
-    """Each capped row's expected rate, as plan combines its bounds (plan.expected_rate): its network
+    """Each capped row's expected rate, as plan combines its bounds (plan_model.expected_rate): its network
     rate, and for compute what the same cluster trained uncapped; and measured ÷ expected."""
-    from doc2vec_dist.plan import expected_rate
+    from doc2vec_dist.plan_model import expected_rate
 
     for row in rows:
         free = [r["tokens_per_second"] for r in rows

@@ -139,19 +139,19 @@ def recall(model: str, heldout: str) -> float | None:
 
 
 def latest(model: str) -> int | None:
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
     try:
-        return checkpoint.latest_version(model)
+        return modeldir.latest_version(model)
     except Exception:  # noqa: BLE001 - a model dir still being made
         return None
 
 
 def epochs_done(model: str) -> int | None:
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
     try:
-        return int(checkpoint.load_manifest(model)[1]["epoch"])
+        return int(modeldir.load_manifest(model)[1]["epoch"])
     except Exception:  # noqa: BLE001 - no committed version
         return None
 

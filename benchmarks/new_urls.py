@@ -76,10 +76,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.logs import to_terminal
+from doc2vec_dist.modeldir import ModelDir
 
 HOLDOUT = 0.2      # share of the distinct tokens held out of training
 NEW_USERS = 0.2    # share of the users who are new
@@ -276,8 +276,8 @@ def infer_users(model: str, visible: pa.Table, where: str, compose: bool, text: 
 def universe_rows(model: str, universe: pa.Array, how: str, text: bool) -> tuple[np.ndarray, np.ndarray]:
     """([N, dim] vectors, NaN where none; [N] counts) of every token of the log, by an arm's rule: "own"
     (the model's rows only), "composed" (compose.py, or n-grams for text), "parts" (trained part rows)."""
-    from doc2vec_dist.checkpoint import ModelDir
     from doc2vec_dist.compose import UrlComposer, url_parts
+    from doc2vec_dist.modeldir import ModelDir
 
     found = ModelDir(model)
     vocab = found.vocab()
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         arms = ("derived", *arms)
     to_terminal(logging.WARNING)
     try:
-        from doc2vec_dist.trainer import ray_connection
+        from doc2vec_dist.cluster import ray_connection
 
         work = os.path.abspath(args.work)
         os.makedirs(work, exist_ok=True)

@@ -198,8 +198,8 @@ def _newsgroups(work: str, quick: bool) -> Set:
 def leave_one_out_accuracy(model: str, labels: list[str], k: int = 10) -> float:
     """Share of documents whose k nearest others (cosine) carry their label by majority. With 200
     posts, evaluate --labels' fixed 80/20 split would score 40 (steps of 0.025); this scores all 200."""
-    from doc2vec_dist.checkpoint import ModelDir
     from doc2vec_dist.evaluate import knn_vote
+    from doc2vec_dist.modeldir import ModelDir
     from doc2vec_dist.scoring import unit_rows
 
     found = ModelDir(model)
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = load_yaml(args.config) if args.config else {}
         import ray
 
-        from doc2vec_dist.trainer import connect
+        from doc2vec_dist.cluster import connect
 
         started = False
         if args.ray_cpus and not ray.is_initialized():

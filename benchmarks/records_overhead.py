@@ -27,8 +27,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from doc2vec_dist import checkpoint
-from doc2vec_dist.trainer import RECORDS_ENV
+from doc2vec_dist import modeldir
+from doc2vec_dist.run import RECORDS_ENV
 
 
 @contextlib.contextmanager
@@ -53,7 +53,7 @@ def run(args, records: bool) -> dict:
     t0 = time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
-    summary = checkpoint.ModelDir(out).settings()["summary"]
+    summary = modeldir.ModelDir(out).settings()["summary"]
     logged = os.path.exists(os.path.join(out, "training.jsonl"))
     assert logged == records, f"{out}: training log {'missing' if records else 'written'}"
     return {"tokens_per_second": summary["tokens_per_second"], "train_seconds": summary["train_seconds"],

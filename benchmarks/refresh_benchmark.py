@@ -60,7 +60,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from doc2vec_dist.cli import _add_config_flags
+from doc2vec_dist.cli import add_config_flags
 from doc2vec_dist.config import PrepareConfig, TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.ids import hash_strings
@@ -137,7 +137,7 @@ def time_split(events: str | list[str], out: str, seed: int, new_users: float = 
 
 
 def _expand(files: list[str]) -> list[str]:
-    from doc2vec_dist.readers import expand_inputs
+    from doc2vec_dist.read_files import expand_inputs
 
     return expand_inputs(files, "events")
 
@@ -190,8 +190,10 @@ class Settings:
 
 
 def run_seed(seed: int, s: Settings, bar: tqdm) -> dict:
+    from doc2vec_dist.drift import after_training
     from doc2vec_dist.evaluate import heldout_metrics
-    from doc2vec_dist.index import build_index, update_index
+    from doc2vec_dist.index import build_index
+    from doc2vec_dist.index_update import update_index
     from doc2vec_dist.prepare import prepare
     from doc2vec_dist.synthetic import generate
     from doc2vec_dist.trainer import train
@@ -235,6 +237,7 @@ def run_seed(seed: int, s: Settings, bar: tqdm) -> dict:
         t_prepare = time.perf_counter() - t
         summary = train(fresh.path, d("refresh-model"), config(s.refresh_epochs, init_from=d("base-model"),
                                                                first_epoch=s.first_epoch))
+        after_training(summary, d("base-model"), d("refresh-model"))  # as the refresh job measures it
         result["refresh"] = {"prepare_seconds": t_prepare, "train_seconds": time.perf_counter() - t - t_prepare,
                              "wall_seconds": time.perf_counter() - t, "tokens_per_second": summary["tokens_per_second"],
                              "prepare": fresh.meta["refresh"], "drift": summary.get("drift")}
@@ -382,7 +385,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
                     help="a smoke run: " + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
     ap.add_argument("--verbose", action="store_true", help="the library's progress bars and information lines")
     ap.add_argument("--config", help="YAML of training settings for every model (flags override it)")
-    _add_config_flags(ap, TrainConfig, skip=REFRESH_ONLY)
+    add_config_flags(ap, TrainConfig, skip=REFRESH_ONLY)
     args = ap.parse_args(argv)
     if args.quick:  # its sizes, where a flag does not say otherwise
         for name, value in QUICK.items():
@@ -411,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, s = parse(argv)
         to_terminal(logging.INFO if args.verbose else logging.WARNING)
-        from doc2vec_dist.trainer import ray_connection
+        from doc2vec_dist.cluster import ray_connection
 
         os.makedirs(s.work, exist_ok=True)
         results = []

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from serving_benchmark import memory, popen_wait4, synthetic_rows
 
-from doc2vec_dist import checkpoint, outputs
+from doc2vec_dist import checkpoint, modeldir, outputs
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import DOCS_SCHEMA, VOCAB_SCHEMA, write_shard
 from doc2vec_dist.errors import UserError
@@ -103,7 +103,7 @@ def write_corpus(corpus: str, users: int, urls: int, events: int, shards: int, s
 def write_model(model: str, corpus: str, meta: dict, dim: int, parts: int, seed: int) -> None:
     users, urls = meta["num_docs"], meta["vocab_size"]
     if os.path.exists(os.path.join(model, "LATEST")):
-        found = checkpoint.ModelDir(model)
+        found = modeldir.ModelDir(model)
         if (found.spec("docs")["rows"], found.spec("words_out")["rows"], found.spec("docs")["dim"]) == (users, urls, dim):
             print(f"model: reusing {model}", file=sys.stderr)
             return
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         write_model(model, corpus, meta, args.dim, args.parts, args.seed)
         cli = [sys.executable, "-m", "doc2vec_dist", "report", "--model", model]
         results = {"users": args.users, "urls": args.urls, "dim": args.dim, "tokens": meta["num_tokens"],
-                   "docs_bytes": sum(p["bytes"] for p in checkpoint.ModelDir(model).spec("docs")["parts"])}
+                   "docs_bytes": sum(p["bytes"] for p in modeldir.ModelDir(model).spec("docs")["parts"])}
         results["page"] = popen_wait4([*cli, "--out", os.path.join(args.work, "report.html")])
         print(f"page: {results['page']['seconds']} s ({results['page']['cpu_seconds']} s CPU), "
               f"{memory(results['page'])}")

@@ -10,7 +10,7 @@ negative 5, sample 0 unless flags say otherwise:
             parallel efficiency (tokens/s ÷ (W × one worker's)), where the workers' time went, the
             servers' busy seconds, and the bytes moved per token (the workers' counters) beside
             `plan`'s prediction of them; with --through-servers each W > 1 again with its blocks going
-            home through the servers at each round's end and pulled again (trainer.HANDOVER_ENV=0, the
+            home through the servers at each round's end and pulled again (settings.HANDOVER_ENV=0, the
             path before the blocks were handed from worker to worker);
   threads   one worker with T threads (--cpus-per-worker T), beside gensim (corpus_file mode, its
             fastest) with T threads.
@@ -36,10 +36,10 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from benchmark import worker_split
 from harness import save_json
 
-from doc2vec_dist.cli import _add_config_flags
+from doc2vec_dist.cli import add_config_flags
 from doc2vec_dist.config import TrainConfig, build, load_yaml
 from doc2vec_dist.logs import to_terminal
-from doc2vec_dist.trainer import time_split
+from doc2vec_dist.run import time_split
 
 
 def run_ours(corpus: str, work: str, config: TrainConfig, label: str) -> dict:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--network-gbps", type=float, default=10.0, help="for plan's predicted bytes (none here)")
     ap.add_argument("--json", help="default: WORKDIR/scaling.json")
     ap.add_argument("--config", help="YAML of training flags")
-    _add_config_flags(ap, TrainConfig)
+    add_config_flags(ap, TrainConfig)
     ap.set_defaults(epochs=3, sample=0.0, cpus_per_worker=1, checkpoint_every=0.0)
     args = ap.parse_args(argv)
     base = build(TrainConfig, load_yaml(args.config) if args.config else {}, vars(args))
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     from harness import local_ray
 
     from doc2vec_dist.corpus import Corpus
-    from doc2vec_dist.plan import bytes_per_token
+    from doc2vec_dist.plan_model import bytes_per_token
 
     found = Corpus(corpus)
     cpus = max([w * base.cpus_per_worker for w in args.workers] + list(args.threads) + [os.cpu_count() or 1])
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
             row = {"workers": w, **run_ours(corpus, args.workdir, config, f"w{w}"),
                    "planned_bytes_per_token": bytes_per_token(found, config, w)}
             if args.through_servers and w > 1:
-                from doc2vec_dist.trainer import HANDOVER_ENV
+                from doc2vec_dist.settings import HANDOVER_ENV
 
                 os.environ[HANDOVER_ENV] = "0"
                 try:

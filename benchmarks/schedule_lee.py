@@ -31,7 +31,7 @@ Schedules (--schedules):
 the next (TrainConfig.segments): W x S rounds an epoch on the block schedules, S on local-sgd.
 
 --split: which documents are worker i's segment s (split()):
-  interleaved    the engine's plan (worker.plan_units) since 2026-11-28: the corpus cut into W x S pieces of
+  interleaved    the engine's plan (units.plan_units) since 2026-11-28: the corpus cut into W x S pieces of
                  about equal tokens, piece W*s + i is worker i's segment s (the rounds walk the corpus in order)
   halves         the engine's plan before: each worker a run of about 1/W of the tokens, cut into S segments
                  of about equal tokens
@@ -88,7 +88,7 @@ SPLITS = ("interleaved", "halves", "by-count")
 
 def split(lengths: np.ndarray, workers: int, segments: int, how: str = "interleaved") -> list[list[np.ndarray]]:
     """Each worker's segments: the documents (indices, in corpus order) of worker i's segment s (--split)."""
-    from doc2vec_dist.worker import _even_cuts
+    from doc2vec_dist.units import _even_cuts
 
     def cut(docs: np.ndarray, pieces: int) -> list[np.ndarray]:
         if how == "by-count":
@@ -118,8 +118,8 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
           sample: float = 1e-3, ns_exponent: float = 0.75, hashed_seeds: bool = False,
           how: str = "interleaved") -> np.ndarray:
     """The document vectors after training with `schedule` on `workers` workers (see the docstring)."""
-    from doc2vec_dist.config import lr_at
     from doc2vec_dist.cpu_kernel import train_tokens
+    from doc2vec_dist.lr import rate_at
     from doc2vec_dist.ps import _fill_uniform
     from doc2vec_dist.sampling import NegativeTable, keep_probabilities
     from doc2vec_dist.schedule import MAX_NEGATIVE_RATIO, Blocks
@@ -143,9 +143,9 @@ def train(docs: list[np.ndarray], counts: np.ndarray, workers: int, schedule: st
         # worker i's tokens, its learning rate decaying over its own planned tokens (as a worker's does)
         if len(tokens) == 0:
             return
-        start = lr_at(alpha, min_alpha, done[i], planned[i])
+        start = rate_at(alpha, min_alpha, done[i], planned[i])
         done[i] += len(tokens)
-        end = lr_at(alpha, min_alpha, done[i], planned[i])
+        end = rate_at(alpha, min_alpha, done[i], planned[i])
         calls[0] += 1
         train_tokens(inputs, rows, doc_of, tokens, keep_of, table.accept, table.alias, count, start, end,
                      call_seed(seed, calls[0], hashed_seeds), threads=1)

@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from doc2vec_dist import checkpoint, outputs
+from doc2vec_dist import checkpoint, modeldir, outputs
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.logs import command
 from doc2vec_dist.memwatch import peak_rss_bytes, proc_status_bytes
@@ -112,7 +112,7 @@ def write_model(model: str, rows: int, dim: int = 100, parts: int = 4, clusters:
                 seed: int = 0, chunk: int = 1 << 20) -> str:
     """A model directory with a `docs` table only, written with checkpoint.write_slice and commit."""
     if os.path.exists(os.path.join(model, "LATEST")):
-        spec = checkpoint.ModelDir(model).spec("docs")
+        spec = modeldir.ModelDir(model).spec("docs")
         if (spec["rows"], spec["dim"], len(spec["parts"])) == (rows, dim, parts):
             print(f"model: reusing {model}", file=sys.stderr)
             return model
@@ -143,7 +143,7 @@ def write_model(model: str, rows: int, dim: int = 100, parts: int = 4, clusters:
 def write_refreshed_model(model: str, out: str, changed: float, new: int, noise: float = 0.8, seed: int = 7) -> str:
     """`model`'s docs with a `changed` share of its rows moved a little and `new` rows appended, as a
     refreshed model (same keys, same ids, new ones after), in as many parts."""
-    found = checkpoint.ModelDir(model)
+    found = modeldir.ModelDir(model)
     spec = found.spec("docs")
     rows, dim, parts = spec["rows"] + new, spec["dim"], len(spec["parts"])
     if os.path.exists(out):

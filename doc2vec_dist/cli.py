@@ -18,7 +18,6 @@ from .config import (
     TrainConfig,
     build,
     engine_only,
-    explicit_values,
     field_names,
     gensim_pointer,
     load_yaml,
@@ -59,7 +58,7 @@ class _OneSetting(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, cls, engine: bool = True, skip: Collection[str] = ()) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, cls, engine: bool = True, skip: Collection[str] = ()) -> None:
     """One flag per config field, named like the YAML key (and its aliases, gensim's names); unset flags stay
     None so YAML is not overridden, and the help shows the field's own default. engine=False leaves out the
     fields of our Ray engine alone (config.engine_only), for `baseline`; `skip` leaves out the fields a
@@ -237,19 +236,13 @@ def _trainer_yaml(args) -> dict:
     return {k: v for k, v in values.items() if k not in prepare_only | field_names(JobConfig)}
 
 
-def _train_config(args, yaml_values: dict | None = None) -> TrainConfig:
-    yaml_values = _trainer_yaml(args) if yaml_values is None else yaml_values
-    flags = vars(args)
-    taken: dict = {}
-    init_from = flags.get("init_from") or yaml_values.get("init_from")
-    if init_from and not (flags.get("resume") or yaml_values.get("resume")):  # a resumed run has its checkpoint's
-        from .warmstart import taken_settings
+def _train_config(args, yaml_values: dict | None = None, model: str | None = None) -> TrainConfig:
+    """The command's TrainConfig (pipeline.train_config, as the jobs assemble theirs); with `model`, a
+    --resume is that model's checkpoint config."""
+    from .pipeline import train_config
 
-        taken = taken_settings(init_from, [(args.config, yaml_values), ("", flags)])
-    config = build(TrainConfig, taken, yaml_values, flags)
-    if getattr(args, "no_progress", False):
-        config.progress = False
-    return config.validate()
+    yaml_values = _trainer_yaml(args) if yaml_values is None else yaml_values
+    return train_config(yaml_values, vars(args), args.config, model=model)
 
 
 def cmd_generate(args) -> None:
@@ -273,16 +266,9 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from .plan import train_workers
-    from .trainer import resumed_config, train
+    from .pipeline import trained
 
-    yaml_values = _trainer_yaml(args)
-    config = _train_config(args, yaml_values)
-    if config.resume:  # the checkpoint's config, changed only where a flag or the YAML says so
-        config = resumed_config(args.out, explicit_values(TrainConfig, yaml_values, vars(args)))
-        config.progress = not args.no_progress
-    config = train_workers(args.corpus, config)  # fewer workers where more would not pay (a small corpus)
-    summary = train(args.corpus, args.out, config, overwrite=args.overwrite)
+    summary, _ = trained(args.corpus, args.out, _train_config(args, model=args.out), overwrite=args.overwrite)
     _print_summary("doc2vec-dist", summary)
     print(f"model: {summary['model']} (checkpoint v{summary['version']})")
 
@@ -309,13 +295,14 @@ def _print_summary(who: str, s: dict) -> None:
     print(f"{who}: {s['tokens']:,} tokens in {s['train_seconds']:.1f}s = {s['tokens_per_second'] / 1e6:.3f}M tokens/s; "
           f"checkpoint {s['checkpoint_seconds']:.1f}s")
     if s.get("worker_seconds"):
-        from .trainer import time_split
+        from .run import time_split
 
         print("worker time: " + time_split(s["worker_seconds"]))
 
 
 def cmd_plan(args) -> None:
-    from .plan import format_plan, plan, save_json
+    from .plan import plan, save_json
+    from .plan_report import format_plan
 
     outputs.check_writable(args.json)
     if not args.no_calibrate:
@@ -333,7 +320,9 @@ def cmd_plan(args) -> None:
 
 
 def cmd_tune(args) -> None:
-    from .tune import format_result, load_space, search
+    from .search_report import format_result
+    from .search_space import load_space
+    from .tune import search
 
     result = search(args.corpus, args.out, heldout=args.heldout, labels=args.labels, pairs=args.pairs,
                     budget=args.budget, space=load_space(args.space) if args.space else None,
@@ -379,7 +368,8 @@ def cmd_index(args) -> None:
     from .runners import calm_openmp
 
     calm_openmp()  # before faiss is imported
-    from .index import build_index, summary_line, update_index
+    from .index import build_index, summary_line
+    from .index_update import update_index
 
     if args.update:
         params = update_index(args.update, args.out, model=args.model, table=args.table, vectors_path=args.vectors,
@@ -535,7 +525,7 @@ def make_parser() -> argparse.ArgumentParser:
     pr.add_argument("inputs", nargs="+", help="files, directories or globs")
     pr.add_argument("--out", required=True, help="corpus directory to create")
     pr.add_argument("--config", help="YAML file with the same keys as the flags")
-    _add_config_flags(pr, PrepareConfig)
+    add_config_flags(pr, PrepareConfig)
     fields = {f.name: f for f in dataclasses.fields(PrepareConfig)}
     pr.add_argument("--seed", type=int, default=None, help=_help(fields["seed"].metadata["help"], fields["seed"].default))
     pr.add_argument("--address", default=None, help=fields["address"].metadata["help"])
@@ -549,7 +539,7 @@ def make_parser() -> argparse.ArgumentParser:
         engine_keys = "; the engine's own keys (num_ps, cache_rows, ...) are ignored" if name == "baseline" else ""
         t.add_argument("--config", help="YAML file with the same keys as the flags" + engine_keys)
         t.add_argument("--overwrite", action="store_true", help="replace an existing model")
-        _add_config_flags(t, TrainConfig, engine=name == "train")
+        add_config_flags(t, TrainConfig, engine=name == "train")
         if name == "baseline":
             t.add_argument("--workers", type=int, default=None, help="gensim threads (default: all cores)")
             t.add_argument("--gensim-mode", default="iterable", choices=("iterable", "corpus_file"),
@@ -566,7 +556,7 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--tokens-per-user", type=float,
                     help="an estimate without a corpus: the mean events (tokens) of a user")
     pl.add_argument("--config", help="YAML file with the same keys as the flags")
-    _add_config_flags(pl, TrainConfig)
+    add_config_flags(pl, TrainConfig)
     pl.add_argument("--calibrate-seconds", type=float, default=30.0,
                     help="about how long the calibration run trains, in seconds")
     pl.add_argument("--no-calibrate", action="store_true", help="memory only, from modelled fixed costs; no time")
@@ -622,7 +612,7 @@ def make_parser() -> argparse.ArgumentParser:
     tu.add_argument("--no-compare", action="store_true", help="skip training the best, the defaults and gensim on "
                                                               "the whole corpus at the end")
     tu.add_argument("--config", help="YAML file with the base settings every trial starts from")
-    _add_config_flags(tu, TrainConfig, engine=True, skip=("force_workers",))  # a trial trains as it is asked
+    add_config_flags(tu, TrainConfig, engine=True, skip=("force_workers",))  # a trial trains as it is asked
 
     e = add("export", cmd_export, "write a table as Parquet (key, vector), word2vec text or npy")
     e.add_argument("--model", required=True, help="model directory")

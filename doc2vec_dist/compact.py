@@ -10,7 +10,7 @@ key and its server's memory for someone who is gone: the growth `--expire-days` 
 dropped row's id goes, and every later id moves down by the number dropped before it: the order of the
 ids that stay is kept, and so is "a known key's row in the new corpus is its row in the base" up to
 that shift. The daily refresh's warm start maps the base model's rows through the same shift
-(checkpoint.read_shard's `dropped`, which warmstart reads from the corpus's dropped.arrow), and index
+(modeldir.read_shard's `dropped`, which warmstart reads from the corpus's dropped.arrow), and index
 updates match rows by key. The price: a row that stays may move to another server (row r lives on
 server r % S), which costs nothing, since every run loads its rows from the checkpoint anyway.
 

@@ -103,7 +103,6 @@ class PrepareConfig:
 # imports nothing of ours but errors)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-RESIDENT_AUTO_BYTES = 2 << 30  # resident words_out rows a single worker keeps by default (cache_rows None)
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,7 @@ class TableSpec:
     U[-1, 1) / dim; "zeros" its initialisation of the output weights (syn1neg).
 
     It lives here, not in ps.py: TrainConfig makes them (TrainConfig.table) and sizes resident rows by
-    their width, and ps.py imports checkpoint, which imports this module (lr_at), so config.py taking
+    their width, and ps.py imports checkpoint, which imports this module, so config.py taking
     it from ps.py would be an import cycle. config.py imports nothing of ours but errors: placement,
     plan, worker and the trainer take a TableSpec from here without pulling in a server's imports.
     """
@@ -262,137 +261,20 @@ class TrainConfig:
         """A table of this run: `rows` rows of dim floats, and row-wise Adagrad's accumulator column."""
         return TableSpec(name, rows, self.dim, state=int(self.optimizer == "adagrad"), init=init, dtype=self.dtype)
 
-    def resident_tables(self, vocab: int) -> dict[str, int]:
-        """Rows of each URL table a worker keeps resident: words_out's (resident_rows), and on the
-        token path, where words are trained, every words row too."""
-        rows = self.resident_rows(vocab)
-        if self.token_path(vocab) and self.trains_words():
-            return {"words_out": rows, "words": rows}
-        return {"words_out": rows}
-
-    def resident_rows(self, words_out_rows: int) -> int:
-        """Rows of words_out each worker keeps resident: --cache-rows, or by default, with one worker
-        (nothing else writes them, so they are never stale), every row within RESIDENT_AUTO_BYTES;
-        on the block schedule, the block it holds (its largest)."""
-        if self.cache_rows is not None:
-            return min(self.cache_rows, words_out_rows)
-        if self.blocks():
-            return -(-words_out_rows // self.num_workers)
-        if self.num_workers > 1:
-            return 0
-        row_bytes = 4 * self.table("words_out", words_out_rows).width
-        return min(words_out_rows, RESIDENT_AUTO_BYTES // row_bytes)
-
-    def resident_documents(self, num_docs: int, words_out_rows: int) -> int:
-        """Rows of docs each worker holds resident at once (document_partitions): its share of the
-        documents, or of one partition of them; none where each macro-batch pulls and pushes its own."""
-        partitions = self.document_partitions(num_docs, words_out_rows)
-        share = -(-num_docs // self.num_workers)
-        return -(-share // partitions) if partitions else 0
-
-    def document_partitions(self, num_docs: int, words_out_rows: int, share: int | None = None,
-                            free_bytes: int | None = None) -> int:
-        """How a worker keeps its share of the documents' rows (`share` rows; None: num_docs / workers)
-        on the token path (the block schedule, or one worker holding every URL row), where no one else
-        writes them: 1, resident for the run (pulled once, written back at checkpoints and at the end);
-        P > 1, cut into P partitions that each fit, held one at a time and swapped where the worker's
-        walk of its documents passes from one to the next; 0, pulled and pushed with each macro-batch.
-
-        They fit --device-memory where it is given. Otherwise a GPU worker's fit `free_bytes` (what its
-        device has free for them, which the worker measures; unknown, as to the driver: they fit), and
-        a CPU worker's RESIDENT_AUTO_BYTES of its host's memory, beyond which they stream as before."""
-        if not self.token_path(words_out_rows) or not self.resident_docs:
-            return 0
-        share = -(-num_docs // self.num_workers) if share is None else share
-        need = share * 4 * self.table("docs", num_docs).width
-        if self.device_memory is not None:
-            room = int(self.device_memory * 2**30)
-        elif self.gpus_per_worker > 0:
-            room = need if free_bytes is None else free_bytes
-        elif need > RESIDENT_AUTO_BYTES:
-            return 0
-        else:
-            return 1
-        return int(min(max(share, 1), max(1, -(-need // max(room, 1)))))
-
-    def writes_back_at_end_of(self, epoch: int) -> bool:
-        """Whether a worker writes the rows it keeps resident across epochs (its documents' on the token path;
-        one worker's URL rows) back to the servers at the end of `epoch`: at the run's last, and with
-        --checkpoint-every 0 at every one, so that a worker restarted from an epoch's start finds them
-        there. Otherwise they stay in the worker into the next epoch, and the checkpoint the driver takes
-        at each epoch's end fetches them (Worker.pause): moved once an epoch either way, on the
-        checkpoint's clock rather than the epoch's."""
-        return epoch >= self.epochs - 1 or self.checkpoint_every <= 0
-
-    def token_path(self, words_out_rows: int) -> bool:
-        """Whether a worker trains straight from the tokens, its examples drawn where the kernel runs
-        (cpu_kernel.train_tokens for plain PV-DBOW, device_examples for the batched kernel in every
-        mode): one worker (nothing else writes the URL rows), every URL row resident in it (words_out,
-        and words where trained), and each example's own negatives. Shared negatives keep the host's
-        examples: drawn for a device group's micro-batches (1,024 examples) they fell below popularity
-        on the sample's MRR (0.279 against 0.291)."""
-        plain = self.mode == "dbow" and not self.dbow_words
-        if self.blocks():  # each worker the sole writer of the block it holds (schedule.py)
-            return True
-        return ((plain or not self.exact_kernel()) and self.num_workers == 1 and not self.shared_negatives
-                and self.resident_rows(words_out_rows) == words_out_rows)
-
-    def rounds(self) -> int:
-        """Rounds in an epoch: on the block schedule, a rotation of the blocks (one per worker) for each
-        segment of the workers' documents; else one."""
-        return self.num_workers * self._segments() if self.blocks() else 1
-
-    def _segments(self) -> int:
-        if self.segments is None:  # the default depends on the corpus: settle_segments sets it
-            raise ValueError("segments is not settled for the corpus yet (config.settle_segments)")
-        return self.segments
-
-    def blocks(self) -> bool:
-        """Whether several workers take turns at blocks of the URL rows (schedule.py): --schedule blocks,
-        or auto for plain PV-DBOW with each example's own negatives and no --cache-rows. The windows of
-        --dbow-words and PV-DM reach across blocks, so those modes share the rows instead."""
-        if self.num_workers == 1 or self.schedule == "shared":
-            return False
-        plain = self.mode == "dbow" and not self.dbow_words
-        return plain and not self.shared_negatives and (self.schedule == "blocks" or self.cache_rows is None)
-
-    def plan(self) -> str:
-        """How the corpus is divided among the workers (worker.plan_units): "interleaved" where several
-        workers walk it in segments on the block schedule (piece W·s + i is worker i's segment s), else
-        "runs" (each worker its own run of it). A checkpoint's data positions hold only under its plan."""
-        return "interleaved" if self.blocks() and self._segments() > 1 else "runs"
-
     def trains_words(self) -> bool:
         """Whether the `words` table (input vectors of URLs) is trained: PV-DM, and dbow_words."""
         return self.mode == "dm" or self.dbow_words
 
-    def half_on_device(self, words_out_rows: int, staged: bool | None = None) -> bool:
-        """Whether device workers keep their resident URL rows in the tables' 16-bit dtype (kernels.py):
-        on the device (staged) path, where the token path holds every URL row there. staged: whether
-        workers run that path (None: where they have a GPU)."""
-        staged = self.gpus_per_worker > 0 if staged is None else staged
-        return bool(staged and self.dtype != "float32" and self.device_rows == "dtype" and not self.exact_kernel()
-                    and self.token_path(words_out_rows))
-
-    def exact_kernel(self) -> bool:
-        """Whether workers use cpu_kernel (each update applied at once) rather than kernels.train."""
-        if self.kernel == "auto":
-            return self.gpus_per_worker == 0 and not self.shared_negatives
-        return self.kernel == "exact"
-
     def _check_fused(self) -> None:
         """--kernel fused (triton_kernel.py) trains what its kernels do: one input row an example, each
-        its own negatives, float32 rows on the device; and it needs triton."""
+        its own negatives, float32 rows on the device. Whether triton is there is the run's to find
+        (settings.resolve): a declaration is valid on a machine without it."""
         unsupported = ("--mode dm (several input rows an example)" if self.mode == "dm"
                        else "--shared-negatives" if self.shared_negatives
                        else f"--device-rows dtype with --dtype {self.dtype} (16-bit device rows)"
                        if self.dtype != "float32" and self.device_rows == "dtype" else "")
         if unsupported:
             raise UserError(f"bad training config: --kernel fused does not train {unsupported}: use --kernel batched")
-        from .triton_kernel import MISSING, available
-
-        if not available():
-            raise UserError(f"bad training config: {MISSING}")
 
     def validate(self) -> TrainConfig:
         """Check every field, and the fields against each other: what __post_init__ runs, and what
@@ -477,16 +359,6 @@ class JobConfig:
         _check_types(self)
 
 
-def lr_at(alpha: float, min_alpha: float, done, planned: int):
-    """The learning rate after `done` of the `planned` tokens: gensim's linear decay from alpha to
-    min_alpha, never below min_alpha. `done` is a number (a checkpoint's rate) or a torch tensor of
-    them (kernels.micro_batch_alphas: each micro-batch's)."""
-    progress = done / max(planned, 1)
-    if hasattr(progress, "clamp"):
-        return (alpha - (alpha - min_alpha) * progress.clamp(0.0, 1.0)).clamp(min=min_alpha)
-    return max(min_alpha, alpha - (alpha - min_alpha) * min(max(progress, 0.0), 1.0))
-
-
 def _check_choices(obj: Any) -> None:
     """Every field of a config section declared with choices (_f) holds one of them."""
     for f in dataclasses.fields(obj):
@@ -495,24 +367,14 @@ def _check_choices(obj: Any) -> None:
             raise UserError(f"bad value for {f.name}: {getattr(obj, f.name)!r} (choose from {', '.join(choices)})")
 
 
-# --segments' default on text corpora (settle_segments): what Lee and mini_newsgroup measured to hold one
-# worker's quality with several workers (trainer.SEGMENTS_MEASURED, docs/benchmarks.md)
+# --segments' default on text corpora (settings.resolve): what Lee and mini_newsgroup measured to hold one
+# worker's quality with several workers (settings.SEGMENTS_MEASURED, docs/benchmarks.md)
 TEXT_SEGMENTS = 16
 
 
 def is_text(corpus: Any) -> bool:
     """Whether a corpus (corpus.Corpus) was prepared from text (prepare --format text): documents of words."""
     return (getattr(corpus, "meta", None) or {}).get("format") == "text"
-
-
-def settle_segments(config: TrainConfig, corpus: Any) -> TrainConfig:
-    """The config with --segments' default settled for the corpus: TEXT_SEGMENTS on text, where several
-    workers measured to lose quality with fewer, else 1. One worker trains alike either way; the value is
-    kept in the checkpoint, so that a resume on more workers walks the corpus as the default would. A
-    value given stays."""
-    if config.segments is not None:
-        return config
-    return dataclasses.replace(config, segments=TEXT_SEGMENTS if is_text(corpus) else 1)
 
 
 def _check_types(obj: Any) -> None:

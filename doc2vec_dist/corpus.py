@@ -1,7 +1,7 @@
 """The corpus on disk: its files, their schemas, and reading them (what training imports).
 
 Changes when the corpus format changes. `prepare` (prepare.py) makes a corpus from raw input;
-`plan.make_slice` cuts one from another; both write shards with `write_shard`.
+`plan_calibration.make_slice` cuts one from another; both write shards with `write_shard`.
 
     CORPUS/corpus.json                 sizes, per-shard counts, how it was made, what was skipped
     CORPUS/vocab.arrow                 token string, count int64, id int32        (sorted by id)

@@ -27,9 +27,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
+from . import lr
+
 ADAGRAD_EPS = 1e-10
 LOSS_EVERY = 4  # the loss is only shown: taken on one example in LOSS_EVERY and scaled up
 BLOCK = 10_000  # examples a thread trains before it moves on to its next block (gensim's job size)
+
+# each example's rate between the batch's two (lr.batch_ends): lr's formula, compiled with the loops'
+# flags and inlined into them, so that the loops compile to what they did when they wrote it out
+_between = numba.njit(fastmath=True, nogil=True, inline="always", error_model="numpy")(lr.between)
 
 
 @numba.njit(fastmath=True, nogil=True, inline="always", error_model="numpy")
@@ -153,7 +159,7 @@ def _train(t, threads, inputs, outputs, ctx, ctx_mask, target, neg, neg_mask, al
     loss = 0.0
     for b in range(t, len(bounds) - 1, threads):
         for e in range(bounds[b], bounds[b + 1]):
-            alpha = np.float32(alpha_start + (alpha_end - alpha_start) * (e / n))
+            alpha = np.float32(_between(alpha_start, alpha_end, e / n))
             loss += _example(e, inputs, outputs, ctx, ctx_mask, target, neg, neg_mask, alpha, scale, adagrad,
                              learn_outputs, learn_context_words, h, work, out_grad, rows, scores,
                              e % LOSS_EVERY == 0)
@@ -313,7 +319,7 @@ def _train_tokens(t, threads, inputs, outputs, doc_of_token, tokens, keep, accep
                 if r != w:  # a draw equal to the target: skipped, as gensim does
                     rows[m] = r
                     m += 1
-            alpha = np.float32(alpha_start + (alpha_end - alpha_start) * (i / n))
+            alpha = np.float32(_between(alpha_start, alpha_end, i / n))
             d = doc_of_token[i]
             for k in range(dim):
                 h[k] = inputs[d, k]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -21,12 +20,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from . import storage
-from .checkpoint import ModelDir
+from . import logs, storage
 from .corpus import Corpus
 from .errors import UserError
 from .ids import hash_strings
 from .model import Model
+from .modeldir import ModelDir
 from .scoring import check_k, lookup, seen_tokens, unit_rows, url_log_prior, with_prior
 from .urls import normalize, recorded
 
@@ -168,7 +167,7 @@ def key_rows(found: ModelDir, table: str, keys: pa.Array | pa.ChunkedArray) -> p
     """The row id of each of `keys` in a key table of the model (null where it has none), found by hashing the
     keys asked for and reading the key file's record batches past them: a 20M-user key table is never held,
     nor hashed (as a value set of 20M strings it took 3 GB)."""
-    from .checkpoint import KEY_TABLES
+    from .modeldir import KEY_TABLES
 
     asked = pc.unique(keys)
     rows = np.full(len(asked), -1, np.int64)
@@ -347,8 +346,7 @@ def save_and_print(model: str, name: str, metrics: dict) -> str:
     width = max(len(k) for k in metrics)
     for key, value in metrics.items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
-        print(f"{key:<{width}}  {shown}", file=sys.stdout)
-    sys.stdout.flush()
+        logs.result(f"{key:<{width}}  {shown}")
     store = storage.Store.of(model)
     rel = f"eval-{name}.json"
     try:

@@ -4,7 +4,7 @@ Changes when an export format or how its parts are written changes.
 
 Each checkpoint part (one parameter-server slice) is exported by its own task, and the tasks run in
 parallel: a thread pool here, Ray tasks under jobs/export.py (`runner=run_on_ray`). A task streams
-its part one record batch at a time (checkpoint.ModelDir.batches), so a process holds about one batch per
+its part one record batch at a time (modeldir.ModelDir.batches), so a process holds about one batch per
 task and never the table: nothing gathers the table in one place.
 
     parquet, --out DIR             one part-SSSSS.parquet per checkpoint part, written in parallel
@@ -42,10 +42,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from . import checkpoint, outputs, provenance
-from .checkpoint import ModelDir
+from . import outputs, provenance
 from .errors import UserError
 from .memwatch import peak_rss_bytes
+from .modeldir import ModelDir, vectors_array
 from .runners import Runner, run_local, where
 from .scoring import unit_rows
 
@@ -53,11 +53,6 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("parquet", "word2vec", "npy", "projector")
 PROJECTOR_POINTS = 100_000  # about what TensorBoard's projector shows smoothly; more is exported, with a warning
-# Unique keys and float vectors gain nothing from dictionary pages or vector statistics, and
-# computing them halves the write speed (docs/benchmarks.md, "Figures behind the code's constants").
-# Trained float vectors do not compress (snappy saved 3% at 1M × 100 for a third more CPU), keys do.
-PARQUET_OPTIONS = {"compression": {"key": "snappy", "vector": "none"}, "use_dictionary": False,
-                   "write_statistics": ["key"]}
 
 
 
@@ -90,27 +85,14 @@ def export_part(model: str, version: int, table: str, part: int, format: str, pi
     return {"part": part, "rows": rows, **where()}
 
 
-def key_vector_table(keys: pa.Array, vectors: np.ndarray, source: dict | None = None,
-                     missing: np.ndarray | None = None) -> pa.Table:
-    """(key, vector) rows; the schema carries the marker of a vectors file (outputs), so a file written
-    from it is one that export and infer may later replace, and the model they came from (`source`,
-    provenance.of_model), so an index or a query made from them can be checked against a model.
-    `missing` (bool per row) marks keys without a vector (users infer could not place): their vector is null."""
-    column = checkpoint.vectors_array(vectors)
-    if missing is not None and missing.any():
-        column = pa.FixedSizeListArray.from_arrays(column.values, column.type.list_size, mask=pa.array(missing))
-    return pa.table({"key": keys.cast(pa.string()), "vector": column},
-                    metadata={**outputs.parquet_metadata("vectors"), **provenance.parquet_metadata(source)})
-
-
 def write_parquet(path: str, chunks, on_rows=None, source: dict | None = None) -> int:
     """A Parquet file of key, vector; one row group per record batch of the checkpoint (~65k rows)."""
     rows, writer = 0, None
     try:
         for _, keys, vectors in chunks:
-            table = key_vector_table(keys, vectors, source)
+            table = provenance.key_vector_table(keys, vectors, source)
             if writer is None:
-                writer = pq.ParquetWriter(path, table.schema, **PARQUET_OPTIONS)
+                writer = pq.ParquetWriter(path, table.schema, **outputs.PARQUET_OPTIONS)
             writer.write_table(table)
             rows += len(keys)
             if on_rows:
@@ -132,7 +114,7 @@ def word2vec_lines(ids: np.ndarray, keys: pa.Array, vectors: np.ndarray) -> pa.B
         row = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
         raise UserError(f"word2vec format cannot hold key {keys[row].as_py()!r} (row id {ids[row]}): it is empty "
                         "or contains whitespace; export as parquet instead")
-    values = checkpoint.vectors_array(vectors.astype(np.float32, copy=False)).cast(pa.list_(pa.string()))
+    values = vectors_array(vectors.astype(np.float32, copy=False)).cast(pa.list_(pa.string()))
     lines = pc.binary_join_element_wise(keys, pc.binary_join(values, " "), " ")
     everything = pa.ListArray.from_arrays(pa.array([0, len(lines)], pa.int32()), lines)
     return pc.binary_join(everything, "\n")[0].as_buffer()
@@ -311,7 +293,7 @@ def export_url_vectors(model: str, urls: list[str], out: str, table: str = "word
     first = pc.index_in(pc.unique(keys), value_set=keys)  # each distinct URL where it first comes
     vectors = vectors.take(first)
     with outputs.replacing(out, "vectors") as staged:
-        pq.write_table(vectors, staged.path, **PARQUET_OPTIONS)
+        pq.write_table(vectors, staged.path, **outputs.PARQUET_OPTIONS)
     source = vectors.column("source").to_pylist()
     missing = [key for key, came in zip(vectors.column("key").to_pylist(), source) if came is None]
     if missing:
@@ -512,7 +494,7 @@ def most_visited_hosts(visited: list[np.ndarray], tokens: pa.Array) -> list[str 
 
 def _tsv_floats(vectors: np.ndarray) -> bytes:
     """One line of tab-separated floats per row, each the shortest text that reads back as the same float32."""
-    values = checkpoint.vectors_array(np.ascontiguousarray(vectors, dtype=np.float32)).cast(pa.list_(pa.string()))
+    values = vectors_array(np.ascontiguousarray(vectors, dtype=np.float32)).cast(pa.list_(pa.string()))
     lines = pc.binary_join(values, "\t")
     return pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(lines)], pa.int32()), lines), "\n")[0].as_buffer() \
         .to_pybytes() + b"\n"

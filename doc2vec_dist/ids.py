@@ -92,7 +92,7 @@ class TokenIds:
 
 
 def id_string(value):
-    """One id (a key or a token) as the string prepare makes of it, as readers._as_strings casts a column:
+    """One id (a key or a token) as the string prepare makes of it, as read_formats._as_strings casts a column:
     100000 → "100000", 7.0 → "7", true → "true"; None for None. A value that is no string, number or
     boolean (a list, a dict) is returned as it is, for the caller to refuse. Model looks keys up by it."""
     if isinstance(value, np.generic):
@@ -104,5 +104,6 @@ def id_string(value):
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return pa.scalar(value, pa.float64()).cast(pa.string()).as_py()  # Arrow's formatting, as readers._as_strings
+        # Arrow's formatting, as read_formats._as_strings
+        return pa.scalar(value, pa.float64()).cast(pa.string()).as_py()
     return value

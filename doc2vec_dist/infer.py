@@ -72,7 +72,7 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from . import checkpoint, device_examples, kernels, outputs, provenance
+from . import device_examples, kernels, lr, modeldir, outputs, provenance
 from .compose import SOURCES, Composed, UrlComposer
 from .config import PrepareConfig
 from .corpus import Corpus, iter_shard
@@ -134,7 +134,7 @@ def model_settings(model: str, epochs: int | None = None, alpha: float | None = 
     """The model's training settings (ModelDir.config: config.json, else the manifest's copy) and the overrides."""
     if not os.path.isdir(model):
         raise UserError(f"{model}: no such model directory")
-    found = checkpoint.ModelDir(model)  # names the directory if it is not a trained model
+    found = modeldir.ModelDir(model)  # names the directory if it is not a trained model
     cfg = found.config()
     s = Settings(mode=cfg.mode, dim=cfg.dim, negative=cfg.negative, sample=cfg.sample, ns_exponent=cfg.ns_exponent,
                  window=cfg.window, micro_batch=cfg.micro_batch,
@@ -167,7 +167,7 @@ class Inferrer:
         """table(name) gives a whole table as [rows, dim] float32 (default: read from the checkpoint);
         Model.infer passes its cached loader so repeated calls read the tables once."""
         self.model, self.s = model, settings
-        found = checkpoint.ModelDir(model)
+        found = modeldir.ModelDir(model)
         load = table or found.read_table
         vocab = found.vocab()
         vocab_path = found.store.show("vocab.arrow")
@@ -237,7 +237,8 @@ class Inferrer:
             if len(ex) == 0:
                 continue
             n_micro = -(-len(ex) // ex.micro_batch)
-            alphas = kernels.micro_batch_alphas(s.alpha, s.min_alpha, epoch * raw, raw, s.epochs * raw, n_micro)
+            alphas = torch.from_numpy(lr.micro_batch_rates(s.alpha, s.min_alpha, epoch * raw, raw, s.epochs * raw,
+                                                           n_micro))
             kernels.train(inputs, self.words_out, ex.ctx, ex.target, ex.neg, ex.neg_mask, alphas, ex.micro_batch,
                           ctx_mask=ex.ctx_mask, scale=ex.scale, adagrad=False, learn_outputs=False,
                           learn_context_words=False)
@@ -467,18 +468,16 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
         vectors = np.concatenate([v for _, v in pieces]) if pieces else np.zeros((0, dim), np.float32)
         return keys, vectors
     out = os.path.abspath(os.fspath(out))
-    from .export import PARQUET_OPTIONS, key_vector_table
-
     rows = nulls = 0
     # nothing there, or a (key, vector) file of ours; the folders made for it go again if anything fails
     with outputs.replacing(out, "vectors") as staged:
         # one schema for every batch, and for an empty result
-        source = provenance.of_model(checkpoint.ModelDir(model), "docs")  # the users are rows of its docs space
-        schema = key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32), source).schema
-        with pq.ParquetWriter(staged.path, schema, **PARQUET_OPTIONS) as writer:
+        source = provenance.of_model(modeldir.ModelDir(model), "docs")  # the users are rows of its docs space
+        schema = provenance.key_vector_table(pa.array([], pa.string()), np.zeros((0, dim), np.float32), source).schema
+        with pq.ParquetWriter(staged.path, schema, **outputs.PARQUET_OPTIONS) as writer:
             for keys, vectors in batches:
                 missing = np.isnan(vectors).all(axis=1)  # a user with no URL the model knows: a null vector
-                writer.write_table(key_vector_table(keys, vectors, source, missing))
+                writer.write_table(provenance.key_vector_table(keys, vectors, source, missing))
                 nulls += int(missing.sum())
                 rows += len(keys) - int(missing.sum())
     _report(counts)

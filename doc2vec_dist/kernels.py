@@ -29,8 +29,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .config import lr_at
-
 ADAGRAD_EPS = 1e-10
 # The loss is only shown (progress, summaries), and its softplus over every score costs ~10% of a
 # micro-batch on CPU: it is taken on one micro-batch in LOSS_EVERY and scaled to all examples.
@@ -188,14 +186,3 @@ def narrow_stochastic(values: torch.Tensor, dtype: torch.dtype, gen: torch.Gener
     small = torch.trunc(steps) * 2.0 ** -24
     return torch.where(values.abs() < 2.0 ** -14, small, rounded).to(torch.float16)
 
-
-def micro_batch_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,
-                       planned_tokens: int, n_micro: int, ends: bool = False) -> torch.Tensor:
-    """Linear decay from alpha0 to min_alpha over the planned tokens, at each micro-batch's midpoint;
-    with ends, the n_micro + 1 rates at the micro-batches' boundaries instead (first and last: the
-    batch's start and end)."""
-    if ends:
-        points = done_before + torch.arange(n_micro + 1, dtype=torch.float64) / max(n_micro, 1) * batch_tokens
-    else:
-        points = done_before + (torch.arange(n_micro, dtype=torch.float64) + 0.5) / max(n_micro, 1) * batch_tokens
-    return lr_at(alpha0, min_alpha, points, planned_tokens).to(torch.float32)

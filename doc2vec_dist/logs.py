@@ -4,6 +4,8 @@ It changes when what a command shows of the "doc2vec_dist" loggers changes. The 
 log (`logging.getLogger(__name__)`), so a program that uses them as a library decides what it sees
 (Python's default: warnings on stderr, information silent); the command line and the jobs call
 `to_terminal()` so that their users see every line as it is written, without logging's decorations.
+A library module that writes to the terminal itself does so here: a command's result lines on stdout
+(`result`), its one `error:` line on stderr (`error`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ def to_terminal(level: int = logging.INFO) -> None:
     log.propagate = False
 
 
+def result(line: str) -> None:
+    """A line of a command's result (figures a user reads or pipes on): on stdout, as it is, at once;
+    the library's log lines go to stderr (to_terminal)."""
+    print(line, file=sys.stdout, flush=True)
+
+
+def error(message: str) -> None:
+    """A command's refusal, as its one `error: …` line on stderr."""
+    print(f"error: {message}", file=sys.stderr)
+
+
 def command(work: Callable[[], object]) -> int:
     """Run a command's work as the command line and the jobs do: the library's lines on the terminal;
     a UserError as one `error:` line and exit status 2; Ctrl-C as `interrupted` and 130 (what was
@@ -64,7 +77,7 @@ def command(work: Callable[[], object]) -> int:
         if _interrupted.is_set():  # a Ctrl-C that some library swallowed: outputs were not committed
             raise KeyboardInterrupt
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

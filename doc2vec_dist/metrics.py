@@ -39,7 +39,7 @@ TRAFFIC_OUT = ("pushed", "resident_pushed")
 
 
 class RunMetrics:
-    """The metrics of one run, fed by the driver (trainer._Run) each tick."""
+    """The metrics of one run, fed by the driver (run.Run) each tick."""
 
     def __init__(self, model: str, run: str, row_bytes: int, on: bool = True):
         self.tags = {"model": model, "run": run}
@@ -54,7 +54,7 @@ class RunMetrics:
         self._told: dict[tuple[str, str], float] = {}
         self._recorded = time.monotonic()
         self._asked = float("-inf")
-        self.on = on  # off: records nothing, and the driver asks the servers nothing for it (trainer.RECORDS_ENV)
+        self.on = on  # off: records nothing, and the driver asks the servers nothing for it (run.RECORDS_ENV)
         if not on:
             return
         try:

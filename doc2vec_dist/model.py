@@ -42,12 +42,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import checkpoint, provenance
+from . import modeldir, provenance
 from .compose import Composed, UrlComposer, no_vector_line
 from .corpus import Corpus
 from .errors import UserError
 from .ids import id_string
-from .index import ServedIndex, parquet_vectors
+from .index import ServedIndex
+from .index_sources import parquet_vectors
 from .scoring import (
     ServingWarning,
     check_k,
@@ -92,7 +93,7 @@ class Model:
     def __init__(self, path: str):
         # fails early, naming the directory, if it is not a model; a remote model (s3://…) is used
         # from a verified local copy
-        self.dir = checkpoint.ModelDir.served(path)
+        self.dir = modeldir.ModelDir.served(path)
         self.path = self.dir.path
         self._keys: dict[str, pa.Array] = {}
         self._tables: dict[str, np.ndarray] = {}
@@ -206,11 +207,9 @@ class Model:
         (own, path, host, domain: whether and from what it was composed; null without a vector) and part
         (the path prefix, host or domain whose row it is). Rows in `table`'s space (words_out: what users
         are scored against; words where the model trained input vectors)."""
-        from .export import key_vector_table
-
         composed = self.composed(urls, table)
         vectors = composed.vectors(self.table(table))
-        found = key_vector_table(composed.keys, vectors, self.source(table), ~composed.has_vector)
+        found = provenance.key_vector_table(composed.keys, vectors, self.source(table), ~composed.has_vector)
         return found.append_column("source", composed.source).append_column("part", composed.part)
 
     def gather(self, table: str, rows: np.ndarray) -> np.ndarray:

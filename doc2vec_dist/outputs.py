@@ -42,6 +42,13 @@ MARKER = ".doc2vec-dist.json"
 PARQUET_KEY = b"doc2vec_dist"
 JSON_KEY = "doc2vec_dist"
 
+# How a vectors file (key, vector: what export, infer and forget write) is written. Unique keys and float
+# vectors gain nothing from dictionary pages or vector statistics, and computing them halves the write
+# speed (docs/benchmarks.md, "Figures behind the code's constants"). Trained float vectors do not
+# compress (snappy saved 3% at 1M × 100 for a third more CPU), keys do.
+PARQUET_OPTIONS = {"compression": {"key": "snappy", "vector": "none"}, "use_dictionary": False,
+                   "write_statistics": ["key"]}
+
 
 @dataclass(frozen=True)
 class Kind:

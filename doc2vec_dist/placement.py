@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from .settings import resident_documents, resident_tables
+
 if TYPE_CHECKING:
     from .config import TableSpec
 
@@ -155,8 +157,8 @@ def run_memory_bytes(config: Any, tables: dict[str, TableSpec]) -> tuple[int, in
     the process (ps_memory_bytes), each worker its process (PROCESS_BYTES) and resident rows (a GPU
     worker's are on its GPU)."""
     words_out = tables["words_out"]
-    rows = sum(config.resident_tables(words_out.rows).values()) + config.resident_documents(tables["docs"].rows,
-                                                                                            words_out.rows)
+    rows = (sum(resident_tables(config, words_out.rows).values())
+            + resident_documents(config, tables["docs"].rows, words_out.rows))
     resident = 0 if config.gpus_per_worker else rows * words_out.width * FLOAT_BYTES
     return ps_memory_bytes(table_bytes_per_ps(tables, config.num_ps)), PROCESS_BYTES + resident
 
@@ -225,7 +227,7 @@ def without_resident_documents(config: Any, tables: dict[str, TableSpec], resour
     documents' rows instead), where that alone makes a run that does not fit `resources` fit them; else
     None. On the token path a worker keeps its share of the documents for the run, beside the servers'
     copy: a second copy of the largest table (a GPU worker's in its device's memory, not the host's)."""
-    if not config.resident_documents(tables["docs"].rows, tables["words_out"].rows):
+    if not resident_documents(config, tables["docs"].rows, tables["words_out"].rows):
         return None
     lighter = dataclasses.replace(config, resident_docs=False)
     return None if fit_problems(lighter, tables, resources) else lighter

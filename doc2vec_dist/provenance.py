@@ -11,7 +11,8 @@ Vectors made from a model record where they came from as a `source`:
     {"model": path, "model_id": id, "version": N, "table": "docs", "derived_from": [ids]}
 
 in an index's params.json (with "vectors": the Parquet an index was built from, if any) and in the
-schema metadata of the Parquet that export and infer write (key `doc2vec_dist.source`).
+schema metadata of the Parquet that export and infer write (key `doc2vec_dist.source`), whose
+(key, vector) table `key_vector_table` makes.
 
 Two models' vectors live in two embedding spaces: a cosine across them is a number with no meaning.
 `check` compares a recorded source with the model it is used with: another model is refused (one
@@ -26,10 +27,13 @@ import json
 import logging
 import os
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .checkpoint import ModelDir
+from . import outputs
 from .errors import UserError
+from .modeldir import ModelDir, vectors_array
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,19 @@ def of_model(found: ModelDir, table: str, shown: str | None = None) -> dict:
 def parquet_metadata(source: dict | None) -> dict[bytes, bytes]:
     """Schema metadata recording `source` in a Parquet file (nothing for None)."""
     return {PARQUET_KEY: json.dumps(source).encode()} if source else {}
+
+
+def key_vector_table(keys: pa.Array, vectors: np.ndarray, source: dict | None = None,
+                     missing: np.ndarray | None = None) -> pa.Table:
+    """(key, vector) rows; the schema carries the marker of a vectors file (outputs), so a file written
+    from it is one that export and infer may later replace, and the model they came from (`source`,
+    of_model), so an index or a query made from them can be checked against a model.
+    `missing` (bool per row) marks keys without a vector (users infer could not place): their vector is null."""
+    column = vectors_array(vectors)
+    if missing is not None and missing.any():
+        column = pa.FixedSizeListArray.from_arrays(column.values, column.type.list_size, mask=pa.array(missing))
+    return pa.table({"key": keys.cast(pa.string()), "vector": column},
+                    metadata={**outputs.parquet_metadata("vectors"), **parquet_metadata(source)})
 
 
 def of_parquet_schema(metadata: dict | None) -> dict | None:

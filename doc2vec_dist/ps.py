@@ -22,19 +22,18 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numba
 import numpy as np
 
-from . import checkpoint, precision
+from . import checkpoint, modeldir, precision
 from .logs import quiet_exit_in_finalizers
 from .sharding import global_rows, rows_on_shard
 
 if TYPE_CHECKING:
     from .config import TableSpec, TrainConfig
     from .corpus import Corpus
-    from .warmstart import WarmStart
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -52,7 +51,7 @@ def refuse_non_finite(rows: np.ndarray, push: str, who: str = "") -> None:
 
 def ray_node_id() -> str | None:
     """The Ray node this process runs on (None outside Ray): actors report it, and the driver watches
-    whether Ray has marked it dead (trainer._Run._watch). Ray is not imported here for it: code that
+    whether Ray has marked it dead (run.Run._watch). Ray is not imported here for it: code that
     runs the servers and workers in one process (client.LocalServer) does without Ray."""
     import sys
 
@@ -106,9 +105,19 @@ def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 1
         out[at:at + len(rows)] = precision.narrow(rows, dtype)
 
 
+class WarmRows(Protocol):
+    """What a server reads of an earlier model over its fresh rows (train --init-from): warmstart.WarmStart
+    is one. Named here by what the server uses, so the server knows nothing of how a warm start is decided."""
+
+    model: str
+    version: int
+    rows: dict[str, int]  # per table, how many of its first rows come from the earlier model
+    dropped: dict[str, np.ndarray]  # per table, the earlier model's rows left out (compact.py)
+
+
 class ParameterServer:
     def __init__(self, shard: int, num_shards: int, tables: dict[str, TableSpec], seed: int, model: str | None = None,
-                 warm: WarmStart | None = None, journal: str | None = None, rounding: str = "stochastic",
+                 warm: WarmRows | None = None, journal: str | None = None, rounding: str = "stochastic",
                  restore: tuple[int, int] | None = None):
         """tables: name → its TableSpec (global row count, dim, init, optimiser state columns).
 
@@ -151,11 +160,11 @@ class ParameterServer:
         self.applied: dict[str, int] = {}  # pushes of deltas applied to each table: its rounding's key
         self.restored_version: int | None = None
         manifest = None
-        version = checkpoint.latest_version(model) if model is not None else None
+        version = modeldir.latest_version(model) if model is not None else None
         if restore is not None and version == restore[1]:
             version = restore[0]  # resumed from an older version, and nothing committed since
         if version is not None:
-            _, manifest = checkpoint.load_manifest(model, version=version)
+            _, manifest = modeldir.load_manifest(model, version=version)
             self.restored_version = int(manifest["version"])
         for i, (name, spec) in enumerate(sorted(tables.items())):
             n = rows_on_shard(shard, num_shards, spec.rows)
@@ -169,8 +178,8 @@ class ParameterServer:
                     # the old rows of this shard: global rows r ≡ shard (mod S) below the old row count,
                     # which are this slice's first local rows (row r sits at r // S)
                     known = rows_on_shard(shard, num_shards, warm.rows[name])
-                    checkpoint.read_shard(warm.model, name, shard, num_shards, version=warm.version,
-                                          out=table[:known], dtype=self.dtype, dropped=warm.dropped.get(name))
+                    modeldir.read_shard(warm.model, name, shard, num_shards, version=warm.version,
+                                        out=table[:known], dtype=self.dtype, dropped=warm.dropped.get(name))
             self.tables[name] = table
             self.rows[name] = spec.rows
             self.dims[name] = spec.dim
@@ -196,8 +205,8 @@ class ParameterServer:
             raise ValueError(f"{model}: checkpoint v{manifest['version']} table {spec.name!r} is {have}; this run "
                              f"needs {spec.rows} × {spec.dim}")
         table = self._zeros(spec, n)
-        checkpoint.read_shard(model, spec.name, self.shard, self.num_shards, version=int(manifest["version"]),
-                              out=table, dtype=self.dtype)
+        modeldir.read_shard(model, spec.name, self.shard, self.num_shards, version=int(manifest["version"]),
+                            out=table, dtype=self.dtype)
         return table
 
     def info(self) -> dict:

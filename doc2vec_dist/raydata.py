@@ -35,16 +35,9 @@ import pyarrow.parquet as pq
 
 from . import passes, storage
 from .errors import UserError
-from .readers import (
-    CSV_JSON_BLOCK_BYTES,
-    PARQUET_BATCH_ROWS,
-    BlockState,
-    Options,
-    _file_kind,
-    _input,
-    _strip_compression,
-    batch_chunk,
-)
+from .read_files import Options, _file_kind, _input, _strip_compression
+from .read_formats import CSV_JSON_BLOCK_BYTES, PARQUET_BATCH_ROWS
+from .readers import BlockState, batch_chunk
 
 PATH = "path"  # the column include_paths adds
 
@@ -149,7 +142,7 @@ def _running(s: passes.Settings) -> Iterator[None]:
 
 def _spill_block(batch: pa.Table, s: passes.Settings, named: dict, units: dict, blocks: dict) -> dict:
     """map_batches' pass 2: a block's events, file by file, in slices of the rows a task's read hands
-    (readers.PARQUET_BATCH_ROWS), mapped by passes.mapped into one spill file (passes.write_spill), each
+    (read_formats.PARQUET_BATCH_ROWS), mapped by passes.mapped into one spill file (passes.write_spill), each
     file's events marked (with a base) by the index of its first readers.Block (`blocks`: file → index)."""
     passes._fault_once(s)
     with _running(s):

@@ -44,11 +44,11 @@ import numpy as np
 import pyarrow as pa
 
 from . import outputs, runlog
-from .checkpoint import ModelDir
 from .corpus import Corpus, sample_documents
 from .errors import UserError
 from .export import most_visited_hosts
 from .memwatch import peak_rss_bytes
+from .modeldir import ModelDir
 from .scoring import unit_rows, url_log_prior
 from .urls import hosts
 
@@ -514,7 +514,7 @@ class _Page:
         base = self.settings.get("init_from")
         if not base:
             return
-        from .warmstart import drift_cosines
+        from .drift import drift_cosines
 
         body = [f"<p>Trained from <code>{html.escape(str(base))}</code> (--init-from).</p>"]
         meta = (self.corpus.meta.get("refresh") if self.corpus is not None else None) or {}
@@ -608,7 +608,7 @@ def _palette(names: list[str]) -> dict[str, str]:
 
 def _keys_of(found: ModelDir, table: str, rows: np.ndarray) -> list[str]:
     """The keys of some rows, read from the memory-mapped key file (not the 20M keys)."""
-    from .checkpoint import KEY_TABLES
+    from .modeldir import KEY_TABLES
 
     name, column = KEY_TABLES[table]
     with pa.memory_map(found.store.path(name)) as source:

@@ -50,7 +50,7 @@ class RunLog:
     def __init__(self, model: str, run: str, on: bool = True):
         self.store = storage.Store.of(model)
         self.run = run
-        self.on = on  # off: writes nothing (trainer.RECORDS_ENV)
+        self.on = on  # off: writes nothing (run.RECORDS_ENV)
         self._failed = False
 
     def write(self, event: str, **fields) -> None:

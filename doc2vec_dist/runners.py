@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+from .cluster import ray_connection
 from .errors import UserError
 
 Runner = Callable[[Callable, list[tuple]], Iterator[tuple[int, object]]]
@@ -189,42 +190,15 @@ def _kill(refs: list) -> None:
 def ray_tasks(parallel: int, address: str | None = None, object_store_bytes: int = 1 << 30):
     """A RayTasks runner for `parallel` tasks at a time (0: one per CPU of the cluster) on the Ray this
     process is connected to, else the cluster at `address` (or RAY_ADDRESS), else a local Ray of
-    `parallel` CPUs started here (and shut down at the end), which binds to loopback only."""
+    `parallel` CPUs started here (and shut down at the end): cluster.ray_connection."""
     import ray
 
-    started = False
-    if not ray.is_initialized():
-        common = {"logging_level": "WARNING", "configure_logging": True, "log_to_driver": True}
-        if address or os.environ.get("RAY_ADDRESS"):
-            ray.init(address=address or os.environ["RAY_ADDRESS"], **common)
-        else:
-            # The tasks are the whole work (the driver waits), so they run at this process's priority,
-            # as one process would: Ray starts workers at nice 15, which on a busy machine made 2 tasks
-            # slower than the single process (130.9 s against 105.1 s at load 10 on 2 cores).
-            with _environment(RAY_worker_niceness=os.environ.get("RAY_worker_niceness", "0")):
-                ray.init(address="local", num_cpus=parallel or os.cpu_count() or 1, include_dashboard=False,
-                         object_store_memory=object_store_bytes, **common)
-            started = True
-    try:
+    # The tasks are the whole work (the driver waits), so a local Ray's run at this process's priority,
+    # as one process would: Ray starts workers at nice 15, which on a busy machine made 2 tasks
+    # slower than the single process (130.9 s against 105.1 s at load 10 on 2 cores).
+    with ray_connection(address, num_cpus=parallel or os.cpu_count() or 1, object_store_bytes=object_store_bytes,
+                        worker_niceness="0"):
         yield RayTasks(parallel or int(ray.cluster_resources().get("CPU", 1)))
-    finally:
-        if started:
-            ray.shutdown()
-
-
-@contextlib.contextmanager
-def _environment(**values: str):
-    """Environment variables set for the length of a `with` block (what a process started in it inherits)."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def largest_node_memory() -> int | None:

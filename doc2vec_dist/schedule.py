@@ -3,7 +3,7 @@
 Changes when the rounds change: how the URL rows are cut into blocks, and which worker holds which
 block when.
 
-Each worker owns its documents (worker.plan_units): no other worker reads them, so their rows have
+Each worker owns its documents (units.plan_units): no other worker reads them, so their rows have
 one writer. The URL rows (words_out) are what workers would share. Here they are cut into one block
 per worker, and an epoch is as many rounds as there are workers. In round r worker i holds block
 (i + r) mod W: it is the only writer of that block, keeps its rows resident and trains only the

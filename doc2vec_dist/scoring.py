@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .checkpoint import ModelDir
 from .corpus import Corpus, iter_shard
 from .errors import UserError
+from .modeldir import ModelDir
 
 NAMED = 5  # keys a message names before it says how many more
 

@@ -1,7 +1,7 @@
 """Files on any storage pyarrow.fs opens: where a location is, the atomic write, hashing, local copies.
 
 Changes when how we talk to storage changes (a new store, a new way to write a file safely); what
-the files of a model directory are and mean belongs to `checkpoint`.
+the files of a model directory are and mean belongs to `modeldir` and `checkpoint`.
 
 A location is a local path or a URI that pyarrow.fs opens: s3://bucket/prefix, gs://…, hdfs://…,
 file://…. An S3 endpoint other than AWS comes from the URI's query

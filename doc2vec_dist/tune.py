@@ -43,49 +43,43 @@ and `alpha` may also be {by: optimizer, sgd: {...}, adagrad: {...}}: each optimi
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
-import io
 import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from . import outputs, storage
-from .config import TrainConfig, build, did_you_mean, is_text
+from .config import TrainConfig, build
 from .corpus import HOLDOUT_SCHEMA, Corpus, iter_shard, write_shard
 from .errors import UserError
 from .ids import hash_strings
 from .logs import quiet_exit_in_finalizers
-from .prepare import hold_out
-from .sampling import keep_probabilities
+from .search_cost import (
+    REDUCTION,
+    TRIAL_OVERHEAD_SECONDS,
+    expected_measurements,
+    grace_epochs,
+    max_epochs_of,
+    rung_epochs,
+    trial_epoch_cost,
+    trials_for_budget,
+)
+from .search_report import _Recorder, format_estimate, plot_settings
+from .search_space import OptunaSpace, _draw, _plain, default_space, seed_points, tune_space
+from .shard_pass import hold_out
 
 log = logging.getLogger(__name__)
 
 METRICS = {"heldout": "recall@10", "labels": "knn_accuracy@10", "pairs": "pearson"}
-# optimizer and its alpha; the negative-sampling exponent; negatives; subsampling; size and epochs
-DEFAULT_SPACE = {
-    "optimizer": {"choice": ["sgd", "adagrad"]},
-    "alpha": {"by": "optimizer", "sgd": {"loguniform": [0.01, 0.05]}, "adagrad": {"loguniform": [0.02, 0.2]}},
-    "ns_exponent": {"uniform": [0.0, 1.0]},
-    "negative": {"choice": [5, 10, 20]},
-    "sample": {"choice": [0, 1e-5, 1e-4, 1e-3]},
-    "dim": {"choice": [64, 100, 128]},
-    # epochs: a quarter, half, all and twice the base's (default_space): 3, 5, 10, 20 at the default 10
-}
-TEXT_SPACE = {"window": {"choice": [5, 8, 10]}, "dbow_words": {"choice": [False, True]}}  # for text corpora
-REDUCTION = 3  # ASHA keeps the best third at each rung
-# Each optimizer's first trial, before any draw: a learning rate known to train (gensim's 0.025 for SGD;
-# row-wise Adagrad's step is per element about alpha, and 0.05 is where it beat SGD on catalogue data)
-START_ALPHA = {"sgd": 0.025, "adagrad": 0.05}
+
+
 SEARCHERS = ("random", "optuna")
 # optuna: random draws after the seeded trials before its TPE sampler models the results
 OPTUNA_RANDOM_STARTS = 3
@@ -96,192 +90,13 @@ DEFAULT_TEST_FRACTION = {"labels": 0.2, "pairs": 0.5}
 
 
 # ---------------------------------------------------------------------------------------------------
-# the space
-# ---------------------------------------------------------------------------------------------------
-
-def default_space(corpus: Corpus, base: TrainConfig | None = None) -> dict:
-    """The default search space, with epochs around the base's (a small corpus, Lee's 300 documents, wants
-    40; a skewed catalogue of short documents is over-trained at 20 and best near 5); a text corpus
-    (prepare --format text) also searches window and dbow_words."""
-    epochs = (base or TrainConfig()).epochs
-    space = {**DEFAULT_SPACE, "epochs": {"choice": sorted({math.ceil(epochs / 4), max(1, epochs // 2), epochs,
-                                                           2 * epochs})}}
-    if is_text(corpus):
-        space.update(TEXT_SPACE)
-    return space
-
-
-def seed_points(space: dict, base: TrainConfig) -> list[dict]:
-    """The trials that run before any draw: the base settings (the user's flags and --config) first,
-    then each optimizer of the space at its START_ALPHA, the rest as in the base. A random search of a
-    few trials may otherwise never try an optimizer at a learning rate that suits it (row-wise
-    Adagrad wants about twice SGD's). Each point sets every setting the space varies, so it is one
-    trial (a grid too: the draws still run every grid point)."""
-    varied = [n for n, spec in space.items() if isinstance(spec, dict)]
-    base_point = {n: _plain(getattr(base, n)) for n in varied}
-    points = [base_point]
-    optimizers = space.get("optimizer")
-    if isinstance(optimizers, dict):
-        (_, choices), = ((k, v) for k, v in optimizers.items())
-        for optimizer in choices if isinstance(choices, list) else []:
-            point = {**base_point, "optimizer": optimizer}
-            if "alpha" in base_point and optimizer in START_ALPHA:
-                point["alpha"] = START_ALPHA[optimizer]
-            if point not in points:
-                points.append(point)
-    return points
-
-
-def is_point(settings: dict, point: dict) -> bool:
-    return all(_same(settings.get(name), value) for name, value in point.items())
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        return a is not None and b is not None and math.isclose(float(a), float(b), rel_tol=1e-9)
-    return a == b
-
-
-def load_space(path: str) -> dict:
-    try:
-        with open(path) as fh:
-            space = yaml.safe_load(fh)
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"{path}: cannot read the search space ({exc})") from None
-    if not isinstance(space, dict) or not space:
-        raise UserError(f"{path}: a search space maps setting names to values or ranges")
-    return space
-
-
-def tune_space(space: dict, where: str = "the search space") -> dict:
-    """The space as Ray Tune's param_space, checked: every name a TrainConfig field, every range well formed."""
-    from ray import tune
-
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    out = {}
-    for name, spec in space.items():
-        if name not in fields:
-            raise UserError(f"{where}: {name!r} is not a training setting (TrainConfig field){did_you_mean(name, fields)}")
-        if isinstance(spec, dict) and "by" in spec:
-            by = spec["by"]
-            if by not in space:
-                raise UserError(f"{where}: {name} depends on {by!r}, which the space does not set")
-            ranges = {key: _domain(name, value, where) for key, value in spec.items() if key != "by"}
-            out[name] = tune.sample_from(lambda config, ranges=ranges, by=by, name=name:
-                                         _by(ranges, config[by], by, name))
-        else:
-            out[name] = _domain(name, spec, where)
-    return out
-
-
-def _domain(name: str, spec, where: str):
-    from ray import tune
-
-    if not isinstance(spec, dict):
-        return spec  # a fixed value
-    if len(spec) != 1:
-        raise UserError(f"{where}: {name} must be a value or one of choice, grid, uniform, loguniform, randint")
-    (kind, args), = spec.items()
-    if kind == "choice" and isinstance(args, list) and args:
-        return tune.choice(args)
-    if kind == "grid" and isinstance(args, list) and args:
-        return tune.grid_search(args)
-    if kind in ("uniform", "loguniform", "randint") and isinstance(args, list) and len(args) == 2:
-        return getattr(tune, kind)(*args)
-    raise UserError(f"{where}: {name}: {kind} needs "
-                    f"{'a list of values' if kind in ('choice', 'grid') else '[low, high]'}")
-
-
-def _by(ranges: dict, key, by: str, name: str):
-    if key not in ranges:
-        raise UserError(f"the search space gives {name} no range for {by}={key}")
-    domain = ranges[key]
-    return domain.sample() if hasattr(domain, "sample") else domain
-
-
-class OptunaSpace:
-    """The space as an Optuna define-by-run function (`OptunaSearch(space=...)`): a by-optimizer alpha
-    draws from the range of the optimizer drawn first. The seeded points' values join each choice
-    (Optuna runs an enqueued trial only with values its distributions hold). A class, not a closure:
-    Ray Tune pickles the searcher with the experiment's state."""
-
-    def __init__(self, space: dict, points: list[dict], where: str = "the search space"):
-        tune_space(space, where)  # every name a setting, every range well formed
-        for name, spec in space.items():
-            specs = [v for k, v in spec.items() if k != "by"] if isinstance(spec, dict) and "by" in spec else [spec]
-            if any(isinstance(v, dict) and "grid" in v for v in specs):
-                raise UserError(f"{where}: {name}: grid is not searched by --searcher optuna (it draws every "
-                                "setting); use choice, or --searcher random")
-        self.space, self.extra = space, {}
-        for point in points:
-            for name, value in point.items():
-                spec = space.get(name)
-                if isinstance(spec, dict) and "choice" in spec and value not in spec["choice"]:
-                    self.extra.setdefault(name, []).append(value)
-
-    def __call__(self, trial) -> dict:
-        values, fixed = {}, {}
-        # the settings a by-setting depends on first, whatever the order of the space file
-        for name, spec in sorted(self.space.items(), key=lambda item: isinstance(item[1], dict) and "by" in item[1]):
-            if isinstance(spec, dict) and "by" in spec:
-                spec = spec.get(values[spec["by"]])
-                if spec is None:
-                    raise UserError(f"the search space gives {name} no range for "
-                                    f"{self.space[name]['by']}={values[self.space[name]['by']]}")
-            if isinstance(spec, dict):
-                values[name] = self._suggest(trial, name, spec)
-            else:
-                values[name] = fixed[name] = spec
-        return fixed
-
-    def _suggest(self, trial, name: str, spec: dict):
-        (kind, args), = spec.items()
-        if kind == "choice":
-            return trial.suggest_categorical(name, [*args, *self.extra.get(name, [])])
-        if kind == "randint":  # Ray Tune's randint excludes its upper bound
-            return trial.suggest_int(name, args[0], args[1] - 1)
-        return trial.suggest_float(name, args[0], args[1], log=kind == "loguniform")
-
-
-def grace_epochs(max_epochs: int) -> int:
-    """Epochs every trial trains before ASHA may stop it: a third of the longest schedule.
-
-    Earlier is not a measurement: after one epoch every trained model is at or below the popularity
-    ranking, and one that barely moved (a learning rate 100x too small) sits exactly on it, so it
-    wins. Measured on the bundled sample's validation split, dim 16, 8 epochs (recall@10 per epoch):
-    popularity 0.168; alpha 0.025: 0.167, 0.167, 0.172, 0.178, …, 0.194; alpha 0.05: 0.170, 0.195,
-    0.212, …, 0.222."""
-    return max(1, math.ceil(max_epochs / REDUCTION))
-
-
-def trials_for_budget(budget: float, max_epochs: int, grace: int | None = None, reduction: int = REDUCTION) -> int:
-    """How many trials ASHA can start within `budget` full trainings of `max_epochs` epochs: each trial
-    runs `grace` epochs, and a share 1/reduction^k of them goes on to the k-th rung (grace·reduction^k)."""
-    grace = grace or grace_epochs(max_epochs)
-    rungs = [grace]
-    while rungs[-1] * reduction < max_epochs:
-        rungs.append(rungs[-1] * reduction)
-    rungs.append(max_epochs)
-    expected = sum((b - a) / reduction ** k for k, (a, b) in enumerate(zip([0, *rungs], rungs)) if b > a)
-    return max(1, int(budget * max_epochs / expected))
-
-
-def max_epochs_of(space: dict, base: TrainConfig) -> int:
-    spec = space.get("epochs", base.epochs)
-    if isinstance(spec, dict):
-        (_, args), = spec.items()
-        return int(max(args))
-    return int(spec)
-
-
-# ---------------------------------------------------------------------------------------------------
 # the validation split
 # ---------------------------------------------------------------------------------------------------
 
 def split_validation(corpus: Corpus, out: str, fraction: float = VALIDATION_FRACTION, seed: int = 0,
                      users: int | None = None) -> tuple[Corpus, str]:
     """A copy of `corpus` at out/corpus with a share of some users' distinct URLs hidden, and those
-    (key, URL) pairs at out/heldout.parquet: the split `prepare --holdout` makes (prepare.hold_out:
+    (key, URL) pairs at out/heldout.parquet: the split `prepare --holdout` makes (shard_pass.hold_out:
     max(1, round(fraction × distinct)) of a user's distinct URLs, never all, every event of them), so
     a trial is measured the way the user's own held-out file measures the final model. The
     vocabulary keeps its ids; its counts become those of what stays.
@@ -408,21 +223,6 @@ class Target:
 TRIAL_USERS = 5_000  # held-out users a trial is measured on (evaluate's default is 20,000: 4x the time)
 
 
-def rung_epochs(max_epochs: int) -> list[int]:
-    """The epochs at which ASHA compares trials (its milestones: grace × 3^k below max_epochs, as
-    ray.tune's _Bracket computes them); a trial is measured there and at its last epoch only."""
-    grace = grace_epochs(max_epochs)
-    count = int(np.log(max_epochs / grace) / np.log(REDUCTION) + 1)
-    return [grace * REDUCTION ** k for k in range(count)]
-
-
-def expected_measurements(trials: int, max_epochs: int) -> float:
-    """Measurements of a search of `trials`: every trial at the first rung, a third of them at the next,
-    …, and the survivors once more at the end."""
-    below = [r for r in rung_epochs(max_epochs) if r < max_epochs]
-    return sum(trials / REDUCTION ** k for k in range(len(below))) + trials / REDUCTION ** len(below)
-
-
 def run_trial(settings: dict, *, base: dict, target: Target, trials: str, rungs: list[int]) -> None:
     """One trial, in a Ray Tune actor: train `base` + `settings` on the target's corpus, reporting the
     metric at ASHA's rungs and at the last epoch (ASHA may stop it there)."""
@@ -472,94 +272,6 @@ def trial_resources(base: dict, corpus: Corpus) -> Callable[[dict], object]:
         return tune.PlacementGroupFactory([{}, *run_bundles(config, table_specs(config, corpus), resources)])
 
     return of
-
-
-# A trial's cost that plan's calibration does not see: Ray Tune starts its actor (a new Python process
-# importing torch and this package), its placement group and its bookkeeping: the middle of what
-# search.overhead_seconds_per_trial (the search's wall time less its trials' own clocks) gave over the five
-# searches of benchmarks/quality.py --tune 8 (docs/benchmarks.md).
-TRIAL_OVERHEAD_SECONDS = 3.5
-
-
-# Row-wise Adagrad's cost per token against SGD's, on the same corpus, engine and machine
-# (docs/benchmarks.md): the accumulator column is read, updated and pushed.
-ADAGRAD_COST = 1.9
-COST_DRAWS = 256  # draws of the space that average a trial's cost per epoch
-
-
-def asha_epochs(epochs: int, max_epochs: int) -> float:
-    """A trial's expected epochs under ASHA when it asks for `epochs`: it trains up to the first rung,
-    goes on to the next with a chance of 1/REDUCTION per rung passed, and ends at its own last epoch."""
-    rungs = [*(r for r in rung_epochs(max_epochs) if r < max_epochs), max_epochs]
-    return sum((min(epochs, b) - min(epochs, a)) / REDUCTION ** k
-               for k, (a, b) in enumerate(zip([0, *rungs], rungs)))
-
-
-def trial_epoch_cost(space: dict, config: TrainConfig, counts: np.ndarray, max_epochs: int,
-                     seed: int = 0) -> tuple[float, float]:
-    """(a trial's expected epochs under ASHA, its mean cost per epoch against `config`'s), over draws
-    of `space`, the cost weighted by each draw's epochs: a space whose epochs range from a quarter to
-    twice the base's trains far fewer epochs than every trial at the longest would (measured on the
-    skewed set: 257 s of training where budget × the longest schedule said 746 s)."""
-    rng = np.random.default_rng(seed)
-    draws = [_draw(space, rng) for _ in range(COST_DRAWS)]
-    epochs = np.array([asha_epochs(int(d.get("epochs", max_epochs)), max_epochs) for d in draws])
-    work = _work(config, counts)
-    costs = np.array([work(d) for d in draws]) / work({})
-    return float(epochs.mean()), float((epochs * costs).sum() / max(epochs.sum(), 1e-12))
-
-
-def trial_cost(space: dict, config: TrainConfig, counts: np.ndarray, seed: int = 0) -> float:
-    """A trial's mean cost per epoch against `config`'s (the calibrated run), over draws of `space`.
-
-    A token's work is its training pairs (1, and about `window` more with dbow_words) times the
-    output rows each pair updates (1 + negative) times their width (dim), for the tokens that
-    subsampling keeps (`sample`, computed on the corpus's counts), times ADAGRAD_COST with Adagrad.
-    The calibration times the base settings only; a space that draws negative 20 or Adagrad costs
-    twice that per epoch."""
-    rng = np.random.default_rng(seed)
-    work = _work(config, counts)
-    draws = [work(_draw(space, rng)) for _ in range(COST_DRAWS)]
-    return float(np.mean(draws)) / work({})
-
-
-def _work(config: TrainConfig, counts: np.ndarray) -> Callable[[dict], float]:
-    """A token's work under `config` with some settings changed (trial_cost's measure)."""
-    kept: dict[float, float] = {}
-
-    def work(settings: dict) -> float:
-        c = {**{k: getattr(config, k) for k in _COST_FIELDS}, **{k: v for k, v in settings.items() if k in _COST_FIELDS}}
-        if c["sample"] not in kept:
-            kept[c["sample"]] = float((counts * keep_probabilities(counts, c["sample"])).sum() / max(counts.sum(), 1))
-        pairs = 1 + (c["window"] if c["dbow_words"] and c["mode"] == "dbow" else 0)
-        return (kept[c["sample"]] * pairs * max(1 + c["negative"], 1) * max(c["dim"], 1)
-                * (ADAGRAD_COST if c["optimizer"] == "adagrad" else 1.0))
-
-    return work
-
-
-_COST_FIELDS = ("sample", "window", "dbow_words", "mode", "negative", "dim", "optimizer")
-
-
-def _draw(space: dict, rng: np.random.Generator) -> dict:
-    """One draw of the space's settings (a grid: one of its values), a by-setting after its key."""
-    drawn: dict = {}
-    for name, spec in sorted(space.items(), key=lambda item: isinstance(item[1], dict) and "by" in item[1]):
-        if isinstance(spec, dict) and "by" in spec:
-            spec = spec.get(drawn.get(spec["by"]), {})
-        if not isinstance(spec, dict):
-            drawn[name] = spec
-        elif spec:
-            (kind, args), = spec.items()
-            if kind in ("choice", "grid"):
-                drawn[name] = args[int(rng.integers(len(args)))]
-            elif kind == "uniform":
-                drawn[name] = float(rng.uniform(*args))
-            elif kind == "loguniform":
-                drawn[name] = float(np.exp(rng.uniform(np.log(args[0]), np.log(args[1]))))
-            else:
-                drawn[name] = int(rng.integers(args[0], args[1]))
-    return drawn
 
 
 def estimate_seconds(target: Target, config: TrainConfig, trials: int, budget: float, at_once: int,
@@ -628,162 +340,12 @@ def estimate_seconds(target: Target, config: TrainConfig, trials: int, budget: f
             "checkpoint_seconds": checkpoint, "test_measure_seconds": test_measure_seconds}
 
 
-def format_estimate(estimate: dict, at_once: int) -> str:
-    """The estimate in one line, each part with what it counts."""
-    p = estimate["parts"]
-    measure = (f"{estimate['measure_seconds']:.1f} s" if estimate["measure_seconds"] is not None
-               else "an unknown time")
-    line = (f"tune: estimated {estimate['seconds'] / 60:,.1f} min: {estimate['trials']} trials' startup "
-            f"{p['startup']:.0f} s + Ray Tune's overhead {p['overhead']:.0f} s ({estimate['overhead_seconds']:.1f} s a "
-            f"trial) + training {p['training']:.0f} s ({estimate['epochs']:,.0f} epochs of "
-            f"{estimate['epoch_seconds']:.2f} s x {estimate['trial_cost']:.2f}, a trial's mean cost against the base) "
-            f"+ measuring {p['measuring']:.0f} s ({estimate['measurements']:,.0f} evaluations at ASHA's rungs and "
-            f"last epochs, {measure} each), {at_once} trial(s) at a time")
-    if "comparing" in p:
-        line += f"; then the comparison {p['comparing']:.0f} s and gensim's training (not estimated)"
-    return line
-
-
 def concurrency(config: TrainConfig) -> int:
     """How many trials of `config`'s workers the cluster's CPUs hold at once (what the log line says)."""
     import ray
 
     cpus = ray.cluster_resources().get("CPU", 1)
     return max(1, int(cpus // max(config.cpus_per_worker * config.num_workers, 1e-9)))
-
-
-ENDED = ("finished", "stopped early")
-
-
-class _Recorder:
-    """A Ray Tune callback that keeps trials.csv and best.yaml current as trials report and end.
-
-    "best so far" (the progress line, best.yaml) is the best metric among the trials that have
-    ended (finished, or stopped by ASHA at a rung), each at its last measurement: it never goes
-    down, as a running trial's figure at a rung may before its last epoch. The base settings win
-    ties: a search that finds nothing better says so and hands the base back."""
-
-    def __init__(self, out: str, names: list[str], base: dict, metric: str, measured_on: str, total: int,
-                 progress: bool, points: list[dict] | None = None, searcher: str = "random"):
-        from ray.tune import Callback
-        from tqdm import tqdm
-
-        recorder = self
-
-        class _Callback(Callback):
-            def on_trial_result(self, iteration, trials, trial, result, **info):
-                recorder.seen(trial, result)
-
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                recorder.ended(trial, "finished")
-
-            def on_trial_error(self, iteration, trials, trial, **info):
-                recorder.ended(trial, "failed")
-
-        self.callback = _Callback()
-        self.out, self.names, self.base, self.metric, self.measured_on = out, names, base, metric, measured_on
-        self.points, self.searcher = points or [], searcher
-        self.rows: dict[str, dict] = {}
-        # one line for the whole search, in place of Ray Tune's tables
-        self.bar = tqdm(total=total, unit=" trials", desc="tune", disable=not progress, file=sys.stderr,
-                        dynamic_ncols=True)
-
-    def __getstate__(self) -> dict:
-        # Ray Tune pickles its callbacks with the experiment's state; the bar writes to a terminal
-        return {k: v for k, v in self.__dict__.items() if k not in ("bar", "callback")}
-
-    def __setstate__(self, state: dict) -> None:
-        from tqdm import tqdm
-
-        self.__dict__.update(state, bar=tqdm(disable=True))
-
-    def source(self, settings: dict) -> str:
-        """base: the base settings; start: an optimizer at its START_ALPHA; else the searcher's draw."""
-        for i, point in enumerate(self.points):
-            if is_point(settings, point):
-                return "base" if i == 0 else "start"
-        return self.searcher
-
-    def _row(self, trial) -> dict:
-        if trial.trial_id not in self.rows:
-            settings = {n: _plain(trial.config.get(n)) for n in self.names}
-            self.rows[trial.trial_id] = {"trial": trial.trial_id, **settings, "source": self.source(trial.config),
-                                         self.metric: None, "epochs_run": 0, "tokens_per_second": None,
-                                         "seconds": None, "state": "running"}
-        return self.rows[trial.trial_id]
-
-    def seen(self, trial, result: dict) -> None:
-        row = self._row(trial)
-        row.update({self.metric: result["metric"], "epochs_run": result["epoch"],
-                    "tokens_per_second": result["tokens_per_second"], "seconds": result["seconds"]})
-        self.write()
-
-    def ended(self, trial, how: str) -> None:
-        # its model is not needed again (compare trains the best on the whole corpus): at 20M users a
-        # trial's model is gigabytes, and a search runs dozens
-        outputs.remove_path(os.path.join(self.out, "trials", trial.trial_id))
-        row = self._row(trial)
-        error = getattr(trial, "error_file", None)
-        if how == "failed":
-            row["state"] = "failed"
-            row["error"] = _error_line(error)
-        else:
-            target = trial.config.get("epochs", self.base.get("epochs"))
-            row["state"] = "finished" if target is None or row["epochs_run"] >= target else "stopped early"
-        self.write()
-        best = self.best()
-        if best is not None:
-            self.bar.set_postfix_str(f"best {self.metric} {best[self.metric]:.4f} (of the trials ended)",
-                                     refresh=False)
-        self.bar.update(1)
-
-    def table(self) -> list[dict]:
-        """Every trial: the ended ones best first (the base before an equal), then the others."""
-        ended = [r for r in self.rows.values() if r["state"] in ENDED and r[self.metric] is not None]
-        return (sorted(ended, key=lambda r: (-r[self.metric], r["source"] != "base"))
-                + [r for r in self.rows.values() if r not in ended])
-
-    def best(self) -> dict | None:
-        rows = self.table()
-        return rows[0] if rows and rows[0]["state"] in ENDED and rows[0][self.metric] is not None else None
-
-    def base_row(self) -> dict | None:
-        return next((r for r in self.table() if r["source"] == "base"), None)
-
-    def write(self) -> None:
-        rows = self.table()
-        columns = ["trial", *self.names, "source", self.metric, "epochs_run", "tokens_per_second", "seconds", "state",
-                   "error"]
-        table = io.StringIO(newline="")
-        writer = csv.DictWriter(table, columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-        storage.write_local(os.path.join(self.out, "trials.csv"), table.getvalue())
-        best = self.best()
-        if best is not None:
-            settings = {n: _plain(best[n]) for n in self.names}
-            ended = sum(r["state"] in ENDED for r in rows)
-            what = ("nothing beat the base settings (these): " if best["source"] == "base" and ended > 1
-                    else "the base settings: " if best["source"] == "base" else "")
-            text = (f"# doc2vec-dist tune: {what}the best of {ended} ended trial(s) so far, {self.metric} "
-                    f"{best[self.metric]:.4f} after {best['epochs_run']} epoch(s) on {self.measured_on}\n"
-                    + yaml.safe_dump(settings, sort_keys=True))
-            storage.write_local(os.path.join(self.out, "best.yaml"), text)
-
-
-def _plain(value):
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def _error_line(path: str | None) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path) as fh:
-            lines = [line.strip() for line in fh if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
 
 
 def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: str | None = None,
@@ -800,7 +362,7 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from .trainer import ray_connection
+    from .cluster import ray_connection
 
     given = [(k, v) for k, v in (("heldout", heldout), ("labels", labels), ("pairs", pairs)) if v]
     if len(given) != 1:
@@ -988,57 +550,6 @@ def _quiet_tune():
             os.environ["RAY_AIR_NEW_OUTPUT"] = before
 
 
-def _log_scale(spec) -> bool:
-    """Whether a setting's range is searched on a log scale: loguniform, by-optimizer ranges of it, or
-    choices spanning more than 20× (sample's 1e-5 … 1e-3)."""
-    if not isinstance(spec, dict):
-        return False
-    if "by" in spec:
-        return any(_log_scale(v) for k, v in spec.items() if k != "by")
-    (kind, args), = spec.items()
-    positive = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0]
-    return kind == "loguniform" or (kind in ("choice", "grid") and len(positive) > 1
-                                    and max(positive) > 20 * min(positive))
-
-
-def plot_settings(rows: list[dict], names: list[str], metric: str, path: str, space: dict | None = None) -> None:
-    """The metric of every trial against each setting, one panel per setting."""
-    space = space or {}
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.warning("warning: matplotlib is not installed: no settings.png (pip install matplotlib)")
-        return
-    done = [r for r in rows if r[metric] is not None]
-    cols = min(4, len(names))
-    fig, axes = plt.subplots(math.ceil(len(names) / cols), cols, figsize=(4 * cols, 3 * math.ceil(len(names) / cols)),
-                             squeeze=False)
-    for ax, name in zip(axes.flat, names):
-        values = [r[name] for r in done]
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        labels = sorted({str(v) for v in values})
-        xs = values if numeric else [labels.index(str(v)) for v in values]
-        ax.scatter(xs, [r[metric] for r in done], c=[r["epochs_run"] for r in done], cmap="viridis", s=18)
-        if not numeric:
-            ax.set_xticks(range(len(labels)), labels)
-        elif _log_scale(space.get(name)) and min(values) >= 0 and any(v > 0 for v in values):
-            if min(values) == 0:  # sample's 0 beside 1e-5 … 1e-3
-                ax.set_xscale("symlog", linthresh=min(v for v in values if v > 0))
-            else:
-                ax.set_xscale("log")
-        ax.set_xlabel(name)
-        ax.set_ylabel(metric)
-    for ax in list(axes.flat)[len(names):]:
-        ax.axis("off")
-    fig.suptitle(f"{len(done)} trials (colour: epochs reached)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-
-
 def compare_on_test(target: Target, out: str, settings: dict, base: TrainConfig, same_as_base: bool = False) -> dict:
     """The best settings, the defaults and gensim (with the best's epochs), each trained on the whole
     corpus and measured on the test side of the user's file (Target.where("test")). When the best
@@ -1068,30 +579,3 @@ def compare_on_test(target: Target, out: str, settings: dict, base: TrainConfig,
     if same_as_base:
         found = {"tuned": found["defaults"], **found}
     return found
-
-
-def format_result(result: dict, out: str) -> str:
-    """The search in a few lines: trials, the best settings against the base's, and the comparison on
-    the user's file."""
-    metric = result["metric"]
-    best, base = result["best"], result.get("base")
-    lines = [f"tune: {result['trials']} trial(s) ({result.get('searcher', 'random')}), {result['failed']} failed, "
-             f"{result['seconds']:.0f} s; best {metric} {best[metric]:.4f} on {result['measured_on']} with "
-             + ", ".join(f"{k} {v}" for k, v in best.items() if k != metric)]
-    if result.get("base_is_best"):
-        lines.append(f"nothing beat the base settings (your flags and --config) on {result['measured_on']}: "
-                     f"best.yaml is the base")
-    elif base is not None and base[metric] is not None:
-        lines.append(f"the base settings scored {base[metric]:.4f} there ({base['state']}): the best is "
-                     f"{best[metric] - base[metric]:+.4f}")
-    compare = result.get("compare") or {}
-    if compare:
-        lines.append(f"on {result['compared_on']}, trained on the whole corpus:")
-    for name, found in compare.items():
-        lines.append(f"  {name:9s} {metric} {found['metric']:.4f} ({found['epochs']} epochs)")
-    if compare and not result.get("base_is_best") and compare["tuned"]["metric"] < compare["defaults"]["metric"]:
-        lines.append(f"the base settings beat the tuned ones on {result['compared_on']}: keep the base "
-                     f"({compare['defaults']['metric']:.4f} against {compare['tuned']['metric']:.4f})")
-    lines.append(f"trials: {os.path.join(out, 'trials.csv')}; best settings: {os.path.join(out, 'best.yaml')} "
-                 f"(train --config); plot: {os.path.join(out, 'settings.png')}")
-    return "\n".join(lines)

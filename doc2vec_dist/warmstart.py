@@ -1,6 +1,6 @@
-"""A run that starts from an earlier model (train --init-from), and how far its vectors moved.
+"""A run that starts from an earlier model (train --init-from).
 
-Changes when how a warm start maps or checks the earlier model's rows, or measures their drift.
+Changes when how a warm start maps or checks the earlier model's rows.
 
 The daily refresh: `prepare NEW --base OLD` keeps every known user's and URL's id and appends the
 new ones, so a known key's row r in the new run is row r of the old model; where the refresh dropped
@@ -9,7 +9,7 @@ corpus's dropped.arrow, compact.py), the ids after them are closed up, and row r
 r-th row that stays. `warm_start` checks that
 (the first rows of each key table are the old model's keys that stay, in order, and the sizes agree) and says
 which rows each table takes from it; each parameter server then fills its own slice from the old
-checkpoint with `checkpoint.read_shard` (whatever number of servers wrote it) over its fresh
+checkpoint with `modeldir.read_shard` (whatever number of servers wrote it) over its fresh
 initialisation, so new rows start as in any run (inputs uniform, words_out zero). Optimiser state
 (row-wise Adagrad's accumulator) comes along where the old checkpoint has it and the new run keeps
 one. The old model is only read.
@@ -18,9 +18,7 @@ one. The old model is only read.
 settings its tables' shape and meaning depend on. train --init-from, jobs/train.py and jobs/refresh.py
 all go through it, so the user repeats none of them and cannot contradict them.
 
-`drift` compares the two models on the keys they share: cosine(old, new) of a sample of rows per
-table, whose median and percentiles say whether downstream users of the vectors (indexes, models
-trained on them) can keep them.
+How far the vectors moved is measured after training, by its caller: drift.py.
 """
 
 from __future__ import annotations
@@ -32,9 +30,9 @@ import numpy as np
 import pyarrow as pa
 
 from . import compact
-from .checkpoint import KEY_TABLES, ModelDir
 from .config import TableSpec
 from .errors import UserError
+from .modeldir import KEY_TABLES, ModelDir
 
 # The settings an earlier model's tables are made by: a run from it takes them, and a flag or YAML value
 # that contradicts them is refused. dim: the width of every row; mode: what a user's vector and words_out
@@ -46,7 +44,6 @@ MODEL_SHAPE = ("dim", "mode")
 # old rows to the run's). The other settings (window, negative, alpha, the engine's) are the run's own: its
 # defaults, YAML and flags.
 TAKEN = (*MODEL_SHAPE, "dbow_words", "dtype", "rounding")
-DRIFT_SAMPLE = 20_000  # rows per table whose cosine is measured (every row when fewer): medians to 3 decimals, in 0.5 s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +89,7 @@ def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSp
                         "the old one")
     old = ModelDir(model)
     by_key_table = compact.read_dropped(corpus_path)  # rows the refresh dropped: keyed by key table (docs, words)
-    dropped = {name: by_key_table[_KEY_TABLE[name]] for name in tables if _KEY_TABLE[name] in by_key_table}
+    dropped = {name: by_key_table[KEY_TABLE[name]] for name in tables if KEY_TABLE[name] in by_key_table}
     rows = {}
     for name, spec in tables.items():
         try:
@@ -115,7 +112,7 @@ def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSp
 
 
 # each table's key table in a corpus (compact.py's dropped.arrow names rows by it)
-_KEY_TABLE = {"docs": "docs", "words": "words", "words_out": "words"}
+KEY_TABLE = {"docs": "docs", "words": "words", "words_out": "words"}
 
 
 def _check_keys(old: ModelDir, table: str, corpus_path: str, rows: int, model: str,
@@ -135,52 +132,3 @@ def _check_keys(old: ModelDir, table: str, corpus_path: str, rows: int, model: s
         what = "users" if table == "docs" else "URLs"
         raise UserError(f"{corpus_path}: its {what} do not keep the ids they have in {model}; prepare it with "
                         f"`doc2vec-dist prepare NEW_EVENTS --base {model} --out ...`")
-
-
-def drift(old: str, new: str, sample: int = DRIFT_SAMPLE, seed: int = 0) -> dict:
-    """cosine(old, new) over the keys both models have, per table both have: median, 5th and 95th
-    percentile and the share below 0.5, from a seeded sample of at most `sample` rows (ids are kept by
-    a refresh, so the shared keys are the old model's rows)."""
-    found = {}
-    for table, (rows, cosine) in drift_cosines(old, new, sample, seed).items():
-        found[table] = {"rows": rows, "measured": len(cosine),
-                        "median": float(np.median(cosine)), "p5": float(np.percentile(cosine, 5)),
-                        "p95": float(np.percentile(cosine, 95)), "below_0.5": float((cosine < 0.5).mean())}
-    return found
-
-
-def drift_cosines(old: str, new: str, sample: int = DRIFT_SAMPLE, seed: int = 0) -> dict[str, tuple[int, np.ndarray]]:
-    """Per table both models have: (the rows they share, cosine(old, new) of a seeded sample of at most
-    `sample` of them), rows never trained in either (all zero: words_out's) left out; what `drift`
-    summarises and the report draws."""
-    from .model import Model
-    from .scoring import unit_rows
-
-    before, after = Model(old), Model(new)
-    try:  # rows the refresh dropped (compact.py): a kept row's id in the new model is its old id less those before it
-        dropped = compact.read_dropped(after.dir.manifest.get("corpus") or after.dir.corpus_path())
-    except UserError:
-        dropped = {}
-    found = {}
-    for table in ("docs", "words", "words_out"):
-        gone = dropped.get(_KEY_TABLE[table], np.zeros(0, np.int64))
-        try:
-            rows = min(before.dir.spec(table)["rows"] - len(gone), after.dir.spec(table)["rows"])
-        except UserError:
-            continue
-        ids = np.arange(rows) if rows <= sample else np.sort(np.random.default_rng(seed).choice(rows, sample,
-                                                                                               replace=False))
-        a, b = unit_rows(before.gather(table, compact.old_ids(ids, gone))), unit_rows(after.gather(table, ids))
-        live = (np.abs(a).sum(1) > 0) & (np.abs(b).sum(1) > 0)  # words_out rows never trained stay zero
-        cosine = (a[live] * b[live]).sum(1)
-        if len(cosine):
-            found[table] = (int(rows), cosine)
-    return found
-
-
-def drift_line(found: dict) -> str:
-    """How far the known keys' vectors moved, in one line."""
-    names = {"docs": "users", "words": "URLs (input)", "words_out": "URLs"}
-    return "moved since the --init-from model: " + "; ".join(
-        f"{names[t]} cosine(old, new) median {d['median']:.3f}, p5 {d['p5']:.3f}, p95 {d['p95']:.3f} "
-        f"({d['measured']:,} of {d['rows']:,} known)" for t, d in found.items())

@@ -1,6 +1,8 @@
 """Worker: read → examples → pull → kernel → push, one macro-batch after another, pipelined.
 
-Changes when a worker's loop changes: what it reads, how a macro-batch flows, where it computes.
+Changes when a worker's loop changes: what it reads, how a macro-batch flows, where it computes. The
+units it walks, its data positions and a macro-batch's parts are units.py's; the settings it runs with
+are the driver's (settings.RunSettings).
 
 Each worker reads its own units of the corpus (row ranges of shard files) straight from shared
 storage; nothing goes through the driver. For each macro-batch it builds the examples of its mode
@@ -24,378 +26,77 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import math
 import threading
 import time
 import warnings
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import client, cpu_kernel, precision
-from .config import TableSpec, TrainConfig, lr_at, settle_segments
-from .corpus import Corpus, iter_shard
+from . import client, lr, precision
+from . import settings as run_settings
+from .config import TableSpec
+from .corpus import Corpus
 from .logs import quiet_exit_in_finalizers
 from .ps import NonFiniteUpdate, load_compiled, ray_node_id
-from .sampling import Examples, NegativeTable, build_examples, doc_step_scale, keep_probabilities
+from .sampling import NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
+from .settings import RunSettings
+from .units import (
+    Arrival,
+    Batch,
+    Compute,
+    HostDevice,
+    Position,
+    Unit,
+    as_numpy,
+    device_room,
+    document_partitions,
+    grown,
+    only_documents,
+    partition_index,
+    read_chunks,
+    segment_units,
+)
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
 
-MIN_MACRO_BATCH = 4096
-ROUNDS_PER_EPOCH = 16  # pull/push rounds a worker makes at least per epoch where rows are shared (macro_batch_for)
 # folded into a batch's seed for the draws of a 16-bit `outputs` matrix's stochastic rounding (kernels.py)
 ROUNDING_SEED = 0x2545F4914F6CDD1D
-SHARED_MACRO_BATCH = 65536  # the default macro-batch where workers share rows (macro_batch_for)
-SOLE_WRITER_MACRO_BATCH = 262144  # ... and where one worker writes every row it trains
-DEVICE_MACRO_BATCH = 1048576  # ... and where it does with the examples drawn on its device
 STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
 CHUNK_CACHE_BYTES = 1 << 30  # the block schedule keeps an epoch's chunks split by block within this (_block_chunks)
-# of a GPU's free memory at a worker's start, what its documents' rows may take (the rest: its URL rows, counted
-# apart, and each macro-batch's examples and micro-batches)
-DEVICE_SHARE = 0.75
 SWAP = object()  # run_epoch's next batch is of a partition of its documents other than the one held
 
 
-def device_room(config: TrainConfig, free_bytes: int, words_out_rows: int) -> int:
-    """Bytes of a GPU with `free_bytes` free that a worker's documents' rows may take
-    (config.document_partitions): DEVICE_SHARE of them, of the worker's share of the device where workers
-    share one (a fractional --gpus-per-worker), less the URL rows it holds there (float32). The worker's
-    rule at its start (Worker._device_room), and plan's for a device of its table (plan.DEVICES)."""
-    urls = sum(config.resident_tables(words_out_rows).values()) * config.table("words_out", words_out_rows).width * 4
-    return max(0, int(free_bytes * DEVICE_SHARE * min(1.0, config.gpus_per_worker)) - urls)
-
-
-def macro_batch_for(macro_batch: int | None, tokens_per_epoch: int, sole_writer: bool = False,
-                    on_device: bool = False) -> int:
-    """A worker's macro-batch: `macro_batch` tokens (None: SOLE_WRITER_MACRO_BATCH for a sole writer,
-    DEVICE_MACRO_BATCH if its examples are drawn on its device, else SHARED_MACRO_BATCH), and, where
-    workers share rows, at least ROUNDS_PER_EPOCH pull/push rounds.
-
-    Where rows are shared, on a small corpus one huge macro-batch would leave every worker training on
-    a copy of words_out that is an epoch old (Lee corpus: -0.02 Pearson). A sole writer (one worker
-    holding every words_out row resident, and its documents' rows its own) trains nothing another
-    writes, so its rounds only cost calls, and fewer, larger rounds train faster (the push of a batch's
-    document rows is a fixed cost per round); Lee trains an epoch in one round. With the examples drawn
-    on the device the host only moves the documents' rows, and the rounds' fixed costs are most of its
-    work, so its rounds are larger still (the figures: docs/benchmarks.md).
-    """
-    if sole_writer:
-        return int(macro_batch or (DEVICE_MACRO_BATCH if on_device else SOLE_WRITER_MACRO_BATCH))
-    macro_batch = macro_batch or SHARED_MACRO_BATCH
-    return int(min(macro_batch, max(MIN_MACRO_BATCH, tokens_per_epoch // ROUNDS_PER_EPOCH)))
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where a worker's data stands in an epoch: the next macro-batch it trains, and what it trained
-    before it. Workers report it when a checkpoint pauses them (Worker.pause), the checkpoint's manifest
-    keeps one per worker (to_json, from_json), and a resumed or restarted worker starts from it
-    (Worker.run_epoch). Position(epoch) is the epoch's start. On the block schedule an epoch is several
-    rounds, each a pass over the worker's units (over one segment of them: TrainConfig.segments); the counters (tokens, pairs, loss) run on over the
-    rounds of an epoch, the step starts again at 0 each round."""
-
-    epoch: int
-    unit: int = 0             # index of its unit among the round's units (len(units): the round is done)
-    row: int | None = None    # shard-file row of that unit to start at (None: the unit's start)
-    step: int = 0             # macro-batches trained before it this epoch (each one's draws are seeded by it)
-    tokens: int = 0           # this epoch's counters up to it
-    pairs: int = 0
-    loss: float = 0.0
-    round: int = 0            # the block schedule's round in the epoch (schedule.py; always 0 for one worker)
-
-    def to_json(self) -> dict:
-        """The manifest's entry: every field, by name (round only where the block schedule has one)."""
-        entry = dataclasses.asdict(self)
-        if not self.round:
-            del entry["round"]
-        return entry
-
-    @classmethod
-    def from_json(cls, data: dict) -> Position:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
-
-
-@dataclass
-class Unit:
-    """Rows [start, end) of one shard file: the grain at which the corpus is divided among workers."""
-
-    path: str
-    start: int
-    end: int
-    tokens: int
-    segment: int | None = None  # an interleaved plan's: the worker's segment this run belongs to (plan_units)
-
-
-def plan_of(corpus: Corpus, config: TrainConfig) -> list[list[Unit]]:
-    """The run's plan (TrainConfig.plan): plan_units with the segments of the block schedule."""
-    return plan_units(corpus, config.num_workers, config.segments if config.plan() == "interleaved" else 1)
-
-
-def plan_units(corpus: Corpus, num_workers: int, segments: int = 1) -> list[list[Unit]]:
-    """Divide the corpus among workers with balanced token counts.
-
-    With several segments (TrainConfig.segments on the block schedule) the corpus, its files in
-    order, is cut into num_workers × segments pieces of about equal tokens, and piece W·s + i is
-    worker i's segment s: the workers' rounds walk the corpus together, in its order, as one worker
-    would walk it alone. (Each worker its own run of the corpus, cut into segments, put documents
-    half a corpus apart in the same round: with 2 workers and 64 segments Lee lost 0.010 / 0.009
-    Pearson against one worker, test / background first, and 0.000 / 0.003 interleaved, in
-    benchmarks/schedule_lee.py --split over 24 seeds; docs/benchmarks.md.)
-
-    Otherwise, with at least as many shard files as workers, whole files are dealt out, largest first
-    to the least loaded worker. With fewer, each file is cut into row ranges of about equal tokens.
-    """
-    shards = [(path, info["docs"], info["tokens"]) for path, info in zip(corpus.shard_paths, corpus.meta["shards"])]
-    if segments > 1 and num_workers > 1:  # piece W·s + i of the whole files, in order, is worker i's segment s
-        pieces = _cut([Unit(path, 0, docs, tokens) for path, docs, tokens in shards], num_workers * segments,
-                      lambda piece: piece // num_workers)
-        return [[u for s in range(segments) for u in pieces[s * num_workers + i]] for i in range(num_workers)]
-    if len(shards) >= num_workers:
-        loads = [0] * num_workers
-        plan: list[list[Unit]] = [[] for _ in range(num_workers)]
-        for path, docs, tokens in sorted(shards, key=lambda s: -s[2]):
-            w = int(np.argmin(loads))
-            plan[w].append(Unit(path, 0, docs, tokens))
-            loads[w] += tokens
-        return plan
-    pieces = -(-num_workers // len(shards))
-    units: list[Unit] = []
-    for path, docs, tokens in shards:
-        lengths = _document_tokens(path)
-        cum = np.concatenate([[0], np.cumsum(lengths)])
-        for a, b in itertools.pairwise(_even_cuts(cum, pieces)):
-            units.append(Unit(path, int(a), int(b), int(cum[b] - cum[a])))
-    plan = [[] for _ in range(num_workers)]
-    for i, unit in enumerate(units):
-        plan[i % num_workers].append(unit)
-    return plan
-
-
-def _document_tokens(path: str) -> np.ndarray:
-    """Each document's token count in one shard file, by row."""
-    return np.concatenate([np.diff(offsets) for _, offsets, _ in iter_shard(path)] or [np.zeros(0)])
-
-
-def _even_cuts(cum: np.ndarray, pieces: int) -> np.ndarray:
-    """Document boundaries that cut documents with cumulative tokens `cum` (from 0) into `pieces` runs of
-    about equal tokens."""
-    cuts = np.searchsorted(cum, np.linspace(0, cum[-1], pieces + 1), side="left")
-    cuts[0], cuts[-1] = 0, len(cum) - 1
-    return cuts
-
-
-def _cut(units: list[Unit], pieces: int, segment_of=lambda piece: None) -> list[list[Unit]]:
-    """The documents of `units`, in their order, cut into `pieces` runs of about equal tokens (a run may
-    be empty where there are fewer documents), each as the Units of its runs within one unit; each
-    Unit's segment is segment_of(its run's index)."""
-    lengths = {path: _document_tokens(path) for path in {u.path for u in units}}
-    unit_of = np.concatenate([np.full(u.end - u.start, i) for i, u in enumerate(units)] or [np.zeros(0, int)])
-    row_of = np.concatenate([np.arange(u.start, u.end) for u in units] or [np.zeros(0, int)])
-    cum = np.concatenate([[0], np.cumsum(np.concatenate([lengths[u.path][u.start:u.end] for u in units]
-                                                         or [np.zeros(0)]))])
-    out: list[list[Unit]] = []
-    for piece, (a, b) in enumerate(itertools.pairwise(_even_cuts(cum, pieces))):
-        runs = []
-        while a < b:  # the documents [a, b), one unit's run at a time
-            u = int(unit_of[a])
-            end = min(b, int(np.searchsorted(unit_of, u, side="right")))
-            runs.append(Unit(units[u].path, int(row_of[a]), int(row_of[end - 1]) + 1, int(cum[end] - cum[a]),
-                             segment_of(piece)))
-            a = end
-        out.append(runs)
-    return out
-
-
-def segment_units(units: list[Unit], segments: int) -> list[list[Unit]]:
-    """A worker's units cut into `segments` runs of consecutive documents of about equal tokens, in
-    their order (TrainConfig.segments; a segment may be empty where there are fewer documents); an
-    interleaved plan's units (plan_units) are grouped by the segment it gave them."""
-    if segments == 1:
-        return [list(units)]
-    if units and units[0].segment is not None:
-        return [[u for u in units if u.segment == s] for s in range(segments)]
-    return _cut(units, segments)
-
-
-def read_chunks(units: list[Unit], macro_batch: int, from_unit: int = 0, from_row: int | None = None):
-    """((unit index, first row), (doc_ids, offsets, tokens)) chunks of at most ~macro_batch tokens
-    from a worker's units, starting at a data position (a unit, and a row of its shard file): what
-    a worker reads, and where a restarted one resumes."""
-    for u in range(from_unit, len(units)):
-        unit = units[u]
-        first = unit.start if u != from_unit or from_row is None else max(unit.start, from_row)
-        row = 0
-        for doc_ids, offsets, tokens in iter_shard(unit.path, max_tokens=macro_batch):
-            n = len(doc_ids)
-            lo, hi = max(first - row, 0), min(unit.end - row, n)
-            at = row + lo
-            row += n
-            if lo >= hi:
-                if row >= unit.end:
-                    break
-                continue
-            if lo > 0 or hi < n:
-                doc_ids = doc_ids[lo:hi]
-                tokens = tokens[offsets[lo]:offsets[hi]]
-                offsets = offsets[lo:hi + 1] - offsets[lo]
-            yield (u, at), (doc_ids, offsets, tokens)
-
-
-def only_documents(chunks, wanted: np.ndarray):
-    """read_chunks' chunks with only the documents in `wanted` (sorted doc ids); a chunk left with none
-    is skipped. Each keeps its data position, so a run resumed mid-epoch filters the same way."""
-    for start, (doc_ids, offsets, tokens) in chunks:
-        keep = np.isin(doc_ids, wanted)
-        if keep.all():
-            yield start, (doc_ids, offsets, tokens)
-        elif keep.any():
-            sizes = np.diff(offsets)
-            token_keep = np.repeat(keep, sizes)
-            yield start, (doc_ids[keep], np.concatenate([[0], np.cumsum(sizes[keep])]).astype(np.int64),
-                          tokens[token_keep])
-
-
-def document_partitions(walk: list[np.ndarray], count: int) -> list[np.ndarray]:
-    """A worker's documents cut into at most `count` partitions of about equal size, each the ids
-    (ascending) of a run of whole chunks of its walk (`walk`: each chunk's document ids, in the order it
-    reads them, read_chunks of its units at its read size), so that no chunk it trains straddles two
-    (a chunk read from a checkpoint's position, or split by block, is part of one of them), and so that
-    where they fit, cutting them changes no macro-batch, and no bit of what it trains. A partition holds
-    at least one chunk's documents."""
-    walk = [ids for ids in walk if len(ids)]
-    if not walk:
-        return [np.zeros(0, np.int64)]
-    cum = np.concatenate([[0], np.cumsum([len(ids) for ids in walk])])
-    cuts = np.unique(_even_cuts(cum, max(1, min(count, len(walk)))))
-    return [np.sort(np.concatenate(walk[a:b])).astype(np.int64) for a, b in itertools.pairwise(cuts)]
-
-
-@dataclass(frozen=True)
-class Compute:
-    """What a worker runs on each macro-batch's examples, as arguments rather than module globals:
-    benchmarks/feed_rate.py swaps them for nothing to time the host side alone."""
-
-    batched: Callable          # kernels.train (or --kernel fused: triton_kernel.train, the same arguments)
-    exact: Callable            # cpu_kernel.train: each update applied at once, on examples the host built
-    tokens: Callable           # cpu_kernel.train_tokens: the exact kernel drawing its own examples
-    device_examples: Callable  # device_examples.build: the token path's examples, on the device
-
-    @staticmethod
-    def default(fused: bool = False) -> Compute:
-        """fused: --kernel fused, the batched kernel's micro-batches as Triton launches."""
-        # kernels and device_examples need torch (and the fused kernel triton): imported at their first
-        # call, so that a worker on the exact kernel never imports it, nor one on the batched kernel triton
-        return Compute(batched=_fused if fused else _batched, exact=cpu_kernel.train, tokens=cpu_kernel.train_tokens,
-                       device_examples=_device_examples)
-
-
-def _batched(*args, **kwargs):
-    from .kernels import train
-
-    return train(*args, **kwargs)
-
-
-def _fused(*args, **kwargs):
-    from .triton_kernel import train
-
-    return train(*args, **kwargs)
-
-
-def _device_examples(*args, **kwargs):
-    from .device_examples import build
-
-    return build(*args, **kwargs)
-
-
-def _numpy(matrix) -> np.ndarray:
-    """A CPU matrix as numpy: itself, or a torch tensor's view of the same memory."""
-    return matrix if isinstance(matrix, np.ndarray) else matrix.numpy()
-
-
-class _CPU:
-    """The device of a worker that never imports torch (the exact kernel on CPU): what the code and the
-    benchmarks read of a torch.device."""
-
-    type = "cpu"
-
-    def __str__(self) -> str:
-        return "cpu"
-
-
-def ends_alphas(alpha0: float, min_alpha: float, done_before: int, batch_tokens: int,
-                planned_tokens: int) -> np.ndarray:
-    """kernels.micro_batch_alphas(..., n_micro=1, ends=True) without torch: the rates at a batch's start
-    and end (config.lr_at on plain numbers, the same float64 operations), float32, the same bits."""
-    return np.array([lr_at(alpha0, min_alpha, done_before + k * float(batch_tokens), planned_tokens) for k in (0, 1)],
-                    dtype=np.float32)
-
-
-@dataclass
-class Batch:
-    """One macro-batch: its examples, where its rows sit locally (client.Layout), and its pulls."""
-
-    examples: Examples | None    # None on the token path (the examples are drawn where the kernel runs)
-    layout: client.Layout        # its rows: which servers hold them, where they sit in the compact matrices
-    ctx_pos: np.ndarray          # [n, c] compact positions in `inputs`
-    target_pos: np.ndarray       # [n] compact positions in `outputs`
-    neg_pos: np.ndarray          # negatives' compact positions in `outputs`
-    scale: np.ndarray | None
-    pulls: list                  # one ObjectRef per shard
-    start: tuple[int, int]       # (unit index, shard-file row) of its first document: a data position
-    raw_tokens: int = 0          # tokens read before subsampling (what the learning-rate schedule counts)
-    # the token path: the chunk's tokens and offsets; ctx_pos then holds each token's document row (exact
-    # kernel) or each document's (the device expands the offsets itself)
-    tokens: np.ndarray | None = None
-    offsets: np.ndarray | None = None
-    seed: int = 0                # the token path: the seed of its draws
-
-
-@dataclass
-class Arrival:
-    """A macro-batch's pulled rows once they have arrived: as pulled (read-only), in the writable
-    compact host matrices `local`, and, staged, already copied (or being copied, until `event`) into
-    the device matrices of its slot."""
-
-    pulled: list
-    layout: client.Layout        # where its rows sit in `local` (staged: without the resident heads)
-    local: dict                  # name → numpy view of the compact host matrix
-    device: dict | None = None   # staged: name → the device copy of its pulled rows (the resident heads excluded)
-    event: object = None         # CUDA: the copy stream's event after those copies
-    slot: int = 0
-
-
 class Worker:
-    def __init__(self, index: int, units: list[Unit], corpus_path: str, config: TrainConfig,
+    def __init__(self, index: int, units: list[Unit], corpus_path: str, settings: RunSettings,
                  servers: list, tables: dict[str, TableSpec], compute: Compute | None = None,
-                 step_pause: float = 0.0, staged: bool | None = None, handover: bool = True):
-        """servers: the parameter servers' actor handles, or their names (what the trainer passes: a
+                 step_pause: float = 0.0):
+        """settings: the run's, as the driver resolved them (settings.resolve): the worker decides none
+        of them again. servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
         client.LocalServer objects (no Ray at all). tables: the servers' table specs (ps.table_specs).
         compute: what trains the examples (Compute.default()). step_pause: seconds slept after each
-        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV). staged:
-        whether it runs the device path (None: where it has a GPU; True on CPU: trainer.STAGED_ENV).
-        handover: on the block schedule, hand the held block to its next holder at a round's end
-        (client.ParameterClient.hand_over) rather than through the servers (trainer.HANDOVER_ENV)."""
+        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV)."""
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         load_compiled()
         corpus = Corpus(corpus_path)
-        config = settle_segments(config, corpus)  # the driver's is settled; one built by hand may not be
-        self.index, self.units, self.config = index, units, config
+        config = settings.config
+        self.index, self.units, self.config, self.settings = index, units, config, settings
         self.step_pause = step_pause
-        self.handover = handover
+        # on the block schedule, hand the held block to its next holder at a round's end
+        # (client.ParameterClient.hand_over) rather than through the servers (settings.HANDOVER_ENV)
+        self.handover = settings.handover
         self.node = ray_node_id()
-        self.compute = compute or Compute.default(fused=config.kernel == "fused")
+        self.compute = compute or Compute.default(fused=settings.kernel == "fused")
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
-        self.exact = config.exact_kernel()
+        self.exact = settings.exact
         self.adagrad = config.optimizer == "adagrad"
         use_cuda = config.gpus_per_worker > 0
         # torch only where the batched kernel or a GPU needs it; else numpy matrices (the module's docstring)
@@ -408,11 +109,12 @@ class Worker:
                 raise RuntimeError(f"worker {index}: gpus_per_worker > 0 but torch sees no CUDA device")
             self.device = torch.device("cuda" if use_cuda else "cpu")
         else:
-            self.device = _CPU()
+            self.device = HostDevice()
         # Staged: a macro-batch's rows are assembled in persistent host matrices (pinned on CUDA), copied
         # to matrices on the device, trained there and copied back for the push; unstaged (CPU), the host
         # matrices are trained in place. It is its own flag so that tests run the device path on CPU.
-        self.staged = use_cuda if staged is None else bool(staged) and not self.exact  # the exact kernel: host only
+        # (settings.STAGED_ENV: on the CPU too, for tests)
+        self.staged = use_cuda if settings.staged is None else bool(settings.staged) and not self.exact  # the exact kernel: host only
         counts = corpus.counts()
         self.counts = counts
         self.keep_prob = keep_probabilities(counts, config.sample)
@@ -431,53 +133,48 @@ class Worker:
         self.stats = self._zero_stats()
         # --cache-rows: rows 0..C-1 of words_out (ids are by frequency, so the hottest) stay resident
         # here, at the head of the `outputs` matrix, between macro-batches; see client.ParameterClient.sync
-        resident = config.resident_tables(words_out.rows)
+        resident = dict(settings.resident_tables)
         self.cached = resident["words_out"]
         # The token path: every URL row resident here and no other worker: the host only reads the
         # tokens and routes the documents' rows. The exact kernel draws the subsampling and negatives
         # itself (cpu_kernel.train_tokens, plain PV-DBOW); for the batched one they are drawn on its
         # device (device_examples, every mode), where the URL tables already are.
-        self.token_path = config.token_path(words_out.rows)
+        self.token_path = settings.token_path
         # ... where `words` is trained too (dbow_words, PV-DM), every words row is resident as well, at
         # the head of `inputs`: a word's input row is its id, the documents' follow
         self.words_head = resident.get("words", 0)
         # The block schedule (schedule.py): several workers on the token path, each holding one block of
         # the URL rows per round, its sole writer. One worker holds one block: every row.
-        self.num_blocks = config.num_workers if config.blocks() else 1
+        self.num_blocks = config.num_workers if settings.blocks else 1
         # --segments: round r trains segment r // num_blocks of the units, with block held(index, r)
-        self.rounds = config.rounds()
+        self.rounds = settings.rounds
         self._segments: list[list[Unit]] | None = None  # segment_units, at the first round that needs them
         self._blocks: Blocks | None = None  # this epoch's blocks
         self.held: Block | None = None      # the block this worker holds (the token path)
         self._device_tables = None  # device_examples.DeviceTables of the held block, made at its first device batch
-        self.macro_batch = macro_batch_for(config.macro_batch, self.tokens_per_epoch, sole_writer=self.token_path,
-                                           on_device=not self.exact)
+        self.macro_batch = settings.worker_macro_batch(self.tokens_per_epoch)
         # on the block schedule most of a chunk's tokens are in other blocks: it reads num_blocks times as
         # many, so that a macro-batch trains about as many tokens as one worker's
         self.read_tokens = self.macro_batch * self.num_blocks
         # ... and on the token path it keeps its documents' rows (no one else writes them) for the whole
         # run: pulled once, written back at checkpoints and at the run's end
-        # (TrainConfig.writes_back_at_end_of), instead of pulled and pushed with every macro-batch; where
-        # they do not fit, in partitions held one at a time (TrainConfig.document_partitions,
+        # (RunSettings.writes_back_at_end_of), instead of pulled and pushed with every macro-batch; where
+        # they do not fit, in partitions held one at a time (settings.document_partitions,
         # document_partitions), swapped as its walk passes from one to the next
         self.partitions: list[np.ndarray] = []
-        if config.document_partitions(tables["docs"].rows, words_out.rows):
+        if run_settings.document_partitions(config, tables["docs"].rows, words_out.rows):
             walk = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, self.read_tokens)]
             share = sum(len(ids) for ids in walk)
             free = self._device_room(words_out) if use_cuda and config.device_memory is None else None
-            count = config.document_partitions(tables["docs"].rows, words_out.rows, share=share, free_bytes=free)
+            count = run_settings.document_partitions(config, tables["docs"].rows, words_out.rows, share=share,
+                                                     free_bytes=free)
             self.partitions = document_partitions(walk, count)
             if len(self.partitions) > 1:
                 log.info(f"worker {index}: its {share:,} documents' rows do not fit its "
                          f"{'--device-memory' if config.device_memory else 'device'}: held in {len(self.partitions)} "
                          "partitions, one at a time")
         # which partition each of its documents is in (ids ascending), where there are several; the one held
-        self._partition_ids = np.concatenate(self.partitions) if len(self.partitions) > 1 else None
-        self._partition_of = (np.repeat(np.arange(len(self.partitions)), [len(p) for p in self.partitions])
-                              if self._partition_ids is not None else None)
-        if self._partition_ids is not None:
-            order = np.argsort(self._partition_ids)
-            self._partition_ids, self._partition_of = self._partition_ids[order], self._partition_of[order]
+        self._partition_ids, self._partition_of = partition_index(self.partitions)
         self.partition = 0
         self.docs_head = len(self.partitions[0]) if self.partitions else 0
         self.client = client.ParameterClient(
@@ -511,7 +208,7 @@ class Worker:
         self._parts: tuple | None = None  # (epoch, [(data position, {block: its part of the chunk})]): _block_chunks
 
     def _device_room(self, words_out: TableSpec) -> int:
-        """Bytes of its GPU a worker's documents' rows may take (config.document_partitions): DEVICE_SHARE of
+        """Bytes of its GPU a worker's documents' rows may take (settings.document_partitions): DEVICE_SHARE of
         what the device has free as the worker starts, of its share of the device where workers share one
         (a fractional --gpus-per-worker: the others measure the same free memory), less the URL rows it
         will hold there."""
@@ -656,7 +353,7 @@ class Worker:
                 # idle: between epochs, or on the block schedule between two rounds of one, waiting for
                 # the others. The rows it keeps resident (its documents', one worker's URL rows) go home
                 # after an epoch's last round at most, and mostly not even then
-                # (TrainConfig.writes_back_at_end_of), so what it trained since goes into the checkpoint
+                # (RunSettings.writes_back_at_end_of), so what it trained since goes into the checkpoint
                 # now (a run resumed from it lost them, and trained other vectors than one that never
                 # stopped). Under the lock: a round that starts meanwhile waits. The pushes are named
                 # after the round it trained last.
@@ -818,13 +515,8 @@ class Worker:
                 # it interpolates between the two ends once its examples are drawn
                 ends = self.exact or ex is None
                 n_micro = 1 if ends else max(1, -(-len(ex) // ex.micro_batch))
-                if self.exact:
-                    alphas = ends_alphas(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens, self.planned_tokens)
-                else:
-                    from .kernels import micro_batch_alphas
-
-                    alphas = micro_batch_alphas(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens,
-                                                self.planned_tokens, n_micro, ends=ends)
+                alphas = lr.micro_batch_rates(cfg.alpha, cfg.min_alpha, done_before, batch.raw_tokens,
+                                              self.planned_tokens, n_micro, ends=ends)
                 loss, pairs = self._compute(batch, arrival, alphas)
                 t2 = time.perf_counter()
                 seconds["compute"] += t2 - t1
@@ -849,11 +541,11 @@ class Worker:
             t0 = time.perf_counter()
             self.client.drain()
             # the resident documents go home once their last round of the epoch is done, where the epoch's
-            # end writes back (TrainConfig.writes_back_at_end_of; else the checkpoint that follows fetches
+            # end writes back (RunSettings.writes_back_at_end_of; else the checkpoint that follows fetches
             # them, and they stay here for the next epoch, as one worker's URL rows do); the push is named
             # after the last step trained (its learning rate shows in an error of the push)
             last = start.round == self.rounds - 1
-            keep = last and not cfg.writes_back_at_end_of(epoch)
+            keep = last and not self.settings.writes_back_at_end_of(epoch)
             handover = None
             if not (keep and self.num_blocks == 1):  # (the block schedule's blocks go home whatever its documents do)
                 handover = self._sync(f"{self._when(epoch)} end of worker {self.index}"
@@ -891,7 +583,7 @@ class Worker:
             for name in ("inputs", "outputs"):
                 rows = len(local[name])
                 incoming = self._incoming[slot]
-                incoming[name] = self._grown(incoming.get(name, empty), rows)
+                incoming[name] = grown(incoming.get(name, empty), rows)
                 device[name] = incoming[name][:rows]
                 device[name].copy_(self._host[f"{name}{slot}"][:rows], non_blocking=True)
             event = None
@@ -912,8 +604,8 @@ class Worker:
         if self.staged:  # one pair per slot: the next batch's arrive while this one's are trained and pushed
             local = {name: self._host_buffer(f"{name}{slot}", sizes[name]) for name in ("inputs", "outputs")}
         else:
-            local = {"inputs": _numpy(self._inputs_buffer(sizes["inputs"])),
-                     "outputs": _numpy(self._outputs_buffer(sizes["outputs"]))}
+            local = {"inputs": as_numpy(self._inputs_buffer(sizes["inputs"])),
+                     "outputs": as_numpy(self._outputs_buffer(sizes["outputs"]))}
         self.client.fill(layout, pulled, local)
         return local
 
@@ -925,28 +617,11 @@ class Worker:
 
         return torch.empty((0, self.width), dtype=torch.float32, device=self.device)
 
-    @staticmethod
-    def _grown(buffer, rows: int, keep: int = 0, pin: bool = False):
-        """`buffer` (a torch tensor or a numpy array) if it has `rows` rows, else a bigger one (by 1/4
-        at least, so growth is rare) with its first `keep` rows carried over."""
-        if len(buffer) >= rows:
-            return buffer
-        shape = (max(rows, len(buffer) * 5 // 4), buffer.shape[1])
-        if isinstance(buffer, np.ndarray):
-            grown = np.empty(shape, dtype=buffer.dtype)
-        else:
-            import torch
-
-            grown = torch.empty(shape, dtype=buffer.dtype, device=buffer.device, pin_memory=pin)
-        keep = min(keep, len(buffer))
-        grown[:keep] = buffer[:keep]
-        return grown
-
     def _half_outputs(self):
         """The torch type of a staged worker's `outputs` matrix where it keeps the URL rows resident in
         the tables' 16-bit dtype (kernels.py: widened as read, narrowed stochastically as updated):
         on the token path, where that matrix holds the resident rows only. None: float32."""
-        if not self.config.half_on_device(self.url_rows, self.staged):
+        if not self.settings.half_on_device(self.staged):
             return None
         import torch
 
@@ -961,14 +636,14 @@ class Worker:
 
             width = precision.stored_width(self.dtype, self.dim, self.width - self.dim)
             self._outputs = torch.empty((0, width), dtype=half, device=self.device)
-        self._outputs = self._grown(self._outputs, rows, keep=self.cached)
+        self._outputs = grown(self._outputs, rows, keep=self.cached)
         return self._outputs[:rows]
 
     def _inputs_buffer(self, rows: int) -> torch.Tensor:
         """The persistent `inputs` matrix on the worker's device, at least `rows` long; its first
         `words_head` rows are the resident rows of words, the next `docs_head` its resident documents'
         (the block schedule), and they survive growing."""
-        self._inputs = self._grown(self._inputs, rows, keep=self.words_head + self.docs_head)
+        self._inputs = grown(self._inputs, rows, keep=self.words_head + self.docs_head)
         return self._inputs[:rows]
 
     def _host_buffer(self, name: str, rows: int) -> np.ndarray:
@@ -977,10 +652,10 @@ class Worker:
         import torch
 
         empty = torch.empty((0, self.width), dtype=torch.float32)
-        self._host[name] = self._grown(self._host.get(name, empty), rows, pin=self.device.type == "cuda")
+        self._host[name] = grown(self._host.get(name, empty), rows, pin=self.device.type == "cuda")
         return self._host[name][:rows].numpy()
 
-    def _compute(self, batch: Batch, arrival: Arrival, alphas: torch.Tensor) -> tuple[float, int]:
+    def _compute(self, batch: Batch, arrival: Arrival, alphas: np.ndarray) -> tuple[float, int]:
         """Train the batch on its compact matrices; returns (summed loss, examples trained)."""
         cfg, ex, local = self.config, batch.examples, arrival.local
         dev = self.device
@@ -1028,8 +703,7 @@ class Worker:
             ex = self._draw_on_device(batch, to_dev)
             pairs = len(ex)
             n_micro = max(1, -(-pairs // ex.micro_batch))
-            mid = (torch.arange(n_micro, dtype=torch.float32) + 0.5) / n_micro
-            alphas = alphas[0] + (alphas[1] - alphas[0]) * mid  # the rate at each micro-batch's midpoint
+            alphas = torch.from_numpy(lr.between_ends(alphas, n_micro))  # at each micro-batch's midpoint
             rounding = None
             if outputs.dtype != torch.float32 and cfg.rounding == "stochastic":  # its own draws, seeded as the examples
                 from .device_examples import generator
@@ -1040,6 +714,7 @@ class Worker:
                                         adagrad=self.adagrad, rounding=rounding)
         else:
             pairs = len(ex)
+            alphas = torch.from_numpy(alphas)
             loss = self.compute.batched(inputs, outputs, to_dev(batch.ctx_pos), to_dev(batch.target_pos),
                                         to_dev(batch.neg_pos), to_dev(ex.neg_mask), alphas.to(dev), ex.micro_batch,
                                         ctx_mask=to_dev(ex.ctx_mask), scale=to_dev(batch.scale),

@@ -13,13 +13,14 @@ file and --out must be on storage every node sees.
 from __future__ import annotations
 
 import os
+import runpy
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # runs from a checkout or a Ray working_dir without installing the package
-
-from doc2vec_dist.environment import require_packages
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout (or Ray's copy of it)
+try:
+    from doc2vec_dist.environment import require_packages
+except ModuleNotFoundError:  # the project not installed in this Python: its environment.py needs only the stdlib
+    require_packages = runpy.run_path(os.path.join(ROOT, "doc2vec_dist", "environment.py"))["require_packages"]
 require_packages()  # one line, not a traceback, from a Python without the project's packages
 
 from doc2vec_dist.cli import main

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import logging
@@ -141,9 +140,6 @@ def trained_model(ray_cluster, sample_corpus, tmp_path_factory):
     from doc2vec_dist.trainer import train
 
     config = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False)
-    # one epoch first compiles what numba's cache lacks (a fresh clone, as CI has), so that the model's own
-    # run, which tests/test_plan.py holds plan's prediction to, measures training and not compiling
-    train(sample_corpus[0], str(tmp_path_factory.mktemp("warm") / "model"), dataclasses.replace(config, epochs=1))
     model = str(tmp_path_factory.mktemp("model") / "model")
     train(sample_corpus[0], model, config)
     return model
@@ -351,11 +347,6 @@ def _load_script(folder: str, name: str, module: str) -> types.ModuleType:
     sys.modules[spec.name] = loaded
     spec.loader.exec_module(loaded)
     return loaded
-
-
-def load_job(name: str, module: str | None = None):
-    """jobs/NAME.py, an entry point a user submits to Ray, as a module named `module` (default NAME_job)."""
-    return _load_script("jobs", name, module or f"{name}_job")
 
 
 def load_benchmark(name: str, module: str | None = None):

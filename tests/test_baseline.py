@@ -10,14 +10,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint, storage
+from doc2vec_dist import modeldir, storage
 from doc2vec_dist.baseline import train_gensim
-from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.config import PrepareConfig, TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import export
 from doc2vec_dist.model import neighbors
+from doc2vec_dist.modeldir import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRUTH_USERS = os.path.join(ROOT, "data", "sample", "truth", "users.parquet")
@@ -50,7 +50,7 @@ def test_writes_our_model_layout(gensim_run, sample_corpus):
                                          "vocab.arrow"]
     with open(os.path.join(model, "LATEST")) as fh:
         assert fh.read().strip() == "v1"
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert set(manifest["tables"]) == {"docs", "words_out"}  # no word vectors without dbow_words
     corpus = Corpus(sample_corpus[0])
     assert manifest["tables"]["docs"]["rows"] == corpus.num_docs
@@ -67,12 +67,12 @@ def test_writes_our_model_layout(gensim_run, sample_corpus):
 
 def test_docs_rows_are_gensims_doc_vectors_in_doc_id_order(gensim_run):
     model, _, gensim_model = gensim_run
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), gensim_model.dv.vectors)
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), gensim_model.dv.vectors)
 
 
 def test_words_out_rows_are_gensims_syn1neg_at_our_word_ids(gensim_run):
     model, _, gensim_model = gensim_run
-    words_out = checkpoint.ModelDir(model).read_table("words_out")
+    words_out = modeldir.ModelDir(model).read_table("words_out")
     for word_id in (0, 1, 17, 400):
         np.testing.assert_array_equal(words_out[word_id],
                                       gensim_model.syn1neg[gensim_model.wv.key_to_index[str(word_id)]])
@@ -85,7 +85,7 @@ def test_export_gives_each_user_its_gensim_vector(gensim_run, sample_corpus, tmp
     table = pq.read_table(out)
     doc_keys = Corpus(sample_corpus[0]).docs().column("key").to_pylist()
     assert table.column("key").to_pylist() == doc_keys  # one part: rows in doc-id order
-    vectors = checkpoint.matrix_of(table.column("vector"), DIM)
+    vectors = modeldir.matrix_of(table.column("vector"), DIM)
     for doc_id in (0, 123, len(doc_keys) - 1):  # gensim's tag i is our doc id i
         np.testing.assert_array_equal(vectors[doc_id], gensim_model.dv[doc_id])
 
@@ -125,7 +125,7 @@ def test_an_existing_model_is_not_overwritten_without_overwrite(gensim_run, samp
     with pytest.raises(UserError, match="already holds a model; pass --overwrite to replace it") as err:
         train_gensim(sample_corpus[0], model, TrainConfig(dim=8, epochs=1, progress=False))
     assert model in str(err.value)
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert manifest["tables"]["docs"]["dim"] == DIM
 
 
@@ -148,7 +148,7 @@ def test_flags_map_to_gensim_parameters_and_word_vectors_are_written(sample_corp
     model = seen[0]
     for name, value in {**gensim_params, "negative": 3, "vector_size": 8}.items():
         assert getattr(model, name) == value, name
-    words = checkpoint.ModelDir(out).read_table("words")
+    words = modeldir.ModelDir(out).read_table("words")
     ids = np.array([int(k) for k in model.wv.index_to_key])
     np.testing.assert_array_equal(words[ids], model.wv.vectors)
 
@@ -241,7 +241,7 @@ def test_yaml_vector_size_sets_the_baselines_dim(sample_corpus, tmp_path, capsys
     out = str(tmp_path / "m")
     assert main(["baseline", "--corpus", sample_corpus[0], "--out", out, "--config", str(config), "--workers", "2",
                  "--no-progress"]) == 0, capsys.readouterr().err
-    _, manifest = checkpoint.load_manifest(out)
+    _, manifest = modeldir.load_manifest(out)
     assert manifest["tables"]["docs"]["dim"] == 12
 
 
@@ -273,7 +273,7 @@ def test_both_gensim_modes_train_every_document_and_say_which_ran(sample_corpus,
     assert f"gensim ({gensim_mode} mode): " in printed and f"model: {out} (checkpoint v1)" in printed
     summary = storage.Store.of(out).read_json("config.json")["summary"]
     assert summary["gensim_mode"] == gensim_mode and summary["docs_cut"] == 0
-    docs = checkpoint.ModelDir(out).read_table("docs")
+    docs = modeldir.ModelDir(out).read_table("docs")
     assert docs.shape == (Corpus(sample_corpus[0]).num_docs, 16)
     # every document was trained: none is left at its random start (gensim's init is tiny: |x| < 0.5/dim)
     assert (np.abs(docs).max(axis=1) > 0.5 / 16).mean() > 0.99

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from doc2vec_dist import checkpoint, storage
+from doc2vec_dist import checkpoint, modeldir, storage
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.sharding import global_rows, rows_on_shard
 
@@ -44,7 +44,7 @@ def versions_on_disk(model: str) -> list[str]:
 
 
 def part_path(model: str, shard: int) -> str:
-    vdir, manifest = checkpoint.load_manifest(model)
+    vdir, manifest = modeldir.load_manifest(model)
     return os.path.join(vdir, manifest["tables"]["docs"]["parts"][shard]["path"])
 
 
@@ -53,16 +53,16 @@ def test_two_shard_round_trip_gives_back_the_exact_matrix(tmp_path):
     matrix = full_matrix()
     write_version(model, matrix)
 
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix)
-    _, manifest = checkpoint.load_manifest(model)
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), matrix)
+    _, manifest = modeldir.load_manifest(model)
     spec = manifest["tables"]["docs"]
     assert (spec["rows"], spec["dim"], spec["dtype"]) == (ROWS, DIM, "float32")
-    assert [p["path"] for p in spec["parts"]] == [os.path.join("docs", checkpoint.part_name(s, SHARDS))
+    assert [p["path"] for p in spec["parts"]] == [os.path.join("docs", modeldir.part_name(s, SHARDS))
                                                   for s in range(SHARDS)]
     assert manifest["epoch"] == 1  # extra keys are kept in the manifest
 
     parts = [(np.concatenate([b[0] for b in part]), np.concatenate([b[1] for b in part]))
-             for part in checkpoint.ModelDir(model).parts("docs")]
+             for part in modeldir.ModelDir(model).parts("docs")]
     assert len(parts) == SHARDS
     for shard, (ids, vectors) in enumerate(parts):
         np.testing.assert_array_equal(ids, np.arange(shard, ROWS, SHARDS))
@@ -77,9 +77,9 @@ def test_latest_points_at_the_newest_committed_version(tmp_path):
 
     with open(os.path.join(model, "LATEST")) as fh:
         assert fh.read().strip() == "v2"
-    vdir, manifest = checkpoint.load_manifest(model)
-    assert vdir == checkpoint.version_dir(model, 2) and manifest["version"] == 2
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), newest)
+    vdir, manifest = modeldir.load_manifest(model)
+    assert vdir == modeldir.version_dir(model, 2) and manifest["version"] == 2
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), newest)
 
 
 def test_keep_prunes_older_versions_only_after_a_commit(tmp_path):
@@ -91,12 +91,12 @@ def test_keep_prunes_older_versions_only_after_a_commit(tmp_path):
     # v3's parts are written but not committed: nothing is pruned and LATEST still reads v2
     write_version(model, full_matrix(2), keep=2, commit=False)
     assert versions_on_disk(model) == ["v1", "v2", "v3"]
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(1))
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), full_matrix(1))
 
     parts = [checkpoint.write_slice(model, 3, "docs", 0, 1, np.arange(ROWS), full_matrix(2))]
     checkpoint.commit(model, 3, {"docs": parts}, {"docs": DIM}, {}, keep=2)
     assert versions_on_disk(model) == ["v2", "v3"]
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(2))
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), full_matrix(2))
 
 
 def test_a_flipped_byte_in_a_part_is_a_checksum_error(tmp_path):
@@ -110,14 +110,14 @@ def test_a_flipped_byte_in_a_part_is_a_checksum_error(tmp_path):
         fh.write(bytes([byte[0] ^ 0xFF]))
 
     with pytest.raises(UserError, match="checksum") as err:
-        checkpoint.ModelDir(model).read_table("docs")
+        modeldir.ModelDir(model).read_table("docs")
     assert path in str(err.value)
 
 
 def test_a_part_path_with_dotdot_in_the_manifest_is_refused(tmp_path):
     model = str(tmp_path / "m")
     write_version(model, full_matrix())
-    manifest_path = os.path.join(checkpoint.version_dir(model, 1), "manifest.json")
+    manifest_path = os.path.join(modeldir.version_dir(model, 1), "manifest.json")
     with open(manifest_path) as fh:
         manifest = json.load(fh)
     manifest["tables"]["docs"]["parts"][0]["path"] = os.path.join("..", "..", "..", "etc", "passwd")
@@ -125,14 +125,14 @@ def test_a_part_path_with_dotdot_in_the_manifest_is_refused(tmp_path):
         json.dump(manifest, fh)
 
     with pytest.raises(UserError, match="escapes the model directory"):
-        checkpoint.load_manifest(model)
+        modeldir.load_manifest(model)
 
 
 def test_a_model_without_latest_is_an_error_naming_the_directory(tmp_path):
     model = str(tmp_path / "not-a-model")
     os.makedirs(model)
     with pytest.raises(UserError, match="LATEST") as err:
-        checkpoint.load_manifest(model)
+        modeldir.load_manifest(model)
     assert model in str(err.value)
 
 
@@ -140,7 +140,7 @@ def test_asking_for_an_untrained_table_names_the_tables_there_are(tmp_path):
     model = str(tmp_path / "m")
     write_version(model, full_matrix())
     with pytest.raises(UserError, match=r"'words' was not trained.*docs"):
-        checkpoint.ModelDir(model).read_table("words")
+        modeldir.ModelDir(model).read_table("words")
 
 
 def test_a_missing_part_file_is_a_user_error_naming_it(tmp_path):
@@ -149,7 +149,7 @@ def test_a_missing_part_file_is_a_user_error_naming_it(tmp_path):
     path = part_path(model, 0)
     os.remove(path)
     with pytest.raises(UserError, match="part-00000-of-00002"):
-        checkpoint.ModelDir(model).read_table("docs")
+        modeldir.ModelDir(model).read_table("docs")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def gather_shards(model: str, num_shards: int, rows: int, **options) -> tuple[np
     """read_shard of every shard, put back at each row's global id."""
     vectors, state = np.full((rows, DIM), np.nan, np.float32), None
     for shard in range(num_shards):
-        mine, mine_state = checkpoint.read_shard(model, "docs", shard, num_shards, **options)
+        mine, mine_state = modeldir.read_shard(model, "docs", shard, num_shards, **options)
         assert mine.shape == (rows_on_shard(shard, num_shards, rows), DIM)
         vectors[global_rows(shard, num_shards, rows)] = mine
         if mine_state is not None:
@@ -193,7 +193,7 @@ def test_written_by_three_servers_read_by_any_number(tmp_path, read_with):
     vectors, got_state = gather_shards(model, read_with, rows)
     np.testing.assert_array_equal(vectors, matrix)
     np.testing.assert_array_equal(got_state, state)
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix)
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), matrix)
 
 
 def test_read_shard_fills_a_given_table_with_vectors_then_state(tmp_path):
@@ -203,7 +203,7 @@ def test_read_shard_fills_a_given_table_with_vectors_then_state(tmp_path):
     write_sharded(model, matrix, state, num_shards=3)
     out = np.zeros((rows_on_shard(1, 2, ROWS), DIM + 1), np.float32)  # a PS table: vectors, then adagrad
 
-    vectors, got_state = checkpoint.read_shard(model, "docs", 1, 2, out=out)
+    vectors, got_state = modeldir.read_shard(model, "docs", 1, 2, out=out)
     assert vectors.base is out and got_state.base is out
     np.testing.assert_array_equal(out[:, :DIM], matrix[1::2])
     np.testing.assert_array_equal(out[:, DIM:], state[1::2])
@@ -212,7 +212,7 @@ def test_read_shard_fills_a_given_table_with_vectors_then_state(tmp_path):
 def test_a_checkpoint_without_state_reads_as_none(tmp_path):
     model = str(tmp_path / "m")
     write_sharded(model, full_matrix(), None, num_shards=2)
-    vectors, state = checkpoint.read_shard(model, "docs", 0, 3)
+    vectors, state = modeldir.read_shard(model, "docs", 0, 3)
     assert state is None
     np.testing.assert_array_equal(vectors, full_matrix()[0::3])
 
@@ -222,19 +222,19 @@ def test_read_shard_opens_only_the_parts_that_can_hold_its_rows(tmp_path):
     write_sharded(model, full_matrix(), None, num_shards=2)
     os.remove(part_path(model, 1))  # rows 1, 3, 5, …
     # with 4 servers, shards 0 and 2 hold only even rows: part 1 is never opened
-    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 2, 4)[0], full_matrix()[2::4])
+    np.testing.assert_array_equal(modeldir.read_shard(model, "docs", 2, 4)[0], full_matrix()[2::4])
     with pytest.raises(UserError, match="part-00001-of-00002.*missing"):
-        checkpoint.read_shard(model, "docs", 1, 4)
+        modeldir.read_shard(model, "docs", 1, 4)
 
 
 def test_read_shard_of_a_pinned_version(tmp_path):
     model = str(tmp_path / "m")
     write_sharded(model, full_matrix(0), None, num_shards=2)
     write_sharded(model, full_matrix(1), None, num_shards=3)
-    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1)[0], full_matrix(1))
-    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1, version=1)[0], full_matrix(0))
-    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 1, 2, version=1)[0], full_matrix(0)[1::2])
-    np.testing.assert_array_equal(checkpoint.ModelDir(model, version=1).read_table("docs"), full_matrix(0))
+    np.testing.assert_array_equal(modeldir.read_shard(model, "docs", 0, 1)[0], full_matrix(1))
+    np.testing.assert_array_equal(modeldir.read_shard(model, "docs", 0, 1, version=1)[0], full_matrix(0))
+    np.testing.assert_array_equal(modeldir.read_shard(model, "docs", 1, 2, version=1)[0], full_matrix(0)[1::2])
+    np.testing.assert_array_equal(modeldir.ModelDir(model, version=1).read_table("docs"), full_matrix(0))
 
 
 def test_read_shard_verifies_checksums(tmp_path):
@@ -242,7 +242,7 @@ def test_read_shard_verifies_checksums(tmp_path):
     write_sharded(model, full_matrix(), None, num_shards=2)
     flip_a_byte(part_path(model, 0))
     with pytest.raises(UserError, match="checksum"):
-        checkpoint.read_shard(model, "docs", 0, 3)
+        modeldir.read_shard(model, "docs", 0, 3)
 
 
 def flip_a_byte(path: str) -> None:
@@ -327,7 +327,7 @@ BAD_MANIFESTS = {
 def test_a_bad_manifest_field_is_a_user_error_naming_it(tmp_path, case):
     model = str(tmp_path / "m")
     write_version(model, full_matrix())
-    manifest_path = os.path.join(checkpoint.version_dir(model, 1), "manifest.json")
+    manifest_path = os.path.join(modeldir.version_dir(model, 1), "manifest.json")
     with open(manifest_path) as fh:
         manifest = json.load(fh)
     edit, expected = BAD_MANIFESTS[case]
@@ -337,7 +337,7 @@ def test_a_bad_manifest_field_is_a_user_error_naming_it(tmp_path, case):
     with open(manifest_path, "w") as fh:
         json.dump(manifest, fh)
 
-    for read in (checkpoint.load_manifest, lambda m: checkpoint.read_shard(m, "docs", 0, 1)):
+    for read in (modeldir.load_manifest, lambda m: modeldir.read_shard(m, "docs", 0, 1)):
         with pytest.raises(UserError) as err:
             read(model)
         assert manifest_path in str(err.value) and expected in str(err.value)
@@ -350,7 +350,7 @@ def test_optional_manifest_keys_of_the_right_type_are_accepted(tmp_path):
     extra = {"epoch": 2, "positions": [{"unit": 0, "row": 5}, None], "config": {"dim": DIM}, "lr": 0.0125,
              "num_ps": 1, "losses": [0.5, 0.4]}
     checkpoint.commit(model, version, {"docs": parts}, {"docs": DIM}, extra, keep=2)
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert {k: manifest[k] for k in extra} == extra
 
 
@@ -369,11 +369,11 @@ def test_commit_refuses_a_version_whose_part_is_missing(tmp_path):
     write_version(model, full_matrix(0))
     parts = [checkpoint.write_slice(model, 2, "docs", s, 2, np.arange(s, ROWS, 2), full_matrix(1)[s::2])
              for s in range(2)]
-    os.remove(os.path.join(checkpoint.version_dir(model, 2), parts[1]["path"]))
+    os.remove(os.path.join(modeldir.version_dir(model, 2), parts[1]["path"]))
     with pytest.raises(UserError, match="part-00001-of-00002.*missing"):
         checkpoint.commit(model, 2, {"docs": parts}, {"docs": DIM}, {}, keep=2)
-    assert checkpoint.latest_version(model) == 1
-    assert not os.path.exists(os.path.join(checkpoint.version_dir(model, 2), "manifest.json"))
+    assert modeldir.latest_version(model) == 1
+    assert not os.path.exists(os.path.join(modeldir.version_dir(model, 2), "manifest.json"))
 
 
 def test_latest_naming_a_version_without_manifest_is_an_error(tmp_path):
@@ -382,11 +382,11 @@ def test_latest_naming_a_version_without_manifest_is_an_error(tmp_path):
     with open(os.path.join(model, "LATEST"), "w") as fh:
         fh.write("v9\n")
     with pytest.raises(UserError, match="v9.*manifest.json.*missing|manifest.json: missing"):
-        checkpoint.load_manifest(model)
+        modeldir.load_manifest(model)
     with open(os.path.join(model, "LATEST"), "w") as fh:
         fh.write("../../etc\n")
     with pytest.raises(UserError, match="expected a version like v3"):
-        checkpoint.load_manifest(model)
+        modeldir.load_manifest(model)
 
 
 def test_relative_paths_cannot_leave_the_model_directory(tmp_path):
@@ -414,7 +414,7 @@ def test_json_helpers_round_trip_atomically(tmp_path):
         storage.Store.of(model).read_json("nothing.json")
     assert storage.location("rel/model") == os.path.abspath("rel/model")
     assert storage.location("s3://b/m?scheme=http") == "s3://b/m?scheme=http"
-    assert checkpoint.local_copy(model) == model  # a local model is used where it is
+    assert modeldir.local_copy(model) == model  # a local model is used where it is
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -427,7 +427,7 @@ def test_a_partial_version_is_skipped_then_pruned_once_a_newer_one_is_committed(
     write_version(model, full_matrix(1), commit=False)   # v2: parts, no manifest
     write_version(model, full_matrix(2), commit=False)   # v3: the same
     assert checkpoint.next_version(model) == 4  # a partial version's number is never reused
-    assert checkpoint.latest_version(model) == 1
+    assert modeldir.latest_version(model) == 1
 
     checkpoint._prune_store(storage.Store.of(model), keep=1)  # what each commit runs after moving LATEST
     assert versions_on_disk(model) == ["v1", "v2", "v3"]  # nothing newer than LATEST is touched
@@ -435,7 +435,7 @@ def test_a_partial_version_is_skipped_then_pruned_once_a_newer_one_is_committed(
     parts = [checkpoint.write_slice(model, 4, "docs", 0, 1, np.arange(ROWS), full_matrix(4))]
     checkpoint.commit(model, 4, {"docs": parts}, {"docs": DIM}, {}, keep=2)
     assert versions_on_disk(model) == ["v1", "v4"]  # partial v2, v3 deleted; v1 is the 2nd kept
-    np.testing.assert_array_equal(checkpoint.ModelDir(model, version=1).read_table("docs"), full_matrix(0))
+    np.testing.assert_array_equal(modeldir.ModelDir(model, version=1).read_table("docs"), full_matrix(0))
 
 
 @pytest.mark.parametrize("keep", [1, 2, 3])
@@ -445,7 +445,7 @@ def test_keep_k_keeps_the_k_newest_committed_versions(tmp_path, keep):
         write_version(model, full_matrix(i), keep=keep)
     assert versions_on_disk(model) == [f"v{v}" for v in range(5 - keep, 5)]
     for v in range(5 - keep, 5):
-        np.testing.assert_array_equal(checkpoint.ModelDir(model, version=v).read_table("docs"), full_matrix(v - 1))
+        np.testing.assert_array_equal(modeldir.ModelDir(model, version=v).read_table("docs"), full_matrix(v - 1))
 
 
 def test_commit_never_moves_latest_backwards(tmp_path):
@@ -555,7 +555,7 @@ def temporary_files(model: str) -> list[str]:
 def test_a_full_disk_during_a_checkpoint_leaves_the_previous_version_loadable(tmp_path, fails_in):
     model = str(tmp_path / "m")
     write_version(model, full_matrix(0))
-    _, v1 = checkpoint.load_manifest(model)
+    _, v1 = modeldir.load_manifest(model)
     part_bytes = sum(p["bytes"] for p in v1["tables"]["docs"]["parts"])
     handler = {"a part": FullDisk(part_bytes // 2), "the manifest": FullDisk(20, only="manifest.json"),
                "LATEST": FullDisk(0, only="LATEST")}[fails_in]
@@ -571,23 +571,23 @@ def test_a_full_disk_during_a_checkpoint_leaves_the_previous_version_loadable(tm
     assert err.value.errno == errno.ENOSPC and str(err.value).startswith(f"cannot write to {root}/")
     assert str(err.value).endswith(": no space left on device")  # what became of the model is the caller's to say
 
-    assert checkpoint.latest_version(model) == 1
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(0))  # loads and verifies
-    assert os.path.exists(os.path.join(checkpoint.version_dir(model, 1), "manifest.json"))
+    assert modeldir.latest_version(model) == 1
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), full_matrix(0))  # loads and verifies
+    assert os.path.exists(os.path.join(modeldir.version_dir(model, 1), "manifest.json"))
     if fails_in != "LATEST":
-        assert not os.path.exists(os.path.join(checkpoint.version_dir(model, 2), "manifest.json"))
+        assert not os.path.exists(os.path.join(modeldir.version_dir(model, 2), "manifest.json"))
     assert temporary_files(model) == []
 
     # the disk has room again: the next version does not reuse v2, and its commit clears v2 away
     assert write_version(model, full_matrix(2), keep=1) == 3
     assert versions_on_disk(model) == ["v3"]
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(2))
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), full_matrix(2))
 
 
 KILLED_WRITER = """
 import sys
 import numpy as np
-from doc2vec_dist import checkpoint
+from doc2vec_dist import checkpoint, modeldir
 model = sys.argv[1]
 rng = np.random.default_rng(0)
 shards = 1000
@@ -611,10 +611,10 @@ def test_a_writer_killed_mid_checkpoint_leaves_the_previous_version_loadable(tmp
         writer.kill()
         writer.wait()
         writer.stdout.close()
-    assert os.path.isdir(checkpoint.version_dir(model, 2))
+    assert os.path.isdir(modeldir.version_dir(model, 2))
 
-    assert checkpoint.latest_version(model) == 1
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(0))
+    assert modeldir.latest_version(model) == 1
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), full_matrix(0))
     assert checkpoint.next_version(model) == 3
     write_version(model, full_matrix(1), keep=2)
     assert versions_on_disk(model) == ["v1", "v3"]  # the killed v2, stale files and all, is gone
@@ -631,13 +631,13 @@ def test_a_checkpoint_that_fails_midway_is_deleted_and_the_last_one_kept(tmp_pat
     def save(version):  # one server wrote its part, the other found the disk full
         part = checkpoint.write_slice(model, version, "docs", 0, SHARDS, np.arange(0, ROWS, SHARDS),
                                       full_matrix(1)[0::SHARDS])
-        assert os.path.exists(os.path.join(checkpoint.version_dir(model, version), part["path"]))
+        assert os.path.exists(os.path.join(modeldir.version_dir(model, version), part["path"]))
         raise storage.CheckpointWriteError("cannot write to it: no space left on device", errno.ENOSPC)
 
     with pytest.raises(storage.CheckpointWriteError):
         checkpoint.commit_training(model, None, None, save, 2, None, [])
-    assert versions_on_disk(model) == ["v1"] and checkpoint.latest_version(model) == 1
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), full_matrix(0))
+    assert versions_on_disk(model) == ["v1"] and modeldir.latest_version(model) == 1
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), full_matrix(0))
 
 
 def test_a_resumed_run_removes_the_versions_a_stopped_run_left_after_latest(tmp_path):
@@ -647,7 +647,7 @@ def test_a_resumed_run_removes_the_versions_a_stopped_run_left_after_latest(tmp_
         checkpoint.write_slice(model, version, "docs", 0, SHARDS, np.arange(0, ROWS, SHARDS), full_matrix(1)[0::SHARDS])
     assert checkpoint.discard_partial_versions(model) == [2, 3]
     assert versions_on_disk(model) == ["v1"] and checkpoint.next_version(model) == 2
-    assert checkpoint.committed_versions(model) == [1]
+    assert modeldir.committed_versions(model) == [1]
 
 
 def test_a_write_error_keeps_its_errno_and_file_across_processes():
@@ -683,27 +683,27 @@ def test_a_model_directory_that_cannot_be_started_is_removed_again(tmp_path, sam
 def test_a_model_gets_an_id_at_its_first_version_and_every_later_version_keeps_it(tmp_path):
     model, other = str(tmp_path / "m"), str(tmp_path / "other")
     write_version(model, full_matrix())
-    first = checkpoint.load_manifest(model)[1]["model_id"]
+    first = modeldir.load_manifest(model)[1]["model_id"]
     assert len(first) == 32 and int(first, 16) >= 0
     write_version(model, full_matrix(1))  # a resumed run's next version
-    assert checkpoint.load_manifest(model)[1]["model_id"] == first
+    assert modeldir.load_manifest(model)[1]["model_id"] == first
     write_version(other, full_matrix())  # the same rows, another model
-    assert checkpoint.load_manifest(other)[1]["model_id"] != first
+    assert modeldir.load_manifest(other)[1]["model_id"] != first
 
 
 def test_a_model_from_before_ids_gets_one_at_its_next_version_and_its_lineage_is_kept(tmp_path):
     model = str(tmp_path / "m")
     version = write_version(model, full_matrix())
-    path = os.path.join(checkpoint.version_dir(model, version), "manifest.json")
+    path = os.path.join(modeldir.version_dir(model, version), "manifest.json")
     with open(path) as fh:
         manifest = json.load(fh)
     manifest.pop("model_id")
     manifest["derived_from"] = ["a" * 32]
     with open(path, "w") as fh:
         json.dump(manifest, fh)
-    assert "model_id" not in checkpoint.ModelDir(model).manifest  # read as before: no id, no error
+    assert "model_id" not in modeldir.ModelDir(model).manifest  # read as before: no id, no error
     write_version(model, full_matrix(1))
-    resumed = checkpoint.load_manifest(model)[1]
+    resumed = modeldir.load_manifest(model)[1]
     assert len(resumed["model_id"]) == 32 and resumed["derived_from"] == ["a" * 32]
 
 
@@ -711,14 +711,14 @@ def test_a_model_from_before_ids_gets_one_at_its_next_version_and_its_lineage_is
 def test_a_manifest_with_a_bad_id_is_refused_naming_the_field(tmp_path, field, value):
     model = str(tmp_path / "m")
     version = write_version(model, full_matrix())
-    path = os.path.join(checkpoint.version_dir(model, version), "manifest.json")
+    path = os.path.join(modeldir.version_dir(model, version), "manifest.json")
     with open(path) as fh:
         manifest = json.load(fh)
     manifest[field] = value
     with open(path, "w") as fh:
         json.dump(manifest, fh)
     with pytest.raises(UserError, match=f"field '{field}' must be"):
-        checkpoint.ModelDir(model)
+        modeldir.ModelDir(model)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -728,7 +728,7 @@ def test_a_manifest_with_a_bad_id_is_refused_naming_the_field(tmp_path, field, v
 # a run that takes the lock and is killed holding it (SIGKILL: no finally runs)
 KILLED_HOLDER = """
 import os, signal, sys
-from doc2vec_dist import checkpoint
+from doc2vec_dist import checkpoint, modeldir
 with checkpoint.writing(sys.argv[1]):
     os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -853,8 +853,8 @@ def test_overwrite_keeps_the_lock_and_a_directory_holding_only_a_lock_is_empty(t
 # ---------------------------------------------------------------------------------------------------
 
 def remove_part(model: str, version: int, shard: int = 1) -> str:
-    rel = f"docs/{checkpoint.part_name(shard, SHARDS)}"
-    os.remove(os.path.join(checkpoint.version_dir(model, version), rel))
+    rel = f"docs/{modeldir.part_name(shard, SHARDS)}"
+    os.remove(os.path.join(modeldir.version_dir(model, version), rel))
     return rel
 
 
@@ -870,14 +870,14 @@ def test_a_damaged_latest_version_falls_back_to_the_newest_intact_one_in_one_lin
     assert said == [(f"warning: {model}: checkpoint v3 is damaged ({gone}: part file missing); resuming from v2, the newest "
                     "intact version")]
     # a flipped byte is found too (the checksum), before anything starts
-    path = os.path.join(checkpoint.version_dir(model, 2), "docs", checkpoint.part_name(0, SHARDS))
+    path = os.path.join(modeldir.version_dir(model, 2), "docs", modeldir.part_name(0, SHARDS))
     with open(path, "r+b") as fh:
         fh.seek(40)
         byte = fh.read(1)
         fh.seek(40)
         fh.write(bytes([byte[0] ^ 1]))
     point = checkpoint.resume_point(model)
-    assert point.version == 1 and point.damaged[2] == f"docs/{checkpoint.part_name(0, SHARDS)}: checksum mismatch"
+    assert point.version == 1 and point.damaged[2] == f"docs/{modeldir.part_name(0, SHARDS)}: checksum mismatch"
 
 
 def test_with_no_intact_version_resume_stops_naming_each_damage_and_no_version(tmp_path):

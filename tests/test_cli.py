@@ -113,7 +113,7 @@ def test_prepare_of_a_missing_path_exits_2(tmp_path, capsys):
 
 
 def test_neighbors_prints_ranked_lines(trained_model, capsys):
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     key = ModelDir(trained_model).keys("docs")[0].as_py()
     code, out, _ = run(capsys, "neighbors", "--model", trained_model, "--key", key, "--k", "5")
@@ -455,7 +455,7 @@ def test_an_unknown_flag_shows_the_commands_usage_not_the_top_level_one(tmp_path
 
 def test_neighbors_prints_a_header_then_the_rows_of_model_neighbors(trained_model, capsys):
     from doc2vec_dist import Model
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     key = ModelDir(trained_model).keys("docs")[3].as_py()
     for extra in ([], ["--against", "words_out"]):

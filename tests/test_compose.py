@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import Model
-from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.cli import main
 from doc2vec_dist.compose import url_parts
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.infer import infer
+from doc2vec_dist.modeldir import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 URL_TRUTH = os.path.join(ROOT, "data", "sample", "truth", "urls.parquet")

@@ -153,7 +153,7 @@ def test_an_unknown_yaml_key_like_none_gets_no_guess_and_every_unknown_key_is_na
 
 
 def test_a_search_space_key_that_is_no_setting_names_the_closest_one():
-    from doc2vec_dist.tune import tune_space
+    from doc2vec_dist.search_space import tune_space
 
     with pytest.raises(UserError, match=r"^space.yaml: 'epochz' is not a training setting \(TrainConfig field\); "
                                         r"did you mean 'epochs'\?$"):

@@ -16,8 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist import corpus as corpus_mod
-from doc2vec_dist import passes as passes_mod
-from doc2vec_dist import readers as readers_mod
+from doc2vec_dist import read_formats, shard_pass
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
 from doc2vec_dist.errors import UserError
@@ -204,7 +203,7 @@ def test_text_keys_are_line_numbers_across_inputs(tmp_path):
 
 
 def test_text_gzip_and_many_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers_mod, "TEXT_BLOCK_BYTES", 7)  # lines straddle blocks
+    monkeypatch.setattr(read_formats, "TEXT_BLOCK_BYTES", 7)  # lines straddle blocks
     lines = [f"w{i} w{i % 3} common" for i in range(50)]
     with gzip.open(tmp_path / "t.txt.gz", "wt") as f:
         f.write("\n".join(lines) + "\n")
@@ -417,7 +416,7 @@ def test_failure_in_the_last_pass_leaves_nothing_behind(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(passes_mod, "write_shard", boom)
+    monkeypatch.setattr(shard_pass, "write_shard", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         _prepare([src], tmp_path / "out", num_shards=2)
     assert _leftovers(tmp_path) == []
@@ -558,7 +557,7 @@ def test_integer_and_float_ids_are_cast_but_lists_and_structs_are_errors(tmp_pat
 
 def test_json_column_changing_type_names_the_file_row(tmp_path, monkeypatch):
     # ids may change JSON type (next test); a time column may not
-    monkeypatch.setattr(readers_mod, "CSV_JSON_BLOCK_BYTES", 1000)  # the change lies in a later block
+    monkeypatch.setattr(read_formats, "CSV_JSON_BLOCK_BYTES", 1000)  # the change lies in a later block
     rows = [{"user_id": "u", "url": "a", "ts": i} for i in range(200)] + [{"user_id": "u", "url": "a", "ts": "x"}]
     (tmp_path / "e.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(CorpusError, match=r"e\.jsonl: cannot read: JSON parse error: Column\(/ts\) changed "
@@ -576,7 +575,7 @@ def test_json_ids_that_are_strings_in_some_rows_and_numbers_in_others(tmp_path, 
     assert _documents(c) == {"u1": ["a", "7"], "100000": ["b", "7"], "7": ["a"], "2.5": ["true"]}
 
     # the change in a later block, after Arrow has read 200 rows of numbers; a blank line is no row
-    monkeypatch.setattr(readers_mod, "CSV_JSON_BLOCK_BYTES", 1000)
+    monkeypatch.setattr(read_formats, "CSV_JSON_BLOCK_BYTES", 1000)
     rows = [{"user_id": i, "url": "a", "ts": i} for i in range(200)] + [{"user_id": "x", "url": "b", "ts": 5},
                                                                          {"user_id": 2**70, "url": "c", "ts": 6}]
     (tmp_path / "later.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:100]) + "\n"
@@ -636,7 +635,7 @@ def test_empty_files_among_good_ones_are_counted_skips(tmp_path, logged):
 
 
 def test_invalid_utf8_text_lines_are_skipped_and_keep_their_numbers(tmp_path, monkeypatch, logged):
-    monkeypatch.setattr(readers_mod, "TEXT_BLOCK_BYTES", 16)  # line numbers must hold across blocks
+    monkeypatch.setattr(read_formats, "TEXT_BLOCK_BYTES", 16)  # line numbers must hold across blocks
     lines = [b"good one", b"bad \xff line", b"caf\xc3\xa9 ok", b"\xc3 truncated", b"last good"]
     (tmp_path / "a.txt").write_bytes(b"\n".join(lines) + b"\n")
     (tmp_path / "b.txt").write_bytes(b"\xfe\xfe\nmore text\n")
@@ -840,12 +839,12 @@ def test_a_worker_s_and_a_server_s_reading_imports_no_pandas(sample_corpus, trai
 
     code = f"""
 import sys
-from doc2vec_dist import checkpoint
+from doc2vec_dist import modeldir
 from doc2vec_dist.corpus import Corpus, iter_shard
 c = Corpus({sample_corpus[0]!r})
 tokens = sum(len(t) for path in c.shard_paths for _, _, t in iter_shard(path))
 assert tokens == c.num_tokens and len(c.counts()) == c.vocab_size
-rows, state = checkpoint.read_shard({trained_model!r}, "words_out", 0, 2)
+rows, state = modeldir.read_shard({trained_model!r}, "words_out", 0, 2)
 assert len(rows) > 0
 print("pandas" in sys.modules)
 """
@@ -922,7 +921,7 @@ def test_files_in_an_input_folder_that_are_not_data_are_counted_and_named(tmp_pa
 def test_a_document_holding_a_large_share_of_the_tokens_is_named(tmp_path, logged):
     """A user with 17% of all tokens (a bot) went unremarked: a document above HEAVY_SHARE of the tokens,
     in a corpus of HEAVY_MIN_DOCS documents or more, is named with its share, a line of its own."""
-    from doc2vec_dist.prepare import HEAVY_MIN_DOCS
+    from doc2vec_dist.prepare_report import HEAVY_MIN_DOCS
 
     rows = [(f"u{i}", f"url{(i * 7 + j) % 50}") for i in range(HEAVY_MIN_DOCS) for j in range(3)]
     rows += [("bot", f"url{j % 50}") for j in range(700)]

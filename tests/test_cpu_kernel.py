@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from doc2vec_dist import cpu_kernel, kernels
+from doc2vec_dist import cpu_kernel, kernels, settings
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.errors import UserError
 
@@ -120,10 +120,10 @@ def test_empty_batch_trains_nothing():
 
 
 def test_the_kernel_follows_the_device_and_the_negatives():
-    assert TrainConfig().exact_kernel()
-    assert not TrainConfig(gpus_per_worker=1).exact_kernel()
-    assert not TrainConfig(shared_negatives=16).exact_kernel()
-    assert not TrainConfig(kernel="batched").exact_kernel()
+    assert settings.exact_kernel(TrainConfig())
+    assert not settings.exact_kernel(TrainConfig(gpus_per_worker=1))
+    assert not settings.exact_kernel(TrainConfig(shared_negatives=16))
+    assert not settings.exact_kernel(TrainConfig(kernel="batched"))
     for bad, words in (({"kernel": "exact", "gpus_per_worker": 1}, "runs on CPU workers"),
                        ({"kernel": "exact", "shared_negatives": 16}, "needs the batched kernel"),
                        ({"kernel": "fast"}, "kernel")):
@@ -132,13 +132,13 @@ def test_the_kernel_follows_the_device_and_the_negatives():
 
 
 def test_one_worker_keeps_every_url_row_resident_by_default():
-    assert TrainConfig().resident_rows(100_000) == 100_000
-    assert TrainConfig(num_workers=2, schedule="shared").resident_rows(100_000) == 0
-    assert TrainConfig(num_workers=2).resident_rows(100_000) == 50_000  # the block schedule: the block held
-    assert TrainConfig(num_workers=3, dbow_words=True).resident_rows(100_000) == 0  # dbow_words shares the rows
-    assert TrainConfig(cache_rows=500).resident_rows(100_000) == 500
-    assert TrainConfig(cache_rows=500).resident_rows(300) == 300
-    assert TrainConfig(dim=100).resident_rows(10**9) == (2 << 30) // 400  # what fits 2 GiB, hottest first
+    assert settings.resident_rows(TrainConfig(), 100_000) == 100_000
+    assert settings.resident_rows(TrainConfig(num_workers=2, schedule="shared"), 100_000) == 0
+    assert settings.resident_rows(TrainConfig(num_workers=2), 100_000) == 50_000  # the block schedule: the block held
+    assert settings.resident_rows(TrainConfig(num_workers=3, dbow_words=True), 100_000) == 0  # dbow_words shares the rows
+    assert settings.resident_rows(TrainConfig(cache_rows=500), 100_000) == 500
+    assert settings.resident_rows(TrainConfig(cache_rows=500), 300) == 300
+    assert settings.resident_rows(TrainConfig(dim=100), 10**9) == (2 << 30) // 400  # what fits 2 GiB, hottest first
 
 
 def token_problem(seed=0, vocab=50, docs=400, per_doc=50, sample=1e-2, dim=16, adagrad=False):
@@ -232,21 +232,26 @@ def test_the_token_path_learns_on_two_threads():
 
 
 def test_the_token_path_is_taken_where_every_url_row_is_the_workers_alone():
-    from doc2vec_dist.trainer import engine_line
+    from types import SimpleNamespace
 
-    assert TrainConfig().token_path(100_000)
-    assert TrainConfig(optimizer="adagrad").token_path(100_000)
+    from doc2vec_dist.settings import resolve
+
+    def engine_line(config, rows):
+        return resolve(config, SimpleNamespace(num_tokens=10 * rows, vocab_size=rows, meta={})).engine_line()
+
+    assert settings.token_path(TrainConfig(), 100_000)
+    assert settings.token_path(TrainConfig(optimizer="adagrad"), 100_000)
     for batched in ({"kernel": "batched"}, {"gpus_per_worker": 1}):  # drawn on the device
-        assert TrainConfig(**batched).token_path(100_000), batched
+        assert settings.token_path(TrainConfig(**batched), 100_000), batched
         assert "examples drawn on its device" in engine_line(TrainConfig(**batched), 100_000)
     # the windows of dbow_words and PV-DM are drawn on the device only: the exact kernel takes the host's examples
     for windows in ({"dbow_words": True}, {"mode": "dm"}):
-        assert TrainConfig(kernel="batched", **windows).token_path(100_000), windows
+        assert settings.token_path(TrainConfig(kernel="batched", **windows), 100_000), windows
         assert engine_line(TrainConfig(kernel="batched", **windows), 100_000).endswith("; words too")
     for other in ({"cache_rows": 0}, {"cache_rows": 500}, {"num_workers": 2, "cache_rows": 10**6},
                   {"dbow_words": True}, {"mode": "dm"}, {"kernel": "batched", "cache_rows": 0},
                   {"shared_negatives": 16}, {"kernel": "batched", "dbow_words": True, "num_workers": 2}):
-        assert not TrainConfig(**other).token_path(100_000), other
+        assert not settings.token_path(TrainConfig(**other), 100_000), other
         assert "words too" not in engine_line(TrainConfig(**other), 100_000)
     assert "examples drawn in the kernel" in engine_line(TrainConfig(), 100_000)
     assert "examples drawn" not in engine_line(TrainConfig(cache_rows=0), 100_000)

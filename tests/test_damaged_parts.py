@@ -1,6 +1,6 @@
 """A truncated or altered checkpoint part is refused the same way by every reader of a model.
 
-Every reader goes through checkpoint.ModelDir's one part reader (or, on a parameter server,
+Every reader goes through modeldir.ModelDir's one part reader (or, on a parameter server,
 read_shard over the same opener), which checks each part's size, sha256, schema, nulls and row
 count. Here one byte of one part is flipped, or the part loses its last bytes, and each reader must
 stop with the one line that names that part file and says the checkpoint is damaged.
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint
+from doc2vec_dist import modeldir
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics, labels_metrics
 from doc2vec_dist.export import export
@@ -23,18 +23,18 @@ from doc2vec_dist.model import Model, neighbors
 
 
 def _first_key(m: str) -> str:
-    return checkpoint.ModelDir(m).keys("docs")[0].as_py()
+    return modeldir.ModelDir(m).keys("docs")[0].as_py()
 
 
 def _labels(m: str, tmp: str) -> str:
-    keys = checkpoint.ModelDir(m).keys("docs").to_pylist()[:200]
+    keys = modeldir.ModelDir(m).keys("docs").to_pylist()[:200]
     path = os.path.join(tmp, "labels.parquet")
     pq.write_table(pa.table({"key": keys, "label": [str(i % 3) for i in range(len(keys))]}), path)
     return path
 
 
 def _events(m: str, tmp: str) -> str:
-    urls = checkpoint.ModelDir(m).keys("words_out").to_pylist()[:20]
+    urls = modeldir.ModelDir(m).keys("words_out").to_pylist()[:20]
     path = os.path.join(tmp, "new.parquet")
     pq.write_table(pa.table({"user_id": ["a"] * 10 + ["b"] * 10, "url": urls}), path)
     return path
@@ -57,7 +57,7 @@ READERS = {
     "evaluate heldout (URLs)": ("words_out", lambda m, t, h: heldout_metrics(m, h, max_users=50)),
     "evaluate labels": ("docs", lambda m, t, h: labels_metrics(m, _labels(m, t))),
     "infer": ("words_out", lambda m, t, h: infer(m, [_events(m, t)], os.path.join(t, "v.parquet"), progress=False)),
-    "parameter server restore (read_shard)": ("docs", lambda m, t, h: checkpoint.read_shard(m, "docs", 1, 3)),
+    "parameter server restore (read_shard)": ("docs", lambda m, t, h: modeldir.read_shard(m, "docs", 1, 3)),
 }
 
 
@@ -67,9 +67,9 @@ def test_every_reader_refuses_a_damaged_part(trained_model, sample_corpus, tmp_p
     model = str(tmp_path / "model")
     shutil.copytree(trained_model, model)
     table, read = READERS[reader]
-    found = checkpoint.ModelDir(model)
+    found = modeldir.ModelDir(model)
     part = found.spec(table)["parts"][-1]
-    path = os.path.join(checkpoint.version_dir(model, found.version), part["path"])
+    path = os.path.join(modeldir.version_dir(model, found.version), part["path"])
     with open(path, "r+b") as fh:
         if damage == "truncated":
             fh.truncate(part["bytes"] - 100)

@@ -251,7 +251,8 @@ def test_the_rayjob_entrypoint_runs_jobs_train_py_with_flags_it_accepts(monkeypa
         if arg.startswith("/app/"):
             assert os.path.exists(path), arg
     monkeypatch.chdir(ROOT)
-    job, prep, cfg, config = load_job().parse(local)
+    job, prep, cfg, origin = load_job().parse(local)
+    config = origin.config
     assert config.endswith("jobs/configs/multinode.yaml") and cfg.gpus_per_worker == 1
     assert all(p.startswith(SHARED) for p in (job.corpus, job.out, job.exports, prep.holdout_out))
 

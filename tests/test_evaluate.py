@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist.checkpoint import ModelDir
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics, pairs_metrics, read_pairs
+from doc2vec_dist.modeldir import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRUTH_USERS = os.path.join(ROOT, "data", "sample", "truth", "users.parquet")
@@ -162,15 +162,15 @@ def test_labels_file_without_the_label_column_names_it(trained_model, tmp_path):
 def test_heldout_metrics_reads_only_the_evaluated_users_rows(trained_model, sample_corpus, monkeypatch):
     """A 20M-user table is 8 GB, twice with its prior: the evaluated users' rows are gathered from the
     memory-mapped parts, and the whole docs table is never read."""
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
     from doc2vec_dist.model import Model
 
-    full = checkpoint.ModelDir(trained_model).read_table("docs")
+    full = modeldir.ModelDir(trained_model).read_table("docs")
     ids = np.array([0, 7, 123, len(full) - 1], dtype=np.int64)
     np.testing.assert_array_equal(Model(trained_model).gather("docs", ids), full[ids])
-    read = checkpoint.ModelDir.read_table  # every whole-table read of a model goes through ModelDir
+    read = modeldir.ModelDir.read_table  # every whole-table read of a model goes through ModelDir
     tables = []
-    monkeypatch.setattr(checkpoint.ModelDir, "read_table",
+    monkeypatch.setattr(modeldir.ModelDir, "read_table",
                         lambda self, table, *a, **k: tables.append(table) or read(self, table, *a, **k))
     m = heldout_metrics(trained_model, sample_corpus[1], max_users=100)
     assert tables == ["words_out"] and m["users"] == 100 and 0 < m["model_recall@10"] <= 1

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint
+from doc2vec_dist import checkpoint, modeldir
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import export
@@ -25,7 +25,7 @@ def doc_keys(sample_corpus) -> list[str]:
 
 @pytest.fixture(scope="module")
 def doc_matrix(trained_model) -> np.ndarray:
-    return checkpoint.ModelDir(trained_model).read_table("docs")
+    return modeldir.ModelDir(trained_model).read_table("docs")
 
 
 def assert_matches_checkpoint(keys: list[str], vectors: np.ndarray, doc_keys: list[str], doc_matrix: np.ndarray):
@@ -38,7 +38,7 @@ def assert_matches_checkpoint(keys: list[str], vectors: np.ndarray, doc_keys: li
 
 def read_key_vector(path: str) -> tuple[pa.Table, list[str], np.ndarray]:
     table = pq.read_table(path)
-    vectors = checkpoint.matrix_of(table.column("vector"), DIM)
+    vectors = modeldir.matrix_of(table.column("vector"), DIM)
     return table, table.column("key").to_pylist(), vectors
 
 
@@ -114,7 +114,7 @@ def test_word2vec_of_words_out_has_the_urls(trained_model, sample_corpus, tmp_pa
     assert sorted(kv.index_to_key) == sorted(vocab)
     # rows come part by part (one part per parameter server), each URL with its own word id's row
     id_of = {url: i for i, url in enumerate(vocab)}
-    words_out = checkpoint.ModelDir(trained_model).read_table("words_out")
+    words_out = modeldir.ModelDir(trained_model).read_table("words_out")
     np.testing.assert_allclose(kv.vectors, words_out[[id_of[u] for u in kv.index_to_key]], rtol=1e-5, atol=1e-6)
 
 
@@ -151,7 +151,7 @@ def test_exporting_onto_the_model_directory_is_refused_and_keeps_the_model(train
     with pytest.raises(UserError, match="model"):
         export(model, "docs", model, progress=False)
     assert os.path.isfile(os.path.join(model, "LATEST"))
-    assert checkpoint.ModelDir(model).read_table("docs").shape == checkpoint.ModelDir(trained_model).read_table("docs").shape
+    assert modeldir.ModelDir(model).read_table("docs").shape == modeldir.ModelDir(trained_model).read_table("docs").shape
 
 
 def test_normalize_and_float16_export(trained_model, doc_keys, doc_matrix, tmp_path):
@@ -204,7 +204,7 @@ def test_directory_export_writes_one_file_per_checkpoint_part(three_part_model, 
     for part in range(3):  # part p holds rows p, p+3, p+6, … with their own keys and vectors
         table = pq.read_table(os.path.join(out, f"part-{part:05d}.parquet"))
         assert table.column("key").to_pylist() == keys[part::3]
-        np.testing.assert_array_equal(checkpoint.matrix_of(table.column("vector"), 6), matrix[part::3])
+        np.testing.assert_array_equal(modeldir.matrix_of(table.column("vector"), 6), matrix[part::3])
 
 
 def test_word2vec_floats_read_back_exactly(three_part_model, tmp_path):
@@ -242,7 +242,7 @@ def test_npy_normalized_float16_from_three_parts(three_part_model, tmp_path):
 
 def test_a_damaged_part_stops_the_export_and_leaves_nothing(three_part_model, tmp_path):
     model, _, _ = three_part_model
-    vdir, manifest = checkpoint.load_manifest(model)
+    vdir, manifest = modeldir.load_manifest(model)
     part = os.path.join(vdir, manifest["tables"]["docs"]["parts"][1]["path"])
     with open(part, "r+b") as fh:  # flip bytes in the middle of the part file
         fh.seek(os.path.getsize(part) // 2)
@@ -297,7 +297,7 @@ def test_exports_record_the_model_version_and_table(three_part_model, tmp_path):
     from doc2vec_dist.provenance import of_parquet
 
     model = three_part_model[0]
-    expected = {"model": os.path.abspath(model), "model_id": checkpoint.ModelDir(model).manifest["model_id"],
+    expected = {"model": os.path.abspath(model), "model_id": modeldir.ModelDir(model).manifest["model_id"],
                 "version": 1, "table": "docs", "derived_from": []}
     export(model, "docs", str(tmp_path / "one.parquet"), progress=False)
     export(model, "docs", str(tmp_path / "parts"), progress=False)
@@ -389,7 +389,7 @@ def test_projector_export_of_a_sample_of_users_and_of_the_urls(trained_model, do
     assert len(set(keys)) == 300 and set(keys) <= set(doc_keys)
     row_of = {key: i for i, key in enumerate(doc_keys)}
     np.testing.assert_array_equal(tensors, doc_matrix[[row_of[k] for k in keys]])  # the text loses no bit
-    lengths = Corpus(checkpoint.ModelDir(trained_model).corpus_path()).docs().column("length").to_pylist()
+    lengths = Corpus(modeldir.ModelDir(trained_model).corpus_path()).docs().column("length").to_pylist()
     assert [int(r[2]) for r in rows[1:]] == [lengths[row_of[k]] for k in keys]  # a user's count: its events
     assert all(r[1] and "/" not in r[1] for r in rows[1:])  # its most visited host
     assert embedding.tensor_name == "docs" and list(embedding.tensor_shape) in ([], [300, DIM])
@@ -397,7 +397,7 @@ def test_projector_export_of_a_sample_of_users_and_of_the_urls(trained_model, do
     urls = tmp_path / "urls"
     export(trained_model, "words_out", str(urls), format="projector", sample=50, progress=False)
     _, url_tensors, url_rows = read_projector(urls)
-    vocab = checkpoint.ModelDir(trained_model).vocab()
+    vocab = modeldir.ModelDir(trained_model).vocab()
     assert url_tensors.shape == (50, DIM) and [r[0] for r in url_rows[1:]] == vocab.column("token").to_pylist()[:50]
     assert [int(r[2]) for r in url_rows[1:]] == vocab.column("count").to_pylist()[:50]  # the most visited
     assert all(r[0].split("/")[2].removeprefix("www.") in r[0] and r[1] == r[0].split("/")[2] for r in url_rows[1:])

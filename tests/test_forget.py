@@ -20,11 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import load_job
 
-from doc2vec_dist import checkpoint, compact, forgotten
-from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist import checkpoint, compact, forgotten, modeldir, pipeline
 from doc2vec_dist.cli import main
+from doc2vec_dist.modeldir import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAY = 86_400
@@ -94,11 +93,11 @@ def erased(ray_cluster, tmp_path_factory):
         paths[name] = str(root / f"{name}.parquet")
         pq.write_table(pa.concat_tables([mine, events.filter(pa.array(keep))]), paths[name])
     day1 = str(root / "day1" / "model")
-    assert load_job("train").main(["--input", paths["day1"], "--out", day1, "--time-col", "ts", "--holdout", "0.2",
+    assert pipeline.train_job(["--input", paths["day1"], "--out", day1, "--time-col", "ts", "--holdout", "0.2",
                                    "--dim", "8", "--epochs", "1", "--sample", "0", "--num-ps", "2",
                                    "--cpus-per-worker", "1", "--no-progress"]) == 0
     day2 = str(root / "day2")
-    assert load_job("refresh").main(["--events", paths["day2"], "--base-model", day1, "--index",
+    assert pipeline.refresh_job(["--events", paths["day2"], "--base-model", day1, "--index",
                                      os.path.join(day1, "exports", "users.index"), "--out", day2, "--no-progress",
                                      "--recall-queries", "100"]) == 0
     corpus1 = _json(os.path.join(day1 + "-corpus", "corpus.json"))
@@ -141,7 +140,7 @@ def test_forget_leaves_no_byte_of_the_users_keys_or_vectors(erased):
     assert _find(erased["places"]["day1"] + erased["places"]["day2"], erased["needles"]) == []
     # the model keeps one version, and the forget list holds the keys' salted hashes
     for model in (erased["day1"], os.path.join(erased["day2"], "model")):
-        assert os.listdir(os.path.join(model, "checkpoints")) == [f"v{checkpoint.latest_version(model)}"]
+        assert os.listdir(os.path.join(model, "checkpoints")) == [f"v{modeldir.latest_version(model)}"]
         listed = forgotten.of_model(model, ModelDir(model).manifest)
         assert len(listed) == PLANTED + 1 and all(listed.holds(k) for k in erased["keys"])
 
@@ -155,7 +154,7 @@ def test_the_others_keep_their_vectors_bit_for_bit_and_recall_is_the_same(erased
     assert set(after) == set(before) - set(erased["keys"])
     assert all(np.array_equal(after[k], before[k]) for k in after)
     exported = pq.read_table(os.path.join(erased["day2"], "exports", "users"))
-    vectors = checkpoint.matrix_of(exported.column("vector"), 8)
+    vectors = modeldir.matrix_of(exported.column("vector"), 8)
     assert all(np.array_equal(v, after[k]) for k, v in zip(exported.column("key").to_pylist(), vectors, strict=True))
     served = ServedIndex.load(os.path.join(erased["day2"], "index"))
     ids = np.arange(served.index.ntotal)
@@ -194,7 +193,7 @@ def test_a_refresh_from_logs_that_still_hold_them_does_not_bring_them_back(erase
     from doc2vec_dist.index import ServedIndex
 
     day3 = str(tmp_path / "day3")
-    assert load_job("refresh").main(["--events", erased["paths"]["day3"], "--base-model",
+    assert pipeline.refresh_job(["--events", erased["paths"]["day3"], "--base-model",
                                      os.path.join(erased["day2"], "model"), "--index",
                                      os.path.join(erased["day2"], "index"), "--out", day3, "--no-progress",
                                      "--recall-queries", "100", "--expire-days", "3"]) == 0

@@ -13,12 +13,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint
-from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist import modeldir
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import export
 from doc2vec_dist.index import ServedIndex, build_index, ivfpq_shape, resolve_kind
 from doc2vec_dist.model import neighbors
+from doc2vec_dist.modeldir import ModelDir
 from doc2vec_dist.scoring import unit_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +78,7 @@ def test_build_index_writes_index_keys_and_params(trained_model, tmp_path, kind,
     # the index searches cosine: a user's own normalised vector finds that user first
     served = ServedIndex.load(out)
     all_keys = ModelDir(trained_model).keys("docs").to_pylist()
-    matrix = checkpoint.ModelDir(trained_model).read_table("docs")
+    matrix = modeldir.ModelDir(trained_model).read_table("docs")
     picked = [keys[i] for i in range(0, 5000, 1000)]
     v = matrix[[all_keys.index(k) for k in picked]]
     scores, found = served.search((v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32), 1)
@@ -97,7 +97,7 @@ def test_ivfpq_is_trained_on_a_sample_and_reranks_with_exact_scores(trained_mode
 
     # recall checked here independently of the build: 200 users against numpy's exact cosine
     keys = pq.read_table(os.path.join(out, "keys.parquet")).column("key").to_pylist()
-    matrix = checkpoint.ModelDir(trained_model).read_table("docs")
+    matrix = modeldir.ModelDir(trained_model).read_table("docs")
     row_of = {k: i for i, k in enumerate(ModelDir(trained_model).keys("docs").to_pylist())}
     unit = matrix[[row_of[k] for k in keys]]
     unit /= np.linalg.norm(unit, axis=1, keepdims=True)
@@ -147,7 +147,7 @@ def test_index_from_an_exported_parquet_keeps_the_export_keys(trained_model, tmp
     assert (params["rows"], params["dim"], params["source"]) == (5000, 32, vectors)
     exported = pq.read_table(vectors)
     assert keys == exported.column("key").to_pylist()  # faiss id i ↔ row i of keys.parquet
-    v = checkpoint.matrix_of(exported.column("vector"), 32)[:3]
+    v = modeldir.matrix_of(exported.column("vector"), 32)[:3]
     _, found = index.search((v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32), 1)
     assert list(found[:, 0]) == [0, 1, 2]
 
@@ -204,7 +204,7 @@ def test_neighbors_are_ranked_without_the_query_and_scores_descend(trained_model
 
     # the scores are the cosine of the checkpoint rows
     keys = ModelDir(trained_model).keys("docs").to_pylist()
-    matrix = checkpoint.ModelDir(trained_model).read_table("docs")
+    matrix = modeldir.ModelDir(trained_model).read_table("docs")
     a, b = matrix[keys.index(query)], matrix[keys.index(result["neighbor"][0])]
     assert scores[0] == pytest.approx(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), abs=1e-4)
 
@@ -241,7 +241,7 @@ def test_similar_urls_for_a_url_by_cosine_of_words_out(trained_model, sample_cor
     urls = ModelDir(trained_model).keys("words_out").to_pylist()
     result = neighbors(trained_model, [urls[4]], k=5, table="words_out").to_pydict()
     assert result["rank"] == [1, 2, 3, 4, 5] and urls[4] not in result["neighbor"]
-    unit = unit_rows(checkpoint.ModelDir(trained_model).read_table("words_out"))  # a never-trained URL stays zero
+    unit = unit_rows(modeldir.ModelDir(trained_model).read_table("words_out"))  # a never-trained URL stays zero
     cosine = unit @ unit[4]
     cosine[4] = -np.inf
     assert result["neighbor"] == [urls[i] for i in np.argsort(-cosine)[:5]]

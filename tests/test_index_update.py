@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from doc2vec_dist.errors import UserError
-from doc2vec_dist.index import ServedIndex, build_index, update_index
+from doc2vec_dist.index import ServedIndex, build_index
+from doc2vec_dist.index_update import update_index
 
 DIM = 24
 ROWS = 3000
@@ -258,7 +259,7 @@ def test_flat_update_answers_exactly_and_drops_its_dead_ids(day0, day1, tmp_path
 
 def test_an_update_in_place_swaps_in_at_the_end_and_a_failure_leaves_the_old_index(day0, day1, tmp_path, snapshot,
                                                                                  monkeypatch, logged):
-    from doc2vec_dist import index as index_module
+    from doc2vec_dist import index_update as index_module
 
     index = str(tmp_path / "users.index")
     build_index(index, kind="hnsw", vectors_path=write_source(str(tmp_path / "day0.parquet"), day0), progress=False)
@@ -374,7 +375,7 @@ def test_cli_index_update_round_trip(day0, day1, tmp_path, capsys):
 # -- which model an index belongs to (issue 26, item 2) -------------------------------------------------
 
 def test_an_update_refuses_an_index_of_another_model_and_touches_nothing(small_models, tmp_path, snapshot):
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     first, second = small_models.make(tmp_path / "first", 1), small_models.make(tmp_path / "second", 2)
     index = str(tmp_path / "first.index")
@@ -391,7 +392,7 @@ def test_an_update_refuses_an_index_of_another_model_and_touches_nothing(small_m
 
 def test_an_update_to_the_models_next_version_or_a_refresh_of_it_is_what_updates_are_for(small_models, tmp_path,
                                                                                            logged):
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     base = small_models.make(tmp_path / "base", 1)
     index = str(tmp_path / "users.index")

@@ -160,7 +160,7 @@ def test_cli_help_lists_the_flags_of_prepare_and_the_overrides(capsys):
 
 
 def test_cli_writes_key_vector_parquet_that_index_reads(trained_model, few_users_file, tmp_path, capsys):
-    from doc2vec_dist.index import parquet_source
+    from doc2vec_dist.index_sources import parquet_source
 
     path, users = few_users_file
     out = str(tmp_path / "new" / "users.parquet")
@@ -265,7 +265,7 @@ def test_events_that_barely_overlap_the_model_get_a_warning_with_the_shares(trai
 
 def test_inferred_vectors_record_the_model_and_neighbors_reads_them_by_key(trained_model, few_users_file, tmp_path,
                                                                          capsys):
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
     from doc2vec_dist.provenance import of_parquet
 
     path, _ = few_users_file

@@ -18,9 +18,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import assert_same_corpus, load_benchmark, load_job
+from conftest import assert_same_corpus, load_benchmark
 
+from doc2vec_dist import modeldir, pipeline
 from doc2vec_dist.config import PrepareConfig, TrainConfig
+from doc2vec_dist.errors import UserError
 from doc2vec_dist.prepare import prepare
 from doc2vec_dist.urls import RAW, UrlRule
 
@@ -55,8 +57,8 @@ def test_job_runs_prepare_train_export_index_in_process(ray_cluster, tmp_path, c
     """On the session's Ray, prepare's passes ran as Ray tasks on its 2 CPUs (issue 30, item 5), and
     made the corpus and held-out file that one process makes. (The sample is far below the input size
     from which the job's task per CPU pays, issue 50: that size is lowered here so the tasks still run.)"""
-    monkeypatch.setattr("doc2vec_dist.prepare.PARALLEL_MIN_INPUT_BYTES", 0)
-    assert load_job("train").main(["--config", job_config(tmp_path), "--no-progress"]) == 0
+    monkeypatch.setattr("doc2vec_dist.prepare_merge.PARALLEL_MIN_INPUT_BYTES", 0)
+    assert pipeline.train_job(["--config", job_config(tmp_path), "--no-progress"]) == 0
     check_outputs(tmp_path)
     out = capsys.readouterr().out
     assert "held-out recall@10: model" in out and "similar users" in out
@@ -80,27 +82,25 @@ def test_a_job_prepares_on_the_cluster_it_runs_on(monkeypatch):
     --parallel says otherwise; on one machine with no Ray, in their own process."""
     import ray
 
-    job = load_job("train")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     train = TrainConfig(seed=7)
-    alone = job.on_cluster(PrepareConfig(), train)
+    alone = pipeline.on_cluster(PrepareConfig(), train)
     assert (alone.parallel, alone.address, alone.seed) == (None, None, 7)
-    assert job.on_cluster(PrepareConfig(), TrainConfig(address="10.0.0.1:6379")).parallel == 0
+    assert pipeline.on_cluster(PrepareConfig(), TrainConfig(address="10.0.0.1:6379")).parallel == 0
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
-    submitted = job.on_cluster(PrepareConfig(), train)
+    submitted = pipeline.on_cluster(PrepareConfig(), train)
     assert (submitted.parallel, submitted.address) == (0, "10.0.0.2:6379")
-    assert job.on_cluster(PrepareConfig(parallel=3), train).parallel == 3
+    assert pipeline.on_cluster(PrepareConfig(parallel=3), train).parallel == 3
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    assert job.on_cluster(PrepareConfig(), train).parallel == 0
+    assert pipeline.on_cluster(PrepareConfig(), train).parallel == 0
 
 
 def test_job_reuses_a_prepared_corpus_and_flags_override_yaml(ray_cluster, tmp_path, capsys):
-    job = load_job("train")
     config = job_config(tmp_path)
-    assert job.main(["--config", config, "--no-progress"]) == 0
-    assert job.main(["--config", config, "--no-progress", "--dim", "24"]) == 0
+    assert pipeline.train_job(["--config", config, "--no-progress"]) == 0
+    assert pipeline.train_job(["--config", config, "--no-progress", "--dim", "24"]) == 0
     assert "corpus: using" in capsys.readouterr().err
     assert json.loads((tmp_path / "model" / "config.json").read_text())["dim"] == 24
 
@@ -108,7 +108,7 @@ def test_job_reuses_a_prepared_corpus_and_flags_override_yaml(ray_cluster, tmp_p
 def test_job_reports_a_bad_config_in_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("epochz: 3\n")
-    assert load_job("train").main(["--config", str(bad)]) == 2
+    assert pipeline.train_job(["--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "unknown config key(s): epochz" in err and str(bad) in err
 
@@ -116,13 +116,12 @@ def test_job_reports_a_bad_config_in_one_line(tmp_path, capsys):
 def test_the_job_takes_an_init_from_models_shape_as_train_does(trained_model, tmp_path):
     """Issue 26, item 8: jobs/train.py --init-from takes the model's dim (32 here) like train --init-from;
     the config's own dim, when it says another, is refused naming the file."""
-    job = load_job("train")
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump({"corpus": str(tmp_path / "corpus"), "out": str(tmp_path / "model"), "epochs": 1}))
-    _, _, cfg, _ = job.parse(["--config", str(config), "--init-from", trained_model])
+    _, _, cfg, _ = pipeline.parse_job(["--config", str(config), "--init-from", trained_model])
     assert (cfg.dim, cfg.mode, cfg.init_from) == (32, "dbow", trained_model)
-    with pytest.raises(job.UserError, match=rf"^{job_config(tmp_path)}: dim: 16 contradicts the --init-from model "):
-        job.parse(["--config", job_config(tmp_path), "--init-from", trained_model])
+    with pytest.raises(UserError, match=rf"^{job_config(tmp_path)}: dim: 16 contradicts the --init-from model "):
+        pipeline.parse_job(["--config", job_config(tmp_path), "--init-from", trained_model])
 
 
 @pytest.mark.parametrize("entry", ["jobs/train.py", "jobs/refresh.py", "jobs/tune.py", "jobs/export.py",
@@ -161,7 +160,7 @@ def test_a_config_of_training_keys_only_runs_on_the_sample(capsys):
     """`python jobs/train.py --config jobs/configs/fast.yaml` (then a recipe of training keys) crashed with a
     TypeError on the unset corpus; a config with no input, corpus or out now runs on the bundled sample,
     with its own model."""
-    job, prep, cfg, _ = load_job("train").parse(["--config", os.path.join(ROOT, "jobs", "configs", "gpu.yaml")])
+    job, prep, cfg, _ = pipeline.parse_job(["--config", os.path.join(ROOT, "jobs", "configs", "gpu.yaml")])
     assert job.input == [os.path.join(ROOT, "data", "sample", "events")]
     assert job.corpus == os.path.join(ROOT, "runs", "sample", "corpus")  # shared with the sample's run
     assert job.out == os.path.join(ROOT, "runs", "gpu", "model")  # but a model of its own
@@ -174,23 +173,22 @@ def test_a_config_of_training_keys_only_runs_on_the_sample(capsys):
 def test_relative_outputs_inside_a_submitted_job_need_a_root(tmp_path, monkeypatch):
     """Under `ray job submit --working-dir`, the working dir is a temporary copy: a relative output there
     vanishes with the job, so it is refused, and --root puts relative outputs where they last."""
-    job_mod = load_job("train")
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip"}}))
-    with pytest.raises(job_mod.UserError, match=r"sample.yaml: 'corpus' is the relative path runs/sample/corpus, "
+    with pytest.raises(UserError, match=r"sample.yaml: 'corpus' is the relative path runs/sample/corpus, "
                                                 r"which inside `ray job submit --working-dir` lands in Ray's temporary"):
-        job_mod.parse(["--config", SAMPLE_CONFIG])
-    with pytest.raises(job_mod.UserError, match="--root rel: give an absolute path"):
-        job_mod.parse(["--config", SAMPLE_CONFIG, "--root", "rel"])
-    job, prep, _, _ = job_mod.parse(["--config", SAMPLE_CONFIG, "--root", str(tmp_path)])
+        pipeline.parse_job(["--config", SAMPLE_CONFIG])
+    with pytest.raises(UserError, match="--root rel: give an absolute path"):
+        pipeline.parse_job(["--config", SAMPLE_CONFIG, "--root", "rel"])
+    job, prep, _, _ = pipeline.parse_job(["--config", SAMPLE_CONFIG, "--root", str(tmp_path)])
     assert (job.corpus, job.out, job.exports, prep.holdout_out) == tuple(
         str(tmp_path / "runs" / "sample" / name) for name in ("corpus", "model", "exports", "heldout.parquet"))
     assert job.input == [os.path.join(ROOT, "data", "sample", "events")]  # inputs come with the upload
     # absolute paths need no root; outside a submitted job nothing changes
-    job, _, _, _ = job_mod.parse(["--config", SAMPLE_CONFIG, "--corpus", "/data/c", "--out", "/data/m",
+    job, _, _, _ = pipeline.parse_job(["--config", SAMPLE_CONFIG, "--corpus", "/data/c", "--out", "/data/m",
                                   "--exports", "/data/e", "--holdout-out", "/data/h.parquet"])
     assert (job.corpus, job.out) == ("/data/c", "/data/m")
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    job, _, _, _ = job_mod.parse(["--config", SAMPLE_CONFIG])
+    job, _, _, _ = pipeline.parse_job(["--config", SAMPLE_CONFIG])
     assert job.out == os.path.join(ROOT, "runs", "sample", "model")
 
 
@@ -226,8 +224,8 @@ def test_input_trains_on_those_events_with_the_librarys_defaults_not_the_samples
     """Issue 47, item 1: with the sample prepared (the README's first command), `jobs/train.py --input MINE
     --out T` printed `corpus: using runs/sample/corpus`, trained the sample at the sample's dim 64 and wrote the
     sample's exports. It trains MINE, with the library's defaults, and leaves runs/sample as it was."""
-    from doc2vec_dist.checkpoint import ModelDir
     from doc2vec_dist.config import TrainConfig
+    from doc2vec_dist.modeldir import ModelDir
 
     checkout = tmp_path / "checkout"
     job = job_in_a_copy(str(checkout), monkeypatch)
@@ -253,18 +251,17 @@ def test_the_job_says_which_config_it_took_and_input_brings_none_of_the_samples(
     """Issue 47, item 1: the sample's config applies only when no --input, --corpus or --out is given, and a
     line of its own says which config the job took. With --input the settings are the library's defaults and
     every output is derived from --out: nothing of the sample's (dim 64, sample 0, holdout 0.2, its paths)."""
-    job = load_job("train")
-    found, prep, cfg, _ = job.parse([])
+    found, prep, cfg, _ = pipeline.parse_job([])
     assert capsys.readouterr().err.splitlines() == [
         "config: jobs/configs/sample.yaml, the bundled sample's (`--input EVENTS --out DIR` trains on yours)"]
     assert (found.out, cfg.dim, prep.holdout) == (os.path.join(ROOT, "runs", "sample", "model"), 64, 0.2)
 
     mine = tmp_path / "my.yaml"
     mine.write_text(yaml.safe_dump({"corpus": str(tmp_path / "c"), "out": str(tmp_path / "m"), "dim": 8}))
-    job.parse(["--config", str(mine)])
+    pipeline.parse_job(["--config", str(mine)])
     assert capsys.readouterr().err.splitlines() == [f"config: {mine}"]
 
-    found, prep, cfg, _ = job.parse(["--input", "events.parquet", "--out", "m"])
+    found, prep, cfg, _ = pipeline.parse_job(["--input", "events.parquet", "--out", "m"])
     assert capsys.readouterr().err.splitlines() == [
         "config: none (the library's defaults, and the flags given)"]
     cwd = os.getcwd()
@@ -274,7 +271,7 @@ def test_the_job_says_which_config_it_took_and_input_brings_none_of_the_samples(
     assert (prep.holdout, prep.holdout_out, prep.time_col, found.overwrite) == (0.0, None, None, False)
     assert (cfg.dim, cfg.sample, cfg.num_ps) == (TrainConfig().dim, TrainConfig().sample, TrainConfig().num_ps)
     # held out on request: the file goes beside the model too
-    _, prep, _, _ = job.parse(["--input", "events.parquet", "--out", "m", "--holdout", "0.1"])
+    _, prep, _, _ = pipeline.parse_job(["--input", "events.parquet", "--out", "m", "--holdout", "0.1"])
     assert prep.holdout_out == os.path.join(cwd, "m-heldout.parquet")
 
 
@@ -327,25 +324,24 @@ def test_a_corpus_is_matched_by_its_files_in_a_ray_upload_and_by_every_file_of_a
     named by its hash (…/_ray_pkg_<hash>/), which changes with any file of it: a corpus prepared from
     data/events in an earlier upload is prepared from the same input. A directory that gained a file since
     is not the same input."""
-    job = load_job("train")
     before, now = tmp_path / "_ray_pkg_0a1b2c" / "data", tmp_path / "_ray_pkg_3d4e5f" / "data"
     for upload in (before, now):
         upload.mkdir(parents=True)
         (upload / "e.parquet").write_bytes(b"")
     meta = {"inputs": [str(before)], "input_files": [str(before / "e.parquet")],
-            **{k: getattr(PrepareConfig(), k) for k in job.CORPUS_SETTINGS}, "url_rule": UrlRule().to_json()}
-    assert job.corpus_differs(meta, [str(now)], PrepareConfig(), seed=1) is None
-    assert job.corpus_differs(meta, [str(now)], PrepareConfig(min_count=2), seed=1) == \
+            **{k: getattr(PrepareConfig(), k) for k in pipeline.CORPUS_SETTINGS}, "url_rule": UrlRule().to_json()}
+    assert pipeline.corpus_differs(meta, [str(now)], PrepareConfig(), seed=1) is None
+    assert pipeline.corpus_differs(meta, [str(now)], PrepareConfig(min_count=2), seed=1) == \
         "prepared with min_count 1, not 2"
     # the URL rule is a setting of the corpus too (issue 47, item 5): a corpus of URLs as written is not reused
-    assert job.corpus_differs(meta, [str(now)], PrepareConfig(no_normalize=True), seed=1) == \
+    assert pipeline.corpus_differs(meta, [str(now)], PrepareConfig(no_normalize=True), seed=1) == \
         f"prepared with {UrlRule().describe()}, not {RAW.describe()}"
-    assert job.corpus_differs({**meta, "url_rule": None}, [str(now)], PrepareConfig(), seed=1) == \
+    assert pipeline.corpus_differs({**meta, "url_rule": None}, [str(now)], PrepareConfig(), seed=1) == \
         f"prepared with {RAW.describe()}, not {UrlRule().describe()}"
     (now / "f.parquet").write_bytes(b"")
-    assert job.corpus_differs(meta, [str(now)], PrepareConfig(), seed=1) == \
+    assert pipeline.corpus_differs(meta, [str(now)], PrepareConfig(), seed=1) == \
         f"prepared from {before} when it held other files (1 new, 0 gone since)"
-    assert job.corpus_differs(meta, [str(now / "f.parquet")], PrepareConfig(), seed=1) == \
+    assert pipeline.corpus_differs(meta, [str(now / "f.parquet")], PrepareConfig(), seed=1) == \
         f"prepared from other inputs ({before}), not {now / 'f.parquet'}"
 
 
@@ -353,10 +349,9 @@ def job_resume_args(err: str, model: str, job: str) -> tuple[int, str]:
     """The version a stopped job kept and the arguments of the resume command it named (`python jobs/JOB
     ARGS`), checked: the model is kept up to its latest checkpoint, short of the run's 30 epochs, and the
     command is this Python and this checkout's jobs/JOB."""
-    from doc2vec_dist import checkpoint
 
-    version = checkpoint.latest_version(model)
-    assert version is not None and checkpoint.load_manifest(model)[1]["epoch"] < 30, err
+    version = modeldir.latest_version(model)
+    assert version is not None and modeldir.load_manifest(model)[1]["epoch"] < 30, err
     resume = re.search(rf"training stopped: the model at {re.escape(model)} is kept up to checkpoint v{version}; "
                        r"resume with `(\S+) (\S+) (.+)`$", err, re.MULTILINE)
     assert resume, err
@@ -372,20 +367,21 @@ def nodes_die_after_the_first_checkpoint(monkeypatch, model: str):
     the driver's next check, keeping that checkpoint. Returns the switch that brings the nodes back."""
     import ray
 
-    from doc2vec_dist import checkpoint, trainer
+    from doc2vec_dist import modeldir, trainer
 
     real_nodes, alive = ray.nodes, [False]
 
     def nodes():
         found = real_nodes()
-        if alive[0] or checkpoint.latest_version(model) is None:
+        if alive[0] or modeldir.latest_version(model) is None:
             return found
         return [{**n, "Alive": False, "DeathReasonMessage": "health check failed due to missing too many heartbeats"}
                 for n in found]
 
     monkeypatch.setattr(ray, "nodes", nodes)
-    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: False)
-    monkeypatch.setattr(trainer, "NODE_CHECK_SECONDS", 0.02)
+    monkeypatch.setattr("doc2vec_dist.run.cluster_can_grow", lambda: False)
+    monkeypatch.setattr(trainer, "cluster_can_grow", lambda: False)  # and where a run waits to start
+    monkeypatch.setattr("doc2vec_dist.run.NODE_CHECK_SECONDS", 0.02)
     return lambda: alive.__setitem__(0, True)
 
 
@@ -394,39 +390,60 @@ def test_a_job_stopped_by_a_dead_node_names_its_own_resume_which_finishes_the_jo
     """Issue 47, item 11: after a node died the job said `doc2vec-dist train --corpus … --out … --resume`,
     which leaves its export, index and evaluate undone. It names itself, with the arguments it was given, and
     that command resumes the model from its checkpoint and then does the rest of the job."""
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
-    job = load_job("train")
     corpus, heldout = sample_corpus  # the sample's settings with its held-out file: the job uses it as it is
     config = job_config(tmp_path, corpus=corpus, holdout_out=heldout, epochs=30, checkpoint_every=0.05)
     model = str(tmp_path / "model")
     bring_back = nodes_die_after_the_first_checkpoint(monkeypatch, model)
     argv = ["--config", config, "--no-progress"]
-    assert job.main(argv) == 2
+    assert pipeline.train_job(argv) == 2
     err = capsys.readouterr().err
     version, args = job_resume_args(err, model, "train.py")
     assert args == f"--config {config} --no-progress --resume"
     assert not (tmp_path / "exports").exists()
 
     bring_back()
-    assert job.main(shlex.split(args)) == 0
+    assert pipeline.train_job(shlex.split(args)) == 0
     assert f"resumed from v{version}" in capsys.readouterr().err
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert manifest["epoch"] == 30
     result = check_outputs(tmp_path)
     assert "evaluate" in result["stages"] and result["heldout"]["users"] > 4000
 
 
+def test_the_job_run_as_a_process_names_its_config_first_and_on_ctrl_c_its_resume(ray_cluster, small_corpus, tmp_path,
+                                                                                  interrupt_when):
+    """What only a process shows (issue 49: the other tests call the pipeline's functions in this process):
+    `python jobs/train.py`, an entry point with no sys.path of its own, imports the package, says first which
+    config it took, and a Ctrl-C after a checkpoint ends it with 130 and the command that resumes the job
+    (this Python, jobs/train.py, its arguments and --resume). It joins the session's Ray (RAY_ADDRESS, as
+    `ray job submit` sets it) rather than starting one."""
+
+    model = str(tmp_path / "model")
+    argv = ["--corpus", small_corpus, "--out", model, "--epochs", "30", "--checkpoint-every", "0.05", "--no-progress"]
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    proc = subprocess.Popen([sys.executable, "jobs/train.py", *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    err = interrupt_when(proc, lambda: modeldir.latest_version(model) is not None)
+    lines = err.splitlines()
+    assert lines[0] == "config: none (the library's defaults, and the flags given)", err
+    assert proc.returncode == 130 and lines[-1] == "interrupted", err
+    stopped = re.search(rf"^interrupted: the model at {re.escape(model)} is kept up to checkpoint v\d+; resume with "
+                        r"`(\S+) jobs/train.py (.+)`$", err, re.MULTILINE)
+    assert stopped, err
+    assert os.path.samefile(stopped.group(1), sys.executable) and stopped.group(2) == shlex.join([*argv, "--resume"])
+
+
 def test_inside_a_submitted_job_the_resume_command_is_the_entrypoint_submitted_again(monkeypatch):
     """The job cannot know the `ray job submit` options it was sent with: it names the entrypoint to submit
     again with --resume, as the python of the cluster's PATH runs it; outside, this Python."""
-    job = load_job("train")
     monkeypatch.chdir(ROOT)
-    python, *args = shlex.split(job.resume_command(["--config", "my config.yaml", "--resume"]))
+    python, *args = shlex.split(pipeline.resume_command(["--config", "my config.yaml", "--resume"]))
     assert os.path.samefile(python, sys.executable) and args == ["jobs/train.py", "--config", "my config.yaml",
                                                                  "--resume"]
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip"}}))
-    assert job.resume_command(["--config", "jobs/configs/multinode.yaml"]) == \
+    assert pipeline.resume_command(["--config", "jobs/configs/multinode.yaml"]) == \
         "ray job submit … -- python jobs/train.py --config jobs/configs/multinode.yaml --resume"
 
 
@@ -638,7 +655,7 @@ def test_gpu_bench_through_ray_trains_what_it_trains_in_process_and_shares_the_d
     """Issue 48: gpu_bench.py --ray trains as `train` does (servers and workers Ray actors, checkpoints at each
     epoch's end): one worker the model of the in-process bench, bit for bit, with no bytes a token after its
     first pulls but each checkpoint's write-back; --workers 2 shares the device on the block schedule."""
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
     gpu_bench = load_benchmark("gpu_bench")
     config = tmp_path / "small.yaml"
@@ -655,8 +672,8 @@ def test_gpu_bench_through_ray_trains_what_it_trains_in_process_and_shares_the_d
     assert [len(r["epochs"]) for r in runs.values()] == [3, 3, 3]
     assert runs["ray2"]["workers"] == 2 and runs["ray2"]["config"]["schedule"] == "auto"
     for table in ("docs", "words_out"):
-        np.testing.assert_array_equal(checkpoint.ModelDir(str(tmp_path / "ray")).read_table(table),
-                                      checkpoint.ModelDir(str(tmp_path / "in-process")).read_table(table), err_msg=table)
+        np.testing.assert_array_equal(modeldir.ModelDir(str(tmp_path / "ray")).read_table(table),
+                                      modeldir.ModelDir(str(tmp_path / "in-process")).read_table(table), err_msg=table)
     # one worker: its URL and documents' rows pulled once and written back once an epoch (the checkpoints)
     moved = runs["ray"]["bytes_per_token"]
     assert moved["pulled"] == moved["pushed"] == 0 < moved["resident_pushed"], moved
@@ -692,7 +709,7 @@ def test_gpu_bench_trains_one_device_worker_without_ray_and_scores_the_model_it_
 def test_the_job_trains_with_fewer_workers_where_more_would_not_pay(ray_cluster, lee_corpus, tmp_path, capsys):
     """As `train` does (issue 50): Lee on 2 workers is predicted slower than on one, so the job trains one, saying so."""
     out = tmp_path / "model"
-    assert load_job("train").main(["--corpus", lee_corpus, "--out", str(out), "--num-workers", "2", "--epochs", "1",
+    assert pipeline.train_job(["--corpus", lee_corpus, "--out", str(out), "--num-workers", "2", "--epochs", "1",
                                    "--dim", "8", "--no-progress"]) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if "workers are predicted" in line]
     assert len(said) == 1 and said[0].startswith("train: 2 workers are predicted") and "training with 1 worker" in said[0]

@@ -16,12 +16,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import assert_same_corpus, load_job
+from conftest import assert_same_corpus
 
-from doc2vec_dist import outputs
-from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist import outputs, pipeline
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus
+from doc2vec_dist.errors import UserError
+from doc2vec_dist.modeldir import ModelDir
 from doc2vec_dist.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,9 +66,9 @@ def test_a_refresh_writes_corpus_model_exports_index_and_its_report(days, tmp_pa
     """No --index: a new index. Settings come from the base model (dim 8, 2 servers: no flag says so),
     the event columns from its corpus (time_col ts), epochs 1; known users and URLs keep their ids.
     (The input size from which the job's task per CPU pays, issue 50, is lowered so that the tasks run.)"""
-    monkeypatch.setattr("doc2vec_dist.prepare.PARALLEL_MIN_INPUT_BYTES", 0)
+    monkeypatch.setattr("doc2vec_dist.prepare_merge.PARALLEL_MIN_INPUT_BYTES", 0)
     day = tmp_path / "day2"
-    assert load_job("refresh").main(["--events", days["events2"], "--base-model", days["model"], "--out", str(day),
+    assert pipeline.refresh_job(["--events", days["events2"], "--base-model", days["model"], "--out", str(day),
                                      "--no-progress", "--recall-queries", "200"]) == 0
     out = capsys.readouterr().out
     assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json",
@@ -117,16 +118,15 @@ def test_yesterdays_model_and_index_are_todays_base_day_after_day(days, tmp_path
     index; day 3 does the same from day 2's, its first epoch on the changed users only (the default). Each index update adds the new users and
     keeps its kind; flags and the YAML override the base model's settings; yesterday's outputs are only
     read. Day 2 also changes the tables' type (float32 to bfloat16: issue 29), which day 3 keeps."""
-    job = load_job("refresh")
     day1 = snapshot(os.path.dirname(days["model"]))
     config = tmp_path / "refresh.yaml"
     config.write_text(yaml.safe_dump({"epochs": 3, "alpha": 0.02}))
     day2, day3 = tmp_path / "day2", tmp_path / "day3"
-    assert job.main(["--events", days["events2"], "--base-model", days["model"], "--index", days["index"],
+    assert pipeline.refresh_job(["--events", days["events2"], "--base-model", days["model"], "--index", days["index"],
                      "--out", str(day2), "--config", str(config), "--alpha", "0.01", "--first-epoch", "all",
                      "--dtype", "bfloat16", "--no-progress"]) == 0
     day2_files = snapshot(str(day2))
-    assert job.main(["--events", days["events3"], "--base-model", str(day2 / "model"), "--index", str(day2 / "index"),
+    assert pipeline.refresh_job(["--events", days["events3"], "--base-model", str(day2 / "model"), "--index", str(day2 / "index"),
                      "--out", str(day3), "--no-progress"]) == 0  # a refresh's first epoch: the changed users
     out = capsys.readouterr().out
     assert snapshot(os.path.dirname(days["model"])) == day1 and snapshot(str(day2)) == day2_files
@@ -203,7 +203,7 @@ def test_refusals_are_one_line_and_touch_nothing(days, tmp_path, snapshot, capsy
         args[args.index("--base-model") + 1] = str(tmp_path)
         message = str(tmp_path)
     model_before, day_before = snapshot(days["model"]), snapshot(str(day))
-    assert load_job("refresh").main(args) == 2
+    assert pipeline.refresh_job(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
     assert snapshot(str(day)) == day_before and snapshot(days["model"]) == model_before
@@ -212,12 +212,11 @@ def test_refusals_are_one_line_and_touch_nothing(days, tmp_path, snapshot, capsy
 def test_inside_a_submitted_job_relative_paths_need_a_root(days, tmp_path, monkeypatch):
     """Under `ray job submit --working-dir` the working dir is a temporary copy: a relative --out is refused;
     with --root, --out and the earlier day's relative paths are taken from it, and the events from the upload."""
-    job = load_job("refresh")
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip"}}))
-    with pytest.raises(job.UserError, match="'out' is the relative path day2, which inside `ray job submit"):
-        job.parse(["--events", "today.parquet", "--base-model", days["model"], "--out", "day2"])
+    with pytest.raises(UserError, match="'out' is the relative path day2, which inside `ray job submit"):
+        pipeline.parse_refresh(["--events", "today.parquet", "--base-model", days["model"], "--out", "day2"])
     root = os.path.dirname(os.path.dirname(days["model"]))
-    found, prep, cfg = job.parse(["--events", "today.parquet", "--base-model", "day1/model", "--index", "day1/index",
+    found, prep, cfg = pipeline.parse_refresh(["--events", "today.parquet", "--base-model", "day1/model", "--index", "day1/index",
                                   "--out", "day2", "--root", root])
     assert (found.out, found.base_model, found.index) == (os.path.join(root, "day2"), days["model"], days["index"])
     assert found.events == ["today.parquet"] and prep.time_col == "ts" and cfg.init_from == days["model"]
@@ -233,25 +232,24 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
 
     from test_jobs import job_resume_args, nodes_die_after_the_first_checkpoint
 
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
-    job = load_job("refresh")
     day = tmp_path / "day2"
     model = str(day / "model")
     bring_back = nodes_die_after_the_first_checkpoint(monkeypatch, model)
     argv = ["--events", days["events2"], "--base-model", days["model"], "--out", str(day), "--epochs", "30",
             "--checkpoint-every", "0.05", "--no-progress"]
-    assert job.main(argv) == 2
+    assert pipeline.refresh_job(argv) == 2
     err = capsys.readouterr().err
     version, args = job_resume_args(err, model, "refresh.py")
     assert shlex.split(args) == [*argv, "--resume"]
     corpus = snapshot(str(day / "corpus"))
 
     bring_back()
-    assert job.main(shlex.split(args)) == 0
+    assert pipeline.refresh_job(shlex.split(args)) == 0
     out = capsys.readouterr()
     assert f"resumed from v{version}" in out.err
-    assert checkpoint.load_manifest(model)[1]["epoch"] == 30
+    assert modeldir.load_manifest(model)[1]["epoch"] == 30
     assert snapshot(str(day / "corpus")) == corpus  # not prepared again
     assert sorted(os.listdir(day)) == sorted([outputs.MARKER, "corpus", "model", "exports", "index", "refresh.json",
                                               "report.html"])

@@ -9,17 +9,17 @@ import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
-from conftest import load_benchmark, load_job
+from conftest import load_benchmark
 
-from doc2vec_dist import checkpoint
-from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist import modeldir, pipeline
+from doc2vec_dist.modeldir import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, trained_model, tmp_path, capsys):
     out = tmp_path / "users"
-    assert load_job("export").main(["--model", trained_model, "--out", str(out), "--normalize", "--no-progress"]) == 0
+    assert pipeline.export_job(["--model", trained_model, "--out", str(out), "--normalize", "--no-progress"]) == 0
 
     printed = capsys.readouterr().out
     assert re.search(r"exported 5,000 rows of docs to .* rows/s\) by 2 tasks on ", printed), printed
@@ -27,7 +27,7 @@ def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, tra
     table = pq.read_table(out)
     assert table.num_rows == 5000 and sorted(table.column("key").to_pylist()) == sorted(
         ModelDir(trained_model).keys("docs").to_pylist())
-    vectors = checkpoint.matrix_of(table.column("vector"), 32)
+    vectors = modeldir.matrix_of(table.column("vector"), 32)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
 
@@ -46,12 +46,12 @@ def test_export_job_tasks_run_in_ray_worker_processes(ray_cluster, trained_model
 
 def test_an_error_inside_a_ray_task_is_one_clear_line(ray_cluster, trained_model, tmp_path, capsys):
     model = shutil.copytree(trained_model, str(tmp_path / "model"))
-    vdir, manifest = checkpoint.load_manifest(model)
+    vdir, manifest = modeldir.load_manifest(model)
     part = os.path.join(vdir, manifest["tables"]["docs"]["parts"][1]["path"])
     with open(part, "r+b") as fh:
         fh.seek(os.path.getsize(part) // 2)
         fh.write(b"\x00\xff\x00\xff")
-    assert load_job("export").main(["--model", model, "--out", str(tmp_path / "users"), "--no-progress"]) == 2
+    assert pipeline.export_job(["--model", model, "--out", str(tmp_path / "users"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "checksum mismatch" in err[0], err
     assert sorted(os.listdir(tmp_path)) == ["model"]  # nothing half-written
@@ -59,7 +59,7 @@ def test_an_error_inside_a_ray_task_is_one_clear_line(ray_cluster, trained_model
 
 def test_index_job_builds_ivfpq_with_ray_tasks_and_reports_recall(ray_cluster, trained_model, tmp_path, capsys):
     out = tmp_path / "users.index"
-    assert load_job("index").main(["--model", trained_model, "--kind", "ivfpq", "--out", str(out),
+    assert pipeline.index_job(["--model", trained_model, "--kind", "ivfpq", "--out", str(out),
                                    "--no-progress"]) == 0
 
     printed = capsys.readouterr().out
@@ -77,13 +77,13 @@ def test_index_job_from_a_parquet_of_vectors(ray_cluster, trained_model, tmp_pat
 
     vectors = str(tmp_path / "users")
     export(trained_model, "docs", vectors, progress=False)
-    assert load_job("index").main(["--vectors", vectors, "--kind", "flat", "--out", str(tmp_path / "idx"),
+    assert pipeline.index_job(["--vectors", vectors, "--kind", "flat", "--out", str(tmp_path / "idx"),
                                    "--no-progress"]) == 0
     assert "recall@10 vs exact: 1.000" in capsys.readouterr().out
 
 
 def test_index_job_without_a_source_is_a_clear_error(ray_cluster, tmp_path, capsys):
-    assert load_job("index").main(["--out", str(tmp_path / "idx")]) == 2
+    assert pipeline.index_job(["--out", str(tmp_path / "idx")]) == 2
     assert "either --model" in capsys.readouterr().err
 
 
@@ -106,10 +106,10 @@ def test_index_job_updates_an_index_staging_the_new_source_in_ray_tasks(ray_clus
     day1 = write("day1", keys + [f"n{i}" for i in range(20)],
                  np.concatenate([changed, rng.standard_normal((20, 8)).astype(np.float32)]))
     out = str(tmp_path / "users.index")
-    assert load_job("index").main(["--vectors", day0, "--kind", "hnsw", "--out", out, "--no-progress"]) == 0
+    assert pipeline.index_job(["--vectors", day0, "--kind", "hnsw", "--out", out, "--no-progress"]) == 0
     capsys.readouterr()
 
-    assert load_job("index").main(["--update", out, "--vectors", day1, "--out", out, "--no-progress"]) == 0
+    assert pipeline.index_job(["--update", out, "--vectors", day1, "--out", out, "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert f"updated from {out}: 20 added, 30 replaced, 0 removed, 570 unchanged" in printed, printed
     assert "2 Ray tasks on " in printed

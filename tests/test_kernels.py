@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from doc2vec_dist.kernels import micro_batch_alphas, train
+from doc2vec_dist.kernels import train
 
 
 def gensim_reference(docs, out, pairs, alpha):
@@ -75,14 +75,6 @@ def test_masked_negatives_do_not_move_anything():
     _, new_out, _ = run_ours(docs, out, d, w, neg, mask, 0.1, micro_batch=1)
     changed = np.flatnonzero(np.abs(new_out - before).sum(1) > 0)
     assert changed.tolist() == [w[0]]
-
-
-def test_alpha_decays_linearly_to_min_alpha():
-    a = micro_batch_alphas(0.025, 0.0001, done_before=0, batch_tokens=1000, planned_tokens=1000, n_micro=4)
-    assert a[0] < 0.025 and a[-1] > 0.0001
-    assert torch.all(a[1:] < a[:-1])
-    end = micro_batch_alphas(0.025, 0.0001, done_before=2000, batch_tokens=10, planned_tokens=1000, n_micro=2)
-    assert torch.allclose(end, torch.full((2,), 0.0001))
 
 
 def dm_reference(inputs, out, examples, alpha):

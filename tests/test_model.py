@@ -8,18 +8,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import Model, checkpoint
-from doc2vec_dist.checkpoint import ModelDir
+from doc2vec_dist import Model, modeldir
 from doc2vec_dist.errors import UserError
+from doc2vec_dist.modeldir import ModelDir
 
 
 def test_vector_is_the_checkpoint_row_of_that_key(trained_model):
     model = Model.load(trained_model)
     keys = ModelDir(trained_model).keys("docs").to_pylist()
-    docs = checkpoint.ModelDir(trained_model).read_table("docs")
+    docs = modeldir.ModelDir(trained_model).read_table("docs")
     np.testing.assert_array_equal(model.vector(keys[17]), docs[17])
     url = ModelDir(trained_model).keys("words_out")[3].as_py()
-    np.testing.assert_array_equal(model.vector(url, table="words_out"), checkpoint.ModelDir(trained_model).read_table("words_out")[3])
+    np.testing.assert_array_equal(model.vector(url, table="words_out"), modeldir.ModelDir(trained_model).read_table("words_out")[3])
 
 
 def test_neighbors_of_many_keys_at_once_and_cosine_scores(trained_model):
@@ -43,7 +43,7 @@ def test_urls_for_a_user_are_scored_by_log_probability(trained_model):
 
     prior = url_log_prior(ModelDir(trained_model))
     urls = ModelDir(trained_model).keys("words_out").to_pylist()
-    expected = checkpoint.ModelDir(trained_model).read_table("words_out") @ d + prior
+    expected = modeldir.ModelDir(trained_model).read_table("words_out") @ d + prior
     best = np.argsort(-expected)[:3]
     assert [r["neighbor"] for r in top] == [urls[i] for i in best]
     assert top[0]["score"] == pytest.approx(float(expected[best[0]]), rel=1e-4)
@@ -68,7 +68,7 @@ def test_unknown_key_and_non_model_are_clear_errors(trained_model, tmp_path):
 def test_a_vector_is_read_from_the_parts_without_loading_the_table(trained_model):
     model = Model.load(trained_model)
     keys = ModelDir(trained_model).keys("docs").to_pylist()
-    docs = checkpoint.ModelDir(trained_model).read_table("docs")
+    docs = modeldir.ModelDir(trained_model).read_table("docs")
     picked = [keys[i] for i in (4999, 0, 2501, 2)]  # rows from both parts, out of order
     np.testing.assert_array_equal(model.vectors(picked), docs[[4999, 0, 2501, 2]])
     assert model._tables == {}  # only the wanted rows were read
@@ -134,7 +134,7 @@ def test_integer_keys_are_the_strings_prepare_made_of_them(numeric_model):
     model = Model.load(numeric_model)
     keys = ModelDir(numeric_model).keys("docs").to_pylist()
     assert "100000" in keys  # prepare made the number a string
-    docs = checkpoint.ModelDir(numeric_model).read_table("docs")
+    docs = modeldir.ModelDir(numeric_model).read_table("docs")
     np.testing.assert_array_equal(model.vector(100000), docs[keys.index("100000")])
     np.testing.assert_array_equal(model.vectors([np.int64(100007), "100003"]),
                                   docs[[keys.index("100007"), keys.index("100003")]])
@@ -174,7 +174,7 @@ def test_neighbors_of_a_user_just_inferred(numeric_model, tmp_path):
     urls = ModelDir(numeric_model).keys("words_out").to_pylist()
     inferred = model.infer({"alice": urls[:6]}, progress=False)
     found = model.neighbors(vectors=inferred[0], k=5).to_pylist()
-    docs, keys = checkpoint.ModelDir(numeric_model).read_table("docs"), ModelDir(numeric_model).keys("docs").to_pylist()
+    docs, keys = modeldir.ModelDir(numeric_model).read_table("docs"), ModelDir(numeric_model).keys("docs").to_pylist()
     cosine = docs @ inferred[0] / np.linalg.norm(docs, axis=1) / np.linalg.norm(inferred[0])
     best = np.argsort(-cosine)[:5]
     assert [r["neighbor"] for r in found] == [keys[i] for i in best]

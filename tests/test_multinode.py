@@ -220,13 +220,13 @@ def test_job_on_three_nodes_places_servers_and_workers_by_resource(tmp_path):
 
 
 def _check_model_and_exports(out: dict, dim: int, num_ps: int) -> dict:
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
 
-    _, manifest = checkpoint.load_manifest(out["model"])
+    _, manifest = modeldir.load_manifest(out["model"])
     for table in ("docs", "words_out"):
         parts = manifest["tables"][table]["parts"]
         assert len(parts) == num_ps, (table, parts)
-        rows = sum(len(ids) for part in checkpoint.ModelDir(out["model"]).parts(table, verify=True)
+        rows = sum(len(ids) for part in modeldir.ModelDir(out["model"]).parts(table, verify=True)
                    for ids, vectors in part if vectors.shape[1] == dim)
         assert rows == sum(p["rows"] for p in parts) > 0
     summary = read_json(out["model"], "config.json")["summary"]

@@ -146,7 +146,7 @@ def _driver_lines(log: str) -> list[str]:
 @pytest.mark.slow
 def test_a_killed_trainer_node_stops_the_job_with_the_resume_line_and_the_resumed_job_completes(sample_corpus,
                                                                                                   tmp_path):
-    from doc2vec_dist import checkpoint
+    from doc2vec_dist import modeldir
     from doc2vec_dist.evaluate import heldout_metrics
 
     corpus, heldout = sample_corpus
@@ -162,12 +162,12 @@ def test_a_killed_trainer_node_stops_the_job_with_the_resume_line_and_the_resume
         with open(tmp_path / "job1.log", "w") as out:
             job = cluster.submit(_train(corpus, model, "--epochs", "200", "--checkpoint-every", "0.5"), output=out)
             deadline = time.monotonic() + 180
-            while checkpoint.latest_version(model) is None:
+            while modeldir.latest_version(model) is None:
                 assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "job1.log").read_text()
                 time.sleep(0.2)
             t_first = time.monotonic()
             time.sleep(1)
-            committed = checkpoint.latest_version(model)
+            committed = modeldir.latest_version(model)
             cluster.kill_node("trainer")
             t_kill = time.monotonic()
             job.wait(timeout=120)
@@ -183,14 +183,14 @@ def test_a_killed_trainer_node_stops_the_job_with_the_resume_line_and_the_resume
         assert len(errors) == 1, lines
         assert re.match(rf"error: node {re.escape(cluster.node('trainer').address)} \(\w+\) is dead .*: it ran worker 0, "
                         r"which cannot be restarted: .*no live node has trainer; the Ray cluster cannot grow", errors[0])
-        version = checkpoint.latest_version(model)
+        version = modeldir.latest_version(model)
         assert version >= committed  # nothing committed is lost
         assert (f"training stopped: the model at {model} is kept up to checkpoint v{version}; resume with "
                 f"`doc2vec-dist train --corpus {corpus} --out {model} --resume`") in lines
         assert stopped_after < 60, stopped_after
-        _, manifest = checkpoint.load_manifest(model)
+        _, manifest = modeldir.load_manifest(model)
         done = manifest["epoch"]
-        assert checkpoint.ModelDir(model).read_table("docs").shape == (5000, 32)
+        assert modeldir.ModelDir(model).read_table("docs").shape == (5000, 32)
 
         # the capped link carried the run, within its rate (0.1 Gbit/s), from the job's start to the kill
         link = moved["trainer"]["tx_bytes"] + moved["trainer"]["rx_bytes"]
@@ -202,7 +202,7 @@ def test_a_killed_trainer_node_stops_the_job_with_the_resume_line_and_the_resume
                                    str(tmp_path / "job2.log"), timeout=240)
         assert rc == 0, log2[-3000:]
     assert not leftovers(cluster.run_id)
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert manifest["epoch"] == done + 3
     with open(os.path.join(model, "config.json")) as fh:
         assert json.load(fh)["summary"]["resumed_from_epoch"] == done

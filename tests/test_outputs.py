@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint, outputs, storage
+from doc2vec_dist import checkpoint, modeldir, outputs, storage
 from doc2vec_dist.cli import main
 from doc2vec_dist.errors import UserError
 
@@ -196,7 +196,7 @@ def test_infer_replaces_only_a_vectors_file(trained_model, tmp_path, capsys, sam
 
 
 def _some_url(model: str) -> str:
-    from doc2vec_dist.checkpoint import ModelDir
+    from doc2vec_dist.modeldir import ModelDir
 
     return ModelDir(model).keys("words_out")[0].as_py()
 
@@ -251,7 +251,7 @@ def test_discard_unfinished_removes_a_fresh_model_and_keeps_a_committed_one(tmp_
                                   np.zeros((2, 4), np.float32))
     checkpoint.commit(out, version, {"docs": [part]}, {"docs": 4}, {"epoch": 1}, keep=2)
     assert not checkpoint.discard_unfinished(out, made)
-    assert checkpoint.latest_version(out) == version
+    assert modeldir.latest_version(out) == version
 
 
 # -- issue 26, item 14: temporary names no other process holds ------------------------------------------

@@ -5,7 +5,7 @@ import os
 import pytest
 import ray
 
-from doc2vec_dist import placement
+from doc2vec_dist import placement, settings
 from doc2vec_dist.config import TableSpec, TrainConfig
 
 GiB = 1 << 30
@@ -99,14 +99,14 @@ def test_a_run_that_fits_only_without_resident_documents_runs_without_them():
     nothing is resident, there is nothing to drop."""
     tables = specs(docs=(4_000_000, 100), words_out=(100_000, 100))
     config = TrainConfig(dim=100, num_workers=4, cpus_per_worker=1)
-    assert config.resident_documents(4_000_000, 100_000) == 1_000_000
+    assert settings.resident_documents(config, 4_000_000, 100_000) == 1_000_000
     per_ps, per_worker = placement.run_memory_bytes(config, tables)
     need = config.num_ps * per_ps + 4 * per_worker
     lighter_need = need - 4 * 1_000_000 * 100 * 4
     resources = {"CPU": 4, "memory": (need + lighter_need) / 2}
     assert placement.fit_problems(config, tables, resources)
     lighter = placement.without_resident_documents(config, tables, resources)
-    assert lighter is not None and not lighter.resident_docs and lighter.resident_documents(4_000_000, 100_000) == 0
+    assert lighter is not None and not lighter.resident_docs and settings.resident_documents(lighter, 4_000_000, 100_000) == 0
     assert not placement.fit_problems(lighter, tables, resources)
     assert (lighter.num_workers, lighter.dim, lighter.schedule) == (4, 100, config.schedule)
     line = placement.resident_documents_line(config, tables, resources)

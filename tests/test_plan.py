@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from conftest import SAMPLE_EVENTS, SMALL_USERS
 
-from doc2vec_dist import placement, worker
-from doc2vec_dist import plan as planmod
+from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, settings, units
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
+from doc2vec_dist.errors import UserError
 from doc2vec_dist.ps import table_specs
+from doc2vec_dist.settings import resolve
 
 
 def _tables(config, docs, vocab):
@@ -27,11 +28,11 @@ def _tables(config, docs, vocab):
 def test_rows_of_each_server_are_counted_exactly():
     # 5 docs, 3 words; 2 servers: docs rows 0,2,4 | 1,3; words_out 0,2 | 1; Adagrad adds a column
     cfg = TrainConfig(dim=4, optimizer="adagrad", num_ps=2)
-    per_ps = planmod.shard_table_bytes(_tables(cfg, 5, 3), 2)
+    per_ps = plan_model.shard_table_bytes(_tables(cfg, 5, 3), 2)
     assert per_ps == [{"docs": 3 * 5 * 4, "words_out": 2 * 5 * 4}, {"docs": 2 * 5 * 4, "words_out": 1 * 5 * 4}]
     # dbow_words trains `words` too; plain sgd has no state column
     cfg = TrainConfig(dim=100, dbow_words=True, num_ps=3)
-    per_ps = planmod.shard_table_bytes(_tables(cfg, 20_000_000, 1_000_000), 3)
+    per_ps = plan_model.shard_table_bytes(_tables(cfg, 20_000_000, 1_000_000), 3)
     assert per_ps[0] == {"docs": 6_666_667 * 400, "words": 333_334 * 400, "words_out": 333_334 * 400}
     assert per_ps[2] == {"docs": 6_666_666 * 400, "words": 333_333 * 400, "words_out": 333_333 * 400}
 
@@ -41,12 +42,12 @@ def test_the_plan_counts_each_workers_resident_url_rows_where_they_live():
     sizes = {"ps_overhead": 0, "worker_fixed": 0, "driver": 0, "ray_system": 0, "object_store": 0}
     # one worker: every words_out row, in its host memory, and (issue 48) every document's, across epochs
     cpu = TrainConfig(dim=100, num_workers=1)
-    mem = planmod.memory_plan(_tables(cpu, 50_000, 10_000), cpu, profile, **sizes)
+    mem = plan_model.memory_plan(_tables(cpu, 50_000, 10_000), cpu, profile, **sizes)
     assert mem["resident"] == {"tables": {"words_out": 10_000, "docs": 50_000}, "bytes": 60_000 * 400, "all": True,
                                "on": "host", "dtype": "float32", "document_partitions": 1}
     assert mem["worker"]["total"] == mem["worker"]["batch"] + 60_000 * 400
     gpu = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm")  # the token path: words too, on the GPU
-    mem = planmod.memory_plan(_tables(gpu, 50_000, 10_000), gpu, profile, **sizes)
+    mem = plan_model.memory_plan(_tables(gpu, 50_000, 10_000), gpu, profile, **sizes)
     assert mem["resident"]["tables"] == {"words_out": 10_000, "words": 10_000, "docs": 50_000}
     assert mem["resident"]["on"] == "device"
     assert mem["resident"]["bytes"] == (2 * 10_000 + 50_000) * 400 and mem["worker"]["resident"] == 0
@@ -55,23 +56,23 @@ def test_the_plan_counts_each_workers_resident_url_rows_where_they_live():
     for dtype, state in (("bfloat16", {}), ("float16", {"optimizer": "adagrad"})):
         half = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, device_rows="dtype",
                            **state)
-        mem = planmod.memory_plan(_tables(half, 50_000, 10_000), half, profile, **sizes)
+        mem = plan_model.memory_plan(_tables(half, 50_000, 10_000), half, profile, **sizes)
         width = 100 + len(state)
         assert mem["resident"]["dtype"] == dtype
         assert mem["resident"]["bytes"] == 10_000 * (100 * 2 + 4 * len(state)) + (10_000 + 50_000) * width * 4
         wide = TrainConfig(dim=100, num_workers=1, gpus_per_worker=1, mode="dm", dtype=dtype, **state)
-        assert planmod.memory_plan(_tables(wide, 50_000, 10_000), wide, profile, **sizes)["resident"]["bytes"] == \
+        assert plan_model.memory_plan(_tables(wide, 50_000, 10_000), wide, profile, **sizes)["resident"]["bytes"] == \
             (2 * 10_000 + 50_000) * width * 4
     # ... a CPU worker trains them in place, float32
     cpu16 = TrainConfig(dim=100, num_workers=1, dtype="bfloat16")
-    assert planmod.memory_plan(_tables(cpu16, 50_000, 10_000), cpu16, profile, **sizes)["resident"]["bytes"] == \
+    assert plan_model.memory_plan(_tables(cpu16, 50_000, 10_000), cpu16, profile, **sizes)["resident"]["bytes"] == \
         60_000 * 400
 
 
 def test_memory_plan_adds_up_for_known_sizes():
     cfg = TrainConfig(dim=100, num_ps=2, num_workers=3, max_inflight_pushes=2, schedule="shared")
     profile = {"unique_rows": 1000, "example_bytes": 8000}
-    mem = planmod.memory_plan(_tables(cfg, 20_000_000, 1_000_000), cfg, profile, ps_overhead=200 << 20,
+    mem = plan_model.memory_plan(_tables(cfg, 20_000_000, 1_000_000), cfg, profile, ps_overhead=200 << 20,
                               worker_fixed=250 << 20, driver=300 << 20, ray_system=600 << 20, object_store=4 << 30)
     rows = 10_000_000 + 500_000  # each server: half the docs, half the words_out
     assert [p["table_bytes"] for p in mem["ps"]] == [rows * 400, rows * 400]
@@ -86,46 +87,51 @@ def test_memory_plan_adds_up_for_known_sizes():
     # on the block schedule each worker holds a block of the URL rows; its 6.7M documents' rows (2.7 GB)
     # are more than it keeps resident, but 200k users' would be
     blocks = dataclasses.replace(cfg, schedule="auto")
-    mem = planmod.memory_plan(_tables(blocks, 20_000_000, 1_000_000), blocks, profile, ps_overhead=200 << 20,
+    mem = plan_model.memory_plan(_tables(blocks, 20_000_000, 1_000_000), blocks, profile, ps_overhead=200 << 20,
                               worker_fixed=250 << 20, driver=300 << 20, ray_system=600 << 20, object_store=4 << 30)
     assert mem["worker"]["resident"] == 333_334 * 100 * 4 and mem["resident"]["tables"] == {"words_out": 333_334}
-    mem = planmod.memory_plan(_tables(blocks, 200_000, 1_000_000), blocks, profile, ps_overhead=200 << 20,
+    mem = plan_model.memory_plan(_tables(blocks, 200_000, 1_000_000), blocks, profile, ps_overhead=200 << 20,
                               worker_fixed=250 << 20, driver=300 << 20, ray_system=600 << 20, object_store=4 << 30)
     assert mem["resident"]["tables"] == {"words_out": 333_334, "docs": 66_667}
 
 
+def _tokens(num_tokens: int) -> SimpleNamespace:
+    """A corpus of `num_tokens` tokens over 1,000 URLs, as settings.resolve reads one."""
+    return SimpleNamespace(num_tokens=num_tokens, vocab_size=1000)
+
+
 def test_macro_batch_is_the_workers():
     cfg = TrainConfig(macro_batch=65536, num_workers=2, schedule="shared")
-    assert planmod.effective_macro_batch(cfg, 600_000_000, 1000) == 65536
-    assert planmod.effective_macro_batch(cfg, 16 * 2 * 10_000, 1000) == 10_000  # ≥ 16 rounds per epoch
-    assert planmod.effective_macro_batch(cfg, 1000, 1000) == 4096  # never below the floor
+    assert resolve(cfg, _tokens(600_000_000)).macro_batch == 65536
+    assert resolve(cfg, _tokens(16 * 2 * 10_000)).macro_batch == 10_000  # ≥ 16 rounds per epoch
+    assert resolve(cfg, _tokens(1000)).macro_batch == 4096  # never below the floor
     # rows shared by several workers: 65,536 by default; one worker writing every row it trains
     # (every words_out row resident) takes 262,144, and a small corpus's epoch in one round
-    assert planmod.effective_macro_batch(TrainConfig(num_workers=2, schedule="shared"), 600_000_000, 1000) == 65536
+    assert resolve(TrainConfig(num_workers=2, schedule="shared"), _tokens(600_000_000)).macro_batch == 65536
     # the block schedule: each worker writes every row it trains alone, as one worker does
-    assert planmod.effective_macro_batch(TrainConfig(num_workers=2), 600_000_000, 1000) == 262144
+    assert resolve(TrainConfig(num_workers=2), _tokens(600_000_000)).macro_batch == 262144
     alone = TrainConfig(num_workers=1)
-    assert planmod.effective_macro_batch(alone, 600_000_000, 1000) == 262144
-    assert planmod.effective_macro_batch(alone, 60_000, 1000) == 262144
-    assert planmod.effective_macro_batch(TrainConfig(num_workers=1, macro_batch=8192), 60_000, 1000) == 8192
+    assert resolve(alone, _tokens(600_000_000)).macro_batch == 262144
+    assert resolve(alone, _tokens(60_000)).macro_batch == 262144
+    assert resolve(TrainConfig(num_workers=1, macro_batch=8192), _tokens(60_000)).macro_batch == 8192
     # ... and 1,048,576 when its examples are drawn on its device (the batched kernel's token path)
-    assert planmod.effective_macro_batch(TrainConfig(num_workers=1, kernel="batched"), 60_000, 1000) == 1_048_576
+    assert resolve(TrainConfig(num_workers=1, kernel="batched"), _tokens(60_000)).macro_batch == 1_048_576
 
 
 def test_warnings_name_what_does_not_fit():
     cfg = TrainConfig(dim=100, num_ps=2, num_workers=2)
-    mem = planmod.memory_plan(_tables(cfg, 20_000_000, 1_000_000), cfg, {"unique_rows": 150_000, "example_bytes": 0},
+    mem = plan_model.memory_plan(_tables(cfg, 20_000_000, 1_000_000), cfg, {"unique_rows": 150_000, "example_bytes": 0},
                               ps_overhead=0, worker_fixed=0, driver=0, ray_system=0, object_store=1 << 20)
     result = {"memory": mem, "config": {"num_ps": 2}}
-    warnings = planmod.plan_warnings(result, ram=4 << 30, local=True)
+    warnings = plan.plan_warnings(result, ram=4 << 30, local=True)
     assert any("OOM" in w for w in warnings) and any("spill" in w for w in warnings)
-    assert planmod.plan_warnings({"memory": {**mem, "object_store": {**mem["object_store"], "capacity": 8 << 30}},
+    assert plan.plan_warnings({"memory": {**mem, "object_store": {**mem["object_store"], "capacity": 8 << 30}},
                                   "config": {"num_ps": 2}}, ram=64 << 30, local=True) == []
 
 
 def test_slice_keeps_the_vocabulary_and_the_first_documents(sample_corpus, tmp_path):
     corpus = Corpus(sample_corpus[0])
-    part = planmod.make_slice(corpus, str(tmp_path / "slice"), tokens=20_000, files=2)
+    part = plan_calibration.make_slice(corpus, str(tmp_path / "slice"), tokens=20_000, files=2)
     assert part.vocab_size == corpus.vocab_size and np.array_equal(part.counts(), corpus.counts())
     assert 20_000 <= part.num_tokens < 20_000 + 200 and part.num_shards == 2
     assert sum(part.shard_num_tokens()) == part.num_tokens
@@ -143,7 +149,7 @@ def test_slice_keeps_the_vocabulary_and_the_first_documents(sample_corpus, tmp_p
 
 def test_macro_batch_profile_counts_real_rows(sample_corpus):
     corpus = Corpus(sample_corpus[0])
-    prof = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, negative=5, schedule="shared"))
+    prof = plan_model.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, negative=5, schedule="shared"))
     assert prof["macro_batch"] == 4096  # the sample is small: the floor
     assert 3000 < prof["tokens"] <= 4096 + 500 and prof["docs"] > 50
     # targets and 5 negatives each, drawn from ~5k URLs: most of the vocabulary, never more
@@ -151,14 +157,14 @@ def test_macro_batch_profile_counts_real_rows(sample_corpus):
     assert prof["unique_rows"] == prof["docs"] + prof["words_out"] and prof["words"] == 0
     assert prof["example_bytes"] > prof["examples"] * (8 + 8 + 5 * 8)
     # resident words_out rows are not pulled: none with one worker holding them all, the rest past 1,000
-    assert planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=1))["words_out"] == 0
-    some = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, cache_rows=1000))
+    assert plan_model.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=1))["words_out"] == 0
+    some = plan_model.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, cache_rows=1000))
     assert 0 < some["words_out"] <= corpus.vocab_size - 1000
     # the block schedule: a worker holds its block of words_out and its documents for the round, pulling
     # neither with a macro-batch (bytes_per_token counts their moves); without resident documents, it pulls those
-    blocks = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2))
+    blocks = plan_model.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2))
     assert blocks["words_out"] == 0 and blocks["docs"] == 0 and blocks["unique_rows"] == 0
-    streamed = planmod.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, resident_docs=False))
+    streamed = plan_model.macro_batch_profile(corpus, TrainConfig(dim=32, num_workers=2, resident_docs=False))
     assert streamed["words_out"] == 0 and streamed["docs"] == streamed["unique_rows"] > 0
 
 
@@ -168,7 +174,7 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     with open(os.path.join(trained_model, "config.json")) as fh:
         run = json.load(fh)
     cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False)
-    result = planmod.plan(sample_corpus[0], cfg, calibrate_seconds=0.5, workdir=str(tmp_path))
+    result = plan.plan(sample_corpus[0], cfg, calibrate_seconds=0.5, workdir=str(tmp_path))
     mem, t = result["memory"], result["time"]
 
     # processes of the session's local Ray are this process's children: measured, not modelled
@@ -181,9 +187,12 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert 50 << 20 < mem["worker"]["total"] < 2 << 30
     assert not os.listdir(tmp_path)  # the calibration cleans up after itself
 
-    # The time: what does not depend on how busy the machine is, exactly. The calibration is a real run of
-    # this config (the sample whole: every token trained, counted), its tokens/s what that run measured,
-    # and the epoch and the run are that rate's arithmetic.
+    # The time: the calibration is a real run of this config (the sample whole: every token trained,
+    # counted), its tokens/s what that run measured, and the epoch and the run are that rate's arithmetic
+    # (test_the_time_plan_is_the_arithmetic_of_the_calibration_it_is_given holds it for given inputs). How
+    # close the plan comes to a run measured at another moment depends on how busy the machine is then
+    # (0.71 s planned against 0.096 s run under load): benchmarks/benchmark.py --plan measures it
+    # (docs/benchmarks.md: time per epoch −19% at 20M users), not a test.
     cal, s = result["calibration"], result["calibration"]["summary"]
     assert not cal["sliced"] and s["tokens"] == cal["epochs"] * result["corpus"]["tokens"]
     assert t["tokens_per_second"] == s["tokens_per_second"] == pytest.approx(s["tokens"] / s["train_seconds"],
@@ -191,12 +200,7 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert t["epoch_seconds"] == pytest.approx(result["corpus"]["tokens"] / t["tokens_per_second"])
     assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 10 * t["epoch_seconds"]
                                                + t["checkpoints"] * t["checkpoint_seconds"])
-    # Against the fixture's run, measured at another moment (this check failed at 4× on a busy machine:
-    # 0.71 s planned, 0.096 s run), only loosely: a plan off by a unit (ms for s) or by the calibration
-    # timing something else than training is off by far more.
-    measured_epoch = run["summary"]["train_seconds"] / 10
-    assert measured_epoch / 30 < t["epoch_seconds"] < measured_epoch * 30, (t, run["summary"])
-    text = planmod.format_plan(result)
+    text = plan_report.format_plan(result)
     assert "parameter server" in text and "per epoch" in text and "worker time: read" in text
     # the scaling table: the bytes per token it predicts for 2 workers are what that run's counters counted
     two = next(r for r in result["scaling"] if r["workers"] == 2)
@@ -208,6 +212,44 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert "scaling" in text and "bound" in text
 
 
+def test_the_time_plan_is_the_arithmetic_of_the_calibration_it_is_given(sample_corpus):
+    """plan's time from a calibration given to it (no run, no clock): the epoch is the corpus's tokens at the
+    calibration's rate (or the scaling table's rate where fewer workers were calibrated), the start-up the
+    calibration's plus the rows the slice lacked, each checkpoint the calibration's rate of writing over the
+    whole model's bytes, and the run their sum."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False,
+                      checkpoint_every=1.0)
+    tables = table_specs(cfg, corpus)
+    full = [sum(t.values()) for t in plan_model.shard_table_bytes(tables, cfg.num_ps)]
+    rate = corpus.num_tokens / 0.25  # an epoch of 0.25 s: 2.5 s of training, a checkpoint each second
+    cal = {"summary": {"tokens_per_second": rate, "startup_seconds": 3.0, "checkpoint_seconds": 0.5,
+                       "train_seconds": 1.0, "tokens": 4 * corpus.num_tokens},
+           "table_bytes": [b // 4 for b in full], "corpus_docs": corpus.num_docs, "workers": 2}
+    t = plan.time_plan(corpus, cfg, tables, cal)
+    assert t["tokens_per_second"] == rate and t["scaled_from_workers"] is None
+    assert t["epoch_seconds"] == pytest.approx(0.25)
+    assert t["startup_seconds"] == 3.0  # the calibration held every document's row already
+    assert t["checkpoint_bytes_per_second"] == pytest.approx(sum(b // 4 for b in full) / 0.5)
+    assert t["checkpoint_seconds"] == pytest.approx(0.5 * sum(full) / sum(b // 4 for b in full))
+    assert t["checkpoints"] == 1 + 2  # the last one, and one each second of 2.5 s
+    assert t["total_seconds"] == pytest.approx(3.0 + 2.5 + 3 * t["checkpoint_seconds"])
+    assert (t["calibration_train_seconds"], t["calibration_tokens"]) == (1.0, 4 * corpus.num_tokens)
+
+    # a calibration of a slice (a tenth of the documents) and of one worker, scaled to the planned two
+    sliced = {**cal, "corpus_docs": corpus.num_docs // 10, "workers": 1}
+    t = plan.time_plan(corpus, cfg, tables, sliced, scaled=2 * rate)
+    extra = math.ceil(corpus.num_docs / 2) - math.ceil(corpus.num_docs // 10 / 2)
+    assert t["tokens_per_second"] == 2 * rate and t["scaled_from_workers"] == 1
+    assert t["epoch_seconds"] == pytest.approx(0.125)
+    assert t["startup_seconds"] == pytest.approx(3.0 + extra * t["ps_init_seconds_per_row"])
+    assert t["checkpoints"] == 1 + 1
+    assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 1.25 + 2 * t["checkpoint_seconds"])
+
+    with pytest.raises(UserError, match="the calibration run trained no tokens"):
+        plan.time_plan(corpus, cfg, tables, {**cal, "summary": {**cal["summary"], "tokens_per_second": 0}})
+
+
 # --- issue 29: a 16-bit --dtype, counted -----------------------------------------------------------------
 
 def test_a_16_bit_dtype_halves_each_servers_rows_but_not_the_workers_float32_matrices():
@@ -216,7 +258,7 @@ def test_a_16_bit_dtype_halves_each_servers_rows_but_not_the_workers_float32_mat
     for optimizer, row, half in (("sgd", 100 * 4, 100 * 2), ("adagrad", 101 * 4, 100 * 2 + 4)):
         wide = TrainConfig(dim=100, num_ps=2, num_workers=3, schedule="shared", optimizer=optimizer)
         narrow = dataclasses.replace(wide, dtype="bfloat16")
-        planned = {c.dtype: planmod.memory_plan(_tables(c, 20_000_000, 1_000_000), c, profile, **sizes)
+        planned = {c.dtype: plan_model.memory_plan(_tables(c, 20_000_000, 1_000_000), c, profile, **sizes)
                    for c in (wide, narrow)}
         assert [p["table_bytes"] for p in planned["bfloat16"]["ps"]] == [10_500_000 * half] * 2
         assert [p["table_bytes"] for p in planned["float32"]["ps"]] == [10_500_000 * row] * 2
@@ -236,8 +278,8 @@ def test_a_bfloat16_run_moves_about_half_the_bytes_as_the_plan_counts(ray_cluste
     cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False,
                       dtype="bfloat16")
     corpus = Corpus(sample_corpus[0])
-    planned = planmod.bytes_per_token(corpus, cfg, 2)
-    assert sum(planned.values()) <= 0.55 * sum(planmod.bytes_per_token(corpus, TrainConfig(
+    planned = plan_model.bytes_per_token(corpus, cfg, 2)
+    assert sum(planned.values()) <= 0.55 * sum(plan_model.bytes_per_token(corpus, TrainConfig(
         **{**dataclasses.asdict(cfg), "dtype": "float32"}), 2).values())
     model = str(tmp_path / "m")
     train(sample_corpus[0], model, cfg)
@@ -256,7 +298,8 @@ def test_one_device_worker_moves_the_bytes_plan_counts_its_documents_resident_or
     epochs (pulled once, written back by each epoch's checkpoint), or under --device-memory swaps them by
     partition (each pulled and written back once an epoch); the run's own counters are the bytes plan
     predicts for each, to the byte, and plan says which way the run takes."""
-    from doc2vec_dist.trainer import STAGED_ENV, train
+    from doc2vec_dist.settings import STAGED_ENV
+    from doc2vec_dist.trainer import train
 
     monkeypatch.setenv(STAGED_ENV, "1")
     corpus = Corpus(small_corpus)
@@ -264,13 +307,13 @@ def test_one_device_worker_moves_the_bytes_plan_counts_its_documents_resident_or
            "kernel": "batched", "macro_batch": 4096, "progress": False}
     for ways, extra in ((1, {}), (5, {"device_memory": 300 * 16 * 4 / 2**30})):  # all 1,500 documents, or 300
         config = TrainConfig(**one, **extra)
-        assert config.document_partitions(corpus.num_docs, corpus.vocab_size) == ways
+        assert settings.document_partitions(config, corpus.num_docs, corpus.vocab_size) == ways
         counted = train(small_corpus, str(tmp_path / f"m{ways}"), config)["bytes_per_token"]
-        planned = planmod.bytes_per_token(corpus, config, 1)
+        planned = plan_model.bytes_per_token(corpus, config, 1)
         assert planned["pulled"] == planned["pushed"] == 0
         for kind, value in counted.items():
             assert planned[kind] == pytest.approx(value, abs=0.01), (ways, kind, planned, counted)
-        res = planmod.resident_plan(config, *(table_specs(config, corpus)[t] for t in ("words_out", "docs")))
+        res = plan_model.resident_plan(config, *(table_specs(config, corpus)[t] for t in ("words_out", "docs")))
         assert res["document_partitions"] == ways and res["tables"]["docs"] == -(-corpus.num_docs // ways)
 
 
@@ -280,7 +323,7 @@ def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, cpus_per_worker=1, progress=False)
     cal = {"summary": {"tokens_per_second": 1e6, "server_busy_seconds": 1.0,
                        "bytes": {"pulled": 1e9, "pushed": 1e9, "resident_pulled": 0, "resident_pushed": 0}}}
-    fast = planmod.scaling_plan(corpus, cfg, cal, network_gbps=100, round_seconds=0)  # (rounds: issue 50's tests)
+    fast = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=100, round_seconds=0)  # (rounds: issue 50's tests)
     per_token = [r["total_bytes_per_token"] for r in fast]
     assert per_token == sorted(per_token) and per_token[-1] > 2 * per_token[0]
     # compute: W × one worker's rate; the bound, so the expectation: less the waits for the held rows (at
@@ -288,7 +331,7 @@ def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     assert fast[0]["bound"] == fast[2]["bound"] == "compute"
     assert fast[0]["alone"]["compute"] == pytest.approx(1e6) and fast[2]["alone"]["compute"] == pytest.approx(4e6)
     assert fast[0]["rates"]["compute"] == pytest.approx(1e6, rel=0.01) and fast[0]["rates"]["compute"] < 1e6
-    slow = planmod.scaling_plan(corpus, cfg, cal, network_gbps=0.001, round_seconds=0)
+    slow = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=0.001, round_seconds=0)
     assert all(r["bound"] == "network" for r in slow)
     link = 0.001e9 / 8
     for r in slow:  # a link per worker, num_ps of them on the servers' side, the busier side bounding
@@ -309,7 +352,7 @@ def test_held_rows_move_while_the_worker_waits_and_streamed_rows_while_it_comput
     cal = {"summary": {"tokens_per_second": 1e6, "bytes": {}}}
     gbps = 0.01
     link = gbps * 1e9 / 8
-    for r in planmod.scaling_plan(corpus, cfg, cal, network_gbps=gbps, workers=(1, 2, 4), round_seconds=0):
+    for r in plan_model.scaling_plan(corpus, cfg, cal, network_gbps=gbps, workers=(1, 2, 4), round_seconds=0):
         moved, w = r["bytes_per_token"], r["workers"]
         # seconds a token on the links, the busier side's: a link per worker, 2 on the servers' side, which the
         # blocks handed from worker to worker do not cross
@@ -345,7 +388,7 @@ def test_plan_command_without_calibration_prints_and_saves_memory(sample_corpus,
     assert result["time"] is None and mem["sources"]["worker_fixed"].startswith("modelled")
     assert sum(p["table_bytes"] for p in mem["ps"]) == (5000 + 4989) * 16 * 4
     pull = result["macro_batch"]["unique_rows"] * 16 * 4 / 3  # one pull's bytes from one of 3 servers
-    assert mem["ps"][0]["overhead"] == placement.PROCESS_BYTES + int(planmod.PS_RETAINED_PULLS * pull)
+    assert mem["ps"][0]["overhead"] == placement.PROCESS_BYTES + int(plan.PS_RETAINED_PULLS * pull)
 
 
 def test_plan_warns_of_settings_measured_to_lose_quality(sample_corpus, capsys):
@@ -373,7 +416,7 @@ def test_the_one_worker_row_is_the_same_whatever_the_planned_number_of_workers(s
     for planned in (1, 2, 4):
         for gbps in (10.0, 1.0):
             cal = {"summary": {**CAL["summary"], "tokens_per_second": 1e6 * planned}}  # the same rate per worker
-            table = planmod.scaling_plan(corpus, dataclasses.replace(base, num_workers=planned), cal, gbps)
+            table = plan_model.scaling_plan(corpus, dataclasses.replace(base, num_workers=planned), cal, gbps)
             rows[planned, gbps] = {r["workers"]: r for r in table}
     for gbps in (10.0, 1.0):
         one = [rows[planned, gbps][1] for planned in (1, 2, 4)]
@@ -391,12 +434,12 @@ def test_each_rows_expected_rate_is_the_least_of_its_columns_and_the_bound_names
     columns now carry the same model as the expectation (compute waits for the held rows' moves too)."""
     corpus = Corpus(sample_corpus[0])
     cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
-    for r in planmod.scaling_plan(corpus, cfg, CAL, network_gbps=gbps):
+    for r in plan_model.scaling_plan(corpus, cfg, CAL, network_gbps=gbps):
         columns = {k: v for k, v in r["rates"].items() if v}
         assert set(columns) == {"compute", "servers", "network", "rounds"}
         assert r["tokens_per_second"] == min(columns.values()), r
         assert r["bound"] == min(columns, key=columns.get), r
-    text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": planmod.scaling_plan(corpus, cfg, CAL, gbps),
+    text = plan_report.format_plan({**_plan_shell(corpus, cfg), "scaling": plan_model.scaling_plan(corpus, cfg, CAL, gbps),
                                 "network_gbps": gbps})
     for line in text.splitlines():
         cells = line.split()
@@ -408,8 +451,8 @@ def test_each_rows_expected_rate_is_the_least_of_its_columns_and_the_bound_names
 def _plan_shell(corpus, cfg) -> dict:
     """What format_plan reads of a plan besides its scaling table: a --no-calibrate plan's parts."""
     tables = table_specs(cfg, corpus)
-    profile = planmod.macro_batch_profile(corpus, cfg)
-    mem = planmod.memory_plan(tables, cfg, profile, ps_overhead=0, worker_fixed=0, driver=0, ray_system=0,
+    profile = plan_model.macro_batch_profile(corpus, cfg)
+    mem = plan_model.memory_plan(tables, cfg, profile, ps_overhead=0, worker_fixed=0, driver=0, ray_system=0,
                               object_store=1 << 30)
     mem["sources"] = {k: "test" for k in ("ps_overhead", "worker_fixed", "driver", "ray_system")}
     return {"corpus": {"path": corpus.path, "docs": corpus.num_docs, "tokens": corpus.num_tokens,
@@ -424,16 +467,16 @@ def test_where_more_workers_are_no_faster_the_table_says_how_much_more_servers_h
     corpus = Corpus(sample_corpus[0])
     cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
     cal = {"summary": {**CAL["summary"], "tokens_per_second": 20e6}}  # fast workers: the links bound
-    table = planmod.scaling_plan(corpus, cfg, cal, network_gbps=1.0, round_seconds=0)  # the links alone
+    table = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=1.0, round_seconds=0)  # the links alone
     stuck = [r for prev, r in itertools.pairwise(table) if r["tokens_per_second"] < 1.1 * prev["tokens_per_second"]]
     assert stuck, [r["tokens_per_second"] for r in table]
     for r in stuck:
         more = r["more_servers"]
         assert more["num_ps"] == r["workers"] and more["tokens_per_second"] > 1.1 * r["tokens_per_second"]
-        alone = planmod.scaling_plan(corpus, dataclasses.replace(cfg, num_ps=r["workers"]), cal, network_gbps=1.0,
+        alone = plan_model.scaling_plan(corpus, dataclasses.replace(cfg, num_ps=r["workers"]), cal, network_gbps=1.0,
                                      workers=(r["workers"],), round_seconds=0)[0]
         assert more["tokens_per_second"] == pytest.approx(alone["tokens_per_second"])  # the same model
-    text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": 1.0})
+    text = plan_report.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": 1.0})
     for r in stuck:
         gain = r["more_servers"]["tokens_per_second"] / r["tokens_per_second"]
         assert (f"  {r['workers']} workers are no faster than {r['workers'] // 2} here: with --num-ps {r['workers']} "
@@ -469,7 +512,7 @@ def test_one_calibrated_worker_scaled_to_the_planned_workers_of_a_corpus_not_mad
     per epoch is the scaling table's row for 4 (that one worker's rate, 4 times, within the links' and
     servers' limits), said so."""
     cfg = TrainConfig(dim=16, epochs=2, num_ps=2, num_workers=4, cpus_per_worker=1, progress=False)
-    result = planmod.plan(None, cfg, calibrate_seconds=0.3, workdir=str(tmp_path), calibrate_workers=1,
+    result = plan.plan(None, cfg, calibrate_seconds=0.3, workdir=str(tmp_path), calibrate_workers=1,
                           users=200_000, urls=5000, tokens_per_user=20)
     assert not os.listdir(tmp_path)  # the sample and the calibration's model are gone
     cal, t = result["calibration"], result["time"]
@@ -477,9 +520,9 @@ def test_one_calibrated_worker_scaled_to_the_planned_workers_of_a_corpus_not_mad
     assert cal["corpus_tokens"] <= result["estimate"]["sample_tokens"] < result["corpus"]["tokens"] == 4_000_000
     four = next(r for r in result["scaling"] if r["workers"] == 4)
     one = next(r for r in result["scaling"] if r["workers"] == 1)
-    # the calibrated worker's rate, less the time of its rounds (one an epoch: plan.worker_rate), 4 times
+    # the calibrated worker's rate, less the time of its rounds (one an epoch: plan_model.worker_rate), 4 times
     rate, seconds = cal["summary"]["tokens_per_second"], cal["summary"]["train_seconds"]
-    rounds = cal["epochs"] * planmod.ROUND_SECONDS if not cal.get("two_point") else 0.0
+    rounds = cal["epochs"] * plan_model.ROUND_SECONDS if not cal.get("two_point") else 0.0
     assert rate <= one["alone"]["compute"] <= rate * seconds / (seconds - rounds) * (1 + 1e-9)
     assert four["alone"]["compute"] == pytest.approx(4 * one["alone"]["compute"])
     assert t["tokens_per_second"] == four["tokens_per_second"] and t["scaled_from_workers"] == 1
@@ -487,7 +530,7 @@ def test_one_calibrated_worker_scaled_to_the_planned_workers_of_a_corpus_not_mad
     assert result["memory"]["object_store"]["in_flight"] == 4 * (2 + cfg.max_inflight_pushes) * \
         result["memory"]["object_store"]["macro_batch_rows_bytes"]  # 4 workers' memory, not the calibration's
     assert result["memory"]["ps"][0]["table_bytes"] == (100_000 + 2500) * 16 * 4  # the whole corpus's rows
-    text = planmod.format_plan(result)
+    text = plan_report.format_plan(result)
     assert "1 worker calibrated, its rate scaled to 4 workers by the scaling table" in text
 
 
@@ -507,8 +550,8 @@ def test_an_estimate_from_sizes_alone_is_within_its_stated_factor_of_the_corpus_
     lognormal users), with communities besides."""
     corpus = Corpus(sample_corpus[0])
     cfg = TrainConfig(dim=32, progress=False, **settings)
-    real = planmod.plan(sample_corpus[0], cfg, run_calibration=False)
-    est = planmod.plan(None, cfg, run_calibration=False, users=corpus.num_docs, urls=corpus.vocab_size,
+    real = plan.plan(sample_corpus[0], cfg, run_calibration=False)
+    est = plan.plan(None, cfg, run_calibration=False, users=corpus.num_docs, urls=corpus.vocab_size,
                        tokens_per_user=corpus.num_tokens / corpus.num_docs, workdir=str(tmp_path))
     assert not os.listdir(tmp_path)  # the sample it wrote is gone
     assert est["estimate"]["from"] == "zipf" and est["estimate"]["users"] == 5000 and real["estimate"] is None
@@ -522,7 +565,7 @@ def test_an_estimate_from_sizes_alone_is_within_its_stated_factor_of_the_corpus_
     assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR
     ratio = est["memory"]["worker"]["batch"] / real["memory"]["worker"]["batch"]
     assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR
-    text = planmod.format_plan(est)
+    text = plan_report.format_plan(est)
     assert text.startswith(f"plan: an estimate for 5,000 users × {corpus.num_tokens / 5000:.1f} tokens over 4,989 URLs")
     assert "\n  estimate: URL visits Zipf with exponent 1" in text
     if cfg.mode == "dm":  # PV-DM trains on one worker: the table says so rather than failing
@@ -538,12 +581,12 @@ def test_a_corpus_scaled_to_more_users_is_an_estimate_of_the_corpus_they_make(sm
 
     whole = prepare([SAMPLE_EVENTS], str(tmp_path / "sample"), PrepareConfig(time_col="ts"), progress=False)
     cfg = TrainConfig(dim=32, num_workers=2, progress=False)
-    real = planmod.plan(whole.path, cfg, run_calibration=False)
-    est = planmod.plan(small_corpus, cfg, run_calibration=False, users=5000)
+    real = plan.plan(whole.path, cfg, run_calibration=False)
+    est = plan.plan(small_corpus, cfg, run_calibration=False, users=5000)
     assert est["estimate"]["from"] == Corpus(small_corpus).path and est["corpus"]["docs"] == 5000
     assert est["corpus"]["tokens"] == pytest.approx(real["corpus"]["tokens"], rel=0.1)
-    same = planmod.plan(small_corpus, cfg, run_calibration=False, users=SMALL_USERS)
-    alone = planmod.plan(small_corpus, cfg, run_calibration=False)
+    same = plan.plan(small_corpus, cfg, run_calibration=False, users=SMALL_USERS)
+    alone = plan.plan(small_corpus, cfg, run_calibration=False)
     assert same["scaling"] == alone["scaling"] and same["memory"] == alone["memory"]
     for e, r in zip(est["scaling"], real["scaling"], strict=True):
         ratio = e["total_bytes_per_token"] / r["total_bytes_per_token"]
@@ -589,7 +632,7 @@ GPU_YAML = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # a calibration's servers only (a plan without a GPU: the device's rate is plan's table's or its flag)
 SERVERS = {"summary": {"server_busy_seconds": 1.0,
                        "bytes": {"pulled": 0, "pushed": 0, "resident_pulled": 1e9, "resident_pushed": 1e9}}}
-H200 = planmod.DEVICES["H200"]
+H200 = plan_model.DEVICES["H200"]
 
 
 def _gpu_config(**extra) -> TrainConfig:
@@ -618,7 +661,7 @@ def test_a_gpu_plan_lists_1_2_4_8_gpus_each_rows_rate_the_least_of_device_pcie_s
     calibrated it, is the kernel's measured on the H200 (plan's default device), one for each GPU."""
     corpus = Corpus(sample_corpus[0])
     cfg = _gpu_config()
-    table = planmod.scaling_plan(corpus, cfg, SERVERS, network_gbps=gbps)
+    table = plan_model.scaling_plan(corpus, cfg, SERVERS, network_gbps=gbps)
     assert [r["gpus"] for r in table] == [1, 2, 4, 8] and [r["workers"] for r in table] == [1, 2, 4, 8]
     for r in table:
         columns = {k: v for k, v in r["rates"].items() if v}
@@ -631,8 +674,8 @@ def test_a_gpu_plan_lists_1_2_4_8_gpus_each_rows_rate_the_least_of_device_pcie_s
                                                    / r["total_pcie_bytes_per_token"])
         # every row moved to and from the servers crosses a device's link too, and each chunk's token ids
         assert r["total_pcie_bytes_per_token"] > r["total_bytes_per_token"]
-    text = planmod.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": gbps,
-                                "device": planmod.device_rates(cfg, None)})
+    text = plan_report.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": gbps,
+                                "device": plan_model.device_rates(cfg, None)})
     printed = _gpu_table_lines(text)
     assert [row["gpus"] for row in printed] == ["1", "2", "4", "8"]
     for row, r in zip(printed, table):
@@ -646,11 +689,11 @@ def test_two_gpu_workers_share_one_gpu_and_its_rate(sample_corpus):
     the 1-GPU row is 2 workers, its device column one GPU's."""
     corpus = Corpus(sample_corpus[0])
     cfg = _gpu_config(num_workers=2, gpus_per_worker=0.5)
-    table = planmod.scaling_plan(corpus, cfg, SERVERS, network_gbps=10.0)
+    table = plan_model.scaling_plan(corpus, cfg, SERVERS, network_gbps=10.0)
     assert [(r["gpus"], r["workers"]) for r in table] == [(1, 2), (2, 4), (4, 8), (8, 16)]
     one = table[0]
     assert one["alone"]["device"] == pytest.approx(H200.kernel_tokens_per_second)
-    alone = planmod.scaling_plan(corpus, _gpu_config(), SERVERS, network_gbps=10.0, workers=(2,))[0]
+    alone = plan_model.scaling_plan(corpus, _gpu_config(), SERVERS, network_gbps=10.0, workers=(2,))[0]
     assert one["bytes_per_token"] == alone["bytes_per_token"]  # the same 2 workers' bytes, on one link
     assert one["alone"]["pcie"] == pytest.approx(alone["alone"]["pcie"] / 2)
 
@@ -662,11 +705,11 @@ def test_documents_swapped_by_partition_make_a_gpu_run_bound_by_pcie(sample_corp
     400 Gbit/s, is never the bound."""
     corpus = Corpus(sample_corpus[0])
     kept, swapped = _gpu_config(), _gpu_config(device_memory=corpus.num_docs / 5 * 100 * 4 / 2**30)
-    assert kept.document_partitions(corpus.num_docs, corpus.vocab_size) == 1
-    assert swapped.document_partitions(corpus.num_docs, corpus.vocab_size) == 5
+    assert settings.document_partitions(kept, corpus.num_docs, corpus.vocab_size) == 1
+    assert settings.document_partitions(swapped, corpus.num_docs, corpus.vocab_size) == 5
 
     def one_gpu(cfg, pcie=None):
-        return planmod.scaling_plan(corpus, cfg, SERVERS, network_gbps=400.0, workers=(1,),
+        return plan_model.scaling_plan(corpus, cfg, SERVERS, network_gbps=400.0, workers=(1,),
                                     gpu={"pcie_bytes_per_second": pcie})[0]
 
     moved = {name: one_gpu(cfg)["total_pcie_bytes_per_token"] for name, cfg in (("kept", kept), ("swapped", swapped))}
@@ -688,22 +731,22 @@ def test_a_gpu_plans_device_is_its_flags_else_a_gpu_calibrations_else_its_models
     the flags', else the model's. The memory's ceiling is its bandwidth over the bytes a pair touches."""
     cfg = _gpu_config(num_workers=2, gpus_per_worker=0.5)
     cal = {**SERVERS, "workers": 2, "summary": {**SERVERS["summary"], "tokens_per_second": 30e6}}
-    assert planmod.device_rates(cfg, None)["tokens_per_second"] == H200.kernel_tokens_per_second
-    assert planmod.device_rates(cfg, cal)["tokens_per_second"] == 30e6  # 2 workers on 1 GPU
-    assert planmod.device_rates(cfg, cal, {"tokens_per_second": 50e6})["tokens_per_second"] == 50e6
-    h100 = planmod.device_rates(cfg, None, {"model": "H100"})
-    assert h100["tokens_per_second"] == planmod.DEVICES["H100"].kernel_tokens_per_second
-    assert h100["pcie_bytes_per_second"] == planmod.DEVICES["H100"].pcie_gb_per_second * 1e9
+    assert plan_model.device_rates(cfg, None)["tokens_per_second"] == H200.kernel_tokens_per_second
+    assert plan_model.device_rates(cfg, cal)["tokens_per_second"] == 30e6  # 2 workers on 1 GPU
+    assert plan_model.device_rates(cfg, cal, {"tokens_per_second": 50e6})["tokens_per_second"] == 50e6
+    h100 = plan_model.device_rates(cfg, None, {"model": "H100"})
+    assert h100["tokens_per_second"] == plan_model.DEVICES["H100"].kernel_tokens_per_second
+    assert h100["pcie_bytes_per_second"] == plan_model.DEVICES["H100"].pcie_gb_per_second * 1e9
     for name in ("A100", "V100", "L4"):
-        model = planmod.DEVICES[name]
+        model = plan_model.DEVICES[name]
         assert model.kernel_tokens_per_second is None
-        found = planmod.device_rates(cfg, None, {"model": name})
+        found = plan_model.device_rates(cfg, None, {"model": name})
         assert found["tokens_per_second"] == pytest.approx(H200.kernel_tokens_per_second * model.hbm_gb_per_second
                                                            / H200.hbm_gb_per_second)
         assert found["source"].startswith(f"no kernel measured on an {name}")
         pair = 2 * (2 + cfg.negative) * cfg.dim * 4
         assert found["hbm_tokens_per_second"] == pytest.approx(model.hbm_gb_per_second * 1e9 / pair)
-    flagged = planmod.device_rates(cfg, None, {"model": "A100", "hbm_bytes_per_second": 1e12,
+    flagged = plan_model.device_rates(cfg, None, {"model": "A100", "hbm_bytes_per_second": 1e12,
                                                "pcie_bytes_per_second": 7e9})
     assert flagged["hbm_tokens_per_second"] == pytest.approx(1e12 / (2 * (2 + cfg.negative) * cfg.dim * 4))
     assert flagged["pcie_bytes_per_second"] == 7e9 and flagged["pcie_source"] == "--pcie-gb-per-second"
@@ -711,7 +754,7 @@ def test_a_gpu_plans_device_is_its_flags_else_a_gpu_calibrations_else_its_models
 
 def test_a_gpu_plan_says_its_device_and_the_documents_way_with_each_ways_bytes(sample_corpus, tmp_path, capsys):
     """Through the command: the device, its source and its link; the room a worker gives its documents on that
-    device's memory (worker.device_room), and so whether they are kept across epochs or swapped by partition;
+    device's memory (units.device_room), and so whether they are kept across epochs or swapped by partition;
     and each way's bytes a token, the scaling table's for this run's way."""
     from doc2vec_dist.cli import main
 
@@ -727,7 +770,7 @@ def test_a_gpu_plan_says_its_device_and_the_documents_way_with_each_ways_bytes(s
         saved = json.load(fh)
     assert saved["device"]["tokens_per_second"] == 20e6 and saved["scaling"][0]["alone"]["device"] == 20e6
     cfg = _gpu_config()
-    room = worker.device_room(cfg, int(32e9), corpus.vocab_size)
+    room = units.device_room(cfg, int(32e9), corpus.vocab_size)
     assert saved["device"]["document_room"] == room
     ways = saved["documents"]
     assert ways["way"] == 1 and "this run: kept" in text and "documents' rows: kept in each worker" in text
@@ -757,11 +800,11 @@ def test_each_row_pays_its_rounds_fixed_cost(lee_corpus):
     corpus = Corpus(lee_corpus)
     cfg = TrainConfig(dim=100, epochs=10, num_ps=2, progress=False)
     cal = {"summary": {"tokens_per_second": 2e6}, "workers": 1}
-    rows = {r["workers"]: r for r in planmod.scaling_plan(corpus, cfg, cal, network_gbps=10, workers=(1, 2, 4))}
+    rows = {r["workers"]: r for r in plan_model.scaling_plan(corpus, cfg, cal, network_gbps=10, workers=(1, 2, 4))}
     for w, r in rows.items():
-        rounds = planmod.settle_segments(dataclasses.replace(cfg, num_workers=w), corpus).rounds()
+        rounds = resolve(dataclasses.replace(cfg, num_workers=w), corpus).rounds
         assert r["rounds_per_epoch"] == rounds == (1 if w == 1 else w * 16)
-        assert r["alone"]["rounds"] == pytest.approx(corpus.num_tokens / (rounds * planmod.ROUND_SECONDS))
+        assert r["alone"]["rounds"] == pytest.approx(corpus.num_tokens / (rounds * plan_model.ROUND_SECONDS))
     assert rows[2]["bound"] == rows[4]["bound"] == "rounds"
     assert rows[2]["tokens_per_second"] < 0.5 * rows[1]["tokens_per_second"]
     assert rows[1]["bound"] == "compute"
@@ -774,35 +817,35 @@ def test_a_calibrations_rate_per_worker_leaves_its_rounds_out(lee_corpus):
     cfg = TrainConfig(dim=100, epochs=10, num_ps=2, num_workers=2, progress=False)
     rounds = 2 * 2 * 16  # 2 epochs of 32 rounds
     compute = corpus.num_tokens * 2 / (2 * 1.5e6)  # 2 workers at 1.5M tokens/s each, 2 epochs
-    train_seconds = compute + rounds * planmod.ROUND_SECONDS
+    train_seconds = compute + rounds * plan_model.ROUND_SECONDS
     cal = {"summary": {"tokens_per_second": 2 * corpus.num_tokens / train_seconds, "train_seconds": train_seconds,
                        "worker_seconds": {"compute": compute * 2}},
            "workers": 2, "epochs": 2, "corpus_tokens": corpus.num_tokens}
-    assert planmod.worker_rate(cal, cfg, corpus) == pytest.approx(1.5e6)
-    one = planmod.scaling_plan(corpus, cfg, cal, network_gbps=10, workers=(1,))[0]
+    assert plan_model.worker_rate(cal, cfg, corpus) == pytest.approx(1.5e6)
+    one = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=10, workers=(1,))[0]
     assert one["alone"]["compute"] == pytest.approx(1.5e6)
     # a two-point calibration's rate is a difference of two slices' times, in which the rounds cancel
     two_point = {**cal, "two_point": {"tokens": [1, 2], "seconds": [1, 2]}}
-    assert planmod.worker_rate(two_point, cfg, corpus) == pytest.approx(cal["summary"]["tokens_per_second"] / 2)
+    assert plan_model.worker_rate(two_point, cfg, corpus) == pytest.approx(cal["summary"]["tokens_per_second"] / 2)
 
 
 @pytest.mark.parametrize("rate", [0.5e6, 2e6, 15e6])
 def test_train_takes_fewer_workers_where_the_model_says_more_are_slower(lee_corpus, rate):
     corpus = Corpus(lee_corpus)
     cfg = TrainConfig(dim=100, epochs=40, num_ps=2, num_workers=2, progress=False)
-    chosen, line = planmod.choose_workers(corpus, cfg, worker_rate=rate)
+    chosen, line = plan.choose_workers(corpus, cfg, worker_rate=rate)
     assert chosen.num_workers == 1 and dataclasses.replace(chosen, num_workers=2) == cfg
     rows = {r["workers"]: r["tokens_per_second"]
-            for r in planmod.scaling_plan(corpus, cfg, {"summary": {"tokens_per_second": rate}, "workers": 1},
-                                          network_gbps=planmod.CHOICE_NETWORK_GBPS, workers=(1, 2))}
+            for r in plan_model.scaling_plan(corpus, cfg, {"summary": {"tokens_per_second": rate}, "workers": 1},
+                                          network_gbps=plan.CHOICE_NETWORK_GBPS, workers=(1, 2))}
     assert line.startswith(f"train: 2 workers are predicted to train this corpus at {rows[2] / 1e6:.2f}M tokens/s "
                            f"and 1 worker at {rows[1] / 1e6:.2f}M"), line
     assert "--force-workers" in line and "\n" not in line
     # told to, it trains with what it was asked for
     forced = dataclasses.replace(cfg, force_workers=True)
-    assert planmod.choose_workers(corpus, forced, worker_rate=rate) == (forced, None)
+    assert plan.choose_workers(corpus, forced, worker_rate=rate) == (forced, None)
     # 8 asked for: the fastest of fewer
-    chosen, line = planmod.choose_workers(corpus, dataclasses.replace(cfg, num_workers=8), worker_rate=rate)
+    chosen, line = plan.choose_workers(corpus, dataclasses.replace(cfg, num_workers=8), worker_rate=rate)
     assert chosen.num_workers == 1 and line.startswith("train: 8 workers are predicted")
 
 
@@ -811,15 +854,15 @@ def test_train_takes_fewer_workers_where_the_model_says_more_are_slower(lee_corp
 def test_a_big_corpus_keeps_the_workers_asked_for(sample_corpus, users, rate):
     """The 200k-user corpus trained 1.8× faster on 2 workers than on one: no rate a CPU or GPU worker has makes
     the model send it back to one (the sample's shape scaled up, as plan --users does)."""
-    corpus = planmod.scaled_corpus(Corpus(sample_corpus[0]), users)
+    corpus = plan_calibration.scaled_corpus(Corpus(sample_corpus[0]), users)
     for workers in (2, 4):
         cfg = TrainConfig(dim=100, epochs=10, num_ps=2, num_workers=workers, progress=False)
-        assert planmod.choose_workers(corpus, cfg, worker_rate=rate) == (cfg, None)
+        assert plan.choose_workers(corpus, cfg, worker_rate=rate) == (cfg, None)
 
 
 def test_one_worker_asked_for_is_one_worker(lee_corpus):
     one = TrainConfig(num_workers=1, progress=False)
-    assert planmod.choose_workers(Corpus(lee_corpus), one) == (one, None)
+    assert plan.choose_workers(Corpus(lee_corpus), one) == (one, None)
 
 
 def test_the_train_command_trains_with_the_faster_count_and_says_so(ray_cluster, lee_corpus, tmp_path, capsys):

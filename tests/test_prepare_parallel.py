@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import assert_same_corpus, corpus_meta, corpus_tables
 
-from doc2vec_dist import passes, readers
+from doc2vec_dist import passes, read_files, read_formats, readers
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import CorpusError
 from doc2vec_dist.errors import UserError
@@ -59,7 +59,7 @@ def test_the_sample_prepared_by_ray_tasks_is_the_single_process_corpus(ray_clust
 
 
 def test_the_memory_line_counts_tasks_and_the_largest_node():
-    from doc2vec_dist.prepare import task_memory_line
+    from doc2vec_dist.prepare_merge import task_memory_line
 
     assert task_memory_line(1 << 30, 4, 10 << 30) == ("prepare: each partition and shard task reserves 1.00 GiB of "
                                                       "Ray memory; 4 at once need 4.00 GiB across the cluster; the "
@@ -104,8 +104,8 @@ def test_a_generated_corpus_read_in_many_blocks_is_the_same(ray_cluster, generat
     """Five Parquet files, one of them read as blocks of row groups (its numeric times' unit carried from
     its first block to the others), and a CSV file of skips: the same corpus, the same skips and where."""
     monkeypatch.setattr(readers, "BLOCK_ROWS", 4_000)
-    blocks = readers.plan_blocks(readers.expand_inputs([generated], "events"),
-                                 readers.Options("events", "user_id", "url", "ts"))
+    blocks = readers.plan_blocks(read_files.expand_inputs([generated], "events"),
+                                 read_files.Options("events", "user_id", "url", "ts"))
     assert [b.row_groups for b in blocks if not b.whole_file] == [(0, 1), (2, 3), (4,)]
     one, _ = _both([generated], tmp_path, "gen", holdout=True, time_col="ts", memory_budget_bytes=200_000)
     meta = corpus_meta(one)
@@ -123,8 +123,8 @@ def test_documents_are_numbered_where_their_user_first_appears_whatever_the_batc
     where it first appears, whether the Parquet file is read in batches of 256k rows or of 1,000 (pass 2
     keeps each key's first row of a batch, passes.keep_mask), so batch sizes never change the ids."""
     made = []
-    for rows in (readers.PARQUET_BATCH_ROWS, 1_000):
-        monkeypatch.setattr(readers, "PARQUET_BATCH_ROWS", rows)
+    for rows in (read_formats.PARQUET_BATCH_ROWS, 1_000):
+        monkeypatch.setattr(read_formats, "PARQUET_BATCH_ROWS", rows)
         made.append(prepare([SAMPLE_EVENTS], str(tmp_path / f"b{rows}"),
                             PrepareConfig(time_col="ts", num_shards=2, min_count=5), progress=False).path)
     assert corpus_meta(made[0])["skipped"]["tokens_below_min_count"] > 0
@@ -165,7 +165,7 @@ def assert_files_in_base(corpus: str, days: dict, window: bool = False) -> None:
     sent again counted for their file (read in several blocks) alone, with the report's line naming it
     alone; in a window, those of them inside it, taken to be the base's as events at or before its latest
     time, and not named (a window does not read the base's documents)."""
-    from doc2vec_dist.prepare import refresh_report
+    from doc2vec_dist.prepare_report import refresh_report
 
     meta = corpus_meta(corpus)
     events = pq.read_metadata(days["again"]).num_rows
@@ -280,7 +280,7 @@ def test_a_task_on_a_node_that_does_not_see_the_output_says_so_in_one_line(ray_c
     # whose disk is not the driver's) names the directory and its node instead of failing on a missing path
     from doc2vec_dist import runners
 
-    opt = readers.Options("events", "user_id", "url", None)
+    opt = read_files.Options("events", "user_id", "url", None)
     block = readers.plan_blocks([os.path.join(SAMPLE_EVENTS, min(os.listdir(SAMPLE_EVENTS)))], opt)[0]
     elsewhere = tmp_path / "staging"          # what another node finds at that path: a directory of its own
     elsewhere.mkdir()
@@ -310,7 +310,7 @@ def test_a_file_whose_later_block_holds_times_of_another_unit_is_refused_alike(r
     times = [1_700_000_000_000 + i for i in range(6)] + [100 + i for i in range(6)]
     pq.write_table(pa.table({"user_id": [f"u{i % 3}" for i in range(12)], "url": [f"a{i % 4}" for i in range(12)],
                              "ts": times}), path, row_group_size=3)
-    assert len(readers.plan_blocks([path], readers.Options("events", "user_id", "url", "ts"))) == 2
+    assert len(readers.plan_blocks([path], read_files.Options("events", "user_id", "url", "ts"))) == 2
     messages = []
     for parallel in (1, 2):
         with pytest.raises(CorpusError) as e:
@@ -364,7 +364,7 @@ def test_tasks_still_running_when_a_run_stops_end_when_asked_not_cancelled(ray_c
 
     from doc2vec_dist.runners import RayTasks
 
-    s = passes.Settings(readers.Options("events", "user_id", "url", None), str(tmp_path))
+    s = passes.Settings(read_files.Options("events", "user_id", "url", None), str(tmp_path))
     cancelled = []
     monkeypatch.setattr(ray, "cancel", lambda *args, **kwargs: cancelled.append(args))
 
@@ -470,7 +470,7 @@ def test_a_task_per_cpu_on_a_small_input_is_this_process_and_says_so(ray_cluster
     corpus = prepare([SAMPLE_EVENTS], str(tmp_path / "c"), PrepareConfig(time_col="ts", parallel=0), progress=False)
     assert corpus.meta["parallel"] == 1 and corpus.meta["engine"] == "process"
     said = [r.getMessage() for r in logged.records if "where Ray tasks were measured to pay" in r.getMessage()]
-    size = readers.input_bytes(readers.expand_inputs([SAMPLE_EVENTS], "events")) / 2**20
+    size = read_files.input_bytes(read_files.expand_inputs([SAMPLE_EVENTS], "events")) / 2**20
     assert said == [(f"prepare: {size:,.1f} MiB of input, below the 96.0 MiB where Ray tasks were measured to pay "
                      "for their start: preparing it in this process (--parallel N runs N tasks whatever the size)")]
     logged.clear()
@@ -481,7 +481,7 @@ def test_a_task_per_cpu_on_a_small_input_is_this_process_and_says_so(ray_cluster
 
 
 def test_a_task_per_cpu_is_kept_where_the_input_is_big_enough_to_pay():
-    from doc2vec_dist.prepare import PARALLEL_MIN_INPUT_BYTES, processes_that_pay
+    from doc2vec_dist.prepare_merge import PARALLEL_MIN_INPUT_BYTES, processes_that_pay
 
     assert processes_that_pay(0, PARALLEL_MIN_INPUT_BYTES) == (0, None)
     assert processes_that_pay(0, PARALLEL_MIN_INPUT_BYTES - 1)[0] == 1

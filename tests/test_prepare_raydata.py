@@ -109,9 +109,9 @@ def test_ray_data_calls_still_running_when_pass_2_stops_end_when_asked(ray_clust
 
     import numpy as np
 
-    from doc2vec_dist import passes, raydata, readers
+    from doc2vec_dist import passes, raydata, read_files
 
-    s = passes.Settings(readers.Options("events", "user_id", "url", "ts"), str(tmp_path / "staging"))
+    s = passes.Settings(read_files.Options("events", "user_id", "url", "ts"), str(tmp_path / "staging"))
     os.makedirs(s.tmp)
     files = [str(tmp_path / f"{name}.csv") for name in ("a", "b")]
     for path in files:
@@ -155,9 +155,9 @@ def test_an_execution_a_ctrl_c_catches_starting_is_shut_down_with_pass_2(ray_clu
     import pytest
     from ray.data._internal.execution.streaming_executor import StreamingExecutor
 
-    from doc2vec_dist import passes, raydata, readers
+    from doc2vec_dist import passes, raydata, read_files
 
-    s = passes.Settings(readers.Options("events", "user_id", "url", "ts"), str(tmp_path / "staging"))
+    s = passes.Settings(read_files.Options("events", "user_id", "url", "ts"), str(tmp_path / "staging"))
     os.makedirs(s.tmp)
     path = str(tmp_path / "a.csv")
     with open(path, "w") as fh:

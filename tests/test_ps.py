@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from doc2vec_dist import checkpoint, precision
+from doc2vec_dist import checkpoint, modeldir, precision
 from doc2vec_dist.config import TableSpec
 from doc2vec_dist.ps import NonFiniteUpdate, ParameterServer
 
@@ -135,7 +135,7 @@ def test_a_16_bit_table_keeps_adagrads_accumulator_float32_and_saves_it_so(tmp_p
     entries = ps.save(str(tmp_path / "m"), 1)
     checkpoint.commit(str(tmp_path / "m"), 1, {n: [e] for n, e in entries.items()}, {n: 8 for n in entries}, {},
                       keep=1, dtype="bfloat16")
-    vectors, state = checkpoint.read_shard(str(tmp_path / "m"), "docs", 0, 1)  # a float32 reader
+    vectors, state = modeldir.read_shard(str(tmp_path / "m"), "docs", 0, 1)  # a float32 reader
     assert vectors.dtype == np.float32
     np.testing.assert_array_equal(vectors, precision.widen(ps.tables["docs"][:, :8], "bfloat16"))
     np.testing.assert_array_equal(state[ids, 0], delta[:, 8])
@@ -151,35 +151,30 @@ def test_a_16_bit_push_refuses_non_finite_values():
     np.testing.assert_array_equal(ps.tables["docs"], before)
 
 
-_FIRST_PUSH = """
-import sys, threading, time
-import numpy as np
+_LOADED_AT_START = """
+import threading
 from doc2vec_dist import ps
 from doc2vec_dist.config import TableSpec
-if sys.argv[1] == "off":
-    ps.load_compiled = lambda: None
-server = ps.ParameterServer(0, 1, {"docs": TableSpec("docs", 100, 8)}, seed=1)
+tables = {"docs": TableSpec("docs", 100, 8)}
+real = ps.load_compiled
+ps.load_compiled = lambda: None
+ps.ParameterServer(0, 1, tables, seed=1)
+print(len(ps._compiled.signatures))  # a server that does not load it: nothing compiled loaded yet
+ps.load_compiled = real
+ps.ParameterServer(0, 1, tables, seed=1)
 for thread in threading.enumerate():
     if thread.name == "load-compiled":
         thread.join()
-ids = np.arange(10, dtype=np.int64)
-rows = np.ones((10, 8), dtype=np.float32)
-t0 = time.perf_counter()
-server.push({"docs": ids}, rows, assign=True)
-print(time.perf_counter() - t0)
+print(len(ps._compiled.signatures))
 """
 
 
 def test_a_server_loads_numbas_machinery_as_it_starts_not_at_its_first_push():
-    """The first compiled call of a process costs ~0.3 s; a server pays it while it starts, so its
-    first push does not (measured against a server that does not load it, each in a fresh process)."""
+    """The first compiled call of a process costs ~0.3 s; a server pays it while it starts (a compiled call
+    in a thread of its own), so its first push does not. In a fresh process, where nothing compiled ran yet;
+    what that saves the first push is benchmarks/small_costs.py's to measure, not a test's clock."""
     import subprocess
     import sys
 
-    def first_push(mode: str) -> float:
-        out = subprocess.run([sys.executable, "-c", _FIRST_PUSH, mode], capture_output=True, text=True, check=True)
-        return float(out.stdout.split()[-1])
-
-    first_push("on")  # compiles whatever numba's cache lacks (a fresh clone): what is measured is the loading
-    loaded, cold = first_push("on"), first_push("off")
-    assert loaded < cold / 3, (loaded, cold)
+    out = subprocess.run([sys.executable, "-c", _LOADED_AT_START], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "1"], out

@@ -17,7 +17,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from doc2vec_dist import checkpoint, runlog
+from doc2vec_dist import modeldir, runlog
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.evaluate import heldout_metrics
@@ -48,7 +48,7 @@ def test_training_writes_a_line_per_epoch_with_each_workers_time_split(trained_m
     assert len({line["run"] for line in lines}) == 1
     epochs = [line for line in lines if line["event"] == "epoch"]
     assert [e["epoch"] for e in epochs] == list(range(1, 11))
-    summary = checkpoint.ModelDir(trained_model).settings()["summary"]
+    summary = modeldir.ModelDir(trained_model).settings()["summary"]
     np.testing.assert_allclose([e["loss"] for e in epochs], summary["loss_per_epoch"], rtol=1e-9)
     assert sum(e["tokens"] for e in epochs) == summary["tokens"]
     for e in epochs:

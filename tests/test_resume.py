@@ -14,14 +14,15 @@ import time
 import numpy as np
 import pytest
 
-from doc2vec_dist import checkpoint, trainer
+from doc2vec_dist import checkpoint, modeldir, trainer
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
-from doc2vec_dist.trainer import STEP_PAUSE_ENV, TrainingStopped, resumed_config, train
-from doc2vec_dist.worker import Unit, read_chunks
+from doc2vec_dist.run import STEP_PAUSE_ENV, TrainingStopped
+from doc2vec_dist.trainer import resumed_config, train
+from doc2vec_dist.units import Unit, read_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the trained_model fixture's settings (tests/conftest.py): a resumed run must end as good as it
@@ -30,7 +31,7 @@ SAMPLE = {"dim": 32, "epochs": 10, "sample": 0, "num_ps": 2, "num_workers": 2, "
 
 
 def manifest_of(model: str, version: int) -> dict:
-    with open(os.path.join(checkpoint.version_dir(model, version), "manifest.json")) as fh:
+    with open(os.path.join(modeldir.version_dir(model, version), "manifest.json")) as fh:
         return json.load(fh)
 
 
@@ -95,10 +96,9 @@ def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cl
         driver.wait()
     killed_at = manifest_of(model, latest(model))
     assert killed_at["epoch"] < 10
-    # resume names only what may change; the rest comes from the checkpoint
-    done = subprocess.run(cmd + ["--resume", "--address", address, "--no-progress"], check=False, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    # resume names only what may change; the rest comes from the checkpoint (in this process, on the
+    # session's Ray: only the killed driver needed a process of its own)
+    assert main(cmd[3:] + ["--resume", "--no-progress"]) == 0
     with open(os.path.join(model, "config.json")) as fh:
         summary = json.load(fh)["summary"]
     assert summary["resumed_from_epoch"] == killed_at["epoch"]
@@ -119,21 +119,21 @@ def test_resume_with_another_number_of_servers_reshards_rows_exactly(ray_cluster
     model = str(tmp_path / "model")
     train(small_corpus, model, TrainConfig(**{**SAMPLE, "epochs": 2, **engine}, optimizer="adagrad", alpha=0.05))
     tables = ("docs", "words_out") + (("words",) if engine.get("mode") == "dm" else ())
-    before = {t: checkpoint.ModelDir(model).read_table(t) for t in tables}
-    model_id = checkpoint.ModelDir(model).manifest["model_id"]
+    before = {t: modeldir.ModelDir(model).read_table(t) for t in tables}
+    model_id = modeldir.ModelDir(model).manifest["model_id"]
     # nothing left to train: the rows go through 3 servers' load and save unchanged
     summary = train(small_corpus, model, resumed_config(model, {"num_ps": 3}))
     assert summary["tokens"] == 0
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert manifest["num_ps"] == 3 and len(manifest["tables"]["docs"]["parts"]) == 3
     assert manifest["model_id"] == model_id  # a resumed run is the same model (issue 26, item 2)
     for table, matrix in before.items():
-        np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table(table), matrix)
+        np.testing.assert_array_equal(modeldir.ModelDir(model).read_table(table), matrix)
     # and training goes on from there with 3 servers (one more epoch)
     summary = train(small_corpus, model, resumed_config(model, {"num_ps": 3, "epochs": 3}))
     assert summary["tokens"] == Corpus(small_corpus).num_tokens and summary["resumed_from_epoch"] == 2
     for table in tables:  # every table trained on, the resident ones included
-        assert not np.array_equal(checkpoint.ModelDir(model).read_table(table), before[table]), table
+        assert not np.array_equal(modeldir.ModelDir(model).read_table(table), before[table]), table
 
 
 def test_one_device_worker_keeps_its_rows_across_epochs_and_every_checkpoint_holds_them(ray_cluster, small_corpus,
@@ -145,10 +145,10 @@ def test_one_device_worker_keeps_its_rows_across_epochs_and_every_checkpoint_hol
     checkpoint, or from an epoch's end, end where the straight run did."""
     import shutil
 
-    from doc2vec_dist.trainer import STAGED_ENV
+    from doc2vec_dist.settings import STAGED_ENV
 
     def tables(model: str) -> dict:
-        found = checkpoint.ModelDir(model)
+        found = modeldir.ModelDir(model)
         return {name: found.read_table(name) for name in ("docs", "words_out")}
 
     monkeypatch.setenv(STAGED_ENV, "1")
@@ -171,7 +171,7 @@ def test_one_device_worker_keeps_its_rows_across_epochs_and_every_checkpoint_hol
         with open(os.path.join(resumed, "LATEST"), "w") as fh:
             fh.write(f"v{version}")
         for later in range(version + 1, latest(paused) + 1):
-            shutil.rmtree(checkpoint.version_dir(resumed, later))
+            shutil.rmtree(modeldir.version_dir(resumed, later))
         train(small_corpus, resumed, resumed_config(resumed, {}))
         for name, matrix in tables(resumed).items():
             np.testing.assert_array_equal(matrix, straight[name], err_msg=f"resumed from v{version}: {name}")
@@ -187,7 +187,7 @@ def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     model = str(tmp_path / "model")
     train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 1}))
     good = latest(model)
-    docs = checkpoint.ModelDir(model).read_table("docs")
+    docs = modeldir.ModelDir(model).read_table("docs")
     # go on with a learning rate that overflows float32 within a step or two (halfway down from 1e30 to
     # 1e29: 5.5e29 at the start of the second epoch, a little less at the step that overflows)
     # (two workers on the block schedule keep their documents' rows until a checkpoint: the loss of the batch
@@ -195,14 +195,14 @@ def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_
     with pytest.raises(TrainingStopped, match=r"non-finite loss in epoch 1 .*step \d+ .*alpha 5\.\d*e\+29"):
         train(sample_corpus[0], model, resumed_config(model, {"epochs": 2, "alpha": 1e30, "min_alpha": 1e29}))
     assert latest(model) == good
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), docs)  # checksums verified too
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), docs)  # checksums verified too
     # and the run goes on from there with a sane learning rate
     summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 2}))
-    assert summary["resumed_from_epoch"] == 1 and np.isfinite(checkpoint.ModelDir(model).read_table("docs")).all()
+    assert summary["resumed_from_epoch"] == 1 and np.isfinite(modeldir.ModelDir(model).read_table("docs")).all()
 
 
 def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_cluster, sample_corpus, tmp_path,
-                                                                      interrupt_when):
+                                                                      interrupt_when, capsys):
     corpus = sample_corpus[0]
     model = str(tmp_path / "model")
     address = ray_cluster.get_runtime_context().gcs_address
@@ -221,15 +221,17 @@ def test_ctrl_c_says_how_to_resume_and_the_resumed_run_says_where_from(ray_clust
     assert kept >= 1 and "Traceback" not in err
     at = manifest_of(model, kept)
     tokens = at["epoch"] * Corpus(corpus).num_tokens + sum(p["tokens"] for p in at["positions"] or [])
-    done = subprocess.run(cmd + ["--resume", "--epochs", str(at["epoch"] + 1), "--address", address, "--no-progress"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
-    assert f"resumed from v{kept} (epoch {at['epoch']}, {tokens:,} tokens)" in done.stderr
-    assert f"model: {model} (checkpoint v" in done.stdout
+    # the resumed run in this process, on the session's Ray (only the interrupted one needed its own)
+    capsys.readouterr()
+    code = main(cmd[3:] + ["--resume", "--epochs", str(at["epoch"] + 1), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"resumed from v{kept} (epoch {at['epoch']}, {tokens:,} tokens)" in err
+    assert f"model: {model} (checkpoint v" in out
 
 
 def test_a_worker_position_is_written_to_the_manifest_and_read_back_as_it_was():
-    from doc2vec_dist.worker import Position
+    from doc2vec_dist.units import Position
 
     saved = {"epoch": 2, "unit": 1, "row": 350, "step": 7, "tokens": 41_000, "pairs": 203_112, "loss": 1234.5}
     position = Position.from_json(saved)
@@ -268,7 +270,7 @@ def test_a_full_disk_stops_with_one_line_keeps_the_last_checkpoint_and_resumes_o
                         rf"and \d\.\d MiB is free beside the 1 kept \(--keep-checkpoints 2\)", error), error
     assert f"training stopped: the model at {model} is kept up to checkpoint v1; resume with" in err
     assert os.listdir(os.path.join(model, "checkpoints")) == ["v1"]  # the partial v2 is gone
-    assert latest(model) == 1 and checkpoint.ModelDir(model).read_table("docs").shape == (5000, 32)
+    assert latest(model) == 1 and modeldir.ModelDir(model).read_table("docs").shape == (5000, 32)
 
     # resuming on the same full disk is refused before anything starts
     assert main(_train_argv(corpus, model, "--resume")) == 2
@@ -307,10 +309,10 @@ def test_the_room_a_model_replaced_with_overwrite_frees_counts_as_free(trained_m
     model, corpus = os.path.join(disk, "model"), Corpus(sample_corpus[0])
     config = TrainConfig(**SAMPLE)
     tables = table_specs(config, corpus)
-    trainer.check_room(model, config, corpus, tables, trainer._Resume(), replaces=True)  # its old checkpoints go
+    trainer.check_room(model, config, corpus, tables, trainer.Resume(), replaces=True)  # its old checkpoints go
     another = os.path.join(disk, "another")
     with pytest.raises(UserError, match=f"^{another}: 0.0 MiB free on its disk, and the first checkpoint needs about "):
-        trainer.check_room(another, config, corpus, tables, trainer._Resume(), replaces=False)
+        trainer.check_room(another, config, corpus, tables, trainer.Resume(), replaces=False)
 
 
 # --- issue 29: a run's --dtype may change on resume, and a model of one dtype starts a run of another ---------
@@ -326,10 +328,10 @@ def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulat
 
     model = str(tmp_path / "model")
     train(small_corpus, model, TrainConfig(**{**SAMPLE, "epochs": 1}, optimizer="adagrad", alpha=0.05, dtype=first))
-    found = checkpoint.ModelDir(model)
+    found = modeldir.ModelDir(model)
     assert {t["dtype"] for t in found.manifest["tables"].values()} == {first}
     before = {t: found.read_table(t) for t in ("docs", "words_out")}  # every reader widens to float32
-    state = checkpoint.read_shard(model, "docs", 0, 1)[1]
+    state = modeldir.read_shard(model, "docs", 0, 1)[1]
     # --init-from: a server of the other dtype starts from the model's rows, narrowed to nearest or widened
     config = TrainConfig(**SAMPLE, optimizer="adagrad", dtype=then)
     tables = table_specs(config, Corpus(small_corpus))
@@ -341,20 +343,20 @@ def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulat
     # nothing left to train: the rows go through the other dtype's servers (and 3 of them) and back to disk
     summary = train(small_corpus, model, resumed_config(model, {"dtype": then, "num_ps": 3}))
     assert summary["tokens"] == 0
-    found = checkpoint.ModelDir(model)
+    found = modeldir.ModelDir(model)
     assert {t["dtype"] for t in found.manifest["tables"].values()} == {then}
     for table, matrix in before.items():
         np.testing.assert_array_equal(found.read_table(table), precision.widen(precision.narrow(matrix, then), then))
-    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 1)[1], state)  # float32, to the bit
+    np.testing.assert_array_equal(modeldir.read_shard(model, "docs", 0, 1)[1], state)  # float32, to the bit
     part = found.spec("docs")["parts"][0]["path"]
-    with pa.memory_map(os.path.join(checkpoint.version_dir(model, found.version), part)) as source:
+    with pa.memory_map(os.path.join(modeldir.version_dir(model, found.version), part)) as source:
         schema = pa.ipc.open_file(source).schema
-    assert schema.field("vector").type.value_type == checkpoint.PART_VALUE_TYPES[then]
-    assert checkpoint.part_dtype(schema) == then and schema.field("adagrad").type == pa.float32()
+    assert schema.field("vector").type.value_type == modeldir.PART_VALUE_TYPES[then]
+    assert modeldir.part_dtype(schema) == then and schema.field("adagrad").type == pa.float32()
     # and training goes on in the new dtype
     summary = train(small_corpus, model, resumed_config(model, {"epochs": 2}))
     assert summary["tokens"] == Corpus(small_corpus).num_tokens
-    assert checkpoint.ModelDir(model).manifest["config"]["dtype"] == then
+    assert modeldir.ModelDir(model).manifest["config"]["dtype"] == then
 
 
 # --- issue 47, item 6: one writer per model directory ---------------------------------------------------------
@@ -390,7 +392,7 @@ def test_two_runs_into_one_out_the_second_is_refused_in_one_line_naming_the_firs
         err = interrupt_when(first, lambda: True)
     assert first.returncode == 130 and f"interrupted: the model at {model} is kept up to checkpoint v" in err, err
     assert not os.path.exists(os.path.join(model, checkpoint.WRITER_FILE))  # released on Ctrl-C
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs").shape, (1500, 8))
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs").shape, (1500, 8))
 
 
 # --- issue 47, item 8: a damaged latest checkpoint -------------------------------------------------------------
@@ -402,7 +404,7 @@ def _damaged_copy(trained_model: str, tmp_path) -> tuple[str, str]:
     model = shutil.copytree(trained_model, str(tmp_path / "model"))
     assert latest(model) == 10 and sorted(os.listdir(os.path.join(model, "checkpoints"))) == ["v10", "v9"]
     part = "docs/part-00001-of-00002.arrow"
-    os.remove(os.path.join(checkpoint.version_dir(model, 10), part))
+    os.remove(os.path.join(modeldir.version_dir(model, 10), part))
     return model, part
 
 
@@ -451,7 +453,7 @@ def test_a_server_restarted_before_the_runs_first_checkpoint_loads_the_version_r
     # (9, 10): resumed from v9 while LATEST named v10, as Ray re-runs a server's __init__ after a crash
     server = ParameterServer(0, 1, tables, 1, model, restore=(9, 10))
     assert server.restored_version == 9
-    np.testing.assert_array_equal(server.tables["docs"][:, :32], checkpoint.ModelDir(model, version=9).read_table("docs"))
+    np.testing.assert_array_equal(server.tables["docs"][:, :32], modeldir.ModelDir(model, version=9).read_table("docs"))
     # once LATEST has moved past the version it named then (the run committed), LATEST is what a restart loads
     with pytest.raises(UserError, match=f"v10/{part}: part file missing"):
         ParameterServer(0, 1, tables, 1, model, restore=(9, 8))

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from moto import server as moto_server  # a dev dependency: moto[s3] and flask
 
-from doc2vec_dist import checkpoint, storage
+from doc2vec_dist import checkpoint, modeldir, storage
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.sharding import global_rows
 
@@ -80,16 +80,16 @@ def test_two_versions_written_and_read_back_through_s3(s3):
     assert write_version(model, 0) == 1
     assert write_version(model, 1) == 2
 
-    assert checkpoint.latest_version(model) == 2
+    assert modeldir.latest_version(model) == 2
     assert s3[1].open_input_stream(f"{BUCKET}/roundtrip/LATEST").read() == b"v2\n"
-    vdir, manifest = checkpoint.load_manifest(model)
-    assert vdir == checkpoint.version_dir(model, 2) and manifest["epoch"] == 2
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix(1))
-    np.testing.assert_array_equal(checkpoint.ModelDir(model, version=1).read_table("docs"), matrix(0))
-    ids = np.concatenate([ids for part in checkpoint.ModelDir(model).parts("docs") for ids, _ in part])
+    vdir, manifest = modeldir.load_manifest(model)
+    assert vdir == modeldir.version_dir(model, 2) and manifest["epoch"] == 2
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), matrix(1))
+    np.testing.assert_array_equal(modeldir.ModelDir(model, version=1).read_table("docs"), matrix(0))
+    ids = np.concatenate([ids for part in modeldir.ModelDir(model).parts("docs") for ids, _ in part])
     assert sorted(ids) == list(range(ROWS))
     for shard in range(2):
-        vectors, state = checkpoint.read_shard(model, "docs", shard, 2)
+        vectors, state = modeldir.read_shard(model, "docs", shard, 2)
         np.testing.assert_array_equal(vectors, matrix(1)[shard::2])
         np.testing.assert_array_equal(state, np.full((len(vectors), 1), 1, np.float32))
     # parts went straight to their names (no rename on S3): nothing temporary is left
@@ -100,27 +100,27 @@ def test_endpoint_from_the_standard_aws_variables(s3, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{s3[0]}")
     model = f"s3://{BUCKET}/from-env"
     write_version(model, 3, num_shards=1)
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix(3))
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), matrix(3))
     assert "LATEST" in objects(s3, "from-env")
 
 
 def test_a_tampered_object_is_a_checksum_error_naming_it_without_the_query(s3, tmp_path):
     model = uri(s3, "tampered")
     write_version(model, 0)
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     key = f"{BUCKET}/tampered/checkpoints/v1/{manifest['tables']['docs']['parts'][1]['path']}"
     data = bytearray(s3[1].open_input_stream(key).read())
     data[len(data) // 2] ^= 0xFF
     with s3[1].open_output_stream(key) as out:
         out.write(bytes(data))
 
-    for read in (lambda: checkpoint.ModelDir(model).read_table("docs"), lambda: checkpoint.read_shard(model, "docs", 0, 2),
-                 lambda: checkpoint.local_copy(model, cache=str(tmp_path))):
+    for read in (lambda: modeldir.ModelDir(model).read_table("docs"), lambda: modeldir.read_shard(model, "docs", 0, 2),
+                 lambda: modeldir.local_copy(model, cache=str(tmp_path))):
         with pytest.raises(UserError, match="checksum mismatch") as err:
             read()
         assert f"s3://{key}" in str(err.value) and "endpoint_override" not in str(err.value)
     # the part that was not touched still reads
-    np.testing.assert_array_equal(checkpoint.read_shard(model, "docs", 0, 3)[0], matrix(0)[0::3])
+    np.testing.assert_array_equal(modeldir.read_shard(model, "docs", 0, 3)[0], matrix(0)[0::3])
 
 
 def test_prune_and_partial_versions_on_s3(s3):
@@ -128,13 +128,13 @@ def test_prune_and_partial_versions_on_s3(s3):
     write_version(model, 0, keep=2)
     write_version(model, 1, keep=2)
     write_version(model, 2, keep=2, commit=False)  # v3: parts only, as a crash would leave it
-    assert checkpoint.latest_version(model) == 2
+    assert modeldir.latest_version(model) == 2
     assert checkpoint.next_version(model) == 4
     write_version(model, 3, keep=2)
     versions = {o.split("/")[1] for o in objects(s3, "pruned") if o.startswith("checkpoints/")}
     assert versions == {"v2", "v4"}
-    np.testing.assert_array_equal(checkpoint.ModelDir(model).read_table("docs"), matrix(3))
-    np.testing.assert_array_equal(checkpoint.ModelDir(model, version=2).read_table("docs"), matrix(1))
+    np.testing.assert_array_equal(modeldir.ModelDir(model).read_table("docs"), matrix(3))
+    np.testing.assert_array_equal(modeldir.ModelDir(model, version=2).read_table("docs"), matrix(1))
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_a_model_on_s3_is_loaded_and_exported(s3, key_files, tmp_path, monkeypat
     assert result["rows"] == ROWS
     table = pq.read_table(out)
     rows = [int(k[len("user"):]) for k in table.column("key").to_pylist()]
-    np.testing.assert_array_equal(checkpoint.matrix_of(table.column("vector"), DIM), matrix(5)[rows])
+    np.testing.assert_array_equal(modeldir.matrix_of(table.column("vector"), DIM), matrix(5)[rows])
 
     # a newer version replaces the cached one
     write_version(model, 6)
@@ -192,13 +192,13 @@ def test_training_checkpoints_to_s3_and_resumes_from_it(s3, ray_cluster, sample_
 
     model = uri(s3, "trained")
     train(sample_corpus[0], model, TrainConfig(dim=16, epochs=2, sample=0, progress=False))
-    assert checkpoint.latest_version(model) == 2  # one per epoch end
-    docs = checkpoint.ModelDir(model).read_table("docs")
+    assert modeldir.latest_version(model) == 2  # one per epoch end
+    docs = modeldir.ModelDir(model).read_table("docs")
     summary = train(sample_corpus[0], model, resumed_config(model, {"epochs": 3, "num_ps": 3}))
     assert summary["resumed_from_epoch"] == 2 and summary["servers_loaded_from"] == [2, 2, 2]
-    _, manifest = checkpoint.load_manifest(model)
+    _, manifest = modeldir.load_manifest(model)
     assert manifest["epoch"] == 3 and manifest["num_ps"] == 3
-    final = checkpoint.ModelDir(model).read_table("docs")
+    final = modeldir.ModelDir(model).read_table("docs")
     assert not np.array_equal(final, docs)
     served = Model(model)  # from a verified local copy of LATEST
     first = served.keys("docs")[0].as_py()

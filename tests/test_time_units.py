@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import readers
+from doc2vec_dist import read_formats
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
 from doc2vec_dist.prepare import prepare
@@ -200,7 +200,7 @@ def test_a_file_in_two_units_is_refused_naming_the_row(tmp_path, monkeypatch):
         _prepare([tmp_path / "e.csv"], tmp_path / "c")
 
     # the unit is the file's, not a block's: a later block in seconds is refused too
-    monkeypatch.setattr(readers, "CSV_JSON_BLOCK_BYTES", 1000)
+    monkeypatch.setattr(read_formats, "CSV_JSON_BLOCK_BYTES", 1000)
     ev = _events(n=400)
     seconds = np.arange(len(ev["ms"])) >= 300
     _csv(tmp_path / "blocks.csv", ev, texts=[str(t // 1000) if s else str(t) for t, s in zip(ev["ms"], seconds)])

@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import load_benchmark, load_job
+from conftest import load_benchmark
 
-from doc2vec_dist import Model
+from doc2vec_dist import Model, pipeline
 from doc2vec_dist.cli import main
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
@@ -313,7 +313,7 @@ def test_the_refresh_job_refuses_a_rule_other_than_its_bases_before_any_work(tra
     events = str(tmp_path / "today.csv")
     _messy_csv(events, _sample_users(Model.load(trained_model).dir.corpus_path()))
     day = tmp_path / "day"
-    code = load_job("refresh").main(["--events", events, "--base-model", trained_model, "--out", str(day),
+    code = pipeline.refresh_job(["--events", events, "--base-model", trained_model, "--out", str(day),
                                      "--drop-query", "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err

@@ -14,9 +14,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIGNATURES = """
 import json
 from doc2vec_dist import warmup
+from types import SimpleNamespace
 from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.settings import resolve
+run = resolve(TrainConfig(), SimpleNamespace(num_tokens=50_000, vocab_size=5000, meta={}))
 print(json.dumps({f.__name__: sorted(str(key[0]) for key in f._cache._cache_file._load_index())
-                  for f in warmup.kernels(TrainConfig(), 5000)}))
+                  for f in warmup.kernels(run)}))
 """
 
 
@@ -38,11 +41,11 @@ def test_a_cold_cache_is_filled_beside_the_start_with_what_the_run_calls(small_c
     after_run = json.loads(_python(["-c", SIGNATURES], cold).stdout)
     # what the compiling process alone caches: the run's actors added no signature of their own
     alone = str(tmp_path / "cache-alone")
-    settings = {**dataclasses.asdict(TrainConfig()), "token_path": True}
+    settings = {**dataclasses.asdict(TrainConfig()), "token_path": True, "exact": True}
     assert _python(["-m", "doc2vec_dist.warmup", json.dumps(settings)], alone).returncode == 0
     assert json.loads(_python(["-c", SIGNATURES], alone).stdout) == after_run
     assert all(after_run.values()), after_run
     # and a warm cache starts nothing
-    probe = "from doc2vec_dist import warmup; from doc2vec_dist.config import TrainConfig; print(warmup.cold(TrainConfig(), 5000))"
+    probe = SIGNATURES.split("print(")[0] + "print(warmup.cold(run))"
     assert _python(["-c", probe], cold).stdout.strip() == "False"
     assert _python(["-c", probe], str(tmp_path / "cache-empty")).stdout.strip() == "True"

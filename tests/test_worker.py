@@ -20,10 +20,13 @@ import numpy as np
 import pytest
 
 from doc2vec_dist import precision
+from doc2vec_dist import settings as run_settings
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.ps import ParameterServer, table_specs
-from doc2vec_dist.worker import Position, Worker, plan_units
+from doc2vec_dist.settings import resolve
+from doc2vec_dist.units import Position, plan_units
+from doc2vec_dist.worker import Worker
 
 NUM_PS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +39,7 @@ def start_worker(ray, corpus_path: str, config: TrainConfig, **server_options) -
     server_cls = ray.remote(ParameterServer)
     servers = [server_cls.options(**server_options).remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
     rows = {name: spec.rows for name, spec in tables.items()}
-    worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, config, servers, tables)
+    worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, resolve(config, corpus), servers, tables)
     return servers, rows, worker
 
 
@@ -82,7 +85,7 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
     for epoch in range(config.epochs):
         # on the block schedule, worker 0 goes through every round as if the others' shares were empty
         start = Position(epoch)
-        for r in range(config.num_workers if config.blocks() else 1):
+        for r in range(config.num_workers if run_settings.blocks(config) else 1):
             s = worker.run_epoch(epoch, start)
             start = Position(epoch, round=r + 1, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"])
         stats.append(s)
@@ -238,28 +241,29 @@ def test_documents_resident_or_swapped_by_partition_train_what_documents_pulled_
 
 
 def test_where_a_workers_documents_live_kept_across_epochs_swapped_by_partition_or_streamed(monkeypatch):
-    """config.document_partitions: a CPU worker keeps its share within 2 GiB, else streams it as before; a
+    """settings.document_partitions: a CPU worker keeps its share within 2 GiB, else streams it as before; a
     GPU worker keeps it where its share of its device's free memory holds it beside its URL rows
     (Worker._device_room), else in partitions; --device-memory caps either; off the token path, streamed."""
     from types import SimpleNamespace
 
     import torch
 
-    from doc2vec_dist.config import RESIDENT_AUTO_BYTES, TableSpec
+    from doc2vec_dist.config import TableSpec
+    from doc2vec_dist.settings import RESIDENT_AUTO_BYTES
 
     row = 100 * 4
     fits = RESIDENT_AUTO_BYTES // row
-    assert TrainConfig(dim=100).document_partitions(fits, 1000) == 1
-    assert TrainConfig(dim=100).document_partitions(fits + 1, 1000) == 0
-    assert TrainConfig(dim=100, device_memory=0.5).document_partitions(fits + 1, 1000) == 5  # 2 GiB and a row
-    assert TrainConfig(dim=100, num_workers=2, schedule="shared").document_partitions(1000, 1000) == 0
-    assert TrainConfig(dim=100, gpus_per_worker=1).document_partitions(10 * fits, 1000) == 1  # the driver: unknown
+    assert run_settings.document_partitions(TrainConfig(dim=100), fits, 1000) == 1
+    assert run_settings.document_partitions(TrainConfig(dim=100), fits + 1, 1000) == 0
+    assert run_settings.document_partitions(TrainConfig(dim=100, device_memory=0.5), fits + 1, 1000) == 5  # 2 GiB and a row
+    assert run_settings.document_partitions(TrainConfig(dim=100, num_workers=2, schedule="shared"), 1000, 1000) == 0
+    assert run_settings.document_partitions(TrainConfig(dim=100, gpus_per_worker=1), 10 * fits, 1000) == 1  # the driver: unknown
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 16 << 30))
     two = TrainConfig(dim=100, num_workers=2, gpus_per_worker=0.5)
     room = Worker._device_room(SimpleNamespace(device="cuda", config=two, width=100),
                                TableSpec("words_out", 1_000_000, 100))
     assert room == int((8 << 30) * 0.75 * 0.5) - 500_000 * row  # half the device, less its block of URL rows
-    assert two.document_partitions(20_000_000, 1_000_000, free_bytes=room) == 2  # 10M users' rows, 4 GB each
+    assert run_settings.document_partitions(two, 20_000_000, 1_000_000, free_bytes=room) == 2  # 10M users' rows, 4 GB each
 
 
 def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and_its_restart_trains_the_same_rows(
@@ -269,7 +273,7 @@ def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and
     as the trainer restarts it, it finds the servers holding exactly the checkpoint's rows, and trains
     what a run that never stopped trains, bit for bit. (Before, the documents' pushes it made after the
     checkpoint were in the servers, and the restart trained that stretch a second time over them.)"""
-    from doc2vec_dist.worker import Compute
+    from doc2vec_dist.units import Compute
 
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=4096, kernel="batched",
                          progress=False)
@@ -306,8 +310,8 @@ def test_a_worker_killed_after_a_checkpoint_loses_only_what_it_trained_since_and
     (at,) = paused
     assert at.step < 5 and len(computed) == 6  # killed batches after it
     corpus = Corpus(small_corpus)
-    restarted = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, table_specs(config, corpus),
-                       staged=True)
+    restarted = Worker(0, plan_units(corpus, 1)[0], corpus.path, dataclasses.replace(resolve(config, corpus), staged=True),
+                       servers, table_specs(config, corpus))
     restarted.run_epoch(0, at)
     restarted.run_epoch(1)
     for name, n in rows.items():
@@ -389,7 +393,9 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
         from doc2vec_dist.config import TrainConfig
         from doc2vec_dist.corpus import Corpus
         from doc2vec_dist.ps import ParameterServer, table_specs
-        from doc2vec_dist.worker import Position, Worker, plan_units
+        from doc2vec_dist.settings import resolve
+        from doc2vec_dist.units import Position, plan_units
+        from doc2vec_dist.worker import Worker
         corpus = Corpus({sample_corpus[0]!r})
         out = {{}}
         for name, engine in {{"exact": {{}}, "batched": {{"kernel": "batched"}}, "host": {{"cache_rows": 0}}}}.items():
@@ -397,7 +403,7 @@ def test_a_worker_trains_against_servers_in_its_own_process_without_ray(sample_c
             tables = table_specs(config, corpus)
             servers = [LocalServer(ParameterServer(s, 2, tables, 1)) for s in range(2)]
             start = servers[0].server.tables["docs"].copy()
-            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, tables)
+            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, resolve(config, corpus), servers, tables)
             stats = [worker.run_epoch(e) for e in range(config.epochs)]
             moved = float(np.abs(servers[0].server.tables["docs"] - start).mean())
             for s in servers:
@@ -426,14 +432,16 @@ def test_a_cpu_worker_on_the_exact_kernel_trains_without_importing_torch(small_c
         from doc2vec_dist.config import TrainConfig
         from doc2vec_dist.corpus import Corpus
         from doc2vec_dist.ps import ParameterServer, table_specs
-        from doc2vec_dist.worker import Worker, plan_units
+        from doc2vec_dist.settings import resolve
+        from doc2vec_dist.units import plan_units
+        from doc2vec_dist.worker import Worker
 
         for kernel in ("exact", "batched"):
             config = TrainConfig(dim=8, epochs=1, sample=0, num_ps=2, kernel=kernel, progress=False)
             corpus = Corpus({small_corpus!r})
             tables = table_specs(config, corpus)
             servers = [client.LocalServer(ParameterServer(s, 2, tables, 1)) for s in range(2)]
-            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, config, servers, tables)
+            worker = Worker(0, plan_units(corpus, 1)[0], corpus.path, resolve(config, corpus), servers, tables)
             stats = worker.run_epoch(0)
             for server in servers:
                 server.close()
@@ -457,8 +465,8 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
     tables = table_specs(config, corpus)
     servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
     try:
-        worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, config, servers, tables)
-        assert config.blocks() and worker.rounds == 2 and worker.docs_head > 0
+        worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, resolve(config, corpus), servers, tables)
+        assert run_settings.blocks(config) and worker.rounds == 2 and worker.docs_head > 0
 
         def on_servers(ids):  # row r lives on server r % NUM_PS, at r // NUM_PS
             rows = np.empty((len(ids), worker.width), np.float32)
@@ -478,23 +486,6 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
     finally:
         for server in servers:
             server.close()
-
-
-def test_the_exact_kernels_two_rates_are_the_batched_paths_bit_for_bit():
-    """worker.ends_alphas (numpy, so that the exact kernel's worker needs no torch) gives the bits that
-    kernels.micro_batch_alphas(..., n_micro=1, ends=True) gives: runs keep the learning rates they had."""
-    from doc2vec_dist.kernels import micro_batch_alphas
-    from doc2vec_dist.worker import ends_alphas
-
-    rng = np.random.default_rng(0)
-    for _ in range(500):
-        alpha = float(rng.uniform(0.001, 0.2))
-        low = float(alpha * rng.uniform(0, 0.5))
-        planned = int(rng.integers(1, 10**9))
-        done, tokens = int(rng.integers(0, planned + 1000)), int(rng.integers(0, 10**6))
-        ours = ends_alphas(alpha, low, done, tokens, planned)
-        torch_s = micro_batch_alphas(alpha, low, done, tokens, planned, 1, ends=True).numpy()
-        np.testing.assert_array_equal(ours.view(np.uint32), torch_s.view(np.uint32))
 
 
 def _rows_on_servers(servers, table: str, ids: np.ndarray, width: int, config: TrainConfig) -> np.ndarray:
@@ -524,7 +515,7 @@ def test_resident_rows_pulled_in_place_train_what_rows_copied_in_train(small_cor
     for copied in (False, True):
         servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
         try:
-            worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, config, servers, tables)
+            worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, resolve(config, corpus), servers, tables)
             assert worker.docs_head > 0 and worker.rounds == 2
             docs = worker.client.docs  # kept grouped by server
             on_servers = _rows_on_servers(servers, "docs", docs.ids, worker.width, config)
@@ -557,7 +548,7 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
     from doc2vec_dist import client
     from doc2vec_dist.cpu_kernel import train_tokens
     from doc2vec_dist.schedule import Blocks
-    from doc2vec_dist.worker import Compute
+    from doc2vec_dist.units import Compute
 
     epochs, workers = 3, 2
     config = TrainConfig(dim=8, epochs=epochs, num_ps=NUM_PS, num_workers=workers, cpus_per_worker=1, macro_batch=2048,
@@ -583,12 +574,12 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
         plan = plan_units(corpus, workers)
         pool = []
         for i in range(workers):
-            worker = Worker(i, plan[i], corpus.path, config, servers, tables)
+            worker = Worker(i, plan[i], corpus.path, resolve(config, corpus), servers, tables)
             worker.compute = dataclasses.replace(Compute.default(), tokens=counted(worker))
             pool.append(worker)
         for epoch in range(epochs):  # as trainer._run_epoch drives them
             starts, handed = [Position(epoch)] * workers, [None] * workers
-            for r in range(config.rounds()):
+            for r in range(run_settings.rounds(config)):
                 last = [w.run_epoch(epoch, starts[i], handed[i]) for i, w in enumerate(pool)]
                 by_block = {h["block"]: h for h in (s.pop("handover") for s in last) if h is not None}
                 handed = [by_block.get(Blocks.held(i, r + 1, workers)) for i in range(workers)]

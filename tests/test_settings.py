@@ -1,0 +1,96 @@
+"""A run's settings, resolved once (settings.resolve, issue 49 item 1): what follows from the config, the
+corpus and the cluster together, decided in one place, recorded by the checkpoint and resolved from it
+on resume."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+from types import SimpleNamespace
+
+import pytest
+
+from doc2vec_dist import checkpoint
+from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.errors import UserError
+from doc2vec_dist.settings import RunSettings, resolve
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TEXT = SimpleNamespace(num_tokens=10_000_000, vocab_size=100_000, meta={"format": "text"})
+EVENTS = SimpleNamespace(num_tokens=10_000_000, vocab_size=100_000, meta={})
+
+
+def test_resolve_decides_the_segments_rounds_plan_path_and_macro_batch_once():
+    text = resolve(TrainConfig(num_workers=2), TEXT)
+    assert isinstance(text, RunSettings)
+    assert (text.segments, text.blocks, text.rounds, text.plan, text.token_path) == (16, True, 32, "interleaved", True)
+    assert text.config.segments == 16 and text.resident_rows == 50_000 and text.kernel == "exact"
+    events = resolve(TrainConfig(num_workers=2), EVENTS)
+    assert (events.segments, events.rounds, events.plan) == (1, 2, "runs")
+    assert resolve(TrainConfig(num_workers=2, segments=3), TEXT).segments == 3  # given: kept
+    shared = resolve(TrainConfig(num_workers=4, schedule="shared"), EVENTS)
+    assert (shared.token_path, shared.resident_rows, shared.macro_batch) == (False, 0, 65536)
+    assert resolve(TrainConfig(kernel="batched"), EVENTS).macro_batch == 1_048_576  # the device's examples
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        text.segments = 1
+
+
+def test_a_resume_resolves_its_segments_from_the_checkpoints_settings():
+    # a checkpoint trained with --segments 4 on events: its resume walks the corpus as it did
+    assert resolve(TrainConfig(num_workers=2), EVENTS, saved={"segments": 4}).segments == 4
+    assert resolve(TrainConfig(num_workers=2, segments=2), EVENTS, saved={"segments": 4}).segments == 2
+
+
+def test_the_kernels_availability_is_decided_by_resolve_and_config_imports_nothing_of_the_engine(monkeypatch):
+    config = ast.parse((ROOT / "doc2vec_dist" / "config.py").read_text())
+    imported = {n.module for n in ast.walk(config) if isinstance(n, ast.ImportFrom) and n.level == 1}
+    assert imported <= {"errors"}, imported
+    monkeypatch.setattr("doc2vec_dist.triton_kernel.available", lambda: False)
+    fused = TrainConfig(kernel="fused")  # a declaration: valid
+    with pytest.raises(UserError, match="^bad training config: .*pip install triton"):
+        resolve(fused, EVENTS)
+
+
+def test_the_placement_drops_resident_documents_or_refuses_on_the_cluster_it_is_given():
+    big = SimpleNamespace(num_tokens=10_000_000, vocab_size=1000, num_docs=4_000_000, meta={})
+    config = TrainConfig(dim=100, num_workers=2, cpus_per_worker=1)
+    roomy = {"CPU": 4, "GPU": 0, "memory": 64 * 2**30}
+    assert resolve(config, big, roomy).config.resident_docs
+    from doc2vec_dist.placement import run_memory_bytes
+    from doc2vec_dist.ps import table_specs
+
+    lighter = dataclasses.replace(config, segments=1, resident_docs=False)
+    per_ps, per_worker = run_memory_bytes(lighter, table_specs(lighter, big))
+    tight = {**roomy, "memory": config.num_ps * per_ps + 2 * per_worker + 1}
+    placed = resolve(config, big, tight)
+    assert not placed.config.resident_docs and placed.to_json()["resident_docs"] is False
+    with pytest.raises(UserError, match="^2 workers need 4 CPU but the Ray cluster has 2; lower --num-workers"):
+        resolve(dataclasses.replace(config, cpus_per_worker=2), big, roomy | {"CPU": 2})
+
+
+def test_the_checkpoint_records_the_resolved_settings(trained_model):
+    manifest = checkpoint.resume_point(trained_model, verify=False, quiet=True).manifest
+    assert manifest["settings"] == {"segments": 1, "blocks": True, "rounds": 2, "plan": "runs", "token_path": True,
+                                    "resident_rows": manifest["settings"]["resident_rows"],
+                                    "resident_tables": {"words_out": manifest["settings"]["resident_rows"]},
+                                    "macro_batch": manifest["settings"]["macro_batch"], "handover": True,
+                                    "kernel": "exact", "resident_docs": True}
+    assert manifest["settings"]["resident_rows"] > 0 and manifest["plan"] == "runs"
+
+
+DERIVED = {"resident_tables", "resident_rows", "resident_documents", "document_partitions", "writes_back_at_end_of",
+           "token_path", "rounds", "_segments", "blocks", "plan", "half_on_device", "exact_kernel"}
+
+
+def test_config_declares_and_settings_decides():
+    """config.py keeps the declarations and their checks (issue 49, item 1): what follows from the
+    settings together with the corpus's sizes, and how a run trains, is settings.py's, in one home."""
+    from doc2vec_dist import settings
+
+    assert not DERIVED & set(vars(TrainConfig)), sorted(DERIVED & set(vars(TrainConfig)))
+    tree = ast.parse((ROOT / "doc2vec_dist" / "config.py").read_text())
+    sized = [f"{node.name}({arg.arg})" for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+             for arg in node.args.args if arg.arg.endswith("_rows") or arg.arg in {"num_docs", "vocab", "share"}]
+    assert not sized, sized
+    homeless = [name for name in DERIVED if not hasattr(settings, name) and not hasattr(RunSettings, name)]
+    assert not homeless, homeless
