@@ -69,7 +69,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from conftest import small_corpus
 
-    assert sys.argv[1:] == ["--record"], "usage: PYTHONPATH=CHECKOUT python tests/test_same_model.py --record"
+    assert sys.argv[1:] == ["--record"], "usage: cd CHECKOUT && PYTHONPATH=. python REPO/tests/test_same_model.py --record"
     package = pathlib.Path(doc2vec_dist.__file__).parent
     commit = subprocess.run(["git", "-C", str(package), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
