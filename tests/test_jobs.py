@@ -349,7 +349,6 @@ def job_resume_args(err: str, model: str, job: str) -> tuple[int, str]:
     """The version a stopped job kept and the arguments of the resume command it named (`python jobs/JOB
     ARGS`), checked: the model is kept up to its latest checkpoint, short of the run's 30 epochs, and the
     command is this Python and this checkout's jobs/JOB."""
-
     version = modeldir.latest_version(model)
     assert version is not None and modeldir.load_manifest(model)[1]["epoch"] < 30, err
     resume = re.search(rf"training stopped: the model at {re.escape(model)} is kept up to checkpoint v{version}; "
