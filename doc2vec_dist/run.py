@@ -41,6 +41,7 @@ from .placement import (
 )
 from .ps import ParameterServer, table_specs
 from .runlog import RunLog
+from .runners import actor_env
 from .schedule import Blocks
 from .settings import RunSettings
 from .units import Position, plan_of
@@ -161,7 +162,7 @@ class Run:
         resume = self.resume  # from a version older than LATEST: the servers load it until this run commits
         restore = (resume.version, resume.latest) if resume.version is not None and resume.version != resume.latest else None
         self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
-                                           max_task_retries=-1,
+                                           max_task_retries=-1, runtime_env={"env_vars": actor_env()},
                                            **on_node(server_placement, homes["servers"][s], homes["server_memory"])).remote(
             s, config.num_ps, tables, config.seed, self.out, self.warm, journal, config.rounding, restore=restore)
             for s in range(config.num_ps)]
@@ -171,7 +172,8 @@ class Run:
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
-                                           max_task_retries=0, **on_node(worker_placement, homes["workers"][i])).remote(
+                                           max_task_retries=0, runtime_env={"env_vars": actor_env()},
+                                           **on_node(worker_placement, homes["workers"][i])).remote(
             i, self.plan[i], os.path.abspath(corpus.path), self.settings, names, tables, step_pause=step_pause)
             for i in range(config.num_workers)]
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
