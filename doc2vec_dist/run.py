@@ -121,7 +121,10 @@ class Run:
         self.starts: list = [None] * config.num_workers  # where each worker's current run_epoch began
         self.handed: list = [None] * config.num_workers  # the block each was handed for it (Worker.run_epoch)
         self.epoch_stats: list[dict] = []
-        self.worker_restarts = 0
+        self.worker_restarts = 0  # restarts seen: a worker answering from another process (_note_pid)
+        self.failures = 0  # its calls that failed as it died: at most --max-restarts per worker
+        self.worker_pids: dict[int, int] = {}  # the process each worker last answered from
+        self.reported: set[int] = set()  # workers whose failure was said, whose restart is not seen yet
         self.ckpt_seconds = 0.0
         self.last_ckpt = time.perf_counter()
         # the driver's tick: progress, and whether a checkpoint is due (so at least twice per period)
@@ -178,6 +181,7 @@ class Run:
             for i in range(config.num_workers)]
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
             self._seen(("worker", i), answer)
+            self._note_pid(i, answer)
         self.server_info = self._get([s.info.remote() for s in self.servers])
         for shard, answer in enumerate(self.server_info):
             self._seen(("server", shard), answer)
@@ -277,6 +281,7 @@ class Run:
                 i = pending.pop(ref)
                 try:
                     finished[i] = ray.get(ref)
+                    self._note_pid(i, finished[i])  # the process that trained this round
                 except ray.exceptions.RayActorError as exc:  # the worker's process (or its node) died
                     pending[self._restart_worker(i, epoch, exc)] = i
                 except ray.exceptions.RayError as exc:
@@ -311,12 +316,12 @@ class Run:
 
     def _restart_worker(self, i: int, epoch: int, exc: Exception):
         """Wait for Ray to restart worker i, then send it back to its last checkpointed position."""
-        self.worker_restarts += 1
-        if self.worker_restarts > self.config.max_restarts * len(self.workers):
+        self.failures += 1
+        if self.failures > self.config.max_restarts * len(self.workers):
             raise TrainingStopped(f"training stopped in epoch {epoch}: worker {i} failed too often "
                                   f"({root_cause(exc)})")
         log.warning(f"worker {i} failed ({root_cause(exc)}); restarting it from its last checkpointed position")
-        self.log.write("restart", worker=i, epoch=epoch, reason=root_cause(exc))
+        self._write_restart(i, epoch, root_cause(exc))
         self._await_restart(i, root_cause(exc))
         # Its position in the last checkpoint, if that checkpoint is of this epoch; else the epoch's
         # start (checkpoints off, or none yet this epoch). Its pushes since then are in the servers:
@@ -327,6 +332,48 @@ class Run:
         self.starts[i] = start
         # from the round's start, the block as it was handed over; from a checkpoint, the servers' copy
         return self.workers[i].run_epoch.remote(epoch, start, self.handed[i] if start is round_start else None)
+
+    def _note_pid(self, i: int, answer: dict) -> None:
+        """Worker i answered from answer["pid"]: a process other than the last one it answered from is a
+        restart (Ray's), counted here once however the driver learnt of it: a call that failed as it died,
+        one refused while it restarted, or none at all where it died between two calls."""
+        pid = answer.get("pid")
+        if pid is None:
+            return
+        if self.worker_pids.get(i, pid) != pid:
+            self.worker_restarts += 1
+            if i in self.reported:
+                self.reported.discard(i)
+            else:  # it died between two calls of the driver's, and none of them failed
+                log.warning(f"worker {i} was restarted by Ray (it answers from another process) between two calls "
+                            "of the driver's")
+                self.log.write("restart", worker=i, epoch=None, reason="restarted between two calls")
+        self.worker_pids[i] = pid
+
+    def _write_restart(self, i: int, epoch: int, cause: str) -> None:
+        """The run log's line for worker i's failure, said (the warning) before Ray's restart of it is seen."""
+        self.reported.add(i)
+        self.log.write("restart", worker=i, epoch=epoch, reason=cause)
+
+    def _restarted_unseen(self, refs: list, died: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """The workers whose pause (refs) answered from a process other than the one that trained their last
+        round: each died between that round's end and the pause, with no call of the driver's failing, and
+        its restarted process wrote back none of the rows the dead one kept (its documents'). Their pause
+        is taken as having failed (the caller trains the epoch again, or says what was lost)."""
+        gone = {i for i, _ in died}
+        asked = {i: self.workers[i].progress.remote() for i in range(len(self.workers)) if i not in gone}
+        with contextlib.suppress(ray.exceptions.GetTimeoutError):
+            self._settle(list(asked.values()), within=60)
+        found = []
+        for i, ref in asked.items():
+            try:
+                pid = ray.get(ref, timeout=0).get("pid")
+            except ray.exceptions.RayError as exc:
+                found.append((i, root_cause(exc)))
+                continue
+            if pid is not None and self.worker_pids.get(i, pid) != pid:
+                found.append((i, "its process was restarted by Ray between its last round and the checkpoint"))
+        return found
 
     def _await_restart(self, i: int, cause: str) -> None:
         """Wait until worker i, which died, answers again (Ray restarting it), so that the next call to it
@@ -387,6 +434,7 @@ class Run:
             self._seen(key, answer)
             if key[0] == "worker":
                 self.answers[key[1]] = answer
+                self._note_pid(key[1], answer)
             else:
                 self.server_answers[key[1]] = answer
 
@@ -498,19 +546,27 @@ class Run:
                         ray.get(ref)
                     except ray.exceptions.RayActorError as exc:
                         died.append((i, root_cause(exc)))
-                self.worker_restarts += len(died)
+                died += self._restarted_unseen(refs, died)
+                self.failures += len(died)
                 failed.update(i for i, _ in died)
-                if not died or self.settings.writes_back_at_end_of(epoch - 1):  # nothing kept: nothing lost
+                if not died:
                     break
-                if len(self.workers) > 1:
+                if self.settings.writes_back_at_end_of(epoch - 1) or len(self.workers) > 1:
                     for i, cause in died:
+                        lost = ("nothing: its rows were written back at the epoch's end"
+                                if self.settings.writes_back_at_end_of(epoch - 1) else
+                                "its documents lose their updates since the last checkpoint")
                         log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} "
-                                    "had its rows: its documents lose their updates since the last checkpoint")
+                                    f"had its rows: {lost}")
+                        self._write_restart(i, epoch - 1, cause)
+                        # back before the next epoch's call to it: one refused as the actor restarts would count
+                        # this failure again (and stop the run at --max-restarts on a busy machine)
+                        self._await_restart(i, cause)
                     break
                 (i, cause), = died
                 log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} had its "
                             "rows; training that epoch again from the last checkpoint")
-                self.log.write("restart", worker=i, epoch=epoch - 1, reason=cause)
+                self._write_restart(i, epoch - 1, cause)
                 self._await_restart(i, cause)
                 with contextlib.suppress(ray.exceptions.RayError):  # (the restarted one is not paused)
                     self._get([w.resume.remote() for w in self.workers], within=60)
@@ -528,8 +584,15 @@ class Run:
                 for i, ref in enumerate(refs):  # one that died once the checkpoint had its rows lost nothing
                     try:
                         ray.get(ref, timeout=0)
-                    except ray.exceptions.RayActorError:
-                        self.worker_restarts += i not in failed
+                    except ray.exceptions.RayActorError as exc:
+                        if i in failed:
+                            continue
+                        cause = root_cause(exc)
+                        self.failures += 1
+                        log.warning(f"worker {i} failed ({cause}) after the checkpoint at the end of epoch {epoch} "
+                                    "had its rows: nothing lost; restarting it")
+                        self._write_restart(i, epoch, cause)
+                        self._await_restart(i, cause)  # (as above: its next call is not refused and counted again)
                     except ray.exceptions.RayError:
                         pass
 

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import threading
 import time
 import warnings
@@ -230,6 +231,7 @@ class Worker:
         run_epoch works."""
         s = dict(self.stats)
         s["node"] = self.node
+        s["pid"] = os.getpid()  # which process answers: the driver counts a restart by it (Run._note_pid)
         s["seconds"] = dict(s["seconds"])
         s["bytes"] = dict(self.client.traffic)
         return s
