@@ -1,12 +1,12 @@
 """What one other busy process costs a run's workers, by how their OpenMP threads wait
-(runners.actor_env):
+(doc2vec_dist.calm_openmp_in_ray_workers):
 
     python benchmarks/busy_core.py --work /tmp/busy            # the table, and JSON under --work
     python benchmarks/busy_core.py --epochs 8 --repeats 2 --busy 0 1
 
 The bundled sample, one worker of 2 CPUs on the token path with the CPU as the device (settings.STAGED_ENV:
 the GPU workers' path, torch's threads), trained with libgomp's default spin (GOMP_SPINCOUNT=300000), the
-run's choice (1000, actor_env) and OMP_WAIT_POLICY=PASSIVE, each next to 0 and 1 processes that keep a core
+run's choice (1000: calm_openmp_in_ray_workers) and OMP_WAIT_POLICY=PASSIVE, each next to 0 and 1 processes that keep a core
 busy. It prints the median of the runs' training seconds (the summary's train_seconds: the actors' start
 and the checkpoints left out). Each run starts its own local Ray with 2 CPUs, as a user's `doc2vec-dist
 train` does. Speed needs a quiet machine otherwise: nothing else running.
@@ -43,7 +43,7 @@ finally:
 print(json.dumps({"train_seconds": summary["train_seconds"], "tokens": summary.get("tokens")}))
 """
 
-POLICIES = {"default spin (300000)": {"GOMP_SPINCOUNT": "300000"}, "actor_env (1000 spins)": {},
+POLICIES = {"default spin (300000)": {"GOMP_SPINCOUNT": "300000"}, "the run's (1000 spins)": {},
             "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}
 
 

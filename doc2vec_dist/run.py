@@ -41,7 +41,6 @@ from .placement import (
 )
 from .ps import ParameterServer, table_specs
 from .runlog import RunLog
-from .runners import actor_env
 from .schedule import Blocks
 from .settings import RunSettings
 from .units import Position, plan_of
@@ -165,7 +164,7 @@ class Run:
         resume = self.resume  # from a version older than LATEST: the servers load it until this run commits
         restore = (resume.version, resume.latest) if resume.version is not None and resume.version != resume.latest else None
         self.servers = [server_cls.options(name=names[s], max_concurrency=4, max_restarts=config.max_restarts,
-                                           max_task_retries=-1, runtime_env={"env_vars": actor_env()},
+                                           max_task_retries=-1,
                                            **on_node(server_placement, homes["servers"][s], homes["server_memory"])).remote(
             s, config.num_ps, tables, config.seed, self.out, self.warm, journal, config.rounding, restore=restore)
             for s in range(config.num_ps)]
@@ -175,8 +174,7 @@ class Run:
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
         # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
         self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
-                                           max_task_retries=0, runtime_env={"env_vars": actor_env()},
-                                           **on_node(worker_placement, homes["workers"][i])).remote(
+                                           max_task_retries=0, **on_node(worker_placement, homes["workers"][i])).remote(
             i, self.plan[i], os.path.abspath(corpus.path), self.settings, names, tables, step_pause=step_pause)
             for i in range(config.num_workers)]
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
@@ -355,26 +353,6 @@ class Run:
         self.reported.add(i)
         self.log.write("restart", worker=i, epoch=epoch, reason=cause)
 
-    def _restarted_unseen(self, refs: list, died: list[tuple[int, str]]) -> list[tuple[int, str]]:
-        """The workers whose pause (refs) answered from a process other than the one that trained their last
-        round: each died between that round's end and the pause, with no call of the driver's failing, and
-        its restarted process wrote back none of the rows the dead one kept (its documents'). Their pause
-        is taken as having failed (the caller trains the epoch again, or says what was lost)."""
-        gone = {i for i, _ in died}
-        asked = {i: self.workers[i].progress.remote() for i in range(len(self.workers)) if i not in gone}
-        with contextlib.suppress(ray.exceptions.GetTimeoutError):
-            self._settle(list(asked.values()), within=60)
-        found = []
-        for i, ref in asked.items():
-            try:
-                pid = ray.get(ref, timeout=0).get("pid")
-            except ray.exceptions.RayError as exc:
-                found.append((i, root_cause(exc)))
-                continue
-            if pid is not None and self.worker_pids.get(i, pid) != pid:
-                found.append((i, "its process was restarted by Ray between its last round and the checkpoint"))
-        return found
-
     def _await_restart(self, i: int, cause: str) -> None:
         """Wait until worker i, which died, answers again (Ray restarting it), so that the next call to it
         is not refused as one to an actor still restarting (and counted as another failure on a busy
@@ -546,7 +524,6 @@ class Run:
                         ray.get(ref)
                     except ray.exceptions.RayActorError as exc:
                         died.append((i, root_cause(exc)))
-                died += self._restarted_unseen(refs, died)
                 self.failures += len(died)
                 failed.update(i for i, _ in died)
                 if not died:

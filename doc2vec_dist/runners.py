@@ -221,18 +221,6 @@ def calm_openmp() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def actor_env() -> dict:
-    """The environment variables a run's actors start with (their `runtime_env`, which Ray merges with the
-    job's): OpenMP threads that spin only briefly (GOMP_SPINCOUNT=1000) before they sleep while they wait,
-    unless the driver's environment chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT). With libgomp's default
-    spin (300,000), a worker's torch threads (the token path on the CPU as the device, --kernel batched)
-    fight any other busy process for the cores at every parallel step: on this 2-core machine, next to
-    one busy process, a 2-CPU worker trained the sample 35x slower (108 s against 3.1 s); with 1,000
-    spins 1.6 s of training, against 0.4-0.5 s quiet either way (benchmarks/busy_core.py)."""
-    chosen = {name: os.environ[name] for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if os.environ.get(name)}
-    return chosen or {"GOMP_SPINCOUNT": "1000"}
-
-
 def where() -> dict:
     """Which process ran a task: shown in job summaries, so a user sees the work was spread."""
     return {"host": socket.gethostname(), "pid": os.getpid()}
