@@ -178,7 +178,14 @@ def _interrupt_when(proc: subprocess.Popen, ready: Callable[[], bool], within: f
             assert time.monotonic() < deadline, f"not ready within {within:.0f} s"
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # still running: its threads' stacks (the CLI's faulthandler) in the failure
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(3)
+            proc.kill()
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(f"still running 120 s after Ctrl-C; its stacks then:\n{err[-8000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
