@@ -528,11 +528,11 @@ class Run:
                 failed.update(i for i, _ in died)
                 if not died:
                     break
-                if self.settings.writes_back_at_end_of(epoch - 1) or len(self.workers) > 1:
+                written_back = self.settings.writes_back_at_end_of(epoch - 1)  # nothing kept: nothing lost
+                if written_back or len(self.workers) > 1:
+                    lost = ("nothing: its rows were written back at the epoch's end" if written_back else
+                            "its documents lose their updates since the last checkpoint")
                     for i, cause in died:
-                        lost = ("nothing: its rows were written back at the epoch's end"
-                                if self.settings.writes_back_at_end_of(epoch - 1) else
-                                "its documents lose their updates since the last checkpoint")
                         log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} "
                                     f"had its rows: {lost}")
                         self._write_restart(i, epoch - 1, cause)
