@@ -1,5 +1,5 @@
 """What one other busy process costs a run's workers, by how their OpenMP threads wait
-(doc2vec_dist.calm_openmp_in_ray_workers):
+(runners.calm_openmp_in_ray_workers):
 
     python benchmarks/busy_core.py --work /tmp/busy            # the table, and JSON under --work
     python benchmarks/busy_core.py --epochs 8 --repeats 2 --busy 0 1
@@ -29,11 +29,11 @@ from harness import save_json
 
 ONE_RUN = """
 import json, os, subprocess, sys
-import ray
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.trainer import train
+from harness import local_ray
 corpus, out, epochs, busy = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+local_ray(2, logging_level="ERROR", log_to_driver=False)  # up before the busy processes start
 hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(busy)]
 try:
     summary = train(corpus, out, TrainConfig(dim=32, epochs=epochs, kernel="batched", progress=False))
@@ -60,7 +60,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "doc2vec_dist", "prepare", os.path.join(ROOT, "data", "sample", "events"),
                         "--out", corpus, "--time-col", "ts", "--no-progress"], check=True, cwd=ROOT)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env.update({"DOC2VEC_DIST_STAGED_ON_CPU": "1", "PYTHONPATH": ROOT})
+    env.update({"DOC2VEC_DIST_STAGED_ON_CPU": "1", "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks")])})
     rows = []
     for busy in args.busy:
         for name, policy in POLICIES.items():

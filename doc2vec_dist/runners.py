@@ -210,15 +210,41 @@ def largest_node_memory() -> int | None:
     return int(max(found)) if found and max(found) else None
 
 
+CALMED_ENV = "DOC2VEC_DIST_CALMED_OPENMP"  # set where calm_openmp chose OMP_WAIT_POLICY
+
+
 def calm_openmp() -> None:
     """Have OpenMP threads sleep rather than spin while they wait, unless the user chose otherwise.
 
     Call it before faiss is first imported (faiss loads its own OpenMP runtime, which reads this
     once). By default a waiting thread spins for a while; next to other busy processes (Ray workers,
     other jobs) that turns every parallel step into a fight for the cores: on a loaded machine PQ
-    training was several times faster sleeping, and on a quiet one the two are within noise.
+    training was several times faster sleeping, and on a quiet one the two are within noise. Marked as
+    the package's own (CALMED_ENV): a local Ray started after it passes it on to its workers, whose
+    policy calm_openmp_in_ray_workers sets.
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ[CALMED_ENV] = "1"
+
+
+def calm_openmp_in_ray_workers(environ=os.environ) -> bool:
+    """In a Ray worker process (its environment has RAY_RAYLET_PID), OpenMP threads that spin 1,000 times, not
+    libgomp's 300,000, before they sleep while they wait, unless the user chose (OMP_WAIT_POLICY,
+    GOMP_SPINCOUNT; an OMP_WAIT_POLICY that calm_openmp set in the driver is not a choice). Called as the
+    package is imported: a run's actors import it before torch, which loads libgomp and reads this once. With
+    the default spin, a worker's torch threads (the token path with the CPU as the device, --kernel batched)
+    fight any other busy process for the cores at every parallel step, and train many times slower on a
+    shared node (docs/benchmarks.md, "GOMP_SPINCOUNT"). Set in the process, not as the actors' runtime_env:
+    that would start each actor in a new process instead of one Ray keeps ready. Returns whether it set it."""
+    if not environ.get("RAY_RAYLET_PID"):
+        return False
+    if environ.pop(CALMED_ENV, None):
+        environ.pop("OMP_WAIT_POLICY", None)
+    if environ.get("OMP_WAIT_POLICY") or environ.get("GOMP_SPINCOUNT"):
+        return False
+    environ["GOMP_SPINCOUNT"] = "1000"
+    return True
 
 
 def where() -> dict:

@@ -1,4 +1,4 @@
-"""OpenMP threads in Ray's worker processes spin briefly, then sleep (doc2vec_dist.calm_openmp_in_ray_workers):
+"""OpenMP threads in Ray's worker processes spin briefly, then sleep (runners.calm_openmp_in_ray_workers):
 with libgomp's default spin a device-path worker next to one busy process trained many times slower
 (benchmarks/busy_core.py; docs/benchmarks.md)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from doc2vec_dist import calm_openmp_in_ray_workers
+from doc2vec_dist.runners import CALMED_ENV, calm_openmp_in_ray_workers
 
 
 def test_only_a_ray_worker_process_gets_it_and_a_users_choice_stands():
@@ -18,6 +18,10 @@ def test_only_a_ray_worker_process_gets_it_and_a_users_choice_stands():
         environ = {"RAY_RAYLET_PID": "123", **chosen}
         assert not calm_openmp_in_ray_workers(environ)
         assert environ == {"RAY_RAYLET_PID": "123", **chosen}
+    # the driver's calm_openmp (for faiss, before a local Ray started) is not a user's choice: a worker spins 1,000
+    inherited = {"RAY_RAYLET_PID": "123", "OMP_WAIT_POLICY": "PASSIVE", CALMED_ENV: "1"}
+    assert calm_openmp_in_ray_workers(inherited)
+    assert inherited == {"RAY_RAYLET_PID": "123", "GOMP_SPINCOUNT": "1000"}
 
 
 def test_a_runs_worker_actor_has_it_before_torch_loads_libgomp(ray_cluster):
