@@ -123,6 +123,7 @@ class Run:
         self.worker_restarts = 0  # restarts seen: a worker answering from another process (_note_pid)
         self.failures = 0  # its calls that failed as it died: at most --max-restarts per worker
         self.worker_pids: dict[int, int] = {}  # the process each worker last answered from
+        self.trained_by: dict[int, int] = {}  # the process that trained each worker's last round
         self.reported: set[int] = set()  # workers whose failure was said, whose restart is not seen yet
         self.ckpt_seconds = 0.0
         self.last_ckpt = time.perf_counter()
@@ -280,6 +281,7 @@ class Run:
                 try:
                     finished[i] = ray.get(ref)
                     self._note_pid(i, finished[i])  # the process that trained this round
+                    self.trained_by[i] = finished[i].get("pid")
                 except ray.exceptions.RayActorError as exc:  # the worker's process (or its node) died
                     pending[self._restart_worker(i, epoch, exc)] = i
                 except ray.exceptions.RayError as exc:
@@ -513,7 +515,7 @@ class Run:
         (Ray restarts it) where it kept them across that end. One worker then trains the epoch again from
         that checkpoint's position, where the servers' rows are that checkpoint's; on the block schedule the
         others' rounds met its rows, and its documents lose that stretch, as the warning says."""
-        stopping, failed = False, set()
+        stopping, failed, counted = False, set(), set()
         try:
             while True:
                 refs = [w.pause.remote() for w in self.workers]
@@ -521,9 +523,16 @@ class Run:
                 died = []
                 for i, ref in enumerate(refs):
                     try:
-                        ray.get(ref)
+                        paused = ray.get(ref)
                     except ray.exceptions.RayActorError as exc:
                         died.append((i, root_cause(exc)))
+                        continue
+                    if paused.pid is not None and self.trained_by.get(i, paused.pid) != paused.pid:
+                        # Ray restarted it after its epoch ended, before this pause reached it: a new process
+                        # answered, holding nothing of what the one that trained the epoch kept
+                        died.append((i, "its process ended after its epoch, and Ray restarted it"))
+                        if self.worker_pids.get(i) == paused.pid:  # its restart already counted and said
+                            counted.add(i)
                 self.failures += len(died)
                 failed.update(i for i, _ in died)
                 if not died:
@@ -535,7 +544,8 @@ class Run:
                     for i, cause in died:
                         log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} "
                                     f"had its rows: {lost}")
-                        self._write_restart(i, epoch - 1, cause)
+                        if i not in counted:
+                            self._write_restart(i, epoch - 1, cause)
                         # back before the next epoch's call to it: one refused as the actor restarts would count
                         # this failure again (and stop the run at --max-restarts on a busy machine)
                         self._await_restart(i, cause)
@@ -543,7 +553,8 @@ class Run:
                 (i, cause), = died
                 log.warning(f"worker {i} failed ({cause}) before the checkpoint at the end of epoch {epoch} had its "
                             "rows; training that epoch again from the last checkpoint")
-                self._write_restart(i, epoch - 1, cause)
+                if i not in counted:
+                    self._write_restart(i, epoch - 1, cause)
                 self._await_restart(i, cause)
                 with contextlib.suppress(ray.exceptions.RayError):  # (the restarted one is not paused)
                     self._get([w.resume.remote() for w in self.workers], within=60)

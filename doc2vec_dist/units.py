@@ -54,10 +54,14 @@ class Position:
     pairs: int = 0
     loss: float = 0.0
     round: int = 0            # the block schedule's round in the epoch (schedule.py; always 0 for one worker)
+    # the process that answered (Worker.pause): the driver sees there a worker Ray restarted since its last
+    # answer, and the rows it held lost with the old process. Not part of the position: not compared, not saved
+    pid: int | None = dataclasses.field(default=None, compare=False)
 
     def to_json(self) -> dict:
-        """The manifest's entry: every field, by name (round only where the block schedule has one)."""
+        """The manifest's entry: every field but pid, by name (round only where the block schedule has one)."""
         entry = dataclasses.asdict(self)
+        del entry["pid"]
         if not self.round:
             del entry["round"]
         return entry

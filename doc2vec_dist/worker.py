@@ -342,7 +342,8 @@ class Worker:
                         loss=self.stats["loss"], round=self._round)
 
     def pause(self) -> Position:
-        """Stop between two macro-batches with every push applied; returns the data position.
+        """Stop between two macro-batches with every push applied; returns the data position, with the pid
+        of the process that answers (a process Ray started after the rows it kept were lost: Run sees it).
 
         Idle (between epochs) it returns at once, and the request stays set, so an epoch started
         meanwhile pauses before its first batch: nothing trains while a checkpoint is written.
@@ -366,7 +367,7 @@ class Worker:
                 # the block it handed over at its round's end: no round starts while a checkpoint is
                 # written, so its next holder has not taken it on, and the servers' copy is older
                 self.client.write_handed(label)
-            return self._paused_at or self._position
+            return dataclasses.replace(self._paused_at or self._position, pid=os.getpid())
 
     def resume(self) -> None:
         with self._cv:

@@ -3,6 +3,7 @@ leaves its last good checkpoint intact: on the real local Ray, with real drivers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -239,6 +240,9 @@ def test_a_worker_position_is_written_to_the_manifest_and_read_back_as_it_was():
     assert json.dumps(position.to_json(), sort_keys=True) == json.dumps(saved, sort_keys=True)
     assert Position(3).to_json() == {"epoch": 3, "unit": 0, "row": None, "step": 0, "tokens": 0, "pairs": 0,
                                      "loss": 0.0}  # an epoch's start
+    # the process that answered a pause (Run sees a restart by it) is neither saved nor part of the position
+    answered = dataclasses.replace(position, pid=4242)
+    assert answered == position and answered.to_json() == position.to_json()
 
 
 # ---------------------------------------------------------------------------------------------------
