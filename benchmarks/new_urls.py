@@ -331,8 +331,10 @@ def recall(user_vectors: np.ndarray, rows: np.ndarray, counts: np.ndarray, ns_ex
             scores[i - a, torch.from_numpy(seen[i])] = -torch.inf
         rows_ = torch.from_numpy(np.repeat(np.arange(b - a), [len(h) for h in hidden[a:b]]))
         cols = torch.from_numpy(np.concatenate(hidden[a:b]).astype(np.int64))
-        got, _ = rank_hidden(scores, rows_, cols, K)
-        out.append(got)
+        ranks, _ = rank_hidden(scores, rows_, cols, K)  # per hidden token: tokens scored above it
+        hit = torch.from_numpy((ranks < K).astype(np.float64))
+        out.append((torch.bincount(rows_, weights=hit, minlength=b - a)
+                    / torch.bincount(rows_, minlength=b - a)).numpy())
     return np.concatenate(out)
 
 

@@ -230,3 +230,23 @@ def test_the_benchmarks_split_and_part_words():
         "https://a.b.example.com/x/y", "https://a.b.example.com/x/y?q=1", "host:a.b.example.com", "host:a.b.example.com",
         "domain:example.com", "domain:example.com", "path:a.b.example.com/x", "path:a.b.example.com/x",
         "path:a.b.example.com/x/y"]
+
+
+def test_the_benchmarks_recall_is_each_users_share_of_hidden_tokens_in_the_top_k():
+    """benchmarks/new_urls.py's recall: per user, the share of its hidden tokens among its K best-scored unseen
+    ones (evaluate.rank_hidden gives each hidden token's rank; it once gave per-user recall, and the benchmark
+    broke when that changed)."""
+    from conftest import load_benchmark
+
+    bench = load_benchmark("new_urls")
+    k, tokens = bench.K, 40
+    rows = np.eye(tokens, dtype=np.float32)[:, :tokens]
+    users = np.zeros((2, tokens), np.float32)
+    users[0, :k + 1] = 1.0                   # user 0 scores tokens 0..k above the rest (0 it has seen)
+    users[1, tokens - k:] = 1.0              # user 1 the last k
+    counts = np.ones(tokens)
+    seen = [np.array([0]), np.zeros(0, np.int64)]
+    hidden = [np.array([1, 2, tokens - 1]), np.array([0, tokens - 1])]
+    got = bench.recall(users, rows, counts, 0.0, seen, hidden)
+    assert got.shape == (2,)
+    np.testing.assert_allclose(got, [2 / 3, 1 / 2])
