@@ -30,6 +30,9 @@ The arms:
   drop+rank  the same users' vectors; unknown tokens ranked too, by their composed vectors
   derived    infer composing (the default; compose.py): an unknown URL's row is the count-weighted mean
              of the known rows sharing its most specific part (path prefix, host, domain); ranked likewise
+  geo-count  derived, but a composed token ranked with the geometric mean of the counts of the URLs
+             averaged (the mean of their log counts: their mean prior) instead of the mean count, which
+             the most visited of them set (URL data only)
   true-count derived, but a composed token ranked with its true count (in the whole log, times the
              training events' share): not a method (no one knows a new URL's count), a bound on what
              a better estimate of it could gain
@@ -88,7 +91,7 @@ TRAIN = {"dim": 100, "epochs": 10, "num_ps": 1, "num_workers": 1, "cpus_per_work
 PYPI = os.path.join(ROOT, "..", "shared", "data", "pypi_summaries.parquet")
 NGRAMS = (3, 4, 5)
 K = 10
-ARMS = ("drop", "drop+rank", "derived", "true-count", "trained")
+ARMS = ("drop", "drop+rank", "derived", "geo-count", "true-count", "trained")
 PART_PREFIXES = ("host:", "domain:", "path:")
 
 
@@ -291,6 +294,13 @@ def universe_rows(model: str, universe: pa.Array, how: str, text: bool) -> tuple
         composer = NgramComposer(tokens, counts) if text else UrlComposer(tokens, counts)
         composed = composer.compose(universe)
         return composed.vectors(table), composed.counts
+    if how == "composed-geo":  # URLs: each composed one's count the geometric mean of its group's counts
+        composed = UrlComposer(tokens, counts).compose(universe)
+        found, mine = composed.counts.copy(), composed.group >= 0
+        if mine.any():
+            logs = np.add.reduceat(np.log(np.maximum(composed.weights, 1e-30)), composed.starts[:-1])
+            found[mine] = np.exp(logs / np.diff(composed.starts))[composed.group[mine]]
+        return composed.vectors(table), found
     if how == "parts":  # the most specific part token the model trained
         parts = url_parts(universe)
         levels = [k for k in parts if k.startswith("path")][::-1] + ["host", "domain"]
@@ -378,6 +388,8 @@ def run_seed(events: pa.Table, seed: int, work: str, train: dict, text: bool, ar
             users_vectors = infer_users(model, s["visible"], where, True, text, users)
             seconds["infer composing"] = time.perf_counter() - t
             vectors[arm] = (users_vectors, *universe_rows(model, universe, "composed", text))
+        elif arm == "geo-count":
+            vectors[arm] = (vectors["derived"][0], *universe_rows(model, universe, "composed-geo", text))
         elif arm == "true-count":
             user_vectors, rows, counts = vectors["derived"]
             total = pc.value_counts(events.column("url"))
@@ -512,9 +524,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.epochs, args.seeds = 2, [1]
     text = args.data == "pypi"
-    arms = tuple(args.arms or (ARMS[:4] if text else ARMS))
-    if "true-count" in arms and "derived" not in arms:
+    arms = tuple(args.arms or (tuple(a for a in ARMS if a not in ("geo-count", "trained")) if text else ARMS))
+    if {"true-count", "geo-count"} & set(arms) and "derived" not in arms:
         arms = ("derived", *arms)
+    if text and "geo-count" in arms:
+        print("error: --arms geo-count composes URLs: not with --data pypi", file=sys.stderr)
+        return 2
+    arms = tuple(a for a in ARMS if a in arms)  # derived before those made from it
     to_terminal(logging.WARNING)
     try:
         from doc2vec_dist.cluster import ray_connection
