@@ -342,8 +342,7 @@ class Worker:
                         loss=self.stats["loss"], round=self._round)
 
     def pause(self) -> Position:
-        """Stop between two macro-batches with every push applied; returns the data position, with the pid
-        of the process that answers (a process Ray started after the rows it kept were lost: Run sees it).
+        """Stop between two macro-batches with every push applied; returns the data position and its pid (Run).
 
         Idle (between epochs) it returns at once, and the request stays set, so an epoch started
         meanwhile pauses before its first batch: nothing trains while a checkpoint is written.
