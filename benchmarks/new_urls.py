@@ -325,7 +325,7 @@ def universe_rows(model: str, universe: pa.Array, how: str, text: bool) -> tuple
 def recall(user_vectors: np.ndarray, rows: np.ndarray, counts: np.ndarray, ns_exponent: float, seen: list,
            hidden: list, batch: int = 1024) -> np.ndarray:
     """recall@K per user (hidden: each user's candidate ids, none seen)."""
-    from doc2vec_dist.evaluate import rank_hidden
+    from doc2vec_dist.evaluate import HeldoutRanks, rank_hidden
 
     users = np.nan_to_num(user_vectors, nan=0.0)  # a user without a vector: ranked by popularity
     usable = ~np.isnan(rows).any(axis=1)
@@ -333,7 +333,7 @@ def recall(user_vectors: np.ndarray, rows: np.ndarray, counts: np.ndarray, ns_ex
     with np.errstate(divide="ignore"):
         prior = torch.from_numpy(np.where(usable & (counts > 0), ns_exponent * np.log(np.maximum(counts, 1e-30)),
                                           -np.inf).astype(np.float32))
-    out = []
+    ranks = []
     for a in range(0, len(users), batch):
         b = min(a + batch, len(users))
         scores = torch.from_numpy(users[a:b]) @ targets + prior
@@ -341,11 +341,11 @@ def recall(user_vectors: np.ndarray, rows: np.ndarray, counts: np.ndarray, ns_ex
             scores[i - a, torch.from_numpy(seen[i])] = -torch.inf
         rows_ = torch.from_numpy(np.repeat(np.arange(b - a), [len(h) for h in hidden[a:b]]))
         cols = torch.from_numpy(np.concatenate(hidden[a:b]).astype(np.int64))
-        ranks, _ = rank_hidden(scores, rows_, cols, K)  # per hidden token: tokens scored above it
-        hit = torch.from_numpy((ranks < K).astype(np.float64))
-        out.append((torch.bincount(rows_, weights=hit, minlength=b - a)
-                    / torch.bincount(rows_, minlength=b - a)).numpy())
-    return np.concatenate(out)
+        ranks.append(rank_hidden(scores, rows_, cols, K)[0])  # per hidden token: tokens scored above it
+    # each user's share of its hidden tokens in its top K, as evaluate counts it
+    user_of_pair = np.repeat(np.arange(len(users)), [len(h) for h in hidden])
+    return HeldoutRanks(K, np.arange(len(users)), user_of_pair, {"arm": np.concatenate(ranks)}, {}, len(users),
+                        0).recall("arm", K)
 
 
 def run_seed(events: pa.Table, seed: int, work: str, train: dict, text: bool, arms: tuple[str, ...],
