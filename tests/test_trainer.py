@@ -187,7 +187,7 @@ def test_chunks_whose_tokens_are_all_subsampled_away_still_train(ray_cluster, tm
     (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
     corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text"), progress=False)
     summary = train(corpus.path, str(tmp_path / "m"),
-                    TrainConfig(dim=8, epochs=2, sample=1e-6, macro_batch=64, progress=False))
+                    TrainConfig(num_ps=1, dim=8, epochs=2, sample=1e-6, macro_batch=64, progress=False))
     assert summary["tokens"] == 2 * corpus.num_tokens
     assert summary["pairs"] < 0.2 * summary["tokens"]
     assert np.isfinite(modeldir.ModelDir(str(tmp_path / "m")).read_table("docs")).all()
@@ -199,7 +199,8 @@ def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, samp
     out = tmp_path / "new" / "m"
     # (one worker keeps its documents' rows until a checkpoint: its batch's loss stops it, issue 48)
     with pytest.raises(TrainingStopped, match=r"non-finite loss in epoch 0 step \d+ of worker 0 \(alpha 1e\+30\)"):
-        train(sample_corpus[0], str(out), TrainConfig(dim=8, epochs=1, alpha=1e30, min_alpha=1e30, progress=False))
+        train(sample_corpus[0], str(out), TrainConfig(num_ps=1, dim=8, epochs=1, alpha=1e30, min_alpha=1e30,
+                                                      progress=False))
     # a fresh run that stopped before its first checkpoint leaves nothing half-made: not even the
     # folders it created for its --out
     assert not (tmp_path / "new").exists()
@@ -208,8 +209,8 @@ def test_a_diverging_run_stops_with_the_step_and_learning_rate(ray_cluster, samp
     # into a folder that was there already (empty): the folder stays, empty
     (tmp_path / "empty").mkdir()
     with pytest.raises(TrainingStopped):
-        train(sample_corpus[0], str(tmp_path / "empty"), TrainConfig(dim=8, epochs=1, alpha=1e30, min_alpha=1e30,
-                                                                     progress=False))
+        train(sample_corpus[0], str(tmp_path / "empty"), TrainConfig(num_ps=1, dim=8, epochs=1, alpha=1e30,
+                                                                     min_alpha=1e30, progress=False))
     assert os.listdir(tmp_path / "empty") == []
 
 
@@ -295,7 +296,7 @@ def learned_and_beat_most_popular_urls(summary: dict, model: str, heldout: str, 
 ])
 def test_every_mode_learns_and_beats_most_popular_urls(ray_cluster, sample_corpus, tmp_path, flags, tables):
     model = str(tmp_path / "m")
-    summary = train(sample_corpus[0], model, TrainConfig(dim=32, epochs=8, progress=False, **flags))
+    summary = train(sample_corpus[0], model, TrainConfig(num_ps=1, dim=32, epochs=8, progress=False, **flags))
     learned_and_beat_most_popular_urls(summary, model, sample_corpus[1], tables)
     if "words" in tables:  # trained, not left at their random start
         words = modeldir.ModelDir(model).read_table("words")
@@ -323,8 +324,8 @@ def test_a_device_worker_keeps_its_url_rows_in_16_bits_and_learns_as_with_float3
         model = str(tmp_path / dtype)
         caplog.clear()
         with caplog.at_level("INFO", logger="doc2vec_dist.trainer"):
-            summary = train(sample_corpus[0], model, TrainConfig(dim=32, epochs=8, kernel="batched", dtype=dtype,
-                                                                 device_rows="dtype", progress=False))
+            summary = train(sample_corpus[0], model, TrainConfig(num_ps=1, dim=32, epochs=8, kernel="batched",
+                                                                 dtype=dtype, device_rows="dtype", progress=False))
         assert ("kept in bfloat16 on its device" in caplog.text) == (dtype == "bfloat16"), caplog.text
         if dtype == "float32":
             recall[dtype] = learned_and_beat_most_popular_urls(summary, model, sample_corpus[1], {"docs", "words_out"})
@@ -344,7 +345,7 @@ def test_documents_longer_than_10000_tokens_are_used_whole(ray_cluster, tmp_path
     path = str(tmp_path / "events.parquet")
     pq.write_table(pa.table({"user_id": users, "url": urls}), path)
     corpus = prepare([path], str(tmp_path / "corpus"), progress=False)
-    summary = train(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=2, sample=0, progress=False))
+    summary = train(corpus.path, str(tmp_path / "m"), TrainConfig(num_ps=1, dim=8, epochs=2, sample=0, progress=False))
     # with subsampling off every token is one (document, word) pair
     assert summary["pairs"] == summary["tokens"] == 2 * corpus.num_tokens == 2 * 29_000
 
