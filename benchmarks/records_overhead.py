@@ -10,6 +10,15 @@ first, not counted. With --lock FILE each pair holds that flock (a machine share
 figure is the run's own tokens/s (its summary: checkpoints not counted; the records are made inside the
 epochs, the log lines between them), A/B pair by pair, and the whole command's wall time beside it.
 Prints the medians with min and max, and writes WORK/records-overhead-*.json.
+
+The pairs' tokens/s spread by ±10% here, so they cannot show a 1% cost. Each command's processes are
+therefore also counted: their CPU seconds read from /proc every 0.1 s (the command and every process
+under it: its Ray's daemons, the servers and workers), by kind. The records are made by the driver
+alone (no worker or server records anything; a server answers an `info` every 2 s), so what they cost
+shows as A's CPU above B's in the driver, the servers and Ray's daemons (its metrics agent exports
+them); the workers' CPU, the bulk of a run and its noise, is reported beside but not counted. The
+bound printed is that difference over the CPU seconds training had (the run's train seconds × its CPUs):
+what the records could take from the workers if every CPU second of theirs came out of training.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +54,81 @@ def held(lock: str | None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+# a process's kind, by what its command line holds (Ray names its workers `ray::<Actor>`): the first that matches
+# (the raylet's names the agent's script among its flags)
+KINDS = (("driver", "doc2vec_dist train"), ("servers", "ray::ParameterServer"), ("workers", "ray::Worker"),
+         ("raylet", "raylet/raylet"), ("metrics agent", "dashboard/agent.py"), ("metrics agent", "ray::DashboardAgent"),
+         ("gcs", "gcs_server"), ("log monitor", "log_monitor"), ("ray other", "ray"))
+# what the records can cost: every kind but the workers' (which record nothing) and Ray's idle workers'
+COUNTED = ("driver", "servers", "metrics agent", "raylet", "gcs", "log monitor", "ray other", "other")
+
+
+class ProcessCPU:
+    """CPU seconds of a process and of every process under it (its descendants, followed by their parent
+    pids), read from /proc every 0.1 s while it runs, and summed by kind. A process ending between two
+    reads loses at most its last 0.1 s: the same for A and B."""
+
+    def __init__(self, root: int):
+        self.root = root
+        self.seen: dict[tuple[int, int], list] = {}  # (pid, start tick) -> [cpu ticks, command line]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(0.1)
+
+    def sample(self) -> None:
+        stats = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            rest = stat[stat.rindex(")") + 2:].split()
+            stats[int(name)] = (int(rest[1]), int(rest[19]), int(rest[11]) + int(rest[12]))
+        mine = {self.root}
+        grew = True
+        while grew:  # descendants: a parent among them
+            grew = False
+            for pid, (ppid, *_rest) in stats.items():
+                if pid not in mine and ppid in mine:
+                    mine.add(pid)
+                    grew = True
+        for pid in mine & stats.keys():  # (the command line of these only: reading all costs the run a CPU share)
+            _ppid, start, ticks = stats[pid]
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                cmd = ""
+            entry = self.seen.setdefault((pid, start), [0, cmd])
+            entry[0] = max(entry[0], ticks)
+            entry[1] = cmd or entry[1]
+
+    def by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for ticks, cmd in self.seen.values():
+            kind = next((k for k, mark in KINDS if mark in cmd), "other")
+            if "ray::IDLE" in cmd:
+                kind = "ray idle"
+            out[kind] = out.get(kind, 0.0) + ticks / TICK
+        return out
+
+
 def run(args, records: bool) -> dict:
     out = os.path.join(args.work, "model-a" if records else "model-b")
     command = [sys.executable, "-m", "doc2vec_dist", "train", "--corpus", args.corpus, "--out", out, "--overwrite",
@@ -51,17 +136,27 @@ def run(args, records: bool) -> dict:
                str(args.workers), "--num-ps", str(args.servers), "--cpus-per-worker", "1"]
     env = {**os.environ, RECORDS_ENV: "1" if records else "0", "PYTHONPATH": ROOT}
     t0 = time.perf_counter()
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with ProcessCPU(proc.pid) as cpu:
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, command)
     wall = time.perf_counter() - t0
     summary = modeldir.ModelDir(out).settings()["summary"]
     logged = os.path.exists(os.path.join(out, "training.jsonl"))
     assert logged == records, f"{out}: training log {'missing' if records else 'written'}"
     return {"tokens_per_second": summary["tokens_per_second"], "train_seconds": summary["train_seconds"],
-            "wall": wall}
+            "wall": wall, "cpu": cpu.by_kind()}
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} [{min(values):.3f}..{max(values):.3f}]"
+CPUS = os.cpu_count() or 1
+
+
+def kinds(pairs: list[dict]) -> list[str]:
+    return sorted({k for p in pairs for run in (p["a"], p["b"]) for k in run["cpu"]})
+
+
+def spread(values: list[float], fmt: str = "{:.3f}") -> str:
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}..{fmt.format(max(values))}]"
 
 
 def main() -> None:
@@ -84,19 +179,31 @@ def main() -> None:
         if p == 0:
             continue
         a, b = got[True], got[False]
-        pair = {"a": a, "b": b, "ratio": a["tokens_per_second"] / b["tokens_per_second"], "wall_ratio": a["wall"] / b["wall"]}
+        extra = sum(a["cpu"].get(k, 0.0) for k in COUNTED) - sum(b["cpu"].get(k, 0.0) for k in COUNTED)
+        pair = {"a": a, "b": b, "ratio": a["tokens_per_second"] / b["tokens_per_second"], "wall_ratio": a["wall"] / b["wall"],
+                "extra_cpu": extra, "bound": extra / (a["train_seconds"] * CPUS)}
         pairs.append(pair)
         print(f"pair {p}: A {a['tokens_per_second'] / 1e6:.3f}M tok/s ({a['train_seconds']:.2f}s) "
               f"B {b['tokens_per_second'] / 1e6:.3f}M ({b['train_seconds']:.2f}s)  A/B {pair['ratio']:.3f}  "
-              f"wall A/B {pair['wall_ratio']:.3f}", flush=True)
+              f"wall A/B {pair['wall_ratio']:.3f}  CPU s A/B: " + ", ".join(
+                  f"{k} {a['cpu'].get(k, 0):.2f}/{b['cpu'].get(k, 0):.2f}" for k in sorted(set(a["cpu"]) | set(b["cpu"])))
+              + f"  records' CPU {extra:+.2f}s = {pair['bound']:+.2%} of training's", flush=True)
     result = {"corpus": args.corpus, "epochs": args.epochs, "dim": args.dim, "pairs": pairs,
               "tokens_per_second_a": statistics.median(p["a"]["tokens_per_second"] for p in pairs),
               "tokens_per_second_b": statistics.median(p["b"]["tokens_per_second"] for p in pairs),
               "train_seconds_a": statistics.median(p["a"]["train_seconds"] for p in pairs),
-              "ratio": spread([p["ratio"] for p in pairs]), "wall_ratio": spread([p["wall_ratio"] for p in pairs])}
+              "ratio": spread([p["ratio"] for p in pairs]), "wall_ratio": spread([p["wall_ratio"] for p in pairs]),
+              "extra_cpu_seconds": spread([p["extra_cpu"] for p in pairs], "{:+.2f}"),
+              "bound": spread([p["bound"] for p in pairs], "{:+.2%}"), "cpus": CPUS,
+              "cpu_by_kind_a": {k: statistics.median(p["a"]["cpu"].get(k, 0.0) for p in pairs) for k in kinds(pairs)},
+              "cpu_by_kind_b": {k: statistics.median(p["b"]["cpu"].get(k, 0.0) for p in pairs) for k in kinds(pairs)}}
     print(f"{args.corpus}, {args.epochs} epochs, dim {args.dim}, {len(pairs)} pairs: tokens/s A "
           f"{result['tokens_per_second_a'] / 1e6:.3f}M, B {result['tokens_per_second_b'] / 1e6:.3f}M; "
           f"A/B {result['ratio']}; whole wall A/B {result['wall_ratio']}")
+    print("CPU seconds by kind, median A / B: " + ", ".join(
+        f"{k} {result['cpu_by_kind_a'][k]:.2f}/{result['cpu_by_kind_b'][k]:.2f}" for k in sorted(result["cpu_by_kind_a"])))
+    print(f"records' CPU (A - B, every kind but the workers'): {result['extra_cpu_seconds']} s a run; over training's "
+          f"CPU seconds (train seconds x {CPUS} CPUs): {result['bound']}")
     path = os.path.join(args.work, f"records-overhead-{os.path.basename(args.corpus.rstrip('/'))}-{args.epochs}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
