@@ -199,6 +199,47 @@ def test_a_device_worker_restarted_before_the_checkpoint_asks_for_its_rows_train
                                       modeldir.ModelDir(straight).read_table(table), err_msg=table)
 
 
+def test_with_checkpoints_off_a_device_worker_restarted_between_epochs_loses_nothing(ray_cluster, small_corpus,
+                                                                                       tmp_path, monkeypatch):
+    """With --checkpoint-every 0 no pause comes between two epochs to find a restart out (the test above): the
+    worker that keeps its rows across epochs writes them back at every epoch's end instead
+    (RunSettings.writes_back_at_end_of), so a process Ray restarts between two epochs finds them on the
+    servers. Killed after epoch 0, restarted before epoch 1 starts: one restart counted, and the model of a
+    run that never failed, bit for bit."""
+    import ray
+
+    from doc2vec_dist import run as run_module
+
+    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=1, num_workers=1, cpus_per_worker=1, kernel="batched",
+                         macro_batch=4096, checkpoint_every=0, progress=False)
+    monkeypatch.setenv(STAGED_ENV, "1")
+    straight = train(small_corpus, str(tmp_path / "straight"), config)["model"]
+
+    original, killed = run_module.Run._run_epoch, []
+
+    def restarted_first(self, epoch, starts, bar):
+        if epoch == 1 and not killed:  # epoch 0 ended (its rows written back), epoch 1 not begun
+            killed.append(epoch)
+            before = ray.get(self.workers[0].progress.remote())["pid"]
+            ray.kill(self.workers[0], no_restart=False)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # until the restarted process answers
+                with contextlib.suppress(ray.exceptions.RayActorError):
+                    if ray.get(self.workers[0].progress.remote(), timeout=5)["pid"] != before:
+                        break
+                time.sleep(0.1)
+        return original(self, epoch, starts, bar)
+
+    monkeypatch.setattr(run_module.Run, "_run_epoch", restarted_first)
+    died = str(tmp_path / "died")
+    summary = train(small_corpus, died, config)
+    assert killed == [1]
+    assert summary["worker_restarts"] == 1
+    for table in ("docs", "words_out"):
+        np.testing.assert_array_equal(modeldir.ModelDir(died).read_table(table),
+                                      modeldir.ModelDir(straight).read_table(table), err_msg=table)
+
+
 @pytest.mark.parametrize("wait", [0.0, 2.0], ids=["resumed-as-it-dies", "resumed-once-restarted"])
 def test_a_worker_killed_between_the_checkpoint_and_its_resume_is_one_restart(ray_cluster, small_corpus, tmp_path,
                                                                                  monkeypatch, wait):
