@@ -154,27 +154,17 @@ def test_a_device_worker_that_dies_before_the_checkpoint_has_its_rows_trains_tha
                                       modeldir.ModelDir(models["straight"]).read_table(table), err_msg=table)
 
 
-def test_a_device_worker_restarted_before_the_checkpoint_asks_for_its_rows_trains_that_epoch_again(
-        ray_cluster, small_corpus, tmp_path, monkeypatch):
-    """The window the test above leaves: the worker that keeps its rows on its device across an epoch's end
-    dies after its epoch ended and Ray has restarted it before the checkpoint's pause reaches it. The pause
-    then succeeds, answered by the new process, which holds nothing: the epoch's updates were lost with only
-    a warning. Its answer names its process (Position.pid), so the driver sees the restart there and trains
-    that epoch again from the last checkpoint, as where the pause failed: the model of a run that never failed,
-    bit for bit."""
+def _restart_worker_0_before(monkeypatch, method: str) -> list[int]:
+    """Patch run.Run.<method> so that before its call for epoch 1, worker 0's process is killed and the one
+    Ray restarts answers (another pid); returns the epochs it was killed before."""
     import ray
 
     from doc2vec_dist import run as run_module
 
-    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=2, num_workers=1, cpus_per_worker=1, kernel="batched",
-                         macro_batch=4096, progress=False)
-    monkeypatch.setenv(STAGED_ENV, "1")
-    straight = train(small_corpus, str(tmp_path / "straight"), config)["model"]
+    original, killed = getattr(run_module.Run, method), []
 
-    original, killed = run_module.Run._checkpoint_between_epochs, []
-
-    def restarted_first(self, epoch, epoch_stats, bar):
-        if epoch == 1 and not killed:  # after epoch 0, before the pause that fetches its rows
+    def restarted_first(self, epoch, *args):
+        if epoch == 1 and not killed:
             killed.append(epoch)
             before = ray.get(self.workers[0].progress.remote())["pid"]
             ray.kill(self.workers[0], no_restart=False)
@@ -184,9 +174,26 @@ def test_a_device_worker_restarted_before_the_checkpoint_asks_for_its_rows_train
                     if ray.get(self.workers[0].progress.remote(), timeout=5)["pid"] != before:
                         break
                 time.sleep(0.1)
-        return original(self, epoch, epoch_stats, bar)
+        return original(self, epoch, *args)
 
-    monkeypatch.setattr(run_module.Run, "_checkpoint_between_epochs", restarted_first)
+    monkeypatch.setattr(run_module.Run, method, restarted_first)
+    return killed
+
+
+def test_a_device_worker_restarted_before_the_checkpoint_asks_for_its_rows_trains_that_epoch_again(
+        ray_cluster, small_corpus, tmp_path, monkeypatch):
+    """The window the test above leaves: the worker that keeps its rows on its device across an epoch's end
+    dies after its epoch ended and Ray has restarted it before the checkpoint's pause reaches it. The pause
+    then succeeds, answered by the new process, which holds nothing: the epoch's updates were lost with only
+    a warning. Its answer names its process (Position.pid), so the driver sees the restart there and trains
+    that epoch again from the last checkpoint, as where the pause failed: the model of a run that never failed,
+    bit for bit."""
+    config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=2, num_workers=1, cpus_per_worker=1, kernel="batched",
+                         macro_batch=4096, progress=False)
+    monkeypatch.setenv(STAGED_ENV, "1")
+    straight = train(small_corpus, str(tmp_path / "straight"), config)["model"]
+
+    killed = _restart_worker_0_before(monkeypatch, "_checkpoint_between_epochs")  # after epoch 0, before the pause
     died = str(tmp_path / "died")
     summary = train(small_corpus, died, config)
     assert killed == [1]
@@ -206,31 +213,12 @@ def test_with_checkpoints_off_a_device_worker_restarted_between_epochs_loses_not
     (RunSettings.writes_back_at_end_of), so a process Ray restarts between two epochs finds them on the
     servers. Killed after epoch 0, restarted before epoch 1 starts: one restart counted, and the model of a
     run that never failed, bit for bit."""
-    import ray
-
-    from doc2vec_dist import run as run_module
-
     config = TrainConfig(dim=16, epochs=2, sample=0, num_ps=1, num_workers=1, cpus_per_worker=1, kernel="batched",
                          macro_batch=4096, checkpoint_every=0, progress=False)
     monkeypatch.setenv(STAGED_ENV, "1")
     straight = train(small_corpus, str(tmp_path / "straight"), config)["model"]
 
-    original, killed = run_module.Run._run_epoch, []
-
-    def restarted_first(self, epoch, starts, bar):
-        if epoch == 1 and not killed:  # epoch 0 ended (its rows written back), epoch 1 not begun
-            killed.append(epoch)
-            before = ray.get(self.workers[0].progress.remote())["pid"]
-            ray.kill(self.workers[0], no_restart=False)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:  # until the restarted process answers
-                with contextlib.suppress(ray.exceptions.RayActorError):
-                    if ray.get(self.workers[0].progress.remote(), timeout=5)["pid"] != before:
-                        break
-                time.sleep(0.1)
-        return original(self, epoch, starts, bar)
-
-    monkeypatch.setattr(run_module.Run, "_run_epoch", restarted_first)
+    killed = _restart_worker_0_before(monkeypatch, "_run_epoch")  # epoch 0 ended (its rows written back)
     died = str(tmp_path / "died")
     summary = train(small_corpus, died, config)
     assert killed == [1]
