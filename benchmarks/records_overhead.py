@@ -14,7 +14,7 @@ Prints the medians with min and max, and writes WORK/records-overhead-*.json.
 The pairs' tokens/s spread by ±10% here, so they cannot show a 1% cost. Each command's processes are
 therefore also counted: their CPU seconds read from /proc every 0.1 s (the command and every process
 under it: its Ray's daemons, the servers and workers), by kind. The records are made by the driver
-alone (no worker or server records anything; a server answers an `info` every 2 s), so what they cost
+alone (no worker or server records anything; a server answers an `info` every metrics.RECORD_SECONDS), so what they cost
 shows as A's CPU above B's in the driver, the servers and Ray's daemons (its metrics agent exports
 them); the workers' CPU, the bulk of a run and its noise, is reported beside but not counted. The
 bound printed is that difference over the CPU seconds training had (the run's train seconds × its CPUs):
