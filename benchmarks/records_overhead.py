@@ -31,13 +31,15 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
+
+import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from doc2vec_dist import modeldir
+from doc2vec_dist.memwatch import _Sampler
 from doc2vec_dist.run import RECORDS_ENV
 
 
@@ -54,7 +56,6 @@ def held(lock: str | None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-TICK = os.sysconf("SC_CLK_TCK")
 # a process's kind, by what its command line holds (Ray names its workers `ray::<Actor>`): the first that matches
 # (the raylet's names the agent's script among its flags)
 KINDS = (("driver", "doc2vec_dist train"), ("servers", "ray::ParameterServer"), ("workers", "ray::Worker"),
@@ -62,70 +63,42 @@ KINDS = (("driver", "doc2vec_dist train"), ("servers", "ray::ParameterServer"), 
          ("gcs", "gcs_server"), ("log monitor", "log_monitor"), ("ray other", "ray"))
 # what the records can cost: every kind but the workers' (which record nothing) and Ray's idle workers'
 COUNTED = ("driver", "servers", "metrics agent", "raylet", "gcs", "log monitor", "ray other", "other")
+CPUS = os.cpu_count() or 1
 
 
-class ProcessCPU:
-    """CPU seconds of a process and of every process under it (its descendants, followed by their parent
-    pids), read from /proc every 0.1 s while it runs, and summed by kind. A process ending between two
-    reads loses at most its last 0.1 s: the same for A and B."""
+class ProcessCPU(_Sampler):
+    """CPU seconds of a process and of every process under it (psutil's tree, as memwatch walks it), read
+    every 0.1 s while it runs and summed by kind. A process ending between two reads loses at most its last
+    0.1 s: the same for A and B."""
 
-    def __init__(self, root: int):
+    def __init__(self, root: int, interval: float = 0.1):
+        super().__init__(interval)
         self.root = root
-        self.seen: dict[tuple[int, int], list] = {}  # (pid, start tick) -> [cpu ticks, command line]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(0.1)
+        self.seen: dict[tuple[int, float], list] = {}  # (pid, start time) -> [CPU seconds, command line]
 
     def sample(self) -> None:
-        stats = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
+        try:
+            root = psutil.Process(self.root)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for proc in procs:
             try:
-                with open(f"/proc/{name}/stat") as f:
-                    stat = f.read()
-            except OSError:
+                with proc.oneshot():
+                    key, times, cmd = (proc.pid, proc.create_time()), proc.cpu_times(), " ".join(proc.cmdline())
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            rest = stat[stat.rindex(")") + 2:].split()
-            stats[int(name)] = (int(rest[1]), int(rest[19]), int(rest[11]) + int(rest[12]))
-        mine = {self.root}
-        grew = True
-        while grew:  # descendants: a parent among them
-            grew = False
-            for pid, (ppid, *_rest) in stats.items():
-                if pid not in mine and ppid in mine:
-                    mine.add(pid)
-                    grew = True
-        for pid in mine & stats.keys():  # (the command line of these only: reading all costs the run a CPU share)
-            _ppid, start, ticks = stats[pid]
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                cmd = ""
-            entry = self.seen.setdefault((pid, start), [0, cmd])
-            entry[0] = max(entry[0], ticks)
-            entry[1] = cmd or entry[1]
+            entry = self.seen.setdefault(key, [0.0, cmd])
+            entry[0] = max(entry[0], times.user + times.system)
+            entry[1] = cmd or entry[1]  # a Ray worker takes its actor's title once it has one
 
     def by_kind(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for ticks, cmd in self.seen.values():
+        for seconds, cmd in self.seen.values():
             kind = next((k for k, mark in KINDS if mark in cmd), "other")
             if "ray::IDLE" in cmd:
                 kind = "ray idle"
-            out[kind] = out.get(kind, 0.0) + ticks / TICK
+            out[kind] = out.get(kind, 0.0) + seconds
         return out
 
 
@@ -146,9 +119,6 @@ def run(args, records: bool) -> dict:
     assert logged == records, f"{out}: training log {'missing' if records else 'written'}"
     return {"tokens_per_second": summary["tokens_per_second"], "train_seconds": summary["train_seconds"],
             "wall": wall, "cpu": cpu.by_kind()}
-
-
-CPUS = os.cpu_count() or 1
 
 
 def kinds(pairs: list[dict]) -> list[str]:

@@ -149,13 +149,13 @@ def test_the_overhead_benchmark_counts_the_cpu_of_a_command_and_what_runs_under_
     """benchmarks/records_overhead.py bounds the records' cost by CPU seconds per kind of process, read from
     /proc: a grandchild's CPU is the command's (Ray's workers are the raylet's children), a process beside
     the command is not, and a process is sorted by its command line (`ray::ParameterServer` is a server)."""
-    import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location("records_overhead", os.path.join(ROOT, "benchmarks", "records_overhead.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass  # {}"
+    from conftest import load_benchmark
+
+    bench = load_benchmark("records_overhead")
+    # 0.5 s of CPU, then alive a while so the sampler reads it whole however busy the machine
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\ntime.sleep(1)  # {}"
     server = [sys.executable, "-c", burn.format("ray::ParameterServer")]
     run_it = "import json, os, subprocess; subprocess.run(json.loads(os.environ['SERVER']))"
     command = subprocess.Popen([sys.executable, "-c", run_it], env={**os.environ, "SERVER": json.dumps(server)})
@@ -164,8 +164,7 @@ def test_the_overhead_benchmark_counts_the_cpu_of_a_command_and_what_runs_under_
         command.wait()
     beside.wait()
     kinds = cpu.by_kind()
-    # the server burnt 0.5 s: all but what it burnt after the last read (0.1 s apart; more on a busy machine)
-    assert 0.3 <= kinds.get("servers", 0) < 0.9, kinds
+    assert 0.45 <= kinds.get("servers", 0) < 0.9, kinds
     assert kinds.get("other", 0) < 0.3, kinds  # the command's own start, not the 0.5 s burnt beside it
 
 
