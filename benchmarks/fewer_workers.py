@@ -2,9 +2,11 @@
 
     python benchmarks/fewer_workers.py --work runs/fewer                       # Lee and the sample, 1 and 2 workers
     python benchmarks/fewer_workers.py --work runs/fewer --prepare-users 200000 400000   # and prepare's choice
+    python benchmarks/fewer_workers.py --work runs/fewer --sets pypi15k --corpus big=runs/c200k   # more corpora
 
 For each corpus (Lee, test and background documents, as benchmarks/quality.py prepares it; the bundled
-sample), trains 1 and 2 workers of one CPU each through the engine (trainer.train, a local Ray of 4 logical
+sample; with --sets, benchmarks/quality.py's sets as it prepares them; with --corpus NAME=PATH, a corpus
+already prepared), trains 1 and 2 workers of one CPU each through the engine (trainer.train, a local Ray of 4 logical
 CPUs), each twice (the first of a process compiles the kernel), and prints their tokens/s beside plan's model
 uncalibrated (plan.choose_workers's figures: what `train --num-workers 2` asks before it starts) and the
 count train would take. With --prepare-users, generates that many users (`generate --urls 100000 --seed 1`)
@@ -42,6 +44,20 @@ def corpora(work: str) -> dict[str, str]:
     sample = prepare([os.path.join(root, "data", "sample", "events")], os.path.join(work, "sample"),
                      PrepareConfig(time_col="ts"), overwrite=True, progress=False)
     return {"lee": lee.path, "sample": sample.path}
+
+
+def named_corpora(values: list[str]) -> dict[str, str]:
+    """--corpus NAME=PATH values as {name: path}; a value without its name, or a path with no prepared corpus, is
+    refused in one line naming it."""
+    out = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"error: --corpus {value!r}: give it as NAME=PATH")
+        if not os.path.exists(os.path.join(path, "corpus.json")):
+            raise SystemExit(f"error: --corpus {value!r}: {path} holds no prepared corpus (corpus.json)")
+        out[name] = path
+    return out
 
 
 def train_rates(work: str, paths: dict[str, str], epochs: dict[str, int]) -> None:
@@ -102,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", required=True, help="directory for the corpora and models (made if missing)")
     ap.add_argument("--lee-epochs", type=int, default=10)
     ap.add_argument("--sample-epochs", type=int, default=5)
+    ap.add_argument("--sets", nargs="*", default=[], help="benchmarks/quality.py's sets to measure too (e.g. pypi15k)")
+    ap.add_argument("--corpus", nargs="*", default=[], metavar="NAME=PATH", help="prepared corpora to measure too")
+    ap.add_argument("--epochs", type=int, default=5, help="epochs of the --sets and --corpus runs")
+    ap.add_argument("--only", action="store_true", help="measure the --sets and --corpus corpora only (not Lee, the sample)")
     ap.add_argument("--prepare-users", type=int, nargs="*", default=[],
                     help="generated inputs of these many users to time prepare on")
     args = ap.parse_args(argv)
@@ -112,7 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         import ray
 
         ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
-    train_rates(args.work, corpora(args.work), {"lee": args.lee_epochs, "sample": args.sample_epochs})
+    paths = {} if args.only else corpora(args.work)
+    epochs = {"lee": args.lee_epochs, "sample": args.sample_epochs}
+    if args.sets:
+        import quality
+
+        paths.update({name: quality.make_set(name, args.work).corpus for name in args.sets})
+    paths.update(named_corpora(args.corpus))
+    train_rates(args.work, paths, {name: epochs.get(name, args.epochs) for name in paths})
     return 0
 
 

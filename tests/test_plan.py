@@ -880,3 +880,14 @@ def test_the_train_command_trains_with_the_faster_count_and_says_so(ray_cluster,
     assert "workers are predicted" not in capsys.readouterr().err
     with open(tmp_path / "m2" / "config.json") as fh:
         assert json.load(fh)["num_workers"] == 2
+
+
+def test_the_fewer_workers_benchmark_takes_named_corpora_and_refuses_a_value_without_its_name(sample_corpus, tmp_path):
+    from conftest import load_benchmark
+
+    bench = load_benchmark("fewer_workers")
+    assert bench.named_corpora([f"s={sample_corpus[0]}"]) == {"s": sample_corpus[0]}
+    with pytest.raises(SystemExit, match=r"--corpus '/x': give it as NAME=PATH"):
+        bench.named_corpora(["/x"])
+    with pytest.raises(SystemExit, match=r"holds no prepared corpus"):
+        bench.named_corpora([f"e={tmp_path}"])
