@@ -93,6 +93,34 @@ def _set_rows(table: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
         table[ids[i]] = rows[i]
 
 
+# A float32 server whose every table slice is smaller than this (elements) applies pushes with numpy and never
+# loads numba's compiled code: a process's first compiled call costs ~0.4 s of CPU (numba's registries, its
+# BLAS check importing scipy.linalg), paid by every such server of a small job, a tune trial or a test,
+# where np.add.at's adds (~9 ns an element against the compiled ~0.7) cost at most ~2.4 ms a push of a
+# whole slice. The same float32 sums in the same order either way (np.add.at adds a repeated id's rows one
+# by one): the bits do not depend on the path.
+NUMPY_TABLE_ELEMENTS = 1 << 18
+
+
+def _add_rows_numpy(table: np.ndarray, ids: np.ndarray, delta: np.ndarray) -> None:
+    """_add_rows with numpy (NUMPY_TABLE_ELEMENTS)."""
+    np.add.at(table, ids, delta)
+
+
+def _set_rows_numpy(table: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
+    """_set_rows with numpy (NUMPY_TABLE_ELEMENTS); its ids are distinct (an assign writes a worker's own rows)."""
+    table[ids] = rows
+
+
+def compiled_adds(shard: int, num_shards: int, tables: dict[str, TableSpec]) -> bool:
+    """Whether a server applies pushes with numba's compiled adds: a 16-bit table (precision's rounding is
+    compiled), or a table slice of NUMPY_TABLE_ELEMENTS or more."""
+    if any(spec.dtype != "float32" for spec in tables.values()):
+        return True
+    return any(rows_on_shard(shard, num_shards, spec.rows) * precision.stored_width("float32", spec.dim, spec.state)
+               >= NUMPY_TABLE_ELEMENTS for spec in tables.values())
+
+
 def _fill_uniform(out: np.ndarray, rng: np.random.Generator, block: int = 1 << 16, dtype: str = "float32") -> None:
     """out[:] = U[-1, 1) / dim, a block of rows at a time: a 10M-row table needs no second copy. A
     16-bit table takes the same draws rounded to nearest."""
@@ -148,7 +176,10 @@ class ParameterServer:
         applied delta is narrowed in a 16-bit table.
         """
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this server is removed: no traceback on the console
-        load_compiled()
+        self.compiled = compiled_adds(shard, num_shards, tables)
+        if self.compiled:
+            load_compiled()
+        self._add, self._set = (_add_rows, _set_rows) if self.compiled else (_add_rows_numpy, _set_rows_numpy)
         self.shard, self.num_shards = shard, num_shards
         self.node = ray_node_id()
         self.tables: dict[str, np.ndarray] = {}
@@ -250,7 +281,7 @@ class ParameterServer:
             ids = np.asarray(ids, dtype=np.int64)
             with self.locks[name]:
                 if self.dtype == "float32":
-                    (_set_rows if assign else _add_rows)(self.tables[name], ids, delta[at:at + len(ids)])
+                    (self._set if assign else self._add)(self.tables[name], ids, delta[at:at + len(ids)])
                 elif assign:
                     self.tables[name][ids] = delta[at:at + len(ids)]
                 elif len(ids):

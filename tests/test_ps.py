@@ -155,7 +155,7 @@ _LOADED_AT_START = """
 import threading
 from doc2vec_dist import ps
 from doc2vec_dist.config import TableSpec
-tables = {"docs": TableSpec("docs", 100, 8)}
+tables = {"docs": TableSpec("docs", ps.NUMPY_TABLE_ELEMENTS // 8, 8)}  # big enough for the compiled adds
 real = ps.load_compiled
 ps.load_compiled = lambda: None
 ps.ParameterServer(0, 1, tables, seed=1)
@@ -178,3 +178,52 @@ def test_a_server_loads_numbas_machinery_as_it_starts_not_at_its_first_push():
 
     out = subprocess.run([sys.executable, "-c", _LOADED_AT_START], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "1"], out
+
+
+_SMALL_WITHOUT_NUMBA = """
+import json
+import numpy as np
+from doc2vec_dist import ps
+from doc2vec_dist.config import TableSpec
+tables = {"docs": TableSpec("docs", 1000, 8, state=1), "words_out": TableSpec("words_out", 500, 8, init="zeros", state=1)}
+rng = np.random.default_rng(0)
+ids = rng.integers(0, 250, 3000)  # repeated ids: their deltas add one by one
+delta = rng.standard_normal((3000, 9)).astype(np.float32)
+def pushed(server):
+    server.push({"words_out": ids}, delta)
+    server.push({"docs": np.arange(10), "words_out": np.arange(5)}, delta[:15], assign=True)
+    return {name: server.pull({name: np.arange(len(table))}) for name, table in server.tables.items()}
+small = ps.ParameterServer(0, 2, tables, seed=1)
+got = pushed(small)
+loaded = [len(f.signatures) for f in (ps._compiled, ps._add_rows, ps._set_rows)]
+ps.NUMPY_TABLE_ELEMENTS = 1  # every table big: the compiled adds
+big = ps.ParameterServer(0, 2, tables, seed=1)
+want = pushed(big)
+print(json.dumps({"compiled": [small.compiled, big.compiled], "loaded": loaded,
+                  "same": all(np.array_equal(got[n], want[n]) for n in want),
+                  "changed": bool(np.abs(want["words_out"]).sum() > 0)}))
+"""
+
+
+def test_a_server_of_small_float32_tables_adds_with_numpy_never_loads_numba_and_keeps_the_bits():
+    """Below ps.NUMPY_TABLE_ELEMENTS a float32 server applies pushes with numpy (np.add.at) and loads no
+    compiled code (~0.4 s of CPU a process); the rows come out bit for bit as the compiled adds make them,
+    a repeated id's deltas and an assign included. In a fresh process, where nothing compiled ran yet."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SMALL_WITHOUT_NUMBA], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == {"compiled": [False, True], "loaded": [0, 0, 0], "same": True, "changed": True}
+
+
+def test_a_16_bit_or_big_table_takes_the_compiled_adds():
+    from doc2vec_dist import ps
+
+    small = {"docs": TableSpec("docs", 1000, 8)}
+    assert not ps.compiled_adds(0, 2, small)
+    assert ps.compiled_adds(0, 2, {"docs": TableSpec("docs", 1000, 8, dtype="bfloat16")})
+    # the slice a server holds counts: 2 * NUMPY_TABLE_ELEMENTS // 8 rows over 2 servers is one each at the line
+    rows = 2 * ps.NUMPY_TABLE_ELEMENTS // 8
+    assert ps.compiled_adds(0, 2, {"docs": TableSpec("docs", rows, 8)})
+    assert not ps.compiled_adds(0, 2, {"docs": TableSpec("docs", rows - 2, 8)})
