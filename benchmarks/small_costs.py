@@ -9,7 +9,9 @@ clock's ratios; the tests check what the code does, this script what it costs):
   bfloat16's (nextafter and a division per value) cost the delta path its quality on the sample.
 - first push: a parameter server's first push in a fresh process, with numba's machinery loaded while
   the server starts (ps.load_compiled) and without. The first compiled call of a process costs about
-  0.3 s; a server that loads it as it starts does not pay it in its first push.
+  0.3 s; a server that loads it as it starts does not pay it in its first push. And a server of small
+  float32 tables (ps.NUMPY_TABLE_ELEMENTS), which adds with numpy and loads nothing compiled, with its
+  process's CPU seconds at that push beside the compiled one's.
 
 Speed needs a quiet machine: nothing else running.
 """
@@ -29,13 +31,14 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from harness import save_json
 
 FIRST_PUSH = """
-import sys, threading, time
+import os, sys, threading, time
 import numpy as np
 from doc2vec_dist import ps
 from doc2vec_dist.config import TableSpec
 if sys.argv[1] == "off":
     ps.load_compiled = lambda: None
-server = ps.ParameterServer(0, 1, {"docs": TableSpec("docs", 100, 8)}, seed=1)
+rows = 100 if sys.argv[1] == "small" else ps.NUMPY_TABLE_ELEMENTS // 8  # small: numpy's adds
+server = ps.ParameterServer(0, 1, {"docs": TableSpec("docs", rows, 8)}, seed=1)
 for thread in threading.enumerate():
     if thread.name == "load-compiled":
         thread.join()
@@ -43,7 +46,8 @@ ids = np.arange(10, dtype=np.int64)
 rows = np.ones((10, 8), dtype=np.float32)
 t0 = time.perf_counter()
 server.push({"docs": ids}, rows, assign=True)
-print(time.perf_counter() - t0)
+seconds = time.perf_counter() - t0
+print(sum(os.times()[:2]), seconds)
 """
 
 
@@ -64,12 +68,14 @@ def rounding_seconds(repeats: int) -> dict[str, float]:
     return best
 
 
-def first_push_seconds(mode: str) -> float:
-    """A fresh process's server's first push, numba's machinery loaded as it started ("on") or not ("off")."""
+def first_push_seconds(mode: str, cpu: bool = False) -> float:
+    """A fresh process's server's first push, numba's machinery loaded as it started ("on") or not ("off"), or
+    a small server's that adds with numpy ("small"); with `cpu`, the process's CPU seconds by then instead."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     out = subprocess.run([sys.executable, "-c", FIRST_PUSH, mode], capture_output=True, text=True, check=True,
                          env=env)
-    return float(out.stdout.split()[-1])
+    process_cpu, seconds = map(float, out.stdout.split()[-2:])
+    return process_cpu if cpu else seconds
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -89,9 +95,13 @@ def main(argv: list[str] | None = None) -> dict:
         first_push_seconds("on")  # compiles whatever numba's cache lacks (a fresh clone): what is measured is loading
         loaded = min(first_push_seconds("on") for _ in range(args.repeats))
         cold = min(first_push_seconds("off") for _ in range(args.repeats))
-        result["first_push"] = {"loaded_at_start": loaded, "not_loaded": cold, "not_loaded_over_loaded": cold / loaded}
+        small = min(first_push_seconds("small") for _ in range(args.repeats))
+        cpu = {mode: min(first_push_seconds(mode, cpu=True) for _ in range(args.repeats)) for mode in ("on", "small")}
+        result["first_push"] = {"loaded_at_start": loaded, "not_loaded": cold, "not_loaded_over_loaded": cold / loaded,
+                                "small_numpy": small, "process_cpu": {"compiled": cpu["on"], "small_numpy": cpu["small"]}}
         print(f"a server's first push: {loaded * 1e3:.1f} ms with numba loaded as it started, {cold * 1e3:.1f} ms "
-              f"without ({cold / loaded:.0f}x)")
+              f"without ({cold / loaded:.0f}x); a small server's (numpy) {small * 1e3:.2f} ms; the process's CPU by "
+              f"then {cpu['on']:.2f} s compiled, {cpu['small']:.2f} s small")
     os.makedirs(args.work, exist_ok=True)
     save_json(result, os.path.join(args.work, "small_costs.json"))
     return result

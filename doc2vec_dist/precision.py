@@ -14,12 +14,11 @@ place is then applied with a probability proportional to its size, instead of be
 FBGEMM's 16-bit embeddings do), from a seeded numpy Generator so that a run is reproducible. The
 Generator gives one key per call; the random bits of each value are a hash of that key and the value's
 position (splitmix64), in one numba pass with the rounding: drawing them with the Generator took 3 of
-bfloat16's 4.2 ns a value, on the path of every push.
+bfloat16's 4.2 ns a value, on the path of every push. Those passes are row_kernels', imported where one runs.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -59,10 +58,12 @@ def widen(values: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
     if out is None:
         out = np.empty(values.shape, dtype=np.float32)
     if dtype == "float16":
+        from . import row_kernels
+
         if values.ndim == out.ndim == 2:
-            _widen_f16(values.view(np.uint16), out)
+            row_kernels.widen_f16(values.view(np.uint16), out)
         elif values.flags.c_contiguous and out.flags.c_contiguous:
-            _widen_f16(values.view(np.uint16).reshape(1, -1), out.reshape(1, -1))
+            row_kernels.widen_f16(values.view(np.uint16).reshape(1, -1), out.reshape(1, -1))
         else:
             out[...] = values
         return out
@@ -72,30 +73,6 @@ def widen(values: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
         return out
     np.left_shift(values, 16, out=bits, dtype=np.uint32)
     return out
-
-
-# 2^(e - 25) for float16's biased exponent e = 1..30 (its significand then counted with the implicit
-# 1024), 2^-24 for e = 0 (subnormals); 31 is inf or NaN
-_F16_SCALE = np.array([2.0 ** -24] + [2.0 ** (e - 25) for e in range(1, 31)] + [1.0], dtype=np.float32)
-
-
-@numba.njit(nogil=True, cache=True)
-def _widen_f16(halves: np.ndarray, out: np.ndarray) -> None:
-    """float16 bits [n, m] (uint16) as float32 values into `out` [n, m], which may be strided (the
-    vector columns of a row matrix): the significand times a power of two, exact, without a branch,
-    so that it vectorizes (numpy's cast, value by value, cost the float16 feed more than any other
-    step of a pull). NaN comes out as a NaN, not its payload."""
-    scale = _F16_SCALE
-    for i in range(halves.shape[0]):
-        for j in range(halves.shape[1]):
-            h = np.int32(halves[i, j])
-            exponent = (h >> 10) & 0x1F
-            fraction = h & 0x3FF
-            significand = fraction + (1024 if exponent > 0 else 0)
-            value = np.float32(significand) * scale[exponent]
-            if exponent == 31:
-                value = np.float32(np.inf) if fraction == 0 else np.float32(np.nan)
-            out[i, j] = -value if h & 0x8000 else value
 
 
 def narrow(values: np.ndarray, dtype: str, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -113,54 +90,9 @@ def narrow(values: np.ndarray, dtype: str, rng: np.random.Generator | None = Non
     return _narrow_f16_stochastic(values, rng)
 
 
-@numba.njit(nogil=True, inline="always")
-def _hash(key: np.uint64, i: int) -> np.uint64:
-    """splitmix64's output at position i + 1 after `key`: 64 uniform bits, a pure function of both."""
-    z = key + np.uint64(i + 1) * np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 def _key(rng: np.random.Generator) -> np.uint64:
     """One draw of `rng`: the key of a call's hashes, so that the same Generator state gives the same bits."""
     return np.uint64(rng.integers(0, 1 << 63, dtype=np.int64))
-
-
-@numba.njit(nogil=True, inline="always")
-def _bf16_round(b: np.uint64, key: np.uint64, position: int, stochastic: bool) -> np.uint64:
-    # the bfloat16 bits of float32 bits `b`: stochastically, a random 16-bit integer added to the low half
-    # carries into the kept bits with the right odds; to nearest, ties to even, 0x7fff and the lowest kept
-    # bit are added. ±inf has a zero low half, so it stays; the largest finite values may carry into inf,
-    # as they should; NaN could carry into the sign bit or to inf, so it is set apart as a quiet NaN
-    if b & np.uint64(0x7FFFFFFF) > np.uint64(0x7F800000):
-        return ((b >> np.uint64(16)) & np.uint64(0x8000)) | np.uint64(0x7FC0)
-    if stochastic:
-        return (b + (_hash(key, position) >> np.uint64(48))) >> np.uint64(16)
-    return (b + np.uint64(0x7FFF) + ((b >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
-
-
-@numba.njit(nogil=True, cache=True)
-def _bf16_stochastic(bits: np.ndarray, key: np.uint64) -> np.ndarray:
-    out = np.empty(bits.size, np.uint16)
-    for i in range(bits.size):
-        out[i] = _bf16_round(np.uint64(bits[i]), key, i, True)
-    return out
-
-
-@numba.njit(nogil=True, cache=True)
-def _bf16_add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray, dim: int, key: np.uint64,
-                   stochastic: bool) -> None:
-    # table[ids, :dim] += delta[:, :dim] in bfloat16 bits, each sum narrowed as _narrow_bf16 does it
-    # (the same bits: value k of the [n, dim] block draws at position k), ids distinct
-    wide = np.empty(dim, np.float32)
-    bits = wide.view(np.uint32)
-    for i in range(ids.size):
-        row = ids[i]
-        for j in range(dim):
-            bits[j] = np.uint32(table[row, j]) << np.uint32(16)
-            wide[j] += delta[i, j]
-            table[row, j] = _bf16_round(np.uint64(bits[j]), key, i * dim + j, stochastic)
 
 
 def add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray, dtype: str, dim: int,
@@ -170,7 +102,9 @@ def add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray, dtype: str, 
     same `rng`), the state added in float32. bfloat16 in one compiled pass over the rows, without the
     temporaries of gathering, widening, adding, narrowing and scattering in turn."""
     if dtype == "bfloat16":
-        _bf16_add_rows(table, ids, np.ascontiguousarray(delta, dtype=np.float32), dim,
+        from . import row_kernels
+
+        row_kernels.bf16_add_rows(table, ids, np.ascontiguousarray(delta, dtype=np.float32), dim,
                        _key(rng) if rng is not None else np.uint64(0), rng is not None)
         if delta.shape[1] > dim:
             state = state_view(table, dtype, dim)
@@ -184,7 +118,9 @@ def add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray, dtype: str, 
 def _narrow_bf16(values: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
     bits = np.ascontiguousarray(values).view(np.uint32)
     if rng is not None:
-        return _bf16_stochastic(bits.reshape(-1), _key(rng)).reshape(bits.shape)
+        from . import row_kernels
+
+        return row_kernels.bf16_stochastic(bits.reshape(-1), _key(rng)).reshape(bits.shape)
     # round to nearest, ties to even: add 0x7fff and the lowest kept bit, then truncate
     wide = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
     out = (wide >> 16).astype(np.uint16)  # as _bf16_round says for ±inf, the largest finite values and NaN
@@ -192,41 +128,6 @@ def _narrow_bf16(values: np.ndarray, rng: np.random.Generator | None) -> np.ndar
     if nan.any():
         out[nan] = ((bits[nan] >> 16) & np.uint32(0x8000)) | np.uint32(0x7FC0)
     return out
-
-
-@numba.njit(nogil=True, cache=True)
-def _f16_stochastic_bits(bits: np.ndarray, key: np.uint64) -> tuple:
-    """The float16 bits of float32 `bits` below 65504, stochastically rounded (the cast, exact by then,
-    done here: numpy's took 3 ns a value); and a flag on the values left for the caller (their bits 0
-    here): from 65504 up, inf, NaN. Without a branch, so that the loop vectorizes (a loop that wrote
-    down the positions of the values it left as it met them, subnormals among them, could not)."""
-    out = np.empty(bits.size, np.uint16)
-    left = np.empty(bits.size, np.bool_)
-    for i in range(bits.size):
-        b = np.uint64(bits[i])
-        size = b & np.uint64(0x7FFFFFFF)
-        sign = (b >> np.uint64(16)) & np.uint64(0x8000)
-        draw = _hash(key, i)
-        # normal in float16: the magnitude plus a random integer below 2^13, its low 13 bits dropped,
-        # the rest re-biased
-        rounded = (size + (draw >> np.uint64(51))) & np.uint64(0x7FFFE000)
-        exponent = rounded >> np.uint64(23)  # 113 (2^-14) ... 142 (2^15): float16's 1 ... 30
-        half = sign | (((exponent - np.uint64(112)) << np.uint64(10)) & np.uint64(0x7C00)) | (
-            (rounded >> np.uint64(13)) & np.uint64(0x3FF))
-        half = (sign | np.uint64(0x7C00)) if exponent > np.uint64(142) else half  # rounded up past 65504
-        # subnormal in float16 (below 2^-14): a count of 2^-24, the 24-bit significand shifted right by
-        # `dropped` bits (14 at 2^-15, more below) after a random integer below 2^dropped is added (a
-        # count of 1024 is the smallest normal's bits, as it should be); float32's own subnormals give 0
-        biased = size >> np.uint64(23)
-        dropped = min(np.uint64(126) - biased, np.uint64(62)) if biased < np.uint64(113) else np.uint64(14)
-        significand = ((size & np.uint64(0x7FFFFF)) | np.uint64(0x800000)) if biased > np.uint64(0) else np.uint64(0)
-        small = sign | ((significand + (draw >> (np.uint64(64) - dropped))) >> dropped)
-        half = small if size < np.uint64(0x38800000) else half
-        half = sign if size == np.uint64(0) else half
-        special = size >= np.uint64(0x477FE000)
-        out[i] = np.uint16(np.uint64(0) if special else half)
-        left[i] = special
-    return out, left
 
 
 def _narrow_f16_stochastic(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -237,7 +138,9 @@ def _narrow_f16_stochastic(values: np.ndarray, rng: np.random.Generator) -> np.n
     # 8x slower than bfloat16's, on every push's path.
     shape = np.shape(values)
     values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-    half, left = _f16_stochastic_bits(values.view(np.uint32), _key(rng))
+    from . import row_kernels
+
+    half, left = row_kernels.f16_stochastic_bits(values.view(np.uint32), _key(rng))
     out = half.view(np.float16)
     edge = np.flatnonzero(left)  # NaN, ±inf, the edge of range: as a cast makes them (the largest finite stays)
     if len(edge):

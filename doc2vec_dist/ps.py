@@ -24,7 +24,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-import numba
 import numpy as np
 
 from . import checkpoint, modeldir, precision
@@ -61,54 +60,32 @@ def ray_node_id() -> str | None:
     return ray.get_runtime_context().get_node_id()
 
 
-@numba.njit(cache=True)
-def _compiled() -> int:
-    return 1
-
-
 def load_compiled() -> None:
     """Load numba's machinery for compiled code now, in the background, while an actor starts: the
     first compiled call in a process takes ~0.3 s however small (later ones, from numba's cache, a few
     ms), and a server's first push, or a worker's first block, paid it in the middle of training; on
     the block schedule every worker waited for it at the end of its first round."""
-    threading.Thread(target=_compiled, name="load-compiled", daemon=True).start()
+    from .row_kernels import compiled
+
+    threading.Thread(target=compiled, name="load-compiled", daemon=True).start()
 
 
-@numba.njit(nogil=True, cache=True)
-def _add_rows(table: np.ndarray, ids: np.ndarray, delta: np.ndarray) -> None:
-    """table[ids[i]] += delta[i] for every i, in order (a repeated id gets every delta). Compiled and
-    without the GIL, so a threaded server applies pushes to different tables at once; numpy's
-    table[ids] += delta is a gather, an add and a scatter (35 ms for 75k rows x 100), and this server
-    needs no torch (0.85 s of a process's start-up) for torch's index_add_."""
-    for i in range(len(ids)):
-        row = ids[i]
-        for j in range(delta.shape[1]):
-            table[row, j] += delta[i, j]
-
-
-@numba.njit(nogil=True, cache=True)
-def _set_rows(table: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
-    """table[ids[i]] = rows[i] for every i (compiled, without the GIL, as _add_rows)."""
-    for i in range(len(ids)):
-        table[ids[i]] = rows[i]
-
-
-# A float32 server whose every table slice is smaller than this (elements) applies pushes with numpy and never
-# loads numba's compiled code: a process's first compiled call costs ~0.4 s of CPU (numba's registries, its
-# BLAS check importing scipy.linalg), paid by every such server of a small job, a tune trial or a test,
-# where np.add.at's adds (~9 ns an element against the compiled ~0.7) cost at most ~2.4 ms a push of a
-# whole slice. The same float32 sums in the same order either way (np.add.at adds a repeated id's rows one
+# A float32 server whose every table slice is smaller than this (elements) applies pushes with numpy, and
+# never imports numba (row_kernels, ~0.14 s of CPU) nor makes its first compiled call (~0.4 s: numba's
+# registries, its BLAS check importing scipy.linalg), which every server of a small job, a tune trial or a
+# test paid; np.add.at's adds (~9 ns an element against the compiled ~0.7) cost at most ~2.4 ms a push of
+# a whole slice. The same float32 sums in the same order either way (np.add.at adds a repeated id's rows one
 # by one): the bits do not depend on the path.
 NUMPY_TABLE_ELEMENTS = 1 << 18
 
 
 def _add_rows_numpy(table: np.ndarray, ids: np.ndarray, delta: np.ndarray) -> None:
-    """_add_rows with numpy (NUMPY_TABLE_ELEMENTS)."""
+    """row_kernels.add_rows with numpy (NUMPY_TABLE_ELEMENTS)."""
     np.add.at(table, ids, delta)
 
 
 def _set_rows_numpy(table: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
-    """_set_rows with numpy (NUMPY_TABLE_ELEMENTS); its ids are distinct (an assign writes a worker's own rows)."""
+    """row_kernels.set_rows with numpy (NUMPY_TABLE_ELEMENTS); its ids are distinct (an assign writes a worker's own rows)."""
     table[ids] = rows
 
 
@@ -179,7 +156,11 @@ class ParameterServer:
         self.compiled = compiled_adds(shard, num_shards, tables)
         if self.compiled:
             load_compiled()
-        self._add, self._set = (_add_rows, _set_rows) if self.compiled else (_add_rows_numpy, _set_rows_numpy)
+        self._add, self._set = _add_rows_numpy, _set_rows_numpy
+        if self.compiled:
+            from .row_kernels import add_rows, set_rows
+
+            self._add, self._set = add_rows, set_rows
         self.shard, self.num_shards = shard, num_shards
         self.node = ray_node_id()
         self.tables: dict[str, np.ndarray] = {}

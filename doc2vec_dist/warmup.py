@@ -33,9 +33,9 @@ WAIT_SECONDS = 300  # at most, before the first epoch; past it the workers compi
 
 def kernels(settings: RunSettings) -> list:
     """The compiled functions a run of `settings` calls first in its workers and servers."""
-    from . import cpu_kernel, ps
+    from . import cpu_kernel, row_kernels
 
-    found = [ps._set_rows if settings.token_path else ps._add_rows]
+    found = [row_kernels.set_rows if settings.token_path else row_kernels.add_rows]
     if settings.exact:
         found.append(cpu_kernel._train_tokens if settings.token_path else cpu_kernel._train)
     return found
@@ -149,13 +149,13 @@ def _read_only_pushes() -> None:
     object store (numba compiles read-only arrays apart)."""
     import numpy as np
 
-    from .ps import _add_rows, _set_rows
+    from .row_kernels import add_rows, set_rows
 
     table = np.zeros((4, 8), dtype=np.float32)
     ids, rows = np.arange(2, dtype=np.int64), np.ones((2, 8), dtype=np.float32)
     ids.flags.writeable = rows.flags.writeable = False
-    _set_rows(table, ids, rows)
-    _add_rows(table, ids, rows)
+    set_rows(table, ids, rows)
+    add_rows(table, ids, rows)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ PACKAGE = ROOT / "doc2vec_dist"
 LAYERS: dict[str, set[str]] = {
     # what every layer uses: errors, files, settings' declarations, arithmetic with no model in it
     "base": {"errors", "logs", "storage", "outputs", "ids", "urls", "memwatch", "metrics", "runlog",
-             "precision", "sampling", "sharding", "environment", "config", "lr", "runners", "cluster"},
+             "precision", "row_kernels", "sampling", "sharding", "environment", "config", "lr", "runners", "cluster"},
     # events and text in, the prepared corpus out
     "ingest": {"corpus", "modeldir", "readers", "read_files", "read_formats", "read_times", "synthetic",
                "prepare_base", "passes", "shard_pass", "raydata", "prepare_merge", "prepare_report", "prepare",
