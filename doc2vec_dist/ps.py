@@ -153,13 +153,12 @@ class ParameterServer:
         applied delta is narrowed in a 16-bit table.
         """
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this server is removed: no traceback on the console
-        self.compiled = compiled_adds(shard, num_shards, tables)
-        if self.compiled:
-            load_compiled()
+        self.compiled = compiled_adds(shard, num_shards, tables)  # else numpy's adds, and no numba in this process
         self._add, self._set = _add_rows_numpy, _set_rows_numpy
         if self.compiled:
             from .row_kernels import add_rows, set_rows
 
+            load_compiled()
             self._add, self._set = add_rows, set_rows
         self.shard, self.num_shards = shard, num_shards
         self.node = ray_node_id()
