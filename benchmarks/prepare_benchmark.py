@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 import psutil
 import pyarrow as pa
 
-from doc2vec_dist.memwatch import MemoryWatch, _Sampler, proc_status
+from doc2vec_dist.memwatch import MemoryWatch, _Sampler, proc_status, process_tree
 
 
 class ProcessWatch(_Sampler):
@@ -50,12 +50,7 @@ class ProcessWatch(_Sampler):
         self.procs: dict[int, dict] = {}
 
     def sample(self) -> None:
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for proc in procs:
+        for proc in process_tree(self.pid):
             try:
                 times = proc.cpu_times()
                 title = " ".join(proc.cmdline()[:3])

@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from doc2vec_dist import modeldir
-from doc2vec_dist.memwatch import _Sampler
+from doc2vec_dist.memwatch import _Sampler, process_tree
 from doc2vec_dist.run import RECORDS_ENV
 
 
@@ -77,12 +77,7 @@ class ProcessCPU(_Sampler):
         self.seen: dict[tuple[int, float], list] = {}  # (pid, start time) -> [CPU seconds, command line]
 
     def sample(self) -> None:
-        try:
-            root = psutil.Process(self.root)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for proc in procs:
+        for proc in process_tree(self.root):
             try:
                 with proc.oneshot():
                     key, times, cmd = (proc.pid, proc.create_time()), proc.cpu_times(), " ".join(proc.cmdline())

@@ -40,6 +40,15 @@ def role_of(proc: psutil.Process, root_pid: int) -> str:
     return "ray" if "ray" in title else "other"
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process `pid` and every process under it (psutil's recursive children), or [] once it has ended."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 class _Sampler:
     """A thread calling sample() every `interval` seconds while the `with` block runs, and once at its end."""
 
@@ -87,10 +96,8 @@ class MemoryWatch(_Sampler):
         for a dozen processes 4 times a second took ~20% of the training speed on 2 cores; so the
         tree's PSS is read only as often as keeps it under `pss_budget` of one core (every sample for
         a small tree such as gensim's one process, about every second for a local Ray's)."""
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
+        procs = process_tree(self.pid)
+        if not procs:
             return
         t0 = time.perf_counter()
         with_pss = t0 >= self._next_pss
