@@ -343,12 +343,22 @@ class ParameterClient:
 
     def write_handed(self, label: str) -> None:
         """Write the block this worker handed over to the servers, and wait until they applied it: a
-        checkpoint taken between its rounds (its next holder has not started: no round starts while
-        a checkpoint is written). Nothing once its next round holds another block."""
+        checkpoint taken between its rounds by a driver that runs them one after another (its next
+        holder has not started). Nothing once its next round holds another block."""
         handed, self.handed = self.handed, None
-        for table, rows in (handed or {}).items():
+        if handed:
+            self.write_block(self.urls.ids, handed, label)
+
+    def write_block(self, ids: np.ndarray, rows_of: dict, label: str) -> None:
+        """Write a block handed on (hand_over's rows, or their refs) that its next holder has not taken,
+        over the servers' copy, and wait until they applied it: a checkpoint taken while it waits
+        (peers.Outbox). ids: the block's global ids, ascending."""
+        held = Held.of(ids, self.num_shards)
+        for table, rows in rows_of.items():
+            rows = rows if isinstance(rows, np.ndarray) else get(rows)
             self.traffic["resident_pushed"] += rows.nbytes
-            get(self._push_pieces(table, self._pieces(table, rows), f"{label} (resident rows)", assign=True))
+            get(self._push_pieces(table, self._pieces(table, rows, held), f"{label} (resident rows)", assign=True,
+                                  held=held))
 
     def take_over(self, handed: dict, write, into=None) -> bool:
         """Hold the block another worker handed over (hand_over): its rows, widened and put in this
@@ -603,17 +613,17 @@ class ParameterClient:
         self.traffic[kind] += rows.nbytes
         return rows
 
-    def _pieces(self, table: str, rows: np.ndarray) -> list[tuple]:
+    def _pieces(self, table: str, rows: np.ndarray, held: Held | None = None) -> list[tuple]:
         """Outgoing rows (_outgoing) cut into each server's calls of at most RESIDENT_CALL_BYTES:
-        [(server, lo, hi, rows[lo:hi])]."""
-        held = self._held(table)
+        [(server, lo, hi, rows[lo:hi])]. held: their rows (the table's resident ones)."""
+        held = held or self._held(table)
         return [(s, lo, hi, rows[lo:hi]) for s in range(self.num_shards)
                 for lo, hi in held.pieces(s, rows.shape[1] * rows.itemsize)]
 
-    def _push_pieces(self, table: str, pieces: list[tuple], label: str, assign: bool) -> list:
+    def _push_pieces(self, table: str, pieces: list[tuple], label: str, assign: bool, held: Held | None = None) -> list:
         """Send each piece (_pieces) to its server, at most `limit` calls in flight; returns the calls
         still in flight."""
-        held = self._held(table)
+        held = held or self._held(table)
         calls: list = []
         for s, lo, hi, rows in pieces:
             calls.append(self.servers[s].push.remote(

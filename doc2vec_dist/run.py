@@ -28,6 +28,7 @@ from .config import TrainConfig
 from .corpus import Corpus
 from .errors import UserError
 from .metrics import RunMetrics
+from .peers import first_unclaimed
 from .placement import (
     actor_names,
     actor_nodes,
@@ -41,7 +42,6 @@ from .placement import (
 )
 from .ps import ParameterServer, table_specs
 from .runlog import RunLog
-from .schedule import Blocks
 from .settings import RunSettings
 from .units import Position, plan_of
 from .worker import Worker
@@ -117,8 +117,7 @@ class Run:
         self.workers: list = []
         self.last_positions = resume.positions  # the workers' positions in the last committed checkpoint
         self.last_epoch = resume.epoch
-        self.starts: list = [None] * config.num_workers  # where each worker's current run_epoch began
-        self.handed: list = [None] * config.num_workers  # the block each was handed for it (Worker.run_epoch)
+        self.starts: list = [None] * config.num_workers  # where each worker's current run_rounds began
         self.epoch_stats: list[dict] = []
         self.worker_restarts = 0  # restarts seen: a worker answering from another process (_note_pid)
         self.failures = 0  # its calls that failed as it died: at most --max-restarts per worker
@@ -173,10 +172,14 @@ class Run:
         step_pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)  # for tests
         self.plan = plan_of(corpus, self.settings)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
-        # Three threads: run_epoch, and progress / pause / resume from the driver meanwhile.
-        self.workers = [worker_cls.options(max_concurrency=3, max_restarts=config.max_restarts,
+        # Five threads: run_rounds; progress / pause / resume / flush_handed from the driver meanwhile; and
+        # on the block schedule its taker's asks for a block (hand, peers.py: by name, so a restarted
+        # worker finds its giver again), one and one more after a restart.
+        peers = [f"doc2vec-dist-{self.run_id}-worker{i}" for i in range(config.num_workers)]
+        self.workers = [worker_cls.options(name=peers[i], max_concurrency=5, max_restarts=config.max_restarts,
                                            max_task_retries=0, **on_node(worker_placement, homes["workers"][i])).remote(
-            i, self.plan[i], os.path.abspath(corpus.path), self.settings, names, tables, step_pause=step_pause)
+            i, self.plan[i], os.path.abspath(corpus.path), self.settings, names, tables, step_pause=step_pause,
+            peers=peers)
             for i in range(config.num_workers)]
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
             self._seen(("worker", i), answer)
@@ -241,38 +244,14 @@ class Run:
         return summary
 
     def _run_epoch(self, epoch: int, starts: list[Position] | None, bar: tqdm) -> dict:
-        """One epoch: on the block schedule its rounds, one after another (every worker ends a round, its
-        block pushed home, before any starts the next), else one round; returns the epoch's counters."""
-        rounds, workers = self.settings.rounds, self.config.num_workers
-        starts = starts or [Position(epoch)] * workers
-        every: list[dict] = []
-        last: list[dict] = []
-        handed: list = [None] * workers  # a round's first holders pull: at an epoch's start, and resumed
-        for r in range(starts[0].round, rounds):
-            if every:  # each worker's counters run on from where its last round left them
-                starts = [Position(epoch, round=r, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"]) for s in last]
-                # the blocks the last round's holders handed over, each to the worker that holds it now
-                by_block = {h["block"]: h for h in (s.pop("handover", None) for s in last) if h is not None}
-                handed = [by_block.get(Blocks.held(i, r, workers)) for i in range(workers)]
-            last = self._run_round(epoch, starts, bar, handed)
-            every.extend(last)
-        for s in last:
-            s.pop("handover", None)
-        # tokens, pairs and loss of the epoch are the last round's; seconds and bytes add up over the rounds
-        # (`every` holds each round's workers in order: worker i's rounds are every[i::workers])
-        own = [{**combine(every[i::workers]), **{k: last[i][k] for k in ("tokens", "pairs", "loss")}}
-               for i in range(workers)]
-        return {"epoch": epoch, **combine(every), **{k: v for k, v in combine(last).items() if k in ("tokens", "pairs", "loss")},
-                "workers": own}
-
-    def _run_round(self, epoch: int, starts: list[Position], bar: tqdm, handed: list) -> list[dict]:
-        """Every worker trains its data (on the block schedule: the tokens of the block it holds this
-        round, as `handed` to it or pulled) from its start position; returns each worker's counters."""
+        """One epoch: each worker trains its data from its start position (on the block schedule every
+        round of the epoch, the blocks passed from worker to worker without the driver: peers.py);
+        returns the epoch's counters."""
         config, workers = self.config, self.workers
         base = self.corpus.tokens_before(epoch, config.first_epoch)
-        self.starts, self.handed = list(starts), list(handed)
-        self.metrics.position(epoch, starts[0].round)
-        pending = {w.run_epoch.remote(epoch, self.starts[i], self.handed[i]): i for i, w in enumerate(workers)}
+        self.starts = list(starts or [Position(epoch)] * len(workers))
+        self.metrics.position(epoch, min(p.round for p in self.starts))
+        pending = {w.run_rounds.remote(epoch, self.starts[i]): i for i, w in enumerate(workers)}
         finished: dict[int, dict] = {}
         while pending:
             ready, _ = ray.wait(list(pending), timeout=self.tick, num_returns=len(pending))
@@ -280,7 +259,7 @@ class Run:
                 i = pending.pop(ref)
                 try:
                     finished[i] = ray.get(ref)
-                    self._note_pid(i, finished[i])  # the process that trained this round
+                    self._note_pid(i, finished[i])  # the process that trained this epoch
                     self.trained_by[i] = finished[i].get("pid")
                 except ray.exceptions.RayActorError as exc:  # the worker's process (or its node) died
                     pending[self._restart_worker(i, epoch, exc)] = i
@@ -298,8 +277,7 @@ class Run:
             self.metrics.servers(self.server_answers)
             self.metrics.record()
             live = [self.answers[i] for i in range(len(workers)) if i not in finished and i in self.answers]
-            now = combine(list(finished.values())
-                          + [s for s in live if (s["epoch"], s.get("round", 0)) == (epoch, starts[0].round)])
+            now = combine(list(finished.values()) + [s for s in live if s["epoch"] == epoch])
             bar.update(base + now["tokens"] - bar.n)
             bar.set_postfix_str(f"epoch {epoch + 1}, loss {now['loss'] / max(now['pairs'], 1):.3f}, "
                                 + time_split(now["seconds"]), refresh=False)
@@ -307,12 +285,13 @@ class Run:
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
         done = [finished[i] for i in range(len(workers))]
-        self.metrics.workers(dict(enumerate(done)))  # each worker's last figures of the round
-        # The time each worker waited at the round's end for the last one (the barrier); 0 for one worker.
+        self.metrics.workers(dict(enumerate(done)))  # each worker's last figures of the epoch
+        # The time each worker waited at the epoch's end for the last one (the barrier; on the block
+        # schedule added to its waits for its blocks); 0 for one worker.
         end = max(s["ended"] for s in done)
         for s in done:
-            s["seconds"]["barrier"] = max(0.0, end - s["ended"])
-        return done
+            s["seconds"]["barrier"] += max(0.0, end - s["ended"])
+        return {"epoch": epoch, **combine(done), "workers": [combine([s]) for s in done]}
 
     def _restart_worker(self, i: int, epoch: int, exc: Exception):
         """Wait for Ray to restart worker i, then send it back to its last checkpointed position."""
@@ -323,15 +302,26 @@ class Run:
         log.warning(f"worker {i} failed ({root_cause(exc)}); restarting it from its last checkpointed position")
         self._write_restart(i, epoch, root_cause(exc))
         self._await_restart(i, root_cause(exc))
-        # Its position in the last checkpoint, if that checkpoint is of this epoch; else the epoch's
-        # start (checkpoints off, or none yet this epoch). Its pushes since then are in the servers:
-        # those rows see that stretch of data twice, which costs a little fit, never the model.
-        round_start = self.starts[i]
+        # Its position in the last checkpoint, if that checkpoint is of the round it was in; else that
+        # round's start (the epoch's, off the block schedule), where the block its giver filed for it
+        # waits (peers.py). Its pushes since then are in the servers: those rows see that stretch of data
+        # twice, which costs a little fit, never the model.
+        round_start = self._round_start(i, epoch)
         last = self.last_positions[i] if self.last_positions and self.last_epoch == epoch else None
         start = last if last is not None and last.round == round_start.round else round_start
         self.starts[i] = start
-        # from the round's start, the block as it was handed over; from a checkpoint, the servers' copy
-        return self.workers[i].run_epoch.remote(epoch, start, self.handed[i] if start is round_start else None)
+        return self.workers[i].run_rounds.remote(epoch, start, restarted=True)
+
+    def _round_start(self, i: int, epoch: int) -> Position:
+        """Where the round worker i was in started: the one it last asked its giver for (peers.py), else
+        where its call began."""
+        start = self.starts[i]
+        if len(self.workers) > 1 and self.settings.blocks:
+            with contextlib.suppress(ray.exceptions.RayError):
+                at = self._get([self.workers[(i + 1) % len(self.workers)].taker_at.remote(epoch)], within=60)[0]
+                if at is not None and at["round"] > start.round:
+                    return Position.from_json(at)
+        return start
 
     def _note_pid(self, i: int, answer: dict) -> None:
         """Worker i answered from answer["pid"]: a process other than the last one it answered from is a
@@ -493,10 +483,14 @@ class Run:
                 positions = self._get([w.pause.remote() for w in self.workers])
             except ray.exceptions.RayActorError:
                 return  # a worker is down: the restart path deals with it; checkpoint next time
-            # A worker whose run_epoch has not begun reports where its last one ended: it will start
+            # A worker whose run_rounds has not begun reports where its last one ended: it will start
             # (and at once pause) where the driver sent it
-            now = (epoch, self.starts[0].round)
-            positions = [p if (p.epoch, p.round) == now else self.starts[i] for i, p in enumerate(positions)]
+            positions = [p if p.epoch == epoch else self.starts[i] for i, p in enumerate(positions)]
+            # the blocks handed on that their takers have not started go home first (peers.py)
+            workers = len(self.workers)
+            if workers > 1 and self.settings.blocks:
+                self._get([self.workers[(i + 1) % workers].flush_handed.remote(epoch, first_unclaimed(p))
+                           for i, p in enumerate(positions)])
             self._checkpoint(epoch, positions, self.epoch_stats)
         except BaseException:
             stopping = True  # a dead node, Ctrl-C: the actors are about to be killed

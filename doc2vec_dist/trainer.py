@@ -183,8 +183,8 @@ class Resume:
         if positions is not None and len(positions) != config.num_workers:
             raise UserError(f"{out}: the checkpoint stopped mid-epoch with {len(positions)} workers; resume with "
                             f"--num-workers {len(positions)} (their data positions cannot be redistributed)")
-        if positions and positions[0].round > 0 and not settings.blocks:
-            raise UserError(f"{out}: the checkpoint stopped in round {positions[0].round + 1} of an epoch of the block "
+        if positions and max(p.round for p in positions) > 0 and not settings.blocks:
+            raise UserError(f"{out}: the checkpoint stopped in round {max(p.round for p in positions) + 1} of an epoch of the block "
                             "schedule; resume with --schedule blocks (or auto), then change it at an epoch's end")
         # the settings the checkpoint ran with (a manifest without them: its config's segments, and its plan)
         ran = manifest.get("settings") or {"segments": (manifest.get("config") or {}).get("segments") or 1,

@@ -42,6 +42,7 @@ from . import settings as run_settings
 from .config import TableSpec
 from .corpus import Corpus
 from .logs import quiet_exit_in_finalizers
+from .peers import Giver, Outbox
 from .ps import NonFiniteUpdate, load_compiled, ray_node_id
 from .sampling import NegativeTable, build_examples, doc_step_scale, keep_probabilities
 from .schedule import Block, Blocks
@@ -60,8 +61,8 @@ from .units import (
     only_documents,
     partition_index,
     read_chunks,
-    segment_units,
 )
+from .worker_blocks import BlockRounds
 
 if TYPE_CHECKING:
     import torch
@@ -70,21 +71,21 @@ log = logging.getLogger(__name__)
 
 # folded into a batch's seed for the draws of a 16-bit `outputs` matrix's stochastic rounding (kernels.py)
 ROUNDING_SEED = 0x2545F4914F6CDD1D
-STAGES = ("read", "sample", "pull", "wait", "compute", "push")  # where a worker's time goes
-CHUNK_CACHE_BYTES = 1 << 30  # the block schedule keeps an epoch's chunks split by block within this (_block_chunks)
+STAGES = ("read", "sample", "pull", "wait", "compute", "push", "barrier")  # where a worker's time goes
 SWAP = object()  # run_epoch's next batch is of a partition of its documents other than the one held
 
 
-class Worker:
+class Worker(BlockRounds):
     def __init__(self, index: int, units: list[Unit], corpus_path: str, settings: RunSettings,
                  servers: list, tables: dict[str, TableSpec], compute: Compute | None = None,
-                 step_pause: float = 0.0):
+                 step_pause: float = 0.0, peers: list | None = None):
         """settings: the run's, as the driver resolved them (settings.resolve): the worker decides none
         of them again. servers: the parameter servers' actor handles, or their names (what the trainer passes: a
         restarted worker looks them up again, and Ray keeps no object-store argument alive for it), or
         client.LocalServer objects (no Ray at all). tables: the servers' table specs (ps.table_specs).
         compute: what trains the examples (Compute.default()). step_pause: seconds slept after each
-        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV)."""
+        macro-batch (tests: a round that outlasts the driver's tick; trainer.STEP_PAUSE_ENV). peers: every
+        worker's actor name, on the block schedule (run_rounds: peers.Giver)."""
         quiet_exit_in_finalizers()  # Ray's SIGTERM when this worker is removed: no traceback on the console
         load_compiled()
         corpus = Corpus(corpus_path)
@@ -94,6 +95,7 @@ class Worker:
         # on the block schedule, hand the held block to its next holder at a round's end
         # (client.ParameterClient.hand_over) rather than through the servers (settings.HANDOVER_ENV)
         self.handover = settings.handover
+        self.giver, self.outbox = Giver(index, [] if peers is None else peers), Outbox()  # rounds without the driver (peers.py)
         self.node = ray_node_id()
         self.compute = compute or Compute.default(fused=settings.kernel == "fused")
         # the exact kernel (cpu_kernel) on CPU workers, the batched one (kernels) on GPUs: see TrainConfig.kernel
@@ -236,70 +238,6 @@ class Worker:
         s["bytes"] = dict(self.client.traffic)
         return s
 
-    # -- the block held (the token path) ---------------------------------------------------------
-    def _hold(self, epoch: int, round_: int, handed: dict | None = None) -> None:
-        """Take the block this worker holds in this round of the epoch (schedule.Blocks.held) as its
-        resident URL rows: from `handed` where its last holder handed it over (run_epoch), else the next
-        sync pulls them. One worker holds every row, once for the run."""
-        cfg = self.config
-        if self.num_blocks == 1:
-            if self.held is None:
-                self._blocks = Blocks(self.counts, self.keep_prob, 1, cfg.seed, 0, cfg.negative, cfg.ns_exponent)
-                self.held = self._blocks.block(0, self.keep_prob, self.counts, cfg.ns_exponent, self.negatives)
-            return
-        if self._blocks is None or self._blocks.epoch != epoch:
-            self._blocks = Blocks(self.counts, self.keep_prob, self.num_blocks, cfg.seed, epoch, cfg.negative,
-                                  cfg.ns_exponent)
-        b = Blocks.held(self.index, round_, self.num_blocks)
-        if self.held is not None and self.held.index == b and self.client.held:
-            return  # resumed in the round it holds (a checkpoint's pause): its rows are the latest
-        self.held = self._blocks.block(b, self.keep_prob, self.counts, cfg.ns_exponent)
-        self.cached = len(self.held.ids)
-        self._device_tables = None
-        self.client.hold(self.held.ids)
-        if handed is not None and handed["block"] == b and not self.client.take_over(
-                handed, self._write_resident, into=self._resident_array):
-            log.warning(f"worker {self.index}: the rows of block {b} handed over in epoch {epoch} round {round_} "
-                        "are gone (the worker that held it died); it trains from the servers' copy, the last "
-                        "checkpoint's or the epoch's start's")
-
-    def _block_chunks(self, epoch: int, start: Position, chunks):
-        """The chunks' tokens of the block held, as its local rows (documents with none left out).
-
-        A round that starts at the beginning of its data reads it once for every round: in the first
-        round of a segment each chunk is split for every block at once (schedule.Blocks.split) and the
-        other blocks' parts are kept, within CHUNK_CACHE_BYTES, for the segment's later rounds, which
-        read nothing.
-        """
-        held, blocks = self.held.index, self._blocks
-        whole = start.unit == 0 and start.row is None
-        first = start.round % self.num_blocks == 0  # the first round of its segment
-        segment = (epoch, start.round // self.num_blocks)
-        if whole and not first and self._parts is not None and self._parts[0] == segment:
-            for at, parts in self._parts[1]:
-                part = parts.pop(held, None)
-                if part is not None:
-                    yield at, part
-            return
-        self._parts = None
-        kept: list | None = [] if whole and first else None
-        size = 0
-        for at, chunk in chunks:
-            if kept is None:
-                part = blocks.select(held, *chunk)
-            else:
-                parts = dict(enumerate(blocks.split(*chunk)))
-                part = parts.pop(held)
-                parts = {b: p for b, p in parts.items() if len(p[0])}
-                size += sum(a.nbytes for p in parts.values() for a in p)
-                kept.append((at, parts))
-                if size > CHUNK_CACHE_BYTES:
-                    kept = None
-            if len(part[0]):
-                yield at, part
-        if kept is not None:
-            self._parts = (segment, kept)
-
     def _partition_in(self, item) -> int:
         """The partition of its documents a chunk (read_chunks' item) is in: one, all its documents'
         (document_partitions)."""
@@ -316,23 +254,9 @@ class Worker:
         self.docs_head = len(self.partitions[self.partition])
         self.client.hold_documents(self.partitions[self.partition])
 
-    def _units_of(self, round_: int) -> list[Unit]:
-        """The units round `round_` trains: all of them, or its segment's (TrainConfig.segments)."""
-        if self.rounds == self.num_blocks:
-            return self.units
-        if self._segments is None:
-            self._segments = segment_units(self.units, self.rounds // self.num_blocks)
-        return self._segments[round_ // self.num_blocks]
-
     def _when(self, epoch: int) -> str:
         """The epoch, and on the block schedule the round, as the labels of its pushes name them."""
         return f"epoch {epoch}" + (f" round {self._round}" if self.num_blocks > 1 else "")
-
-    def _release(self) -> None:
-        """The end of a round on the block schedule, its block pushed home: the next holder pulls it
-        from the servers, and this worker pulls the block of its next round."""
-        if self.num_blocks > 1:
-            self.client.release()
 
     # -- data positions and pausing for checkpoints --------------------------------------------
     def _position_at(self, epoch: int, batch: Batch | None, step: int) -> Position:
@@ -373,15 +297,16 @@ class Worker:
             self._pause_requested, self._paused_at = False, None
             self._cv.notify_all()
 
-    def _hold_if_paused(self, epoch: int, batch: Batch, step: int) -> bool:
-        """At a batch boundary: if a checkpoint asked, drain pushes, publish the position, wait.
-        True if it paused (the caller re-pulls the batch: the rows changed meanwhile)."""
+    def _hold_if_paused(self, epoch: int, batch: Batch | None, step: int, at: Position | None = None) -> bool:
+        """At a batch boundary (or waiting for its next block, `at` its round's start): if a checkpoint
+        asked, drain pushes, publish the position, wait. True if it paused (the caller re-pulls the
+        batch: the rows changed meanwhile)."""
         if not self._pause_requested:
             return False
         self.client.drain()
         self._sync(f"{self._when(epoch)} step {step} of worker {self.index}", pull=False, docs=True)  # into the checkpoint
         with self._cv:
-            self._paused_at = self._position_at(epoch, batch, step)
+            self._paused_at = at or self._position_at(epoch, batch, step)
             self._cv.notify_all()
             while self._pause_requested:
                 self._cv.wait()
@@ -410,18 +335,44 @@ class Worker:
 
     # -- one epoch ---------------------------------------------------------------------------------
     def run_epoch(self, epoch: int, start: Position | None = None, handed: dict | None = None) -> dict:
-        """Train this worker's data for one epoch (on the block schedule, one round of it: start.round),
-        from the beginning or from a checkpointed position (`start`, as pause() reported it); returns
-        the epoch's counters so far. On the block schedule, `handed` is the block this round holds as
-        its last holder handed it over ({"block", "rows"}; None: pulled from the servers), and
-        the counters returned carry this round's handover for the next holder ("handover") but in the
-        epoch's last round, whose blocks go home to the servers."""
-        cfg = self.config
+        """One round of an epoch (all of it off the block schedule), for a driver in this process that runs
+        the rounds one after another (tests, warm-up): `handed` is the block this round holds as its last
+        holder handed it over ({"block", "rows"}; None: pulled from the servers), and the counters
+        returned carry this round's handover for the next holder ("handover")."""
+        start = self._begin(epoch, start)
+        try:
+            handover = self._train_round(epoch, start, handed)
+        finally:
+            self._end(epoch)
+        return self._done(handover=handover)
+
+    def _begin(self, epoch: int, start: Position | None) -> Position:
         start = start or Position(epoch)
-        self._round = start.round
         self.stats = self._zero_stats()
         self.stats.update(epoch=epoch, round=start.round, tokens=start.tokens, pairs=start.pairs, loss=start.loss)
         # (the traffic counters were reset as the last call returned: a checkpoint's write-back since counts here)
+        self._round, self._step = start.round, start.step
+        with self._cv:
+            self._running = True
+        return start
+
+    def _end(self, epoch: int) -> None:
+        self.stats["ended"] = time.time()  # the driver's barrier time: wall clock, shared by the nodes
+        with self._cv:
+            self._running = False
+            self._position = self._position_at(epoch, None, self._step)
+            self._cv.notify_all()
+
+    def _done(self, **extra) -> dict:
+        done = {**self.progress(), **extra}
+        self.client.traffic = dict.fromkeys(client.TRAFFIC, 0)  # what moves from now on is the next call's
+        return done
+
+    def _train_round(self, epoch: int, start: Position, handed: dict | None) -> dict | None:
+        """Train the round start.round from `start`; returns its handover (client.hand_over) or None."""
+        cfg = self.config
+        self._round = start.round
+        self.stats["round"] = start.round
         seconds = self.stats["seconds"]
         # drives the learning rate: the tokens of the epochs before this one, and of this one so far
         done_before = (self.first_epoch_tokens + (epoch - 1) * self.tokens_per_epoch if epoch else 0) + start.tokens
@@ -437,8 +388,6 @@ class Worker:
         step_of_next = start.step
         # each macro-batch's draws are seeded by its place: (epoch, step), and the round where there are several
         where = [cfg.seed, self.index, epoch] + ([start.round] if self.num_blocks > 1 else [])
-        with self._cv:
-            self._running = True
 
         ahead: list = []  # a chunk read, of a partition of the documents other than the one held
 
@@ -558,14 +507,8 @@ class Worker:
             self._release()
             seconds["push"] += time.perf_counter() - t0
         finally:
-            self.stats["ended"] = time.time()  # the driver's barrier time: wall clock, shared by the nodes
-            with self._cv:
-                self._running = False
-                self._position = self._position_at(epoch, None, step_of_next)
-                self._cv.notify_all()
-        done = {**self.progress(), "handover": handover}
-        self.client.traffic = dict.fromkeys(client.TRAFFIC, 0)  # what moves from now on is the next call's
-        return done
+            self._step = step_of_next
+        return handover
 
     def _arrive(self, batch: Batch, slot: int) -> Arrival:
         """Wait for the batch's pulled rows and put them where it trains: the compact host matrices

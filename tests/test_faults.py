@@ -154,6 +154,79 @@ def test_a_device_worker_that_dies_before_the_checkpoint_has_its_rows_trains_tha
                                       modeldir.ModelDir(models["straight"]).read_table(table), err_msg=table)
 
 
+DIES_IN_A_LATER_ROUND = """
+import os, sys
+from doc2vec_dist import run
+from doc2vec_dist.cli import main
+
+MARK = sys.argv.pop(1)
+
+class DiesInALaterRound(run.Worker):
+    # worker 1's process dies at its second macro-batch of round 1 of epoch 1 (once in the run: its
+    # restart finds MARK), its block taken from worker 0 and partly trained
+    def _compute(self, batch, arrival, alphas):
+        if (self.index, self.stats["epoch"], self._round) == (1, 1, 1) and not os.path.exists(MARK):
+            self.computed = getattr(self, "computed", 0) + 1
+            if self.computed == 2:
+                open(MARK, "w").close()
+                os._exit(1)
+        return super()._compute(batch, arrival, alphas)
+
+    def run_rounds(self, epoch, start=None, restarted=False):  # where the driver starts it, written down
+        if self.index == 1:
+            with open(MARK + ".calls", "a") as fh:
+                fh.write(f"{epoch} {start.round if start else 0} {start.tokens if start else 0} {restarted}\\n")
+        return super().run_rounds(epoch, start, restarted)
+
+run.Worker = DiesInALaterRound
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_worker_killed_mid_round_is_restarted_at_that_round_from_the_block_its_giver_kept(ray_cluster,
+                                                                                          sample_corpus, tmp_path):
+    """The rounds run without the driver (peers.py): worker 1 dies in the middle of round 1. The driver
+    learns the round from its giver (worker 0), which keeps the block it handed for it; the restarted
+    worker trains that round again from that block, worker 0 meanwhile waiting for worker 1's next one,
+    and the run completes: no block lost, no row written by two workers in a round, and within a little
+    of the recall the run that never failed reaches (worker 1's documents lose their updates since the
+    epoch's start, which it trains again)."""
+    from test_block_schedule import writers
+
+    from doc2vec_dist.run import PUSH_JOURNAL_ENV
+
+    corpus, heldout = sample_corpus
+    model, journal = str(tmp_path / "model"), str(tmp_path / "journal")
+    flags = ["--corpus", corpus, "--dim", "32", "--epochs", "6", "--sample", "0", "--num-ps", "1", "--num-workers",
+             "2", "--force-workers", "--segments", "2", "--cpus-per-worker", "1", "--macro-batch", "4096",
+             "--address", ray_cluster.get_runtime_context().gcs_address, "--no-progress"]
+    done = subprocess.run([sys.executable, "-c", DIES_IN_A_LATER_ROUND, str(tmp_path / "mark"), "train", "--out",
+                           model, *flags], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, PUSH_JOURNAL_ENV: journal},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert os.path.exists(tmp_path / "mark")
+    calls = [line.split() for line in (tmp_path / "mark.calls").read_text().splitlines()]
+    # epoch 1 twice: from its start, then, restarted, from round 1's start (what it trained before it, kept)
+    assert [(c[0], c[1], c[3]) for c in calls] == [("0", "0", "False"), ("1", "0", "False"), ("1", "1", "True"),
+                                                   ("2", "0", "False"), ("3", "0", "False"), ("4", "0", "False"),
+                                                   ("5", "0", "False")], calls
+    assert int(calls[2][2]) > 0
+    assert "worker 1 failed" in done.stderr and "went with the process" not in done.stderr, done.stderr[-3000:]
+    with open(os.path.join(model, "config.json")) as fh:
+        assert json.load(fh)["summary"]["worker_restarts"] == 1
+    with open(os.path.join(model, LOG_FILE)) as fh:
+        restarts = [line for line in map(json.loads, fh) if line["event"] == "restart"]
+    assert [(r["worker"], r["epoch"]) for r in restarts] == [(1, 1)]
+    for (epoch, round_), by_worker in writers(journal, "words_out").items():
+        assert not by_worker[0] & by_worker[1], f"epoch {epoch} round {round_}: rows pushed by both workers"
+    _, manifest = modeldir.load_manifest(model)
+    assert manifest["epoch"] == 6
+    assert main(["train", "--out", str(tmp_path / "straight"), *flags]) == 0
+    straight, m = heldout_metrics(str(tmp_path / "straight"), heldout), heldout_metrics(model, heldout)
+    assert straight["model_recall@10"] > straight["popularity_recall@10"], straight
+    assert m["model_recall@10"] > straight["model_recall@10"] - 0.01, (m, straight)
+
+
 def _restart_worker_0_before(monkeypatch, method: str) -> list[int]:
     """Patch run.Run.<method> so that before its call for epoch 1, worker 0's process is killed and the one
     Ray restarts answers (another pid); returns the epochs it was killed before."""

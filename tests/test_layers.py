@@ -28,7 +28,7 @@ LAYERS: dict[str, set[str]] = {
                "compact", "forgotten"},
     # training: the servers, the workers, their kernels and schedule, checkpoints, the run's settings
     "engine": {"checkpoint", "kernels", "cpu_kernel", "fused_kernels", "triton_kernel", "device_examples",
-               "schedule", "placement", "ps", "client", "worker", "units", "run", "trainer", "warmup", "plan",
+               "schedule", "placement", "ps", "client", "worker", "worker_blocks", "peers", "units", "run", "trainer", "warmup", "plan",
                "plan_model", "plan_calibration", "plan_report", "settings", "warmstart"},
     # a trained model's arithmetic: scoring, where vectors came from, URLs never seen, users never seen
     "model": {"scoring", "provenance", "compose", "infer"},
