@@ -11,14 +11,16 @@ driver-led round after another held them. The driver starts every worker's epoch
 (Worker.run_rounds) and sees the epoch's end, checkpoints and failures, not rounds.
 
 Where the rows are at a checkpoint (every worker paused: between two macro-batches, or waiting for its
-block): in the worker training the block (its pause writes them), or filed and not yet taken. Those
-the giver writes (Worker.flush_handed) from the round its taker's paused position has not started.
+block): in the worker that took the block (its pause writes them: a taker that has the answer takes
+the block before its next pause point), or filed and not yet handed out, which the giver writes
+(Worker.flush_handed).
 A taker that finds its giver started after the round it asks for (resumed from a checkpoint, or
 restarted) pulls the servers' copy: the checkpoint's, which the flush wrote.
 
 The driver restarts a worker that died at the start of the round it was in: the last one it asked its
 giver for (Outbox.asked keeps where that round started), from the rows the giver filed for it, which
-the giver keeps until its taker asks for the next round.
+the giver keeps until its taker asks for the next round (or at its checkpointed position in that round,
+from the servers' copy); it tells the giver what the restarted worker holds (Outbox.taker_restarts).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Outbox:
     def __init__(self) -> None:
         self.cv = threading.Condition()
         self.entries: dict[tuple[int, int], dict] = {}
+        self.answered: set[tuple[int, int]] = set()  # entries handed out: their taker holds them now
         self.started: tuple[int, int] = (-1, 0)  # (epoch, first round) of the current run_rounds call
         self.restarted = False  # that call is a restart's: what the process before it filed went with it
         self.asked: dict[int, dict] = {}  # epoch → the position at which the taker asked last (its round's start)
@@ -48,6 +51,7 @@ class Outbox:
         with self.cv:
             if epoch != self.started[0]:
                 self.entries.clear()
+                self.answered.clear()
             self.started, self.restarted = (epoch, first_round), restarted
             self.cv.notify_all()
 
@@ -68,9 +72,11 @@ class Outbox:
                 self.asked[epoch] = at
             for key in [k for k in self.entries if k[0] == epoch and k[1] < round_]:
                 del self.entries[key]
+                self.answered.discard(key)
             while True:
                 entry = self.entries.get((epoch, round_))
                 if entry is not None:
+                    self.answered.add((epoch, round_))
                     return entry
                 if self.started > (epoch, round_ - 1):
                     return {"gone": True, "rows": None} if self.restarted else None
@@ -79,18 +85,23 @@ class Outbox:
                     return WAITING
                 self.cv.wait(left)
 
-    def unclaimed(self, epoch: int, first_round: int) -> list[dict]:
-        """The entries with rows filed for rounds from `first_round` on (their taker has not started them)."""
+    def taker_restarts(self, epoch: int, round_: int) -> None:
+        """Its taker died and restarts holding none of what it was handed, but the block of each round
+        before `round_` (where it restarts mid-round, the servers' copy of that round's block, which its
+        checkpoint wrote: the entry is older and must never be written)."""
         with self.cv:
-            return [e for (ep, r), e in sorted(self.entries.items()) if ep == epoch and r >= first_round
+            self.answered = {key for key in self.entries if key[0] == epoch and key[1] < round_}
+
+    def unclaimed(self, epoch: int) -> list[dict]:
+        """The entries of `epoch` with rows, not handed out (their taker has not taken them)."""
+        with self.cv:
+            return [e for key, e in sorted(self.entries.items()) if key[0] == epoch and key not in self.answered
                     and e.get("rows") is not None]
 
 
-def first_unclaimed(at: Position) -> int:
-    """The first round whose block a worker paused at `at` has not taken: its round, where it has trained
-    nothing of it yet (a block taken and not trained is the same rows as the giver's)."""
-    started = at.unit > 0 or at.row is not None or at.step > 0
-    return at.round + 1 if started else at.round
+def started(at: Position) -> bool:
+    """Whether a worker at position `at` has trained some of its round (it holds the round's block)."""
+    return at.unit > 0 or at.row is not None or at.step > 0
 
 
 class Giver:

@@ -28,7 +28,7 @@ from .config import TrainConfig
 from .corpus import Corpus
 from .errors import UserError
 from .metrics import RunMetrics
-from .peers import first_unclaimed
+from .peers import started
 from .placement import (
     actor_names,
     actor_nodes,
@@ -310,6 +310,10 @@ class Run:
         last = self.last_positions[i] if self.last_positions and self.last_epoch == epoch else None
         start = last if last is not None and last.round == round_start.round else round_start
         self.starts[i] = start
+        if len(self.workers) > 1 and self.settings.blocks:  # what it holds now, for its giver's next flush
+            with contextlib.suppress(ray.exceptions.RayError):  # (a giver that died too kept nothing)
+                giver = self.workers[(i + 1) % len(self.workers)]
+                self._get([giver.taker_restarts.remote(epoch, start.round + started(start))], within=60)
         return self.workers[i].run_rounds.remote(epoch, start, restarted=True)
 
     def _round_start(self, i: int, epoch: int) -> Position:
@@ -486,11 +490,9 @@ class Run:
             # A worker whose run_rounds has not begun reports where its last one ended: it will start
             # (and at once pause) where the driver sent it
             positions = [p if p.epoch == epoch else self.starts[i] for i, p in enumerate(positions)]
-            # the blocks handed on that their takers have not started go home first (peers.py)
-            workers = len(self.workers)
-            if workers > 1 and self.settings.blocks:
-                self._get([self.workers[(i + 1) % workers].flush_handed.remote(epoch, first_unclaimed(p))
-                           for i, p in enumerate(positions)])
+            # the blocks handed on that their takers have not taken go home first (peers.py)
+            if len(self.workers) > 1 and self.settings.blocks:
+                self._get([w.flush_handed.remote(epoch) for w in self.workers])
             self._checkpoint(epoch, positions, self.epoch_stats)
         except BaseException:
             stopping = True  # a dead node, Ctrl-C: the actors are about to be killed

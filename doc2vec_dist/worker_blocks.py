@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .peers import WAITING, first_unclaimed
+from .peers import WAITING, started
 from .schedule import Blocks
 from .units import Position, Unit, segment_units
 
@@ -113,7 +113,7 @@ class BlockRounds:
                 if r > start.round:
                     at = Position(epoch, round=r, tokens=self.stats["tokens"], pairs=self.stats["pairs"],
                                   loss=self.stats["loss"])
-                handed = self._receive(epoch, at) if r > 0 and first_unclaimed(at) == r else None
+                handed = self._receive(epoch, at) if r > 0 and not started(at) else None
                 handover = self._train_round(epoch, at, handed)
                 if r < self.rounds - 1:  # (the last round's blocks went home)
                     self.outbox.give(epoch, r + 1, {**(handover or {"block": self.held.index, "rows": None}),
@@ -145,10 +145,13 @@ class BlockRounds:
         """Where the round its taker last asked for starts (the driver restarts a taker that died there)."""
         return self.outbox.asked.get(epoch)
 
-    def flush_handed(self, epoch: int, first_round: int) -> int:
-        """Write the blocks it handed on that its taker has not started (from round `first_round`) over the
-        servers' copy: a checkpoint's, every worker paused. Returns how many."""
-        entries = self.outbox.unclaimed(epoch, first_round)
+    def taker_restarts(self, epoch: int, round_: int) -> None:
+        self.outbox.taker_restarts(epoch, round_)
+
+    def flush_handed(self, epoch: int) -> int:
+        """Write the blocks it handed on that its taker has not taken over the servers' copy: a
+        checkpoint's, every worker paused. Returns how many."""
+        entries = self.outbox.unclaimed(epoch)
         for entry in entries:
             # named after the round it held the block in (the push journal's tests read the labels)
             self.client.write_block(self._blocks.ids(entry["block"]), entry["rows"],

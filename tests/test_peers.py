@@ -14,7 +14,7 @@ import pytest
 from doc2vec_dist import client
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
-from doc2vec_dist.peers import WAITING, Outbox, first_unclaimed
+from doc2vec_dist.peers import WAITING, Outbox, started
 from doc2vec_dist.ps import ParameterServer, table_specs
 from doc2vec_dist.schedule import Blocks
 from doc2vec_dist.settings import resolve
@@ -39,9 +39,13 @@ def test_a_giver_answers_with_the_block_once_filed_and_the_servers_where_it_star
     assert box.asked[0] == {"round": 1, "tokens": 7}  # where its taker's round started: a restart starts there
     box.give(0, 2, {**entry, "round": 2})
     box.give(0, 3, {**entry, "round": 3, "rows": None})  # gone home through the servers
-    assert [e["round"] for e in box.unclaimed(0, 1)] == [1, 2]
+    assert [e["round"] for e in box.unclaimed(0)] == [2]  # round 1's block was handed out: its taker has it
+    box.taker_restarts(0, 1)  # ... until it died: restarted at round 1's start, it holds none of them
+    assert [e["round"] for e in box.unclaimed(0)] == [1, 2]
+    box.taker_restarts(0, 2)  # at its checkpointed position in round 1: the servers' copy, newer than the entry
+    assert [e["round"] for e in box.unclaimed(0)] == [2]
     box.hand(0, 2, {"round": 2}, wait=0)  # its taker finished round 1: that entry is done with
-    assert sorted(box.entries) == [(0, 2), (0, 3)]
+    assert sorted(box.entries) == [(0, 2), (0, 3)] and box.unclaimed(0) == []
     box.begin(0, 3)  # resumed (or restarted) at round 3: what it did not train it will not file
     assert box.hand(0, 3, {"round": 3}, wait=0)["round"] == 3  # (filed before: still there)
     box.begin(1, 2)
@@ -51,11 +55,10 @@ def test_a_giver_answers_with_the_block_once_filed_and_the_servers_where_it_star
     assert box.hand(1, 3, {"round": 3}, wait=0) == WAITING
 
 
-def test_a_paused_worker_has_taken_the_block_of_its_round_only_once_it_trained_some_of_it():
-    assert first_unclaimed(Position(0, round=3, tokens=100)) == 3
-    assert first_unclaimed(Position(0, unit=1, round=3)) == 4
-    assert first_unclaimed(Position(0, unit=0, row=5, round=3)) == 4
-    assert first_unclaimed(Position(0, step=2, round=3)) == 4
+def test_a_position_has_started_its_round_once_a_batch_of_it_was_trained():
+    assert not started(Position(0, round=3, tokens=100))
+    assert started(Position(0, unit=1, round=3)) and started(Position(0, row=5, round=3))
+    assert started(Position(0, step=2, round=3))
 
 
 def _servers(corpus: Corpus) -> tuple[list, dict]:
@@ -166,8 +169,9 @@ def test_a_checkpoint_while_a_worker_waits_for_its_block_writes_the_block_it_han
                                    for k, s in enumerate(servers)])
 
         assert not np.array_equal(server_rows(), handed)  # still the epoch's start's
-        assert w1.flush_handed(0, first_unclaimed(at)) == 0  # worker 0 has not started a block worker 1 filed
-        assert w0.flush_handed(0, first_unclaimed(w1.pause())) == 1
+        assert w1.pause() == Position(0)  # (idle: its epoch not begun)
+        assert w1.flush_handed(0) == 0  # worker 1 filed nothing
+        assert w0.flush_handed(0) == 1
         np.testing.assert_array_equal(server_rows(), handed)  # the servers' copy is the block as handed on
         w0.resume()
         w1.resume()
