@@ -324,7 +324,7 @@ class _Page:
                    frameon=False)
         return _fig("fig-time-split", _svg(fig), "Each worker's seconds by stage: read (the shards), sample (examples), "
                     "pull (rows from the servers), wait (for a pull in flight), compute (the kernel), push (updates "
-                    "back), barrier (waiting at a round's end for the last worker).")
+                    "back), barrier (waiting for the worker that held its next block, and at the epoch's end for the last worker).")
 
     def _timeline_figure(self) -> str:
         t0 = self.lines[0]["t"]
