@@ -185,3 +185,44 @@ def test_a_checkpoint_while_a_worker_waits_for_its_block_writes_the_block_it_han
     finally:
         for server in servers:
             server.close()
+
+
+def test_a_run_resumed_from_workers_in_different_rounds_trains_the_same_rows(small_corpus, one_after_another):
+    """The checkpoint of the test above, its workers in different rounds (worker 0 at round 1's start,
+    worker 1 at the epoch's start), resumed by workers that start afresh from the servers' rows it holds:
+    worker 0 waits for worker 1 to hand it the block of round 1 (its giver starts before that round), and
+    the run ends with the same rows, bit for bit, as one that never stopped."""
+    corpus = Corpus(small_corpus)
+    servers, tables = _servers(corpus)
+    try:
+        w0, w1 = _pool(corpus, servers, tables, peers=True)
+        first = threading.Thread(target=lambda: w0.run_rounds(0))
+        first.start()
+        deadline = time.monotonic() + 60
+        while (0, 1) not in w0.outbox.entries:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        positions = [w0.pause(), w1.pause()]
+        assert [p.round for p in positions] == [1, 0]
+        for w in (w0, w1):
+            w.flush_handed(0)
+        saved = _tables(servers)  # the checkpoint's rows
+        w0.resume()
+        w1.resume()
+        w1.run_rounds(0)  # (the first run goes on to its end, to leave no thread behind)
+        first.join(timeout=120)
+    finally:
+        for server in servers:
+            server.close()
+    servers, tables = _servers(corpus)
+    try:
+        for name, parts in saved.items():
+            for server, rows in zip(servers, parts):
+                server.server.tables[name][:] = rows
+        pool = _pool(corpus, servers, tables, peers=True)
+        _threads([lambda w=w, p=p: w.run_rounds(0, p) for w, p in zip(pool, positions)])
+        _threads([lambda w=w: w.run_rounds(1) for w in pool])
+        _compare(_tables(servers), one_after_another)
+    finally:
+        for server in servers:
+            server.close()
