@@ -13,9 +13,22 @@ already connected to (a test's, tune's, a program's) is used as it is and left r
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import os
+import threading
 from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
+
+# How long a local Ray's shutdown may take before its processes are stopped without it (shutdown_local):
+# it takes 1.2-1.4 s; after a Ctrl-C during a Ray Data read, Ray's shutdown_driver was seen to never
+# return (twice in ~a dozen full test runs), and the command with it.
+SHUTDOWN_SECONDS = 30.0
+# set once a local Ray was stopped without its shutdown: the process must then end without the interpreter's
+# teardown, which crashes in Ray's half-shut core worker (logs.command ends it with os._exit)
+abandoned = threading.Event()
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, object_store_bytes: int | None = None,
@@ -46,14 +59,42 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, object_s
 def ray_connection(address: str | None = None, **local) -> Iterator[bool]:
     """connect() for the length of a `with` block (`local`: connect's settings for a local Ray); shuts
     down a local Ray only if it started one. Yields whether it did."""
-    import ray
 
     started = connect(address, **local)
     try:
         yield started
     finally:
         if started:
+            shutdown_local()
+
+
+def shutdown_local(seconds: float | None = None) -> None:
+    """ray.shutdown() of the local Ray this process started, waited for `seconds` (SHUTDOWN_SECONDS) at most: past them its
+    processes (GCS, raylet, workers) are stopped without it, one line says so, Ray's own shutdown at the
+    interpreter's exit is skipped (it would wait on the same call), and `abandoned` is set, so that the
+    command ends (logs.command) with its own exit status."""
+    import ray
+    from ray._private import worker
+
+    done = threading.Event()
+
+    def shut() -> None:
+        try:
             ray.shutdown()
+        finally:
+            done.set()
+
+    seconds = SHUTDOWN_SECONDS if seconds is None else seconds
+    threading.Thread(target=shut, name="ray-shutdown", daemon=True).start()
+    if done.wait(seconds):
+        return
+    node = worker._global_node
+    if node is not None:
+        node.kill_all_processes(check_alive=False, allow_graceful=False)
+    atexit.unregister(worker.shutdown)
+    abandoned.set()
+    log.warning(f"Ray's shutdown did not end within {seconds:g} s; the processes of the local Ray this command "
+                "started were stopped without it")
 
 
 def local_object_store_bytes() -> int:

@@ -14,6 +14,7 @@ import _thread
 import contextlib
 import functools
 import logging
+import os
 import signal
 import sys
 import threading
@@ -64,7 +65,20 @@ def error(message: str) -> None:
 def command(work: Callable[[], object]) -> int:
     """Run a command's work as the command line and the jobs do: the library's lines on the terminal;
     a UserError as one `error:` line and exit status 2; Ctrl-C as `interrupted` and 130 (what was
-    interrupted has said what became of its output), at any moment (_import_pandas); 0 otherwise."""
+    interrupted has said what became of its output), at any moment (_import_pandas); 0 otherwise.
+    Where a local Ray had to be stopped without its shutdown (cluster.shutdown_local), the process ends
+    here with that status: the interpreter's own exit would crash in Ray's half-shut core worker."""
+    code = _command(work)
+    from .cluster import abandoned
+
+    if abandoned.is_set():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _command(work: Callable[[], object]) -> int:
     from .errors import UserError
 
     to_terminal()

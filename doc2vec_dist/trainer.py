@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from . import checkpoint, modeldir, outputs, storage, warmup
-from .cluster import connect, local_object_store_bytes
+from .cluster import connect, local_object_store_bytes, shutdown_local
 from .config import TableSpec, TrainConfig, build
 from .corpus import Corpus
 from .errors import UserError
@@ -379,7 +379,7 @@ def _stop(run: Run | None, started_here: bool | None) -> None:
     if run is not None:
         run.stop()
     if started_here:
-        ray.shutdown()
+        shutdown_local()
 
 
 def _unfinished(out: str, corpus: str, made: list[str] | None, interrupted: bool,
