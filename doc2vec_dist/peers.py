@@ -99,6 +99,11 @@ class Outbox:
                     and e.get("rows") is not None]
 
 
+def giver_of(worker: int, workers: int) -> int:
+    """The worker that held, in round r, the block `worker` holds in round r + 1: its giver."""
+    return (worker + 1) % workers
+
+
 def started(at: Position) -> bool:
     """Whether a worker at position `at` has trained some of its round (it holds the round's block)."""
     return at.unit > 0 or at.row is not None or at.step > 0
@@ -115,7 +120,7 @@ class Giver:
 
     def ask(self, epoch: int, at: Position) -> dict | str | None:
         """Ask once (waiting at most ASK_SECONDS there): the entry, None (pull the servers' copy) or WAITING."""
-        peer = self.workers[(self.index + 1) % len(self.workers)]
+        peer = self.workers[giver_of(self.index, len(self.workers))]
         if not isinstance(peer, str) and not hasattr(peer.hand, "remote"):  # a Worker in this process
             return peer.hand(epoch, at.round, at.to_json(), ASK_SECONDS)
         import ray

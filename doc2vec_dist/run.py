@@ -28,7 +28,7 @@ from .config import TrainConfig
 from .corpus import Corpus
 from .errors import UserError
 from .metrics import RunMetrics
-from .peers import started
+from .peers import giver_of, started
 from .placement import (
     actor_names,
     actor_nodes,
@@ -312,7 +312,7 @@ class Run:
         self.starts[i] = start
         if len(self.workers) > 1 and self.settings.blocks:  # what it holds now, for its giver's next flush
             with contextlib.suppress(ray.exceptions.RayError):  # (a giver that died too kept nothing)
-                giver = self.workers[(i + 1) % len(self.workers)]
+                giver = self.workers[giver_of(i, len(self.workers))]
                 self._get([giver.taker_restarts.remote(epoch, start.round + started(start))], within=60)
         return self.workers[i].run_rounds.remote(epoch, start, restarted=True)
 
@@ -322,7 +322,7 @@ class Run:
         start = self.starts[i]
         if len(self.workers) > 1 and self.settings.blocks:
             with contextlib.suppress(ray.exceptions.RayError):
-                at = self._get([self.workers[(i + 1) % len(self.workers)].taker_at.remote(epoch)], within=60)[0]
+                at = self._get([self.workers[giver_of(i, len(self.workers))].taker_at.remote(epoch)], within=60)[0]
                 if at is not None and at["round"] > start.round:
                     return Position.from_json(at)
         return start
