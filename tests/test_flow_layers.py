@@ -10,20 +10,20 @@ import ast
 import pathlib
 
 import pytest
-from test_layers import LAYERS, package_imports
+from test_layers import LAYERS, package_imports, parsed
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "doc2vec_dist"
 
 
 def _tree(module: str) -> ast.Module:
-    return ast.parse((PACKAGE / f"{module}.py").read_text())
+    return parsed(PACKAGE / f"{module}.py")
 
 
 def _defined_in(name: str) -> list[str]:
     """The package's modules that define `name` at their top level (a function, a class or an assignment)."""
     found = []
     for path in sorted(PACKAGE.glob("*.py")):
-        for node in ast.parse(path.read_text()).body:
+        for node in parsed(path).body:
             targets = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
                        [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else
                        [node.target.id] if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)

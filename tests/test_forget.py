@@ -78,9 +78,9 @@ def erased(ray_cluster, tmp_path_factory):
     spans = {"day1": seconds < last - 5 * DAY, "day2": (seconds >= last - 5 * DAY) & (seconds < last - 2 * DAY),
              "day3": seconds >= last - 2 * DAY}
     users = events.column("user_id").to_numpy(zero_copy_only=False)
+    in_every_span = set.intersection(*(set(users[mask]) for mask in spans.values()))
     busy = [u for u, _ in sorted(((u, n) for u, n in zip(*np.unique(users, return_counts=True), strict=True)
-                                  if all((users[mask] == u).any() for mask in spans.values())),
-                                 key=lambda x: -x[1])[:PLANTED]]
+                                  if u in in_every_span), key=lambda x: -x[1])[:PLANTED]]
     keys = [f"planted-{i}-{uuid.uuid4().hex}" for i in range(PLANTED)]
     planted = pa.concat_tables(events.filter(pc.equal(events["user_id"], u)).set_column(
         0, "user_id", pa.array([k] * int((users == u).sum()))) for u, k in zip(busy, keys, strict=True))

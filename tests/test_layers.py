@@ -8,6 +8,7 @@ under `if TYPE_CHECKING:` too (a type drags in its module for the reader as much
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import re
 import sys
@@ -48,12 +49,18 @@ def _layer_of() -> dict[str, str]:
     return {module: layer for layer, modules in LAYERS.items() for module in modules}
 
 
+@functools.cache
+def parsed(path: pathlib.Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every test of the layers (the files do not change during a run)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def package_imports() -> dict[str, set[str]]:
     """Each module of the package -> the package's modules it imports (anywhere in its text)."""
     found = {}
     for path in sorted(PACKAGE.glob("*.py")):
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 if node.module:
                     deps.add(node.module.split(".")[0])
