@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import re
@@ -104,6 +105,15 @@ def one_line(exc: ray.exceptions.RayError) -> UserError:
     return TrainingStopped(f"training stopped: {root_cause(exc)}")
 
 
+@functools.cache
+def actor_class(cls: type) -> ray.actor.ActorClass:
+    """`ray.remote(cls)`, made once a process. Each new actor class is exported to the cluster at its first
+    actor, and its export disassembles every method (Ray's check for classes exported again and again:
+    ~60 ms for Worker); a process that trains many times (a tune trial's, the tests') did that at every
+    run. Ray exports a kept class again by itself when the cluster or job changes."""
+    return ray.remote(cls)
+
+
 class Run:
     """One training run's actors and schedule: epochs, checkpoints, restarts of failed workers."""
 
@@ -150,7 +160,7 @@ class Run:
     def start(self) -> None:
         config, corpus = self.config, self.corpus
         tables = table_specs(config, corpus)
-        server_cls = ray.remote(ParameterServer)
+        server_cls = actor_class(ParameterServer)
         # `ps` / `trainer` nodes where the cluster has them, plain CPU placement elsewhere
         server_placement, worker_placement = ps_options(config, tables), worker_options(config)  # asked once
         # on a plain cluster of several nodes, the servers on nodes the workers do not need (placement.actor_nodes)
@@ -168,7 +178,7 @@ class Run:
                                            **on_node(server_placement, homes["servers"][s], homes["server_memory"])).remote(
             s, config.num_ps, tables, config.seed, self.out, self.warm, journal, config.rounding, restore=restore)
             for s in range(config.num_ps)]
-        worker_cls = ray.remote(Worker)
+        worker_cls = actor_class(Worker)
         step_pause = float(os.environ.get(STEP_PAUSE_ENV) or 0)  # for tests
         self.plan = plan_of(corpus, self.settings)
         # A worker that dies is restarted by Ray; the driver sends it back to its checkpointed position.
