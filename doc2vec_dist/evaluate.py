@@ -150,16 +150,24 @@ def popularity_ranks(place: np.ndarray, rows: np.ndarray, cols: np.ndarray, seen
     """rank_hidden for the popularity ranking (`place`: each URL's place in it, from 0), counted: a hidden URL's
     URLs ranked above it are those placed before it less the user's seen ones among them (its place in the
     order, less how many of its seen URLs come before); a seen hidden URL counts as `upto`, as at -inf."""
-    placed = [np.unique(place[s]) for s in seen]  # each user's seen URLs' places, sorted
+    # each user's seen URLs' places, sorted and unique, as one sorted array of user * span + place
+    span = len(place) + 1
+    lengths = np.fromiter((len(s) for s in seen), np.int64, len(seen))
+    owner = np.repeat(np.arange(len(seen), dtype=np.int64), lengths)
+    placed = np.unique(owner * span + place[np.concatenate(seen).astype(np.int64)] if len(owner) else owner)
+    start = np.searchsorted(placed, np.arange(len(seen), dtype=np.int64) * span)  # each user's first
+    count = np.searchsorted(placed, np.arange(1, len(seen) + 1, dtype=np.int64) * span) - start
     hidden = place[cols]
-    before = np.array([np.searchsorted(placed[r], h) for r, h in zip(rows.tolist(), hidden.tolist())], np.int64)
-    is_seen = np.array([i < len(placed[r]) and placed[r][i] == h
-                        for r, h, i in zip(rows.tolist(), hidden.tolist(), before.tolist())], bool)
+    at = np.searchsorted(placed, rows * span + hidden)
+    before = at - start[rows]  # the user's seen URLs placed before the hidden one
+    is_seen = (before < count[rows]) & (placed[np.minimum(at, len(placed) - 1)] == rows * span + hidden) \
+        if len(placed) else np.zeros(len(rows), bool)
     ranks = np.where(is_seen, upto, np.minimum(hidden - before, upto)).astype(np.int32)
     best = np.full(len(seen), len(place), np.int64)  # the best placed hidden URL not seen, per user
     np.minimum.at(best, rows[~is_seen], hidden[~is_seen])
-    higher = np.array([b - np.searchsorted(placed[r], b) if b < len(place) else len(place) - len(placed[r])
-                       for r, b in enumerate(best.tolist())], np.float64)
+    users = np.arange(len(seen), dtype=np.int64)
+    higher = np.where(best < len(place), best - (np.searchsorted(placed, users * span + best) - start),
+                      len(place) - count).astype(np.float64)
     return ranks, 1.0 / (1 + higher)
 
 
