@@ -103,11 +103,14 @@ def test_files_of_no_rows_and_of_skipped_rows_through_ray_data(ray_cluster, tmp_
 def test_ray_data_calls_still_running_when_pass_2_stops_end_when_asked(ray_cluster, tmp_path):
     """When pass 2 through Ray Data stops early (an error, Ctrl-C: its generator is closed), the calls
     under way are asked to end through the stop file, as the Ray tasks are, and waited for: none is
-    left running (its marker, raydata._running) when the close returns."""
+    left running (its marker, raydata._running, gone or of a process that is gone) when the close returns.
+    Ray Data's close may also kill a task's process before the call reads the stop file (a busy machine:
+    it failed once so; with the call reading it once a second, every time), so either ending is taken."""
     import os
     import time
 
     import numpy as np
+    import psutil
 
     from doc2vec_dist import passes, raydata, read_files
 
@@ -140,8 +143,12 @@ def test_ray_data_calls_still_running_when_pass_2_stops_end_when_asked(ray_clust
     started = time.monotonic()
     parts.close()  # the caller stops early
     assert time.monotonic() - started < 30
-    assert os.path.exists(os.path.join(s.tmp, "asked")) and os.path.exists(s.stop_path())
-    assert os.listdir(os.path.join(s.tmp, raydata.RUNNING)) == []
+    assert os.path.exists(s.stop_path())
+    left = os.listdir(os.path.join(s.tmp, raydata.RUNNING))
+    if os.path.exists(os.path.join(s.tmp, "asked")):  # b's call read the stop file and ended itself
+        assert left == []
+    else:  # its process was killed by Ray Data's close: gone, with its marker
+        assert len(left) == 1 and not psutil.pid_exists(int(left[0].rsplit("-", 2)[1])), left
 
 
 def test_an_execution_a_ctrl_c_catches_starting_is_shut_down_with_pass_2(ray_cluster, tmp_path, monkeypatch):
