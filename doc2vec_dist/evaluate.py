@@ -151,12 +151,11 @@ def popularity_ranks(place: np.ndarray, rows: np.ndarray, cols: np.ndarray, seen
     URLs ranked above it are those placed before it less the user's seen ones among them (its place in the
     order, less how many of its seen URLs come before); a seen hidden URL counts as `upto`, as at -inf."""
     # each user's seen URLs' places, sorted and unique, as one sorted array of user * span + place
-    span = len(place) + 1
-    lengths = np.fromiter((len(s) for s in seen), np.int64, len(seen))
-    owner = np.repeat(np.arange(len(seen), dtype=np.int64), lengths)
+    span, users = len(place) + 1, np.arange(len(seen), dtype=np.int64)
+    owner = np.repeat(users, np.fromiter((len(s) for s in seen), np.int64, len(seen)))
     placed = np.unique(owner * span + place[np.concatenate(seen).astype(np.int64)] if len(owner) else owner)
-    start = np.searchsorted(placed, np.arange(len(seen), dtype=np.int64) * span)  # each user's first
-    count = np.searchsorted(placed, np.arange(1, len(seen) + 1, dtype=np.int64) * span) - start
+    start = np.searchsorted(placed, users * span)  # where each user's own begin
+    count = np.searchsorted(placed, (users + 1) * span) - start
     hidden = place[cols]
     at = np.searchsorted(placed, rows * span + hidden)
     before = at - start[rows]  # the user's seen URLs placed before the hidden one
@@ -165,7 +164,6 @@ def popularity_ranks(place: np.ndarray, rows: np.ndarray, cols: np.ndarray, seen
     ranks = np.where(is_seen, upto, np.minimum(hidden - before, upto)).astype(np.int32)
     best = np.full(len(seen), len(place), np.int64)  # the best placed hidden URL not seen, per user
     np.minimum.at(best, rows[~is_seen], hidden[~is_seen])
-    users = np.arange(len(seen), dtype=np.int64)
     higher = np.where(best < len(place), best - (np.searchsorted(placed, users * span + best) - start),
                       len(place) - count).astype(np.float64)
     return ranks, 1.0 / (1 + higher)

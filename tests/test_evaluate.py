@@ -294,3 +294,29 @@ def test_k_below_one_is_refused_before_any_work(trained_model, sample_corpus, tm
     pq.write_table(pa.table({"key": keys, "label": [str(i % 3) for i in range(100)]}), labels)
     with pytest.raises(UserError, match=rf"^evaluate: k must be a whole number >= 1, not {k}$"):
         labels_metrics(trained_model, labels, k=k)
+
+
+def test_popularity_ranks_are_a_full_sort_per_user_on_random_cases():
+    """popularity_ranks counts, for all users at once, what sorting each user's URLs by their place would
+    give: a hidden URL's rank (those above it, less the user's seen ones; `upto` if seen, capped at `upto`),
+    and the reciprocal of one plus the URLs above the user's best hidden one. Users with no seen URL, hidden
+    URLs among the seen, repeated seen URLs."""
+    from doc2vec_dist.evaluate import popularity_ranks
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        urls, users, upto = int(rng.integers(1, 40)), int(rng.integers(1, 12)), int(rng.integers(1, 10))
+        place = rng.permutation(urls).astype(np.int64)
+        seen = [rng.integers(0, urls, int(rng.integers(0, 6))).astype(np.int32) if rng.random() > 0.2
+                else np.zeros(0, np.int32) for _ in range(users)]
+        rows = np.sort(rng.integers(0, users, int(rng.integers(0, 25)))).astype(np.int64)
+        cols = np.array([seen[r][0] if rng.random() < 0.3 and len(seen[r]) else rng.integers(0, urls)
+                         for r in rows], np.int64)
+        ranks, reciprocal = popularity_ranks(place, rows, cols, seen, upto)
+        for r in range(users):
+            order = [u for u in np.argsort(place) if u not in set(seen[r].tolist())]  # best placed first
+            mine = [c for c, row in zip(cols.tolist(), rows.tolist(), strict=True) if row == r]
+            want = [upto if c not in order else min(order.index(c), upto) for c in mine]
+            assert ranks[rows == r].tolist() == want
+            unseen = [order.index(c) for c in mine if c in order]
+            assert reciprocal[r] == 1.0 / (1 + (min(unseen) if unseen else len(order)))
