@@ -59,7 +59,6 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, object_s
 def ray_connection(address: str | None = None, **local) -> Iterator[bool]:
     """connect() for the length of a `with` block (`local`: connect's settings for a local Ray); shuts
     down a local Ray only if it started one. Yields whether it did."""
-
     started = connect(address, **local)
     try:
         yield started

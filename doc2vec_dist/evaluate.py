@@ -153,14 +153,15 @@ def popularity_ranks(place: np.ndarray, rows: np.ndarray, cols: np.ndarray, seen
     # each user's seen URLs' places, sorted and unique, as one sorted array of user * span + place
     span, users = len(place) + 1, np.arange(len(seen), dtype=np.int64)
     owner = np.repeat(users, np.fromiter((len(s) for s in seen), np.int64, len(seen)))
-    placed = np.unique(owner * span + place[np.concatenate(seen).astype(np.int64)] if len(owner) else owner)
+    placed = np.unique(owner * span + place[np.concatenate([_NONE, *seen]).astype(np.int64)])
     start = np.searchsorted(placed, users * span)  # where each user's own begin
     count = np.searchsorted(placed, (users + 1) * span) - start
     hidden = place[cols]
-    at = np.searchsorted(placed, rows * span + hidden)
+    key = rows * span + hidden
+    at = np.searchsorted(placed, key)
     before = at - start[rows]  # the user's seen URLs placed before the hidden one
-    is_seen = (before < count[rows]) & (placed[np.minimum(at, len(placed) - 1)] == rows * span + hidden) \
-        if len(placed) else np.zeros(len(rows), bool)
+    is_seen = before < count[rows]  # at is then inside the user's own: seen if it is the hidden URL's place
+    is_seen[is_seen] = placed[at[is_seen]] == key[is_seen]
     ranks = np.where(is_seen, upto, np.minimum(hidden - before, upto)).astype(np.int32)
     best = np.full(len(seen), len(place), np.int64)  # the best placed hidden URL not seen, per user
     np.minimum.at(best, rows[~is_seen], hidden[~is_seen])
