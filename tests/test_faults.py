@@ -155,7 +155,7 @@ def test_a_device_worker_that_dies_before_the_checkpoint_has_its_rows_trains_tha
 
 
 DIES_IN_A_LATER_ROUND = """
-import os, sys
+import os, sys, time
 from doc2vec_dist import run
 from doc2vec_dist.cli import main
 
@@ -163,14 +163,24 @@ MARK = sys.argv.pop(1)
 
 class DiesInALaterRound(run.Worker):
     # worker 1's process dies at its second macro-batch of round 1 of epoch 1 (once in the run: its
-    # restart finds MARK), its block taken from worker 0 and partly trained
+    # restart finds MARK), its block taken from worker 0 and partly trained; and only once worker 0 holds
+    # the block worker 1 handed it for that round (MARK.taken): else, on a busy machine, worker 0 may ask
+    # for it only after worker 1's process is gone, the other ending (peers.Outbox.hand's "gone")
     def _compute(self, batch, arrival, alphas):
         if (self.index, self.stats["epoch"], self._round) == (1, 1, 1) and not os.path.exists(MARK):
             self.computed = getattr(self, "computed", 0) + 1
             if self.computed == 2:
+                deadline = time.monotonic() + 120
+                while not os.path.exists(MARK + ".taken") and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 open(MARK, "w").close()
                 os._exit(1)
         return super()._compute(batch, arrival, alphas)
+
+    def _hold(self, epoch, round_, handed=None):
+        super()._hold(epoch, round_, handed)
+        if (self.index, epoch, round_) == (0, 1, 1):
+            open(MARK + ".taken", "w").close()
 
     def run_rounds(self, epoch, start=None, restarted=False):  # where the driver starts it, written down
         if self.index == 1:
