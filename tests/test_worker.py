@@ -19,7 +19,7 @@ import threading
 import numpy as np
 import pytest
 
-from doc2vec_dist import precision
+from doc2vec_dist import client, precision
 from doc2vec_dist import settings as run_settings
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
@@ -32,21 +32,33 @@ NUM_PS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start_worker(ray, corpus_path: str, config: TrainConfig, **server_options) -> tuple[list, dict, Worker]:
-    """Real servers (actors) and worker 0 of config.num_workers, in this process: (servers, rows, worker)."""
+def start_worker(ray, corpus_path: str, config: TrainConfig, local: bool = False,
+                 **server_options) -> tuple[list, dict, Worker]:
+    """Real servers and worker 0 of config.num_workers, in this process: (servers, rows, worker). The
+    servers are actors, or with `local` ParameterServer objects in this process (client.LocalServer, one
+    call at a time each, as an actor of max_concurrency 1: what a test of the worker's own paths needs,
+    without two actor processes started for each run)."""
     corpus = Corpus(corpus_path)
     tables = table_specs(config, corpus)
-    server_cls = ray.remote(ParameterServer)
-    servers = [server_cls.options(**server_options).remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
+    if local:
+        servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
+    else:
+        server_cls = ray.remote(ParameterServer)
+        servers = [server_cls.options(**server_options).remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
     rows = {name: spec.rows for name, spec in tables.items()}
     worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, resolve(config, corpus), servers, tables)
     return servers, rows, worker
 
 
+def stop_servers(ray, servers: list) -> None:
+    for s in servers:
+        s.close() if isinstance(s, client.LocalServer) else ray.kill(s)
+
+
 def served(ray, servers: list, name: str, n: int, dtype: str = "float32", dim: int = 0) -> np.ndarray:
     """Rows 0..n-1 of table `name` as the servers hold them (row r on server r % NUM_PS), widened to
     float32 from a 16-bit `dtype` whose vectors have `dim` values."""
-    slices = ray.get([s.pull.remote({name: np.arange(len(range(i, n, NUM_PS)))}) for i, s in enumerate(servers)])
+    slices = client.get([s.pull.remote({name: np.arange(len(range(i, n, NUM_PS)))}) for i, s in enumerate(servers)])
     slices = [precision.widen_rows(part, dtype, dim) for part in slices]
     full = np.empty((n, slices[0].shape[1]), dtype=np.float32)
     for i, part in enumerate(slices):
@@ -56,11 +68,12 @@ def served(ray, servers: list, name: str, n: int, dtype: str = "float32", dim: i
 
 def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
                      pause_at: int | None = None) -> tuple[dict, dict]:
-    """Two epochs of one in-process worker against real servers (one call at a time each, so the run
-    is deterministic); returns every table's rows and the worker's counters. pause_at: a checkpoint's
-    pause is asked for as the worker prepares its pause_at-th batch (so it pauses at the next batch
-    boundary, the same one in every run), and resumed once the worker has paused."""
-    servers, rows, worker = start_worker(ray, corpus_path, config, max_concurrency=1)
+    """Two epochs of one in-process worker against real servers in this process (one call at a time
+    each, so the run is deterministic; test_a_worker_killed_after_a_checkpoint_… runs its other run against
+    actors and compares the rows bit for bit); returns every table's rows and the worker's counters.
+    pause_at: a checkpoint's pause is asked for as the worker prepares its pause_at-th batch (so it pauses
+    at the next batch boundary, the same one in every run), and resumed once the worker has paused."""
+    servers, rows, worker = start_worker(ray, corpus_path, config, local=True)
     worker.staged = staged
     paused = []
     if pause_at is not None:
@@ -90,8 +103,7 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
             start = Position(epoch, round=r + 1, tokens=s["tokens"], pairs=s["pairs"], loss=s["loss"])
         stats.append(s)
     out = {name: served(ray, servers, name, n, config.dtype, config.dim) for name, n in rows.items()}
-    for s in servers:
-        ray.kill(s)
+    stop_servers(ray, servers)
     return out, {"host": {k: len(v) for k, v in worker._host.items()}, "stats": stats, "paused": paused,
                  "outputs": str(worker._outputs.dtype), "partitions": len(worker.partitions)}
 
@@ -457,7 +469,6 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
     checkpoint taken while it waits between two rounds (its round done, the other worker's not) must
     still hold what its round trained, or a run resumed from it trains other vectors (the test of
     tests/test_block_schedule.py that resumes mid-epoch failed this way under load)."""
-    from doc2vec_dist import client
 
     config = TrainConfig(dim=8, epochs=1, sample=0, num_ps=NUM_PS, num_workers=2, cpus_per_worker=1,
                          macro_batch=8192, progress=False)
@@ -490,7 +501,6 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
 
 def _rows_on_servers(servers, table: str, ids: np.ndarray, width: int, config: TrainConfig) -> np.ndarray:
     """Rows `ids` of a table as the servers hold them, widened (row r lives on server r % NUM_PS, at r // NUM_PS)."""
-    from doc2vec_dist import client
 
     rows = np.empty((len(ids), width), np.float32)
     for s, server in enumerate(servers):
@@ -505,7 +515,6 @@ def test_resident_rows_pulled_in_place_train_what_rows_copied_in_train(small_cor
     """A CPU worker pulls its resident rows (its block, its documents) straight into its matrices; a
     CUDA worker gets them as an array to copy to its device (`_resident_array` None). Both ways, two
     rounds of the block schedule end in the same rows on the servers, bit for bit."""
-    from doc2vec_dist import client
 
     config = TrainConfig(dim=8, epochs=2, sample=0, num_ps=NUM_PS, num_workers=2, cpus_per_worker=1,
                          dtype=dtype, progress=False)
@@ -545,7 +554,6 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
     block handed to its next holder, home at an epoch's end): the servers' words_out at the end is the
     sum of every change their kernels made, none lost, none twice, and each kernel starts from the rows
     of the block it holds as they truly are (all the changes made to them before)."""
-    from doc2vec_dist import client
     from doc2vec_dist.cpu_kernel import train_tokens
     from doc2vec_dist.schedule import Blocks
     from doc2vec_dist.units import Compute
