@@ -331,13 +331,15 @@ def test_resume_across_dtypes_narrows_or_widens_the_rows_and_keeps_the_accumulat
     from doc2vec_dist.warmstart import WarmStart
 
     model = str(tmp_path / "model")
-    train(small_corpus, model, TrainConfig(**{**SAMPLE, "epochs": 1}, optimizer="adagrad", alpha=0.05, dtype=first))
+    # one worker: the dtypes are the servers' (several workers' resumes: test_resume_with_another_number_of_servers_…)
+    train(small_corpus, model, TrainConfig(**{**SAMPLE, "epochs": 1, "num_workers": 1}, optimizer="adagrad", alpha=0.05,
+                                           dtype=first))
     found = modeldir.ModelDir(model)
     assert {t["dtype"] for t in found.manifest["tables"].values()} == {first}
     before = {t: found.read_table(t) for t in ("docs", "words_out")}  # every reader widens to float32
     state = modeldir.read_shard(model, "docs", 0, 1)[1]
     # --init-from: a server of the other dtype starts from the model's rows, narrowed to nearest or widened
-    config = TrainConfig(**SAMPLE, optimizer="adagrad", dtype=then)
+    config = TrainConfig(**{**SAMPLE, "num_workers": 1}, optimizer="adagrad", dtype=then)
     tables = table_specs(config, Corpus(small_corpus))
     warm = ParameterServer(0, 1, tables, 1, warm=WarmStart(model, found.version, {"docs": len(before["docs"])}))
     np.testing.assert_array_equal(precision.widen(warm.tables["docs"][:, :32], then),
