@@ -89,8 +89,10 @@ def _dataset(files: list[str], opt: Options, memory: int):
             runs.append((key, fs, [path]))
     for (kind, *_), fs, inner in runs:
         if kind == "parquet":
-            parts.append(ray.data.read_parquet(inner, filesystem=fs, include_paths=True,
-                                               **_reserving(ray.data.read_parquet, memory)).select_columns(columns + [PATH]))
+            with _footer_readers(len(inner)):
+                parts.append(ray.data.read_parquet(inner, filesystem=fs, include_paths=True,
+                                                   **_reserving(ray.data.read_parquet, memory))
+                             .select_columns(columns + [PATH]))
         else:
             parse = pcsv.ParseOptions(delimiter=opt.delimiter or ("\t" if kind == "tsv" else ","))
             convert = pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.binary() for c in columns},
@@ -99,6 +101,27 @@ def _dataset(files: list[str], opt: Options, memory: int):
                                            convert_options=convert, **_reserving(ray.data.read_csv, memory),
                                            read_options=pcsv.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)))
     return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0], named
+
+
+# Ray Data's Parquet reader (its datasource v2) reads the files' footers on a pool of
+# RAY_DATA_PARQUET_FOOTER_NUM_ACTORS actors (32 by default) started for every read_parquet, each reading
+# FOOTER_FILES files a call, up to 128 at once: 32 processes of ~1 CPU-s each for a read of one file.
+# Here one for each FOOTER_FILES files, as many as Ray Data's default at most; a value the user set is kept.
+FOOTER_ACTORS_ENV, FOOTER_FILES, FOOTER_ACTORS_MAX = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", 10, 32
+
+
+@contextlib.contextmanager
+def _footer_readers(files: int) -> Iterator[None]:
+    """Ray Data's footer readers for a read_parquet of `files` files made in this block (its file
+    indexer reads the environment when the read is made, in this process)."""
+    if FOOTER_ACTORS_ENV in os.environ:
+        yield
+        return
+    os.environ[FOOTER_ACTORS_ENV] = str(min(FOOTER_ACTORS_MAX, -(-files // FOOTER_FILES)))
+    try:
+        yield
+    finally:
+        del os.environ[FOOTER_ACTORS_ENV]
 
 
 def _segments(batch: pa.Table) -> Iterator[tuple[str, pa.Table]]:

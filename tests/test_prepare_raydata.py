@@ -6,18 +6,37 @@ tasks, so errors and skips are theirs. On the session's Ray (2 CPUs)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 from conftest import corpus_meta
 from test_prepare_parallel import SAMPLE_EVENTS, _both, assert_files_in_base, days, generated, s3_events  # noqa: F401 (fixtures)
 
+from doc2vec_dist import raydata
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.prepare import prepare
 
 
-def test_the_sample_through_ray_data_is_the_single_process_corpus(ray_cluster, tmp_path):
+def footer_readers(ray) -> set:
+    """The ids of the Ray Data Parquet footer readers this Ray has started (alive or not)."""
+    return {a for a, info in ray._private.state.actors().items() if info.get("ActorClassName") == "FooterReader"}
+
+
+def test_the_sample_through_ray_data_is_the_single_process_corpus(ray_cluster, tmp_path, monkeypatch):
+    """... reading its one Parquet file's footer with one footer reader (raydata._footer_readers): Ray
+    Data's default started 32 processes for it, ~1 CPU-s each."""
+    from doc2vec_dist.raydata import FOOTER_ACTORS_ENV
+
+    monkeypatch.delenv(FOOTER_ACTORS_ENV, raising=False)
+    before = footer_readers(ray_cluster)
     one, _ = _both([SAMPLE_EVENTS], tmp_path, "sample", holdout=True, engine="data", time_col="ts", num_shards=3)
     assert corpus_meta(one)["heldout_pairs"] > 0
+    assert len(footer_readers(ray_cluster) - before) == 1
+    assert FOOTER_ACTORS_ENV not in os.environ  # set for the read only
+    monkeypatch.setenv(FOOTER_ACTORS_ENV, "3")  # the user's own is kept
+    with raydata._footer_readers(1000):
+        assert os.environ[FOOTER_ACTORS_ENV] == "3"
+    assert os.environ[FOOTER_ACTORS_ENV] == "3"
 
 
 def test_documents_keep_their_order_wherever_ray_data_blocks_begin(ray_cluster, tmp_path, monkeypatch):
