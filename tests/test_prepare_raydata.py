@@ -23,8 +23,8 @@ def footer_readers(ray) -> set:
 
 
 def test_the_sample_through_ray_data_is_the_single_process_corpus(ray_cluster, tmp_path, monkeypatch):
-    """... reading its one Parquet file's footer with one footer reader (raydata._footer_readers): Ray
-    Data's default started 32 processes for it, ~1 CPU-s each."""
+    """The corpus one process makes; and its one Parquet file's footer is read by one footer reader
+    (raydata._footer_readers), where Ray Data's default started 32 processes, ~1 CPU-s each."""
     from doc2vec_dist.raydata import FOOTER_ACTORS_ENV
 
     monkeypatch.delenv(FOOTER_ACTORS_ENV, raising=False)
