@@ -426,7 +426,7 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
         tuner = tune.Tuner(
             trainable, param_space={},  # the searcher gives each trial's whole config
             tune_config=tune.TuneConfig(
-                metric="metric", mode="max", num_samples=total, max_concurrent_trials=at_once, reuse_actors=True,
+                metric="metric", mode="max", num_samples=total, max_concurrent_trials=at_once,
                 search_alg=search_alg,
                 scheduler=ASHAScheduler(time_attr="epoch", max_t=max_epochs, grace_period=grace_epochs(max_epochs),
                                         reduction_factor=REDUCTION)),
