@@ -119,6 +119,9 @@ def _latch():
 
     def noted(signum, frame):
         _interrupted.set()
+        if _inside(frame, _interrupt_again.__code__):  # (raised there, it would be dropped too)
+            _interrupt_later()
+            return
         previous(signum, frame)
 
     signal.signal(signal.SIGINT, noted)
@@ -146,11 +149,28 @@ def _interrupt_again(hook, unraisable) -> None:
         # its work is done (a loaded machine); then as if Ctrl-C came again, a moment later, to stop the
         # work now: a call made here would be handled inside this hook
         _interrupted.set()
-        again = threading.Timer(0.01, _thread.interrupt_main)
-        _pending.append(again)
-        again.start()
+        _interrupt_later()
         return
     hook(unraisable)
+
+
+def _interrupt_later() -> None:
+    """Ctrl-C again in the main thread, a moment from now. Where it comes while the main thread is still in
+    _interrupt_again (starting this timer's thread waits, and a loaded machine can make that outlast the
+    moment), the handler (_latch's) puts it off once more: raised inside the hook, it would be dropped as the
+    first one was, and the command would run on to its end."""
+    again = threading.Timer(0.01, _thread.interrupt_main)
+    _pending.append(again)
+    again.start()
+
+
+def _inside(frame, code) -> bool:
+    """Whether `code` runs in `frame` or one of its callers."""
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _import_pandas() -> None:
