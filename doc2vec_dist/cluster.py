@@ -49,7 +49,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, object_s
         return False
     niceness = {} if worker_niceness is None else {"RAY_worker_niceness": os.environ.get("RAY_worker_niceness",
                                                                                         worker_niceness)}
-    with _environment(**niceness):
+    with environment(**niceness):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                  object_store_memory=object_store_bytes or local_object_store_bytes(), **common)
     return True
@@ -108,7 +108,7 @@ def local_object_store_bytes() -> int:
 
 
 @contextlib.contextmanager
-def _environment(**values: str):
+def environment(**values: str):
     """Environment variables set for the length of a `with` block (what a process started in it inherits)."""
     before = {name: os.environ.get(name) for name in values}
     os.environ.update(values)

@@ -34,6 +34,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from . import passes, storage
+from .cluster import environment
 from .errors import UserError
 from .read_files import Options, _file_kind, _input, _strip_compression
 from .read_formats import CSV_JSON_BLOCK_BYTES, PARQUET_BATCH_ROWS
@@ -110,18 +111,12 @@ def _dataset(files: list[str], opt: Options, memory: int):
 FOOTER_ACTORS_ENV, FOOTER_FILES, FOOTER_ACTORS_MAX = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", 10, 32
 
 
-@contextlib.contextmanager
-def _footer_readers(files: int) -> Iterator[None]:
+def _footer_readers(files: int) -> contextlib.AbstractContextManager:
     """Ray Data's footer readers for a read_parquet of `files` files made in this block (its file
     indexer reads the environment when the read is made, in this process)."""
     if FOOTER_ACTORS_ENV in os.environ:
-        yield
-        return
-    os.environ[FOOTER_ACTORS_ENV] = str(min(FOOTER_ACTORS_MAX, -(-files // FOOTER_FILES)))
-    try:
-        yield
-    finally:
-        del os.environ[FOOTER_ACTORS_ENV]
+        return contextlib.nullcontext()
+    return environment(**{FOOTER_ACTORS_ENV: str(min(FOOTER_ACTORS_MAX, -(-files // FOOTER_FILES)))})
 
 
 def _segments(batch: pa.Table) -> Iterator[tuple[str, pa.Table]]:
