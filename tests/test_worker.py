@@ -41,13 +41,18 @@ def start_worker(ray, corpus_path: str, config: TrainConfig, local: bool = False
     corpus = Corpus(corpus_path)
     tables = table_specs(config, corpus)
     if local:
-        servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
+        servers = local_servers(tables, config.seed)
     else:
         server_cls = ray.remote(ParameterServer)
         servers = [server_cls.options(**server_options).remote(s, NUM_PS, tables, config.seed) for s in range(NUM_PS)]
     rows = {name: spec.rows for name, spec in tables.items()}
     worker = Worker(0, plan_units(corpus, config.num_workers)[0], corpus.path, resolve(config, corpus), servers, tables)
     return servers, rows, worker
+
+
+def local_servers(tables: dict, seed: int) -> list:
+    """NUM_PS ParameterServer objects in this process, called as their actors are (client.LocalServer)."""
+    return [client.LocalServer(ParameterServer(s, NUM_PS, tables, seed)) for s in range(NUM_PS)]
 
 
 def stop_servers(ray, servers: list) -> None:
@@ -474,7 +479,7 @@ def test_a_worker_idle_between_rounds_puts_the_documents_it_trained_into_a_check
                          macro_batch=8192, progress=False)
     corpus = Corpus(small_corpus)
     tables = table_specs(config, corpus)
-    servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
+    servers = local_servers(tables, config.seed)
     try:
         worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, resolve(config, corpus), servers, tables)
         assert run_settings.blocks(config) and worker.rounds == 2 and worker.docs_head > 0
@@ -522,7 +527,7 @@ def test_resident_rows_pulled_in_place_train_what_rows_copied_in_train(small_cor
     tables = table_specs(config, corpus)
     finals = []
     for copied in (False, True):
-        servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
+        servers = local_servers(tables, config.seed)
         try:
             worker = Worker(0, plan_units(corpus, 2)[0], corpus.path, resolve(config, corpus), servers, tables)
             assert worker.docs_head > 0 and worker.rounds == 2
@@ -563,7 +568,7 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
                          segments=2, progress=False)
     corpus = Corpus(small_corpus)
     tables = table_specs(config, corpus)
-    servers = [client.LocalServer(ParameterServer(s, NUM_PS, tables, config.seed)) for s in range(NUM_PS)]
+    servers = local_servers(tables, config.seed)
     rows = tables["words_out"].rows
     made = np.zeros((rows, config.dim))  # every change the kernels made, summed in float64
     worst = [0.0]
