@@ -20,8 +20,10 @@ import inspect
 import itertools
 import os
 import socket
+import sys
 import threading
 import time
+import traceback
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -240,6 +242,23 @@ def _executions() -> set:
     return {t for t in threading.enumerate() if isinstance(t, StreamingExecutor)}
 
 
+# Ray Data's threads that read an execution's blocks for its iterator (ray.data's block_batching: the one that
+# reads the last block also ends the execution, then goes on calling Ray); named so in Ray 2.60
+ITERATION_THREADS = ("iter_threaded",)
+
+
+def _ending(before: set, deadline: float) -> None:
+    """Wait, until `deadline` (time.monotonic()) at most, for the threads of Ray Data started since `before`
+    (threads' idents) that may still call Ray: a Ctrl-C landing as an execution ends reached the command
+    while the thread that read its last block still ended it, and Ray's shutdown under that thread ended
+    the process with status 1 ("The core worker has already been shutdown"), not the command's 130."""
+    for t in threading.enumerate():
+        if t.ident in before or t is threading.current_thread():
+            continue
+        if t.name in ITERATION_THREADS or t in _executions():
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
 def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int, memory: int = 0) -> Iterator[_Part]:
     """fn(block, named=..., **fn_kwargs) over every block of the files' dataset (_dataset), `tasks` at a
     time, each block's parts in input order.
@@ -250,7 +269,8 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
     RayTasks.STOP_SECONDS, until no call is still writing (_wait_running), so that the staging
     directory can then be removed whole. An execution a Ctrl-C caught starting (inside Ray Data, before
     its iterator's own clean-up is set) is shut down here too: else Ray Data's finalizer ends it at the
-    interpreter's exit, after Ray, and prints a traceback under the command's last line."""
+    interpreter's exit, after Ray, and prints a traceback under the command's last line. Stopped or not,
+    it returns once Ray Data's threads that read the blocks have ended (_ending)."""
     import ray.data
 
     from .runners import RayTasks, died
@@ -267,6 +287,7 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
     finished = False
     batches = None
     running = _executions()  # others' (a library caller's), left alone
+    threads = {t.ident for t in threading.enumerate()}  # (_ending: those started from here on)
     try:  # (a dataset takes the context as it is when it is made)
         ds, named = _dataset(files, s.opt, memory)
         # a task whose process dies is run again as the Ray tasks are, at most TASK_RETRIES times (Ray Data's
@@ -294,10 +315,15 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
                 open(s.stop_path(), "a").close()
             if batches is not None and hasattr(batches, "close"):
                 batches.close()  # Ray Data ends the execution
+            # A Ctrl-C raised inside Ray Data's generators ended them, and its traceback holds their frames: the
+            # one that feeds the iteration's thread stays open there, never telling that thread to stop, and
+            # _ending waited on it until its deadline. Frames no longer running, cleared, let it go.
+            traceback.clear_frames(sys.exc_info()[2])
             for execution in _executions() - running:  # one the close did not reach
                 with contextlib.suppress(Exception):
                     execution.shutdown(force=True)
             _wait_running(os.path.join(s.tmp, RUNNING), RayTasks.STOP_SECONDS)
+        _ending(threads, time.monotonic() + RayTasks.STOP_SECONDS)
 
 
 def _wait_running(folder: str, seconds: float) -> None:

@@ -438,6 +438,46 @@ def test_ctrl_c_during_a_parallel_prepare_leaves_nothing(generated, tmp_path, in
     assert os.listdir(tmp_path) == []
 
 
+LATE_THREAD = """
+import os, runpy, sys, threading, time
+import ray
+from ray.data._internal.execution import streaming_executor
+
+original, seen = streaming_executor.StreamingExecutor.shutdown, sys.argv.pop(1)
+
+def shutdown(self, *args, **kwargs):  # the execution's end, in a thread of Ray Data's, then 2 s more of that thread
+    done = original(self, *args, **kwargs)
+    if threading.current_thread() is not threading.main_thread() and not os.path.exists(seen):
+        print("ended", flush=True)
+        deadline = time.monotonic() + 2
+        while ray.is_initialized() and time.monotonic() < deadline:  # (as Ray Data's own calls go on)
+            time.sleep(0.01)
+        with open(seen, "w") as fh:
+            fh.write(str(ray.is_initialized()))
+    return done
+
+streaming_executor.StreamingExecutor.shutdown = shutdown
+sys.argv = ["doc2vec-dist", *sys.argv[1:]]
+runpy.run_module("doc2vec_dist", run_name="__main__")
+"""
+
+
+def test_ctrl_c_as_a_ray_data_pass_ends_waits_for_its_threads_before_ray_shuts_down(generated, tmp_path, interrupt_when):
+    """A Ctrl-C landing as pass 2's Ray Data execution ends: the thread of Ray Data's that read its last block
+    still ends it, calling Ray. Once, in a full test run, Ray was shut down under it and the process ended with
+    status 1 ("The core worker has already been shutdown"), not 130. The command waits for that thread: here
+    the thread lingers 2 s after the execution's end and looks whether Ray is still up."""
+    out, seen = tmp_path / "corpus", tmp_path / "seen"
+    proc = subprocess.Popen([sys.executable, "-c", LATE_THREAD, str(seen), "prepare", generated, "--out", str(out),
+                             "--time-col", "ts", "--parallel", "2", "--engine", "data", "--no-progress"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    err = interrupt_when(proc, lambda: proc.stdout.readline().strip() == "ended", within=180)
+    assert proc.returncode in (130, -signal.SIGINT), err[-3000:]
+    assert err.strip().splitlines()[-1] == "interrupted", err[-3000:]
+    assert seen.read_text() == "True"  # Ray was still up when Ray Data's thread was done with it
+    assert os.listdir(tmp_path) == ["seen"]  # no corpus, no staging folder
+
+
 def test_the_prepare_benchmark_times_1_and_2_processes_and_finds_the_same_corpus(tmp_path, capsys):
     """benchmarks/prepare_benchmark.py on the sample: each run's pass times, its processes (the driver, and
     with 2 the Ray task workers that ran the passes) with their peak memory, the bytes written, and the
