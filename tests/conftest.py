@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import logging
@@ -93,16 +94,41 @@ def prepare_faults(ray_cluster):
     empty()
 
 
+def made_once(tmp_path_factory, name: str, make: Callable[[pathlib.Path], object]):
+    """make(folder)'s result (JSON-able: paths), made once for the whole test run. The two pytest-xdist
+    processes share it: the first makes it in a folder of the run's (under a lock), the other takes what it
+    made; each had made its own before (the sample's model trained twice a run, 4 actor processes each).
+    Without xdist, a folder of this session's. What it makes is for reading only: copy it to change it."""
+    def kept(made) -> object:  # the same value in every process: as JSON gives it back (a list as a tuple)
+        found = json.loads(json.dumps(made))
+        return tuple(found) if isinstance(found, list) else found
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return kept(make(tmp_path_factory.mktemp(name)))
+    root = tmp_path_factory.getbasetemp().parent / f"once-{name}"  # (the run's folder, above each process's)
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (let go when the file closes, and by a process that died)
+        done = root / "made.json"
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a half-made one of a process that died making it
+            root.mkdir()
+            done.write_text(json.dumps(make(root)))
+        return kept(json.loads(done.read_text()))
+
+
 @pytest.fixture(scope="session")
 def sample_corpus(tmp_path_factory):
     """The bundled sample prepared with 20% of each user's URLs held out: (corpus dir, held-out file)."""
     from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
 
-    root = tmp_path_factory.mktemp("sample")
-    heldout = str(root / "heldout.parquet")
-    corpus = prepare([SAMPLE_EVENTS], str(root / "corpus"), PrepareConfig(time_col="ts", holdout=0.2, holdout_out=heldout, seed=1), progress=False)
-    return corpus.path, heldout
+    def make(root: pathlib.Path) -> tuple[str, str]:
+        heldout = str(root / "heldout.parquet")
+        corpus = prepare([SAMPLE_EVENTS], str(root / "corpus"),
+                         PrepareConfig(time_col="ts", holdout=0.2, holdout_out=heldout, seed=1), progress=False)
+        return corpus.path, heldout
+
+    return made_once(tmp_path_factory, "sample", make)
 
 
 SMALL_USERS = 1500  # of the sample's 5000
@@ -121,13 +147,15 @@ def small_corpus(tmp_path_factory) -> str:
     from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
 
-    events = pq.read_table(SAMPLE_EVENTS)
-    users = sorted(set(events.column("user_id").to_pylist()))[:SMALL_USERS]
-    root = tmp_path_factory.mktemp("small")
-    os.makedirs(root / "events")
-    pq.write_table(events.filter(pc.is_in(events.column("user_id"), value_set=pa.array(users))),
-                   str(root / "events" / "part-00000.parquet"))
-    return prepare([str(root / "events")], str(root / "corpus"), PrepareConfig(time_col="ts"), progress=False).path
+    def make(root: pathlib.Path) -> str:
+        events = pq.read_table(SAMPLE_EVENTS)
+        users = sorted(set(events.column("user_id").to_pylist()))[:SMALL_USERS]
+        os.makedirs(root / "events")
+        pq.write_table(events.filter(pc.is_in(events.column("user_id"), value_set=pa.array(users))),
+                       str(root / "events" / "part-00000.parquet"))
+        return prepare([str(root / "events")], str(root / "corpus"), PrepareConfig(time_col="ts"), progress=False).path
+
+    return made_once(tmp_path_factory, "small", make)
 
 
 @pytest.fixture(scope="session")
@@ -139,9 +167,11 @@ def lee_corpus(tmp_path_factory) -> str:
     from doc2vec_dist.config import PrepareConfig
     from doc2vec_dist.prepare import prepare
 
-    out = tmp_path_factory.mktemp("lee") / "corpus"
-    return prepare([datapath("lee_background.cor")], str(out), PrepareConfig(format="text", min_count=2),
-                   progress=False).path
+    def make(root: pathlib.Path) -> str:
+        return prepare([datapath("lee_background.cor")], str(root / "corpus"), PrepareConfig(format="text", min_count=2),
+                       progress=False).path
+
+    return made_once(tmp_path_factory, "lee", make)
 
 
 @pytest.fixture(scope="session")
@@ -150,10 +180,12 @@ def trained_model(ray_cluster, sample_corpus, tmp_path_factory):
     from doc2vec_dist.config import TrainConfig
     from doc2vec_dist.trainer import train
 
-    config = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False)
-    model = str(tmp_path_factory.mktemp("model") / "model")
-    train(sample_corpus[0], model, config)
-    return model
+    def make(root: pathlib.Path) -> str:
+        config = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False)
+        train(sample_corpus[0], str(root / "model"), config)
+        return str(root / "model")
+
+    return made_once(tmp_path_factory, "model", make)
 
 
 def _snapshot(path: str):

@@ -8,6 +8,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import made_once
 
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
@@ -32,10 +33,12 @@ SPACE = {"alpha": {"grid": [0.0002, 0.05]}, "negative": {"grid": [5, -1]}, "epoc
 
 @pytest.fixture(scope="module")
 def searched(ray_cluster, sample_corpus, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("tune") / "search")
-    result = search(sample_corpus[0], out, heldout=sample_corpus[1], budget=1, space=SPACE,
-                    base=TrainConfig(sample=0, num_ps=1, cpus_per_worker=1, dim=16, epochs=4), calibrate_seconds=2)
-    return out, result
+    def make(root) -> tuple[str, dict]:  # (once a run: the test processes share it)
+        out = str(root / "search")
+        return out, search(sample_corpus[0], out, heldout=sample_corpus[1], budget=1, space=SPACE,
+                           base=TrainConfig(sample=0, num_ps=1, cpus_per_worker=1, dim=16, epochs=4), calibrate_seconds=2)
+
+    return made_once(tmp_path_factory, "tune", make)
 
 
 def _trials(out: str) -> list[dict]:
