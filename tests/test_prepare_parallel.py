@@ -462,14 +462,17 @@ runpy.run_module("doc2vec_dist", run_name="__main__")
 """
 
 
-def test_ctrl_c_as_a_ray_data_pass_ends_waits_for_its_threads_before_ray_shuts_down(generated, tmp_path, interrupt_when):
+def test_ctrl_c_as_a_ray_data_pass_ends_waits_for_its_threads_before_ray_shuts_down(ray_cluster, generated, tmp_path,
+                                                                                   interrupt_when):
     """A Ctrl-C landing as pass 2's Ray Data execution ends: the thread of Ray Data's that read its last block
     still ends it, calling Ray. Once, in a full test run, Ray was shut down under it and the process ended with
     status 1 ("The core worker has already been shutdown"), not 130. The command waits for that thread: here
-    the thread lingers 2 s after the execution's end and looks whether Ray is still up."""
+    the thread lingers 2 s after the execution's end and looks whether Ray is still up. (On the session's Ray:
+    the command's own connection is what it shuts down under the thread, as with a Ray of its own.)"""
     out, seen = tmp_path / "corpus", tmp_path / "seen"
     proc = subprocess.Popen([sys.executable, "-c", LATE_THREAD, str(seen), "prepare", generated, "--out", str(out),
-                             "--time-col", "ts", "--parallel", "2", "--engine", "data", "--no-progress"], cwd=ROOT,
+                             "--time-col", "ts", "--parallel", "2", "--engine", "data", "--no-progress",
+                             "--address", ray_cluster.get_runtime_context().gcs_address], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     err = interrupt_when(proc, lambda: proc.stdout.readline().strip() == "ended", within=180)
     assert proc.returncode in (130, -signal.SIGINT), err[-3000:]
