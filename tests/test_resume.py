@@ -153,7 +153,7 @@ def test_one_device_worker_keeps_its_rows_across_epochs_and_every_checkpoint_hol
         return {name: found.read_table(name) for name in ("docs", "words_out")}
 
     monkeypatch.setenv(STAGED_ENV, "1")
-    one = {"dim": 16, "epochs": 3, "sample": 0, "num_ps": 2, "num_workers": 1, "cpus_per_worker": 1,
+    one = {"dim": 16, "epochs": 2, "sample": 0, "num_ps": 2, "num_workers": 1, "cpus_per_worker": 1,
            "kernel": "batched", "macro_batch": 4096, "progress": False}
     straight = tables(train(small_corpus, str(tmp_path / "a"), TrainConfig(**one, checkpoint_every=0))["model"])
     paused = str(tmp_path / "b")
