@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import inspect
 import itertools
+import logging
 import os
 import socket
 import sys
@@ -326,6 +327,31 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
         _ending(threads, time.monotonic() + RayTasks.STOP_SECONDS)
 
 
+def _not_the_bars_note(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Progress bars disabled")
+
+
+@contextlib.contextmanager
+def _console_quiet() -> Iterator[None]:
+    """Ray Data's console, for a pass: its warnings, not its INFO lines (an execution's start, its plan, its end:
+    the file ray-data.log in the Ray session's logs keeps them, as the line it no longer prints said) nor its
+    note that its progress bars are off (prepare has its own). The console is the stream handler Ray Data
+    puts on its logger; none found (another Ray version, a user's own logging), nothing changes."""
+    import ray.data  # noqa: F401  (its import puts its handlers on its logger)
+
+    consoles = [h for h in logging.getLogger("ray.data").handlers if isinstance(h, logging.StreamHandler)]
+    levels = [h.level for h in consoles]
+    for h in consoles:
+        h.setLevel(max(h.level, logging.WARNING))
+        h.addFilter(_not_the_bars_note)
+    try:
+        yield
+    finally:
+        for h, level in zip(consoles, levels, strict=True):
+            h.setLevel(level)
+            h.removeFilter(_not_the_bars_note)
+
+
 def _wait_running(folder: str, seconds: float) -> None:
     """Wait until the markers in `folder` (_running) are gone, or are of processes of this host that
     have died (a killed process writes nothing more), at most `seconds`."""
@@ -357,10 +383,12 @@ def spill(files: list[str], s: passes.Settings, units: dict, tasks: int, progres
         return []
     order = {f: i for i, f in enumerate(files)}
     found = []
-    for part in _parts(files, s, _spill_block, {"s": s, "units": units, "blocks": blocks or {}}, tasks, memory):
-        if progress is not None:
-            progress.update(part.result.rows)
-        found.append(part)
+    with _console_quiet(), contextlib.closing(_parts(files, s, _spill_block, {"s": s, "units": units,
+                                                                              "blocks": blocks or {}}, tasks, memory)) as parts:
+        for part in parts:
+            if progress is not None:
+                progress.update(part.result.rows)
+            found.append(part)
     # Each read hands its blocks in order, but a union of reads (files whose columns' types differ) may
     # interleave them: sorted (stably) by their first file, the order pass 3 numbers documents in, and
     # checked, so that a read that reordered its files could never give another corpus silently

@@ -22,14 +22,25 @@ def footer_readers(ray) -> set:
     return {a for a, info in ray._private.state.actors().items() if info.get("ActorClassName") == "FooterReader"}
 
 
-def test_the_sample_through_ray_data_is_the_single_process_corpus(ray_cluster, tmp_path, monkeypatch):
+def test_the_sample_through_ray_data_is_the_single_process_corpus(ray_cluster, tmp_path, monkeypatch, capfd):
     """The corpus one process makes; and its one Parquet file's footer is read by one footer reader
-    (raydata._footer_readers), where Ray Data's default started 32 processes, ~1 CPU-s each."""
+    (raydata._footer_readers), where Ray Data's default started 32 processes, ~1 CPU-s each. Ray Data's
+    INFO lines (an execution's start, plan and end) stay off the console: its log file keeps them."""
     from doc2vec_dist.raydata import FOOTER_ACTORS_ENV
 
     monkeypatch.delenv(FOOTER_ACTORS_ENV, raising=False)
     before = footer_readers(ray_cluster)
+    import ray.data  # noqa: F401  (its import puts its console on its logger)
+
+    def consoles() -> list:
+        return [(h, h.level, list(h.filters)) for h in logging.getLogger("ray.data").handlers
+                if isinstance(h, logging.StreamHandler)]
+
+    was = consoles()
     one, _ = _both([SAMPLE_EVENTS], tmp_path, "sample", holdout=True, engine="data", time_col="ts", num_shards=3)
+    assert was and consoles() == was  # its level and filters as they were
+    err = capfd.readouterr().err
+    assert "streaming_executor" not in err and "Progress bars disabled" not in err, err
     assert corpus_meta(one)["heldout_pairs"] > 0
     assert len(footer_readers(ray_cluster) - before) == 1
     assert FOOTER_ACTORS_ENV not in os.environ  # set for the read only
