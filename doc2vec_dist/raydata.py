@@ -253,10 +253,11 @@ def _ending(before: set, deadline: float) -> None:
     (threads' idents) that may still call Ray: a Ctrl-C landing as an execution ends reached the command
     while the thread that read its last block still ended it, and Ray's shutdown under that thread ended
     the process with status 1 ("The core worker has already been shutdown"), not the command's 130."""
+    executions = _executions()
     for t in threading.enumerate():
         if t.ident in before or t is threading.current_thread():
             continue
-        if t.name in ITERATION_THREADS or t in _executions():
+        if t.name in ITERATION_THREADS or t in executions:
             t.join(max(0.0, deadline - time.monotonic()))
 
 
