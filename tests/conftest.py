@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import pathlib
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +46,42 @@ def logged(caplog, monkeypatch):
     monkeypatch.setattr(logging.getLogger("doc2vec_dist"), "propagate", True)
     caplog.set_level(logging.INFO, logger="doc2vec_dist")
     return caplog
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports that nothing listens on now, for a Ray a test starts with ports of its own.
+
+    They come from below the kernel's ephemeral range, where no connection's own end is ever placed: a port
+    picked there (`bind(0)`) and let go before Ray binds it can be taken in between by any outgoing connection
+    on the machine, and the other test process's Ray makes thousands (a CI run's GCS once failed to start so).
+    Above the session Ray's worker ports (10002-19999, Ray's default), and each pytest-xdist process has a
+    span of its own, so the two never pick the same port. Each socket stays bound until all are picked."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+        ephemeral = int(fh.read().split()[0])
+    low, high = 20000, ephemeral - 1
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    span = (high - low + 1) // max(workers, 1)
+    low = low + index * span
+    assert span >= 8 * count, f"no room for {count} ports below the ephemeral range (starts at {ephemeral})"
+    held: list[socket.socket] = []
+    try:
+        for port in random.sample(range(low, low + span), span):
+            if len(held) == count:
+                break
+            sock = socket.socket()
+            try:
+                sock.bind(("", port))  # every address: Ray listens on some ports on all of them
+            except OSError:
+                sock.close()
+                continue
+            held.append(sock)
+        assert len(held) == count, f"only {len(held)} of {count} ports free in {low}-{low + span - 1}"
+        return [sock.getsockname()[1] for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
 
 
 PREPARE_FAULTS = os.path.join(tempfile.gettempdir(), f"doc2vec-dist-faults-{os.getpid()}")

@@ -9,7 +9,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import assert_same_corpus, load_benchmark
+from conftest import assert_same_corpus, free_ports, load_benchmark
 
 from doc2vec_dist import modeldir, pipeline
 from doc2vec_dist.config import PrepareConfig, TrainConfig
@@ -462,14 +461,6 @@ def cluster_block(path: str) -> str:
              if marker == f"run-by: tests/test_jobs.py::{CLUSTER_BLOCK_TEST}"]
     assert len(found) == 1, f"{path}: {len(found)} blocks marked as run by {CLUSTER_BLOCK_TEST}"
     return found[0]
-
-
-def free_ports(count: int) -> list[int]:
-    with contextlib.ExitStack() as held:  # distinct ports: each socket held until all are picked
-        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def for_this_machine(block: str, venv: str, ports: list[int]) -> str:

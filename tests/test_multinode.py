@@ -25,6 +25,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -33,30 +34,6 @@ MiB = 1 << 20
 PS_NODE_MEMORY = 1536 * MiB  # Ray `memory` of the ps node: room for the two servers' requests, no more
 
 pytestmark = pytest.mark.slow
-
-
-class Ports:
-    """Distinct free ports: every socket stays bound until all are chosen, so no two are the same."""
-
-    def __init__(self):
-        self._held: list[socket.socket] = []
-
-    def take(self) -> int:
-        s = socket.socket()
-        s.bind(("", 0))
-        self._held.append(s)
-        return s.getsockname()[1]
-
-    def node_flags(self) -> list[str]:
-        # own ports for everything that has a fixed default: the session's other Ray holds those
-        names = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-                 "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]
-        return [x for name in names for x in (name, str(self.take()))] + ["--min-worker-port", "0",
-                                                                           "--max-worker-port", "0"]
-
-    def release(self) -> None:
-        for s in self._held:
-            s.close()
 
 
 def _processes_of(temp_root: str) -> list[int]:
@@ -92,8 +69,10 @@ def local_cluster():
            # `python` in the job's entrypoint is this interpreter, as it is the image's on a cluster
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     env.pop("RAY_ADDRESS", None)
-    ports = Ports()
-    gcs, dash, client = ports.take(), ports.take(), ports.take()
+    node_ports = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+                  "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]
+    # own ports for everything that has a fixed default: the session's other Ray holds those
+    gcs, dash, client, *taken = free_ports(3 + 3 * len(node_ports))
     common = ["--block", "--disable-usage-stats", "--object-store-memory", str(100 * MiB)]
     specs = {
         "head": ["--head", "--port", str(gcs), "--num-cpus", "0", "--dashboard-host", "127.0.0.1",
@@ -102,8 +81,8 @@ def local_cluster():
                "--resources", json.dumps({"ps": 2})],
         "trainer": ["--address", f"127.0.0.1:{gcs}", "--num-cpus", "2", "--resources", json.dumps({"trainer": 2})],
     }
-    flags = {name: ports.node_flags() for name in specs}
-    ports.release()
+    flags = {name: [x for flag in node_ports for x in (flag, str(taken.pop()))]
+                   + ["--min-worker-port", "0", "--max-worker-port", "0"] for name in specs}
     procs: dict[str, subprocess.Popen] = {}
     address = f"http://127.0.0.1:{dash}"
 
@@ -163,6 +142,38 @@ def _submit(address: str, env: dict, args: list[str]) -> subprocess.CompletedPro
             return done
         time.sleep(2)
     return done
+
+
+def test_the_ports_a_test_cluster_takes_are_free_distinct_and_out_of_the_kernels_ephemeral_range(monkeypatch):
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+        ephemeral = int(fh.read().split()[0])
+    spans = []
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        ports = free_ports(20)
+        assert len(set(ports)) == 20 and all(20000 <= p < ephemeral for p in ports), ports
+        spans.append((min(ports), max(ports)))
+    assert spans[0][1] < spans[1][0], f"the two test processes' ports overlap: {spans}"
+    # a port something listens on is never handed out: with 1,000 processes gw0's span is 12 ports; all but
+    # one of them taken, that one is the answer every time
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1000")
+    with contextlib.ExitStack() as stack:
+        span = list(range(20000, 20000 + (ephemeral - 20000) // 1000))
+        left = []
+        for port in span:
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("", port))
+                sock.listen()
+            except OSError:
+                continue
+            left.append(sock)
+        assert left, f"every port of {span[0]}-{span[-1]} is taken on this machine"
+        left.pop().close()  # the one free port
+        free = free_ports(1)
+        assert [free_ports(1) for _ in range(5)] == [free] * 5 and free[0] in span
 
 
 def test_job_on_three_nodes_places_servers_and_workers_by_resource(tmp_path):
