@@ -11,6 +11,7 @@ A library module that writes to the terminal itself does so here: a command's re
 from __future__ import annotations
 
 import _thread
+import atexit
 import contextlib
 import functools
 import logging
@@ -69,6 +70,7 @@ def command(work: Callable[[], object]) -> int:
     Where a local Ray had to be stopped without its shutdown (cluster.shutdown_local), the process ends
     here with that status: the interpreter's own exit would crash in Ray's half-shut core worker."""
     code = _command(work)
+    _last_line_said()
     from .cluster import abandoned
 
     if abandoned.is_set():
@@ -76,6 +78,31 @@ def command(work: Callable[[], object]) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _last_line_said() -> None:
+    """The command has said its last line: lines that Ray forwards to this driver from then on are not
+    printed at the process's exit. Ray's exit (its atexit shutdown, which runs after this module's) stops
+    the thread that prints them only at its end, and a cluster's processes say things as a driver leaves
+    (a raylet's "Failed to send wait complete … Socket closed" as a Ctrl-C'd driver's socket closes): on the
+    terminal they came after `interrupted`. They stay in the Ray session's log files. In a program that
+    goes on after the command (a test calling commands, a notebook), nothing changes until it exits."""
+    atexit.unregister(_quiet_ray)  # registered last, it runs first: before the shutdown of a Ray started later
+    atexit.register(_quiet_ray)
+
+
+def _quiet_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    try:  # Ray's own names (ray/_private/worker.py, ray_logging): another Ray version keeps printing
+        from ray._private import ray_logging
+
+        ray_logging.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+        for held in (ray_logging.stdout_deduplicator, ray_logging.stderr_deduplicator):
+            held.flush()  # what it held back to count repeats, which Ray's disconnect would print
+    except (ImportError, AttributeError):
+        pass
 
 
 def _command(work: Callable[[], object]) -> int:

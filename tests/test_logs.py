@@ -84,3 +84,39 @@ placement.ps_options(*args, resources={{"ps": 8}}, nodes=[node])
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("warning: 64 parameter servers need"), done.stderr
+
+
+def test_what_ray_forwards_as_the_process_exits_comes_not_after_the_commands_last_line(ray_cluster):
+    """A driver of a cluster's Ray (the session's here, as `ray job submit` joins one) gets the cluster's
+    lines until Ray's exit disconnects it, and a raylet says something as a driver leaves ("Failed to send
+    wait complete … Socket closed" after a Ctrl-C): it was printed under the job's `interrupted` (CI,
+    stop 62). Here a line reaches Ray's printing of forwarded lines at the process's exit, after the
+    command's end and before Ray's shutdown, as that one did; a line forwarded during the command still
+    shows."""
+    script = """
+import atexit, sys, time
+import ray
+from ray._private import ray_logging
+from doc2vec_dist import cluster, logs
+
+def forwarded(text):
+    ray_logging.global_worker_stdstream_dispatcher.emit(
+        {"ip": "127.0.0.1", "pid": "raylet", "job": "", "is_err": True, "lines": [text], "actor_name": "",
+         "task_name": "", "localhost": "127.0.0.1"})
+
+atexit.register(forwarded, "[W] worker.cc:239: Failed to send wait complete: Socket closed")  # runs after ours
+
+def work():
+    assert not cluster.connect() and ray.is_initialized()  # joined, as under ray job submit
+    forwarded("said during the command")
+    raise KeyboardInterrupt
+
+sys.exit(logs.command(work))
+"""
+    env = {**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    done = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 130, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[-1] == "interrupted" and "Socket closed" not in done.stderr, done.stderr
+    assert any("said during the command" in line for line in lines), done.stderr
