@@ -205,6 +205,7 @@ class Worker(BlockRounds):
         self._cv = threading.Condition()
         self._pause_requested = False
         self._paused_at: Position | None = None
+        self._resumes = 0  # resume() calls: a paused worker goes on at the next one, whatever is asked since
         self._running = False
         self._position = Position(0)
         self._round = 0  # the round run_epoch trains (the block schedule)
@@ -295,22 +296,32 @@ class Worker(BlockRounds):
     def resume(self) -> None:
         with self._cv:
             self._pause_requested, self._paused_at = False, None
+            self._resumes += 1
             self._cv.notify_all()
 
     def _hold_if_paused(self, epoch: int, batch: Batch | None, step: int, at: Position | None = None) -> bool:
         """At a batch boundary (or waiting for its next block, `at` its round's start): if a checkpoint
-        asked, drain pushes, publish the position, wait. True if it paused (the caller re-pulls the
-        batch: the rows changed meanwhile)."""
-        if not self._pause_requested:
-            return False
-        self.client.drain()
-        self._sync(f"{self._when(epoch)} step {step} of worker {self.index}", pull=False, docs=True)  # into the checkpoint
-        with self._cv:
-            self._paused_at = at or self._position_at(epoch, batch, step)
-            self._cv.notify_all()
-            while self._pause_requested:
-                self._cv.wait()
-        return True
+        asked, drain pushes, publish the position, wait until resumed. True if it paused (the caller
+        re-pulls the batch: the rows changed meanwhile).
+
+        It waits for resume() to have been called, not for the request to be off: a checkpoint every few
+        ms resumes and asks again before this thread wakes, and the request is then on again with no
+        position published: it pauses again here, at once, as that checkpoint asks (waiting for the flag,
+        it slept on, and that checkpoint's pause waited forever)."""
+        held = False
+        while self._pause_requested:
+            self.client.drain()
+            self._sync(f"{self._when(epoch)} step {step} of worker {self.index}", pull=False, docs=True)  # into the checkpoint
+            held = True
+            with self._cv:
+                if not self._pause_requested:  # resumed while it pushed (a checkpoint that gave up)
+                    break
+                resumes = self._resumes
+                self._paused_at = at or self._position_at(epoch, batch, step)
+                self._cv.notify_all()
+                while self._resumes == resumes:
+                    self._cv.wait()
+        return held
 
     # -- reading -------------------------------------------------------------------------------
     def _prepare(self, start: tuple[int, int], chunk, rng) -> Batch:

@@ -605,3 +605,35 @@ def test_every_change_a_block_worker_makes_to_the_url_rows_reaches_the_servers_o
     finally:
         for server in servers:
             server.close()
+
+
+def test_a_checkpoint_that_asks_again_before_the_paused_worker_wakes_is_answered(small_corpus):
+    """Checkpoints every few ms (--checkpoint-every): the driver resumes the workers and, for the next
+    checkpoint, asks them to pause again. When the second request lands before a paused worker's thread
+    has woken from the first, that thread must pause again at once and say where. It slept on instead,
+    and the second checkpoint's pause waited forever (a hung run, seen once in a full test run of
+    test_resume's mid-epoch checkpoints). Here the two land under the worker's lock, in that order."""
+    config = TrainConfig(dim=16, epochs=1, sample=0, num_ps=NUM_PS, num_workers=1, macro_batch=512, progress=False)
+    servers, _, worker = start_worker(None, small_corpus, config, local=True)
+    try:
+        worker.pause()  # idle: the request stays set, so the epoch pauses before its first batch
+        trained = []
+        epoch = threading.Thread(target=lambda: trained.append(worker.run_epoch(0)), daemon=True)
+        epoch.start()
+        with worker._cv:
+            assert worker._cv.wait_for(lambda: worker._paused_at is not None, timeout=60), "the first pause"
+            first = worker._paused_at
+            worker.resume()  # the first checkpoint's end ...
+            worker._pause_requested = True  # ... and the next one's request (pause()'s first step), before it wakes
+        answers = []
+        second = threading.Thread(target=lambda: answers.append(worker.pause()), daemon=True)
+        second.start()
+        second.join(timeout=30)
+        stuck = second.is_alive()
+        worker.resume()  # (lets a stuck worker go)
+        epoch.join(timeout=60)
+        assert not stuck, "the second checkpoint's pause got no answer"
+        assert answers[0].unit == first.unit and answers[0].row == first.row and answers[0].step == first.step
+        assert trained and trained[0]["tokens"] > 0
+    finally:
+        stop_servers(None, servers)
