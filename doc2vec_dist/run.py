@@ -83,6 +83,10 @@ NODE_CHECK_SECONDS = 1.0
 
 
 RESTART_SECONDS = 300.0
+# A checkpoint's pause waits for each worker to reach the end of its macro-batch (or its block); one that
+# has not after this long is named in one line, with its process, so that a run that seems stuck at a
+# checkpoint says where to look (`py-spy dump --pid`), and the wait goes on.
+PAUSE_WARN_SECONDS = 120.0
 
 
 def free_bytes(path: str) -> int:
@@ -378,18 +382,29 @@ class Run:
                 time.sleep(max(0.0, self.tick - (time.monotonic() - t0)))
 
     # -- watching the actors and their nodes ------------------------------------------------------
-    def _settle(self, refs: list, within: float | None = None) -> None:
+    def _settle(self, refs: list, within: float | None = None, pausing: bool = False) -> None:
         """Wait until every ref is ready, a tick at a time, watching the actors' nodes between ticks
         (_watch stops the run when one cannot come back), so that neither a dead node nor Ctrl-C
-        leaves the driver waiting on a call that will never answer. within: seconds at most."""
-        deadline = None if within is None else time.monotonic() + within
-        pending = list(refs)
+        leaves the driver waiting on a call that will never answer. within: seconds at most. pausing:
+        refs are the workers' pause calls, in their order: those not answered after PAUSE_WARN_SECONDS are
+        named in one line."""
+        start = time.monotonic()
+        deadline = None if within is None else start + within
+        pending, warned = list(refs), not pausing
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=self.tick)
             if pending:
                 self._watch()
-                if deadline is not None and time.monotonic() > deadline:
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
                     raise ray.exceptions.GetTimeoutError(f"{len(pending)} call(s) not answered within {within:g}s")
+                if not warned and now - start > PAUSE_WARN_SECONDS:
+                    warned = True
+                    late = [i for i, ref in enumerate(refs) if ref in pending]
+                    log.warning(f"a checkpoint has waited {now - start:.0f}s for "
+                                + ", ".join(f"worker {i} (pid {self.worker_pids.get(i, '?')})" for i in late)
+                                + " to pause between two macro-batches; it waits on (`py-spy dump --pid PID` "
+                                "shows where a worker stands)")
 
     def _get(self, refs: list, within: float | None = None) -> list:
         """ray.get(refs), waited for as _settle waits."""
@@ -494,7 +509,9 @@ class Run:
         stopping = False
         try:
             try:
-                positions = self._get([w.pause.remote() for w in self.workers])
+                refs = [w.pause.remote() for w in self.workers]
+                self._settle(refs, pausing=True)
+                positions = ray.get(refs)
             except ray.exceptions.RayActorError:
                 return  # a worker is down: the restart path deals with it; checkpoint next time
             # A worker whose run_rounds has not begun reports where its last one ended: it will start
@@ -525,7 +542,7 @@ class Run:
         try:
             while True:
                 refs = [w.pause.remote() for w in self.workers]
-                self._settle(refs)
+                self._settle(refs, pausing=True)
                 died = []
                 for i, ref in enumerate(refs):
                     try:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -75,6 +76,29 @@ def test_checkpoints_are_taken_mid_epoch_with_each_workers_position(ray_cluster,
     ends = [m["epoch"] for m in manifests if m["positions"] is None]
     assert ends == [1, 2, 3]
     assert summary["checkpoint_seconds"] > 0
+
+
+def test_a_checkpoint_names_the_workers_that_have_not_paused_after_a_while(ray_cluster, logged, monkeypatch):
+    """A run that seems stuck at a checkpoint says, once, which workers have not paused and their processes
+    (as the hang fixed at stop 63 would have), and goes on waiting: the driver's wait, on real Ray calls."""
+    from doc2vec_dist import run
+
+    monkeypatch.setattr(run, "PAUSE_WARN_SECONDS", 0.5)
+
+    @ray_cluster.remote(num_cpus=0)
+    def pause():
+        time.sleep(2.0)
+        return "paused"
+
+    refs = [ray_cluster.put("paused"), pause.remote()]  # worker 0 answered at once; worker 1 after 2 s
+    driver = types.SimpleNamespace(tick=0.1, _watch=lambda: None, worker_pids={0: 1111, 1: 2222})
+    run.Run._settle(driver, refs, pausing=True)
+    assert ray_cluster.get(refs) == ["paused", "paused"]
+    said = [r.getMessage() for r in logged.records if "to pause" in r.getMessage()]
+    assert len(said) == 1 and "for worker 1 (pid 2222) to pause" in said[0] and "worker 0" not in said[0], said
+    logged.clear()
+    run.Run._settle(driver, [ray_cluster.put("paused"), pause.remote()])  # other calls: no such line
+    assert not [r for r in logged.records if "to pause" in r.getMessage()]
 
 
 def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cluster, sample_corpus, tmp_path,
