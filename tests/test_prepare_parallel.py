@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import assert_same_corpus, corpus_meta, corpus_tables
+from conftest import assert_same_corpus, corpus_meta, corpus_tables, free_ports
 
 from doc2vec_dist import passes, read_files, read_formats, readers
 from doc2vec_dist.config import PrepareConfig
@@ -205,15 +205,12 @@ def s3_events():
     import glob
     import gzip
     import logging
-    import socket
 
     import pyarrow.fs as pafs
     from moto import server as moto_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port, = free_ports(1)  # not from the ephemeral range: see free_ports
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

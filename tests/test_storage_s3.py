@@ -5,13 +5,13 @@ standard AWS variables."""
 from __future__ import annotations
 
 import logging
-import socket
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from conftest import free_ports
 from moto import server as moto_server  # a dev dependency: moto[s3] and flask
 
 from doc2vec_dist import checkpoint, modeldir, storage
@@ -22,17 +22,11 @@ ROWS, DIM = 29, 6
 BUCKET = "models"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3():
     """An S3 server on 127.0.0.1 with one bucket; yields (endpoint host:port, the S3FileSystem of the bucket)."""
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = free_port()
+    port, = free_ports(1)  # not from the ephemeral range: see free_ports
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"127.0.0.1:{port}"
