@@ -48,23 +48,29 @@ def logged(caplog, monkeypatch):
     return caplog
 
 
+def ports_outside_ephemeral() -> tuple[int, int]:
+    """The ports free_ports picks from: from 20000 to the kernel's ephemeral range, or above that range
+    where more room is there (a machine whose range starts low)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+        first, last = map(int, fh.read().split())
+    return max(((20000, first - 1), (last + 1, 65535)), key=lambda r: r[1] - r[0])
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct ports that nothing listens on now, for a Ray a test starts with ports of its own.
 
-    They come from below the kernel's ephemeral range, where no connection's own end is ever placed: a port
+    They come from outside the kernel's ephemeral range, where no connection's own end is ever placed: a port
     picked there (`bind(0)`) and let go before Ray binds it can be taken in between by any outgoing connection
     on the machine, and the other test process's Ray makes thousands (a CI run's GCS once failed to start so).
     Above the session Ray's worker ports (10002-19999, Ray's default), and each pytest-xdist process has a
     span of its own, so the two never pick the same port. Each socket stays bound until all are picked."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-        ephemeral = int(fh.read().split()[0])
-    low, high = 20000, ephemeral - 1
+    low, high = ports_outside_ephemeral()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     index = int(worker[2:]) if worker[2:].isdigit() else 0
     span = (high - low + 1) // max(workers, 1)
     low = low + index * span
-    assert span >= 8 * count, f"no room for {count} ports below the ephemeral range (starts at {ephemeral})"
+    assert span >= 8 * count, f"no room for {count} ports in {low}-{high}"
     held: list[socket.socket] = []
     try:
         for port in random.sample(range(low, low + span), span):

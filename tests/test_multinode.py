@@ -25,7 +25,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import free_ports
+from conftest import free_ports, ports_outside_ephemeral
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -146,21 +146,24 @@ def _submit(address: str, env: dict, args: list[str]) -> subprocess.CompletedPro
 
 def test_the_ports_a_test_cluster_takes_are_free_distinct_and_out_of_the_kernels_ephemeral_range(monkeypatch):
     with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-        ephemeral = int(fh.read().split()[0])
+        first, last = map(int, fh.read().split())
+    low, high = ports_outside_ephemeral()
+    assert high < first or low > last
     spans = []
     for worker in ("gw0", "gw1"):
         monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
         ports = free_ports(20)
-        assert len(set(ports)) == 20 and all(20000 <= p < ephemeral for p in ports), ports
+        assert len(set(ports)) == 20 and all(low <= p <= high for p in ports), ports
         spans.append((min(ports), max(ports)))
     assert spans[0][1] < spans[1][0], f"the two test processes' ports overlap: {spans}"
-    # a port something listens on is never handed out: with 1,000 processes gw0's span is 12 ports; all but
-    # one of them taken, that one is the answer every time
+    # a port something listens on is never handed out: with so many processes that gw0's span is a dozen
+    # ports, all but one of them taken, that one is the answer every time
+    workers = (high - low + 1) // 12
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
-    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1000")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
     with contextlib.ExitStack() as stack:
-        span = list(range(20000, 20000 + (ephemeral - 20000) // 1000))
+        span = list(range(low, low + (high - low + 1) // workers))
         left = []
         for port in span:
             sock = stack.enter_context(socket.socket())
