@@ -352,6 +352,13 @@ def temp_path(path: str, directory: bool = False, what: str = "tmp") -> str:
             return name
         except FileExistsError:
             continue  # held by someone else: draw another
+        except KeyboardInterrupt:
+            # a Ctrl-C is raised as the call that made it returns, before the caller knows its name: what
+            # is found under this name now is this process's (drawn just now, made exclusively, no other
+            # error raised), and goes with the interrupt
+            with contextlib.suppress(OSError):
+                os.rmdir(name) if directory else os.remove(name)
+            raise
 
 
 def _unused_name(path: str, what: str) -> str:
@@ -401,14 +408,19 @@ def check_writable(path: str | None, *, inside: bool = False) -> None:
 
 
 def _probe(directory: str, shown: str) -> None:
+    probe = None
     try:
         probe = temp_path(os.path.join(directory, ".doc2vec-dist-probe"))
     except OSError as exc:
         if exc.errno == errno.ENOTDIR:  # a file on the way: the command's own check names it better
             return
         raise cannot_write(shown, exc) from None
-    with contextlib.suppress(OSError):
-        os.remove(probe)
+    finally:  # a Ctrl-C as it returns too: the probe is never left behind
+        if probe is not None:
+            try:
+                os.remove(probe)
+            except OSError:
+                pass
 
 
 def make_dirs(directory: str) -> list[str]:

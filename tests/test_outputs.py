@@ -302,6 +302,30 @@ def test_a_staged_output_is_a_new_name_of_this_process_with_the_usual_permission
     assert os.stat(folder).st_mode & 0o777 == 0o777 & ~umask
 
 
+@pytest.mark.parametrize("directory", [False, True])
+def test_a_ctrl_c_as_a_staged_name_is_made_leaves_nothing(tmp_path, monkeypatch, directory):
+    """A Ctrl-C is raised as the call that made the entry returns, before the caller has its name (a full
+    run's `prepare` left its writability probe, `.doc2vec-dist-probe.tmp-…`, so). Here the interrupt comes
+    right after the real call: the file or folder is made, then the KeyboardInterrupt. Nothing is left,
+    and a name some other process holds is not touched."""
+    theirs = tmp_path / "out.tmp-1-theirs"
+    theirs.write_text("someone else's")
+    made = os.mkdir if directory else os.open
+
+    def then_interrupted(*args, **kwargs):
+        made(*args, **kwargs)  # (the descriptor leaks: the process is being interrupted)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir" if directory else "open", then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.temp_path(str(tmp_path / "out"), directory=directory)
+    if not directory:
+        with pytest.raises(KeyboardInterrupt):
+            outputs.check_writable(str(tmp_path / "model"))  # the probe, a file
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["out.tmp-1-theirs"] and theirs.read_text() == "someone else's"
+
+
 def test_a_failed_output_removes_the_folders_made_for_it(tmp_path):
     out = str(tmp_path / "new" / "deeper" / "users.parquet")
     with pytest.raises(RuntimeError), outputs.replacing(out, "vectors"):
