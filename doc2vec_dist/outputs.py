@@ -434,8 +434,12 @@ def make_dirs(directory: str) -> list[str]:
             break
         directory = parent
     missing.reverse()
-    for d in missing:
-        os.makedirs(d, exist_ok=True)
+    try:
+        for d in missing:
+            os.makedirs(d, exist_ok=True)
+    except KeyboardInterrupt:  # before the caller has the list: those made so far go, if still empty
+        remove_dirs(missing)
+        raise
     return missing
 
 

@@ -326,6 +326,23 @@ def test_a_ctrl_c_as_a_staged_name_is_made_leaves_nothing(tmp_path, monkeypatch,
     assert os.listdir(tmp_path) == ["out.tmp-1-theirs"] and theirs.read_text() == "someone else's"
 
 
+def test_a_ctrl_c_while_an_outputs_folders_are_made_leaves_none_of_them(tmp_path, monkeypatch):
+    made = os.makedirs
+    calls = []
+
+    def second_interrupted(path, *args, **kwargs):
+        made(path, *args, **kwargs)
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "makedirs", second_interrupted)
+    with pytest.raises(KeyboardInterrupt), outputs.replacing(str(tmp_path / "a" / "b" / "c" / "users.parquet"), "vectors"):
+        pass
+    monkeypatch.undo()
+    assert len(calls) == 2 and os.listdir(tmp_path) == []
+
+
 def test_a_failed_output_removes_the_folders_made_for_it(tmp_path):
     out = str(tmp_path / "new" / "deeper" / "users.parquet")
     with pytest.raises(RuntimeError), outputs.replacing(out, "vectors"):
