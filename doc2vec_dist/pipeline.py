@@ -582,12 +582,14 @@ def run_refresh(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
     check_day_dir(job.out)
     outputs.check_writable(job.out, inside=True)  # every step writes inside it
     made = outputs.make_dirs(job.out)
-    outputs.write_marker(job.out, "refresh")
     try:
+        outputs.write_marker(job.out, "refresh")
         return _steps(job, prep, cfg)
     except BaseException:
-        if os.listdir(job.out) == [outputs.MARKER]:  # nothing was kept: leave no trace, so the day can run again
-            os.remove(os.path.join(job.out, outputs.MARKER))
+        left = os.listdir(job.out)
+        if left in ([outputs.MARKER], []):  # nothing was kept: leave no trace, so the day can run again
+            if left:
+                os.remove(os.path.join(job.out, outputs.MARKER))
             outputs.remove_dirs(made)
         raise
 

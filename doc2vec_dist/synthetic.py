@@ -152,7 +152,11 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
     made = outputs.make_dirs(os.path.dirname(out))
     # Staging directory beside OUT (same file system, so the final rename is atomic), under a name that
     # this process created: another's, even with the same process id on another machine, is never touched
-    stage = outputs.temp_path(out, directory=True, what="partial")
+    try:
+        stage = outputs.temp_path(out, directory=True, what="partial")
+    except BaseException:  # (a Ctrl-C as it is made: temp_path removed it)
+        outputs.remove_dirs(made)
+        raise
     try:
         os.makedirs(os.path.join(stage, "events"))
         os.makedirs(os.path.join(stage, "truth"))
