@@ -7,6 +7,7 @@ one line naming what it found, and leave every byte of it as it was.
 from __future__ import annotations
 
 import os
+import types
 
 import numpy as np
 import pyarrow as pa
@@ -302,6 +303,14 @@ def test_a_staged_output_is_a_new_name_of_this_process_with_the_usual_permission
     assert os.stat(folder).st_mode & 0o777 == 0o777 & ~umask
 
 
+class _OsOf(types.SimpleNamespace):
+    """`os` as outputs.py sees it, with the calls given replaced: the test's process (its Ray threads) keeps
+    the real one."""
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
 @pytest.mark.parametrize("directory", [False, True])
 def test_a_ctrl_c_as_a_staged_name_is_made_leaves_nothing(tmp_path, monkeypatch, directory):
     """A Ctrl-C is raised as the call that made the entry returns, before the caller has its name (a full
@@ -316,7 +325,7 @@ def test_a_ctrl_c_as_a_staged_name_is_made_leaves_nothing(tmp_path, monkeypatch,
         made(*args, **kwargs)  # (the descriptor leaks: the process is being interrupted)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(os, "mkdir" if directory else "open", then_interrupted)
+    monkeypatch.setattr(outputs, "os", _OsOf(**{"mkdir" if directory else "open": then_interrupted}))
     with pytest.raises(KeyboardInterrupt):
         outputs.temp_path(str(tmp_path / "out"), directory=directory)
     if not directory:
@@ -336,7 +345,7 @@ def test_a_ctrl_c_while_an_outputs_folders_are_made_leaves_none_of_them(tmp_path
         if len(calls) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(os, "makedirs", second_interrupted)
+    monkeypatch.setattr(outputs, "os", _OsOf(makedirs=second_interrupted))
     with pytest.raises(KeyboardInterrupt), outputs.replacing(str(tmp_path / "a" / "b" / "c" / "users.parquet"), "vectors"):
         pass
     monkeypatch.undo()
