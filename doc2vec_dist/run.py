@@ -406,9 +406,9 @@ class Run:
                                 + " to pause between two macro-batches; it waits on (`py-spy dump --pid PID` "
                                 "shows where a worker stands)")
 
-    def _get(self, refs: list, within: float | None = None) -> list:
+    def _get(self, refs: list, within: float | None = None, pausing: bool = False) -> list:
         """ray.get(refs), waited for as _settle waits."""
-        self._settle(refs, within)
+        self._settle(refs, within, pausing)
         return ray.get(refs)
 
     def _ask(self, keys: list[tuple[str, int]], wait: float = 0.0) -> None:
@@ -509,9 +509,7 @@ class Run:
         stopping = False
         try:
             try:
-                refs = [w.pause.remote() for w in self.workers]
-                self._settle(refs, pausing=True)
-                positions = ray.get(refs)
+                positions = self._get([w.pause.remote() for w in self.workers], pausing=True)
             except ray.exceptions.RayActorError:
                 return  # a worker is down: the restart path deals with it; checkpoint next time
             # A worker whose run_rounds has not begun reports where its last one ended: it will start

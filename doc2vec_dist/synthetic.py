@@ -152,12 +152,9 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
     made = outputs.make_dirs(os.path.dirname(out))
     # Staging directory beside OUT (same file system, so the final rename is atomic), under a name that
     # this process created: another's, even with the same process id on another machine, is never touched
+    stage = None  # (a Ctrl-C as it is made: temp_path removed it)
     try:
         stage = outputs.temp_path(out, directory=True, what="partial")
-    except BaseException:  # (a Ctrl-C as it is made: temp_path removed it)
-        outputs.remove_dirs(made)
-        raise
-    try:
         os.makedirs(os.path.join(stage, "events"))
         os.makedirs(os.path.join(stage, "truth"))
         table = _url_table(urls, communities, zipf_s, general_fraction, _rng(seed, _STREAM_URLS))
@@ -208,7 +205,8 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
             os.rmdir(out)  # empty (checked above); rename cannot replace it portably
         os.replace(stage, out)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
         outputs.remove_dirs(made)
         raise
     return summary
