@@ -48,7 +48,7 @@ Time
 
 Scaling (scaling_plan: 1, 2, 4, 8 and 16 workers and config.num_workers, each row a run of that many
 workers whatever config.num_workers is, bounded by four rates that one model, bound_rates, combines:
-the streamed rows' traffic overlaps compute, the held rows' and the rounds' add to it; the expectation is
+the streamed rows' traffic overlaps compute, the held rows' and the Ray calls' add to it; the expectation is
 the least column of its row, and the bound names it)
 
     compute: W × the calibrated tokens/s of one worker (the calibration's tokens/s over its workers, less
@@ -58,8 +58,10 @@ the least column of its row, and the bound names it)
     network: bytes per token over links of --network-gbps, each worker on a link of its own and the
       servers on num_ps links (a node each, the deploy/ layout), the busiest side bounding; the blocks
       handed from worker to worker cross the workers' links only.
-    rounds: an epoch's tokens over its rounds' fixed cost (rounds_per_epoch × ROUND_SECONDS: each round's
-      Ray calls, whatever its tokens), what a small corpus on several workers is bound by.
+    calls: an epoch's tokens over its Ray calls' fixed cost, whatever its tokens (rounds_per_epoch ×
+      ROUND_SECONDS: each round's calls; exchange_calls × EXCHANGE_SECONDS: each server answers a call a worker
+      and table for the rows the workers hold, at an epoch's ends), what a small corpus on several workers is
+      bound by.
     A row whose workers outnumber the servers also says what a server per worker would give.
     GPU workers: rows of 1, 2, 4 and 8 GPUs, compute is the device (one GPU's tokens/s: a calibration's
       on the GPUs, else the kernel's measured on a device of DEVICES, --gpu-model; GPUs times), and a
@@ -112,6 +114,7 @@ from .plan_calibration import (
 )
 from .plan_model import (
     DEVICES,
+    EXCHANGE_SECONDS,
     ROUND_SECONDS,
     SCALING_WORKERS,
     device_rates,
@@ -425,9 +428,11 @@ def choose_workers(corpus: Corpus, config: TrainConfig, worker_rate: float | Non
     if then is None:
         return config, None
     got, best = rows[-1], then["workers"]
-    why = (f"each of {_n(got['rounds_per_epoch'], 'round')} an epoch costs about {ROUND_SECONDS * 1e3:.0f} ms of Ray "
-           f"calls, against {corpus.num_tokens / got['rounds_per_epoch']:,.0f} tokens a round"
-           if got["bound"] == "rounds" else f"bound: {got['bound']}")
+    why = (f"an epoch's Ray calls take about {got['calls_seconds_per_epoch'] * 1e3:.0f} ms: "
+           f"{_n(got['rounds_per_epoch'], 'round')} at {ROUND_SECONDS * 1e3:.0f} ms and "
+           f"{got['exchange_calls_per_epoch']:.3g} exchanges of held rows a server at {EXCHANGE_SECONDS * 1e3:.0f} ms, "
+           f"against {corpus.num_tokens / asked / rate * 1e3:.0f} ms of a worker's computing"
+           if got["bound"] == "calls" else f"bound: {got['bound']}")
     line = (f"train: {_n(asked, 'worker')} are predicted to train this corpus at {_m(got['tokens_per_second'])} tokens/s "
             f"and {_n(best, 'worker')} at {_m(then['tokens_per_second'])} ({why}; plan's model, a worker computing "
             f"{_m(rate)} tokens/s): training with {_n(best, 'worker')}; --force-workers trains with {asked}")

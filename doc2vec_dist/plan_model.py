@@ -29,6 +29,13 @@ GiB = 1 << 30
 # (12-16 ms at 64 segments before the block went into the object store whole; docs/benchmarks.md, "Fewer
 # workers where more would not pay"); a corpus whose rounds hold few tokens pays it many times an epoch.
 ROUND_SECONDS = 0.007
+# An exchange of held rows costs this much whatever its bytes: a worker's Ray call to a server for one table's rows
+# it holds (its block pulled at an epoch's first round and pushed home at its last; its resident documents; one
+# worker's resident tables), which a server answers one after another, so an epoch's end costs each server a call
+# a worker and table. Fitted to the sample, pypi15k and a 200k-user corpus on 1 and 2 workers, with the bytes
+# over plan.CHOICE_NETWORK_GBPS besides (docs/benchmarks.md, "Fewer workers where more would not pay"): there 2
+# workers spent twice one worker's time pulling and pushing the same bytes.
+EXCHANGE_SECONDS = 0.005
 
 
 # -- arithmetic -------------------------------------------------------------------------------------
@@ -229,6 +236,28 @@ def bytes_per_token(corpus: Corpus, config: TrainConfig, workers: int, profile: 
             "handed": 0.0}
 
 
+def exchange_calls(corpus: Corpus, config: TrainConfig, workers: int) -> float:
+    """The calls each server answers in an epoch of a run of `workers` workers (else as `config`) for the rows
+    the workers hold (EXCHANGE_SECONDS each), both ways, as bytes_per_token moves them: a worker's block of each URL
+    table pulled at the epoch's first round and pushed at its last (every round with settings.HANDOVER_ENV=0), one
+    worker's resident tables pulled once a run and written back once an epoch, and resident documents pulled once
+    a run (each partition once an epoch) and written back once an epoch. The shared schedule's rows stream with
+    each macro-batch, beside the compute: none."""
+    run = resolve(dataclasses.replace(config, num_workers=workers), corpus)
+    if not run.token_path:
+        return 0.0
+    cfg = run.config
+    epochs = max(cfg.epochs, 1)
+    partitions = document_partitions(cfg, corpus.num_docs, corpus.vocab_size)
+    if workers > 1 and run.blocks:
+        each = 1 if run.handover else run.rounds
+        url = 2 * each  # words_out's block, there and back
+    else:
+        url = len(run.resident_tables) * (1 / epochs + 1)
+    docs = (partitions if partitions > 1 else 1 / epochs) + partitions if partitions else 0.0
+    return workers * (url + docs)
+
+
 def gpus_of(config: TrainConfig, workers: int) -> float:
     """The GPUs `workers` GPU workers train on: a worker computes on one, and workers of a fractional
     --gpus-per-worker share one (0.5: two a GPU)."""
@@ -339,7 +368,8 @@ def pcie_bytes_per_token(corpus: Corpus, config: TrainConfig, moved: dict) -> di
 
 def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_gbps: float,
                  profile: dict | None = None, workers: tuple[int, ...] | None = None,
-                 gpu: dict | None = None, round_seconds: float = ROUND_SECONDS) -> list[dict]:
+                 gpu: dict | None = None, round_seconds: float = ROUND_SECONDS,
+                 exchange_seconds: float = EXCHANGE_SECONDS) -> list[dict]:
     """Expected tokens/s for each number of workers (scaling_workers where not given), and what bounds
     it (row_rates): compute (the calibrated rate of one worker, W times), servers (the rows they pull
     and push per second of their busy time, measured in the calibration, num_ps at once) or network
@@ -347,14 +377,15 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
     Without a calibration, the bytes alone. Every row is its number of workers as a run of it would be
     (bytes_per_token), whatever config.num_workers is; a row whose workers have more links than the
     servers also says what a server per worker would give ("more_servers": the same model). Each round of
-    an epoch costs `round_seconds` besides (its Ray calls: rounds_per_epoch of them).
+    an epoch costs `round_seconds` besides, and each exchange of held rows a server answers `exchange_seconds`
+    (exchange_calls): the epoch's Ray calls, the "calls" column.
 
     GPU workers (--gpus-per-worker > 0): each row is also its GPUs ("gpus"), compute is the device (one
     GPU's tokens/s, device_rates of plan's flags `gpu`, times the GPUs) and a fourth limit is the GPUs'
     host↔device links ("pcie", a link a GPU: pcie_bytes_per_token at device_rates' bandwidth)."""
     s = (cal or {}).get("summary", {})
     device = device_rates(config, cal, gpu)
-    per_worker = worker_rate(cal, config, corpus, round_seconds)
+    per_worker = worker_rate(cal, config, corpus, round_seconds, exchange_seconds)
     row = table_specs(config, corpus)["words_out"].row_bytes
     served = sum(v for k, v in s.get("bytes", {}).items() if k != "handed") / row  # rows the servers saw
     busy = s.get("server_busy_seconds")
@@ -366,7 +397,10 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
             continue
         moved = bytes_per_token(corpus, config, w, profile)
         rounds = rounds_per_epoch(config, corpus, w)
-        found = {"workers": w, "rounds_per_epoch": rounds}
+        calls = exchange_calls(corpus, config, w)
+        fixed = rounds * round_seconds + calls * exchange_seconds  # an epoch's Ray calls, whatever its tokens
+        found = {"workers": w, "rounds_per_epoch": rounds, "exchange_calls_per_epoch": calls,
+                 "calls_seconds_per_epoch": fixed}
         if device is None:
             compute, pcie = per_worker * w if per_worker else None, None
         else:
@@ -378,9 +412,9 @@ def scaling_plan(corpus: Corpus, config: TrainConfig, cal: dict | None, network_
             found.update(gpus=gpus, pcie_bytes_per_token=crossing, total_pcie_bytes_per_token=sum(crossing.values()))
 
         def at(num_ps: int, moved: dict = moved, compute: float | None = compute, pcie: tuple | None = pcie,
-               w: int = w, rounds: int = rounds) -> dict:
+               w: int = w, fixed: float = fixed) -> dict:
             return row_rates(moved, w, num_ps, link, compute, rows_per_busy_second, row, pcie=pcie,
-                             rounds=rounds * round_seconds / max(corpus.num_tokens, 1))
+                             calls=fixed / max(corpus.num_tokens, 1))
 
         found.update(bytes_per_token=moved, total_bytes_per_token=sum(moved.values()), **at(config.num_ps))
         if w > config.num_ps:
@@ -397,9 +431,9 @@ def rounds_per_epoch(config: TrainConfig, corpus: Corpus, workers: int) -> int:
 
 
 def worker_rate(cal: dict | None, config: TrainConfig, corpus: Corpus,
-                round_seconds: float = ROUND_SECONDS) -> float | None:
-    """One worker's tokens/s computing, from a calibration: its rate over its workers, less the time its rounds
-    took (round_seconds each), which the scaling table counts apart (a calibration of 2 workers on Lee, its
+                round_seconds: float = ROUND_SECONDS, exchange_seconds: float = EXCHANGE_SECONDS) -> float | None:
+    """One worker's tokens/s computing, from a calibration: its rate over its workers, less the time its Ray calls
+    took (round_seconds a round, exchange_seconds an exchange), which the scaling table counts apart (a calibration of 2 workers on Lee, its
     rounds 0.9 of its time, made one worker 17 times too slow). Not less than its workers' own sample and compute
     stages allow (their reads are a round's too: a segment's files opened each round); a two-point calibration's
     rate is a difference of two slices' times, in which the rounds cancel: as it is."""
@@ -409,9 +443,10 @@ def worker_rate(cal: dict | None, config: TrainConfig, corpus: Corpus,
     seconds = s.get("train_seconds")
     if not rate or not seconds or cal.get("two_point"):
         return rate / workers or None
-    rounds = rounds_per_epoch(config, corpus, workers) * cal.get("epochs", 1)
+    fixed = (rounds_per_epoch(config, corpus, workers) * round_seconds
+             + exchange_calls(corpus, config, workers) * exchange_seconds) * cal.get("epochs", 1)
     busy = sum(v for k, v in s.get("worker_seconds", {}).items() if k in ("sample", "compute")) / workers
-    computing = max(seconds - rounds * round_seconds, busy)
+    computing = max(seconds - fixed, busy)
     return rate * seconds / (computing if computing > 0 else seconds) / workers
 
 
@@ -426,15 +461,15 @@ def refused_workers(config: TrainConfig, workers: int) -> str | None:
 
 def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: float | None,
               server_rows_per_second: float | None, row_bytes: int, pcie: tuple[float, float] | None = None,
-              rounds: float = 0.0) -> dict:
+              calls: float = 0.0) -> dict:
     """One row of the scaling table: the tokens/s each limit allows ("rates"), the expectation (the
     least of them) and the limit that sets it ("bound"), all from one model (bound_rates). The links:
     `workers` on the workers' side and `num_ps` on the servers', each of `link` bytes/s, the busier side
     bounding; the blocks a worker hands straight to its next holder ("handed") cross the workers'
     links only, and only the rows that reach the servers count against their apply rate
     (server_rows_per_second, one server's). GPU workers: `compute` is their devices' rate, and `pcie`
-    the seconds a token takes on their host↔device links, (streamed, held) as the network's. rounds: the
-    seconds a token of the rounds' fixed cost."""
+    the seconds a token takes on their host↔device links, (streamed, held) as the network's. calls: the
+    seconds a token of the epoch's Ray calls (its rounds' and exchanges' fixed cost)."""
     def seconds(moved_bytes: float, handed: float = 0.0) -> float:  # per token, over the busier side's links
         return max(moved_bytes / (workers * link), (moved_bytes - handed) / (num_ps * link))
 
@@ -443,23 +478,23 @@ def row_rates(moved: dict, workers: int, num_ps: int, link: float, compute: floa
     served = (sum(moved.values()) - moved["handed"]) / row_bytes
     servers = num_ps * server_rows_per_second / served if server_rows_per_second and served else None
     links = {"network": (streamed, held)} if pcie is None else {"pcie": pcie, "network": (streamed, held)}
-    return bound_rates(compute, servers, links, compute_name="compute" if pcie is None else "device", rounds=rounds)
+    return bound_rates(compute, servers, links, compute_name="compute" if pcie is None else "device", calls=calls)
 
 
 def bound_rates(compute: float | None, servers: float | None, links: dict[str, tuple[float, float]],
-                compute_name: str = "compute", rounds: float = 0.0) -> dict:
+                compute_name: str = "compute", calls: float = 0.0) -> dict:
     """The scaling table's model of one row: the tokens/s it expects, what bounds it, and each column.
 
     links: for each kind of link (the network; a GPU's host↔device link, "pcie"), the seconds a token
     takes on it, (streamed, held). The rows streamed with each macro-batch (pulled, pushed) move while
     the worker computes, so compute and that traffic overlap; the rows a worker holds (its block each
     round, its resident tables) move at a round's or an epoch's end while it waits, so their time adds
-    to the rest (the blocks handed straight to their next holder too), as does each round's fixed cost (its
-    Ray calls, ROUND_SECONDS; `rounds`, seconds a token): the workers train at
-    1 / (max(1/compute, each link's streamed) + the links' held + rounds). The servers apply pushes on their
+    to the rest (the blocks handed straight to their next holder too), as do the epoch's Ray calls (each
+    round's, ROUND_SECONDS, and each exchange of held rows, EXCHANGE_SECONDS; `calls`, seconds a token): the
+    workers train at 1 / (max(1/compute, each link's streamed) + the links' held + calls). The servers apply pushes on their
     own, at their rate; the lower of the two is the expectation. Each column is what its limit allows
     alone (compute, named compute_name: compute; a link: every byte's time on it, 1 / (streamed +
-    held); rounds: 1 / rounds; servers: servers), but the bound's, which shows the expectation: that limit with the time
+    held); calls: 1 / calls; servers: servers), but the bound's, which shows the expectation: that limit with the time
     the others add. The bound is the servers where they are the lower, else the least of compute and
     the links alone. So the expectation is always the least column, and the bound names it.
     Measured over tbf-capped links (benchmarks/network_benchmark.py, 1 and 2 workers, 10 Gbit/s to 100
@@ -468,18 +503,18 @@ def bound_rates(compute: float | None, servers: float | None, links: dict[str, t
     alone = {compute_name: compute or None, "servers": servers or None,
              **{name: 1.0 / (streamed + held) if streamed + held > 0 else None
                 for name, (streamed, held) in links.items()},
-             "rounds": 1.0 / rounds if rounds > 0 else None}
+             "calls": 1.0 / calls if calls > 0 else None}
     if not any(alone.values()):
         return {"rates": alone, "alone": alone, "tokens_per_second": None, "bound": None}
     streamed = max(s for s, _ in links.values())
     held = sum(h for _, h in links.values())
-    waits = streamed + held + rounds
-    workers = (1.0 / (max(1.0 / compute, streamed) + held + rounds) if compute
+    waits = streamed + held + calls
+    workers = (1.0 / (max(1.0 / compute, streamed) + held + calls) if compute
                else 1.0 / waits if waits > 0 else None)
     if workers is None or (servers and servers <= workers):
         bound, rate = "servers", servers
     else:
-        bound, rate = min((k for k in (compute_name, *links, "rounds") if alone[k]), key=alone.get), workers
+        bound, rate = min((k for k in (compute_name, *links, "calls") if alone[k]), key=alone.get), workers
     return {"rates": {**alone, bound: rate}, "alone": alone, "tokens_per_second": rate, "bound": bound}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 from .config import TableSpec
-from .plan_model import ROUND_SECONDS, GiB
+from .plan_model import EXCHANGE_SECONDS, ROUND_SECONDS, GiB
 
 # -- output ---------------------------------------------------------------------------------------------
 
@@ -127,7 +127,8 @@ def format_plan(p: dict) -> str:
         lines.append("")
         lines.append(f"  scaling ({'the block schedule' if cfg.get('schedule') != 'shared' else 'shared rows'} where "
                      f"it applies; links of {p['network_gbps']:g} Gbit/s, one per worker and {cfg['num_ps']} on the "
-                     f"servers' side; rounds at {ROUND_SECONDS * 1e3:.0f} ms each of Ray calls; tokens/s each limit "
+                     f"servers' side; Ray calls at {ROUND_SECONDS * 1e3:.0f} ms a round and {EXCHANGE_SECONDS * 1e3:.0f} ms an "
+                     "exchange of held rows a server; tokens/s each limit "
                      "allows alone, but the bound's: what it allows with the time the others add, the expectation)")
         if device:  # GPU workers: the device and its host-device link beside the servers and the network
             lines.append(f"  device: {device['model']} (--gpu-model), {device['tokens_per_second'] / 1e6:.2f}M "
@@ -138,20 +139,20 @@ def format_plan(p: dict) -> str:
                          f"{device['device_bytes_per_token']:,} B a token's pair reads and writes); the kernel at "
                          f"{device['tokens_per_second'] / device['hbm_tokens_per_second']:.1%} of it")
             lines.append(f"  {'GPUs':>6} {'workers':>8} {'bytes/token':>12} {'PCIe B/token':>13} {'device':>10} "
-                         f"{'pcie':>10} {'servers':>10} {'network':>10} {'rounds':>10} {'expected':>10}  bound")
+                         f"{'pcie':>10} {'servers':>10} {'network':>10} {'calls':>10} {'expected':>10}  bound")
         else:
             lines.append(f"  {'workers':>8} {'bytes/token':>12} {'compute':>10} {'servers':>10} {'network':>10} "
-                         f"{'rounds':>10} {'expected':>10}  bound")
+                         f"{'calls':>10} {'expected':>10}  bound")
         for r in p["scaling"]:
             rate = r["rates"]
             if device:
                 lines.append(f"  {r['gpus']:>6g} {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
                              f"{r['total_pcie_bytes_per_token']:>13.1f} "
-                             + " ".join(f"{_m(rate.get(k)):>10}" for k in ("device", "pcie", "servers", "network", "rounds"))
+                             + " ".join(f"{_m(rate.get(k)):>10}" for k in ("device", "pcie", "servers", "network", "calls"))
                              + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
                 continue
             lines.append(f"  {r['workers']:>8} {r['total_bytes_per_token']:>12.1f} "
-                         + " ".join(f"{_m(rate.get(k)):>10}" for k in ("compute", "servers", "network", "rounds"))
+                         + " ".join(f"{_m(rate.get(k)):>10}" for k in ("compute", "servers", "network", "calls"))
                          + f" {_m(r['tokens_per_second']):>10}  {r['bound'] or '-'}")
         lines.extend(more_servers_lines(p["scaling"]))
         if p.get("scaling_unlisted"):

@@ -18,7 +18,7 @@ from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.ps import table_specs
-from doc2vec_dist.settings import resolve
+from doc2vec_dist.settings import document_partitions, resolve
 
 
 def _tables(config, docs, vocab):
@@ -208,7 +208,7 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     for kind, value in counted.items():
         assert two["bytes_per_token"][kind] == pytest.approx(value, rel=0.1, abs=0.5), kind
     assert {r["workers"] for r in result["scaling"]} == {1, 2, 4, 8, 16}
-    assert all(r["bound"] in ("compute", "servers", "network", "rounds") for r in result["scaling"])
+    assert all(r["bound"] in ("compute", "servers", "network", "calls") for r in result["scaling"])
     assert "scaling" in text and "bound" in text
 
 
@@ -323,7 +323,7 @@ def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     cfg = TrainConfig(dim=32, epochs=10, sample=0, num_ps=2, cpus_per_worker=1, progress=False)
     cal = {"summary": {"tokens_per_second": 1e6, "server_busy_seconds": 1.0,
                        "bytes": {"pulled": 1e9, "pushed": 1e9, "resident_pulled": 0, "resident_pushed": 0}}}
-    fast = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=100, round_seconds=0)  # (rounds: issue 50's tests)
+    fast = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=100, round_seconds=0, exchange_seconds=0)  # (rounds: issue 50's tests)
     per_token = [r["total_bytes_per_token"] for r in fast]
     assert per_token == sorted(per_token) and per_token[-1] > 2 * per_token[0]
     # compute: W × one worker's rate; the bound, so the expectation: less the waits for the held rows (at
@@ -331,7 +331,7 @@ def test_the_scaling_table_is_bound_by_the_least_of_its_rates(sample_corpus):
     assert fast[0]["bound"] == fast[2]["bound"] == "compute"
     assert fast[0]["alone"]["compute"] == pytest.approx(1e6) and fast[2]["alone"]["compute"] == pytest.approx(4e6)
     assert fast[0]["rates"]["compute"] == pytest.approx(1e6, rel=0.01) and fast[0]["rates"]["compute"] < 1e6
-    slow = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=0.001, round_seconds=0)
+    slow = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=0.001, round_seconds=0, exchange_seconds=0)
     assert all(r["bound"] == "network" for r in slow)
     link = 0.001e9 / 8
     for r in slow:  # a link per worker, num_ps of them on the servers' side, the busier side bounding
@@ -352,7 +352,7 @@ def test_held_rows_move_while_the_worker_waits_and_streamed_rows_while_it_comput
     cal = {"summary": {"tokens_per_second": 1e6, "bytes": {}}}
     gbps = 0.01
     link = gbps * 1e9 / 8
-    for r in plan_model.scaling_plan(corpus, cfg, cal, network_gbps=gbps, workers=(1, 2, 4), round_seconds=0):
+    for r in plan_model.scaling_plan(corpus, cfg, cal, network_gbps=gbps, workers=(1, 2, 4), round_seconds=0, exchange_seconds=0):
         moved, w = r["bytes_per_token"], r["workers"]
         # seconds a token on the links, the busier side's: a link per worker, 2 on the servers' side, which the
         # blocks handed from worker to worker do not cross
@@ -436,15 +436,15 @@ def test_each_rows_expected_rate_is_the_least_of_its_columns_and_the_bound_names
     cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
     for r in plan_model.scaling_plan(corpus, cfg, CAL, network_gbps=gbps):
         columns = {k: v for k, v in r["rates"].items() if v}
-        assert set(columns) == {"compute", "servers", "network", "rounds"}
+        assert set(columns) == {"compute", "servers", "network", "calls"}
         assert r["tokens_per_second"] == min(columns.values()), r
         assert r["bound"] == min(columns, key=columns.get), r
     text = plan_report.format_plan({**_plan_shell(corpus, cfg), "scaling": plan_model.scaling_plan(corpus, cfg, CAL, gbps),
                                 "network_gbps": gbps})
     for line in text.splitlines():
         cells = line.split()
-        if len(cells) == 8 and cells[0].isdigit():  # workers, bytes/token, compute, servers, network, rounds, expected, bound
-            rates = dict(zip(("compute", "servers", "network", "rounds"), cells[2:6]))
+        if len(cells) == 8 and cells[0].isdigit():  # workers, bytes/token, compute, servers, network, calls, expected, bound
+            rates = dict(zip(("compute", "servers", "network", "calls"), cells[2:6]))
             assert cells[6] == rates[cells[7]], line
 
 
@@ -467,14 +467,14 @@ def test_where_more_workers_are_no_faster_the_table_says_how_much_more_servers_h
     corpus = Corpus(sample_corpus[0])
     cfg = TrainConfig(dim=32, epochs=10, num_ps=2, cpus_per_worker=1, progress=False)
     cal = {"summary": {**CAL["summary"], "tokens_per_second": 20e6}}  # fast workers: the links bound
-    table = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=1.0, round_seconds=0)  # the links alone
+    table = plan_model.scaling_plan(corpus, cfg, cal, network_gbps=1.0, round_seconds=0, exchange_seconds=0)  # the links alone
     stuck = [r for prev, r in itertools.pairwise(table) if r["tokens_per_second"] < 1.1 * prev["tokens_per_second"]]
     assert stuck, [r["tokens_per_second"] for r in table]
     for r in stuck:
         more = r["more_servers"]
         assert more["num_ps"] == r["workers"] and more["tokens_per_second"] > 1.1 * r["tokens_per_second"]
         alone = plan_model.scaling_plan(corpus, dataclasses.replace(cfg, num_ps=r["workers"]), cal, network_gbps=1.0,
-                                     workers=(r["workers"],), round_seconds=0)[0]
+                                     workers=(r["workers"],), round_seconds=0, exchange_seconds=0)[0]
         assert more["tokens_per_second"] == pytest.approx(alone["tokens_per_second"])  # the same model
     text = plan_report.format_plan({**_plan_shell(corpus, cfg), "scaling": table, "network_gbps": 1.0})
     for r in stuck:
@@ -520,10 +520,12 @@ def test_one_calibrated_worker_scaled_to_the_planned_workers_of_a_corpus_not_mad
     assert cal["corpus_tokens"] <= result["estimate"]["sample_tokens"] < result["corpus"]["tokens"] == 4_000_000
     four = next(r for r in result["scaling"] if r["workers"] == 4)
     one = next(r for r in result["scaling"] if r["workers"] == 1)
-    # the calibrated worker's rate, less the time of its rounds (one an epoch: plan_model.worker_rate), 4 times
+    # the calibrated worker's rate, less the time of its Ray calls (plan_model.worker_rate: one round an epoch,
+    # and its exchanges, at most 4 an epoch: its URL rows and documents, each pulled once and pushed), 4 times
     rate, seconds = cal["summary"]["tokens_per_second"], cal["summary"]["train_seconds"]
-    rounds = cal["epochs"] * plan_model.ROUND_SECONDS if not cal.get("two_point") else 0.0
-    assert rate <= one["alone"]["compute"] <= rate * seconds / (seconds - rounds) * (1 + 1e-9)
+    calls = (cal["epochs"] * (plan_model.ROUND_SECONDS + 4 * plan_model.EXCHANGE_SECONDS)
+             if not cal.get("two_point") else 0.0)
+    assert rate <= one["alone"]["compute"] <= rate * seconds / max(seconds - calls, 1e-9) * (1 + 1e-9)
     assert four["alone"]["compute"] == pytest.approx(4 * one["alone"]["compute"])
     assert t["tokens_per_second"] == four["tokens_per_second"] and t["scaled_from_workers"] == 1
     assert t["epoch_seconds"] == pytest.approx(4_000_000 / four["tokens_per_second"])
@@ -643,8 +645,8 @@ def _gpu_config(**extra) -> TrainConfig:
 
 def _gpu_table_lines(text: str) -> list[dict]:
     """The GPU scaling table's rows as printed: GPUs, workers, bytes/token, PCIe bytes/token, device, PCIe,
-    servers, network, rounds, expected, bound."""
-    names = ("gpus", "workers", "bytes", "pcie_bytes", "device", "pcie", "servers", "network", "rounds", "expected", "bound")
+    servers, network, calls, expected, bound."""
+    names = ("gpus", "workers", "bytes", "pcie_bytes", "device", "pcie", "servers", "network", "calls", "expected", "bound")
     rows = []
     for line in text.splitlines():
         cells = line.split()
@@ -665,8 +667,9 @@ def test_a_gpu_plan_lists_1_2_4_8_gpus_each_rows_rate_the_least_of_device_pcie_s
     assert [r["gpus"] for r in table] == [1, 2, 4, 8] and [r["workers"] for r in table] == [1, 2, 4, 8]
     for r in table:
         columns = {k: v for k, v in r["rates"].items() if v}
-        # (rounds: the block schedule's Ray calls a round, issue 50; one worker has one round an epoch)
-        assert set(columns) == {"device", "pcie", "servers", "network", "rounds"}, r
+        # (calls: an epoch's Ray calls, its rounds and its exchanges of held rows, issue 50; one worker has one
+        # round an epoch and its resident rows' exchanges)
+        assert set(columns) == {"device", "pcie", "servers", "network", "calls"}, r
         assert r["tokens_per_second"] == min(columns.values()), r
         assert r["bound"] == min(columns, key=columns.get), r
         assert r["alone"]["device"] == pytest.approx(r["gpus"] * H200.kernel_tokens_per_second)
@@ -709,8 +712,8 @@ def test_documents_swapped_by_partition_make_a_gpu_run_bound_by_pcie(sample_corp
     assert settings.document_partitions(swapped, corpus.num_docs, corpus.vocab_size) == 5
 
     def one_gpu(cfg, pcie=None):
-        return plan_model.scaling_plan(corpus, cfg, SERVERS, network_gbps=400.0, workers=(1,),
-                                    gpu={"pcie_bytes_per_second": pcie})[0]
+        return plan_model.scaling_plan(corpus, cfg, SERVERS, network_gbps=400.0, workers=(1,),  # the links alone
+                                    gpu={"pcie_bytes_per_second": pcie}, round_seconds=0, exchange_seconds=0)[0]
 
     moved = {name: one_gpu(cfg)["total_pcie_bytes_per_token"] for name, cfg in (("kept", kept), ("swapped", swapped))}
     docs = corpus.num_docs * 100 * 4 / corpus.num_tokens  # one crossing of every document's row, a token
@@ -804,10 +807,40 @@ def test_each_row_pays_its_rounds_fixed_cost(lee_corpus):
     for w, r in rows.items():
         rounds = resolve(dataclasses.replace(cfg, num_workers=w), corpus).rounds
         assert r["rounds_per_epoch"] == rounds == (1 if w == 1 else w * 16)
-        assert r["alone"]["rounds"] == pytest.approx(corpus.num_tokens / (rounds * plan_model.ROUND_SECONDS))
-    assert rows[2]["bound"] == rows[4]["bound"] == "rounds"
+        calls = plan_model.exchange_calls(corpus, cfg, w)
+        assert r["exchange_calls_per_epoch"] == calls
+        assert r["alone"]["calls"] == pytest.approx(corpus.num_tokens / (rounds * plan_model.ROUND_SECONDS
+                                                                         + calls * plan_model.EXCHANGE_SECONDS))
+    assert rows[2]["bound"] == rows[4]["bound"] == "calls"
     assert rows[2]["tokens_per_second"] < 0.5 * rows[1]["tokens_per_second"]
     assert rows[1]["bound"] == "compute"
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.parametrize("handover", ["1", "0"])
+def test_the_exchanges_a_server_answers_are_a_call_a_worker_table_and_direction(sample_corpus, workers, handover,
+                                                                              monkeypatch):
+    """The sample at 2 workers trained at 0.80–0.86× one worker, and the model said 1.34×: each worker pulled
+    and pushed its rows in calls of 15–20 ms an epoch, which the model counted as bytes over 10 Gbit/s (2 ms).
+    Each server answers a call for each worker and table it holds rows of, both ways: one worker's resident
+    URL rows pulled once a run and written back once an epoch, a block schedule's blocks pulled at an epoch's
+    first round and pushed at its last (every round without the handover), the documents each worker holds
+    pulled once a run and written back once an epoch."""
+    from doc2vec_dist.settings import HANDOVER_ENV
+
+    monkeypatch.setenv(HANDOVER_ENV, handover)
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=100, epochs=5, num_ps=2, progress=False)
+    run = resolve(dataclasses.replace(cfg, num_workers=workers), corpus)
+    assert run.token_path and document_partitions(run.config, corpus.num_docs, corpus.vocab_size) == 1
+    docs = 1 / 5 + 1
+    urls = 1 / 5 + 1 if workers == 1 else 2 * (1 if handover == "1" else run.rounds)
+    assert plan_model.exchange_calls(corpus, cfg, workers) == pytest.approx(workers * (urls + docs))
+    # the shared schedule streams every row with its macro-batch, beside the compute: no exchange
+    if workers > 1:
+        shared = dataclasses.replace(cfg, schedule="shared")
+        assert not resolve(dataclasses.replace(shared, num_workers=workers), corpus).token_path
+        assert plan_model.exchange_calls(corpus, shared, workers) == 0.0
 
 
 def test_a_calibrations_rate_per_worker_leaves_its_rounds_out(lee_corpus):
@@ -847,6 +880,29 @@ def test_train_takes_fewer_workers_where_the_model_says_more_are_slower(lee_corp
     # 8 asked for: the fastest of fewer
     chosen, line = plan.choose_workers(corpus, dataclasses.replace(cfg, num_workers=8), worker_rate=rate)
     assert chosen.num_workers == 1 and line.startswith("train: 8 workers are predicted")
+
+
+def test_the_sample_asked_on_2_workers_trains_on_one_and_the_line_names_the_epochs_calls(sample_corpus):
+    """The sample trained on 2 workers at 0.73–0.86× one worker's tokens/s here (docs/benchmarks.md, "Fewer
+    workers where more would not pay"), and train kept 2: the model counted the rows each worker pulls and
+    pushes at an epoch's ends as bytes over 10 Gbit/s (about 2 ms), where they took 15–20 ms of Ray calls."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=100, epochs=5, num_ps=2, num_workers=2, cpus_per_worker=1, progress=False)
+    chosen, line = plan.choose_workers(corpus, cfg)
+    assert chosen.num_workers == 1
+    cal = {"summary": {"tokens_per_second": plan.UNCALIBRATED_TOKENS_PER_SECOND["cpu"]}, "workers": 1}
+    rows = {r["workers"]: r for r in plan_model.scaling_plan(corpus, cfg, cal, plan.CHOICE_NETWORK_GBPS,
+                                                             workers=(1, 2))}
+    two = rows[2]
+    assert two["bound"] == "calls" and two["exchange_calls_per_epoch"] == pytest.approx(2 * (2 + 1 / 5 + 1))
+    assert two["calls_seconds_per_epoch"] == pytest.approx(2 * plan_model.ROUND_SECONDS
+                                                            + two["exchange_calls_per_epoch"] * plan_model.EXCHANGE_SECONDS)
+    compute_ms = corpus.num_tokens / 2 / plan.UNCALIBRATED_TOKENS_PER_SECOND["cpu"] * 1e3
+    assert (f"(an epoch's Ray calls take about {two['calls_seconds_per_epoch'] * 1e3:.0f} ms: 2 rounds at 7 ms and "
+            f"6.4 exchanges of held rows a server at 5 ms, against {compute_ms:.0f} ms of a worker's computing;") in line
+    assert line.startswith(f"train: 2 workers are predicted to train this corpus at "
+                           f"{two['tokens_per_second'] / 1e6:.2f}M tokens/s and 1 worker at "
+                           f"{rows[1]['tokens_per_second'] / 1e6:.2f}M")
 
 
 @pytest.mark.parametrize("users", [200_000, 20_000_000])

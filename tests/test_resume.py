@@ -106,7 +106,7 @@ def test_a_killed_driver_resumes_and_ends_as_good_as_an_uninterrupted_run(ray_cl
     corpus, heldout = sample_corpus
     model = str(tmp_path / "model")
     address = ray_cluster.get_runtime_context().gcs_address
-    flags = ["--dim", "32", "--epochs", "10", "--sample", "0", "--num-ps", "2", "--num-workers", "2",
+    flags = ["--dim", "32", "--epochs", "10", "--sample", "0", "--num-ps", "2", "--num-workers", "2", "--force-workers",
              "--cpus-per-worker", "1", "--address", address, "--no-progress"]
     cmd = [sys.executable, "-m", "doc2vec_dist", "train", "--corpus", corpus, "--out", model]
     driver = subprocess.Popen(cmd + flags + ["--checkpoint-every", "0.5"], cwd=ROOT)
@@ -275,7 +275,7 @@ def test_a_worker_position_is_written_to_the_manifest_and_read_back_as_it_was():
 
 def _train_argv(corpus: str, model: str, *extra: str) -> list[str]:
     return ["train", "--corpus", corpus, "--out", model, "--dim", "32", "--sample", "0", "--num-ps", "2",
-            "--num-workers", "2", "--cpus-per-worker", "1", "--no-progress", *extra]
+            "--num-workers", "2", "--force-workers", "--cpus-per-worker", "1", "--no-progress", *extra]
 
 
 def _one_error(capsys) -> tuple[str, str]:
