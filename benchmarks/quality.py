@@ -25,6 +25,8 @@ model settings and seed, and scored the same way:
                  twice or more, documents of 3+ distinct such words, one word of each held out
                  (every copy of it); held-out recall@10 (dbow, dim 100, 20 epochs, as issue 50 measures)
   pypi15k        the same, of the 15,000 most downloaded packages only
+  pypi-short     the same, of documents of 3 to 6 such words only (about 4.6 each, as issue 50's real
+                 catalogue): every 5th of them in the file's order, words seen twice or more among these
 
 Prints one table per set and mode: each seed's figure, the mean and spread (max − min) of each
 trainer, tokens/s, and ours − gensim against the target (≥ −0.002 on recall and accuracy, ≥ −0.005
@@ -61,7 +63,7 @@ from doc2vec_dist.config import PrepareConfig, TrainConfig, build, load_yaml
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.logs import to_terminal
 
-SETS = ("lee", "lee-reversed", "newsgroups", "skewed", "synth200k", "pypi15k", "pypi")
+SETS = ("lee", "lee-reversed", "newsgroups", "skewed", "synth200k", "pypi15k", "pypi", "pypi-short")
 MODES = {"dbow": {}, "dbow_words": {"dbow_words": True}, "dm": {"mode": "dm"}}
 # the margin by which our mean may trail gensim's (iterable) mean: the issue's targets
 MARGIN = {"pearson": 0.005, "knn_accuracy@10": 0.002, "recall@10": 0.002}
@@ -235,13 +237,17 @@ PYPI_SUMMARIES = os.environ.get("PYPI_SUMMARIES", os.path.join(os.path.dirname(R
 PYPI_MIN_COUNT = 2    # a word seen once cannot be learnt, nor found when held out
 PYPI_MIN_WORDS = 3    # distinct kept words a document needs: one is held out, two or more are trained on
 PYPI_QUICK_DOCS = 2000  # --quick: the first summaries of the set
+PYPI_SHORT_WORDS = 6    # pypi-short: documents of at most this many kept words (issue 50's catalogue: 4.6 a document)
+PYPI_SHORT_EVERY = 5    # pypi-short: every 5th such document (~60k: the catalogue's 63k)
 
 
-def pypi_documents(summaries: str, ranked_only: bool, limit: int | None = None) -> tuple[list[str], list[list[str]]]:
+def pypi_documents(summaries: str, ranked_only: bool, limit: int | None = None,
+                   short: bool = False) -> tuple[list[str], list[list[str]]]:
     """The packages and their summaries' words: gensim's simple_preprocess (as Lee and newsgroups are
     read), less the words seen fewer than PYPI_MIN_COUNT times in the set, and only the documents left
     with PYPI_MIN_WORDS distinct words or more. ranked_only: the most downloaded packages (download_rank
-    not null); limit: the first that many summaries read (before the counts)."""
+    not null); limit: the first that many summaries read (before the counts); short: of those, every
+    PYPI_SHORT_EVERY-th of at most PYPI_SHORT_WORDS words, their words counted again among themselves."""
     import pyarrow.compute as pc
     from gensim.utils import simple_preprocess
 
@@ -264,22 +270,32 @@ def pypi_documents(summaries: str, ranked_only: bool, limit: int | None = None) 
         if len(set(doc)) >= PYPI_MIN_WORDS:
             packages.append(package)
             kept.append(doc)
+    if short:
+        chosen = [(p, d) for p, d in zip(packages, kept) if len(d) <= PYPI_SHORT_WORDS][::PYPI_SHORT_EVERY]
+        counts = {}
+        for _, doc in chosen:
+            for word in doc:
+                counts[word] = counts.get(word, 0) + 1
+        chosen = [(p, [w for w in d if counts[w] >= PYPI_MIN_COUNT]) for p, d in chosen]
+        chosen = [(p, d) for p, d in chosen if len(set(d)) >= PYPI_MIN_WORDS]
+        packages, kept = [p for p, _ in chosen], [d for _, d in chosen]
     return packages, kept
 
 
-def _pypi(work: str, ranked_only: bool, quick: bool, summaries: str) -> Set:
+def _pypi(work: str, ranked_only: bool, quick: bool, summaries: str, short: bool = False) -> Set:
     """The PyPI summaries as token lists keyed by package, one word of every document held out by
     prepare --holdout itself: at a fraction this small its round(F × distinct) is 0 and its floor of
     one hidden word applies (every copy of the word goes, and at least one other word stays)."""
     from doc2vec_dist.prepare import prepare
 
-    name = ("pypi15k" if ranked_only else "pypi") + ("-quick" if quick else "")
+    name = ("pypi15k" if ranked_only else "pypi-short" if short else "pypi") + ("-quick" if quick else "")
     root = os.path.join(work, name)
     heldout = os.path.join(root, "heldout.parquet")
     lists = os.path.join(root, "summaries.parquet")
 
     def make(out: str) -> None:
-        packages, words = pypi_documents(summaries, ranked_only, PYPI_QUICK_DOCS if quick else None)
+        packages, words = pypi_documents(summaries, ranked_only, PYPI_QUICK_DOCS * (PYPI_SHORT_EVERY if short else 1)
+                                         if quick else None, short=short)
         os.makedirs(root, exist_ok=True)
         pq.write_table(pa.table({"package": packages, "words": pa.array(words, pa.list_(pa.string()))}), lists)
         prepare([lists], out, PrepareConfig(format="lists", doc_col="package", token_col="words", holdout=1e-9,
@@ -292,7 +308,8 @@ def _pypi(work: str, ranked_only: bool, quick: bool, summaries: str) -> Set:
 
         return heldout_metrics(model, heldout, k=10)["model_recall@10"]
 
-    which = "the 15,000 most downloaded packages'" if ranked_only else "every package's"
+    which = ("the 15,000 most downloaded packages'" if ranked_only else
+             f"every {PYPI_SHORT_EVERY}th package's of at most {PYPI_SHORT_WORDS} words" if short else "every package's")
     return Set(name, corpus, {"dim": 100, "epochs": 5 if quick else 20}, "recall@10", score,
                f"PyPI summaries, {which}; one word of each held out; held-out recall@10", {"heldout": heldout}, score)
 
@@ -318,8 +335,8 @@ def make_set(name: str, work: str, quick: bool = False, pypi_summaries: str = PY
         users, urls = (20000, 10000) if quick else (200000, 100000)
         return _generated(work, "synth-quick" if quick else "synth200k", users, urls, 5,
                           f"{users:,} users × {urls:,} URLs, 8 communities; held-out recall@10")
-    if name in ("pypi", "pypi15k"):
-        return _pypi(work, name == "pypi15k", quick, pypi_summaries)
+    if name in ("pypi", "pypi15k", "pypi-short"):
+        return _pypi(work, name == "pypi15k", quick, pypi_summaries, short=name == "pypi-short")
     raise UserError(f"unknown set {name!r} (choose from {', '.join(SETS)})")
 
 

@@ -144,6 +144,35 @@ def test_pypi_sets_hold_out_one_word_of_every_document(tmp_path):
         quality.make_set("pypi", str(tmp_path / "none"), pypi_summaries=str(tmp_path / "missing.parquet"))
 
 
+def test_the_short_pypi_set_takes_every_5th_summary_of_at_most_6_words_counted_among_themselves(tmp_path,
+                                                                                                monkeypatch):
+    """pypi-short (issue 50: the real catalogue's documents of about 4.6 words lost at 4 workers, the PyPI
+    summaries of median 8 did not): of the summaries left as the pypi set keeps them, those of at most
+    PYPI_SHORT_WORDS words, every PYPI_SHORT_EVERY-th, then the words seen fewer than twice among these
+    dropped, and the documents left with fewer than 3 distinct words."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    quality = load_quality()
+    monkeypatch.setattr(quality, "PYPI_SHORT_EVERY", 2)
+    rows = [("a", "red green blue"), ("b", "red green blue yellow orange purple black"),  # b: 7 words, too long
+            ("c", "red green yellow"), ("d", "red blue yellow"), ("e", "green blue orange"),
+            ("f", "orange purple black"), ("g", "red green blue black")]
+    path = tmp_path / "pypi.parquet"
+    pq.write_table(pa.table({"package": [r[0] for r in rows], "summary": [r[1] for r in rows],
+                             "download_rank": pa.array([None] * len(rows), pa.int64())}), path)
+    packages, kept = quality.pypi_documents(str(path), False)
+    assert packages == list("abcdefg")  # every word seen twice in the whole set
+    packages, kept = quality.pypi_documents(str(path), False, short=True)
+    # the short ones a c d e f g, every 2nd: a d f; among them red, blue seen twice, green, yellow, orange,
+    # purple, black once: a keeps red, blue (2 distinct: dropped), d the same; f none
+    assert (packages, kept) == ([], [])
+    monkeypatch.setattr(quality, "PYPI_SHORT_EVERY", 1)
+    packages, kept = quality.pypi_documents(str(path), False, short=True)
+    assert packages == list("acdeg") and kept[-1] == ["red", "green", "blue", "black"]
+    assert all(len(doc) <= quality.PYPI_SHORT_WORDS for doc in kept)
+
+
 def test_worker_counts_train_as_asked(monkeypatch, tmp_path):
     """--workers measures each count as given: train's own choice of fewer workers (plan's model, on a
     small corpus) would measure one worker under another's name."""
