@@ -254,7 +254,8 @@ def exchange_calls(corpus: Corpus, config: TrainConfig, workers: int) -> float:
         url = 2 * each  # words_out's block, there and back
     else:
         url = len(run.resident_tables) * (1 / epochs + 1)
-    docs = (partitions if partitions > 1 else 1 / epochs) + partitions if partitions else 0.0
+    # pulled once a run (each partition once an epoch), written back once an epoch (each partition)
+    docs = ((partitions if partitions > 1 else 1 / epochs) + partitions) if partitions else 0.0
     return workers * (url + docs)
 
 
