@@ -841,6 +841,14 @@ def test_the_exchanges_a_server_answers_are_a_call_a_worker_table_and_direction(
         shared = dataclasses.replace(cfg, schedule="shared")
         assert not resolve(dataclasses.replace(shared, num_workers=workers), corpus).token_path
         assert plan_model.exchange_calls(corpus, shared, workers) == 0.0
+    # documents swapped in 5 partitions (a GPU worker's device too small for them all): each partition
+    # pulled and written back once an epoch
+    swapped = _gpu_config(num_workers=workers, device_memory=corpus.num_docs / 5 * 100 * 4 / 2**30 / workers)
+    run = resolve(swapped, corpus)
+    assert document_partitions(run.config, corpus.num_docs, corpus.vocab_size) == 5
+    urls = (len(run.resident_tables) * (1 / swapped.epochs + 1) if workers == 1
+            else 2 * (1 if handover == "1" else run.rounds))
+    assert plan_model.exchange_calls(corpus, swapped, workers) == pytest.approx(workers * (urls + 5 + 5))
 
 
 def test_a_calibrations_rate_per_worker_leaves_its_rounds_out(lee_corpus):
