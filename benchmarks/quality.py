@@ -81,6 +81,18 @@ class Set:
     about: str
     tune_target: dict = dataclasses.field(default_factory=dict)  # tune.search's metric file and its split
     test_score: Callable[[str], float] | None = None  # --tune: the figure on what the search never saw
+    # held-out recall's floor: the same figure of evaluate's most-popular ranking (the counts, seen URLs out), which
+    # needs no vectors; a model below it has learnt less than the counts know (model dir -> the figure)
+    prior: Callable[[str], float] | None = None
+
+
+def _popularity(heldout: str) -> Callable[[str], float]:
+    def prior(model: str) -> float:
+        from doc2vec_dist.evaluate import heldout_metrics
+
+        return heldout_metrics(model, heldout, k=10)["popularity_recall@10"]
+
+    return prior
 
 
 # -- the sets ----------------------------------------------------------------------------------------
@@ -229,7 +241,7 @@ def _generated(work: str, name: str, users: int, urls: int, epochs: int, about: 
         return heldout_metrics(model, heldout, k=10)["model_recall@10"]
 
     return Set(name, corpus, {"dim": 100, "epochs": epochs, "sample": 0}, "recall@10", score, about,
-               {"heldout": heldout}, score)
+               {"heldout": heldout}, score, _popularity(heldout))
 
 
 PYPI_SUMMARIES = os.environ.get("PYPI_SUMMARIES", os.path.join(os.path.dirname(ROOT), "shared", "data",
@@ -311,7 +323,8 @@ def _pypi(work: str, ranked_only: bool, quick: bool, summaries: str, short: bool
     which = ("the 15,000 most downloaded packages'" if ranked_only else
              f"every {PYPI_SHORT_EVERY}th package's of at most {PYPI_SHORT_WORDS} words" if short else "every package's")
     return Set(name, corpus, {"dim": 100, "epochs": 5 if quick else 20}, "recall@10", score,
-               f"PyPI summaries, {which}; one word of each held out; held-out recall@10", {"heldout": heldout}, score)
+               f"PyPI summaries, {which}; one word of each held out; held-out recall@10", {"heldout": heldout}, score,
+               _popularity(heldout))
 
 
 def _prepared(out: str, make) -> str:
@@ -378,6 +391,8 @@ def run_set(data: Set, mode: str, seeds: list[int], overrides: dict, work: str, 
                               "wall_seconds": round(wall, 2)})
     result = {"set": data.name, "about": data.about, "mode": mode, "metric": data.metric,
               "settings": data.settings, "overrides": overrides, "runs": runs}
+    if data.prior is not None:  # the counts' own figure, the same for every model of the set
+        result["prior"] = data.prior(out)
     for who, rows in runs.items():
         figures = [r["figure"] for r in rows]
         result[who] = {"mean": statistics.mean(figures), "spread": max(figures) - min(figures),
@@ -486,6 +501,11 @@ def format_result(r: dict) -> str:
     else:
         lines.append(f"ours − gensim: {r['difference']:+.4f} (target ≥ {r['target']:+.3f}: "
                      f"{'met' if r['met'] else 'MISSED'}); {r['metric']}")
+    if r.get("prior") is not None:
+        best = max(r[who]["mean"] for who in r["runs"])
+        lines.append(f"the popularity prior alone (evaluate's most-popular, no vectors): {r['prior']:.4f}"
+                     + ("" if best > r["prior"] else f"; no trainer beats it ({best:.4f} at best): this set's "
+                        f"{r['metric']} says little of the vectors"))
     return "\n".join(lines)
 
 
