@@ -86,13 +86,18 @@ class Set:
     prior: Callable[[str], float] | None = None
 
 
-def _popularity(heldout: str) -> Callable[[str], float]:
-    def prior(model: str) -> float:
-        from doc2vec_dist.evaluate import heldout_metrics
+def _heldout_recall(heldout: str) -> tuple[Callable[[str], float], Callable[[str], float]]:
+    """A held-out set's (score, prior): the model's recall@10 on `heldout` (its popularity ranking left out,
+    as tune leaves it out of every trial), and the popularity ranking's own, once a set."""
+    from doc2vec_dist.evaluate import heldout_metrics
 
+    def score(model: str) -> float:
+        return heldout_metrics(model, heldout, k=10, baseline=False)["model_recall@10"]
+
+    def prior(model: str) -> float:
         return heldout_metrics(model, heldout, k=10)["popularity_recall@10"]
 
-    return prior
+    return score, prior
 
 
 # -- the sets ----------------------------------------------------------------------------------------
@@ -235,13 +240,9 @@ def _generated(work: str, name: str, users: int, urls: int, epochs: int, about: 
     corpus = _prepared(os.path.join(root, "corpus"), lambda out: prepare(
         [events], out, PrepareConfig(time_col="ts", holdout=0.2, holdout_out=heldout), overwrite=True, progress=False))
 
-    def score(model: str) -> float:
-        from doc2vec_dist.evaluate import heldout_metrics
-
-        return heldout_metrics(model, heldout, k=10)["model_recall@10"]
-
+    score, prior = _heldout_recall(heldout)
     return Set(name, corpus, {"dim": 100, "epochs": epochs, "sample": 0}, "recall@10", score, about,
-               {"heldout": heldout}, score, _popularity(heldout))
+               {"heldout": heldout}, score, prior)
 
 
 PYPI_SUMMARIES = os.environ.get("PYPI_SUMMARIES", os.path.join(os.path.dirname(ROOT), "shared", "data",
@@ -272,26 +273,27 @@ def pypi_documents(summaries: str, ranked_only: bool, limit: int | None = None,
     if limit is not None:
         table = table.slice(0, limit)
     words = [simple_preprocess(text or "") for text in table.column("summary").to_pylist()]
+    packages, kept = _frequent_words(table.column("package").to_pylist(), words)
+    if short:
+        chosen = [(p, d) for p, d in zip(packages, kept) if len(d) <= PYPI_SHORT_WORDS][::PYPI_SHORT_EVERY]
+        packages, kept = _frequent_words([p for p, _ in chosen], [d for _, d in chosen])
+    return packages, kept
+
+
+def _frequent_words(packages: list[str], words: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """Each document less the words seen fewer than PYPI_MIN_COUNT times among these documents, and only
+    those left with PYPI_MIN_WORDS distinct words or more: (their packages, their words)."""
     counts: dict[str, int] = {}
     for doc in words:
         for word in doc:
             counts[word] = counts.get(word, 0) + 1
-    packages, kept = [], []
-    for package, doc in zip(table.column("package").to_pylist(), words):
+    kept_packages, kept = [], []
+    for package, doc in zip(packages, words):
         doc = [w for w in doc if counts[w] >= PYPI_MIN_COUNT]
         if len(set(doc)) >= PYPI_MIN_WORDS:
-            packages.append(package)
+            kept_packages.append(package)
             kept.append(doc)
-    if short:
-        chosen = [(p, d) for p, d in zip(packages, kept) if len(d) <= PYPI_SHORT_WORDS][::PYPI_SHORT_EVERY]
-        counts = {}
-        for _, doc in chosen:
-            for word in doc:
-                counts[word] = counts.get(word, 0) + 1
-        chosen = [(p, [w for w in d if counts[w] >= PYPI_MIN_COUNT]) for p, d in chosen]
-        chosen = [(p, d) for p, d in chosen if len(set(d)) >= PYPI_MIN_WORDS]
-        packages, kept = [p for p, _ in chosen], [d for _, d in chosen]
-    return packages, kept
+    return kept_packages, kept
 
 
 def _pypi(work: str, ranked_only: bool, quick: bool, summaries: str, short: bool = False) -> Set:
@@ -315,16 +317,12 @@ def _pypi(work: str, ranked_only: bool, quick: bool, summaries: str, short: bool
 
     corpus = _prepared(os.path.join(root, "corpus"), make)
 
-    def score(model: str) -> float:
-        from doc2vec_dist.evaluate import heldout_metrics
-
-        return heldout_metrics(model, heldout, k=10)["model_recall@10"]
-
+    score, prior = _heldout_recall(heldout)
     which = ("the 15,000 most downloaded packages'" if ranked_only else
              f"every {PYPI_SHORT_EVERY}th package's of at most {PYPI_SHORT_WORDS} words" if short else "every package's")
     return Set(name, corpus, {"dim": 100, "epochs": 5 if quick else 20}, "recall@10", score,
                f"PyPI summaries, {which}; one word of each held out; held-out recall@10", {"heldout": heldout}, score,
-               _popularity(heldout))
+               prior)
 
 
 def _prepared(out: str, make) -> str:
