@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import inspect
 import itertools
 import logging
@@ -250,15 +251,30 @@ ITERATION_THREADS = ("iter_threaded",)
 
 def _ending(before: set, deadline: float) -> None:
     """Wait, until `deadline` (time.monotonic()) at most, for the threads of Ray Data started since `before`
-    (threads' idents) that may still call Ray: a Ctrl-C landing as an execution ends reached the command
-    while the thread that read its last block still ended it, and Ray's shutdown under that thread ended
-    the process with status 1 ("The core worker has already been shutdown"), not the command's 130."""
+    (threading.Thread objects: an ident is reused by the next thread as soon as one ends, so a thread of the
+    pass's could pass for one that had ended) that may still call Ray: a Ctrl-C landing as an execution ends
+    reached the command while the thread that read its last block still ended it, and Ray's shutdown under
+    that thread ended the process with status 1 ("The core worker has already been shutdown"), not the
+    command's 130."""
     executions = _executions()
     for t in threading.enumerate():
-        if t.ident in before or t is threading.current_thread():
+        if t in before or t is threading.current_thread():
             continue
         if t.name in ITERATION_THREADS or t in executions:
             t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _release(exc: BaseException | None) -> None:
+    """Clear the frames no longer running that an exception and those it carries (its __context__ and
+    __cause__: an exception raised while handling a Ctrl-C holds the Ctrl-C's traceback there) still hold,
+    and collect what a cycle kept: a generator of Ray Data's that only such a frame held is then closed, and
+    the iteration thread it feeds is told to stop (_ending would otherwise wait on it until its deadline)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+    gc.collect()
 
 
 def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int, memory: int = 0) -> Iterator[_Part]:
@@ -267,12 +283,13 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
 
     Stopped early (an error, Ctrl-C: the caller closes this generator), it does what RayTasks does: it
     asks the calls under way to end (the stop file, which fn checks between batches), ends the
-    execution (Ray Data stops starting tasks and interrupts those running) and waits, at most
-    RayTasks.STOP_SECONDS, until no call is still writing (_wait_running), so that the staging
+    execution (Ray Data stops starting tasks and interrupts those running) and waits until no call is
+    still writing (_wait_running), so that the staging
     directory can then be removed whole. An execution a Ctrl-C caught starting (inside Ray Data, before
     its iterator's own clean-up is set) is shut down here too: else Ray Data's finalizer ends it at the
     interpreter's exit, after Ray, and prints a traceback under the command's last line. Stopped or not,
-    it returns once Ray Data's threads that read the blocks have ended (_ending)."""
+    it returns once Ray Data's threads that read the blocks have ended (_ending): the whole clean-up within
+    RayTasks.STOP_SECONDS."""
     import ray.data
 
     from .runners import RayTasks, died
@@ -289,7 +306,7 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
     finished = False
     batches = None
     running = _executions()  # others' (a library caller's), left alone
-    threads = {t.ident for t in threading.enumerate()}  # (_ending: those started from here on)
+    threads = set(threading.enumerate())  # (_ending: those started from here on)
     try:  # (a dataset takes the context as it is when it is made)
         ds, named = _dataset(files, s.opt, memory)
         # a task whose process dies is run again as the Ray tasks are, at most TASK_RETRIES times (Ray Data's
@@ -312,6 +329,7 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
         finished = True
     finally:
         options.preserve_order, options.resource_limits, ctx.enable_progress_bars = before
+        deadline = time.monotonic() + RayTasks.STOP_SECONDS  # (one for the whole clean-up)
         if not finished:
             with contextlib.suppress(OSError):  # the staging directory gone: nothing is left to stop
                 open(s.stop_path(), "a").close()
@@ -320,12 +338,12 @@ def _parts(files: list[str], s: passes.Settings, fn, fn_kwargs: dict, tasks: int
             # A Ctrl-C raised inside Ray Data's generators ended them, and its traceback holds their frames: the
             # one that feeds the iteration's thread stays open there, never telling that thread to stop, and
             # _ending waited on it until its deadline. Frames no longer running, cleared, let it go.
-            traceback.clear_frames(sys.exc_info()[2])
+            _release(sys.exc_info()[1])
             for execution in _executions() - running:  # one the close did not reach
                 with contextlib.suppress(Exception):
                     execution.shutdown(force=True)
-            _wait_running(os.path.join(s.tmp, RUNNING), RayTasks.STOP_SECONDS)
-        _ending(threads, time.monotonic() + RayTasks.STOP_SECONDS)
+            _wait_running(os.path.join(s.tmp, RUNNING), deadline - time.monotonic())
+        _ending(threads, deadline)
 
 
 def _not_the_bars_note(record: logging.LogRecord) -> bool:
