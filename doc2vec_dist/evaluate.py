@@ -56,7 +56,8 @@ class HeldoutRanks:
 
 
 def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None = 20_000, seed: int = 0,
-                    corpus_path: str | None = None, batch: int = 512, baseline: bool = True) -> dict:
+                    corpus_path: str | None = None, batch: int = 512, baseline: bool = True,
+                    without_top: int = 0) -> dict:
     """recall@k and MRR of the model and of the popularity baseline on held-out (key, token) pairs.
 
     recall@k is averaged over users (share of each user's hidden URLs in the top k); MRR is the mean
@@ -64,9 +65,10 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
     Popularity ranks by the corpus's counts, ties by id. `baseline=False` skips it (tune measures
     every trial, the baseline once). Past `max_users` users with pairs (None: no limit), a random
     sample of that many (by `seed`) is evaluated: `users` says how many, `users_with_pairs` of how many.
+    `without_top` (rank_heldout): the figures of the long tail, the that many most common URLs left out.
     """
     k = check_k(k, "evaluate")
-    found = rank_heldout(model, heldout, k, max_users, seed, corpus_path, batch, baseline)
+    found = rank_heldout(model, heldout, k, max_users, seed, corpus_path, batch, baseline, without_top=without_top)
     return {"k": k, "users": len(found.users), "users_with_pairs": found.users_with_pairs,
             "pairs": len(found.user_of_pair), "skipped_pairs": found.skipped_pairs,
             **{f"{name}_{metric}": value for name in found.ranks
@@ -76,11 +78,15 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
 
 def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None = 20_000, seed: int = 0,
                  corpus_path: str | None = None, batch: int = 512, baseline: bool = True,
-                 gather: Callable[[ModelDir, str, np.ndarray], np.ndarray] | None = None) -> HeldoutRanks:
+                 gather: Callable[[ModelDir, str, np.ndarray], np.ndarray] | None = None,
+                 without_top: int = 0) -> HeldoutRanks:
     """Rank every URL for each user with held-out pairs (heldout_metrics says how), by the model and by
     popularity, and say where each hidden URL landed, up to rank `upto` (what recall@k for every k up to
     it needs: the report's curve). gather(model, table, rows): how the users' rows are read (default:
-    Model.gather, from the memory-mapped parts; the report streams them)."""
+    Model.gather, from the memory-mapped parts; the report streams them). without_top: the that many most
+    common URLs (by the corpus's counts, ties by id) are neither hidden nor ranked, as if every user had
+    seen them: on short documents a handful of hub words are a fifth of the hidden ones, and whether they
+    stay in everyone's top k decides recall@k more than the rest of the vectors (benchmarks/quality.py)."""
     table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
     found = ModelDir.served(model)
     vocab = found.keys("words_out")
@@ -93,22 +99,27 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
     skipped = len(table) - pc.sum(valid).as_py() if len(table) else 0
     docs = doc_ids.filter(valid).to_numpy(zero_copy_only=False).astype(np.int64)
     words = word_ids.filter(valid).to_numpy(zero_copy_only=False).astype(np.int64)
+    if corpus_path is None:
+        corpus_path = found.corpus_path()
+    counts = Corpus(corpus_path).counts()
+    hubs = np.argsort(-counts, kind="stable")[:max(0, without_top)].astype(np.int64)
+    if len(hubs):
+        tail = ~np.isin(words, hubs)
+        docs, words = docs[tail], words[tail]
     if len(docs) == 0:
-        raise UserError(f"{heldout}: no held-out pair matches a user and URL of {model}")
+        raise UserError(f"{heldout}: no held-out pair matches a user and URL of {model}"
+                        + (f" outside its {without_top} most common URLs" if len(hubs) else ""))
     users = np.unique(docs)
     users_with_pairs = len(users)
     if max_users is not None and len(users) > max_users:
         users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
         keep = np.isin(docs, users)
         docs, words = docs[keep], words[keep]
-    if corpus_path is None:
-        corpus_path = found.corpus_path()
     seen = seen_tokens(corpus_path, users)
     # only the evaluated users' rows, from the verified memory-mapped parts: the whole table of 20M
     # users is 8 GB, and with its prior column a second copy (the benchmark's 20M run ran out of 24 GiB)
     rows = Model(found.path).gather("docs", users) if gather is None else gather(found, "docs", users)
     doc_matrix, out_matrix = with_prior(rows, found.read_table("words_out"), url_log_prior(found))
-    counts = Corpus(corpus_path).counts()
     # popularity ranks by count (then id), with no ties: each URL's place in that order
     popularity = np.empty(len(counts), np.int64)
     popularity[np.argsort(-counts, kind="stable")] = np.arange(len(counts))
@@ -126,6 +137,8 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
         p0, p1 = np.searchsorted(user_of_pair, [a, b])
         rows, cols = torch.from_numpy(user_of_pair[p0:p1] - a), torch.from_numpy(words[p0:p1])
         mine = [seen.get(int(user), _NONE) for user in users[a:b]]
+        if len(hubs):  # (popularity_ranks takes a URL seen twice as once)
+            mine = [np.concatenate([m, hubs]) for m in mine]
         seen_rows = torch.from_numpy(np.repeat(np.arange(b - a), [len(t) for t in mine]))
         seen_cols = torch.from_numpy(np.concatenate(mine).astype(np.int64))
         for name, score in scorers.items():

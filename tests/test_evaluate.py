@@ -176,9 +176,9 @@ def test_heldout_metrics_reads_only_the_evaluated_users_rows(trained_model, samp
     assert tables == ["words_out"] and m["users"] == 100 and 0 < m["model_recall@10"] <= 1
 
 
-def _brute_force_heldout(model: str, heldout: str, corpus: str, k: int = 10) -> dict:
+def _brute_force_heldout(model: str, heldout: str, corpus: str, k: int = 10, without_top: int = 0) -> dict:
     """recall@k and MRR one user at a time, written the plain way: every URL scored, seen ones removed,
-    a full sort (popularity: by count, ties by id)."""
+    a full sort (popularity: by count, ties by id); without_top: the most common URLs neither hidden nor ranked."""
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.evaluate import seen_tokens
     from doc2vec_dist.scoring import url_log_prior, with_prior
@@ -187,17 +187,19 @@ def _brute_force_heldout(model: str, heldout: str, corpus: str, k: int = 10) -> 
     table = pq.read_table(heldout)
     doc_index = {key: i for i, key in enumerate(found.keys("docs").to_pylist())}
     word_index = {key: i for i, key in enumerate(found.keys("words_out").to_pylist())}
+    counts = Corpus(corpus).counts()
+    pop_order = sorted(range(len(counts)), key=lambda w: (-counts[w], w))
+    hubs = set(pop_order[:without_top])
     hidden: dict[int, list[int]] = {}
     for key, token in zip(table.column("key").to_pylist(), table.column("token").to_pylist()):
-        hidden.setdefault(doc_index[key], []).append(word_index[token])
+        if word_index[token] not in hubs:
+            hidden.setdefault(doc_index[key], []).append(word_index[token])
     users = sorted(hidden)
     seen = seen_tokens(corpus, np.array(users))
     docs, outs = with_prior(found.read_table("docs"), found.read_table("words_out"), url_log_prior(found))
-    counts = Corpus(corpus).counts()
-    pop_order = sorted(range(len(counts)), key=lambda w: (-counts[w], w))
     result = {"model": ([], []), "popularity": ([], [])}
     for user in users:
-        excluded = set(seen.get(user, []).tolist())
+        excluded = set(seen.get(user, []).tolist()) | hubs
         scores = docs[user] @ outs.T
         model_order = [w for w in np.argsort(-scores, kind="stable") if w not in excluded]
         for name, order in (("model", model_order), ("popularity", [w for w in pop_order if w not in excluded])):
@@ -220,6 +222,33 @@ def test_heldout_metrics_equal_a_one_user_at_a_time_ranking(trained_model, sampl
     for name, value in slow.items():
         assert fast[name] == pytest.approx(value, abs=1e-9), name
     assert "popularity_mrr" not in heldout_metrics(trained_model, path, baseline=False)
+
+
+def test_the_long_tails_figures_leave_the_most_common_urls_out_of_the_hidden_and_the_ranked(trained_model,
+                                                                                           sample_corpus, tmp_path):
+    """without_top=N: the N most common URLs are neither hidden nor candidates, for the model and the
+    popularity ranking alike (a plain per-user sort, as above, gives the same figures); the pairs of a
+    hidden hub URL are dropped, and popularity no longer gets those for free."""
+    from doc2vec_dist.corpus import Corpus
+
+    table = pq.read_table(sample_corpus[1])
+    users = sorted(set(table.column("key").to_pylist()))[:500]
+    path = str(tmp_path / "h.parquet")
+    table = table.filter(pa.compute.is_in(table.column("key"), value_set=pa.array(users)))
+    pq.write_table(table, path)
+    counts = Corpus(sample_corpus[0]).counts()
+    hubs = np.argsort(-counts, kind="stable")[:20]
+    vocab = ModelDir(trained_model).keys("words_out").to_pylist()
+    hub_tokens = {vocab[w] for w in hubs}
+    tail_pairs = sum(token not in hub_tokens for token in table.column("token").to_pylist())
+    assert 0 < tail_pairs < len(table)  # the sample hides some hub URLs: the case is tested
+    whole = heldout_metrics(trained_model, path)
+    tail = heldout_metrics(trained_model, path, batch=64, without_top=20)
+    assert tail["pairs"] == tail_pairs and whole["pairs"] == len(table)
+    slow = _brute_force_heldout(trained_model, path, sample_corpus[0], without_top=20)
+    for name, value in slow.items():
+        assert tail[name] == pytest.approx(value, abs=1e-9), name
+    assert tail["popularity_recall@10"] < whole["popularity_recall@10"]
 
 
 def test_the_label_split_depends_on_each_key_alone(tmp_path):

@@ -208,3 +208,32 @@ def test_a_held_out_sets_table_gives_the_popularity_prior_and_says_when_no_train
                                            lambda model: 0.5, "tiny"), "dbow", [1], {}, str(tmp_path), 1,
                                workers=[1], gensim=False)
     assert "prior" not in no_prior and "popularity" not in quality.format_result(no_prior)
+
+
+def test_a_held_out_sets_table_gives_the_long_tails_recall_without_the_hub_words(monkeypatch, tmp_path):
+    """On pypi-short a fifth of the hidden words are among its 10 most common, and whether they stay in
+    everyone's top 10 decided the figure (and its gap at 4 workers): each held-out table also gives every
+    trainer's recall without those words (evaluate's without_top), each worker count against the first,
+    and the prior's, from the models it trained."""
+    from doc2vec_dist import trainer
+
+    quality = load_quality()
+    monkeypatch.setattr(trainer, "train", lambda corpus, out, config, overwrite: {"tokens_per_second": 1.0})
+    asked = []
+
+    def tail(model: str) -> tuple[float, float]:
+        asked.append(os.path.basename(model))
+        return (0.08 if "-1-worker-" in model else 0.075), 0.09
+
+    data = quality.Set("tiny", str(tmp_path), {"dim": 8, "epochs": 1}, "recall@10", lambda model: 0.5, "tiny",
+                       prior=lambda model: 0.6, tail=tail)
+    result = quality.run_set(data, "dbow", [1, 2], {}, str(tmp_path), 1, workers=[1, 4], gensim=False)
+    assert sorted(asked) == sorted(f"tiny-dbow-{w}-seed{s}" for w in ("1-worker", "4-workers") for s in (1, 2))
+    assert result["tail_prior"] == 0.09 and result["4 workers"]["tail_mean"] == pytest.approx(0.075)
+    text = quality.format_result(result)
+    assert ("without the 10 most common words (neither hidden nor ranked): 1 worker 0.0800, "
+            "4 workers 0.0750 (-0.0050); the prior alone 0.0900") in text, text
+    plain = quality.run_set(quality.Set("tiny", str(tmp_path), {"dim": 8, "epochs": 1}, "recall@10",
+                                        lambda model: 0.5, "tiny"), "dbow", [1], {}, str(tmp_path), 1,
+                            workers=[1], gensim=False)
+    assert "tail_prior" not in plain and "most common words" not in quality.format_result(plain)
