@@ -65,7 +65,7 @@ def heldout_metrics(model: str, heldout: str, k: int = 10, max_users: int | None
     Popularity ranks by the corpus's counts, ties by id. `baseline=False` skips it (tune measures
     every trial, the baseline once). Past `max_users` users with pairs (None: no limit), a random
     sample of that many (by `seed`) is evaluated: `users` says how many, `users_with_pairs` of how many.
-    `without_top` (rank_heldout): the figures of the long tail, the that many most common URLs left out.
+    without_top > 0: the long tail's figures, the `without_top` most common URLs left out (rank_heldout).
     """
     k = check_k(k, "evaluate")
     found = rank_heldout(model, heldout, k, max_users, seed, corpus_path, batch, baseline, without_top=without_top)
@@ -83,8 +83,8 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
     """Rank every URL for each user with held-out pairs (heldout_metrics says how), by the model and by
     popularity, and say where each hidden URL landed, up to rank `upto` (what recall@k for every k up to
     it needs: the report's curve). gather(model, table, rows): how the users' rows are read (default:
-    Model.gather, from the memory-mapped parts; the report streams them). without_top: the that many most
-    common URLs (by the corpus's counts, ties by id) are neither hidden nor ranked, as if every user had
+    Model.gather, from the memory-mapped parts; the report streams them). The `without_top` most common
+    URLs (by the corpus's counts, ties by id) are neither hidden nor ranked, as if every user had
     seen them: on short documents a handful of hub words are a fifth of the hidden ones, and whether they
     stay in everyone's top k decides recall@k more than the rest of the vectors (benchmarks/quality.py)."""
     table = read_table_file(heldout, "held-out pairs", ("key", "token"), string_cols=("key", "token"))
