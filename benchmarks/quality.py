@@ -527,7 +527,7 @@ def format_result(r: dict) -> str:
         reference = r.get("reference")
         cells = []
         for who in r["runs"]:
-            cell = f"{'gensim' if who == 'gensim' else who} {r[who]['tail_mean']:.4f}"
+            cell = f"{who} {r[who]['tail_mean']:.4f}"
             if reference and who not in (reference, "gensim"):
                 cell += f" ({r[who]['tail_mean'] - r[reference]['tail_mean']:+.4f})"
             cells.append(cell)

@@ -102,7 +102,8 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
     if corpus_path is None:
         corpus_path = found.corpus_path()
     counts = Corpus(corpus_path).counts()
-    hubs = np.argsort(-counts, kind="stable")[:max(0, without_top)].astype(np.int64)
+    by_count = np.argsort(-counts, kind="stable")  # the URLs, most common first (then by id)
+    hubs = by_count[:max(0, without_top)].astype(np.int64)
     if len(hubs):
         tail = ~np.isin(words, hubs)
         docs, words = docs[tail], words[tail]
@@ -122,7 +123,7 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
     doc_matrix, out_matrix = with_prior(rows, found.read_table("words_out"), url_log_prior(found))
     # popularity ranks by count (then id), with no ties: each URL's place in that order
     popularity = np.empty(len(counts), np.int64)
-    popularity[np.argsort(-counts, kind="stable")] = np.arange(len(counts))
+    popularity[by_count] = np.arange(len(counts))
     batch = max(1, min(batch, SCORES_BYTES // (4 * max(len(counts), 1))))  # one [batch, URLs] float32 matrix
     outs = torch.from_numpy(np.ascontiguousarray(out_matrix.T))
     del out_matrix  # its transposed copy is what is scored: 0.4 GB less held at 1M URLs
