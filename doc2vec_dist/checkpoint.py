@@ -42,6 +42,7 @@ import pyarrow.fs as pafs
 
 from . import forgotten, lr, outputs, storage
 from . import settings as run_settings
+from .corpus import arrow_of
 from .errors import UserError
 from .modeldir import (
     DTYPE_KEY,
@@ -186,9 +187,9 @@ def write_slice(model: str, version: int, table: str, shard: int, num_shards: in
         with pa.PythonFile(sink, mode="w") as out, pa.ipc.new_file(out, schema) as writer:
             for start in range(0, max(len(ids), 1), rows_per_batch):
                 end = min(start + rows_per_batch, len(ids))
-                columns = [pa.array(ids[start:end], pa.int64()), vectors_array(matrix[start:end])]
+                columns = [arrow_of(ids[start:end]), vectors_array(matrix[start:end])]
                 if with_state:
-                    columns.append(pa.array(np.ascontiguousarray(state[start:end, 0], dtype=np.float32)))
+                    columns.append(arrow_of(np.asarray(state[start:end, 0], dtype=np.float32)))
                 writer.write_batch(pa.record_batch(columns, schema=schema))
 
     size, sha = Store.of(model, fs).write_file(version_rel(version, rel), produce)

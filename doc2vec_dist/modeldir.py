@@ -50,7 +50,7 @@ import pyarrow.fs as pafs
 
 from . import precision, storage
 from .compact import new_ids
-from .corpus import numpy_of
+from .corpus import arrow_of, numpy_of
 from .errors import UserError
 from .storage import HashingSink, Store, copy_stream, is_uri, sha256_file, strip_query, write_local
 
@@ -104,7 +104,7 @@ def vectors_array(matrix: np.ndarray) -> pa.FixedSizeListArray:
     without copying."""
     kept = np.float16 if matrix.dtype == np.float16 else np.uint16 if matrix.dtype == np.uint16 else np.float32
     matrix = np.ascontiguousarray(matrix, dtype=kept)
-    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+    return pa.FixedSizeListArray.from_arrays(arrow_of(matrix.reshape(-1)), matrix.shape[1])
 
 
 def matrix_of(vectors: pa.Array | pa.ChunkedArray, dim: int) -> np.ndarray:

@@ -831,6 +831,22 @@ def test_numpy_of_gives_what_to_numpy_gives_read_only_and_zero_copy():
     assert list(numpy_of(pa.array(["a", "b"]))) == ["a", "b"]
 
 
+def test_arrow_of_gives_what_pa_array_gives_over_the_same_memory():
+    from doc2vec_dist.corpus import arrow_of, numpy_of
+
+    for values in (np.arange(10, dtype=np.int64), np.arange(6, dtype=np.int32)[::2], np.linspace(0, 1, 7, dtype=np.float16),
+                   np.ones(4, np.uint16), np.arange(5, dtype=np.float32), np.empty(0, np.float64)):
+        out = arrow_of(values)
+        expected = pa.array(values)
+        assert out.type == expected.type and out.equals(expected) and out.null_count == 0
+        np.testing.assert_array_equal(numpy_of(out), values)
+    contiguous = np.arange(8, dtype=np.int64)
+    assert np.shares_memory(numpy_of(arrow_of(contiguous)), contiguous)  # no copy
+    for wrong in (np.zeros((2, 3), np.float32), np.array([True, False]), np.array(["a"])):
+        with pytest.raises(ValueError, match="arrow_of takes a 1-D array of numbers"):
+            arrow_of(wrong)
+
+
 def test_a_worker_s_and_a_server_s_reading_imports_no_pandas(sample_corpus, trained_model):
     """What a worker and a server read as they start (the vocabulary's counts, the shards, a checkpoint's
     rows): pyarrow's to_numpy imported pandas for it, 0.2-0.5 s of every actor's start."""
@@ -850,6 +866,35 @@ print("pandas" in sys.modules)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+def test_a_server_s_checkpoint_writing_imports_no_pandas(tmp_path):
+    """pa.array on a numpy array imports pandas the first time in a process (0.2-0.3 s of CPU), and every
+    server wrote its checkpoint's columns with it: a 16-bit table with its Adagrad state, written and read
+    back, in a fresh process."""
+    import subprocess
+    import sys
+
+    model = str(tmp_path / "model")
+    code = f"""
+import sys
+import numpy as np
+import pyarrow as pa
+from doc2vec_dist import checkpoint, modeldir, precision
+from doc2vec_dist.corpus import numpy_of
+ids = np.arange(1, 40, 3)
+matrix = np.random.default_rng(0).standard_normal((len(ids), 8)).astype(np.float32)
+state = np.abs(matrix[:, :1])
+bits = precision.narrow(matrix, "bfloat16")
+entry = checkpoint.write_slice({model!r}, 1, "docs", 1, 3, ids, bits, state, dtype="bfloat16")
+with pa.memory_map(modeldir.version_dir({model!r}, 1) + "/" + entry["path"]) as source:
+    table = pa.ipc.open_file(source).read_all()
+same = (np.array_equal(numpy_of(table["id"]), ids) and np.array_equal(numpy_of(table["adagrad"]), state[:, 0])
+        and np.array_equal(numpy_of(table["vector"].combine_chunks().flatten()).reshape(-1, 8), bits))
+print(entry["rows"], same, "pandas" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.split() == ["13", "True", "False"], done.stdout + done.stderr
 
 
 # ------------------------------------------------------------------ event times, untimed events, files
