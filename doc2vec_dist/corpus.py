@@ -124,12 +124,14 @@ def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def arrow_of(values: np.ndarray) -> pa.Array:
     """numpy_of's way back: a 1-D numpy array of numbers as an Arrow array of the same type, over the
-    same memory (copied once where it is not contiguous), without pa.array's test for pandas objects,
-    which imports pandas the first time in a process (0.2-0.3 s of CPU): every server writes its
-    checkpoints with it, and a run starts one process per server."""
-    values = np.ascontiguousarray(values)
+    same memory (copied once where it is not contiguous or not in this machine's byte order: Arrow's
+    buffers are read in it), without pa.array's test for pandas objects, which imports pandas the first
+    time in a process (0.2-0.3 s of CPU): every server writes its checkpoints with it, and a run starts
+    one process per server."""
+    values = np.asarray(values)
     if values.ndim != 1 or values.dtype.kind not in "iuf":
         raise ValueError(f"arrow_of takes a 1-D array of numbers, not {values.dtype} of shape {values.shape}")
+    values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 

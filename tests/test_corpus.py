@@ -842,6 +842,9 @@ def test_arrow_of_gives_what_pa_array_gives_over_the_same_memory():
         np.testing.assert_array_equal(numpy_of(out), values)
     contiguous = np.arange(8, dtype=np.int64)
     assert np.shares_memory(numpy_of(arrow_of(contiguous)), contiguous)  # no copy
+    # another byte order is read as its numbers (pa.array refuses it), not as this machine's bytes
+    swapped = np.arange(3, dtype=np.dtype(np.int64).newbyteorder("S"))
+    assert arrow_of(swapped).to_pylist() == [0, 1, 2] and arrow_of(swapped).type == pa.int64()
     for wrong in (np.zeros((2, 3), np.float32), np.array([True, False]), np.array(["a"])):
         with pytest.raises(ValueError, match="arrow_of takes a 1-D array of numbers"):
             arrow_of(wrong)
