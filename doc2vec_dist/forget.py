@@ -58,6 +58,7 @@ from . import checkpoint, compact, forgotten, modeldir, storage
 from .errors import UserError
 from .forget_steps import Step, _corpus_steps, _exports_steps, _index_step, _is_index, _json_step, _probe
 from .modeldir import ModelDir
+from .read_formats import UTF8_BOM
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,8 @@ def read_keys(path: str | None, given: list[str] | None, doc_col: str | None = N
             raise UserError(f"{path}: an Arrow file (a forget list?), not keys: --keys takes the keys themselves, a "
                             "text file with one per line or Parquet with a 'key' column")
         else:
-            with open(path, "rb") as fh:
-                lines = fh.read().split(b"\n")
+            with open(path, "rb") as fh:  # a byte-order mark (Windows editors, Excel) is not part of the first key
+                lines = fh.read().removeprefix(UTF8_BOM).split(b"\n")
             rows = []
             for i, raw in enumerate(lines):
                 try:

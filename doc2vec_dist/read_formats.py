@@ -261,16 +261,24 @@ def _probe_json_type(path: str, read: pjson.ReadOptions, column: str, is_list: b
     return pa.string()  # let the real read report what is wrong
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def _text_lines(path: str) -> Iterator[tuple[pa.Array, np.ndarray]]:
     """Lines of a text file as string arrays (newline removed), a block at a time, each with the
-    positions in it of the lines that are not valid UTF-8 (null in the array)."""
+    positions in it of the lines that are not valid UTF-8 (null in the array). A byte-order mark that
+    starts the file (as Windows editors and Excel write UTF-8) is not part of its first word."""
     stream = _stream(path)
     rest = b""
+    first = True
     while True:
         block = stream.read(TEXT_BLOCK_BYTES)
         if not block:
             break
         data = rest + block
+        if first:
+            first = False
+            data = data.removeprefix(UTF8_BOM)
         cut = data.rfind(b"\n")
         if cut < 0:  # a line longer than a block: keep reading
             rest = data

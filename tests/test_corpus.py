@@ -202,6 +202,18 @@ def test_text_keys_are_line_numbers_across_inputs(tmp_path):
     assert c.meta["input_rows"] == 5
 
 
+def test_a_text_file_s_byte_order_mark_is_not_part_of_its_first_word(tmp_path):
+    """Windows editors and Excel start UTF-8 text with U+FEFF: it was kept in the first word ('\\ufeffhello',
+    a word of its own beside 'hello'); a mark elsewhere in the file is text and stays."""
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello world\r\nhello again\n")
+    (tmp_path / "b.txt").write_bytes(b"hello\n")
+    with gzip.open(tmp_path / "z.txt.gz", "wb") as f:
+        f.write(b"\xef\xbb\xbfhello there\n")
+    c = _prepare([tmp_path / "bom.txt", tmp_path / "b.txt", tmp_path / "z.txt.gz"], tmp_path / "out", format="text")
+    assert _documents(c) == {"0": ["hello", "world"], "1": ["hello", "again"], "2": ["hello"], "3": ["hello", "there"]}
+    assert "\ufeffhello" not in c.vocab()["token"].to_pylist()
+
+
 def test_text_gzip_and_many_blocks(tmp_path, monkeypatch):
     monkeypatch.setattr(read_formats, "TEXT_BLOCK_BYTES", 7)  # lines straddle blocks
     lines = [f"w{i} w{i % 3} common" for i in range(50)]

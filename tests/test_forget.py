@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint, compact, forgotten, modeldir, pipeline
+from doc2vec_dist import checkpoint, compact, forget, forgotten, modeldir, pipeline
 from doc2vec_dist.cli import main
 from doc2vec_dist.modeldir import ModelDir
 
@@ -269,6 +269,16 @@ def test_a_forget_stopped_after_its_commit_is_finished_by_running_it_again(small
     assert set(after) == set(old) - {"u7", "u200"} and all(np.array_equal(after[k], old[k]) for k in after)
     assert os.listdir(os.path.join(small_model, "checkpoints")) == ["v2"]
     assert not os.path.exists(os.path.join(small_model, "docs.arrow.forget-pending"))
+
+
+def test_a_keys_file_s_byte_order_mark_is_not_part_of_its_first_key(tmp_path):
+    """A keys file saved by a Windows editor or Excel starts with U+FEFF: its first key was read as
+    '\\ufeffKEY', reported 'not in the model' and never erased, with exit 0. CRLF and spaces are stripped."""
+    path = tmp_path / "keys.txt"
+    path.write_bytes(b"\xef\xbb\xbfu7e3fe71f0bff\r\nuc695255bb992 \r\n\r\n")
+    keys = forget.read_keys(str(path), None)
+    assert keys.values == ["u7e3fe71f0bff", "uc695255bb992"]
+    assert keys.where == [f"line 1 of {path}", f"line 2 of {path}"]
 
 
 def test_ids_close_up_in_order():
