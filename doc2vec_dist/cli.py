@@ -401,7 +401,11 @@ def cmd_neighbors(args) -> None:
             raise UserError(f"{args.keys_file}: cannot read it as Parquet ({str(exc).splitlines()[0]})") from None
         if "key" not in names:
             raise UserError(f"{args.keys_file}: cannot read a 'key' column (it has: {', '.join(names)})")
-        keys += [str(k) for k in pq.read_table(args.keys_file, columns=["key"]).column("key").to_pylist()]
+        column = pq.read_table(args.keys_file, columns=["key"]).column("key")
+        if column.null_count:  # (str(None) would look a user up as 'None')
+            row = next(i for i, k in enumerate(column.to_pylist()) if k is None)
+            raise UserError(f"{args.keys_file}: row {row} has no 'key' ({column.null_count:,} row(s) are null there)")
+        keys += [str(k) for k in column.to_pylist()]
     if not keys:
         raise UserError("give --key KEY (repeatable) or --keys-file FILE" + (
             f": the keys to look up in {args.vectors}" if args.vectors else ""))

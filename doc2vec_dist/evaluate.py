@@ -226,9 +226,22 @@ def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
     """Human similarity judgements: a square matrix (Lee format; row i is the document keyed str(i),
     upper triangle used) or a table with columns key1, key2, score (Parquet, CSV or TSV)."""
     if path.endswith((".parquet", ".csv", ".tsv")):
-        t = read_table_file(path, "pairs", ("key1", "key2", "score"), string_cols=("key1", "key2"))
-        return ([str(x) for x in t.column("key1").to_pylist()], [str(x) for x in t.column("key2").to_pylist()],
-                np.asarray(t.column("score").to_numpy(zero_copy_only=False), dtype=np.float64))
+        t = read_table_file(path, "pairs", ("key1", "key2", "score"), string_cols=("key1", "key2"),
+                            no_nulls=("key1", "key2", "score"))
+        keys1, keys2 = t.column("key1").cast(pa.string()), t.column("key2").cast(pa.string())
+        try:
+            score = np.asarray(t.column("score").to_numpy(zero_copy_only=False), dtype=np.float64)
+        except (ValueError, pa.ArrowException):
+            raise UserError(f"{path}: column 'score' is not numbers ({t.schema.field('score').type})") from None
+        bad = np.flatnonzero(~np.isfinite(score))
+        if len(bad):
+            raise UserError(f"{path}: row {bad[0]} has score {score[bad[0]]} ({len(bad):,} row(s) are not finite "
+                            "numbers); every pair needs a score")
+        # a pair, whichever way it is written: counted twice it would weigh twice in the correlation
+        lo, hi = pc.if_else(pc.less_equal(keys1, keys2), keys1, keys2), pc.if_else(pc.less_equal(keys1, keys2), keys2, keys1)
+        refuse_duplicates(path, "the pairs", pc.binary_join_element_wise(lo, hi, " / "), "pair",
+                          " (key1 / key2, either way round)")
+        return keys1.to_pylist(), keys2.to_pylist(), score
     try:
         matrix = np.loadtxt(path)
     except (OSError, ValueError) as exc:
@@ -278,8 +291,10 @@ def in_test_share(keys: pa.Array, fraction: float, seed: int = 0) -> np.ndarray:
     return unit < fraction
 
 
-def read_table_file(path: str, what: str, columns: tuple[str, ...], string_cols: tuple[str, ...] = ()) -> pa.Table:
-    """A Parquet (file or directory) or CSV/TSV table that must have `columns`.
+def read_table_file(path: str, what: str, columns: tuple[str, ...], string_cols: tuple[str, ...] = (),
+                    no_nulls: tuple[str, ...] = ()) -> pa.Table:
+    """A Parquet (file or directory) or CSV/TSV table that must have `columns`, with no null in `no_nulls`
+    (refused in one line naming the first such row).
 
     CSV columns in `string_cols` stay strings as written: a key "007" is not the number 7.
     """
@@ -296,7 +311,27 @@ def read_table_file(path: str, what: str, columns: tuple[str, ...], string_cols:
     for col in columns:
         if col not in t.column_names:
             raise UserError(f"{path}: column {col!r} not found (columns: {', '.join(t.column_names)})")
+    for col in no_nulls:
+        nulls = t.column(col).null_count
+        if nulls:
+            row = pc.index(pc.is_null(t.column(col)), True).as_py()
+            raise UserError(f"{path}: row {row} has no {col!r} ({nulls:,} row(s) are null there); every row of "
+                            f"{what} needs one")
     return t
+
+
+def refuse_duplicates(path: str, what: str, keys: pa.Array | pa.ChunkedArray, named: str, where: str = "") -> None:
+    """One line naming the first key given twice in `keys` (a column of `path`) and its first two rows: a key
+    counted twice would weigh twice in the figure, or (labels) be its own neighbour."""
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    if pc.count_distinct(keys).as_py() == len(keys):
+        return
+    counted = pa.table({"k": keys}).group_by("k").aggregate([("k", "count")])
+    twice = counted.filter(pc.greater(counted.column("k_count"), 1))
+    first = np.flatnonzero(pc.is_in(keys, value_set=twice.column("k")).to_numpy(zero_copy_only=False))[0]
+    rows = np.flatnonzero(pc.equal(keys, keys[first]).to_numpy(zero_copy_only=False))[:2]
+    raise UserError(f"{path}: {named} {keys[first].as_py()!r}{where} is in rows {rows[0]} and {rows[1]}; "
+                    f"{len(twice):,} {named}(s) are given more than once: give each once in {what}")
 
 
 def labels_metrics(model: str, path: str, k: int = 10, key_col: str = "key", label_col: str = "label",
@@ -309,8 +344,9 @@ def labels_metrics(model: str, path: str, k: int = 10, key_col: str = "key", lab
     user is voted on by its k nearest other reference users (what tune searches on).
     """
     k = check_k(k, "evaluate")
-    data = read_table_file(path, "labels", (key_col, label_col), string_cols=(key_col,))
+    data = read_table_file(path, "labels", (key_col, label_col), string_cols=(key_col,), no_nulls=(key_col, label_col))
     keys = data.column(key_col).cast(pa.string())
+    refuse_duplicates(path, "the labels (one label a key)", keys, "key", f" (column {key_col!r})")
     found = ModelDir.served(model)
     rows = pc.index_in(keys, value_set=found.keys(table).cast(pa.string()))
     known = pc.is_valid(rows)

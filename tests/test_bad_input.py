@@ -150,6 +150,18 @@ def _foreign_forget_list(t: str) -> None:
     ForgetList(model_ids=[uuid.uuid4().hex]).write(os.path.join(_model_of(t), FILE))
 
 
+def _parquet_bytes(columns: dict):
+    """A file maker (Case.files): Parquet of these columns, as bytes."""
+    def make(t: str) -> bytes:
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.table(columns), sink)
+        return sink.getvalue().to_pybytes()
+    return make
+
+
+SOME_USERS = ["u54e266157a4c", "u0a1b", "u0c2d", "u0e3f"]
+
+
 def _bot_csv(t: str) -> bytes:
     """1,000 users of 3 visits each, and a bot with 600 (17% of every visit)."""
     rows = [f"u{i},https://s.example/{(i * 7 + j) % 50}" for i in range(1000) for j in range(3)]
@@ -398,6 +410,30 @@ CASES = [
          "newcomer", "says", "newcomer\t", {"inferred.parquet": _inferred}),
     Case("neighbors --vectors with a key not in the file", "neighbors --model {model} --vectors {t}/inferred.parquet "
          "--key nobody", "error", "unknown {t}/inferred.parquet key 'nobody'", {"inferred.parquet": _inferred}),
+    # --- a user's review, round four: rows that were read as something else, with exit 0 ------------------------
+    Case("evaluate --labels with a key given twice (it voted twice)", "evaluate --model {model} --labels {t}/l.parquet",
+         "error", "{t}/l.parquet: key 'u0a1b' (column 'key') is in rows 1 and 4; 1 key(s) are given more than once",
+         {"l.parquet": _parquet_bytes({"key": SOME_USERS + ["u0a1b"], "label": ["a", "b", "a", "b", "a"]})}),
+    Case("evaluate --labels with a null label", "evaluate --model {model} --labels {t}/l.parquet", "error",
+         "{t}/l.parquet: row 2 has no 'label' (1 row(s) are null there)",
+         {"l.parquet": _parquet_bytes({"key": SOME_USERS, "label": ["a", "b", None, "b"]})}),
+    Case("evaluate --pairs with a null score (it printed pearson nan)", "evaluate --model {model} --pairs "
+         "{t}/p.parquet", "error", "{t}/p.parquet: row 1 has no 'score' (1 row(s) are null there)",
+         {"p.parquet": _parquet_bytes({"key1": SOME_USERS[:3], "key2": SOME_USERS[1:], "score": [0.5, None, 0.1]})}),
+    Case("evaluate --pairs with a NaN score", "evaluate --model {model} --pairs {t}/p.parquet", "error",
+         "{t}/p.parquet: row 2 has score nan (1 row(s) are not finite numbers)",
+         {"p.parquet": _parquet_bytes({"key1": SOME_USERS[:3], "key2": SOME_USERS[1:], "score": [0.5, 0.2, float("nan")]})}),
+    Case("evaluate --pairs with a pair twice, the other way round", "evaluate --model {model} --pairs {t}/p.parquet",
+         "error", "{t}/p.parquet: pair 'u0a1b / u54e266157a4c' (key1 / key2, either way round) is in rows 0 and 3",
+         {"p.parquet": _parquet_bytes({"key1": SOME_USERS[:3] + ["u0a1b"], "key2": SOME_USERS[1:] + ["u54e266157a4c"],
+                                       "score": [0.5, 0.2, 0.1, 0.4]})}),
+    Case("evaluate --pairs with a null key (it was the user 'None')", "evaluate --model {model} --pairs {t}/p.parquet",
+         "error", "{t}/p.parquet: row 0 has no 'key1' (1 row(s) are null there)",
+         {"p.parquet": _parquet_bytes({"key1": pa.array([None, "u0a1b"], pa.string()), "key2": SOME_USERS[2:],
+                                       "score": [0.5, 0.2]})}),
+    Case("neighbors --keys-file with a null key (it was the user 'None')", "neighbors --model {model} --keys-file "
+         "{t}/k.parquet", "error", "{t}/k.parquet: row 1 has no 'key' (1 row(s) are null there)",
+         {"k.parquet": _parquet_bytes({"key": pa.array(["u54e266157a4c", None], pa.string())})}),
     Case("neighbors of a URL without --table words_out", "neighbors --model {model} --key {url}", "error",
          "unknown docs key '{url}': it is a URL of the model's vocabulary, not a user; add --table words_out"),
     # --- issue 26, items 4, 5 and 14: read-only and full disks, temporary names ----------------------------
