@@ -22,7 +22,8 @@ The steps, in the order of the data flow:
    in words_out, and PV-DM's words, and counted ("composed vectors for N URLs the model never saw");
    the new page of a known site then counts as the site's pages do. `compose=False` (--no-compose)
    drops them instead, as infer did before. Events whose URL has no row nor a composed one (a site the
-   model never saw) are dropped and counted ("skipped N events with URLs the model never saw"). A user left with no known URL gets no vector, and a warning names such users
+   model never saw) are dropped and counted ("skipped N events with URLs the model never saw"). A user left with no known URL (or none at all: every one null or empty, which prepare
+   drops and keeps the key of, prepare(empty_keys=True)) gets no vector, and a warning names such users
    (the first few, and how many). They are not dropped: the Parquet that `infer` writes keeps their
    key with a null vector, and the arrays (`Model.infer`, `infer` without `out`) hold a row of NaN
    for them. A zero row would look like a vector: faiss scores it 0 against everything and answers
@@ -80,6 +81,7 @@ from .errors import UserError
 from .ids import mix64
 from .prepare import prepare
 from .sampling import NegativeTable, keep_probabilities
+from .shard_pass import EMPTY_KEYS_FILE
 from .scoring import NAMED, ServingWarning, counted, named
 from .urls import UrlRule, normalize_distinct
 
@@ -369,9 +371,15 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
     with tempfile.TemporaryDirectory(prefix="doc2vec-infer-", dir=tmp_dir) as tmp:
         rule = inferrer.url_rule.settings() if read["format"] != "text" else {}
         corpus = prepare(inputs, os.path.join(tmp, "corpus"), PrepareConfig(min_count=1, **read, **rule),
-                         progress=progress)
+                         progress=progress, empty_keys=read["format"] != "text")
+        # users whose every event has a null or empty URL: no document, but a row without a vector like
+        # those with no URL the model knows (text: a blank line is no user)
+        empty = os.path.join(tmp, "corpus", EMPTY_KEYS_FILE)
+        no_url = (pa.ipc.open_file(pa.memory_map(empty)).read_all().column("key").combine_chunks()
+                  if os.path.exists(empty) else pa.array([], pa.string()))
         counts.prepare_skipped = {k: v for k, v in corpus.meta.get("skipped", {}).items()
-                                  if k in ("null_tokens", "empty_tokens", "docs_without_tokens")}
+                                  if k in ("null_tokens", "empty_tokens") or (k == "docs_without_tokens"
+                                                                             and read["format"] == "text")}
         vocab = corpus.vocab()
         id_map = inferrer.model_ids(vocab.column("token").combine_chunks())
         unknown = id_map < 0
@@ -385,14 +393,14 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
             found = {entry["values"]: entry["counts"] for entry in sources}
             counts.composed_urls = {source: found[source] for source in SOURCES if source in found}
             unknown = id_map < 0
-        counts.users_read, counts.events_read = corpus.num_docs, corpus.num_tokens
+        counts.users_read, counts.events_read = corpus.num_docs + len(no_url), corpus.num_tokens
         counts.unknown_events = int(read_counts[unknown].sum())
         counts.unknown_urls = int(np.count_nonzero(unknown))
         if counts.unknown_events == counts.events_read:
             raise UserError(_no_known_url(name, counts, inferrer, vocab.column("token").combine_chunks(),
                                           read["token_col"]))
         keys = corpus.docs().column("key").combine_chunks()
-        with tqdm(total=corpus.num_docs, desc="infer", unit=" users", unit_scale=True, disable=not progress,
+        with tqdm(total=counts.users_read, desc="infer", unit=" users", unit_scale=True, disable=not progress,
                   dynamic_ncols=True, file=sys.stderr) as bar:
             trained = 0  # batches trained so far: batch b's draws come from (seed, b)
             for doc_ids, offsets, tokens in _batches(corpus, id_map, settings.batch_users, counts, bar):
@@ -404,6 +412,12 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
                 yield batch_keys, inferrer.vectors(batch_keys.to_pylist(), offsets, tokens, trained)
                 trained += 1
                 bar.update(len(doc_ids))
+            counts.users_without_known_urls += len(no_url)
+            for start in range(0, len(no_url), settings.batch_users):
+                batch_keys = no_url.slice(start, settings.batch_users)
+                counts.unplaced_keys += batch_keys.slice(0, max(0, NAMED - len(counts.unplaced_keys))).to_pylist()
+                yield batch_keys, np.full((len(batch_keys), settings.dim), np.nan, np.float32)
+                bar.update(len(batch_keys))
 
 
 def _no_known_url(name: str, counts: Counts, inferrer: Inferrer, tokens: pa.Array, token_col: str) -> str:

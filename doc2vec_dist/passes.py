@@ -93,6 +93,7 @@ class Settings:
     max_tokens_per_doc: int | None = None  # a document keeps its last N tokens (--max-tokens-per-doc)
     run: str = ""                         # the token prepare wrote to tmp/RUN_NAME ("": not checked)
     forget: str | None = None             # a forget list (forgotten.py) whose users' events are left out
+    empty_keys: bool = False              # keep the keys of documents left with no token (EMPTY_KEYS; infer)
 
     @property
     def has_time(self) -> bool:

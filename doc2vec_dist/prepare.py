@@ -114,6 +114,7 @@ from .prepare_report import _heavy_docs, attention_lines, refresh_report, skip_r
 from .read_files import FORMATS, Options, csv_delimiter, expand_inputs, input_bytes
 from .read_times import ORDER, TIME_UNITS
 from .readers import Block, plan_blocks
+from .shard_pass import EMPTY_KEYS_FILE, EMPTY_KEYS_SCHEMA, empty_part
 from .urls import RAW, UrlRule, recorded, report_line
 
 log = logging.getLogger(__name__)
@@ -216,8 +217,17 @@ def _url_rule(c: PrepareConfig, base: Base | None) -> UrlRule:
     return theirs
 
 
+def _write_empty_keys(s: Settings, buckets: int, path: str) -> None:
+    """The buckets' keys of documents left with no token (shard_pass.empty_part), as one Arrow file."""
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, EMPTY_KEYS_SCHEMA) as writer:
+        for b in range(buckets):
+            part = empty_part(s, b)
+            if os.path.exists(part):
+                writer.write_table(pa.ipc.open_file(pa.memory_map(part)).read_all(), max_chunksize=1 << 20)
+
+
 def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *, overwrite: bool = False,
-            progress: bool = True, report: bool | None = None) -> Corpus:
+            progress: bool = True, report: bool | None = None, empty_keys: bool = False) -> Corpus:
     """Build a corpus directory at `out` from the inputs (see the module docstring) as `config` says,
     and open it.
 
@@ -226,6 +236,9 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
     (key, token) rows to the Parquet file `holdout_out`; a document with one distinct token keeps it.
     Raises CorpusError (naming the file, column or row) on bad input, and on an output that cannot be
     written; on any error nothing is left at `out` or `holdout_out`, nor directories made for them.
+    empty_keys: the keys of the documents left with no token (each event's URL null, empty or out of the
+    vocabulary; counted as "docs_without_tokens") are kept in the corpus's EMPTY_KEYS_FILE, for infer,
+    which gives each of them a row without a vector; not with a base.
     What was skipped, and why, is in corpus.json ("skipped", "skipped_where"); with `report` (by
     default: with `progress`) a summary and one line per reason are logged (`skip_report`; the
     dropped as warnings, the rest as information, on the "doc2vec_dist.prepare" logger).
@@ -288,7 +301,7 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
               else contextlib.nullcontext()) as held, outputs.replacing(out, "corpus", overwrite) as staged, \
                 _runner(c) as runner:
             meta, p3 = _passes(c, inputs, files, blocks, opt, staged.path, held.path if held else None, hold_final,
-                               found_base, runner, progress, unread)
+                               found_base, runner, progress, unread, empty_keys)
     except BaseException as e:
         outputs.remove_dirs(made)
         if isinstance(e, OSError):  # reading errors are CorpusErrors already: this is the output
@@ -318,7 +331,7 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
 
 def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt, tmp: str, hold_tmp: str | None,
             hold_final: str | None, found_base: Base | None, runner, progress: bool,
-            unread: list[str] = ()) -> tuple[dict, _Pass3]:
+            unread: list[str] = (), empty_keys: bool = False) -> tuple[dict, _Pass3]:
     """The passes, into the staging directory `tmp` (and the held-out file's `hold_tmp`): corpus.json's
     contents, and pass 3's totals. unread: what the input folders hold that is not read (counted)."""
     if not runner.in_process:
@@ -326,7 +339,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
     known = [b.rows for b in blocks]
     bar = _Progress(progress, 3 + (c.window_days is not None), sum(known) if None not in known else None)
     try:
-        s = Settings(opt, tmp, holdout=c.holdout, seed=c.seed, base=found_base.path if found_base else None)
+        s = Settings(opt, tmp, holdout=c.holdout, seed=c.seed, base=found_base.path if found_base else None,
+                     empty_keys=empty_keys and found_base is None)
         os.makedirs(s.spill_dir)
         os.makedirs(s.parts_dir)
         listed = _base_forget_list(found_base)
@@ -375,6 +389,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
                     len(blocks))
         if hold_tmp:
             _write_heldout(s, hold_tmp)
+        if s.empty_keys:
+            _write_empty_keys(s, buckets, os.path.join(tmp, EMPTY_KEYS_FILE))
         shutil.rmtree(s.spill_dir)
         shutil.rmtree(s.parts_dir)
         os.remove(os.path.join(tmp, passes.RUN_NAME))

@@ -243,6 +243,7 @@ class Documents:
     base_lengths: np.ndarray | None = None
     grown: np.ndarray | None = None          # base documents with new events
     capped: Capped | None = None
+    empty_keys: pa.Array | None = None       # keys of the bucket left with no token (Settings.empty_keys)
 
 
 @dataclass
@@ -305,6 +306,8 @@ def _grouped(ev: Events, s: Settings, vocab_size: int, first_id: int | None) -> 
         new = present
         docs.doc_ids = _new_ids(len(new), first_id)
         docs.empty = nkeys - len(present)
+        if s.empty_keys:
+            docs.empty_keys = ev.keys.take(pa.array(np.flatnonzero(lengths == 0)))
     else:
         ours = ev.base_of_code >= 0
         docs.base_ids, docs.base_lengths = ev.base_of_code[ours], lengths[ours]
@@ -504,11 +507,17 @@ def docs_part(s: Settings, b: int) -> str:
     return os.path.join(s.parts_dir, f"docs-{b:05d}.arrow")
 
 
+def empty_part(s: Settings, b: int) -> str:
+    return os.path.join(s.parts_dir, f"empty-{b:05d}.arrow")
+
+
 def heldout_part(s: Settings, b: int) -> str:
     return os.path.join(s.parts_dir, f"heldout-{b:05d}.arrow")
 
 
 NEW_DOCS_SCHEMA = pa.schema([("key", pa.string()), ("length", pa.int64())])
+EMPTY_KEYS_SCHEMA = pa.schema([("key", pa.string())])
+EMPTY_KEYS_FILE = "docs_without_tokens.arrow"  # in a corpus prepared with empty_keys (prepare; infer reads it)
 
 
 def shard(b: int, spills: list[tuple[str, np.ndarray]], s: Settings, first_id: int | None, tick=None) -> Sharded:
@@ -524,6 +533,8 @@ def shard(b: int, spills: list[tuple[str, np.ndarray]], s: Settings, first_id: i
     s.go_on()
     entry = write_shard(s.tmp, b, docs.doc_ids, docs.lengths, docs.words, docs.times)
     _write_ipc(docs_part(s, b), NEW_DOCS_SCHEMA, [docs.new_keys.cast(pa.string()), pa.array(docs.new_lengths, pa.int64())])
+    if docs.empty_keys is not None and len(docs.empty_keys):
+        _write_ipc(empty_part(s, b), EMPTY_KEYS_SCHEMA, [docs.empty_keys.cast(pa.string())])
     heldout = 0
     if docs.held is not None:
         heldout = len(docs.held[1])

@@ -106,6 +106,33 @@ def test_every_form_of_events_gives_the_same_vectors(trained_model, few_users_fi
     np.testing.assert_array_equal(vectors, model.infer({str(i): by_user[u] for i, u in enumerate(order[:5])}))
 
 
+def test_a_user_whose_every_url_is_null_or_empty_keeps_a_row_without_a_vector(trained_model, few_users_file, tmp_path,
+                                                                               logged):
+    """Such a user left the output file without a word (the input's 8 users, the file's 6 rows; only `skipped 2
+    document(s) left with no token` said so): it is named and kept, as a user with no URL the model knows is."""
+    path, users = few_users_file
+    events = pq.read_table(path, columns=["user_id", "url"])
+    empty = pa.table({"user_id": ["emptyurl", "nullurl", "nullurl"], "url": pa.array(["", None, "  "], pa.string())})
+    mixed = str(tmp_path / "mixed.parquet")
+    pq.write_table(pa.concat_tables([events, empty]), mixed)
+    logged.clear()
+    summary = infer(trained_model, [mixed], str(tmp_path / "out.parquet"), progress=False)
+    written = pq.read_table(summary["path"])
+    vector_of = dict(zip(written.column("key").to_pylist(), written.column("vector").to_pylist()))
+    assert written.num_rows == len(users) + 2 and set(vector_of) == {*users, "emptyurl", "nullurl"}
+    assert vector_of["emptyurl"] is None and vector_of["nullurl"] is None
+    assert (summary["rows"], summary["null_vectors"], summary["users_without_known_urls"]) == (len(users), 2, 2)
+    warnings = [r.getMessage() for r in logged.records if r.levelname == "WARNING"]
+    assert warnings == [f"warning: 2 users have no URL the model knows (emptyurl, nullurl): their rows in "
+                        f"{summary['path']} have a null vector"]
+    # the arrays: a row of NaN each, in the same place
+    with pytest.warns(UserWarning, match=r"2 users have no URL the model knows \(emptyurl, nullurl\): their rows are NaN"):
+        keys, vectors = infer(trained_model, [mixed], progress=False)
+    at = keys.to_pylist()
+    assert np.isnan(vectors[at.index("emptyurl")]).all() and np.isnan(vectors[at.index("nullurl")]).all()
+    assert np.isfinite(np.delete(vectors, [at.index("emptyurl"), at.index("nullurl")], axis=0)).all()
+
+
 def test_unknown_urls_are_counted_and_reported_not_silently_dropped(trained_model, few_users_file, tmp_path, logged):
     path, users = few_users_file
     events = pq.read_table(path, columns=["user_id", "url"])
