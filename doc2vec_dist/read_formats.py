@@ -345,6 +345,12 @@ def _as_strings(arr: pa.Array, path: str, column: str, row_base: int = 0) -> pa.
         hint = (" (a list of tokens per row is --format lists)"
                 if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) else "")
         raise CorpusError(f"{path}: column '{column}' holds {arr.type}, expected strings or numbers{hint}")
+    if pa.types.is_floating(arr.type):  # NaN is how Spark and pandas write a missing number: a null, not "nan"
+        infinite = pc.is_inf(arr).fill_null(False)
+        if pc.any(infinite).as_py():
+            i = pc.index(infinite, True).as_py()
+            raise CorpusError(f"{path}: column '{column}' row {row_base + i} holds {arr[i].as_py()}, which is no id")
+        arr = pc.if_else(pc.is_nan(arr).fill_null(False), pa.scalar(None, arr.type), arr)
     try:
         return arr.cast(pa.string())
     except pa.ArrowInvalid as e:

@@ -85,6 +85,12 @@ def _epoch_numbers(values: np.ndarray, shown: pa.Array, path: str, column: str, 
     def value_at(i: int) -> str:
         return _number(shown[int(i)].as_py())
 
+    infinite = np.flatnonzero(np.isinf(values))  # (NaN is a missing time; an infinity was taken for a time)
+    if infinite.size:
+        i = infinite[0]
+        raise CorpusError(f"{where} {row_base + i} holds {value_at(i)}, which is no time ({infinite.size:,} such "
+                          "value(s) in this block); leave a missing time empty (null)")
+
     if opt.time_unit is not None:
         seconds = values / PER_SECOND[opt.time_unit]
         beyond = np.flatnonzero(finite & (np.abs(seconds) >= EPOCH_SECONDS[1]))

@@ -434,6 +434,14 @@ CASES = [
     Case("neighbors --keys-file with a null key (it was the user 'None')", "neighbors --model {model} --keys-file "
          "{t}/k.parquet", "error", "{t}/k.parquet: row 1 has no 'key' (1 row(s) are null there)",
          {"k.parquet": _parquet_bytes({"key": pa.array(["u54e266157a4c", None], pa.string())})}),
+    Case("an infinite time (it was stored, and --window-days said no event has a time)", "prepare {t}/e.csv --out "
+         "{t}/c --time-col ts", "error", "{t}/e.csv: column 'ts' row 1 holds inf, which is no time",
+         {"e.csv": b"user_id,url,ts\nu1,a,1793491200\nu1,b,inf\nu2,a,-inf\n"}, "{t}/c"),
+    Case("a NaN user id in a float column (it was the user 'nan')", "prepare {t}/e.parquet --out {t}/c", "skipped",
+         "null_keys", {"e.parquet": _parquet_bytes({"user_id": [1.0, float("nan"), 3.0], "url": ["a", "b", "a"]})}),
+    Case("an infinite user id in a float column", "prepare {t}/e.parquet --out {t}/c", "error",
+         "{t}/e.parquet: column 'user_id' row 2 holds inf, which is no id",
+         {"e.parquet": _parquet_bytes({"user_id": [1.0, 2.0, float("inf")], "url": ["a", "b", "a"]})}, "{t}/c"),
     Case("neighbors of a URL without --table words_out", "neighbors --model {model} --key {url}", "error",
          "unknown docs key '{url}': it is a URL of the model's vocabulary, not a user; add --table words_out"),
     # --- issue 26, items 4, 5 and 14: read-only and full disks, temporary names ----------------------------
