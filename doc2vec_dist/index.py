@@ -21,7 +21,11 @@ Faiss id i is row i of keys.parquet, in source order (part by part, as export wr
 
 A key/vector Parquet may hold a null vector: infer writes one for a user it could not place. Such
 rows are left out of a build or an update (named in a warning, counted in params.json's
-null_vectors), as if the key were not in the source.
+null_vectors), as if the key were not in the source; so are rows whose vector is all zero (never
+trained: cosine has no direction for them). Its other rows must be fit to index: a null or repeated
+key (a null key marks a dead id; a key twice would get two ids), or a vector with a NaN or inf
+element, is refused in one line naming the first such row and counting them
+(index_sources.check_keys, before staging; vector_problems, while staging).
 
 IVF-PQ keeps only the PQ codes in memory (58 bytes a row with its id at dim 100, instead of 400)
 and re-ranks its candidates (5 × k) with exact inner products read from vectors.npy, which is
@@ -42,6 +46,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import faiss
 import numpy as np
@@ -55,17 +60,19 @@ from .export import npy_data_offset, open_npy
 from .index_sources import (
     KEY_SCHEMA,
     Source,
+    check_keys,
     encode_unit,
     iter_npy_rows,
     model_source,
     parquet_source,
     read_keys,
+    refuse_vector_problems,
     stage_unit,
 )
 from .memwatch import PeakPrivateMemory, peak_rss_bytes
 from .modeldir import ModelDir
 from .runners import Runner, run_local
-from .scoring import check_k, counted, named
+from .scoring import ServingWarning, check_k, counted, named
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +172,12 @@ class ServedIndex:
     """A built index, its parameters and (for ivfpq) the vectors its candidates are re-ranked with.
 
     search() takes unit-norm float32 queries and returns (cosine scores, faiss ids), best first; an
-    id is a row of keys.parquet. live (after an update) marks which ids are searched: a dead id of
-    hnsw (or of a flat index updated before flat dropped them) is still in faiss and kept out of
-    results by a selector (ivfpq and flat remove their own).
+    id is a row of keys.parquet. An approximate index may find fewer than k rows for a query (ivfpq:
+    the nprobe lists searched hold fewer candidates; hnsw: the graph walk ends early); the missing
+    places hold id -1, which the answer drops (scoring.neighbor_table), and a ServingWarning says so.
+    live (after an update) marks which ids are searched: a dead id of hnsw (or of a flat index updated
+    before flat dropped them) is still in faiss and kept out of results by a selector (ivfpq and flat
+    remove their own).
     """
 
     def __init__(self, index: faiss.Index, params: dict, vectors: np.ndarray | None = None, path: str | None = None,
@@ -224,17 +234,46 @@ class ServedIndex:
             if self._search_params is not None:
                 self._search_params.efSearch = int(value)
 
-    def search(self, queries: np.ndarray, k: int, batch: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, batch: int = 2048, warn_short: bool = True
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids) of the k best rows of each query; with warn_short, a ServingWarning says how
+        many queries got fewer (their places hold id -1). Measuring recall turns it off."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         k = min(check_k(k, "search"), self.live_rows)
         if self.vectors is None:
-            return self.index.search(queries, k, params=self._search_params)
-        scores = np.empty((len(queries), k), np.float32)
-        ids = np.empty((len(queries), k), np.int64)
-        for start in range(0, len(queries), batch):
-            q = queries[start:start + batch]
-            scores[start:start + len(q)], ids[start:start + len(q)] = self._rerank(q, k)
+            scores, ids = self.index.search(queries, k, params=self._search_params)
+        else:
+            scores = np.empty((len(queries), k), np.float32)
+            ids = np.empty((len(queries), k), np.int64)
+            for start in range(0, len(queries), batch):
+                q = queries[start:start + batch]
+                scores[start:start + len(q)], ids[start:start + len(q)] = self._rerank(q, k)
+        if warn_short:
+            self.say_short((ids >= 0).sum(axis=1), k)
         return scores, ids
+
+    def say_short(self, found: np.ndarray, k: int) -> None:
+        """A ServingWarning when some queries got fewer than k rows (`found`: each query's count): how many,
+        the fewest, and the knob that reaches more (the index's search setting, which params.json's
+        `search` gives a load)."""
+        n = int((found < k).sum())
+        if not n:
+            return
+        kind = self.params["kind"]
+        why = None
+        if kind == "ivfpq":
+            why = (f"it searches nprobe {self.index.nprobe} of its {self.index.nlist} lists, which hold too few rows "
+                   "near those queries")
+        elif kind == "hnsw":
+            why = f"its graph search at efSearch {self.index.hnsw.efSearch} ended before reaching them"
+        fix = "index with --kind flat, which always finds k"
+        if why and self.path:
+            fix = (f"raise \"search\" in {os.path.join(self.path, 'params.json')} (the "
+                   f"{'nprobe' if kind == 'ivfpq' else 'efSearch'} a load uses), or {fix}")
+        said = (f"{self.path or 'the index'}: {n:,} of {counted(len(found), 'query', 'queries')} got fewer than the "
+                f"{k:,} neighbours asked of this {kind} index (the fewest: {int(found.min()):,}), so "
+                f"{'its answer is' if n == 1 else 'their answers are'} short")
+        warnings.warn(f"{said}: {why}; {fix}" if why else f"{said}; {fix}", ServingWarning, stacklevel=3)
 
     def _rerank(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """IVF-PQ candidates (k_factor · k), scored again with exact inner products."""
@@ -272,7 +311,7 @@ def without_self(found: np.ndarray, own: np.ndarray, k: int) -> list[np.ndarray]
 
 def recall_at(served: ServedIndex, queries: np.ndarray, own: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
     """Share of the exact k nearest other rows that the index finds among its k nearest other rows."""
-    _, found = served.search(queries, k + 1)
+    _, found = served.search(queries, k + 1, warn_short=False)
     got, want = without_self(found, own, k), without_self(truth, own, k)
     return float(np.mean([len(set(g.tolist()) & set(w.tolist())) / max(len(w), 1) for g, w in zip(got, want)]))
 
@@ -369,7 +408,7 @@ def _build(tmp: str, source: Source, kind: str, progress: bool, runner: Runner |
     sample, tasks, source, nulls = _stage(tmp, source, vectors_path, shape.get("train_rows", 0), seed, runner,
                                           progress)
     if source.rows == 0:
-        raise UserError(f"{source.name}: no rows to index: every row has a null vector")
+        raise UserError(f"{source.name}: no rows to index: every row has a null or all-zero vector")
     timings["stage"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -455,19 +494,23 @@ def _stage(tmp: str, source: Source, vectors_path: str, train_rows: int, seed: i
     """Step 1 over all units; writes keys.parquet; returns the training sample (empty if none wanted),
     where each task ran, the source as staged and the rows left out for a null vector. Those rows
     (users infer could not place) are named in a warning, and the source returned counts only the
-    rows staged, whose faiss ids then run on without a gap (_close_gaps)."""
+    rows staged, whose faiss ids then run on without a gap (_close_gaps). A key/vector Parquet with a
+    null or repeated key is refused before anything is staged (check_keys), one with a vector that
+    cosine cannot take (NaN, inf, all zero) once every unit is staged (refuse_vector_problems)."""
+    check_keys(source)
     pieces = [os.path.join(tmp, f"keys-{i:05d}.parquet") for i in range(len(source.units))]
     calls = [(source, unit, vectors_path, piece, round(train_rows * unit.rows / source.rows), seed)
              for unit, piece in zip(source.units, pieces)]
     bar = _bar(progress, source.rows, "stage vectors")
     shared = (ModelDir(source.model).keys(source.table) if source.model is not None else None, bar.update)
-    samples, tasks, null_keys = {}, [], {}
+    samples, tasks, null_keys, bad = {}, [], {}, {}
     for i, result in _runner_calls(runner, stage_unit, calls, shared):
-        samples[i], null_keys[i] = result.pop("sample"), result.pop("null_keys")
+        samples[i], null_keys[i], bad[i] = result.pop("sample"), result.pop("null_keys"), result.pop("bad_rows")
         tasks.append({"step": "stage", "unit": i, **result})
         if runner is not None:
             bar.update(result["rows"] + result["null_vectors"])
     bar.close()
+    refuse_vector_problems(source, [bad[i] for i in range(len(source.units))])
     tasks.sort(key=lambda t: t["unit"])
     with pq.ParquetWriter(os.path.join(tmp, "keys.parquet"), KEY_SCHEMA) as writer:
         for piece in pieces:  # in unit order: faiss id i is row i
@@ -477,8 +520,8 @@ def _stage(tmp: str, source: Source, vectors_path: str, train_rows: int, seed: i
     nulls = sum(task["null_vectors"] for task in tasks)
     if nulls:
         keys = [key for i in range(len(source.units)) for key in null_keys[i]]
-        log.warning(f"warning: {source.name}: {counted(nulls, 'row')} with a null vector "
-                    f"({'a user' if nulls == 1 else 'users'} infer could not place) left out of the index: "
+        log.warning(f"warning: {source.name}: {counted(nulls, 'row')} with a null or all-zero vector (users infer "
+                    "could not place, rows never trained) left out of the index: "
                     f"{named(keys, nulls)}")
         source = _close_gaps(vectors_path, source, [task["rows"] for task in tasks])
     return np.concatenate([samples[i] for i in range(len(source.units))]), tasks, source, nulls

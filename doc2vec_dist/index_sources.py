@@ -24,7 +24,7 @@ from .errors import UserError
 from .export import npy_data_offset, open_npy
 from .modeldir import ModelDir
 from .runners import where
-from .scoring import NAMED, lookup, unit_rows
+from .scoring import NAMED, counted, lookup, unit_rows
 
 CHUNK_ROWS = 1 << 18          # rows streamed at a time: 100 MB at dim 100
 
@@ -124,23 +124,33 @@ def parquet_vectors(path: str, keys: list[str]) -> tuple[np.ndarray, Source]:
 
 
 def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
-    """(keys, float32 vectors, keys without a vector) of one unit, a batch at a time. A row whose vector
-    is null (infer writes one for a user it could not place) is left out of the first two, its key
-    given in the third."""
+    """(keys, float32 vectors, keys without a vector, kept) of one unit, a batch at a time. A row whose
+    vector is null (infer writes one for a user it could not place) or all zero (a row never trained: a
+    model's words_out keeps one for a URL seen only in held-out pairs, and an export of it writes it) is
+    left out of the first two, its key given in the third; kept is then the mask of the batch's rows
+    given in the first two (None: all). A model's own table is given whole."""
     if source.model is not None:
         found = ModelDir(source.model, version=source.version)
         keys = found.keys(source.table) if keys is None else keys
         for ids, vectors in found.batches(source.table, unit.part):
-            yield keys.take(pa.array(ids)), vectors, _NO_KEYS
+            yield keys.take(pa.array(ids)), vectors, _NO_KEYS, None
         return
     for batch in pq.ParquetFile(unit.path).iter_batches(batch_size=1 << 16, columns=["key", "vector"]):
-        batch_keys, column, no_vector = batch.column("key"), batch.column("vector"), _NO_KEYS
+        batch_keys, column, no_vector, kept = batch.column("key"), batch.column("vector"), _NO_KEYS, None
         if column.null_count:
             valid = column.is_valid()
             no_vector = batch_keys.filter(pc.invert(valid))
             batch_keys, column = batch_keys.filter(valid), column.filter(valid)
+            kept = valid.to_numpy(zero_copy_only=False)
         vectors = modeldir.matrix_of(column, source.dim).astype(np.float32, copy=False)
-        yield batch_keys, vectors, no_vector
+        zero = np.isfinite(vectors).all(axis=1) & ~vectors.any(axis=1)  # no direction: cosine has nothing to go on
+        if zero.any():  # left out as a null vector is, named in the file's order
+            rows = np.flatnonzero(kept) if kept is not None else np.arange(len(zero))
+            kept = np.zeros(batch.num_rows, bool)
+            kept[rows[~zero]] = True
+            no_vector = batch.column("key").filter(pa.array(~kept))
+            batch_keys, vectors = batch_keys.filter(pa.array(~zero)), vectors[~zero]
+        yield batch_keys, vectors, no_vector, kept
 
 
 _NO_KEYS = pa.array([], pa.string())
@@ -149,6 +159,88 @@ _NO_KEYS = pa.array([], pa.string())
 def read_keys(path: str) -> pa.Array:
     """The key column of an index's keys.parquet as one string array (null: a dead id)."""
     return pq.read_table(path, columns=["key"]).column("key").combine_chunks().cast(pa.string())
+
+
+def check_keys(source: Source) -> None:
+    """Refuse a key/vector Parquet dataset whose key column has a null (an index's keys.parquet marks a
+    dead id with one, and a neighbour would be answered as null) or a key given twice (two ids for one
+    key: it would be answered twice, and an update matches rows by key), before anything is staged:
+    one UserError naming the first such row (its file, row and key) and counting them. Reads the key
+    column alone, file by file; holds the keys for the duplicate check. A model's keys are unique and
+    never null by construction: nothing is read for it."""
+    if source.model is not None:
+        return
+    columns = []
+    for unit in source.units:
+        try:
+            columns.append(pq.ParquetFile(unit.path).read(columns=["key"]).column("key"))
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise UserError(f"{unit.path}: cannot read its column 'key' ({str(exc).splitlines()[0]})") from None
+    nulls = sum(column.null_count for column in columns)
+    if nulls:
+        at = next(i for i, column in enumerate(columns) if column.null_count)
+        row = pc.index(pc.is_null(columns[at]), True).as_py()
+        raise UserError(f"{source.units[at].path}: row {row} has no 'key' ({_rows_of(source, nulls)} "
+                        f"{'has' if nulls == 1 else 'have'} a null key); an index answers with keys: give every "
+                        "row one")
+    keys = pa.chunked_array([chunk for column in columns for chunk in column.cast(pa.large_string()).chunks],
+                            pa.large_string()).combine_chunks()
+    del columns
+    repeats = len(keys) - pc.count_distinct(keys).as_py()
+    if not repeats:
+        return
+    first = pc.index_in(keys, value_set=keys).to_numpy(zero_copy_only=False)  # each row's key's first row
+    row = int(np.flatnonzero(first != np.arange(len(keys), dtype=first.dtype))[0])
+    (path, at), (path0, at0) = _file_row(source, row), _file_row(source, int(first[row]))
+    earlier = f"row {at0}" + ("" if path0 == path else f" of {path0}")
+    raise UserError(f"{path}: row {at} repeats key {keys[row].as_py()!r} of {earlier} (column 'key'; "
+                    f"{_rows_of(source, repeats)} {'repeats' if repeats == 1 else 'repeat'} an earlier key); an "
+                    "index holds one vector per key: give each key once")
+
+
+def vector_problems(unit: Unit, found: dict, vectors: np.ndarray, keys: pa.Array, first_row: int,
+                    kept: np.ndarray | None) -> bool:
+    """Count into `found` the rows of a batch of a key/vector Parquet whose vector cosine cannot take: a
+    NaN or inf element (an all-zero one read_unit leaves out); the first is kept as [file, row in it,
+    key, element, value]. first_row: the file row of the batch's first row; kept: which of the batch's
+    rows `vectors` holds (None: all). True when the batch has one."""
+    finite = np.isfinite(vectors).all(axis=1)
+    for what, mask in (("nonfinite", ~finite),):
+        n = int(mask.sum())
+        if not n:
+            continue
+        found[what] = found.get(what, 0) + n
+        if f"first_{what}" not in found:
+            i = int(np.argmax(mask))
+            row = first_row + (int(np.flatnonzero(kept)[i]) if kept is not None else i)
+            first = [unit.path, row, keys[i].as_py()]
+            if what == "nonfinite":
+                element = int(np.argmax(~np.isfinite(vectors[i])))
+                first += [element, str(vectors[i, element])]
+            found[f"first_{what}"] = first
+    return bool(found)
+
+
+def refuse_vector_problems(source: Source, found: list[dict]) -> None:
+    """One UserError for the first unit's first row that vector_problems found (NaN or inf), counting such
+    rows over every unit; nothing when there is none."""
+    n = sum(f.get("nonfinite", 0) for f in found)
+    if n:
+        path, row, key, element, value = next(f["first_nonfinite"] for f in found if f.get("nonfinite"))
+        raise UserError(f"{path}: row {row} (key {key!r}) has {value} at element {element} of its 'vector' "
+                        f"({_rows_of(source, n)} {'holds' if n == 1 else 'hold'} NaN or inf); cosine needs finite "
+                        "vectors: drop those rows, or give them a null vector (the index leaves such rows out)")
+
+
+def _rows_of(source: Source, n: int) -> str:
+    """'1 row', or '3 rows of DIR' for a dataset of several files."""
+    return counted(n, "row") + (f" of {source.name}" if len(source.units) > 1 else "")
+
+
+def _file_row(source: Source, row: int) -> tuple[str, int]:
+    """(file, row in it) of row `row` of the source, counting every row of its files."""
+    at = int(np.searchsorted([unit.offset for unit in source.units], row, side="right")) - 1
+    return source.units[at].path, row - source.units[at].offset
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -160,28 +252,33 @@ def stage_unit(source: Source, unit: Unit, vectors_path: str, keys_piece: str, s
     """Normalise one unit's rows into their place in vectors.npy, its keys into a Parquet piece;
     returns a uniform random sample of its normalised rows (for training) and where it ran. Rows
     without a vector are left out (the unit's rows then end early: _stage closes the gap), counted,
-    and the first NAMED of their keys returned."""
+    and the first NAMED of their keys returned. A key/vector Parquet's vectors are checked
+    (vector_problems): rows that cosine cannot take are counted in `bad_rows`, the first named, and
+    once one is found nothing more is written (_stage then refuses the source)."""
     rng = np.random.default_rng([seed, unit.offset])
     picks = np.sort(rng.choice(unit.rows, min(sample_rows, unit.rows), replace=False))
-    sample, seen, nulls, null_keys = [], 0, 0, []
+    sample, seen, nulls, null_keys, bad = [], 0, 0, [], {}
+    check = source.model is None  # a model's rows: training refuses non-finite values; never-trained rows stay zero
     with open(vectors_path, "r+b") as fh, pq.ParquetWriter(keys_piece, KEY_SCHEMA) as key_writer:
         fh.seek(npy_data_offset(vectors_path) + unit.offset * source.dim * 4)
-        for chunk_keys, vectors, no_vector in read_unit(source, unit, keys):
+        for chunk_keys, vectors, no_vector, kept in read_unit(source, unit, keys):
+            first_row = seen + nulls
             nulls += len(no_vector)
             null_keys += no_vector.slice(0, NAMED - len(null_keys)).cast(pa.string()).to_pylist()
-            vectors = unit_rows(vectors)
             if seen + nulls + len(vectors) > unit.rows:
                 break  # more rows than the file's metadata said: caught below
-            fh.write(vectors.tobytes())
-            key_writer.write_table(pa.table({"key": chunk_keys.cast(pa.string())}))
-            lo, hi = np.searchsorted(picks, [seen, seen + len(vectors)])
-            sample.append(vectors[picks[lo:hi] - seen])
+            if not (check and vector_problems(unit, bad, vectors, chunk_keys, first_row, kept)):
+                vectors = unit_rows(vectors)
+                fh.write(vectors.tobytes())
+                key_writer.write_table(pa.table({"key": chunk_keys.cast(pa.string())}))
+                lo, hi = np.searchsorted(picks, [seen, seen + len(vectors)])
+                sample.append(vectors[picks[lo:hi] - seen])
             seen += len(vectors)
             if on_rows:
                 on_rows(len(vectors) + len(no_vector))
     if seen + nulls != unit.rows:
         raise UserError(f"{unit.path}: read {seen + nulls} rows, its metadata says {unit.rows}")
-    return {"rows": seen, "null_vectors": nulls, "null_keys": null_keys,
+    return {"rows": seen, "null_vectors": nulls, "null_keys": null_keys, "bad_rows": bad,
             "sample": np.concatenate(sample or [np.zeros((0, source.dim), np.float32)]), **where()}
 
 

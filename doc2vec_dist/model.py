@@ -451,10 +451,13 @@ class Model:
                     f"an index of it: doc2vec-dist index --model {self._shown} --table {table} --out NEW_INDEX")
         if vectors.shape[1] != served.index.d:
             raise UserError(f"{path}: index vectors have {served.index.d} dims, table {table} has {vectors.shape[1]}")
-        scores, found = served.search(unit_rows(vectors), k + int(leave_out))
+        scores, found = served.search(unit_rows(vectors), k + int(leave_out), warn_short=False)
         keys = served.keys
         # faiss ids are the index's own row order, so the query is recognised by its key
         is_self = _same_key(keys, found, names) if leave_out else None
+        # what each query gets: its rows found, less its own, up to k (said when short, with the knob)
+        served.say_short(np.minimum((found >= 0).sum(axis=1) - (is_self.any(axis=1) if leave_out else 0), k),
+                         min(k, served.live_rows - int(leave_out)))
         return neighbor_table(names, found, scores, keys, k, is_self)
 
     def infer(self, events, *, doc_col: str = "user_id", token_col: str = "url", time_col: str | None = None,

@@ -533,7 +533,7 @@ CASES = [
          "a null vector (a user infer could not place), left out of the answer: stranger",
          {"inferred.parquet": _inferred}),
     Case("index --vectors with a user infer could not place", "index --vectors {t}/inferred.parquet --out {t}/i",
-         "says", "warning: {t}/inferred.parquet: 1 row with a null vector (a user infer could not place) left out of "
+         "says", "warning: {t}/inferred.parquet: 1 row with a null or all-zero vector (users infer could not place, rows never trained) left out of "
          "the index: stranger", {"inferred.parquet": _inferred}),
     # --- issue 47, item 5: URLs are normalised, by the rule the corpus or model recorded ---------------------
     Case("infer with the model's URLs written otherwise (case, a slash)", "infer --model {model} {t}/e.csv --out "

@@ -311,7 +311,7 @@ def test_refusals_name_the_path_and_touch_nothing(day0, tmp_path, snapshot):
         ({"old": index, "out": out, "vectors_path": src, "kind": "ivfpq"},
          rf"{index}: --update keeps the old index's kind \(hnsw\); drop --kind ivfpq"),
         ({"old": index, "out": str(mine), "vectors_path": src}, rf"{mine}: exists and is not a faiss index"),
-        ({"old": index, "out": out, "vectors_path": keyless}, rf"{keyless}: a null key in 1 of its rows"),
+        ({"old": index, "out": out, "vectors_path": keyless}, rf"{keyless}: row 1 has no 'key' \(1 row has a null key\)"),
     ]
     for kwargs, message in cases:
         with pytest.raises(UserError, match=message) as err:
@@ -426,7 +426,7 @@ def test_rows_with_a_null_vector_stay_out_of_a_build_and_of_an_update(day0, day1
     index = str(tmp_path / "users.index")
     params = build_index(index, kind=kind, vectors_path=str(folder), progress=False)
     assert (params["rows"], params["null_vectors"]) == (ROWS - 3, 3)
-    assert f"warning: {folder}: 3 rows with a null vector (users infer could not place) left out of the index: u5, " \
+    assert f"warning: {folder}: 3 rows with a null or all-zero vector (users infer could not place, rows never trained) left out of the index: u5, " \
            "u1700, u2999" in logged.messages
     assert_ids_are_rows(index, {k: v for k, v in day0.items() if k not in nulls})
 

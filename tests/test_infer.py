@@ -353,5 +353,5 @@ def test_users_without_a_known_url_are_named_and_every_reader_of_the_file_skips_
     assert sorted(keys) == sorted(placed)
     assert main(["index", "--vectors", out, "--kind", "hnsw", "--out", str(tmp_path / "hnsw.index"),
                  "--no-progress"]) == 0
-    assert (f"warning: {out}: 7 rows with a null vector (users infer could not place) left out of the index: "
+    assert (f"warning: {out}: 7 rows with a null or all-zero vector (users infer could not place, rows never trained) left out of the index: "
             "stranger0, stranger1, stranger2, stranger3, stranger4 and 2 more") in capsys.readouterr().err.splitlines()
