@@ -49,8 +49,10 @@ with row-wise Adagrad: a new row has no accumulator history worth continuing, an
 passes over one user's URLs is the setting SGD's schedule was made for. Pass --alpha if an Adagrad
 model's alpha is not a good SGD step size.
 
-Deterministic: the random draws of batch b come from (seed, b), so the same inputs, seed and
-batch_users give the same vectors bit for bit. (gensim's infer_vector is not repeatable: #447, #2847.)
+Deterministic: the random draws of batch b come from (seed, b), so the same inputs (the same users in
+the same order), seed and batch_users give the same vectors bit for bit. A user's vector depends on its
+batch's draws: in another batch it is another draw of the same inference. (gensim's infer_vector is not
+repeatable: #447, #2847.)
 """
 
 from __future__ import annotations
