@@ -257,21 +257,33 @@ class Capped:
     EXAMPLES = 3
 
 
-def _last_tokens(lengths: np.ndarray, cap: int) -> np.ndarray:
+def _last_tokens(lengths: np.ndarray, cap: int, timed: np.ndarray | None = None) -> np.ndarray:
     """Mask of the tokens each document keeps of `lengths` (documents one after another) under a cap of
-    `cap` tokens: its last ones, its most recent events where the documents are in time order."""
+    `cap` tokens: its last ones, its most recent events where the documents are in time order. timed
+    (a mask of the tokens with a time; each document's untimed ones after its timed ones, as _events
+    sorts them): its most recent timed events, and only where it has fewer than `cap` of them the last
+    untimed ones read, which have no time that could make them more recent than a timed one."""
     ends = np.cumsum(lengths)
-    return np.repeat(ends, lengths) - np.arange(int(ends[-1]) if len(ends) else 0) <= cap
+    total = int(ends[-1]) if len(ends) else 0
+    if timed is None:
+        return np.repeat(ends, lengths) - np.arange(total) <= cap
+    at = np.arange(total) - np.repeat(ends - lengths, lengths)  # each token's place in its document
+    with_time = np.repeat(np.add.reduceat(timed.astype(np.int64), (ends - lengths)[lengths > 0])
+                          if total else np.zeros(0, np.int64), lengths[lengths > 0])
+    room = np.maximum(cap - with_time, 0)  # places left for untimed events
+    return np.where(at < with_time, at >= with_time - cap, at >= np.repeat(lengths, lengths) - room)
 
 
-def _cap(lengths: np.ndarray, cap: int | None, key_of) -> tuple[np.ndarray | None, Capped | None]:
+def _cap(lengths: np.ndarray, cap: int | None, key_of, timed: np.ndarray | None = None
+         ) -> tuple[np.ndarray | None, Capped | None]:
     """(mask of the tokens kept, what was cut) of documents of `lengths` under --max-tokens-per-doc
-    (None: no cap, or none over it); key_of(indices) gives documents' keys, for the report."""
+    (None: no cap, or none over it); key_of(indices) gives documents' keys, for the report; timed:
+    _last_tokens's."""
     if not cap or not len(lengths) or lengths.max() <= cap:
         return None, None
     over = np.flatnonzero(lengths > cap)
-    return _last_tokens(lengths, cap), Capped(len(over), int((lengths[over] - cap).sum()),
-                                              [str(k) for k in key_of(over[:Capped.EXAMPLES])])
+    return _last_tokens(lengths, cap, timed), Capped(len(over), int((lengths[over] - cap).sum()),
+                                                     [str(k) for k in key_of(over[:Capped.EXAMPLES])])
 
 
 def _new_ids(n: int, first_id: int | None) -> np.ndarray:
@@ -286,7 +298,8 @@ def _grouped(ev: Events, s: Settings, vocab_size: int, first_id: int | None) -> 
     codes, tokens, times, fresh = ev.codes, ev.tokens, ev.times, ev.fresh
     before = np.bincount(codes, minlength=nkeys)
     # the cap before the held-out split: what is hidden is then of the events a document keeps
-    keep, capped = _cap(before, s.max_tokens_per_doc, lambda at: ev.keys.take(pa.array(at)).to_pylist())
+    keep, capped = _cap(before, s.max_tokens_per_doc, lambda at: ev.keys.take(pa.array(at)).to_pylist(),
+                        None if times is None else ~np.isnan(times))
     if keep is not None:
         codes, tokens, fresh = codes[keep], tokens[keep], fresh[keep]
         times = times[keep] if times is not None else None
@@ -404,7 +417,7 @@ def _joined(ev: Events, b: int, s: Settings, first_id: int | None) -> Documents:
     n_base = n_shard + len(refilled)
     keep, capped = _cap(doc_lengths, s.max_tokens_per_doc, lambda at: np.concatenate([
         base_keys.take(pa.array(doc_ids[at[at < n_base]])).to_pylist(),
-        ev.keys.take(pa.array(new[at[at >= n_base] - n_base])).to_pylist()]))
+        ev.keys.take(pa.array(new[at[at >= n_base] - n_base])).to_pylist()]), None if not timed else ~np.isnan(times))
     if keep is not None:
         words, times = words[keep], times[keep] if timed else None
         doc_lengths = np.minimum(doc_lengths, s.max_tokens_per_doc)

@@ -1016,6 +1016,23 @@ def test_max_tokens_per_doc_keeps_each_documents_latest_events(tmp_path, logged,
         _prepare([src], tmp_path / "zero", max_tokens_per_doc=0)
 
 
+def test_max_tokens_per_doc_keeps_timed_events_before_untimed_ones(tmp_path):
+    """An event without a time goes after its user's timed ones, and the cap kept the last N: every untimed
+    event beat the most recent timed one (a user's review: 3 kept of 5 timed and 2 undated were the newest
+    timed event and both undated ones). Untimed events now fill only the places the timed ones leave."""
+    t0 = 1_700_000_000
+    rows = ([("mix", f"t{j}", t0 + j) for j in range(5)] + [("mix", "x0", None), ("mix", "x1", None)]
+            + [("few", "f0", t0), ("few", "y0", None), ("few", "y1", None), ("few", "y2", None)]
+            + [("none", f"z{j}", None) for j in range(4)] + [("short", "s0", None), ("short", "s1", t0)])
+    c = _prepare([_write_events(tmp_path / "e.parquet", rows)], tmp_path / "out", time_col="ts", max_tokens_per_doc=3)
+    docs = _documents(c)
+    assert docs["mix"] == ["t2", "t3", "t4"]  # its 3 most recent timed events; before: t4, x0, x1
+    assert docs["few"] == ["f0", "y1", "y2"]  # its one timed event, then the last untimed ones read
+    assert docs["none"] == ["z1", "z2", "z3"]  # none timed: the last 3 read, as without --time-col
+    assert docs["short"] == ["s1", "s0"]  # under the cap: all of it
+    assert c.meta["skipped"]["tokens_beyond_max_per_doc"] == 4 + 1 + 1 and c.meta["docs_capped"] == 3
+
+
 def test_max_tokens_per_doc_in_a_refresh_caps_the_joined_documents(tmp_path):
     """In a refresh the cap applies to the document a user's new events join: its latest events stay,
     whichever day they came from; both ways of joining alike."""
