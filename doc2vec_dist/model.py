@@ -322,9 +322,10 @@ class Model:
         exclude_seen = self._exclude_seen(exclude_seen, rows is not None, table, against or table)
         if rows is None:
             queries, names = self._skip_unplaced(queries, names, by_position, vectors_file)
-            if not names:
-                return neighbor_table([], np.zeros((0, 1), np.int64), np.zeros((0, 1), np.float32),
-                                      pa.array([], pa.string()), k, None)
+        queries, names, rows = self._skip_untrained(queries, names, rows, table, by_position)
+        if not names:
+            return neighbor_table([], np.zeros((0, 1), np.int64), np.zeros((0, 1), np.float32),
+                                  pa.array([], pa.string()), k, None)
         if index is not None:
             return self._saved_neighbors(names, queries, leave_out, k, table, against, index)
         against = against or table
@@ -411,6 +412,26 @@ class Model:
             said = f"neighbors: {counted(n, 'vector')} all NaN ({who} infer could not place) left out of the answer: {listed}"
         warnings.warn(said, ServingWarning, stacklevel=3)
         return queries[~unplaced], [name for name, out in zip(names, unplaced) if not out]
+
+    def _skip_untrained(self, queries: np.ndarray, names: list[str], rows: np.ndarray | None, table: str,
+                        by_position: bool) -> tuple[np.ndarray, list[str], np.ndarray | None]:
+        """The queries less those all zero, which a ServingWarning names: a row never trained (a URL with no
+        event in the corpus: seen only in held-out pairs, or cut by --max-tokens-per-doc) has no direction,
+        and every row scored 0 against it, an arbitrary answer."""
+        zero = ~queries.any(axis=1)
+        if not zero.any():
+            return queries, names, rows
+        n = int(zero.sum())
+        skipped = [names[i] for i in np.flatnonzero(zero)]
+        what = (f"{counted(n, 'key')} asked of {table}" if rows is not None else counted(n, "vector"))
+        listed = f"at position{'' if n == 1 else 's'} {named(skipped)}" if by_position and rows is None else named(skipped)
+        warnings.warn(f"neighbors: {what} {'is' if n == 1 else 'are'} all zero (a row never trained: no event of it "
+                      "in the corpus, "
+                      "as for a URL seen only in held-out pairs; no direction to compare), left out of the answer: "
+                      f"{listed}", ServingWarning, stacklevel=3)
+        keep = ~zero
+        return (queries[keep], [name for name, out in zip(names, zero) if not out],
+                rows[keep] if rows is not None else None)
 
     def _check(self, recorded: dict | None, table: str, what: str, redo: str, remake: str) -> None:
         """provenance.check of vectors made from a model against this one, once per (index or file, table)."""

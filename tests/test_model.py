@@ -274,6 +274,28 @@ def test_neighbors_skip_all_nan_rows_naming_them_and_answer_the_others(trained_m
         assert model.neighbors(vectors=vectors[1]).num_rows == 0  # nothing left to answer: an empty table
 
 
+def test_a_row_never_trained_is_left_out_of_neighbors_and_named(small_models, tmp_path):
+    """A row all zero (a URL with no event in the corpus: seen only in held-out pairs, or cut by
+    --max-tokens-per-doc) scored 0 against every row: `neighbors --table words_out --key URL` answered
+    arbitrary URLs at 0.0000 with exit 0. Such a query is left out and named, as a user without a vector is."""
+    from doc2vec_dist import checkpoint
+
+    model = small_models.make(tmp_path / "model", 1, rows=50)
+    matrix = np.random.default_rng(2).standard_normal((50, small_models.DIM)).astype(np.float32)
+    matrix[3] = 0.0
+    version = checkpoint.next_version(model)
+    part = checkpoint.write_slice(model, version, "docs", 0, 1, np.arange(50), matrix)
+    checkpoint.commit(model, version, {"docs": [part]}, {"docs": small_models.DIM}, {}, keep=3)
+    found = Model.load(model)
+    with pytest.warns(UserWarning, match=r"^neighbors: 1 key asked of docs is all zero \(a row never trained: .*\), "
+                                         r"left out of the answer: u3$"):
+        table = found.neighbors(["u3", "u4"], k=3)
+    assert set(table.column("key").to_pylist()) == {"u4"} and table.num_rows == 3
+    with pytest.warns(UserWarning, match=r"^neighbors: 1 vector is all zero .* left out of the answer: at position 1$"):
+        table = found.neighbors(vectors=np.stack([matrix[4], matrix[3]]), k=3)
+    assert set(table.column("key").to_pylist()) == {"0"}
+
+
 @pytest.mark.parametrize("k", [0, -3, 2.5, True, "5"])
 def test_k_is_a_whole_number_of_at_least_one(trained_model, k):
     model = Model.load(trained_model)
