@@ -238,7 +238,8 @@ def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
             raise UserError(f"{path}: row {bad[0]} has score {score[bad[0]]} ({len(bad):,} row(s) are not finite "
                             "numbers); every pair needs a score")
         # a pair, whichever way it is written: counted twice it would weigh twice in the correlation
-        lo, hi = pc.if_else(pc.less_equal(keys1, keys2), keys1, keys2), pc.if_else(pc.less_equal(keys1, keys2), keys2, keys1)
+        first = pc.less_equal(keys1, keys2)
+        lo, hi = pc.if_else(first, keys1, keys2), pc.if_else(first, keys2, keys1)
         refuse_duplicates(path, "the pairs", pc.binary_join_element_wise(lo, hi, " / "), "pair",
                           " (key1 / key2, either way round)")
         return keys1.to_pylist(), keys2.to_pylist(), score

@@ -22,8 +22,9 @@ The steps, in the order of the data flow:
    in words_out, and PV-DM's words, and counted ("composed vectors for N URLs the model never saw");
    the new page of a known site then counts as the site's pages do. `compose=False` (--no-compose)
    drops them instead, as infer did before. Events whose URL has no row nor a composed one (a site the
-   model never saw) are dropped and counted ("skipped N events with URLs the model never saw"). A user left with no known URL (or none at all: every one null or empty, which prepare
-   drops and keeps the key of, prepare(empty_keys=True)) gets no vector, and a warning names such users
+   model never saw) are dropped and counted ("skipped N events with URLs the model never saw"). A user
+   left with no known URL (or none at all: every one null or empty, which prepare drops and keeps the
+   key of, prepare(empty_keys=True)) gets no vector, and a warning names such users
    (the first few, and how many). They are not dropped: the Parquet that `infer` writes keeps their
    key with a null vector, and the arrays (`Model.infer`, `infer` without `out`) hold a row of NaN
    for them. A zero row would look like a vector: faiss scores it 0 against everything and answers
@@ -83,8 +84,8 @@ from .errors import UserError
 from .ids import mix64
 from .prepare import prepare
 from .sampling import NegativeTable, keep_probabilities
-from .shard_pass import EMPTY_KEYS_FILE
 from .scoring import NAMED, ServingWarning, counted, named
+from .shard_pass import EMPTY_KEYS_FILE
 from .urls import UrlRule, normalize_distinct
 
 log = logging.getLogger(__name__)

@@ -424,7 +424,9 @@ class Model:
         n = int(zero.sum())
         skipped = [names[i] for i in np.flatnonzero(zero)]
         what = (f"{counted(n, 'key')} asked of {table}" if rows is not None else counted(n, "vector"))
-        listed = f"at position{'' if n == 1 else 's'} {named(skipped)}" if by_position and rows is None else named(skipped)
+        listed = named(skipped)
+        if by_position and rows is None:
+            listed = f"at position{'' if n == 1 else 's'} {listed}"
         warnings.warn(f"neighbors: {what} {'is' if n == 1 else 'are'} all zero (a row never trained: no event of it "
                       "in the corpus, "
                       "as for a URL seen only in held-out pairs; no direction to compare), left out of the answer: "

@@ -123,8 +123,8 @@ def test_a_user_whose_every_url_is_null_or_empty_keeps_a_row_without_a_vector(tr
     assert vector_of["emptyurl"] is None and vector_of["nullurl"] is None
     assert (summary["rows"], summary["null_vectors"], summary["users_without_known_urls"]) == (len(users), 2, 2)
     warnings = [r.getMessage() for r in logged.records if r.levelname == "WARNING"]
-    assert warnings == [f"warning: 2 users have no URL the model knows (emptyurl, nullurl): their rows in "
-                        f"{summary['path']} have a null vector"]
+    assert warnings == [(f"warning: 2 users have no URL the model knows (emptyurl, nullurl): their rows in "
+                         f"{summary['path']} have a null vector")]
     # the arrays: a row of NaN each, in the same place
     with pytest.warns(UserWarning, match=r"2 users have no URL the model knows \(emptyurl, nullurl\): their rows are NaN"):
         keys, vectors = infer(trained_model, [mixed], progress=False)
