@@ -192,6 +192,9 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     (None: every row); `sample` is refused for the other formats.
     """
     if format == "projector":
+        if dtype != "float32":
+            raise UserError(f"--dtype {dtype}: --format projector writes its vectors as text (tensors.tsv), at "
+                            "float32; drop --dtype")
         return export_projector(model, table, out, sample=sample, seed=seed, normalize=normalize, progress=progress)
     if sample is not None:
         raise UserError(f"--sample {sample}: only --format projector exports a sample; the other formats export "

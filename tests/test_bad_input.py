@@ -621,6 +621,9 @@ CASES = [
     Case("export --format projector into a folder of the user's", "export --model {model} --format projector "
          "--out {t}/mine", "error", "{t}/mine: exists and is not a projector export made by doc2vec-dist (it holds "
          "keep.txt)", {"mine/keep.txt": b"mine"}, "{t}/mine"),
+    Case("export --format projector --dtype float16 (it wrote float32 without a word)", "export --model {model} "
+         "--format projector --dtype float16 --out {t}/p", "error", "--dtype float16: --format projector writes its "
+         "vectors as text (tensors.tsv), at float32; drop --dtype", untouched="{t}/p"),
     Case("export --format projector --sample 0", "export --model {model} --format projector --sample 0 --out {t}/p",
          "error", "bad value for --sample: '0' (a whole number >= 1)", untouched="{t}/p"),
     # --- issue 48: --device-memory -------------------------------------------------------------------------
