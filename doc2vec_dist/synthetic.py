@@ -370,7 +370,7 @@ def _url_strings(community: np.ndarray, c: int, rng: np.random.Generator) -> tup
                                        pc.cast(pa.array(page), pa.string()), "")
     path = pc.if_else(pa.array(page == 0), "/", path)
     urls = pc.binary_join_element_wise("https://", site_names.take(pa.array(site)), path, "")
-    return urls, int(sites)
+    return urls, len(np.unique(site))  # the sites some URL is on (20 sites over 8 communities use 16)
 
 
 def _weighted_pick(choices: tuple, n: int, rng: np.random.Generator) -> pa.Array:

@@ -231,6 +231,16 @@ def test_refuses_non_empty_output_and_accepts_empty_dir(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["empty", "full"]
 
 
+def test_generate_json_counts_the_sites_its_urls_are_on(tmp_path):
+    """20 sites over 8 communities: each community takes 20 // 8 = 2, and generate.json said 20 where the URLs
+    were on 16."""
+    generate(str(tmp_path / "g"), 300, 200, seed=1, progress=False)
+    with open(tmp_path / "g" / "generate.json") as fh:
+        recorded = json.load(fh)["model"]["sites"]
+    hosts = {url.split("/")[2] for url in pq.read_table(tmp_path / "g" / "truth" / "urls.parquet").column("url").to_pylist()}
+    assert recorded == len(hosts) == 16
+
+
 def test_events_dir_recognises_a_generate_output_by_its_generate_json(tmp_path):
     from doc2vec_dist.synthetic import events_dir
 
