@@ -233,11 +233,19 @@ class _Page:
         body += ["<h3>Provenance</h3>", _table(provenance)]
         ends = [line for line in self.lines if line["event"] in ("end", "stop")]
         wall = ends[-1]["t"] - self.lines[0]["t"] if ends and self.lines else None
-        duration = [("training", _duration(summary.get("train_seconds"))),
-                    ("start-up", _duration(summary.get("startup_seconds"))),
-                    ("checkpoints", _duration(summary.get("checkpoint_seconds"))),
-                    ("tokens", summary.get("tokens")),
-                    ("tokens/s", summary.get("tokens_per_second")),
+        trained, tokens, rate, last = summary.get("train_seconds"), summary.get("tokens"), \
+            summary.get("tokens_per_second"), ""
+        epochs = [line for line in self.lines if line["event"] == "epoch"]
+        if len(starts) > 1 and epochs:  # the summary is the last run's: every run's epochs are in the log
+            trained = sum(e.get("wall_seconds", 0.0) for e in epochs)
+            tokens = sum(e.get("tokens", 0) for e in epochs)
+            rate = round(tokens / trained) if trained else None
+            last = ", the last run's"
+        duration = [("training" + (", every run's epochs" if last else ""), _duration(trained)),
+                    ("start-up" + last, _duration(summary.get("startup_seconds"))),
+                    ("checkpoints" + last, _duration(summary.get("checkpoint_seconds"))),
+                    ("tokens", tokens),
+                    ("tokens/s", rate),
                     ("runs", f"{len(starts)} ({len(starts) - 1} resumed)" if starts else "—"),
                     ("wall clock, first start to last end", _duration(wall))]
         body += ["<h3>Duration</h3>", _table(duration), "</div></div>"]

@@ -20,6 +20,7 @@ import pytest
 from doc2vec_dist import modeldir, runlog
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.metrics import RECORD_SECONDS, RunMetrics
 from doc2vec_dist.trainer import train
@@ -106,6 +107,17 @@ def test_a_resumed_run_appends_to_the_log_and_the_metrics_reach_rays_endpoint(ra
     assert starts[0]["run"] != starts[1]["run"]
     assert [line["epoch"] for line in lines if line["event"] == "epoch"] == [1, 2, 3]
     assert [line["event"] for line in lines].count("end") == 2
+    # the page's Duration is every run's: it showed the resumed run's summary alone (its tokens, its seconds)
+    from doc2vec_dist.report import report
+
+    page = str(tmp_path / "page.html")
+    report(model, page, sample=50)
+    with open(page) as fh:
+        text = fh.read()
+    every = sum(line["tokens"] for line in lines if line["event"] == "epoch")
+    assert every == 3 * Corpus(small_corpus).num_tokens
+    assert f"<td>tokens</td><td>{every:,}</td>" in text, text[text.find("Duration"):][:800]
+    assert "training, every run&#x27;s epochs" in text and "start-up, the last run&#x27;s" in text
 
 
 def test_the_metrics_tell_ray_every_few_seconds_not_every_tick_and_lose_no_rows(monkeypatch):
