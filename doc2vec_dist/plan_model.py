@@ -136,9 +136,15 @@ def macro_batch_profile(corpus: Corpus, config: TrainConfig, batches: int = 3) -
     if not seen:
         raise UserError(f"{corpus.path}: the corpus has no tokens to plan for")
     mean = {k: float(np.mean([s[k] for s in seen])) for k in seen[0]}
+    # an estimate's sample on disk can be smaller than one of its macro-batches: the examples, their bytes
+    # and the documents grow with the tokens a real one holds (the distinct URLs, which saturate, as counted)
+    holds = min(macro, corpus.num_tokens)  # (as many as a real corpus's first chunks give the loop above)
+    grown = holds / mean["tokens"] if 0 < mean["tokens"] < holds else 1.0
+    for key in ("tokens", "examples", "example_bytes", "docs"):
+        mean[key] *= grown
     unique = mean["docs"] + mean["words"] + mean["words_out"]
     return {"macro_batch": macro, "batches_measured": len(seen), **{k: round(v) for k, v in mean.items()},
-            "unique_rows": round(unique)}
+            "unique_rows": round(unique), **({"grown_from_sample": round(grown, 3)} if grown != 1.0 else {})}
 
 
 # -- scaling over workers ---------------------------------------------------------------------------------

@@ -590,6 +590,10 @@ def test_a_corpus_scaled_to_more_users_is_an_estimate_of_the_corpus_they_make(sm
     same = plan.plan(small_corpus, cfg, run_calibration=False, users=SMALL_USERS)
     alone = plan.plan(small_corpus, cfg, run_calibration=False)
     assert same["scaling"] == alone["scaling"] and same["memory"] == alone["memory"]
+    # a macro-batch of the estimate holds what one of the whole would (the sample on disk holds half of one):
+    # its examples were the sample's own, and the worker's batch memory with them
+    assert est["macro_batch"]["grown_from_sample"] > 1.5
+    assert est["macro_batch"]["examples"] == pytest.approx(real["macro_batch"]["examples"], rel=0.2)
     for e, r in zip(est["scaling"], real["scaling"], strict=True):
         ratio = e["total_bytes_per_token"] / r["total_bytes_per_token"]
         assert 1 / ESTIMATE_FACTOR < ratio < ESTIMATE_FACTOR, (e["workers"], ratio)
