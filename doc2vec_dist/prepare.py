@@ -430,6 +430,8 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "holdout_out": hold_final, "heldout_pairs": p3.heldout, "seed": c.seed,
         "skipped": p1.skips.counts, "skipped_where": p1.skips.where,
         "docs_with_one_token": p3.docs_with_one_token,
+        # (held out, or cut by the cap: in the vocabulary, their rows never trained)
+        "words_without_events": int(np.count_nonzero(np.asarray(p3.counts) == 0)),
         "events_without_time": p1.notes.untimed if opt.time_col else None,
         "events_without_time_where": p1.notes.untimed_where,
         "max_tokens_per_doc": c.max_tokens_per_doc, "docs_capped": p3.capped.docs,

@@ -221,6 +221,11 @@ def skip_report(meta: dict) -> list[str]:
     if meta.get("docs_with_one_token"):
         lines.append(f"kept {meta['docs_with_one_token']:,} document(s) with a single {token}: they train "
                      "like any other")
+    if meta.get("words_without_events"):
+        words = f"'{tok}' values" if fmt == "events" and tok else "words"
+        lines.append(f"kept {meta['words_without_events']:,} of the {meta['vocab_size']:,} {words} in the vocabulary "
+                     "with no event left to train on (all held out, or cut by --max-tokens-per-doc): each keeps its "
+                     "row, which training never moves (neighbors and index leave such all-zero rows out)")
     if meta.get("docs_without_heldout"):
         lines.append(f"held out nothing of {meta['docs_without_heldout']:,} document(s) with one distinct "
                      "token: it stays for training, so they are not in the held-out file")

@@ -1012,6 +1012,10 @@ def test_max_tokens_per_doc_keeps_each_documents_latest_events(tmp_path, logged,
     token = "event"
     assert (f"skipped 7 {token}(s) beyond max_tokens_per_doc=3: the earliest of 1 document(s) longer than that "
             "(first: bot)") in logged.text
+    # the 7 URLs cut stay in the vocabulary with no event: said (their rows are never trained)
+    assert c.meta["words_without_events"] == 7 == int((c.counts() == 0).sum()) and c.vocab_size == 13
+    assert ("kept 7 of the 13 'url' values in the vocabulary with no event left to train on (all held out, or cut by "
+            "--max-tokens-per-doc)") in logged.text
     with pytest.raises(CorpusError, match="--max-tokens-per-doc must be >= 1, not 0"):
         _prepare([src], tmp_path / "zero", max_tokens_per_doc=0)
 
