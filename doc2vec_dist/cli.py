@@ -393,6 +393,7 @@ def cmd_neighbors(args) -> None:
         return
     keys = list(args.key or [])
     if args.keys_file:
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         try:
@@ -403,7 +404,7 @@ def cmd_neighbors(args) -> None:
             raise UserError(f"{args.keys_file}: cannot read a 'key' column (it has: {', '.join(names)})")
         column = pq.read_table(args.keys_file, columns=["key"]).column("key")
         if column.null_count:  # (str(None) would look a user up as 'None')
-            row = next(i for i, k in enumerate(column.to_pylist()) if k is None)
+            row = pc.index(pc.is_null(column), True).as_py()
             raise UserError(f"{args.keys_file}: row {row} has no 'key' ({column.null_count:,} row(s) are null there)")
         keys += [str(k) for k in column.to_pylist()]
     if not keys:

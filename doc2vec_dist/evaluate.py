@@ -23,7 +23,7 @@ import torch
 from . import logs, storage
 from .corpus import Corpus
 from .errors import UserError
-from .ids import hash_strings
+from .ids import hash_strings, repeated_rows
 from .model import Model
 from .modeldir import ModelDir
 from .scoring import check_k, lookup, seen_tokens, unit_rows, url_log_prior, with_prior
@@ -325,14 +325,13 @@ def refuse_duplicates(path: str, what: str, keys: pa.Array | pa.ChunkedArray, na
     """One line naming the first key given twice in `keys` (a column of `path`) and its first two rows: a key
     counted twice would weigh twice in the figure, or (labels) be its own neighbour."""
     keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-    if pc.count_distinct(keys).as_py() == len(keys):
+    again, first = repeated_rows(keys)
+    if not len(again):
         return
-    counted = pa.table({"k": keys}).group_by("k").aggregate([("k", "count")])
-    twice = counted.filter(pc.greater(counted.column("k_count"), 1))
-    first = np.flatnonzero(pc.is_in(keys, value_set=twice.column("k")).to_numpy(zero_copy_only=False))[0]
-    rows = np.flatnonzero(pc.equal(keys, keys[first]).to_numpy(zero_copy_only=False))[:2]
-    raise UserError(f"{path}: {named} {keys[first].as_py()!r}{where} is in rows {rows[0]} and {rows[1]}; "
-                    f"{len(twice):,} {named}(s) are given more than once: give each once in {what}")
+    earliest = first[again].min()  # the key given twice that comes first, and its second row
+    second = again[first[again] == earliest][0]
+    raise UserError(f"{path}: {named} {keys[int(earliest)].as_py()!r}{where} is in rows {earliest} and {second}; "
+                    f"{len(np.unique(first[again])):,} {named}(s) are given more than once: give each once in {what}")
 
 
 def labels_metrics(model: str, path: str, k: int = 10, key_col: str = "key", label_col: str = "label",

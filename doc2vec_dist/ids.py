@@ -107,3 +107,10 @@ def id_string(value):
         # Arrow's formatting, as read_formats._as_strings
         return pa.scalar(value, pa.float64()).cast(pa.string()).as_py()
     return value
+
+
+def repeated_rows(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(rows whose key an earlier row has, in order; for each row, the first row with its key): the rows a
+    file gives twice, found by Arrow's hash lookup of the keys in themselves."""
+    first = pc.index_in(keys, value_set=keys).to_numpy(zero_copy_only=False)
+    return np.flatnonzero(first != np.arange(len(keys), dtype=first.dtype)), first

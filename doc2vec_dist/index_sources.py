@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from . import modeldir, provenance
 from .errors import UserError
 from .export import npy_data_offset, open_npy
+from .ids import repeated_rows
 from .modeldir import ModelDir
 from .runners import where
 from .scoring import NAMED, counted, lookup, unit_rows
@@ -189,8 +190,8 @@ def check_keys(source: Source) -> None:
     repeats = len(keys) - pc.count_distinct(keys).as_py()
     if not repeats:
         return
-    first = pc.index_in(keys, value_set=keys).to_numpy(zero_copy_only=False)  # each row's key's first row
-    row = int(np.flatnonzero(first != np.arange(len(keys), dtype=first.dtype))[0])
+    again, first = repeated_rows(keys)
+    row = int(again[0])
     (path, at), (path0, at0) = _file_row(source, row), _file_row(source, int(first[row]))
     earlier = f"row {at0}" + ("" if path0 == path else f" of {path0}")
     raise UserError(f"{path}: row {at} repeats key {keys[row].as_py()!r} of {earlier} (column 'key'; "
@@ -204,20 +205,16 @@ def vector_problems(unit: Unit, found: dict, vectors: np.ndarray, keys: pa.Array
     NaN or inf element (an all-zero one read_unit leaves out); the first is kept as [file, row in it,
     key, element, value]. first_row: the file row of the batch's first row; kept: which of the batch's
     rows `vectors` holds (None: all). True when the batch has one."""
-    finite = np.isfinite(vectors).all(axis=1)
-    for what, mask in (("nonfinite", ~finite),):
-        n = int(mask.sum())
-        if not n:
-            continue
-        found[what] = found.get(what, 0) + n
-        if f"first_{what}" not in found:
-            i = int(np.argmax(mask))
-            row = first_row + (int(np.flatnonzero(kept)[i]) if kept is not None else i)
-            first = [unit.path, row, keys[i].as_py()]
-            if what == "nonfinite":
-                element = int(np.argmax(~np.isfinite(vectors[i])))
-                first += [element, str(vectors[i, element])]
-            found[f"first_{what}"] = first
+    bad = ~np.isfinite(vectors).all(axis=1)
+    n = int(bad.sum())
+    if n:
+        found["nonfinite"] = found.get("nonfinite", 0) + n
+        if "first_nonfinite" not in found:
+            i = int(np.argmax(bad))
+            element = int(np.argmax(~np.isfinite(vectors[i])))
+            found["first_nonfinite"] = [unit.path, first_row + (int(np.flatnonzero(kept)[i]) if kept is not None
+                                                                  else i), keys[i].as_py(), element,
+                                        str(vectors[i, element])]
     return bool(found)
 
 

@@ -428,9 +428,8 @@ class Model:
         if by_position and rows is None:
             listed = f"at position{'' if n == 1 else 's'} {listed}"
         warnings.warn(f"neighbors: {what} {'is' if n == 1 else 'are'} all zero (a row never trained: no event of it "
-                      "in the corpus, "
-                      "as for a URL seen only in held-out pairs; no direction to compare), left out of the answer: "
-                      f"{listed}", ServingWarning, stacklevel=3)
+                      "in the corpus, as for a URL seen only in held-out pairs; no direction to compare), left out of "
+                      f"the answer: {listed}", ServingWarning, stacklevel=3)
         keep = ~zero
         return (queries[keep], [name for name, out in zip(names, zero) if not out],
                 rows[keep] if rows is not None else None)
