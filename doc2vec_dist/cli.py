@@ -636,7 +636,7 @@ def make_parser() -> argparse.ArgumentParser:
                         "path, host or domain; writes Parquet key, vector, source (own, path, host, domain), part")
     e.add_argument("--sample", type=_at_least_one("--sample"), metavar="N",
                    help="--format projector: N users drawn at random (--seed), or the N most visited URLs, not every row")
-    e.add_argument("--seed", type=int, default=0, help="--sample: the seed of the users drawn")
+    e.add_argument("--seed", type=int, default=None, help="--sample of users: the seed of the users drawn (default 0)")
 
     i = add("index", cmd_index, "build a faiss cosine index of a table or a (key, vector) Parquet, or update one "
                                 "to a refreshed table (--update)")

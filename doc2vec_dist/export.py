@@ -180,7 +180,7 @@ def write_npy_rows(path: str, chunks, on_rows=None) -> int:
 
 def export(model: str, table: str, out: str, format: str = "parquet", progress: bool = True,
            normalize: bool = False, dtype: str = "float32", runner: Runner | None = None, sample: int | None = None,
-           seed: int = 0) -> dict:
+           seed: int | None = None) -> dict:
     """Write `table` of the model's LATEST checkpoint to `out`; returns rows, seconds, rows/s, peak memory.
 
     parquet: `out` ending in .parquet is one file (a row group per batch); otherwise a directory with
@@ -189,13 +189,18 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     it (users.npy: users.keys.parquet, outputs.npy_keys_path). normalize scales every vector to unit length (cosine = dot
     product downstream); dtype float16 halves the size. `runner` runs the per-part tasks (default:
     threads in this process; jobs/export.py passes run_on_ray). projector: export_projector, of `sample` rows
-    (None: every row); `sample` is refused for the other formats.
+    (None: every row); `sample` is refused for the other formats, and `seed` (it draws a user table's sample)
+    without a sample of users.
     """
+    if seed is not None and (sample is None or table != "docs"):
+        draws = ("a URL table's sample is its most visited URLs, drawn by no seed" if sample is not None
+                 else "without --sample every row is exported")
+        raise UserError(f"--seed {seed}: it draws the users of --sample; {draws}; drop --seed")
     if format == "projector":
         if dtype != "float32":
             raise UserError(f"--dtype {dtype}: --format projector writes its vectors as text (tensors.tsv), at "
                             "float32; drop --dtype")
-        return export_projector(model, table, out, sample=sample, seed=seed, normalize=normalize, progress=progress)
+        return export_projector(model, table, out, sample=sample, seed=seed or 0, normalize=normalize, progress=progress)
     if sample is not None:
         raise UserError(f"--sample {sample}: only --format projector exports a sample; the other formats export "
                         "every row")

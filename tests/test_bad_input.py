@@ -624,6 +624,12 @@ CASES = [
     Case("export --format projector --dtype float16 (it wrote float32 without a word)", "export --model {model} "
          "--format projector --dtype float16 --out {t}/p", "error", "--dtype float16: --format projector writes its "
          "vectors as text (tensors.tsv), at float32; drop --dtype", untouched="{t}/p"),
+    Case("export --seed without --sample (the seed was ignored without a word)", "export --model {model} --format "
+         "projector --seed 3 --out {t}/p", "error", "--seed 3: it draws the users of --sample; without --sample every "
+         "row is exported; drop --seed", untouched="{t}/p"),
+    Case("export --seed of a URL table's sample (its most visited URLs, no draw)", "export --model {model} --format "
+         "projector --table words_out --sample 5 --seed 3 --out {t}/p", "error", "--seed 3: it draws the users of "
+         "--sample; a URL table's sample is its most visited URLs, drawn by no seed; drop --seed", untouched="{t}/p"),
     Case("export --format projector --sample 0", "export --model {model} --format projector --sample 0 --out {t}/p",
          "error", "bad value for --sample: '0' (a whole number >= 1)", untouched="{t}/p"),
     # --- issue 48: --device-memory -------------------------------------------------------------------------
