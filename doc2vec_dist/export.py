@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -219,10 +220,13 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     kind = output_kind(out, format)
     source = provenance.of_model(found, table, None if found.path == shown else shown)
     keys_path = outputs.npy_keys_path(out) if kind == "npy" else None
+    marker_path = outputs.word2vec_marker_path(out) if kind == "word2vec" else None
     with contextlib.ExitStack() as stack:
         # an earlier export of ours is replaced; anything else refused. An npy file and its keys are
         # judged together, and moved into place the matrix first (its keys file says it is ours).
         keys_staged = stack.enter_context(outputs.replacing(keys_path, "npy-keys")) if keys_path else None
+        # a word2vec text file likewise, with the marker that says it is ours beside it
+        marker_staged = stack.enter_context(outputs.replacing(marker_path, "word2vec-marker")) if marker_path else None
         staged = stack.enter_context(outputs.replacing(out, kind))
         if staged.replaces:
             log.info(f"replacing the earlier export at {out}")
@@ -241,6 +245,9 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
                 tasks = _run_parts(model, version, table, format, targets, normalize, dtype, source, keys, runner, bar)
                 if format == "word2vec":
                     _join_text(tmp, f"{spec['rows']} {spec['dim']}\n", targets)
+                    with open(marker_staged.path, "w") as fh:
+                        json.dump({outputs.JSON_KEY: "word2vec-marker", "file": os.path.basename(out),
+                                   "source": source}, fh)
         finally:
             outputs.remove_path(pieces)
             bar.close()

@@ -95,7 +95,7 @@ DIR_KINDS = {k.name: k for k in (
 FILE_KINDS = {"vectors": "a (key, vector) Parquet file", "neighbors": "a neighbours Parquet file",
               "heldout": "a held-out Parquet file", "plan": "a plan JSON file", "word2vec": "a word2vec text file",
               "npy": "an npy matrix with its keys file beside it", "npy-keys": "the keys file of an npy matrix",
-              "report": "a report page"}
+              "word2vec-marker": "the marker file of a word2vec text export", "report": "a report page"}
 # how a report page (report.py) says it is ours: a meta tag in its first lines
 REPORT_MARKER = b'<meta name="generator" content="doc2vec-dist report">'
 
@@ -104,6 +104,19 @@ def npy_keys_path(path: str) -> str:
     """The keys file beside an npy matrix that export wrote as one file: users.npy → users.keys.parquet.
     An .npy file cannot carry a marker; this file's marker (kind npy-keys) says the pair is ours."""
     return path.removesuffix(".npy") + ".keys.parquet"
+
+
+def word2vec_marker_path(path: str) -> str:
+    """The marker beside a word2vec text file that export wrote: users.txt → users.txt.doc2vec-dist.json. Its
+    format has no room for one, and its 'rows dim' header is every such file's (gensim's, fastText's .vec)."""
+    return path + MARKER
+
+
+def word2vec_text(path: str) -> bool:
+    """Whether a file starts as gensim's word2vec text format does: a 'rows dim' header line."""
+    with open(path, "rb") as fh:
+        first = fh.readline(256).split()
+    return len(first) == 2 and all(x.isdigit() for x in first)
 
 
 def owned(kind: str, name: str) -> bool:
@@ -233,9 +246,9 @@ def file_kind(path: str) -> str | None:
     if head[:6] == b"\x93NUMPY":  # ours only beside the keys file export writes with it
         keys = npy_keys_path(path)
         return "npy" if path.endswith(".npy") and os.path.isfile(keys) and file_kind(keys) == "npy-keys" else None
-    first = head.split(b"\n", 1)[0].split()
-    if len(first) == 2 and all(x.isdigit() for x in first):
-        return "word2vec"  # gensim's text format: a 'rows dim' header line
+    if word2vec_text(path):  # gensim's text format: ours only beside the marker export writes with it
+        marker = word2vec_marker_path(path)
+        return "word2vec" if os.path.isfile(marker) and file_kind(marker) == "word2vec-marker" else None
     return None
 
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from doc2vec_dist import checkpoint, modeldir
+from doc2vec_dist import checkpoint, modeldir, outputs
 from doc2vec_dist.corpus import Corpus
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.export import export
@@ -101,7 +101,8 @@ def test_word2vec_text_loads_in_gensim_with_the_same_vectors(trained_model, doc_
     row_of = {key: i for i, key in enumerate(doc_keys)}
     expected = doc_matrix[[row_of[k] for k in kv.index_to_key]]
     np.testing.assert_allclose(kv.vectors, expected, rtol=1e-5, atol=1e-6)  # text keeps 6 significant digits
-    assert os.listdir(tmp_path) == ["docs.w2v.txt"]
+    # and beside it the marker that says it is ours (the format has no room for one)
+    assert sorted(os.listdir(tmp_path)) == ["docs.w2v.txt", "docs.w2v.txt.doc2vec-dist.json"]
 
 
 def test_word2vec_of_words_out_has_the_urls(trained_model, sample_corpus, tmp_path):
@@ -217,7 +218,8 @@ def test_word2vec_floats_read_back_exactly(three_part_model, tmp_path):
     kv = KeyedVectors.load_word2vec_format(out, binary=False)
     assert len(kv.index_to_key) == 50
     np.testing.assert_array_equal(kv.vectors, matrix[[keys.index(k) for k in kv.index_to_key]])
-    assert os.listdir(tmp_path) == ["model", "users.txt"]  # the per-part pieces are gone
+    # the per-part pieces are gone; the marker that says the file is ours is beside it
+    assert sorted(os.listdir(tmp_path)) == ["model", "users.txt", "users.txt" + outputs.MARKER]
 
 
 def test_word2vec_refuses_a_key_with_whitespace_and_leaves_nothing(tmp_path):

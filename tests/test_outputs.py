@@ -81,13 +81,19 @@ def test_file_kind_reads_the_markers(tmp_path):
     w2v.write_text("2 3\na 1 2 3\nb 4 5 6\n")
     plan = tmp_path / "plan.json"
     plan.write_text('{"doc2vec_dist": "plan", "x": 1}')
-    assert [outputs.file_kind(str(p)) for p in (ours, theirs, text, w2v, plan)] == [
-        "vectors", None, None, "word2vec", "plan"]
+    # a 'rows dim' header is every word2vec text file's (gensim's, fastText's): ours only beside its marker
+    pretrained = tmp_path / "pretrained.vec"
+    pretrained.write_text("2 3\na 1 2 3\nb 4 5 6\n")
+    (tmp_path / ("vectors.txt" + outputs.MARKER)).write_text('{"doc2vec_dist": "word2vec-marker"}')
+    assert [outputs.file_kind(str(p)) for p in (ours, theirs, text, w2v, plan, pretrained)] == [
+        "vectors", None, None, "word2vec", "plan", None]
     outputs.check_file(str(ours), "vectors")
     with pytest.raises(UserError, match="theirs.parquet: exists and is not a file doc2vec-dist wrote"):
         outputs.check_file(str(theirs), "vectors")
     with pytest.raises(UserError, match="is a word2vec text file"):
         outputs.check_file(str(w2v), "vectors")
+    with pytest.raises(UserError, match="pretrained.vec: exists and is not a file doc2vec-dist wrote"):
+        outputs.check_file(str(pretrained), "word2vec")
 
 
 # -- through the real commands -----------------------------------------------------------------------
