@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
+import pyarrow.compute as pc
 import ray
 
 from . import checkpoint, modeldir, outputs, storage, warmup
@@ -177,6 +178,7 @@ class Resume:
             if saved is not None and saved != getattr(corpus, key):
                 raise UserError(f"{out}: the checkpoint was trained on a corpus with {key}={saved}, "
                                 f"{corpus.path} has {getattr(corpus, key)}; resume on the same corpus")
+        _same_rows(out, corpus)
         _merge_resumed(out, manifest.get("config") or {}, dataclasses.asdict(config))  # the checks, for library callers
         epoch, saved = int(manifest.get("epoch", 0)), manifest.get("positions")
         positions = None if saved is None else [Position.from_json(p) for p in saved]
@@ -203,6 +205,24 @@ class Resume:
         tokens = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
         return cls(epoch=epoch, positions=positions, version=point.version, tokens=tokens, latest=point.latest,
                    damaged=point.damaged)
+
+
+def _same_rows(out: str, corpus: Corpus) -> None:
+    """The model's users and URLs are the corpus's, row for row (its key tables are the corpus's, copied when it
+    was made): another corpus of the same counts (the same events read in another order, a shuffled export)
+    would train each row on another user's events, under the first user's key. A remote model is not read."""
+    if not storage.Store.of(out).local:
+        return
+    found = modeldir.ModelDir(out)
+    for table, ours, what in (("docs", corpus.docs().column("key"), "users"),
+                              ("words", corpus.vocab().column("token"), "URLs")):
+        theirs, ours = found.keys(table), ours.combine_chunks()
+        if theirs.equals(ours):
+            continue
+        row = pc.index(pc.not_equal(theirs, ours), True).as_py()  # the counts are the same (checked before)
+        raise UserError(f"{out}: the checkpoint was trained on other {what} than {corpus.path} holds (row {row:,}: "
+                        f"{theirs[row].as_py()!r} in the model, {ours[row].as_py()!r} in the corpus); resume on the "
+                        "corpus it was trained on, or refresh it: prepare with --base and train with --init-from")
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False,

@@ -208,6 +208,33 @@ def test_resume_refuses_a_change_to_the_model_and_names_it(ray_cluster, trained_
     assert resumed_config(trained_model, {"alpha": 0.01, "num_ps": 5}).dim == 32
 
 
+def test_resume_on_another_corpus_of_the_same_counts_is_refused_naming_a_row(ray_cluster, tmp_path, snapshot):
+    # the same events read in another order: the same counts, other row ids (a resume there trained each
+    # user's row on another user's events, under the first user's key, and exited 0)
+    import pyarrow.parquet as pq
+    from conftest import SAMPLE_EVENTS
+
+    from doc2vec_dist.config import PrepareConfig
+    from doc2vec_dist.prepare import prepare
+
+    events = pq.read_table(SAMPLE_EVENTS).slice(0, 3000)
+    pq.write_table(events, tmp_path / "a.parquet")
+    pq.write_table(events.take(np.random.default_rng(7).permutation(len(events))), tmp_path / "b.parquet")
+    a, b = (prepare([str(tmp_path / f"{n}.parquet")], str(tmp_path / f"corpus-{n}"), PrepareConfig(time_col="ts"),
+                    progress=False) for n in "ab")
+    assert (a.num_docs, a.num_tokens, a.vocab_size) == (b.num_docs, b.num_tokens, b.vocab_size)
+    assert not a.docs().column("key").equals(b.docs().column("key"))
+    model = str(tmp_path / "model")
+    train(a.path, model, TrainConfig(**{**SAMPLE, "epochs": 1, "num_ps": 1, "num_workers": 1}))
+    before = snapshot(model)
+    with pytest.raises(UserError, match=rf"{model}: the checkpoint was trained on other users than {b.path} holds "
+                                        r"\(row \d+: '.+' in the model, '.+' in the corpus\); resume on the corpus"):
+        train(b.path, model, resumed_config(model, {"epochs": 2}))
+    assert snapshot(model) == before
+    train(a.path, model, resumed_config(model, {"epochs": 2}))  # its own corpus goes on
+    assert latest(model) > 1
+
+
 def test_a_non_finite_push_stops_the_run_and_keeps_the_last_good_checkpoint(ray_cluster, sample_corpus, tmp_path):
     model = str(tmp_path / "model")
     train(sample_corpus[0], model, TrainConfig(**{**SAMPLE, "epochs": 1}))
