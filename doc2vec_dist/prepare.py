@@ -180,6 +180,11 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
         raise CorpusError(f"{found.path}: keeps no event times (prepared before corpora kept them, or without "
                           "--time-col), so --expire-days cannot tell when its users were last seen; prepare the base "
                           "anew with --time-col")
+    if not c.time_col and c.format == "events" and found.meta.get("time_col") and found.times_kept:
+        col = found.meta["time_col"]
+        raise CorpusError(f"{found.path}: keeps its events' times (column '{col}'), and this refresh has no "
+                          f"--time-col: an event sent again would be joined a second time and a late one put last, "
+                          f"and the new corpus would keep no times; give --time-col {col}")
     base_range, base_unit, read_as = stored_time_range(found.meta)
     if c.time_col and base_unit == ORDER:
         raise CorpusError(f"{found.path}: its times {base_range} are numbers that only order events, no "

@@ -188,6 +188,7 @@ def _new_users_events(t: str) -> bytes:
 
 
 GOOD_CSV = b"user_id,url\nu1,a\nu1,b\nu2,a\nu2,c\n"
+GOOD_TIMED_CSV = b"user_id,url,ts\nu1,a,1793491200\nu1,b,1793491300\nu2,a,1793491200\nu2,c,1793491400\n"
 CASES = [
     # --- prepare: input it cannot trust (the README's "what prepare refuses") --------------------------
     Case("missing path", "prepare {t}/nope.parquet --out {t}/c", "error", "{t}/nope.parquet: no such file or directory",
@@ -244,12 +245,17 @@ CASES = [
          {"e.csv": b"user_id,url,ts\nu1,a,1793491200000\n"}, "{t}/c"),
     Case("--time-unit without --time-col", "prepare {t}/good.csv --out {t}/c --time-unit ms", "error",
          "--time-unit needs a time column (--time-col)", {"good.csv": GOOD_CSV}, "{t}/c"),
-    Case("--base (a corpus) that knows no user of the inputs", "prepare {t}/good.csv --out {t}/c --base {corpus}",
-         "error", "{corpus}: --base shares no user with the inputs: 0 of the 2 users in the inputs",
-         {"good.csv": GOOD_CSV}, "{t}/c"),
-    Case("--base (a model) that knows no user of the inputs", "prepare {t}/good.csv --out {t}/c --base {model}",
-         "error", "{model}: --base shares no user with the inputs: 0 of the 2 users in the inputs",
-         {"good.csv": GOOD_CSV}, "{t}/c"),
+    Case("--base (a corpus) that knows no user of the inputs", "prepare {t}/good.csv --out {t}/c --base {corpus} "
+         "--time-col ts", "error", "{corpus}: --base shares no user with the inputs: 0 of the 2 users in the inputs",
+         {"good.csv": GOOD_TIMED_CSV}, "{t}/c"),
+    Case("--base (a model) that knows no user of the inputs", "prepare {t}/good.csv --out {t}/c --base {model} "
+         "--time-col ts", "error", "{model}: --base shares no user with the inputs: 0 of the 2 users in the inputs",
+         {"good.csv": GOOD_TIMED_CSV}, "{t}/c"),
+    Case("--base that keeps event times, without --time-col (events sent again were joined twice, exit 0)",
+         "prepare {t}/good.csv --out {t}/c --base {corpus}", "error", "{corpus}: keeps its events' times (column "
+         "'ts'), and this refresh has no --time-col: an event sent again would be joined a second time and a late "
+         "one put last, and the new corpus would keep no times; give --time-col ts", {"good.csv": GOOD_TIMED_CSV},
+         "{t}/c"),
     Case("semicolon-separated CSV with --delimiter", "prepare {t}/e.csv --out {t}/c --delimiter ;", "works",
          files={"e.csv": GOOD_CSV.replace(b",", b";")}),
     Case("semicolon-separated CSV without --delimiter", "prepare {t}/e.csv --out {t}/c", "error",
@@ -578,8 +584,8 @@ CASES = [
          "{t}/u.parquet --no-compose", "error", "{t}/e.csv: none of the 3 events has a URL the model knows",
          {"e.csv": b"user_id,url\n" + b"".join(b"newcomer,%s\n" % u.encode() for u in NEW_PAGES)}, "{t}/u.parquet"),
     Case("prepare --base with another URL rule than the base's", "prepare {t}/good.csv --base {corpus} --no-normalize "
-         "--out {t}/c", "error", "--no-normalize: the base {corpus} was prepared with URLs normalised: scheme and host",
-         {"good.csv": GOOD_CSV}, "{t}/c"),
+         "--time-col ts --out {t}/c", "error", "--no-normalize: the base {corpus} was prepared with URLs normalised: "
+         "scheme and host", {"good.csv": GOOD_TIMED_CSV}, "{t}/c"),
     Case("prepare --format text --drop-query", "prepare {t}/d.txt --format text --drop-query --out {t}/c", "error",
          "--drop-query applies to the URLs of --format events and lists; text tokens are taken as written",
          {"d.txt": b"a b\n"}, "{t}/c"),
