@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -28,6 +29,8 @@ from .model import Model
 from .modeldir import ModelDir
 from .scoring import check_k, lookup, seen_tokens, unit_rows, url_log_prior, with_prior
 from .urls import normalize, recorded
+
+log = logging.getLogger(__name__)
 
 SCORES_BYTES = 1 << 30  # the score matrices of one batch of users, at most
 
@@ -117,6 +120,7 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
         keep = np.isin(docs, users)
         docs, words = docs[keep], words[keep]
     seen = seen_tokens(corpus_path, users)
+    docs, words, users = _left_out_if_trained(heldout, model, docs, words, users, seen, len(counts))
     # only the evaluated users' rows, from the verified memory-mapped parts: the whole table of 20M
     # users is 8 GB, and with its prior column a second copy (the benchmark's 20M run ran out of 24 GiB)
     rows = Model(found.path).gather("docs", users) if gather is None else gather(found, "docs", users)
@@ -157,6 +161,29 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
 
 
 _NONE = np.zeros(0, np.int32)
+
+
+def _left_out_if_trained(heldout: str, model: str, docs: np.ndarray, words: np.ndarray, users: np.ndarray,
+                         seen: dict, vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs less those whose URL the user was trained on (its document holds it): prepare --holdout hides
+    every event of a hidden pair, so such a pair is no held-out one (a file of another split or corpus, or a
+    refresh that took the hidden events back), and ranked it would only count as a miss (seen URLs are not
+    predictions). A warning counts them; all of them: an error."""
+    trained_keys = np.concatenate([_NONE.astype(np.int64)] + [user * vocab_size + seen.get(int(user), _NONE)
+                                                              for user in users])
+    trained = np.isin(docs * vocab_size + words, trained_keys)
+    if not trained.any():
+        return docs, words, users
+    n = int(trained.sum())
+    if trained.all():
+        raise UserError(f"{heldout}: every one of its {n:,} pairs (of the users evaluated) is in {model}'s training "
+                        "documents: these URLs were not held out of its corpus; give the held-out file prepare "
+                        "--holdout-out wrote with the corpus the model was trained on")
+    log.warning(f"warning: {heldout}: {n:,} of its {len(docs):,} pairs (of the users evaluated) are in {model}'s "
+                "training documents, so not held out (a file of another split, or a refresh that took the hidden "
+                "events back in); left out of the figures")
+    docs, words = docs[~trained], words[~trained]
+    return docs, words, users[np.isin(users, docs)]
 
 
 def popularity_ranks(place: np.ndarray, rows: np.ndarray, cols: np.ndarray, seen: list[np.ndarray],

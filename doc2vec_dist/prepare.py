@@ -185,6 +185,10 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
         raise CorpusError(f"{found.path}: keeps its events' times (column '{col}'), and this refresh has no "
                           f"--time-col: an event sent again would be joined a second time and a late one put last, "
                           f"and the new corpus would keep no times; give --time-col {col}")
+    if found.meta.get("holdout"):
+        log.warning(f"warning: {found.path}: prepared with --holdout {found.meta['holdout']:g}, so the events it held "
+                    "out are not in it: sent again, they join the documents as new events, and that held-out file no "
+                    "longer measures a model of this corpus (evaluate leaves such pairs out and counts them)")
     base_range, base_unit, read_as = stored_time_range(found.meta)
     if c.time_col and base_unit == ORDER:
         raise CorpusError(f"{found.path}: its times {base_range} are numbers that only order events, no "

@@ -604,6 +604,10 @@ CASES = [
          "--max-tokens-per-doc must be >= 1, not 0", {"good.csv": GOOD_CSV}, "{t}/c"),
     Case("all the events again with --base (a cumulative export)", "prepare {t}/e.parquet --out {t}/c --base {corpus} "
          "--time-col ts", "says", "{t}/e.parquet looks like a cumulative export: ", {"e.parquet": _sample_events}),
+    Case("--base prepared with --holdout (its held-out events, sent again, came back as new without a word)",
+         "prepare {t}/e.parquet --out {t}/c --base {corpus} --time-col ts", "says", "warning: {corpus}: prepared with --holdout "
+         "0.2, so the events it held out are not in it: sent again, they join the documents as new events",
+         {"e.parquet": _sample_events}),
     Case("a cumulative export given with a larger day of new events", "prepare {t}/e.parquet {t}/new.parquet --out "
          "{t}/c --base {corpus} --time-col ts", "says", "{t}/e.parquet looks like a cumulative export: ",
          {"e.parquet": _sample_events, "new.parquet": _new_users_events}),

@@ -47,6 +47,31 @@ def test_heldout_pairs_of_unknown_users_are_skipped(trained_model, sample_corpus
     assert (m["pairs"], m["skipped_pairs"]) == (50, 3)
 
 
+def test_heldout_pairs_the_model_was_trained_on_are_left_out_and_counted(trained_model, sample_corpus, tmp_path,
+                                                                          metrics, caplog):
+    # a pair whose URL is in the user's training document is not held out (a file of another split, a refresh
+    # that took the hidden events back): ranked, it only counted as a miss, without a word
+    from doc2vec_dist.scoring import seen_tokens
+
+    held = pq.read_table(sample_corpus[1])
+    found = ModelDir(trained_model)
+    row_of = {key: i for i, key in enumerate(found.keys("docs").to_pylist())}
+    users = sorted(set(held.column("key").to_pylist()))[:40]
+    seen = seen_tokens(sample_corpus[0], np.array([row_of[u] for u in users]))
+    urls = found.keys("words_out")
+    trained = pa.table({"key": users, "token": [urls[int(seen[row_of[u]][0])].as_py() for u in users]})
+    path = str(tmp_path / "held.parquet")
+    pq.write_table(pa.concat_tables([held, trained]), path)
+    with caplog.at_level("WARNING"):
+        m = heldout_metrics(trained_model, path, k=10)
+    assert f"{path}: 40 of its {held.num_rows + 40:,} pairs (of the users evaluated) are in {trained_model}'s " \
+           "training documents" in caplog.text
+    assert m == metrics  # the figures of the held-out pairs alone
+    pq.write_table(trained, path)
+    with pytest.raises(UserError, match=f"{path}: every one of its 40 pairs .* is in .* training documents"):
+        heldout_metrics(trained_model, path, k=10)
+
+
 def test_heldout_file_without_token_column_is_a_user_error(trained_model, tmp_path):
     path = str(tmp_path / "held.parquet")
     pq.write_table(pa.table({"key": ["a"], "url": ["b"]}), path)
