@@ -129,12 +129,13 @@ def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
     vector is null (infer writes one for a user it could not place) or all zero (a row never trained: a
     model's words_out keeps one for a URL seen only in held-out pairs, and an export of it writes it) is
     left out of the first two, its key given in the third; kept is then the mask of the batch's rows
-    given in the first two (None: all). A model's own table is given whole."""
+    given in the first two (None: all). A model's table likewise, its never-trained rows left out."""
     if source.model is not None:
         found = ModelDir(source.model, version=source.version)
         keys = found.keys(source.table) if keys is None else keys
         for ids, vectors in found.batches(source.table, unit.part):
-            yield keys.take(pa.array(ids)), vectors, _NO_KEYS, None
+            batch_keys = keys.take(pa.array(ids))
+            yield _without_zero_rows(batch_keys, batch_keys, vectors, _NO_KEYS, None)
         return
     for batch in pq.ParquetFile(unit.path).iter_batches(batch_size=1 << 16, columns=["key", "vector"]):
         batch_keys, column, no_vector, kept = batch.column("key"), batch.column("vector"), _NO_KEYS, None
@@ -144,14 +145,19 @@ def read_unit(source: Source, unit: Unit, keys: pa.Array | None = None):
             batch_keys, column = batch_keys.filter(valid), column.filter(valid)
             kept = valid.to_numpy(zero_copy_only=False)
         vectors = modeldir.matrix_of(column, source.dim).astype(np.float32, copy=False)
-        zero = np.isfinite(vectors).all(axis=1) & ~vectors.any(axis=1)  # no direction: cosine has nothing to go on
-        if zero.any():  # left out as a null vector is, named in the file's order
-            rows = np.flatnonzero(kept) if kept is not None else np.arange(len(zero))
-            kept = np.zeros(batch.num_rows, bool)
-            kept[rows[~zero]] = True
-            no_vector = batch.column("key").filter(pa.array(~kept))
-            batch_keys, vectors = batch_keys.filter(pa.array(~zero)), vectors[~zero]
-        yield batch_keys, vectors, no_vector, kept
+        yield _without_zero_rows(batch.column("key"), batch_keys, vectors, no_vector, kept)
+
+
+def _without_zero_rows(all_keys, batch_keys, vectors: np.ndarray, no_vector, kept):
+    """read_unit's batch less its all-zero rows (no direction: cosine has nothing to go on), left out as a null
+    vector is, named in the batch's order (all_keys: every key of the batch, those without a vector too)."""
+    zero = np.isfinite(vectors).all(axis=1) & ~vectors.any(axis=1)
+    if not zero.any():
+        return batch_keys, vectors, no_vector, kept
+    rows = np.flatnonzero(kept) if kept is not None else np.arange(len(zero))
+    kept = np.zeros(len(all_keys), bool)
+    kept[rows[~zero]] = True
+    return batch_keys.filter(pa.array(~zero)), vectors[~zero], all_keys.filter(pa.array(~kept)), kept
 
 
 _NO_KEYS = pa.array([], pa.string())

@@ -239,15 +239,20 @@ class Model:
         return self._parts[table]
 
     def _index(self, table: str, against: str) -> faiss.Index:
-        """Exact inner-product index over `against`, built on first use."""
+        """Exact inner-product index over `against`, built on first use, of its rows that can be an answer: a
+        row never trained (all zero: a URL with no event in the corpus) has no direction, and scored 0 (or, by
+        its count prior of -inf, -1e30) it filled answers of arbitrary rows."""
         if (table, against) not in self._indexes:
             targets = self.table(against)
+            live = targets.any(axis=1)
             if table == "docs" and against == "words_out":
-                targets = prior_targets(targets, url_log_prior(self.dir))
+                prior = url_log_prior(self.dir)
+                live &= np.isfinite(prior)
+                targets = prior_targets(targets, prior)
             else:
                 targets = unit_rows(targets)
-            index = faiss.IndexFlatIP(targets.shape[1])
-            index.add(np.ascontiguousarray(targets))
+            index = faiss.IndexIDMap(faiss.IndexFlatIP(targets.shape[1]))
+            index.add_with_ids(np.ascontiguousarray(targets[live]), np.flatnonzero(live).astype(np.int64))
             self._indexes[(table, against)] = index
         return self._indexes[(table, against)]
 

@@ -274,7 +274,7 @@ def test_neighbors_skip_all_nan_rows_naming_them_and_answer_the_others(trained_m
         assert model.neighbors(vectors=vectors[1]).num_rows == 0  # nothing left to answer: an empty table
 
 
-def test_a_row_never_trained_is_left_out_of_neighbors_and_named(small_models, tmp_path):
+def test_a_row_never_trained_is_left_out_of_neighbors_and_named(small_models, tmp_path, caplog):
     """A row all zero (a URL with no event in the corpus: seen only in held-out pairs, or cut by
     --max-tokens-per-doc) scored 0 against every row: `neighbors --table words_out --key URL` answered
     arbitrary URLs at 0.0000 with exit 0. Such a query is left out and named, as a user without a vector is."""
@@ -291,6 +291,19 @@ def test_a_row_never_trained_is_left_out_of_neighbors_and_named(small_models, tm
                                          r"left out of the answer: u3$"):
         table = found.neighbors(["u3", "u4"], k=3)
     assert set(table.column("key").to_pylist()) == {"u4"} and table.num_rows == 3
+    # nor is it ever an answer: asked for every other row, u4 is answered the 48 trained ones
+    answered = found.neighbors("u4", k=60).column("neighbor").to_pylist()
+    assert len(answered) == 48 and "u3" not in answered and "u4" not in answered
+    # nor is it indexed (`index --model` kept it, and prepare said it would not be): named as a null vector is
+    from doc2vec_dist.index import build_index
+    from doc2vec_dist.index_sources import read_keys
+
+    index = str(tmp_path / "users.index")
+    with caplog.at_level("WARNING"):
+        build_index(index, kind="flat", model=model, progress=False)
+    assert "1 row with a null or all-zero vector" in caplog.text and "u3" in caplog.text
+    indexed = read_keys(os.path.join(index, "keys.parquet")).to_pylist()
+    assert len(indexed) == 49 and "u3" not in indexed
     with pytest.warns(UserWarning, match=r"^neighbors: 1 vector is all zero .* left out of the answer: at position 1$"):
         table = found.neighbors(vectors=np.stack([matrix[4], matrix[3]]), k=3)
     assert set(table.column("key").to_pylist()) == {"0"}
@@ -349,9 +362,13 @@ def test_likeliest_urls_for_a_user_leave_out_the_urls_it_visited(trained_model, 
     np.testing.assert_allclose(mine.column("score").to_numpy(),
                                [s for u, s in zip(everything["neighbor"].to_pylist(), everything["score"].to_pylist())
                                 if u not in seen[user]][:k], rtol=1e-6)
-    # k past what is left: every unseen URL of the vocabulary, and no more
+    # k past what is left: every unseen URL of the vocabulary, and no more; a URL with no event in the corpus
+    # (all its events held out: count 0, its row never trained) is no answer
     vocab = len(model.keys("words_out"))
-    assert model.neighbors(user, k=vocab, against="words_out").num_rows == vocab - len(seen[user])
+    trained = model.table("words_out").any(axis=1) & (model.dir.vocab().column("count").to_numpy() > 0)
+    answers = {model.keys("words_out")[int(i)].as_py() for i in np.flatnonzero(trained)}
+    assert len(answers) < vocab  # the sample's held-out split leaves some
+    assert model.neighbors(user, k=vocab, against="words_out").num_rows == len(answers - seen[user])
     # the command line: on by default, --no-exclude-seen for the model's ranking as it is
     assert main(["neighbors", "--model", trained_model, "--key", user, "--against", "words_out", "--k", "10"]) == 0
     shown = [line.split("\t")[1] for line in capsys.readouterr().out.splitlines()[1:]]
