@@ -300,12 +300,15 @@ class Model:
             if keys is not None or vectors is not None or vectors_file is not None:
                 raise UserError("give --url or --key, not both" if self.as_flags else
                                 "neighbors: give urls or keys (or vectors), one of them")
+            self._exclude_seen(exclude_seen, False, table, against or table)  # asked for, it cannot apply
             return self._url_neighbors(urls, k, table, against, index)
         if vectors_file is not None:
             if keys is None or vectors is not None:
                 given = "--key or --keys-file" if self.as_flags else "the keys argument"
                 raise UserError(f"{vectors_file}: give the keys to look up in it ({given})")
             names = self.key_names(keys, table)
+            if table == "docs" and (against or table) == "words_out" and exclude_seen is not False:
+                self._file_users_of_the_model(vectors_file, names, asked=exclude_seen is True)
             vectors, source = parquet_vectors(vectors_file, names)
             again = "infer or export them again with the model"
             self._check(source.provenance, table, vectors_file, again, again)
@@ -373,6 +376,25 @@ class Model:
             raise UserError(f"neighbors: {name} leaves out the URLs a user visited: it needs users of the model, by "
                             f"key, {self._option('against', 'words_out')}")
         return asked if applies else False
+
+    def _file_users_of_the_model(self, vectors_file: str, names: list[str], asked: bool) -> None:
+        """Users asked from a vectors file (--vectors) against words_out whose keys are the model's own: the
+        URLs they visited are not left out (the vectors are the file's, not the model's rows): an error
+        where exclude_seen was asked for, else a ServingWarning naming them."""
+        mine = pc.is_in(pa.array(names, pa.string()), value_set=self.keys("docs").cast(pa.string()))
+        own = [name for name, is_own in zip(names, mine.to_pylist()) if is_own]
+        how = "ask them by key without " + ("--vectors" if self.as_flags else "vectors_file")
+        if asked:
+            name = "--exclude-seen" if self.as_flags else "exclude_seen"
+            raise UserError(f"neighbors: {name} leaves out the URLs a user of the model visited, read from its corpus "
+                            f"by its row: the users of {vectors_file} are asked by the file's vectors; "
+                            + (f"{how} ({named(own)} are the model's)" if own else "a user the model never saw "
+                               "visited nothing it knows"))
+        if own:
+            warnings.warn(f"neighbors: {counted(len(own), 'user')} of {vectors_file} asked against words_out "
+                          f"{'is' if len(own) == 1 else 'are'} the model's ({named(own)}): asked by the file's "
+                          f"vectors, the URLs they visited are not left out of the answer; {how} to leave them out",
+                          ServingWarning, stacklevel=4)
 
     def _seen_urls(self, rows: np.ndarray, asked: bool) -> list[np.ndarray] | None:
         """The URL ids each user of `rows` visited (its tokens in the model's corpus); None, with a

@@ -1,6 +1,7 @@
 """The Python API: Model.load(path).vector / .neighbors, the same answers as the command line's."""
 
 import os
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +12,7 @@ import pytest
 from doc2vec_dist import Model, modeldir
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.modeldir import ModelDir
+from doc2vec_dist.scoring import ServingWarning
 
 
 def test_vector_is_the_checkpoint_row_of_that_key(trained_model):
@@ -381,6 +383,33 @@ def test_likeliest_urls_for_a_user_leave_out_the_urls_it_visited(trained_model, 
         model.neighbors(user, exclude_seen=True)
     with pytest.raises(UserError, match=r"^neighbors: exclude_seen leaves out the URLs a user visited: it needs "):
         model.neighbors(vectors=model.vector(user), against="words_out", exclude_seen=True)
+
+
+def test_a_models_user_asked_from_a_vectors_file_or_by_url_is_told_what_is_not_left_out(trained_model, tmp_path,
+                                                                                         capsys):
+    # asked from an export (--vectors), a user of the model got the URLs it visited back without a word, and
+    # --exclude-seen was refused as if it were no user of the model; --url --exclude-seen was ignored
+    from doc2vec_dist.cli import main
+    from doc2vec_dist.export import export
+
+    model = Model.load(trained_model)
+    user = model.keys("docs")[0].as_py()
+    path = str(tmp_path / "users.parquet")
+    export(trained_model, "docs", path, progress=False)
+    with pytest.warns(ServingWarning, match=rf"^neighbors: 1 user of {path} asked against words_out is the model's "
+                                            rf"\({user}\): asked by the file's vectors, the URLs they visited are "
+                                            "not left out of the answer; ask them by key without vectors_file"):
+        model.neighbors(user, vectors_file=path, against="words_out")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the model's own ranking asked for as it is: nothing to say
+        model.neighbors(user, vectors_file=path, against="words_out", exclude_seen=False)
+    with pytest.raises(UserError, match=rf"^neighbors: exclude_seen leaves out the URLs a user of the model visited, "
+                                        rf"read from its corpus by its row: the users of {path} are asked by the "
+                                        rf"file's vectors; ask them by key without vectors_file \({user} are"):
+        model.neighbors(user, vectors_file=path, against="words_out", exclude_seen=True)
+    url = model.keys("words_out")[0].as_py()
+    assert main(["neighbors", "--model", trained_model, "--url", url, "--exclude-seen", "--k", "2"]) == 2
+    assert "--exclude-seen leaves out the URLs a user visited: it needs" in capsys.readouterr().err
 
 
 def test_without_the_models_corpus_the_visited_urls_stay_in_and_it_says_so(trained_model, tmp_path, capsys):
