@@ -715,18 +715,19 @@ def _node_death(node: dict) -> str:
 
 def _summary(config: TrainConfig, corpus: Corpus, epoch_stats: list, train_s: float, ckpt_s: float,
              trained_before: dict | None = None) -> dict:
-    """The run's figures; train() adds startup_seconds and warnings, Run.train the restarts."""
+    """The run's figures; train() adds startup_seconds and warnings, Run.train the restarts. Its tokens and pairs
+    are what this run trained: a run resumed mid-epoch leaves out those its checkpoint had (trained_before)."""
     total = combine(epoch_stats)
-    tokens, pairs, seconds = total["tokens"], total["pairs"], total["seconds"]
     before = trained_before or {"tokens": 0, "pairs": 0}
+    tokens, pairs, seconds = total["tokens"] - before["tokens"], total["pairs"] - before["pairs"], total["seconds"]
     return {
         "tokens": tokens, "pairs": pairs, "epochs": config.epochs,
         "train_seconds": round(train_s, 3), "checkpoint_seconds": round(ckpt_s, 3),
-        "tokens_per_second": (tokens - before["tokens"]) / train_s if train_s else 0.0,
-        "pairs_per_second": (pairs - before["pairs"]) / train_s if train_s else 0.0,
+        "tokens_per_second": tokens / train_s if train_s else 0.0,
+        "pairs_per_second": pairs / train_s if train_s else 0.0,
         "loss_per_epoch": [s["loss"] / max(s["pairs"], 1) for s in epoch_stats],
         "worker_seconds": {k: round(v, 3) for k, v in seconds.items()},
         # what the workers moved to and from the servers (client.TRAFFIC), in all and per token trained
         "bytes": total["bytes"],
-        "bytes_per_token": {k: round(v / max(tokens - before["tokens"], 1), 2) for k, v in total["bytes"].items()},
+        "bytes_per_token": {k: round(v / max(tokens, 1), 2) for k, v in total["bytes"].items()},
     }
