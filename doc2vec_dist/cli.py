@@ -324,9 +324,18 @@ def cmd_tune(args) -> None:
     from .search_space import load_space
     from .tune import search
 
+    # tune's own hidden --resume and --resume-from (and --config's keys): one line, not every trial failing
+    # with Ray's traceback
+    afresh = "tune trains each trial and the comparison afresh in directories of its own, so there is no run to resume"
+    for flag, value in (("--resume", args.resume), ("--resume-from", args.resume_from)):
+        if value:
+            raise UserError(f"{flag}: {afresh}; leave {flag} out (a model goes on with train --resume)")
+    base = _train_config(args)
+    if base.resume:
+        raise UserError(f"{args.config}: resume / resume_from: {afresh}; leave them out of the base settings")
     result = search(args.corpus, args.out, heldout=args.heldout, labels=args.labels, pairs=args.pairs,
                     budget=args.budget, space=load_space(args.space) if args.space else None,
-                    base=_train_config(args), compare=not args.no_compare, calibrate_seconds=args.calibrate_seconds,
+                    base=base, compare=not args.no_compare, calibrate_seconds=args.calibrate_seconds,
                     test_fraction=args.test_fraction, key_col=args.key_col, label_col=args.label_col,
                     progress=not args.no_progress, searcher=args.searcher,
                     space_name=args.space or "the search space")
@@ -617,7 +626,10 @@ def make_parser() -> argparse.ArgumentParser:
     tu.add_argument("--no-compare", action="store_true", help="skip training the best, the defaults and gensim on "
                                                               "the whole corpus at the end")
     tu.add_argument("--config", help="YAML file with the base settings every trial starts from")
-    add_config_flags(tu, TrainConfig, engine=True, skip=("force_workers",))  # a trial trains as it is asked
+    # a trial trains as it is asked, afresh: no force_workers, and --resume / --resume-from refused in one line
+    add_config_flags(tu, TrainConfig, engine=True, skip=("force_workers", "resume", "resume_from"))
+    tu.add_argument("--resume", action="store_true", default=None, help=argparse.SUPPRESS)
+    tu.add_argument("--resume-from", default=None, help=argparse.SUPPRESS)
 
     e = add("export", cmd_export, "write a table as Parquet (key, vector), word2vec text or npy")
     e.add_argument("--model", required=True, help="model directory")
@@ -725,7 +737,8 @@ def make_parser() -> argparse.ArgumentParser:
                                                         "the references); --pairs: score only this share of the "
                                                         "pairs, as tune's comparison does (default: every pair)")
     ev.add_argument("--k", type=_at_least_one("--k"), default=10,
-                    help="cut-off of recall@k and MRR, and neighbours of the k-NN vote")
+                    help="the k of recall@k (MRR is not cut: the best hidden URL at any rank), and neighbours of the "
+                         "k-NN vote")
     ev.add_argument("--max-users", type=_count_or_all, default=20_000, metavar="N|all",
                     help="--heldout: evaluate a random sample of N of the users with held-out pairs (seed 0; the "
                          "output says how many of how many); all or 0: every one")

@@ -8,6 +8,7 @@ Changes when what a search records, plots or prints changes.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import logging
 import math
@@ -17,9 +18,34 @@ import sys
 import yaml
 
 from . import outputs, storage
+from .config import TrainConfig, build
 from .search_space import _plain, is_point
 
 log = logging.getLogger(__name__)
+
+# settings best.yaml leaves out though the measured runs had them: tune's own choice (no progress bars), and
+# where they ran (the Ray address), which is not a setting of the model
+NOT_WRITTEN = ("progress", "address")
+
+
+def measured_config(base: dict, settings: dict) -> TrainConfig:
+    """The configuration a search measured for `settings`: the base settings (tune's flags and --config,
+    `base` as dataclasses.asdict gives them) with the searched ones over them, as the comparison trains
+    its tuned model. Several workers train as many as asked (tune's trials take no plan's advice), which
+    force_workers says to `train`."""
+    config = build(TrainConfig, base, settings, {"progress": False})
+    if config.num_workers > 1:
+        config.force_workers = True
+    return config
+
+
+def best_config(base: dict, settings: dict) -> dict:
+    """best.yaml's keys: every searched setting, and every other setting of measured_config that differs
+    from TrainConfig's defaults (but NOT_WRITTEN), so that `train --config best.yaml` trains what was
+    measured, not the searched settings over the defaults."""
+    config = measured_config(base, settings)
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(TrainConfig)
+            if f.name not in NOT_WRITTEN and (f.name in settings or getattr(config, f.name) != f.default)}
 
 
 def format_estimate(estimate: dict, at_once: int) -> str:
@@ -47,7 +73,10 @@ class _Recorder:
     "best so far" (the progress line, best.yaml) is the best metric among the trials that have
     ended (finished, or stopped by ASHA at a rung), each at its last measurement: it never goes
     down, as a running trial's figure at a rung may before its last epoch. The base settings win
-    ties: a search that finds nothing better says so and hands the base back."""
+    ties: a search that finds nothing better says so and hands the base back.
+
+    `base` is the base settings (dataclasses.asdict of tune's TrainConfig): best.yaml writes them
+    beside the searched `names` wherever they differ from the defaults (best_config)."""
 
     def __init__(self, out: str, names: list[str], base: dict, metric: str, measured_on: str, total: int,
                  progress: bool, points: list[dict] | None = None, searcher: str = "random"):
@@ -148,12 +177,19 @@ class _Recorder:
         best = self.best()
         if best is not None:
             settings = {n: _plain(best[n]) for n in self.names}
+            config = best_config(self.base, settings)
             ended = sum(r["state"] in ENDED for r in rows)
             what = ("nothing beat the base settings (these): " if best["source"] == "base" and ended > 1
                     else "the base settings: " if best["source"] == "base" else "")
+            forced = config.get("force_workers") and not self.base.get("force_workers") and "force_workers" not in settings
+            given = [k for k in config if k not in settings and not (forced and k == "force_workers")]
             text = (f"# doc2vec-dist tune: {what}the best of {ended} ended trial(s) so far, {self.metric} "
                     f"{best[self.metric]:.4f} after {best['epochs_run']} epoch(s) on {self.measured_on}\n"
-                    + yaml.safe_dump(settings, sort_keys=True))
+                    f"# the configuration measured, for train --config: searched {', '.join(sorted(settings))}"
+                    + (f"; as tune was given them (its flags and --config): {', '.join(sorted(given))}" if given
+                       else "; every other setting at its default")
+                    + ("; force_workers: the trials trained --num-workers as given" if forced else "")
+                    + "\n" + yaml.safe_dump(config, sort_keys=True))
             storage.write_local(os.path.join(self.out, "best.yaml"), text)
 
 

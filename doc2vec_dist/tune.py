@@ -28,10 +28,11 @@ trials' table and what is written at the end.
    and the search goes on.
 5. **Written as the search goes** (so Ctrl-C keeps them, and ends the command there): DIR/trials.csv
    (every trial, sorted by its metric: settings, where they came from, metric, epochs, tokens/s,
-   seconds, state) and DIR/best.yaml (the best settings of the trials that have ended, a config
-   `train --config` takes). At the end: DIR/settings.png (the metric against each setting) and,
-   unless --no-compare, the best, the defaults and gensim (the best's epochs) trained on the
-   whole corpus and measured on the user's file (DIR/compare.json).
+   seconds, state) and DIR/best.yaml (the configuration of the best trial that has ended: the settings
+   searched and every base setting (flags, --config) that is not the default, a config `train --config`
+   takes and trains as the comparison's tuned model did). At the end: DIR/settings.png (the metric
+   against each setting) and, unless --no-compare, the best, the defaults and gensim (the best's
+   epochs) trained on the whole corpus and measured on the user's file (DIR/compare.json).
 
 A space file maps setting names (TrainConfig fields) to a value or to one of
     {choice: [a, b, ...]}  {uniform: [lo, hi]}  {loguniform: [lo, hi]}  {randint: [lo, hi]}
@@ -71,7 +72,7 @@ from .search_cost import (
     trial_epoch_cost,
     trials_for_budget,
 )
-from .search_report import _Recorder, format_estimate, plot_settings
+from .search_report import _Recorder, format_estimate, measured_config, plot_settings
 from .search_space import OptunaSpace, _draw, _plain, default_space, seed_points, tune_space
 from .shard_pass import hold_out
 
@@ -368,6 +369,15 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
     if len(given) != 1:
         raise UserError("tune needs one of --heldout, --labels or --pairs to measure trials on")
     (kind, user_file), = given
+    if test_fraction is not None and kind == "heldout":
+        raise UserError("--test-fraction is the share of a --labels or --pairs file kept for the comparison; with "
+                        "--heldout the trials are measured on a validation split of the corpus and the comparison "
+                        "on the whole file: leave --test-fraction out")
+    if test_fraction is not None and not 0 < test_fraction < 1:
+        raise UserError(f"--test-fraction must lie between 0 and 1, not {test_fraction:g}")
+    if base is not None and base.resume:
+        raise UserError("tune trains each trial and the comparison afresh in directories of its own: a base config "
+                        "that resumes (resume, resume_from) has nothing to resume there; leave them out")
     if not os.path.exists(user_file):
         raise UserError(f"{user_file}: no such file")
     if budget <= 0:
@@ -395,7 +405,8 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
         target = Target(kind, os.path.abspath(user_file), corpus.path, val_corpus.path, val_pairs)
     else:
         target = Target(kind, os.path.abspath(user_file), corpus.path,
-                        test_fraction=test_fraction or DEFAULT_TEST_FRACTION[kind], key_col=key_col, label_col=label_col)
+                        test_fraction=DEFAULT_TEST_FRACTION[kind] if test_fraction is None else test_fraction,
+                        key_col=key_col, label_col=label_col)
     # each trial: the base settings with the trial's own, quiet, checkpointed only where it is measured
     base_fields = {**dataclasses.asdict(base), "progress": False, "checkpoint_every": 0.0, "keep_checkpoints": 1}
     max_epochs = max_epochs_of(space, base)
@@ -418,7 +429,9 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
                  + f" first, then {draws * grid} {searcher} draw(s); ASHA (every trial {grace_epochs(max_epochs)} "
                  f"epoch(s), then the best 1/{REDUCTION} at each rung) ≈ {budget:g} full trainings, {at_once} at a "
                  f"time; metric {metric} on {measured_on}")
-        recorder = _Recorder(out, names, base_fields, metric, measured_on, total, progress, points, searcher)
+        # best.yaml: the base (not the trials' quiet, uncheckpointed copy of it) with the best's settings
+        recorder = _Recorder(out, names, dataclasses.asdict(base), metric, measured_on, total, progress, points,
+                             searcher)
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, base=base_fields, target=target, trials=os.path.join(out, "trials"),
                                  rungs=rung_epochs(max_epochs)),
@@ -560,8 +573,8 @@ def compare_on_test(target: Target, out: str, settings: dict, base: TrainConfig,
     corpus = target.corpus
     found: dict[str, dict] = {}
     runs: list[tuple[str, Callable[[str], dict]]] = [
-        ("tuned", lambda m: train(corpus, m, build(TrainConfig, dataclasses.asdict(base), settings, {"progress": False}),
-                                  overwrite=True)),
+        # what best.yaml holds (search_report.best_config): `train --config best.yaml` trains this model
+        ("tuned", lambda m: train(corpus, m, measured_config(dataclasses.asdict(base), settings), overwrite=True)),
         ("defaults", lambda m: train(corpus, m, dataclasses.replace(base, progress=False), overwrite=True)),
         # gensim with the base settings (its own SGD and negatives) at the tuned run's epochs
         ("gensim", lambda m: train_gensim(corpus, m, dataclasses.replace(

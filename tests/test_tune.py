@@ -29,6 +29,9 @@ from doc2vec_dist.tune import search, split_validation
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a deliberately bad learning rate beside a good one, and a setting that cannot train
 SPACE = {"alpha": {"grid": [0.0002, 0.05]}, "negative": {"grid": [5, -1]}, "epochs": 8, "dim": 16}
+# the searched fixture's base settings: besides the space's (epochs, dim), some only the base sets (window: unused
+# by PV-DBOW without dbow_words, so the search finds what it found without it)
+BASE = {"sample": 0, "num_ps": 1, "cpus_per_worker": 1, "dim": 16, "epochs": 4, "window": 3}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def searched(ray_cluster, sample_corpus, tmp_path_factory):
     def make(root) -> tuple[str, dict]:  # (once a run: the test processes share it)
         out = str(root / "search")
         return out, search(sample_corpus[0], out, heldout=sample_corpus[1], budget=1, space=SPACE,
-                           base=TrainConfig(sample=0, num_ps=1, cpus_per_worker=1, dim=16, epochs=4), calibrate_seconds=2)
+                           base=TrainConfig(**BASE), calibrate_seconds=2)
 
     return made_once(tmp_path_factory, "tune", make)
 
@@ -65,7 +68,9 @@ def test_a_tiny_search_finds_the_good_learning_rate(searched):
     assert trained[0.05] > trained[0.0002] + 0.03, trained  # far above: the bad rate barely moves the vectors
     with open(os.path.join(out, "best.yaml")) as fh:
         best = yaml.safe_load(fh)
-    assert best == {"alpha": 0.05, "negative": 5, "epochs": 8, "dim": 16}
+    # the searched settings and the base's own beside them (test_best_yaml_is_the_configuration_the_comparison_trained)
+    assert best == {"alpha": 0.05, "negative": 5, "epochs": 8, "dim": 16, "sample": 0, "num_ps": 1, "cpus_per_worker": 1,
+                    "window": 3}
     with open(os.path.join(out, "best.yaml")) as fh:
         assert "on the validation split" in fh.readline()  # --heldout: never the user's own file
     assert float(rows[0]["recall@10"]) == max(trained.values())  # the table is sorted by the metric
@@ -104,7 +109,95 @@ def test_the_written_yaml_trains(searched, sample_corpus, tmp_path):
                  "--epochs", "1", "--no-progress"]) == 0
     from doc2vec_dist.modeldir import ModelDir
 
-    assert ModelDir(model).config().alpha == 0.05 and ModelDir(model).spec("docs")["dim"] == 16
+    config = ModelDir(model).config()
+    assert config.alpha == 0.05 and ModelDir(model).spec("docs")["dim"] == 16
+    assert (config.sample, config.num_ps, config.window) == (0, 1, 3)  # the base settings the search trained with
+
+
+def test_best_yaml_is_the_configuration_the_comparison_trained(searched):
+    """best.yaml held only the searched keys, while the trials and the comparison's tuned model trained the
+    base settings (tune's flags and --config) with them: `train --config best.yaml` trained another model.
+    It holds both now, and its header says which are which."""
+    import dataclasses
+
+    from doc2vec_dist.config import build, load_yaml
+    from doc2vec_dist.modeldir import ModelDir
+
+    out, _ = searched
+    path = os.path.join(out, "best.yaml")
+    loaded = load_yaml(path)  # as train --config reads it: every key a setting it takes
+    assert {k: loaded[k] for k in ("sample", "num_ps", "cpus_per_worker", "window")} == {
+        "sample": 0, "num_ps": 1, "cpus_per_worker": 1, "window": 3}
+    with open(path) as fh:
+        header = fh.readlines()[1]
+    assert header == ("# the configuration measured, for train --config: searched alpha, dim, epochs, negative; as tune "
+                      "was given them (its flags and --config): cpus_per_worker, num_ps, sample, window\n")
+    tuned = dataclasses.asdict(ModelDir(os.path.join(out, "compare", "tuned")).config())
+    written = dataclasses.asdict(build(TrainConfig, loaded))
+    # every setting alike but what the trainer resolved for the run (segments) and the progress bars
+    assert {k for k in tuned if tuned[k] != written[k]} <= {"segments", "progress"}, (tuned, written)
+
+
+def test_best_yaml_holds_the_base_settings_beside_the_searched_ones(tmp_path):
+    """The recorder's best.yaml (what `tune` writes as the search goes): the searched settings of the best
+    trial, every base setting that is not the default (--dim 16 --mode dm --window 3 --num-ps 1), not where
+    the search ran (--address); loaded, the configuration the trials and the comparison trained."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from doc2vec_dist.config import build, load_yaml
+    from doc2vec_dist.search_report import _Recorder
+
+    base = dataclasses.asdict(TrainConfig(dim=16, epochs=2, mode="dm", window=3, num_ps=1, address="ray://head:10001"))
+    recorder = _Recorder(str(tmp_path), ["alpha", "epochs"], base, "recall@10", "validation", 1, False)
+    trial = SimpleNamespace(trial_id="a", config={"alpha": 0.03, "epochs": 4}, error_file=None)
+    recorder.seen(trial, {"metric": 0.25, "epoch": 4, "tokens_per_second": 1.0, "seconds": 1.0})
+    recorder.ended(trial, "finished")
+    path = tmp_path / "best.yaml"
+    assert yaml.safe_load(path.read_text()) == {"alpha": 0.03, "epochs": 4, "dim": 16, "mode": "dm", "window": 3,
+                                                "num_ps": 1}
+    assert path.read_text().splitlines()[1] == ("# the configuration measured, for train --config: searched alpha, "
+                                                "epochs; as tune was given them (its flags and --config): dim, mode, "
+                                                "num_ps, window")
+    from doc2vec_dist.search_report import measured_config  # what the comparison trains (tune.compare_on_test)
+
+    assert build(TrainConfig, load_yaml(str(path)), {"progress": False}) == dataclasses.replace(
+        measured_config(base, trial.config), address=None)
+    # several workers: the trials trained as many as asked, which train does only with force_workers
+    recorder = _Recorder(str(tmp_path), ["alpha"], dataclasses.asdict(TrainConfig(num_workers=2)), "recall@10",
+                         "validation", 1, False)
+    trial = SimpleNamespace(trial_id="b", config={"alpha": 0.03}, error_file=None)
+    recorder.seen(trial, {"metric": 0.25, "epoch": 10, "tokens_per_second": 1.0, "seconds": 1.0})
+    recorder.ended(trial, "finished")
+    assert yaml.safe_load(path.read_text()) == {"alpha": 0.03, "num_workers": 2, "force_workers": True}
+    assert path.read_text().splitlines()[1].endswith("; force_workers: the trials trained --num-workers as given")
+
+
+@pytest.mark.parametrize("given, starts, ends", [
+    (["--heldout", "HELDOUT", "--test-fraction", "0.9"], "--test-fraction is the share of a --labels or --pairs file",
+     "leave --test-fraction out"),
+    (["--heldout", "HELDOUT", "--resume"], "--resume: tune trains each trial and the comparison afresh",
+     "leave --resume out (a model goes on with train --resume)"),
+    (["--heldout", "HELDOUT", "--resume-from", "v2"], "--resume-from: tune trains each trial",
+     "leave --resume-from out (a model goes on with train --resume)"),
+    (["--heldout", "HELDOUT", "--config", "RESUME_YAML"], "RESUME_YAML: resume / resume_from: tune trains each trial",
+     "leave them out of the base settings"),
+    (["--labels", "HELDOUT", "--test-fraction", "0"], "--test-fraction must lie between 0 and 1, not 0", ""),
+])
+def test_tune_refuses_flags_it_would_ignore_in_one_line(given, starts, ends, sample_corpus, tmp_path, capsys):
+    """--test-fraction with --heldout was ignored (it splits a --labels or --pairs file), and --resume was taken,
+    then failed every trial with Ray's traceback: each is one line now, before anything starts. (--budget 0:
+    should the refusal go, the command stops at the budget rather than run a search.)"""
+    out, config = tmp_path / "search", tmp_path / "resume.yaml"
+    config.write_text("resume: true\n")
+    names = {"HELDOUT": sample_corpus[1], "RESUME_YAML": str(config)}
+    argv = ["tune", "--corpus", sample_corpus[0], "--out", str(out), "--budget", "0",
+            *[names.get(a, a) for a in given]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: " + starts.replace("RESUME_YAML", str(config))), err
+    assert err[0].endswith(ends), err
+    assert not out.exists()
 
 
 def test_the_validation_split_hides_what_prepare_holdout_hides(sample_corpus, tmp_path):
@@ -349,7 +442,9 @@ def test_when_nothing_beats_the_base_the_command_says_so_and_best_yaml_is_the_ba
     assert any(r["state"] == "stopped early" for r in rows)
     best = (out / "best.yaml").read_text()
     assert best.startswith("# doc2vec-dist tune: nothing beat the base settings")
-    assert yaml.safe_load(best) == {"alpha": 0.05, "epochs": 4, "dim": 16}
+    # the base as given on the command line, all of it (not --address: where it ran), for train --config
+    assert yaml.safe_load(best) == {"alpha": 0.05, "epochs": 4, "dim": 16, "sample": 0, "num_ps": 1,
+                                    "cpus_per_worker": 1}
     assert "Exception ignored" not in done.stderr and "SystemExit" not in done.stderr, done.stderr[-3000:]
 
 
