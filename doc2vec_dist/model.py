@@ -521,7 +521,9 @@ class Model:
         else first appearance). A URL the model never saw counts by a row composed from its path, host
         or domain (compose.py; compose=False drops it). A user none of whose URLs the model knows, nor
         their sites, gets a row of NaN (no vector: neighbors skips it), and a ServingWarning names such
-        users (the first few, and how many); the events with unknown URLs are counted in the log. options:
+        users (the first few, and how many); the events with unknown URLs are counted in the log. Where no
+        event of the call has a URL it knows (another site, another column read as the URL), it is a
+        UserError, as for the `infer` command, even for one user. options:
         epochs, alpha, min_alpha, seed (default 1: the same events and seed give the same vectors),
         batch_users, progress, compose. See
         doc2vec_dist.infer for the method (gensim's infer_vector, batched, frozen output weights).
