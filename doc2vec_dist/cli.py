@@ -150,6 +150,9 @@ def _misplaced_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | N
             if command == "baseline" and name in sub["train"]._option_string_actions:
                 threads = " (its threads: --workers)" if name in ("--num-workers", "--cpus-per-worker") else ""
                 return f"{name} is a doc2vec-dist engine option; gensim's baseline does not use it{threads}"
+            if command == "tune" and name == "--overwrite":  # not prepare's: tune's own --out is replaced
+                return ("--overwrite: tune replaces an earlier search of its own at --out without it (and refuses "
+                        "anything else there); leave --overwrite out")
             if command in _TRAINERS and name in sub["prepare"]._option_string_actions:
                 return _prepare_option(name[2:].replace("-", "_"), value, command)
             pointer = gensim_pointer(name, as_flags=True)

@@ -183,6 +183,9 @@ def test_best_yaml_holds_the_base_settings_beside_the_searched_ones(tmp_path):
     (["--heldout", "HELDOUT", "--config", "RESUME_YAML"], "RESUME_YAML: resume / resume_from: tune trains each trial",
      "leave them out of the base settings"),
     (["--labels", "HELDOUT", "--test-fraction", "0"], "--test-fraction must lie between 0 and 1, not 0", ""),
+    # it was answered as prepare's flag ("run doc2vec-dist prepare ... --overwrite"), which it is not here
+    (["--heldout", "HELDOUT", "--overwrite"], "--overwrite: tune replaces an earlier search of its own at --out",
+     "leave --overwrite out"),
 ])
 def test_tune_refuses_flags_it_would_ignore_in_one_line(given, starts, ends, sample_corpus, tmp_path, capsys):
     """--test-fraction with --heldout was ignored (it splits a --labels or --pairs file), and --resume was taken,
