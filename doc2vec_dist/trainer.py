@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow.compute as pc
 import ray
 
-from . import checkpoint, modeldir, outputs, storage, warmup
+from . import checkpoint, lr, modeldir, outputs, storage, warmup
 from .cluster import connect, local_object_store_bytes, shutdown_local
 from .config import TableSpec, TrainConfig, build
 from .corpus import Corpus
@@ -118,6 +118,8 @@ def wait_for_nodes(config: TrainConfig, tables: dict[str, TableSpec], problem: s
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
 # (the model's shape, its data and its sampling) must match the checkpoint's, or resuming would
 # continue a different model.
+# the changes a resume says it made (the others say how it runs, not what it trains)
+SAID_ON_RESUME = ("epochs", "alpha", "min_alpha", "dtype", "rounding")
 RESUMABLE_CHANGES = frozenset({
     "epochs", "alpha", "min_alpha", "num_ps", "num_workers", "cpus_per_worker", "gpus_per_worker",
     "schedule", "segments", "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
@@ -167,6 +169,23 @@ class Resume:
     tokens: int = 0  # tokens trained before it
     latest: int | None = None  # the version LATEST named (newer than `version` where that was damaged, or asked for)
     damaged: dict[int, str] = dataclasses.field(default_factory=dict)  # the versions passed over, and why
+    saved: dict = dataclasses.field(default_factory=dict)  # the checkpoint's config (its manifest's)
+    saved_lr: float | None = None  # the learning rate it stopped at
+
+    def line(self, config: TrainConfig, corpus: Corpus) -> str:
+        """'resumed from vN (epoch E, T tokens)', with the learning rate it goes on at and what changed since
+        (epochs, alpha, dtype): a run stopped at epoch 11 of 40 and resumed with --epochs 12 goes on at the end
+        of its decay, not where it stopped, and says so."""
+        line = f"resumed from v{self.version} (epoch {self.epoch}, {self.tokens:,} tokens)"
+        now = lr.rate_at(config.alpha, config.min_alpha, self.tokens,
+                         corpus.tokens_before(config.epochs, config.first_epoch))
+        changed = [f"{name} {self.saved[name]} -> {getattr(config, name)}" for name in SAID_ON_RESUME
+                   if name in self.saved and self.saved[name] != getattr(config, name)]
+        if not changed:
+            return line
+        was = f" (it stopped at {self.saved_lr:.6g})" if self.saved_lr is not None and \
+            abs(self.saved_lr - now) > 1e-9 else ""
+        return f"{line}; changed since: {', '.join(changed)}; learning rate {now:.6g}{was}"
 
     @classmethod
     def of(cls, out: str, settings: RunSettings, corpus: Corpus) -> Resume:
@@ -204,7 +223,7 @@ class Resume:
             raise UserError(f"{out}: the checkpoint has {epoch} epochs done; --epochs {config.epochs} is fewer")
         tokens = corpus.tokens_before(epoch, config.first_epoch) + sum(p.tokens for p in positions or [])
         return cls(epoch=epoch, positions=positions, version=point.version, tokens=tokens, latest=point.latest,
-                   damaged=point.damaged)
+                   damaged=point.damaged, saved=manifest.get("config") or {}, saved_lr=manifest.get("lr"))
 
 
 def _same_rows(out: str, corpus: Corpus) -> None:
@@ -290,7 +309,7 @@ def _train_writing(corpus: Corpus, out: str, settings: RunSettings, overwrite: b
     config, resume = settings.config, Resume()
     if config.resume:
         resume = Resume.of(out, settings, corpus)
-        log.info(f"resumed from v{resume.version} (epoch {resume.epoch}, {resume.tokens:,} tokens)")
+        log.info(resume.line(config, corpus))
         # versions a stopped run left half-written take room the next checkpoint needs
         for version in checkpoint.discard_partial_versions(out):
             log.info(f"removed checkpoint v{version}, which a run that stopped left unfinished")

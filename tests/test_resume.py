@@ -205,6 +205,23 @@ def test_one_device_worker_keeps_its_rows_across_epochs_and_every_checkpoint_hol
         assert summary["tokens"] == Corpus(small_corpus).num_tokens * (2 - manifests[version]["epoch"]) - done
 
 
+def test_a_resume_says_what_it_changed_and_the_learning_rate_it_goes_on_at(small_corpus):
+    # resumed with fewer --epochs, a run stopped at epoch 11 of 40 goes on at the end of its decay, and only
+    # "resumed from v12 (epoch 11, T tokens)" was said
+    from doc2vec_dist.lr import rate_at
+
+    corpus, base = Corpus(small_corpus), TrainConfig()
+    n = corpus.num_tokens
+    stopped = rate_at(base.alpha, base.min_alpha, 11 * n, 40 * n)
+    saved = {**dataclasses.asdict(base), "epochs": 40}
+    resume = trainer.Resume(epoch=11, version=12, tokens=11 * n, saved=saved, saved_lr=stopped)
+    assert resume.line(dataclasses.replace(base, epochs=40), corpus) == f"resumed from v12 (epoch 11, {11 * n:,} tokens)"
+    now = rate_at(base.alpha, base.min_alpha, 11 * n, 12 * n)
+    assert resume.line(dataclasses.replace(base, epochs=12, dtype="float16"), corpus) == (
+        f"resumed from v12 (epoch 11, {11 * n:,} tokens); changed since: epochs 40 -> 12, dtype float32 -> float16; "
+        f"learning rate {now:.6g} (it stopped at {stopped:.6g})")
+
+
 def test_resume_refuses_a_change_to_the_model_and_names_it(ray_cluster, trained_model):
     with pytest.raises(UserError, match="cannot resume with dim=64.*dim=32"):
         resumed_config(trained_model, {"dim": 64})
