@@ -48,10 +48,9 @@ def train_config(values: dict, flags: dict, source: str | None = None, model: st
 
     named = [(source or "--config", values), ("", flags)]
     if base_model is not None:
-        from .modeldir import ModelDir
-
         taken = taken_settings(base_model, named, flag="--base-model")
-        saved = {k: v for k, v in dataclasses.asdict(ModelDir(base_model).config()).items() if k not in NOT_CARRIED}
+        saved = {k: v for k, v in dataclasses.asdict(modeldir.ModelDir(base_model).config()).items()
+                 if k not in NOT_CARRIED}
         config = build(TrainConfig, saved, taken, REFRESH_DEFAULTS, values, flags, {"init_from": base_model})
     else:
         init_from = flags.get("init_from") or values.get("init_from")
@@ -90,10 +89,11 @@ DATA_KEYS = ("input", "corpus", "out")
 # Beside the model directory OUT, with --input: the corpus the job prepares, and the held-out pairs of --holdout.
 CORPUS_SUFFIX, HELDOUT_SUFFIX = "-corpus", "-heldout.parquet"
 REPORT_PAGE = "report.html"  # the job's page (doc2vec-dist report), in the exports directory
-# The prepare settings that make a corpus what it is, as corpus.json records them: a corpus found at the
-# job's corpus path is used only when it was prepared from the same input files with these same settings.
-CORPUS_SETTINGS = ("format", "doc_col", "token_col", "time_col", "min_count", "max_vocab", "holdout", "holdout_out",
-                   "window_days")
+# The prepare settings that make a corpus what it is, as corpus.json records them (and its URL rule, and the seed
+# of a holdout): a corpus found at the job's corpus path is used only when it was prepared from the same input files
+# with these same settings. The others (parallel, engine, memory_budget_bytes) make the same corpus.
+CORPUS_SETTINGS = ("format", "doc_col", "token_col", "time_col", "time_unit", "delimiter", "min_count", "max_vocab",
+                   "holdout", "holdout_out", "base", "window_days", "expire_days", "max_tokens_per_doc", "num_shards")
 
 
 class Origin(NamedTuple):
@@ -267,19 +267,18 @@ def run_job(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, origin: Origi
     stages["index"] = time.perf_counter() - t
 
     result = {"train": summary, "export": [users, urls], "index": index, "stages": stages}
-    heldout = prep.holdout_out
-    if heldout and os.path.exists(heldout):
+    heldout = prep.holdout_out if prep.holdout_out and os.path.exists(prep.holdout_out) else None
+    if heldout:
         t = time.perf_counter()
         result["heldout"] = heldout_metrics(model, heldout)
         stages["evaluate"] = time.perf_counter() - t
-    first_user = _first_key(model)
+    first_user = modeldir.ModelDir(model).keys("docs")[0].as_py()
     result["example"] = {"user": first_user,
                          "similar_users": neighbors(model, [first_user], k=5).column("neighbor").to_pylist(),
                          "likely_urls": neighbors(model, [first_user], k=5, against="words_out")
                          .column("neighbor").to_pylist()}
     t = time.perf_counter()  # the page a person reads: how the run went, and the model's quality and space
-    result["report"] = make_report(model, os.path.join(job.exports, REPORT_PAGE),
-                                   heldout=heldout if heldout and os.path.exists(heldout) else None)["path"]
+    result["report"] = make_report(model, os.path.join(job.exports, REPORT_PAGE), heldout=heldout)["path"]
     stages["report"] = time.perf_counter() - t
     storage.write_local(os.path.join(job.exports, "job.json"), storage.json_bytes(result))
     return result
@@ -316,7 +315,7 @@ def corpus_to_prepare(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, ori
 def corpus_differs(meta: dict, inputs: list[str], prep: PrepareConfig, seed: int) -> str | None:
     """How the corpus that corpus.json `meta` describes differs from one prepared from `inputs` with `prep`
     (CORPUS_SETTINGS; the seed where something is held out), in words; None when it does not."""
-    from .read_files import expand_inputs
+    from .read_files import csv_delimiter, expand_inputs
     from .urls import RAW, UrlRule
 
     files = [_same_path(f) for f in expand_inputs(inputs, prep.format)]
@@ -328,18 +327,27 @@ def corpus_differs(meta: dict, inputs: list[str], prep: PrepareConfig, seed: int
                     f"{len(set(made) - set(files))} gone since)")
         return f"prepared from other inputs ({recorded}), not {', '.join(inputs)}"
     wanted = {k: getattr(prep, k) for k in CORPUS_SETTINGS}
-    wanted["time_col"] = prep.time_col if prep.format == "events" else None  # as prepare records it
-    wanted["holdout_out"] = _same_path(prep.holdout_out) if prep.holdout_out else None
     found = {k: meta.get(k) for k in CORPUS_SETTINGS}
-    found["holdout_out"] = _same_path(found["holdout_out"]) if found["holdout_out"] else None
+    # as prepare records them: a --time-unit in how the files' times were read (moot where none were numbers), the
+    # base in "refresh", the delimiter as its character; the shards' count, where one was asked for
+    read = " ".join(meta.get("time_read") or {})
+    unit = re.search(r"--time-unit (\w+)", read)
+    found.update(time_unit=unit and unit[1], base=(meta.get("refresh") or {}).get("base"))
+    numbers = "epoch" in read or "numbers" in read
+    wanted.update(time_col=prep.time_col if prep.format == "events" else None, delimiter=csv_delimiter(prep.delimiter),
+                  time_unit=prep.time_unit if numbers else found["time_unit"],
+                  num_shards=found["num_shards"] if prep.num_shards is None else prep.num_shards)
+    for k in ("holdout_out", "base"):
+        wanted[k], found[k] = (_same_path(v) if v else None for v in (wanted[k], found[k]))
     if prep.holdout > 0:
         wanted["seed"], found["seed"] = seed, meta.get("seed")
-    changed = [f"{k} {_shown(found[k])}, not {_shown(v)}" for k, v in wanted.items() if found[k] != v]
-    # the URL rule, as prepare records it (none recorded: URLs as written, RAW)
+    say = {None: "none"}  # a setting as a message shows it
+    changed = [f"{k} {say.get(found[k], found[k])}, not {say.get(v, v)}" for k, v in wanted.items() if found[k] != v]
+    # the URL rule, as prepare records it (none recorded: URLs as written, RAW); with a base, the base's
     rule = RAW if prep.format == "text" else UrlRule.of_settings(prep.no_normalize, prep.drop_query, prep.drop_params,
                                                                 prep.merge_www)
     made_by = UrlRule.from_json(meta.get("url_rule"), "corpus.json")
-    if made_by != rule:
+    if made_by != rule and prep.base is None:
         changed.append(f"{made_by.describe()}, not {rule.describe()}")
     return f"prepared with {'; '.join(changed)}" if changed else None
 
@@ -353,10 +361,6 @@ def _same_path(path: str) -> str:
     """A path in the form two spellings of one file share: a local file's real path (inside a Ray upload,
     its path there), a URI as it is."""
     return path if storage.is_uri(path) else RAY_UPLOAD.sub("<working dir>", os.path.realpath(path))
-
-
-def _shown(value) -> str:
-    return "none" if value is None else str(value)
 
 
 def resume_command(argv: Sequence[str], script: str = os.path.join(CHECKOUT, "jobs", "train.py")) -> str:
@@ -381,12 +385,6 @@ def on_cluster(prep: PrepareConfig, cfg: TrainConfig) -> PrepareConfig:
     connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
     parallel = prep.parallel if prep.parallel is not None else 0 if address or connected else None
     return dataclasses.replace(prep, parallel=parallel, address=address, seed=cfg.seed)
-
-
-def _first_key(model: str) -> str:
-    from .modeldir import ModelDir
-
-    return ModelDir(model).keys("docs")[0].as_py()
 
 
 def print_job(result: dict, job: JobConfig) -> None:
@@ -542,10 +540,9 @@ def base_corpus_settings(job: RefreshJob) -> dict:
     """How the base corpus read its events (format, columns), so today's are read the same way; {} when
     the base model's corpus is gone (a --window-days refresh needs none)."""
     from .corpus import Corpus
-    from .modeldir import ModelDir
 
     try:
-        meta = Corpus(job.base_corpus or ModelDir(job.base_model).corpus_path()).meta
+        meta = Corpus(job.base_corpus or modeldir.ModelDir(job.base_model).corpus_path()).meta
     except UserError:
         if job.base_corpus:
             raise
@@ -610,13 +607,17 @@ def _steps(job: RefreshJob, prep: PrepareConfig, cfg: TrainConfig) -> dict:
                     "out": job.out, "old_index": job.index, "stages": stages}
 
     t = time.perf_counter()
-    if cfg.resume:  # prepared by the run that stopped
+    prep = dataclasses.replace(on_cluster(prep, cfg), base=job.base_corpus or job.base_model)
+    if cfg.resume:  # prepared by the run that stopped: from the events and with the settings asked for here
         corpus = Corpus(job.path("corpus"))
+        differs = corpus_differs(corpus.meta, job.events, prep, cfg.seed)
+        if differs:
+            raise UserError(f"{corpus.path}: {differs}; --resume trains on the corpus the refresh's first run "
+                            "prepared: give that run's --events and prepare flags, or refresh into another --out")
     else:
-        corpus = prepare(job.events, job.path("corpus"),
-                         dataclasses.replace(on_cluster(prep, cfg), base=job.base_corpus or job.base_model),
-                         progress=cfg.progress, report=True)
+        corpus = prepare(job.events, job.path("corpus"), prep, progress=cfg.progress, report=True)
         stages["prepare"] = time.perf_counter() - t
+    result["events"] = corpus.meta.get("inputs") or job.events  # what the corpus was made of (resumed: its first run's)
     result["prepare"] = {k: corpus.meta.get(k) for k in ("num_docs", "num_tokens", "vocab_size", "refresh", "skipped",
                                                          "time_range", "window_days", "expire_days")}
 

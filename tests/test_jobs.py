@@ -2,6 +2,7 @@
 to a real Ray head with token authentication on."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
@@ -312,10 +313,17 @@ def test_a_corpus_found_at_the_path_is_checked_against_the_inputs_asked_for(ray_
     assert snapshot(str(theirs)) == before and not (tmp_path / "m").exists()
     # settings other than those it was prepared with are named, each (the sample's, against the defaults here)
     assert job.main(["--corpus", str(corpus), "--out", str(tmp_path / "m"), "--input", str(mine),
-                     "--min-count", "2", "--no-progress"]) == 2
+                     "--min-count", "2", "--max-tokens-per-doc", "5", "--no-progress"]) == 2
     assert (f"error: {corpus}: prepared with time_col ts, not none; min_count 1, not 2; holdout 0.2, not 0.0; "
-            f"holdout_out {checkout / 'runs' / 'sample' / 'heldout.parquet'}, not none; name another corpus "
-            "(--corpus), or remove this one") in capsys.readouterr().err
+            f"holdout_out {checkout / 'runs' / 'sample' / 'heldout.parquet'}, not none; max_tokens_per_doc none, "
+            "not 5; name another corpus (--corpus), or remove this one") in capsys.readouterr().err
+    # the job's own corpus, asked for with a cap it was not prepared with (the sample config says overwrite): prepared
+    # again with the cap, not reused with the flag ignored
+    assert job.main(["--no-progress", "--max-tokens-per-doc", "5"]) == 0
+    assert (f"corpus: {corpus} was prepared with max_tokens_per_doc none, not 5; preparing it again (--overwrite)"
+            in capsys.readouterr().err)
+    meta = json.loads((corpus / "corpus.json").read_text())
+    assert meta["max_tokens_per_doc"] == 5 and meta["num_tokens"] <= 5 * meta["num_docs"] and meta["docs_capped"] > 0
 
 
 def test_a_corpus_is_matched_by_its_files_in_a_ray_upload_and_by_every_file_of_a_directory(tmp_path):
@@ -342,6 +350,37 @@ def test_a_corpus_is_matched_by_its_files_in_a_ray_upload_and_by_every_file_of_a
         f"prepared from {before} when it held other files (1 new, 0 gone since)"
     assert pipeline.corpus_differs(meta, [str(now / "f.parquet")], PrepareConfig(), seed=1) == \
         f"prepared from other inputs ({before}), not {now / 'f.parquet'}"
+
+
+def test_every_setting_that_makes_the_corpus_is_checked_as_prepare_recorded_it(tmp_path):
+    """A corpus is reused only when prepared with the settings asked for: jobs/train.py --max-tokens-per-doc 5
+    reused a corpus of whole documents (exit 0, the cap ignored), as it did a corpus of another --expire-days,
+    --delimiter, --time-unit, --base or --num-shards. Each is compared as corpus.json records it: the time unit
+    as the files' times were read (moot where they were no numbers), the base among the refresh's counts, the
+    shards' count only where one is asked for (a base's URL rule is the corpus's, whatever the flags)."""
+    (tmp_path / "e.parquet").write_bytes(b"")
+    events = [str(tmp_path / "e.parquet")]
+    meta = {"inputs": events, "input_files": events,
+            **{k: getattr(PrepareConfig(), k) for k in pipeline.CORPUS_SETTINGS}, "url_rule": UrlRule().to_json(),
+            "num_shards": 2, "time_col": "ts", "time_unit": "s", "delimiter": ";",
+            "time_read": {"epoch milliseconds (detected)": events}}
+    asked = PrepareConfig(time_col="ts", delimiter=";")
+    assert pipeline.corpus_differs(meta, events, asked, seed=1) is None
+    assert pipeline.corpus_differs(meta, events, dataclasses.replace(asked, num_shards=2), seed=1) is None
+    assert pipeline.corpus_differs(meta, events, PrepareConfig(time_col="ts", max_tokens_per_doc=5, expire_days=3,
+                                                               num_shards=4, time_unit="ms"), seed=1) == \
+        ("prepared with time_unit none, not ms; delimiter ;, not none; expire_days none, not 3.0; max_tokens_per_doc "
+         "none, not 5; num_shards 2, not 4")
+    given = {**meta, "time_read": {"epoch seconds (--time-unit s)": events}}
+    assert pipeline.corpus_differs(given, events, asked, seed=1) == "prepared with time_unit s, not none"
+    stamps = {**meta, "time_read": {"timestamps (ms, UTC)": events}}
+    assert pipeline.corpus_differs(stamps, events, dataclasses.replace(asked, time_unit="s"), seed=1) is None
+    base = tmp_path / "day1"
+    refreshed = {**meta, "refresh": {"base": str(base)}, "url_rule": UrlRule(drop_query=True).to_json()}
+    assert pipeline.corpus_differs(refreshed, events, dataclasses.replace(asked, base=str(base)), seed=1) is None
+    assert pipeline.corpus_differs(refreshed, events, asked, seed=1).startswith(f"prepared with base {base}, not none")
+    assert pipeline.corpus_differs(meta, events, dataclasses.replace(asked, base=str(base)), seed=1) == \
+        f"prepared with base none, not {base}"
 
 
 def job_resume_args(err: str, model: str, job: str) -> tuple[int, str]:

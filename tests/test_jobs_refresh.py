@@ -227,7 +227,9 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
     """Issue 47, item 11: a refresh whose nodes died after a checkpoint said `doc2vec-dist train … --resume`,
     which leaves its export and index undone, and the refresh itself refused to run into that DAY_DIR again.
     It names `jobs/refresh.py … --resume`, which trains the model on from its checkpoint, then exports and
-    indexes, without preparing again."""
+    indexes, without preparing again. A --resume with other events or prepare flags than the corpus there was
+    made of took them without a word and recorded the events given in refresh.json: it is refused in one line
+    naming what differs, and refresh.json records the corpus's own inputs (here spelt otherwise on resuming)."""
     import shlex
 
     from test_jobs import job_resume_args, nodes_die_after_the_first_checkpoint
@@ -246,7 +248,19 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
     corpus = snapshot(str(day / "corpus"))
 
     bring_back()
-    assert pipeline.refresh_job(shlex.split(args)) == 0
+    stopped = snapshot(str(day))
+    resume = shlex.split(args)
+    other_events = [days["events3"] if a == days["events2"] else a for a in resume]
+    for argv, differs in ((other_events, f"prepared from other inputs ({days['events2']}), not {days['events3']}"),
+                          ([*resume, "--window-days", "2", "--max-tokens-per-doc", "3"],
+                           "prepared with window_days none, not 2.0; max_tokens_per_doc none, not 3")):
+        assert pipeline.refresh_job(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"error: {day / 'corpus'}: {differs}; --resume trains on the corpus the refresh's first run "
+                       "prepared: give that run's --events and prepare flags, or refresh into another --out"), err
+    assert snapshot(str(day)) == stopped
+    monkeypatch.chdir(os.path.dirname(days["events2"]))  # the same events, by a path relative to here
+    assert pipeline.refresh_job([os.path.basename(a) if a == days["events2"] else a for a in resume]) == 0
     out = capsys.readouterr()
     assert f"resumed from v{version}" in out.err
     assert modeldir.load_manifest(model)[1]["epoch"] == 30
@@ -255,5 +269,6 @@ def test_a_refresh_stopped_in_training_resumes_with_its_own_command_and_finishes
                                               "report.html"])
     report = json.loads((day / "refresh.json").read_text())
     assert report["index"]["rows"] == Corpus(str(day / "corpus")).num_docs
+    assert report["events"] == Corpus(str(day / "corpus")).meta["inputs"] == [days["events2"]]
     assert ds.dataset(str(day / "exports" / "users")).count_rows() == report["index"]["rows"]
     assert "outputs: " + str(day) in out.out
