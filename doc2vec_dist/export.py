@@ -159,11 +159,13 @@ def write_npy_rows(path: str, chunks, on_rows=None) -> int:
     """Put each row at its id in the shared vectors.npy, mapping only the span of ids one batch covers.
 
     A part holds every S-th id, so a batch's rows are spread over S times their size; mapping just
-    that window, then unmapping it, keeps memory at about one window per task.
+    that window, then unmapping it, keeps memory at about one window per task. A part's ids are in order
+    as training writes them, not after forget closes the rows up (each new part filled from the old ones in
+    turn): the window spans the batch's least to greatest id, whatever their order.
     """
     offset, rows = npy_data_offset(path), 0
     for ids, _, vectors in chunks:
-        lo, hi = int(ids[0]), int(ids[-1]) + 1
+        lo, hi = int(ids.min()), int(ids.max()) + 1
         window = np.memmap(path, dtype=vectors.dtype, mode="r+", shape=(hi - lo, vectors.shape[1]),
                            offset=offset + lo * vectors.shape[1] * vectors.itemsize)
         window[ids - lo] = vectors

@@ -184,6 +184,8 @@ def _write_version_without(model: str, found: ModelDir, ids: np.ndarray) -> list
         stats = dict(found.manifest.get("corpus_stats") or {})
         if "num_docs" in stats:
             stats["num_docs"] = int(stats["num_docs"]) - len(ids)
+        if "num_tokens" in stats and "length" in docs.column_names:  # the corpus forgotten beside it has as many
+            stats["num_tokens"] = int(stats["num_tokens"]) - int(pc.sum(docs.column("length").take(pa.array(ids))).as_py() or 0)
         extra = {k: found.manifest[k] for k in _CARRIED if found.manifest.get(k) is not None}
         extra.update(corpus_stats=stats, positions=None,
                      forget={"from_version": found.version, "users_removed": len(ids),
@@ -324,9 +326,11 @@ def forget(model: str, keys: Keys, corpus: str | None = None, exports: str | Non
                 steps += [step] if step else []
         older = _other_versions(model, before)
         if len(ids):
+            # the version it replaces is pruned with the older ones (commit's keep=1): each is said
+            replaced = sorted([*older, modeldir.version_dir(model, found.version)])
             steps.append(Step(f"the model {model} ({len(ids):,} users)", [os.path.join(model, "checkpoints"),
                                                                           os.path.join(model, "docs.arrow")],
-                              lambda: _write_version_without(model, found, ids) + older))
+                              lambda: _write_version_without(model, found, ids) + replaced))
         elif older and found.manifest.get("forget"):  # a forget stopped before pruning the versions it replaced
             def prune() -> list[str]:
                 for path in older:

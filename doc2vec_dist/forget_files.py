@@ -155,6 +155,43 @@ def _rewrite_word2vec(path: str, drop: set[str]) -> None:
         outputs.remove_path(tmp)
 
 
+def _projector_holds(directory: str, drop: set[str]) -> bool:
+    """Whether a projector export's metadata.tsv (a header, then key, host, count a point) names a dropped key."""
+    with open(os.path.join(directory, "metadata.tsv"), "rb") as fh:
+        fh.readline()
+        return any(line.split(b"\t", 1)[0].decode("utf-8", "replace") in drop for line in fh)
+
+
+def _rewrite_projector(directory: str, drop: set[str]) -> list[str]:
+    """A projector export without the dropped keys' points: their lines of metadata.tsv and, line for line,
+    of tensors.tsv (its line i is metadata's point i), each file replaced whole."""
+    meta, tensors = os.path.join(directory, "metadata.tsv"), os.path.join(directory, "tensors.tsv")
+    tmp_meta, tmp_tensors = outputs.temp_path(meta), outputs.temp_path(tensors)
+    try:
+        with open(meta, "rb") as src_meta, open(tensors, "rb") as src_tensors, open(tmp_meta, "wb") as out_meta, \
+                open(tmp_tensors, "wb") as out_tensors:
+            out_meta.write(src_meta.readline())
+            for line, row in zip(src_meta, src_tensors):
+                if line.split(b"\t", 1)[0].decode("utf-8", "replace") not in drop:
+                    out_meta.write(line)
+                    out_tensors.write(row)
+        os.replace(tmp_tensors, tensors)
+        os.replace(tmp_meta, meta)
+    finally:
+        outputs.remove_path(tmp_meta)
+        outputs.remove_path(tmp_tensors)
+    return [meta, tensors]
+
+
+def _report_holds(path: str, drop: set[str]) -> bool:
+    """Whether a report page names a dropped key (as written, or escaped for HTML)."""
+    import html
+
+    with open(path, "rb") as fh:
+        page = fh.read()
+    return any(key.encode() in page or html.escape(key).encode() in page for key in drop)
+
+
 def scrub(value, drop: set[str]):
     """A JSON value without the dropped keys: a string that is one becomes null, a list loses the items that
     are one (or objects with a field that is one), an object loses the fields named by one. Returns (value,

@@ -27,9 +27,12 @@ from .errors import UserError
 from .forget_files import (
     _npy_keys,
     _parquet_holds,
+    _projector_holds,
     _recover,
+    _report_holds,
     _rewrite_npy,
     _rewrite_parquet,
+    _rewrite_projector,
     _rewrite_word2vec,
     _rows_to_drop,
     _word2vec_holds,
@@ -175,13 +178,14 @@ def _is_index(directory: str) -> bool:
 REPORTS = ("job.json", "refresh.json")
 
 
-def _in_export(directory: str) -> bool:
-    """A directory export wrote (part files, or an npy matrix with its keys): its marker says so."""
+def _in_export(directory: str, kind: str = "export") -> bool:
+    """A directory export wrote (part files, or an npy matrix with its keys; kind projector: a projector
+    export): its marker says so."""
     marker = os.path.join(directory, outputs.MARKER)
     if not os.path.isfile(marker):
         return False
     with open(marker, "rb") as fh:
-        return outputs.read_marker_kind(fh.read(4096)) == "export"
+        return outputs.read_marker_kind(fh.read(4096)) == kind
 
 
 def _ours_npy(matrix: str) -> bool:
@@ -205,6 +209,12 @@ def _exports_steps(root: str, drop: pa.Array, manifest: dict, model: str, before
         if _is_index(directory):
             step = _index_step(directory, drop, manifest, model, before, after)
             steps += [step] if step else []
+            subdirs.clear()
+            continue
+        if _in_export(directory, "projector"):  # its points' lines dropped from metadata.tsv and tensors.tsv
+            if _projector_holds(directory, drop_set):
+                steps.append(Step(directory, [os.path.join(directory, n) for n in ("metadata.tsv", "tensors.tsv")],
+                                  lambda d=directory: _rewrite_projector(d, drop_set)))
             subdirs.clear()
             continue
         _recover(directory)
@@ -235,6 +245,9 @@ def _exports_steps(root: str, drop: pa.Array, manifest: dict, model: str, before
             elif kind == "word2vec":
                 if _word2vec_holds(path, drop_set):
                     steps.append(Step(path, [path], lambda p=path: (_rewrite_word2vec(p, drop_set), [p])[1]))
+            elif kind == "report":  # a page of figures and tables: removed where it names one (report makes it again)
+                if _report_holds(path, drop_set):
+                    steps.append(Step(path, [path], lambda p=path: (os.remove(p), [p])[1]))
             else:
                 left.append(path)
     return steps

@@ -171,6 +171,17 @@ def test_the_others_keep_their_vectors_bit_for_bit_and_recall_is_the_same(erased
     assert was["model_mrr"] == now["model_mrr"]
 
 
+def test_the_forgotten_model_and_corpus_agree_as_a_resume_checks_them(erased):
+    # the manifest kept the tokens of the users gone: a resume on the corpus forgotten beside it was refused
+    from doc2vec_dist.corpus import Corpus
+
+    for model, corpus in ((erased["day1"], erased["day1"] + "-corpus"),
+                          (os.path.join(erased["day2"], "model"), os.path.join(erased["day2"], "corpus"))):
+        stats, found = ModelDir(model).manifest["corpus_stats"], Corpus(corpus)
+        assert (stats["num_docs"], stats["num_tokens"], stats["vocab_size"]) == (
+            found.num_docs, found.num_tokens, found.vocab_size), model
+
+
 def test_retrain_epochs_trains_on_from_the_version_without_them(erased):
     """--retrain-epochs 1: a new model from the forgotten version, on the corpus without them, with every user
     that stayed and the forget list; its URL rows moved (what the others alone teach), the model left as it was."""
@@ -269,6 +280,58 @@ def test_a_forget_stopped_after_its_commit_is_finished_by_running_it_again(small
     assert set(after) == set(old) - {"u7", "u200"} and all(np.array_equal(after[k], old[k]) for k in after)
     assert os.listdir(os.path.join(small_model, "checkpoints")) == ["v2"]
     assert not os.path.exists(os.path.join(small_model, "docs.arrow.forget-pending"))
+
+
+def test_forget_reaches_projector_exports_and_report_pages_and_says_every_version_it_removes(small_models, tmp_path,
+                                                                                              capsys):
+    """A projector export kept the users' points and a report page their keys, each called "not a file
+    doc2vec-dist writes"; the version forget replaced was pruned unsaid; an npy export of the model after it
+    put vectors on the wrong rows (its parts' ids are no longer in order); the manifest kept the tokens of the
+    users gone, so a resume on the corpus forgotten beside it was refused."""
+    model = small_models.make(tmp_path / "model", seed=1)
+    rows = 300
+    matrix = np.random.default_rng(5).standard_normal((rows, small_models.DIM)).astype(np.float32)
+    ids = np.arange(rows)
+    version = checkpoint.next_version(model)  # v2: three parts (row r in part r % 3), as three servers write it
+    parts = [checkpoint.write_slice(model, version, "docs", p, 3, ids[p::3], matrix[p::3]) for p in range(3)]
+    checkpoint.commit(model, version, {"docs": parts}, {"docs": small_models.DIM},
+                      {"corpus_stats": {"num_docs": rows, "num_tokens": rows, "vocab_size": 0}}, keep=3)
+    vocab = pa.table({"token": pa.array([], pa.string()), "count": pa.array([], pa.int64()),
+                      "id": pa.array([], pa.int32())})
+    with pa.OSFile(os.path.join(model, "vocab.arrow"), "wb") as sink, pa.ipc.new_file(sink, vocab.schema) as writer:
+        writer.write_table(vocab)  # no URL table: the projector export reads the vocabulary all the same
+    exports = tmp_path / "exports"
+    assert main(["export", "--model", model, "--format", "projector", "--out", str(exports / "map"),
+                 "--no-progress"]) == 0
+    from doc2vec_dist.outputs import REPORT_MARKER
+
+    page, other = exports / "report.html", exports / "other.html"
+    for path, key in ((page, "u7"), (other, "u8")):
+        path.write_bytes(b"<!DOCTYPE html>\n<html><head>" + REPORT_MARKER + f"</head><body><code>{key}</code>"
+                         "</body></html>\n".encode())
+    assert main(["forget", "--model", model, "--key", "u1", "--key", "u7", "--exports", str(exports)]) == 0
+    out = capsys.readouterr()
+    assert "not files doc2vec-dist writes" not in out.err, out.err
+    after = _by_key(model)
+    assert set(after) == {f"u{i}" for i in range(rows)} - {"u1", "u7"}
+    # the projector export without their points, line for line
+    meta = (exports / "map" / "metadata.tsv").read_text().splitlines()
+    shown = [line.split("\t")[0] for line in meta[1:]]
+    tensors = (exports / "map" / "tensors.tsv").read_text().splitlines()
+    assert len(shown) == len(tensors) == rows - 2 and not {"u1", "u7"} & set(shown)
+    assert all(np.array_equal(np.array(t.split("\t"), np.float32), after[k]) for k, t in zip(shown, tensors))
+    # the page that named one removed, and said; the other kept
+    assert not page.exists() and f"removed {page}" in out.out and other.exists()
+    # every version it replaced said (v2 too, pruned by the commit)
+    for v in (1, 2):
+        assert f"removed {modeldir.version_dir(model, v)}" in out.out
+    # the model's manifest counts the tokens that stay
+    assert ModelDir(model).manifest["corpus_stats"]["num_tokens"] == rows - 2
+    # an npy export of it: every row where its key says
+    assert main(["export", "--model", model, "--format", "npy", "--out", str(tmp_path / "u.npy"),
+                 "--no-progress"]) == 0
+    vectors, keys = np.load(tmp_path / "u.npy"), pq.read_table(tmp_path / "u.keys.parquet")["key"].to_pylist()
+    assert len(keys) == rows - 2 and all(np.array_equal(vectors[i], after[k]) for i, k in enumerate(keys))
 
 
 def test_a_keys_file_s_byte_order_mark_is_not_part_of_its_first_key(tmp_path):
