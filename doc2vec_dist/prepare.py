@@ -180,7 +180,10 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
         raise CorpusError(f"{found.path}: keeps no event times (prepared before corpora kept them, or without "
                           "--time-col), so --expire-days cannot tell when its users were last seen; prepare the base "
                           "anew with --time-col")
-    if not c.time_col and c.format == "events" and found.meta.get("time_col") and found.times_kept:
+    base_range, base_unit, read_as = stored_time_range(found.meta)
+    # (times that only order events tell nothing apart: such a base is refreshed without --time-col, below)
+    if not c.time_col and c.format == "events" and found.meta.get("time_col") and base_unit != ORDER \
+            and found.times_kept:
         col = found.meta["time_col"]
         raise CorpusError(f"{found.path}: keeps its events' times (column '{col}'), and this refresh has no "
                           f"--time-col: an event sent again would be joined a second time and a late one put last, "
@@ -189,7 +192,6 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
         log.warning(f"warning: {found.path}: prepared with --holdout {found.meta['holdout']:g}, so the events it held "
                     "out are not in it: sent again, they join the documents as new events, and that held-out file no "
                     "longer measures a model of this corpus (evaluate leaves such pairs out and counts them)")
-    base_range, base_unit, read_as = stored_time_range(found.meta)
     if c.time_col and base_unit == ORDER:
         raise CorpusError(f"{found.path}: its times {base_range} are numbers that only order events, no "
                           "epoch time, so new events cannot be told from those it has: prepare the base again "
