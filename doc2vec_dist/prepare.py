@@ -112,6 +112,7 @@ from .prepare_merge import (
 )
 from .prepare_report import _heavy_docs, attention_lines, refresh_report, skip_report
 from .read_files import FORMATS, Options, csv_delimiter, expand_inputs, input_bytes
+from .read_formats import column_names
 from .read_times import ORDER, TIME_UNITS
 from .readers import Block, plan_blocks
 from .shard_pass import EMPTY_KEYS_FILE, EMPTY_KEYS_SCHEMA, empty_part
@@ -181,17 +182,6 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
                           "--time-col), so --expire-days cannot tell when its users were last seen; prepare the base "
                           "anew with --time-col")
     base_range, base_unit, read_as = stored_time_range(found.meta)
-    # (times that only order events tell nothing apart: such a base is refreshed without --time-col, below)
-    if not c.time_col and c.format == "events" and found.meta.get("time_col") and base_unit != ORDER \
-            and found.times_kept:
-        col = found.meta["time_col"]
-        raise CorpusError(f"{found.path}: keeps its events' times (column '{col}'), and this refresh has no "
-                          f"--time-col: an event sent again would be joined a second time and a late one put last, "
-                          f"and the new corpus would keep no times; give --time-col {col}")
-    if found.meta.get("holdout"):
-        log.warning(f"warning: {found.path}: prepared with --holdout {found.meta['holdout']:g}, so the events it held "
-                    "out are not in it: sent again, they join the documents as new events, and that held-out file no "
-                    "longer measures a model of this corpus (evaluate leaves such pairs out and counts them)")
     if c.time_col and base_unit == ORDER:
         raise CorpusError(f"{found.path}: its times {base_range} are numbers that only order events, no "
                           "epoch time, so new events cannot be told from those it has: prepare the base again "
@@ -199,6 +189,29 @@ def _check(c: PrepareConfig, out: str) -> Base | None:
     if read_as and c.time_col:
         log.info(f"{found.path}: its corpus.json predates time units; its time range read as {read_as}")
     return found
+
+
+def _base_checked(c: PrepareConfig, base: Base, first: str, delimiter: str | None) -> None:
+    """What a refresh is told of its base once every setting is checked. A base prepared with --holdout: its
+    held-out events, sent again, come back as new (a warning). A refresh without --time-col of a base that
+    keeps its events' times (not numbers that only order them): refused where the inputs have the base's
+    time column (the flag forgotten: an event sent again would be joined a second time, a late one put last,
+    and the new corpus would keep no times); where they have none, a warning says what the refresh cannot
+    do. The first input file's columns stand for all of them."""
+    column = base.meta.get("time_col")
+    untimed = not c.time_col and c.format == "events" and column and stored_time_range(base.meta)[1] != ORDER \
+        and base.times_kept
+    if untimed and column in column_names(first, delimiter):
+        raise CorpusError(f"{base.path}: keeps its events' times (column '{column}'), and {first} has that column, "
+                          "but this refresh has no --time-col: an event sent again would be joined a second time "
+                          f"and a late one put last, and the new corpus would keep no times; give --time-col {column}")
+    if untimed:
+        log.warning(f"warning: {base.path}: keeps its events' times (column '{column}'), and {first} has none: events "
+                    "sent again cannot be told from new ones (each is joined again), and the new corpus keeps no times")
+    if base.meta.get("holdout"):
+        log.warning(f"warning: {base.path}: prepared with --holdout {base.meta['holdout']:g}, so the events it held "
+                    "out are not in it: sent again, they join the documents as new events, and that held-out file no "
+                    "longer measures a model of this corpus (evaluate leaves such pairs out and counts them)")
 
 
 def _url_rule(c: PrepareConfig, base: Base | None) -> UrlRule:
@@ -293,6 +306,8 @@ def prepare(inputs: list[str], out: str, config: PrepareConfig | None = None, *,
         outputs.check_writable(path)
     unread: list[str] = []
     files = expand_inputs(inputs, c.format, unread)
+    if found_base is not None and files:
+        _base_checked(c, found_base, files[0], delimiter)
     opt = Options(c.format, c.doc_col, c.token_col, c.time_col if c.format == "events" else None, c.time_unit,
                   delimiter, "--window-days" if c.window_days is not None else "--base" if c.base is not None else None,
                   rule if rule.normalize else None)

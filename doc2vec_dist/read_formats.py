@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from .corpus import CorpusError, one_line
 from .ids import id_string
-from .read_files import _input, _stream
+from .read_files import _file_kind, _input, _stream
 
 # Sizes of what one read of an input hands us; a batch of events is transient, so these only bound
 # the working memory of passes 1 and 2, not correctness.
@@ -34,6 +34,23 @@ CSV_JSON_BLOCK_BYTES = 16 << 20
 
 def _missing_column(path: str, column: str, names: list[str], hint: str = "") -> CorpusError:
     return CorpusError(f"{path}: column '{column}' not found (columns: {', '.join(names)}){hint}")
+
+
+def column_names(path: str, delimiter: str | None = None) -> list[str]:
+    """An input file's column names, from its schema or its first block, no row read ([] for an empty file
+    or one whose kind its name does not say)."""
+    kind = _file_kind(path)
+    try:
+        if kind == "parquet":
+            return pq.ParquetFile(_input(path, random_access=True)).schema_arrow.names
+        if kind in ("csv", "tsv"):
+            parse = pcsv.ParseOptions(delimiter=delimiter or ("\t" if kind == "tsv" else ","))
+            return pcsv.open_csv(_input(path), parse_options=parse).schema.names
+        if kind == "json":
+            return pjson.open_json(_input(path)).schema.names
+    except pa.ArrowInvalid:  # empty: the reading proper says what it finds
+        pass
+    return []
 
 
 def _check_columns(path: str, names: list[str], needed: list[str], hint: str = "") -> None:

@@ -175,6 +175,13 @@ def _sample_events(t: str) -> bytes:
         return fh.read()
 
 
+def _sample_events_csv(t: str) -> bytes:
+    """A few of the sample's users' events, without their times (a refresh input with no time column)."""
+    events = pq.read_table(os.path.join(SAMPLE_EVENTS, min(os.listdir(SAMPLE_EVENTS))), columns=["user_id", "url"])
+    return b"user_id,url\n" + b"".join(f"{u},{w}\n".encode() for u, w in zip(
+        events.column("user_id").to_pylist()[:50], events.column("url").to_pylist()[:50]))
+
+
 def _new_users_events(t: str) -> bytes:
     """The sample's events twice over as new users' (none of them in {corpus}): with the sample again beside
     them, under half of all the inputs' events are the base's, so only the sample's file is mostly old."""
@@ -253,9 +260,12 @@ CASES = [
          {"good.csv": GOOD_TIMED_CSV}, "{t}/c"),
     Case("--base that keeps event times, without --time-col (events sent again were joined twice, exit 0)",
          "prepare {t}/good.csv --out {t}/c --base {corpus}", "error", "{corpus}: keeps its events' times (column "
-         "'ts'), and this refresh has no --time-col: an event sent again would be joined a second time and a late "
-         "one put last, and the new corpus would keep no times; give --time-col ts", {"good.csv": GOOD_TIMED_CSV},
-         "{t}/c"),
+         "'ts'), and {t}/good.csv has that column, but this refresh has no --time-col: an event sent again would be "
+         "joined a second time and a late one put last, and the new corpus would keep no times; give --time-col ts",
+         {"good.csv": GOOD_TIMED_CSV}, "{t}/c"),
+    Case("--base that keeps event times, with inputs that have none", "prepare {t}/e.csv --out {t}/c --base {corpus}",
+         "says", "warning: {corpus}: keeps its events' times (column 'ts'), and {t}/e.csv has none: events sent again "
+         "cannot be told from new ones", {"e.csv": _sample_events_csv}),
     Case("semicolon-separated CSV with --delimiter", "prepare {t}/e.csv --out {t}/c --delimiter ;", "works",
          files={"e.csv": GOOD_CSV.replace(b",", b";")}),
     Case("semicolon-separated CSV without --delimiter", "prepare {t}/e.csv --out {t}/c", "error",
