@@ -51,11 +51,14 @@ class _OneSetting(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         before = getattr(namespace, self.dest, None)
-        if before is not None and before != parser.get_default(self.dest) and before != values:
+        named = f"_{self.dest}_given_as"  # the name it was given by: the same flag twice takes the last, as any flag
+        if before is not None and before != parser.get_default(self.dest) and before != values \
+                and getattr(namespace, named, option_string) != option_string:
             first, *others = self.option_strings
             raise UserError(f"{first} and {', '.join(others)} (gensim's name) are one setting, given both {before} "
                             f"and {values}; give one")
         setattr(namespace, self.dest, values)
+        setattr(namespace, named, option_string)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls, engine: bool = True, skip: Collection[str] = ()) -> None:

@@ -24,6 +24,7 @@ How far the vectors moved is measured after training, by its caller: drift.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 import numpy as np
@@ -33,6 +34,8 @@ from . import compact
 from .config import TableSpec
 from .errors import UserError
 from .modeldir import KEY_TABLES, ModelDir
+
+log = logging.getLogger(__name__)
 
 # The settings an earlier model's tables are made by: a run from it takes them, and a flag or YAML value
 # that contradicts them is refused. dim: the width of every row; mode: what a user's vector and words_out
@@ -76,7 +79,16 @@ def taken_settings(model: str, given: list[tuple[str, dict]], flag: str = "--ini
             leave = f"{name} out of {where}" if where else f"--{name.replace('_', '-')} out"
             raise UserError(f"{given_as} contradicts the {flag} model {model}, trained with {name} {theirs}: a run from "
                             f"an earlier model keeps its {' and '.join(MODEL_SHAPE)}; leave {leave}")
-    return {name: getattr(saved, name) for name in TAKEN}
+    taken = {name: getattr(saved, name) for name in TAKEN}
+    # said where it is not what the run's defaults would be and nothing given sets it (a refresh's --base-model
+    # takes every setting, as its docs say)
+    defaults = {f.name: f.default for f in dataclasses.fields(type(saved))}
+    said = [f"{name} {value}" for name, value in taken.items() if name not in MODEL_SHAPE and value != defaults[name]
+            and all(values.get(name) is None for _, values in given)]
+    if said and flag == "--init-from":
+        log.info(f"from the --init-from model {model}, as its tables were trained: {', '.join(said)} (a flag, or a "
+                 "--config key such as dbow_words: false, changes them)")
+    return taken
 
 
 def warm_start(model: str, out: str, corpus_path: str, tables: dict[str, TableSpec]) -> WarmStart:

@@ -486,3 +486,17 @@ def test_prepare_reads_the_directory_that_generate_wrote(tmp_path, capsys):
     code, _, err = run(capsys, "prepare", os.path.join(gen, "truth"), "--out", str(tmp_path / "wrong"), "--no-progress")
     assert_clean_error(code, err, os.path.join(gen, "truth", "urls.parquet"), "column 'user_id' not found")
     assert not os.path.exists(tmp_path / "wrong")
+
+
+def test_a_flag_given_twice_takes_the_last_and_its_gensim_name_beside_it_is_refused():
+    # `--dim 8 --dim 16` was refused as "--dim and --vector-size (gensim's name) are one setting", which was
+    # not given; any other flag given twice takes the last, as argparse does
+    from doc2vec_dist.cli import _parse_args, _train_config
+    from doc2vec_dist.errors import UserError
+
+    args = _parse_args(["train", "--corpus", "c", "--out", "o", "--dim", "8", "--dim", "16", "--epochs", "2",
+                        "--epochs", "3"])
+    assert (args.dim, args.epochs) == (16, 3) and _train_config(args).dim == 16
+    with pytest.raises(UserError, match=r"^--dim and --vector-size \(gensim's name\) are one setting, given both 8 "
+                                        r"and 16; give one$"):
+        _parse_args(["train", "--corpus", "c", "--out", "o", "--dim", "8", "--vector-size", "16"])

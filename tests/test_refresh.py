@@ -327,6 +327,33 @@ def test_the_settings_a_run_takes_from_an_earlier_model(old_model):
     assert taken_settings(old_model, [("", {"dim": 16, "mode": "dbow", "dbow_words": True})])["dim"] == 16
 
 
+def test_settings_taken_from_an_init_from_model_are_said(old_model, tmp_path, caplog):
+    # a model trained with --dbow-words and --dtype float16: a run from it took both without a word, though
+    # --dtype's help says float32 by default (and no flag turns dbow_words off)
+    import json
+    import shutil
+
+    from doc2vec_dist.warmstart import taken_settings
+
+    model = shutil.copytree(old_model, str(tmp_path / "old"))
+    with open(os.path.join(model, "config.json")) as fh:
+        saved = json.load(fh)
+    with open(os.path.join(model, "config.json"), "w") as fh:
+        json.dump({**saved, "dbow_words": True, "dtype": "float16"}, fh)
+    with caplog.at_level("INFO"):
+        assert taken_settings(model, [("", {"dim": None})])["dtype"] == "float16"
+    assert (f"from the --init-from model {model}, as its tables were trained: dbow_words True, dtype float16 (a flag, "
+            "or a --config key such as dbow_words: false, changes them)") in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):  # what a flag gives is the run's, not said as taken
+        taken_settings(model, [("", {"dtype": "float32"})])
+    assert "dbow_words True (" in caplog.text and "dtype float16" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        taken_settings(old_model, [])  # the defaults: nothing to say
+    assert "as its tables were trained" not in caplog.text
+
+
 def test_a_refresh_killed_mid_run_resumes_from_its_own_checkpoint(ray_cluster, old_model, refreshed, tmp_path,
                                                                   interrupt_when, capsys):
     """Ctrl-C after the refresh's first checkpoint, then --resume with 3 servers instead of 2: the
