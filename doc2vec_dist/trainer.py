@@ -115,11 +115,11 @@ def wait_for_nodes(config: TrainConfig, tables: dict[str, TableSpec], problem: s
         request_resources(bundles=[])  # the run's actors hold what they need from here; ask for nothing more
 
 
+# The changes a resume says it made (the others say how it runs, not what it trains).
+SAID_ON_RESUME = ("epochs", "alpha", "min_alpha", "dtype", "rounding")
 # Fields a resumed run may change: how it runs, and how far and fast it goes on. Everything else
 # (the model's shape, its data and its sampling) must match the checkpoint's, or resuming would
 # continue a different model.
-# the changes a resume says it made (the others say how it runs, not what it trains)
-SAID_ON_RESUME = ("epochs", "alpha", "min_alpha", "dtype", "rounding")
 RESUMABLE_CHANGES = frozenset({
     "epochs", "alpha", "min_alpha", "num_ps", "num_workers", "cpus_per_worker", "gpus_per_worker",
     "schedule", "segments", "cache_rows", "macro_batch", "micro_batch", "kernel", "max_inflight_pushes", "max_restarts",
