@@ -381,8 +381,9 @@ class Model:
         """Users asked from a vectors file (--vectors) against words_out whose keys are the model's own: the
         URLs they visited are not left out (the vectors are the file's, not the model's rows): an error
         where exclude_seen was asked for, else a ServingWarning naming them."""
-        mine = pc.is_in(pa.array(names, pa.string()), value_set=self.keys("docs").cast(pa.string()))
-        own = [name for name, is_own in zip(names, mine.to_pylist()) if is_own]
+        keys = self.keys("docs").cast(pa.string())  # the few names hashed, the model's keys scanned past them
+        found = set(keys.filter(pc.is_in(keys, value_set=pa.array(names, pa.string()))).to_pylist())
+        own = [name for name in names if name in found]
         how = "ask them by key without " + ("--vectors" if self.as_flags else "vectors_file")
         if asked:
             name = "--exclude-seen" if self.as_flags else "exclude_seen"
