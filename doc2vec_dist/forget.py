@@ -185,7 +185,8 @@ def _write_version_without(model: str, found: ModelDir, ids: np.ndarray) -> list
         if "num_docs" in stats:
             stats["num_docs"] = int(stats["num_docs"]) - len(ids)
         if "num_tokens" in stats and "length" in docs.column_names:  # the corpus forgotten beside it has as many
-            stats["num_tokens"] = int(stats["num_tokens"]) - int(pc.sum(docs.column("length").take(pa.array(ids))).as_py() or 0)
+            gone = pc.sum(docs.column("length").take(pa.array(ids))).as_py() or 0
+            stats["num_tokens"] = int(stats["num_tokens"]) - int(gone)
         extra = {k: found.manifest[k] for k in _CARRIED if found.manifest.get(k) is not None}
         extra.update(corpus_stats=stats, positions=None,
                      forget={"from_version": found.version, "users_removed": len(ids),

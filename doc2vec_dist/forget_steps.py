@@ -178,19 +178,19 @@ def _is_index(directory: str) -> bool:
 REPORTS = ("job.json", "refresh.json")
 
 
-def _in_export(directory: str, kind: str = "export") -> bool:
-    """A directory export wrote (part files, or an npy matrix with its keys; kind projector: a projector
-    export): its marker says so."""
+def _marker_kind(directory: str) -> str | None:
+    """The kind a directory's marker names ("export": part files, or an npy matrix with its keys;
+    "projector": a projector export); None without one."""
     marker = os.path.join(directory, outputs.MARKER)
     if not os.path.isfile(marker):
-        return False
+        return None
     with open(marker, "rb") as fh:
-        return outputs.read_marker_kind(fh.read(4096)) == kind
+        return outputs.read_marker_kind(fh.read(4096))
 
 
 def _ours_npy(matrix: str) -> bool:
     """An npy matrix export wrote: DIR/vectors.npy of an export directory, or X.npy beside its marked X.keys.parquet."""
-    if os.path.basename(matrix) == "vectors.npy" and _in_export(os.path.dirname(matrix)):
+    if os.path.basename(matrix) == "vectors.npy" and _marker_kind(os.path.dirname(matrix)) == "export":
         return True
     return outputs.file_kind(matrix) == "npy"
 
@@ -211,7 +211,8 @@ def _exports_steps(root: str, drop: pa.Array, manifest: dict, model: str, before
             steps += [step] if step else []
             subdirs.clear()
             continue
-        if _in_export(directory, "projector"):  # its points' lines dropped from metadata.tsv and tensors.tsv
+        marked = _marker_kind(directory)  # read once for the directory, not once a file
+        if marked == "projector":  # its points' lines dropped from metadata.tsv and tensors.tsv
             if _projector_holds(directory, drop_set):
                 steps.append(Step(directory, [os.path.join(directory, n) for n in ("metadata.tsv", "tensors.tsv")],
                                   lambda d=directory: _rewrite_projector(d, drop_set)))
@@ -235,7 +236,7 @@ def _exports_steps(root: str, drop: pa.Array, manifest: dict, model: str, before
                     left.append(path)
                 continue
             kind = outputs.file_kind(path)
-            if name.endswith(".parquet") and (kind or _in_export(directory)):
+            if name.endswith(".parquet") and (kind or marked == "export"):
                 _lineage_check(provenance.of_parquet(path), manifest, model, path)
                 if _parquet_holds(path, drop):
                     steps.append(Step(path, [path], lambda p=path: (_rewrite_parquet(p, drop, source), [p])[1]))

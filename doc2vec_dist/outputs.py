@@ -112,13 +112,6 @@ def word2vec_marker_path(path: str) -> str:
     return path + MARKER
 
 
-def word2vec_text(path: str) -> bool:
-    """Whether a file starts as gensim's word2vec text format does: a 'rows dim' header line."""
-    with open(path, "rb") as fh:
-        first = fh.readline(256).split()
-    return len(first) == 2 and all(x.isdigit() for x in first)
-
-
 def owned(kind: str, name: str) -> bool:
     """Whether an entry called `name` is one that an output of `kind` writes in its directory."""
     return name == MARKER or any(fnmatch.fnmatch(name, p) for p in DIR_KINDS[kind].own)
@@ -246,7 +239,8 @@ def file_kind(path: str) -> str | None:
     if head[:6] == b"\x93NUMPY":  # ours only beside the keys file export writes with it
         keys = npy_keys_path(path)
         return "npy" if path.endswith(".npy") and os.path.isfile(keys) and file_kind(keys) == "npy-keys" else None
-    if word2vec_text(path):  # gensim's text format: ours only beside the marker export writes with it
+    first = head.split(b"\n", 1)[0].split()
+    if len(first) == 2 and all(x.isdigit() for x in first):  # gensim's 'rows dim': ours only beside its marker
         marker = word2vec_marker_path(path)
         return "word2vec" if os.path.isfile(marker) and file_kind(marker) == "word2vec-marker" else None
     return None

@@ -44,8 +44,7 @@ def column_names(path: str, delimiter: str | None = None) -> list[str]:
         if kind == "parquet":
             return pq.ParquetFile(_input(path, random_access=True)).schema_arrow.names
         if kind in ("csv", "tsv"):
-            parse = pcsv.ParseOptions(delimiter=delimiter or ("\t" if kind == "tsv" else ","))
-            return pcsv.open_csv(_input(path), parse_options=parse).schema.names
+            return pcsv.open_csv(_input(path), parse_options=_csv_parse(kind, delimiter)).schema.names
         if kind == "json":
             return pjson.open_json(_input(path)).schema.names
     except pa.ArrowInvalid:  # empty: the reading proper says what it finds
@@ -68,9 +67,14 @@ def _parquet_batches(path: str, columns: list[str], row_groups: tuple[int, ...] 
                            row_groups=None if row_groups is None else list(row_groups))
 
 
+def _csv_parse(kind: str, delimiter: str | None) -> pcsv.ParseOptions:
+    """How a CSV or TSV file's fields are split: --delimiter, else a tab for .tsv and ',' for .csv."""
+    return pcsv.ParseOptions(delimiter=delimiter or ("\t" if kind == "tsv" else ","))
+
+
 def _csv_batches(path: str, columns: list[str], kind: str, delimiter: str | None = None) -> Iterator[pa.RecordBatch]:
     read = pcsv.ReadOptions(block_size=CSV_JSON_BLOCK_BYTES)
-    parse = pcsv.ParseOptions(delimiter=delimiter or ("\t" if kind == "tsv" else ","))
+    parse = _csv_parse(kind, delimiter)
     # Everything as bytes: the key and token become strings anyway, the time is parsed by
     # _time_seconds, and a column's type cannot then change from one block to the next. Bytes, not
     # strings, so that invalid UTF-8 reaches _utf8_strings, which can say in which row it is (the CSV
