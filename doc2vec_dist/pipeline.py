@@ -315,6 +315,7 @@ def corpus_to_prepare(job: JobConfig, prep: PrepareConfig, cfg: TrainConfig, ori
 def corpus_differs(meta: dict, inputs: list[str], prep: PrepareConfig, seed: int) -> str | None:
     """How the corpus that corpus.json `meta` describes differs from one prepared from `inputs` with `prep`
     (CORPUS_SETTINGS; the seed where something is held out), in words; None when it does not."""
+    from .prepare import time_unit_asked
     from .read_files import csv_delimiter, expand_inputs
     from .urls import RAW, UrlRule
 
@@ -328,12 +329,10 @@ def corpus_differs(meta: dict, inputs: list[str], prep: PrepareConfig, seed: int
         return f"prepared from other inputs ({recorded}), not {', '.join(inputs)}"
     wanted = {k: getattr(prep, k) for k in CORPUS_SETTINGS}
     found = {k: meta.get(k) for k in CORPUS_SETTINGS}
-    # as prepare records them: a --time-unit in how the files' times were read (moot where none were numbers), the
-    # base in "refresh", the delimiter as its character; the shards' count, where one was asked for
-    read = " ".join(meta.get("time_read") or {})
-    unit = re.search(r"--time-unit (\w+)", read)
-    found.update(time_unit=unit and unit[1], base=(meta.get("refresh") or {}).get("base"))
-    numbers = "epoch" in read or "numbers" in read
+    # as prepare records them: --time-unit as asked (moot where no time was a number), the base in "refresh", the
+    # delimiter as its character; the shards' count, where one was asked for
+    unit, numbers = time_unit_asked(meta)
+    found.update(time_unit=unit, base=(meta.get("refresh") or {}).get("base"))
     wanted.update(time_col=prep.time_col if prep.format == "events" else None, delimiter=csv_delimiter(prep.delimiter),
                   time_unit=prep.time_unit if numbers else found["time_unit"],
                   num_shards=found["num_shards"] if prep.num_shards is None else prep.num_shards)

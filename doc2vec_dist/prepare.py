@@ -73,6 +73,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from datetime import datetime, timezone
@@ -466,6 +467,9 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "time_range": _union(p3.time_range, found_base.time_range if found_base and join else None),
         "time_unit": (ORDER if ORDER in p1.notes.time_units else "s") if opt.time_col else None,
         "time_read": p1.notes.time_read, "delimiter": opt.delimiter,
+        # --time-unit as asked (None: each file's by its numbers), and whether any time was read from numbers
+        "time_unit_asked": opt.time_unit,
+        "time_numbers": any(u is not None for u in p1.notes.time_units) if opt.time_col else None,
         "stripped_whitespace": p1.notes.stripped, "stripped_where": p1.notes.stripped_where,
         "window_days": c.window_days, "shards_by": "key_hash",  # shard b holds the keys hashing to b
         "window_start": window.cutoff if window else None,
@@ -585,6 +589,17 @@ def _files_in_base(files: list[str], blocks: list[Block], events: np.ndarray, in
         per_file.append(summed)
     return [{"file": storage.location(files[i]), "events": int(per_file[0][i]), "in_base": int(per_file[1][i]),
              "not_after_base": int(per_file[2][i])} for i in np.flatnonzero(per_file[1] + per_file[2])]
+
+
+def time_unit_asked(meta: dict) -> tuple[str | None, bool]:
+    """The --time-unit a corpus was prepared with (None: each file's by its numbers) and whether any of its times
+    was read from numbers (where none was, the unit asked changed nothing). A corpus.json from before these two
+    fields says both only in its "time_read" wording."""
+    if "time_unit_asked" in meta:
+        return meta["time_unit_asked"], bool(meta.get("time_numbers"))
+    read = " ".join(meta.get("time_read") or {})
+    unit = re.search(r"--time-unit (\w+)", read)
+    return unit and unit[1], "epoch" in read or "numbers" in read
 
 
 def _union(a: list | None, b: list | None) -> list | None:

@@ -21,7 +21,7 @@ import pytest
 from doc2vec_dist import read_formats
 from doc2vec_dist.config import PrepareConfig
 from doc2vec_dist.corpus import Corpus, CorpusError, iter_shard
-from doc2vec_dist.prepare import prepare
+from doc2vec_dist.prepare import prepare, time_unit_asked
 
 DAY = 86_400
 T0 = 1_793_491_200  # 2026-10-31 00:00 UTC, as the logs
@@ -175,6 +175,16 @@ def test_time_unit_says_the_unit_of_numbers(tmp_path):
     c = _prepare([path], tmp_path / "c", time_unit="ms")
     assert _documents(c) == _expected(ev) and c.meta["time_read"] == {"epoch milliseconds (--time-unit ms)": [path]}
     assert c.meta["time_range"] == [ev["ms"].min() / 1000, ev["ms"].max() / 1000]
+    # recorded as fields (jobs/train.py compares them before reusing a corpus), not only in the report's wording
+    assert (c.meta["time_unit_asked"], c.meta["time_numbers"]) == ("ms", True) == time_unit_asked(c.meta)
+    detected = _prepare([path], tmp_path / "d")
+    assert (detected.meta["time_unit_asked"], detected.meta["time_numbers"]) == (None, True)
+    iso = _prepare([_jsonl(tmp_path / "iso.jsonl", ev, _iso)], tmp_path / "i")
+    assert (iso.meta["time_unit_asked"], iso.meta["time_numbers"]) == (None, False)
+    # a corpus.json from before the fields: read from the wording
+    older = {k: v for k, v in c.meta.items() if k not in ("time_unit_asked", "time_numbers")}
+    assert time_unit_asked(older) == ("ms", True)
+    assert time_unit_asked({k: v for k, v in iso.meta.items() if k != "time_unit_asked"}) == (None, False)
     first = ev["ms"][0]
     with pytest.raises(CorpusError, match=rf"e\.csv: column 'ts' row 0 holds {first}, which in epoch seconds "
                                           r"\(--time-unit s\) lies after the year 5000; its size says epoch "
