@@ -267,6 +267,7 @@ def resolve(config: TrainConfig, corpus: Any, cluster: dict[str, float] | None =
 
         if not available():
             raise UserError(f"bad training config: {MISSING}")
+    asked = config.segments
     if config.segments is None:
         segments = (saved or {}).get("segments") or (TEXT_SEGMENTS if is_text(corpus) else 1)
         config = dataclasses.replace(config, segments=int(segments))
@@ -284,7 +285,8 @@ def resolve(config: TrainConfig, corpus: Any, cluster: dict[str, float] | None =
         handover=os.environ.get(HANDOVER_ENV) != "0",
         kernel="exact" if exact else "fused" if config.kernel == "fused" else "batched",
         staged=staged_on_cpu() or None)
-    return dataclasses.replace(settings, warnings=tuple(_warnings(settings, corpus)))
+    given = None if asked is None or asked == (saved or {}).get("segments") else asked  # not a checkpoint's own
+    return dataclasses.replace(settings, warnings=tuple(_warnings(settings, corpus, given)))
 
 
 def _fit(config: TrainConfig, corpus: Any, resources: dict[str, float]) -> TrainConfig:
@@ -365,10 +367,21 @@ def quality_warnings(settings: RunSettings, corpus: Any) -> list[str]:
     return found
 
 
-def _warnings(settings: RunSettings, corpus: Any) -> list[str]:
-    """Every warning a run of `settings` gives before it starts: quality_warnings, and the fused kernel
-    on CPU workers."""
+def _warnings(settings: RunSettings, corpus: Any, segments_given: int | None = None) -> list[str]:
+    """Every warning a run of `settings` gives before it starts: quality_warnings, the fused kernel on CPU
+    workers, and block-schedule settings a run without the block schedule ignores (--segments where given, not
+    where it is the corpus's default or a resumed run's checkpoint's)."""
     found = quality_warnings(settings, corpus)
+    config = settings.config
+    if not settings.blocks:
+        why = ("this run trains with one worker" if config.num_workers == 1 else
+               "this run shares the URL rows among its workers (PV-DM, --dbow-words, --shared-negatives, "
+               "--cache-rows or --schedule shared)")
+        if config.schedule == "blocks":
+            found.append(f"--schedule blocks does nothing here: {why}, so no worker takes turns at blocks")
+        if segments_given is not None and segments_given > 1:
+            found.append(f"--segments {segments_given} does nothing here: segments cut the corpus among "
+                         f"several workers on the block schedule, and {why}")
     if settings.kernel == "fused" and not settings.config.gpus_per_worker:
         found.append("--kernel fused on CPU workers runs Triton's interpreter, a stand-in for tests far slower than "
                      "--kernel exact: give the workers GPUs (--gpus-per-worker 1) or use --kernel auto")

@@ -41,6 +41,22 @@ def test_a_resume_resolves_its_segments_from_the_checkpoints_settings():
     assert resolve(TrainConfig(num_workers=2, segments=2), EVENTS, saved={"segments": 4}).segments == 2
 
 
+def test_block_schedule_settings_a_run_without_it_ignores_are_said():
+    """--segments and --schedule blocks were accepted, recorded and did nothing with one worker (or with the URL
+    rows shared): said now, where given; not where --segments is the corpus's default or the checkpoint's."""
+    one = resolve(TrainConfig(segments=8), EVENTS).warnings
+    assert one == (("--segments 8 does nothing here: segments cut the corpus among several workers on the block "
+                    "schedule, and this run trains with one worker"),)
+    assert resolve(TrainConfig(schedule="blocks"), EVENTS).warnings == (
+        "--schedule blocks does nothing here: this run trains with one worker, so no worker takes turns at blocks",)
+    shared = resolve(TrainConfig(num_workers=2, schedule="shared", segments=4), EVENTS).warnings
+    assert any(w.startswith("--segments 4 does nothing here") and "shares the URL rows" in w for w in shared), shared
+    for quiet in (resolve(TrainConfig(), TEXT), resolve(TrainConfig(segments=1), EVENTS),
+                  resolve(TrainConfig(segments=8), EVENTS, saved={"segments": 8}),  # a resume of such a run
+                  resolve(TrainConfig(num_workers=2, segments=8), EVENTS)):       # the block schedule: used
+        assert not any("does nothing" in w for w in quiet.warnings), quiet.warnings
+
+
 def test_the_kernels_availability_is_decided_by_resolve_and_config_imports_nothing_of_the_engine(monkeypatch):
     config = ast.parse((ROOT / "doc2vec_dist" / "config.py").read_text())
     imported = {n.module for n in ast.walk(config) if isinstance(n, ast.ImportFrom) and n.level == 1}
