@@ -59,6 +59,8 @@ is the one named, however many processes read them.
              ("docs_without_heldout"). Long documents are kept whole unless max_tokens_per_doc says
              otherwise: a user with millions of events is one document (gensim would cut it at 10,000
              tokens); one above HEAVY_SHARE of all tokens is named ("heavy_docs"), a line each.
+             Keys (and tokens) that are one string in Unicode's NFC form but written apart are kept
+             apart, as written, counted ("unicode_twins") and said.
              Events with a null time are kept, after their user's timed events, counted
              ("events_without_time") and said.
 
@@ -111,7 +113,7 @@ from .prepare_merge import (
     processes_that_pay,
     task_memory_line,
 )
-from .prepare_report import _heavy_docs, attention_lines, refresh_report, skip_report
+from .prepare_report import _heavy_docs, attention_lines, refresh_report, skip_report, unicode_twins
 from .read_files import FORMATS, Options, csv_delimiter, expand_inputs, input_bytes
 from .read_formats import column_names
 from .read_times import ORDER, TIME_UNITS
@@ -462,7 +464,7 @@ def _passes(c: PrepareConfig, inputs, files: list[str], blocks: list[Block], opt
         "events_without_time": p1.notes.untimed if opt.time_col else None,
         "events_without_time_where": p1.notes.untimed_where,
         "max_tokens_per_doc": c.max_tokens_per_doc, "docs_capped": p3.capped.docs,
-        "heavy_docs": _heavy_docs(tmp, p3.num_tokens),
+        "heavy_docs": _heavy_docs(tmp, p3.num_tokens), "unicode_twins": unicode_twins(tmp),
         "docs_without_heldout": p3.docs_without_heldout if c.holdout > 0 else None,
         "time_range": _union(p3.time_range, found_base.time_range if found_base and join else None),
         "time_unit": (ORDER if ORDER in p1.notes.time_units else "s") if opt.time_col else None,

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import prepare_base
 
@@ -156,9 +157,42 @@ def _heavy_docs(tmp: str, num_tokens: int) -> list[dict]:
             for k, i in zip(keys, heavy)]
 
 
+def unicode_twins(tmp: str) -> dict:
+    """The user keys and tokens of the corpus at `tmp` that are one string in Unicode's NFC form but written
+    apart ('Jos\\xe9' and 'Jose\\u0301'): prepare keeps them apart, as written, and says so. For each table
+    that has any: how many strings have such a twin, in how many forms, and the first two, as ascii() shows them."""
+    found = {}
+    for what, name, column in (("docs", "docs.arrow", "key"), ("tokens", "vocab.arrow", "token")):
+        twins = _nfc_twins(prepare_base.read_mapped(os.path.join(tmp, name)).column(column).combine_chunks())
+        if twins:
+            found[what] = twins
+    return found
+
+
+def _nfc_twins(values: pa.Array) -> dict | None:
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return None
+    wide = pc.invert(pc.string_is_ascii(values))
+    if not pc.any(wide).as_py():
+        return None
+    odd = values.filter(wide)
+    forms = pc.utf8_normalize(odd, form="NFC")
+    plain = values.filter(pc.invert(wide))
+    plain = plain.filter(pc.is_in(plain, value_set=forms))  # an ASCII string a wide one becomes ('K', U+212A)
+    table = pa.table({"form": pa.concat_arrays([forms, plain]), "as_written": pa.concat_arrays([odd, plain])})
+    counts = table.group_by("form").aggregate([("as_written", "count")])
+    shared = counts.filter(pc.greater(counts["as_written_count"], 1))["form"]
+    if not len(shared):
+        return None
+    twins = table.filter(pc.is_in(table["form"], value_set=shared))
+    first = twins.filter(pc.equal(twins["form"], shared[0]))["as_written"].to_pylist()[:2]
+    return {"count": twins.num_rows, "forms": len(shared), "first": [ascii(x) for x in first]}
+
+
 def attention_lines(meta: dict) -> list[str]:
     """Warnings of what prepare kept but a user should look at, a line each, from a corpus.json: events
-    with no time, and documents that hold much of the corpus (HEAVY_SHARE)."""
+    with no time, keys or tokens written apart that are one in Unicode's NFC form, and documents that hold much
+    of the corpus (HEAVY_SHARE)."""
     lines = []
     untimed, time = meta.get("events_without_time"), meta.get("time_col")
     if untimed:
@@ -169,6 +203,11 @@ def attention_lines(meta: dict) -> list[str]:
             "kept, after their user's timed events (in input order); never a duplicate of another event, nor "
             "matched to one a base has"))
     doc = meta.get("doc_col") or "key"
+    for what, twins in (meta.get("unicode_twins") or {}).items():
+        name = f"'{doc}' key(s)" if what == "docs" else f"'{meta.get('token_col') or 'token'}' value(s)"
+        lines.append(f"{twins['count']:,} {name} equal to another in Unicode's NFC form but written apart (first: "
+                     f"{' and '.join(twins['first'])}; {twins['forms']:,} such form(s)): kept apart, as written, as "
+                     f"different {'users' if what == 'docs' else 'URLs'}; write each in one form if they are one")
     for heavy in meta.get("heavy_docs") or []:
         lines.append(f"document {heavy['key']!r} ('{doc}') holds {heavy['share']:.1%} of all tokens "
                      f"({heavy['tokens']:,} of {meta['num_tokens']:,}), over {HEAVY_SHARE:.0%}: a bot, a crawler "

@@ -996,6 +996,31 @@ def test_a_document_holding_a_large_share_of_the_tokens_is_named(tmp_path, logge
     assert _prepare([small], tmp_path / "small").meta["heavy_docs"] == []  # 100 documents: shares say little
 
 
+def test_keys_and_urls_one_in_unicode_nfc_but_written_apart_are_said(tmp_path, logged):
+    """'Jos\\xe9' and 'Jose\\u0301' (one name in NFC and NFD: two exporters, two platforms) became two users
+    without a word. They are kept apart, as written (an id is the user's to define), and counted, the first pair
+    named as ascii() shows them; an ASCII key that a wide one becomes in NFC ('K' and the Kelvin sign) counts."""
+    nfc, nfd = "Jos\u00e9", "Jose\u0301"
+    rows = [(nfc, "http://a.example/caf\u00e9"), (nfd, "http://a.example/cafe\u0301"), (nfc, "http://b.example/x"),
+            ("K", "http://b.example/x"), ("\u212a", "http://c.example/y"), ("ann", "http://c.example/y")]
+    src = _write_events(tmp_path / "e.parquet", rows, cols=("user_id", "url"))
+    c = _prepare([src], tmp_path / "out", report=True)
+    assert c.num_docs == 5  # kept apart
+    docs = c.meta["unicode_twins"]["docs"]
+    assert (docs["count"], docs["forms"]) == (4, 2) and sorted(docs["first"]) in (
+        sorted([ascii(nfc), ascii(nfd)]), sorted([ascii("K"), ascii("\u212a")]))
+    urls = c.meta["unicode_twins"]["tokens"]
+    assert (urls["count"], urls["forms"], sorted(urls["first"])) == (
+        2, 1, sorted([ascii("http://a.example/caf\u00e9"), ascii("http://a.example/cafe\u0301")]))
+    said = [r.getMessage() for r in logged.records if r.levelname == "WARNING"]
+    assert any(m.startswith("4 'user_id' key(s) equal to another in Unicode's NFC form but written apart (first: ")
+               and m.endswith("2 such form(s)): kept apart, as written, as different users; write each in one form "
+                              "if they are one") for m in said), said
+    assert any(m.startswith("2 'url' value(s) equal to another") and "as different URLs" in m for m in said), said
+    plain = _write_events(tmp_path / "plain.parquet", rows[2:4] + rows[5:], cols=("user_id", "url"))
+    assert _prepare([plain], tmp_path / "plain").meta["unicode_twins"] == {}
+
+
 @pytest.mark.parametrize("time_col", ["ts", None])
 def test_max_tokens_per_doc_keeps_each_documents_latest_events(tmp_path, logged, time_col):
     """--max-tokens-per-doc N (opt-in): a document keeps its most recent N events by time, else its last N
