@@ -327,6 +327,15 @@ SEGMENTS_MEASURED = ("at --segments 16 Lee, test first / background first, again
                      "Lee 8 times slower than one, its rounds a fixed cost on so small a corpus")
 
 
+# what short documents measured at 4 and 8 workers (benchmarks/quality.py, docs/benchmarks.md, "The shortest
+# summaries reproduce it"); at 6.6 tokens a document and more (pypi15k, pypi) every count held one worker's figure
+SHORT_DOC_TOKENS = 6.0
+SHORT_DOCS_MEASURED = ("the PyPI summaries of 3.5 tokens, PV-DBOW at the defaults, 3 seeds: 4 workers -0.0032 and 8 "
+                       "workers -0.0038 recall@10 against one worker (gensim at its best: -0.0033), 2 workers -0.0006; "
+                       "at --negative 10 4 and 8 workers were level with one worker; --segments 4 took 4 workers to "
+                       "-0.0013 at a third of the speed, 8 workers to -0.0043; --num-workers 2 held it)")
+
+
 def quality_warnings(settings: RunSettings, corpus: Any) -> list[str]:
     """Warnings for settings measured to lose quality, each naming the flags to change."""
     found = []
@@ -342,6 +351,12 @@ def quality_warnings(settings: RunSettings, corpus: Any) -> list[str]:
         elif config.num_workers >= 8:
             found.append(f"{config.num_workers} workers on the block schedule were measured at the edge of one "
                          f"worker's quality on text corpora ({SEGMENTS_MEASURED}); 4 workers held it")
+    docs = getattr(corpus, "num_docs", 0)
+    if settings.blocks and not is_text(corpus) and config.num_workers >= 4 and docs and \
+            corpus.num_tokens / docs < SHORT_DOC_TOKENS:
+        found.append(f"{config.num_workers} workers on the block schedule were measured below one worker's held-out "
+                     f"recall on short documents (these: {corpus.num_tokens / docs:.1f} tokens a document; "
+                     f"{SHORT_DOCS_MEASURED}")
     if config.num_workers > 1 and config.dbow_words:
         found.append(f"{config.num_workers} workers with --dbow-words share the URL rows (the block schedule trains plain "
                      "PV-DBOW only): measured on Lee with 2 workers, quality held (Pearson 0.4477 against one worker's "
