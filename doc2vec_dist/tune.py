@@ -408,7 +408,9 @@ def search(corpus_path: str, out: str, *, heldout: str | None = None, labels: st
                         test_fraction=DEFAULT_TEST_FRACTION[kind] if test_fraction is None else test_fraction,
                         key_col=key_col, label_col=label_col)
     # each trial: the base settings with the trial's own, quiet, checkpointed only where it is measured
-    base_fields = {**dataclasses.asdict(base), "progress": False, "checkpoint_every": 0.0, "keep_checkpoints": 1}
+    base_fields = {**dataclasses.asdict(base), "progress": False, "checkpoint_every": 0.0, "keep_checkpoints": 1,
+                   # a trial runs in a directory of Ray Tune's: a relative path would be looked for there
+                   "init_from": base.init_from and os.path.abspath(base.init_from)}
     max_epochs = max_epochs_of(space, base)
     grid = math.prod(len(v["grid"]) for v in space.values() if isinstance(v, dict) and "grid" in v)
     # the seeded points are one trial each, within the budget; the draws run every grid point, at least once

@@ -230,6 +230,19 @@ def _shards(corpus):
         yield from iter_shard(path)
 
 
+def test_a_relative_init_from_is_found_from_every_trial(ray_cluster, sample_corpus, trained_model, tmp_path,
+                                                        monkeypatch):
+    """tune --init-from RELATIVE failed every trial ("not a trained model (no LATEST file)"): each trial runs in
+    a directory of Ray Tune's, where the path named nothing. It is taken from where tune was asked."""
+    monkeypatch.chdir(os.path.dirname(trained_model))
+    out = str(tmp_path / "search")
+    search(sample_corpus[0], out, heldout=sample_corpus[1], budget=0.5, space={"alpha": {"grid": [0.025]}},
+           base=TrainConfig(init_from=os.path.basename(trained_model), dim=32, epochs=1, sample=0, num_ps=1,
+                            cpus_per_worker=1), compare=False, calibrate_seconds=0, progress=False)
+    rows = _trials(out)
+    assert rows and all(r["state"] != "error" for r in rows), rows
+
+
 def test_trials_for_budget_follows_ashas_rungs():
     # every trial runs a third of the schedule (4 of 10 epochs), a third of them the remaining 6
     assert trials_for_budget(8, 10) == int(8 * 10 / (4 + 6 / 3)) == 13
