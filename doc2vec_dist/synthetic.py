@@ -158,11 +158,10 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
         os.makedirs(os.path.join(stage, "events"))
         os.makedirs(os.path.join(stage, "truth"))
         table = _url_table(urls, communities, zipf_s, general_fraction, _rng(seed, _STREAM_URLS))
-        pq.write_table(table.truth(), os.path.join(stage, "truth", "urls.parquet"), compression="zstd")
         id_key = int(_rng(seed, _STREAM_USER_IDS).integers(0, 2**48))
 
         n_files = math.ceil(users / users_per_file)
-        events = 0
+        events, drawn = 0, 0.0  # drawn: the users' expected events before the hub's (their activity's mean)
         with tqdm(total=users, unit="user", unit_scale=True, desc="generate", file=sys.stderr,
                   disable=not progress) as bar, \
                 pq.ParquetWriter(os.path.join(stage, "truth", "users.parquet"), _CHURN_USERS_SCHEMA if churn else _USERS_SCHEMA,
@@ -178,9 +177,14 @@ def generate(out: str, users: int, urls: int, *, seed: int = 0, communities: int
                               table.strings)
                 truth_users.write_table(chunk.truth(ids, spans))
                 events += len(chunk.user)
+                drawn += n + (events_per_user - 1.0) * (float(np.sum((spans[1] - spans[0]) / (days * 86_400_000)))
+                                                        if spans else n)
                 del chunk, ids  # free the chunk before drawing the next one
                 bar.update(n)
 
+        # written once the users are drawn: with hub_share the hub's visits change every URL's share
+        pq.write_table(table.truth(hub_share, drawn / users), os.path.join(stage, "truth", "urls.parquet"),
+                       compression="zstd")
         summary = {"users": users, "urls": urls, "events": events, "files": n_files,
                    "communities": communities, "seconds": round(time.perf_counter() - t0, 3)}
         info = {
@@ -290,14 +294,20 @@ class _Urls:
         pos = np.searchsorted(cum, base + u * (cum[hi - 1] - base), side="right")
         return self.by_community[np.clip(pos, lo, hi - 1)]
 
-    def truth(self) -> pa.Table:
-        """truth/urls.parquet: one row per URL, sorted by expected popularity (rank 0 = most popular)."""
-        order = np.argsort(-self.prob, kind="stable")
+    def truth(self, hub_share: float = 0.0, drawn_per_user: float = 1.0) -> pa.Table:
+        """truth/urls.parquet: one row per URL, sorted by expected popularity (rank 0 = most popular). With
+        hub_share, a user draws drawn_per_user events (the mean) and, with that chance, one visit more to the
+        hub (index 0): each URL's expected share of all events counts them."""
+        prob = self.prob
+        if hub_share > 0:
+            prob = prob * drawn_per_user / (drawn_per_user + hub_share)
+            prob[0] += hub_share / (drawn_per_user + hub_share)
+        order = np.argsort(-prob, kind="stable")
         return pa.table({
             "url": self.strings.take(pa.array(order)),
             "community": pa.array(self.community[order], pa.int32()),
             "rank": pa.array(np.arange(len(order), dtype=np.int64)),
-            "prob": pa.array(self.prob[order], pa.float64()),
+            "prob": pa.array(prob[order], pa.float64()),
         })
 
 

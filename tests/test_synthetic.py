@@ -271,6 +271,15 @@ def test_hub_share_puts_the_most_popular_url_in_that_share_of_users(tmp_path):
     assert natural < 0.4
     assert abs(len(with_top) / 2000 - (0.8 + 0.2 * natural)) < 0.04
     assert 4.5 < ev.num_rows / 2000 - 0.8 < 5.5  # the hub adds one event to its visitors
+    # truth's prob is each URL's expected share of all events, the hub's visits counted (it said 0.07 of the top
+    # URL where the events gave it 0.11): the top URL's and the others' as the events measure them
+    truth = pq.read_table(str(tmp_path / "hub" / "truth" / "urls.parquet"))
+    share = pc.sum(pc.equal(ev["url"], top)).as_py() / ev.num_rows
+    assert abs(truth["prob"][0].as_py() - share) < 0.01 and abs(pc.sum(truth["prob"]).as_py() - 1) < 1e-9
+    counts = dict(zip(*ev.group_by("url").aggregate([("url", "count")]).to_pydict().values()))
+    rest = truth.slice(1, 20).to_pydict()
+    measured = np.array([counts.get(u, 0) / ev.num_rows for u in rest["url"]])
+    assert abs(measured.sum() / np.sum(rest["prob"]) - 1) < 0.05
     a, b = _files(str(tmp_path / "plain")), _files(str(tmp_path / "plain0"))
     assert all(a[p] == b[p] for p in a if p.startswith(("events", "truth")))
     assert json.loads(a["generate.json"])["parameters"]["hub_share"] == 0.0
