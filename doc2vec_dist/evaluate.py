@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -252,7 +253,7 @@ def rank_hidden(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, up
 def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
     """Human similarity judgements: a square matrix (Lee format; row i is the document keyed str(i),
     upper triangle used) or a table with columns key1, key2, score (Parquet, CSV or TSV)."""
-    if path.endswith((".parquet", ".csv", ".tsv")):
+    if os.path.isdir(path) or path.lower().endswith((".parquet", ".csv", ".tsv")):
         t = read_table_file(path, "pairs", ("key1", "key2", "score"), string_cols=("key1", "key2"),
                             no_nulls=("key1", "key2", "score"))
         keys1, keys2 = t.column("key1").cast(pa.string()), t.column("key2").cast(pa.string())
@@ -273,10 +274,15 @@ def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
     try:
         matrix = np.loadtxt(path)
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a numeric similarity matrix ({exc})") from None
+        raise UserError(f"{path}: not a numeric similarity matrix ({exc}); a table of key1, key2, score is read "
+                        "from a name ending in .parquet, .csv or .tsv, or a Parquet directory") from None
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
         raise UserError(f"{path}: expected a square matrix, found shape {matrix.shape}")
     i, j = np.triu_indices(len(matrix), 1)
+    bad = np.flatnonzero(~np.isfinite(matrix[i, j]))
+    if len(bad):
+        raise UserError(f"{path}: row {i[bad[0]]}, column {j[bad[0]]} holds {matrix[i[bad[0]], j[bad[0]]]} "
+                        f"({len(bad):,} pair(s) above the diagonal are not finite numbers); every pair needs a score")
     return [str(x) for x in i], [str(x) for x in j], matrix[i, j]
 
 
@@ -288,6 +294,7 @@ def pairs_metrics(model: str, path: str, table: str = "docs", test_fraction: flo
     from scipy.stats import pearsonr, spearmanr
 
     keys1, keys2, human = read_pairs(path)
+    _not_constant(f"{path}: every score", human)
     if test_fraction is not None:
         ordered = [(a, b) if a <= b else (b, a) for a, b in zip(keys1, keys2)]  # a pair, whichever way written
         test = in_test_share(pa.array([f"{a}\x1f{b}" for a, b in ordered], pa.string()), test_fraction, seed)
@@ -303,8 +310,14 @@ def pairs_metrics(model: str, path: str, table: str = "docs", test_fraction: flo
     a = unit_rows(vectors[lookup(keys, keys1, table)])
     b = unit_rows(vectors[lookup(keys, keys2, table)])
     cosine = (a * b).sum(1)
+    _not_constant("the model's cosine similarity of every pair", cosine, 1e-9)
     return {"pairs": len(human), **({} if test_fraction is None else {"part": part, "test_fraction": test_fraction}),
             "pearson": float(pearsonr(cosine, human)[0]), "spearman": float(spearmanr(cosine, human)[0])}
+
+
+def _not_constant(what: str, values: np.ndarray, close: float = 0.0) -> None:
+    if len(values) and np.ptp(values) <= close:
+        raise UserError(f"{what} is {values[0]:g}: a correlation with a constant is undefined")
 
 
 def in_test_share(keys: pa.Array, fraction: float, seed: int = 0) -> np.ndarray:
@@ -329,8 +342,9 @@ def read_table_file(path: str, what: str, columns: tuple[str, ...], string_cols:
     import pyarrow.csv as pcsv
 
     try:
-        if path.endswith((".csv", ".tsv")):
-            t = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter="\t" if path.endswith(".tsv") else ","),
+        if path.lower().endswith((".csv", ".tsv")):
+            t = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter="\t" if path.lower().endswith(".tsv")
+                                                                    else ","),
                               convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(string_cols, pa.string())))
         else:
             t = pq.read_table(path)

@@ -110,6 +110,9 @@ def test_read_pairs_keeps_numeric_looking_keys_as_written(tmp_path):
     ("pairs.csv", "a,b,score\nx,y,1\n", "column 'key1' not found"),
     ("lee.txt", "1 0.5 0.2\n0.5 1 0.1\n", "expected a square matrix"),
     ("lee.txt", "1 zero\n0 1\n", "not a numeric similarity matrix"),
+    # a NaN in the matrix gave pearson nan, exit 0, and eval-pairs.json a NaN (no valid JSON)
+    ("lee.txt", "1 0.5 0.2\n0.5 1 nan\n0.2 nan 1\n", r"row 1, column 2 holds nan \(1 pair\(s\) above the diagonal"),
+    ("lee.txt", "1 0.5 0.2\n0.5 1 inf\n0.2 0.1 1\n", "row 1, column 2 holds inf"),
 ])
 def test_bad_pairs_files_are_user_errors_naming_the_file(tmp_path, name, content, message):
     path = str(tmp_path / name)
@@ -118,6 +121,26 @@ def test_bad_pairs_files_are_user_errors_naming_the_file(tmp_path, name, content
     with pytest.raises(UserError, match=message) as err:
         read_pairs(path)
     assert path in str(err.value)
+
+
+def test_a_pairs_table_is_read_from_a_parquet_directory_or_a_name_in_capitals(tmp_path):
+    """A Parquet directory and pairs.CSV were read as a matrix: "not a numeric similarity matrix"."""
+    folder = tmp_path / "pairs_dir"
+    folder.mkdir()
+    pq.write_table(pa.table({"key1": ["a", "c"], "key2": ["b", "d"], "score": [0.5, 1.0]}), folder / "part-0.parquet")
+    upper = tmp_path / "pairs.CSV"
+    upper.write_text("key1,key2,score\na,b,0.5\nc,d,1\n")
+    for path in (folder, upper):
+        keys1, keys2, scores = read_pairs(str(path))
+        assert (keys1, keys2, scores.tolist()) == (["a", "c"], ["b", "d"], [0.5, 1.0])
+
+
+def test_a_correlation_with_a_constant_is_refused(trained_model, tmp_path):
+    """Every score the same gave pearson nan, exit 0, and scipy's ConstantInputWarning."""
+    path = tmp_path / "flat.txt"
+    np.savetxt(path, np.ones((4, 4)))
+    with pytest.raises(UserError, match=r"flat\.txt: every score is 1: a correlation with a constant is undefined"):
+        pairs_metrics(trained_model, str(path))
 
 
 def test_a_missing_csv_pairs_file_is_a_user_error(tmp_path):
