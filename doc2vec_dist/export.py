@@ -257,7 +257,10 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     return {"table": table, "rows": spec["rows"], "dim": spec["dim"], "path": out, "keys_path": keys_path,
             "format": format, "dtype": dtype,
             "normalized": normalize, "parts": len(spec["parts"]), "tasks": tasks,
-            "seconds": round(seconds, 3), "rows_per_second": spec["rows"] / seconds if seconds else 0.0,
+            # where the parts were written: Ray tasks (runner), or this process (threads; a single .parquet file,
+            # which has one writer)
+            "ran": "tasks" if runner is not None and not (format == "parquet" and out.endswith(".parquet"))
+            else "process", "seconds": round(seconds, 3), "rows_per_second": spec["rows"] / seconds if seconds else 0.0,
             "peak_rss_bytes": peak_rss_bytes()}
 
 
@@ -442,7 +445,7 @@ def export_projector(model: str, table: str, out: str, sample: int | None = None
                      f'  metadata_path: "metadata.tsv"\n}}\n')
     seconds = time.perf_counter() - t0
     return {"table": table, "rows": lines, "dim": spec["dim"], "path": out, "keys_path": None, "format": "projector",
-            "dtype": "float32", "normalized": normalize, "parts": len(spec["parts"]), "tasks": [],
+            "dtype": "float32", "normalized": normalize, "parts": len(spec["parts"]), "tasks": [], "ran": "process",
             "sampled": sample is not None, "seconds": round(seconds, 3),
             "rows_per_second": lines / seconds if seconds else 0.0, "peak_rss_bytes": peak_rss_bytes()}
 

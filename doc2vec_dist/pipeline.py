@@ -771,9 +771,10 @@ def export_job(argv: list[str] | None = None, description: str | None = None) ->
     def work() -> None:
         r = export(args.model, args.table, args.out, format=args.format, normalize=args.normalize, dtype=args.dtype,
                    progress=not args.no_progress, runner=run_on_ray)
-        hosts = sorted({t["host"] for t in r["tasks"]})
+        by = (f"by {len(r['tasks'])} Ray tasks on {', '.join(sorted({t['host'] for t in r['tasks']}))}" if r["ran"]
+              == "tasks" else f"in this process (one writer: {'a .parquet file' if r['format'] == 'parquet' else r['format']})")
         print(f"exported {r['rows']:,} rows of {r['table']} to {r['path']} in {r['seconds']:.2f}s "
-              f"({r['rows_per_second']:,.0f} rows/s) by {len(r['tasks'])} tasks on {', '.join(hosts)}")
+              f"({r['rows_per_second']:,.0f} rows/s) {by}")
 
     return on_ray(args.address, work)
 

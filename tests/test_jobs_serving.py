@@ -22,7 +22,13 @@ def test_export_job_writes_a_part_file_per_shard_from_ray_tasks(ray_cluster, tra
     assert pipeline.export_job(["--model", trained_model, "--out", str(out), "--normalize", "--no-progress"]) == 0
 
     printed = capsys.readouterr().out
-    assert re.search(r"exported 5,000 rows of docs to .* rows/s\) by 2 tasks on ", printed), printed
+    assert re.search(r"exported 5,000 rows of docs to .* rows/s\) by 2 Ray tasks on ", printed), printed
+    # a single .parquet file, or the projector's, is written by this process: said so (it said "by 2 tasks on vm",
+    # and "by 0 tasks on " for the projector)
+    for name, fmt in (("one.parquet", "parquet"), ("proj", "projector")):
+        assert pipeline.export_job(["--model", trained_model, "--out", str(tmp_path / name), "--format", fmt,
+                                    "--no-progress"]) == 0
+        assert "rows/s) in this process (one writer: " in capsys.readouterr().out
     assert sorted(os.listdir(out)) == [".doc2vec-dist.json", "part-00000.parquet", "part-00001.parquet"]
     table = pq.read_table(out)
     assert table.num_rows == 5000 and sorted(table.column("key").to_pylist()) == sorted(
