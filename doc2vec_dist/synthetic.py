@@ -234,8 +234,10 @@ def events_dir(directory: str) -> str | None:
 def _check(**p) -> None:
     """Reject parameters that cannot give a sensible data set, naming the parameter."""
     def need(ok: bool, name: str, what: str) -> None:
-        if not ok:
-            raise UserError(f"generate: {name}={p[name]!r}: {what}")
+        if not ok:  # by the command's flag where it has one (the library's keyword beside it)
+            given = (f"{name}={p[name]!r}" if name in ("general_fraction", "zipf_s", "users_per_file") else
+                     f"--{name.replace('_', '-')} {p[name]!r} ({name})")
+            raise UserError(f"generate: {given}: {what}")
 
     for name, value in p.items():
         integral = name in ("users", "urls", "seed", "communities", "users_per_file")

@@ -220,6 +220,15 @@ def test_bad_parameters_name_the_parameter(tmp_path, kw, name):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_bad_flag_of_generate_is_named_as_the_flag(tmp_path, capsys):
+    """The command's errors named the library's keyword ('hub_share=1.5'), not the flag the user gave."""
+    from doc2vec_dist.cli import main
+
+    assert main(["generate", "--users", "10", "--urls", "10", "--out", str(tmp_path / "g"), "--hub-share", "1.5",
+                 "--no-progress"]) == 2
+    assert "generate: --hub-share 1.5 (hub_share): must be between 0 and 1" in capsys.readouterr().err
+
+
 def test_refuses_non_empty_output_and_accepts_empty_dir(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
