@@ -279,12 +279,153 @@ def test_both_gensim_modes_train_every_document_and_say_which_ran(sample_corpus,
     assert (np.abs(docs).max(axis=1) > 0.5 / 16).mean() > 0.99
 
 
-def test_iterable_mode_says_it_cuts_documents_longer_than_10000_tokens(tmp_path, logged):
+def _text_corpus(tmp_path, lines: list[str]):
     from doc2vec_dist.prepare import prepare
 
-    lines = [" ".join(f"w{i % 50}" for i in range(12_000))] + ["w1 w2 w3 w4"] * 20
     (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
-    corpus = prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text"), progress=False)
-    summary = train_gensim(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, progress=False), workers=1)
+    return prepare([str(tmp_path / "t.txt")], str(tmp_path / "c"), PrepareConfig(format="text"), progress=False)
+
+
+@pytest.mark.parametrize("gensim_mode", ["iterable", "corpus_file"])
+def test_both_modes_cut_at_10000_kept_tokens_and_say_so(tmp_path, logged, gensim_mode):
+    """gensim (both modes: MAX_DOCUMENT_LEN of doc2vec_inner.pyx and doc2vec_corpusfile.pyx) stops reading a
+    document once 10,000 of its tokens are kept after subsampling. Here 11,000 words seen once are never
+    dropped, after 1,000 of a word subsampling thins: the document is certainly cut, 1,000 to 2,000 tokens
+    from its end; the short documents' words (20 each) are never dropped either, so gensim's own count of the
+    tokens it trained is exactly 10,000 + 80 an epoch, and its tokens/s leaves out what it did not read."""
+    lines = [" ".join(["hub"] * 1000 + [f"r{i}" for i in range(11_000)])] + ["w1 w2 w3 w4"] * 20
+    corpus = _text_corpus(tmp_path, lines)
+    summary = train_gensim(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=2, progress=False), workers=1,
+                           gensim_mode=gensim_mode)
     assert summary["docs_cut"] == 1
-    assert "cuts 1 document(s) longer than 10,000 tokens" in logged.text
+    assert summary["tokens"] == 2 * (corpus.num_tokens - 1000)  # the 1,000 after the 11,000th kept are never read
+    assert summary["docs_cut_up_to"] == 1
+    assert summary["trained_tokens"] == 2 * (10_000 + 80)  # gensim's effective words, less one tag a document
+    assert summary["tokens_unread_up_to"] == 2 * 1000  # and up to 1,000 more: where the 10,000th kept falls
+    rate = summary["tokens_per_second"]  # train_seconds is rounded to the millisecond
+    assert rate * summary["train_seconds"] == pytest.approx(summary["tokens"], abs=0.0006 * rate)
+    assert f"gensim's {gensim_mode} mode cut 1 document(s)" in logged.text
+
+
+@pytest.mark.parametrize("gensim_mode", ["iterable", "corpus_file"])
+def test_without_subsampling_the_cut_and_the_tokens_read_are_exact(tmp_path, logged, gensim_mode):
+    lines = [" ".join(f"w{i % 50}" for i in range(12_000))] + ["w1 w2 w3 w4"] * 20
+    corpus = _text_corpus(tmp_path, lines)
+    summary = train_gensim(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, sample=0, progress=False),
+                           workers=1, gensim_mode=gensim_mode)
+    assert summary["docs_cut"] == 1
+    assert summary["tokens"] == corpus.num_tokens - 2000
+    assert (summary["docs_cut_up_to"], summary["tokens_unread_up_to"]) == (1, 0)
+    assert summary["trained_tokens"] == corpus.num_tokens - 2000  # gensim's own count: it cut at 10,000
+    assert "leaves out the 2,000 tokens past the cut it did not read" in logged.text
+
+
+@pytest.mark.parametrize("gensim_mode", ["iterable", "corpus_file"])
+def test_a_long_document_subsampling_brings_under_10000_is_not_said_to_be_cut(tmp_path, logged, gensim_mode):
+    """12,000 tokens of 50 words, each seen 240 times: subsampling keeps about a quarter, so gensim reads the
+    document to its end. That cannot be seen from here, so it is 'up to 1', none certain."""
+    lines = [" ".join(f"w{i % 50}" for i in range(12_000))] + ["w1 w2 w3 w4"] * 20
+    corpus = _text_corpus(tmp_path, lines)
+    summary = train_gensim(corpus.path, str(tmp_path / "m"), TrainConfig(dim=8, epochs=1, progress=False), workers=1,
+                           gensim_mode=gensim_mode)
+    assert summary["docs_cut"] == 0
+    assert "cut 1 document" not in logged.text
+    assert summary["trained_tokens"] < 10_000  # gensim kept fewer than 10,000 tokens in all: it cut nothing
+    assert summary["docs_cut_up_to"] == 1
+    assert summary["tokens"] == corpus.num_tokens and summary["tokens_unread_up_to"] == 2000
+    assert "cut up to 1 document(s) (those longer than 10,000 tokens; 0 certainly)" in logged.text
+
+
+@pytest.mark.parametrize("workers", ["-2", "0"])
+def test_fewer_than_one_worker_is_refused_in_one_line(sample_corpus, tmp_path, capsys, workers):
+    """gensim given fewer than 1 thread trains nothing (and 0 is not documented as all cores: leaving
+    --workers out is)."""
+    from doc2vec_dist.cli import main
+
+    code = main(["baseline", "--corpus", sample_corpus[0], "--out", str(tmp_path / "m"), "--dim", "8", "--epochs",
+                 "1", "--workers", workers, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [(f"error: --workers {workers}: gensim's threads must be at least 1 "
+                                         "(leave it out for all cores)")]
+    assert not os.path.exists(tmp_path / "m")
+
+
+# --- a refresh's shards hold doc ids out of order --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def refresh_corpus(tmp_path_factory):
+    """A base of 40 users, then a day of events of 20 of them and 20 new ones, prepared into 3 shards: each
+    user stays in its base shard's hash bucket, so the shards hold doc ids out of order."""
+    import pyarrow as pa
+
+    from doc2vec_dist.prepare import prepare
+
+    root = tmp_path_factory.mktemp("refresh")
+    rng = np.random.default_rng(7)
+
+    def events(users: range, day: int) -> str:
+        rows = [(f"u{u:03d}", f"https://s{u % 4}.example/p{rng.integers(0, 30)}", day * 86_400_000 + i)
+                for u in users for i in range(12)]
+        path = str(root / f"day{day}.parquet")
+        pq.write_table(pa.table({"user_id": [r[0] for r in rows], "url": [r[1] for r in rows],
+                                 "ts": pa.array([r[2] for r in rows], pa.timestamp("ms", tz="UTC"))}), path)
+        return path
+
+    base = prepare([events(range(40), 1)], str(root / "base"), PrepareConfig(time_col="ts"), progress=False)
+    return prepare([events(range(20, 60), 2)], str(root / "fresh"),
+                   PrepareConfig(time_col="ts", base=base.path, num_shards=3), progress=False).path
+
+
+def _shard_documents(corpus: Corpus) -> list[tuple[int, list[str]]]:
+    """(doc id, word ids as strings) of every document, read from the shard files in their order."""
+    import pyarrow as pa
+
+    found = []
+    for path in corpus.shard_paths:
+        table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+        found += [(doc, [str(t) for t in tokens]) for doc, tokens in
+                  zip(table.column("doc_id").to_pylist(), table.column("tokens").to_pylist())]
+    return found
+
+
+@pytest.mark.parametrize("gensim_mode", ["iterable", "corpus_file"])
+def test_a_multi_shard_refresh_puts_each_documents_vector_on_its_own_row(refresh_corpus, tmp_path, gensim_mode):
+    """Each document reaches gensim in the shards' order under its own doc id (iterable: its tag; corpus_file:
+    its line, put back at its doc id): the rows are those of gensim driven directly on the same documents,
+    and after export each user's key has its own document's vector."""
+    from gensim.models.doc2vec import Doc2Vec, TaggedDocument
+
+    corpus = Corpus(refresh_corpus)
+    docs = _shard_documents(corpus)
+    order = np.array([doc for doc, _ in docs])
+    assert corpus.num_shards == 3 and sorted(order.tolist()) == list(range(corpus.num_docs))
+    assert (np.diff(order) < 0).any()  # out of order, as a refresh's shards are
+    config = TrainConfig(dim=8, epochs=2, sample=0, seed=5, progress=False)
+    out = str(tmp_path / "m")
+    train_gensim(corpus.path, out, config, workers=1, gensim_mode=gensim_mode)
+
+    gensim_model = Doc2Vec(vector_size=8, dm=0, dm_mean=1, dbow_words=0, window=config.window, negative=config.negative,
+                           hs=0, sample=0, alpha=config.alpha, min_alpha=config.min_alpha, ns_exponent=config.ns_exponent,
+                           min_count=1, seed=5, workers=1, epochs=2)
+    if gensim_mode == "iterable":
+        tagged = [TaggedDocument(words, [doc]) for doc, words in docs]
+        gensim_model.build_vocab(tagged)
+        gensim_model.train(tagged, total_examples=len(tagged), total_words=corpus.num_tokens, epochs=2)
+        expected = gensim_model.dv.vectors
+    else:
+        text = tmp_path / "corpus.txt"
+        text.write_text("".join(" ".join(words) + "\n" for _, words in docs))
+        gensim_model.build_vocab(corpus_file=str(text))
+        gensim_model.train(corpus_file=str(text), total_examples=len(docs), total_words=corpus.num_tokens, epochs=2)
+        expected = np.empty_like(gensim_model.dv.vectors)
+        expected[order] = gensim_model.dv.vectors  # line i is document order[i]
+    np.testing.assert_array_equal(modeldir.ModelDir(out).read_table("docs"), expected)
+
+    export(out, "docs", str(tmp_path / "docs.parquet"), progress=False)
+    table = pq.read_table(str(tmp_path / "docs.parquet"))
+    vectors = dict(zip(table.column("key").to_pylist(), modeldir.matrix_of(table.column("vector"), 8)))
+    keys = corpus.docs().column("key").to_pylist()
+    for line in (0, 1, len(docs) // 2, len(docs) - 1):  # documents of each shard, first and last
+        doc = int(order[line])
+        np.testing.assert_array_equal(vectors[keys[doc]], expected[doc])
