@@ -29,6 +29,7 @@ The held-out file that `prepare --holdout` writes beside it is Parquet of (key s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -153,10 +154,12 @@ class Corpus:
         if not os.path.isfile(meta_path):
             raise CorpusError(f"{self.path}: not a corpus (no corpus.json; make one with `prepare`)")
         try:
-            with open(meta_path) as f:
-                self.meta = json.load(f)
+            with open(meta_path, "rb") as f:
+                raw = f.read()
+            self.meta = json.loads(raw)
         except (OSError, ValueError) as e:
             raise CorpusError(f"{meta_path}: cannot read: {one_line(e)}") from e
+        self._digest = hashlib.blake2b(raw, digest_size=16).digest()  # which corpus this is (replaced_since)
         missing = [k for k in self.REQUIRED if k not in self.meta] if isinstance(self.meta, dict) else ["all"]
         if missing:
             raise CorpusError(f"{meta_path}: missing fields: {', '.join(missing)}")
@@ -182,6 +185,23 @@ class Corpus:
     @property
     def num_shards(self) -> int:
         return len(self.shard_paths)
+
+    def replaced_since(self) -> str | None:
+        """None while the corpus at this path is the one read here; else how it changed (`prepare --overwrite`
+        into it, or removed), in words: a run that reads its shards again each epoch would read the other."""
+        try:
+            with open(os.path.join(self.path, "corpus.json"), "rb") as f:
+                raw = f.read()
+        except OSError:
+            return f"{self.path}: the corpus this run was reading is gone"
+        if hashlib.blake2b(raw, digest_size=16).digest() == self._digest:
+            return None
+        try:
+            now = json.loads(raw).get("created")
+        except (ValueError, AttributeError):
+            now = None
+        return (f"{self.path}: the corpus this run was reading (prepared {self.meta.get('created', 'earlier')}) was "
+                f"replaced by another (prepared {now or 'later'})")
 
     def vocab(self) -> pa.Table:
         """token string, count int64 (training count), id int32; sorted by id."""

@@ -278,6 +278,7 @@ class Run:
                 except ray.exceptions.RayActorError as exc:  # the worker's process (or its node) died
                     pending[self._restart_worker(i, epoch, exc)] = i
                 except ray.exceptions.RayError as exc:
+                    self._same_corpus()  # (a corpus replaced under the workers fails them: said as such)
                     raise TrainingStopped(f"training stopped in epoch {epoch}: {root_cause(exc)}") from None
             # progress: what each worker still training last answered (a call that has not answered,
             # a worker restarting or out of reach, is never waited for: the tick goes on)
@@ -292,9 +293,10 @@ class Run:
             self.metrics.record()
             live = [self.answers[i] for i in range(len(workers)) if i not in finished and i in self.answers]
             now = combine(list(finished.values()) + [s for s in live if s["epoch"] == epoch])
+            # the postfix first: update() draws the bar, which showed the last tick's epoch and loss
+            loss = f"loss {now['loss'] / now['pairs']:.3f}, " if now["pairs"] else ""  # none before a pair is trained
+            bar.set_postfix_str(f"epoch {epoch + 1}, {loss}" + time_split(now["seconds"]), refresh=False)
             bar.update(base + now["tokens"] - bar.n)
-            bar.set_postfix_str(f"epoch {epoch + 1}, loss {now['loss'] / max(now['pairs'], 1):.3f}, "
-                                + time_split(now["seconds"]), refresh=False)
             due = config.checkpoint_every > 0 and time.perf_counter() - self.last_ckpt >= config.checkpoint_every
             if due and pending:
                 self._checkpoint_mid_epoch(epoch)
@@ -611,6 +613,7 @@ class Run:
         written whole is deleted (commit_training) and stops the run with one line: for a full disk,
         the free space and the space a checkpoint needs."""
         t0 = time.perf_counter()
+        self._same_corpus()
         version = checkpoint.next_version(self.out)
         try:
             checkpoint.commit_training(self.out, self.config, self.corpus, self._save, epoch, positions, epoch_stats,
@@ -623,6 +626,14 @@ class Run:
         self.last_ckpt = time.perf_counter()
         self.log.write("checkpoint", version=version, epoch=epoch, mid_epoch=positions is not None,
                        seconds=round(time.perf_counter() - t0, 3))
+
+    def _same_corpus(self) -> None:
+        """Stops the run, keeping nothing since the last checkpoint, where the corpus was replaced while the
+        workers read it (they read its shards again each epoch): its epochs since then may be another's."""
+        changed = self.corpus.replaced_since()
+        if changed:
+            raise TrainingStopped(f"{changed} while this run trained: what it trained since its last checkpoint may "
+                                  "have read the other, and is not kept")
 
     def _save(self, version: int) -> list[dict]:
         """Every server writes its slice of `version`; each server's entries. When one fails, the
