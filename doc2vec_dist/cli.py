@@ -494,9 +494,9 @@ def cmd_infer(args) -> None:
     from .infer import infer
 
     r = infer(args.model, args.inputs, args.out, format=args.format, doc_col=args.doc_col, token_col=args.token_col,
-              time_col=args.time_col, epochs=args.epochs, alpha=args.alpha, min_alpha=args.min_alpha, seed=args.seed,
-              batch_users=args.batch_users, progress=not args.no_progress, tmp_dir=args.tmp_dir,
-              compose=not args.no_compose)
+              time_col=args.time_col, time_unit=args.time_unit, delimiter=args.delimiter, epochs=args.epochs,
+              alpha=args.alpha, min_alpha=args.min_alpha, seed=args.seed, batch_users=args.batch_users,
+              progress=not args.no_progress, tmp_dir=args.tmp_dir, compose=not args.no_compose)
     without = f", and {r['null_vectors']:,} users without one (a null vector)" if r["null_vectors"] else ""
     print(f"inferred {r['rows']:,} user vectors (dim {r['dim']}) to {r['path']}{without} in {r['seconds']:.2f}s "
           f"({r['users_per_second']:,.0f} users/s)")
@@ -702,10 +702,10 @@ def make_parser() -> argparse.ArgumentParser:
     inf.add_argument("inputs", nargs="+", help="events of the new users: files, directories or globs, as for prepare")
     inf.add_argument("--out", required=True, help="Parquet file to write (key, vector)")
     prep = {f.name: f for f in dataclasses.fields(PrepareConfig)}
-    for name in ("format", "doc_col", "token_col", "time_col"):
-        f = prep[name]
-        inf.add_argument("--" + name.replace("_", "-"), default=f.default, choices=f.metadata.get("choices"),
-                         help=f.metadata["help"])
+    for name in ("format", "doc_col", "token_col", "time_col", "time_unit", "delimiter"):
+        f, flag, choices = prep[name], "--" + name.replace("_", "-"), prep[name].metadata.get("choices")
+        inf.add_argument(flag, default=f.default, type=_one_of(flag, choices) if choices else None,  # one line
+                         metavar="{" + ",".join(choices) + "}" if choices else None, help=f.metadata["help"])
     inf.add_argument("--epochs", type=int, help="passes over each user's events (default: the model's epochs)")
     inf.add_argument("--alpha", type=float, help="initial learning rate (default: the model's alpha)")
     inf.add_argument("--min-alpha", type=float, help="final learning rate (default: the model's min_alpha)")

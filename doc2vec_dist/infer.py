@@ -21,10 +21,13 @@ The steps, in the order of the data flow:
    model knows one of them (compose.py: the count-weighted mean of the known rows that share the part),
    in words_out, and PV-DM's words, and counted ("composed vectors for N URLs the model never saw");
    the new page of a known site then counts as the site's pages do. `compose=False` (--no-compose)
-   drops them instead, as infer did before. Events whose URL has no row nor a composed one (a site the
-   model never saw) are dropped and counted ("skipped N events with URLs the model never saw"). A user
-   left with no known URL (or none at all: every one null or empty, which prepare drops and keeps the
-   key of, prepare(empty_keys=True)) gets no vector, and a warning names such users
+   drops them instead, as infer did before. A URL of the model's vocabulary that no event trained (count 0
+   in its vocab.arrow: all its events held out, or cut by max_tokens_per_doc) has a row that never moved
+   from zero: it counts as a URL the model never saw (composed, or dropped), and is counted and named
+   ("N URLs ... are in the model's vocabulary but no event trained them"). Events whose URL has no row
+   nor a composed one (a site the model never saw) are dropped and counted ("skipped N events with URLs
+   the model never saw"). A user left with no known URL (or none at all: every one null or empty, which
+   prepare drops and keeps the key of, prepare(empty_keys=True)) gets no vector, and a warning names such users
    (the first few, and how many). They are not dropped: the Parquet that `infer` writes keeps their
    key with a null vector, and the arrays (`Model.infer`, `infer` without `out`) hold a row of NaN
    for them. A zero row would look like a vector: faiss scores it 0 against everything and answers
@@ -32,7 +35,9 @@ The steps, in the order of the data flow:
    `Model.neighbors` skip these rows and name them. Events none of whose URLs the model knows are
    refused before anything is written, with an example of each side (or, for a model that took its
    URLs as written, how many match once both are normalised); when under LOW_OVERLAP of the events or
-   of the users can be placed, a warning gives the shares.
+   of the users can be placed, a warning gives the shares. What prepare itself skipped (duplicate events
+   with a time column, rows with a null or empty key or URL, ...) is counted by its reason
+   ("skipped while reading: duplicate_events 3").
 2. Start. Each new user's vector starts uniform in [-1, 1)/dim, as training starts `docs`, drawn from
    a stream seeded by (seed, blake2b of the user key): a user starts from the same point whatever
    else is in the batch, in any process.
@@ -61,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -83,6 +89,7 @@ from .corpus import Corpus, iter_shard
 from .errors import UserError
 from .ids import mix64
 from .prepare import prepare
+from .read_formats import _as_strings
 from .sampling import NegativeTable, keep_probabilities
 from .scoring import NAMED, ServingWarning, counted, named
 from .shard_pass import EMPTY_KEYS_FILE
@@ -148,6 +155,8 @@ def model_settings(model: str, epochs: int | None = None, alpha: float | None = 
                  epochs=int(cfg.epochs if epochs is None else epochs), seed=int(seed), batch_users=int(batch_users),
                  optimizer=cfg.optimizer)
     checks = [(s.epochs > 0, f"epochs must be > 0, not {s.epochs}"),
+              (math.isfinite(s.alpha), f"alpha must be a finite number, not {s.alpha}"),
+              (math.isfinite(s.min_alpha), f"min_alpha must be a finite number, not {s.min_alpha}"),
               (s.alpha > 0, f"alpha must be > 0, not {s.alpha}"),
               (0 <= s.min_alpha <= s.alpha, f"min_alpha ({s.min_alpha}) must lie in [0, alpha={s.alpha}]"),
               (s.seed >= 0, f"seed must be >= 0, not {s.seed}"),
@@ -180,6 +189,9 @@ class Inferrer:
         self.url_rule = UrlRule.of_schema(vocab.schema, vocab_path)  # the inputs' URLs are read by the model's rule
         counts = vocab.column("count").to_numpy().astype(np.int64)
         self.counts = counts
+        # a URL of the vocabulary no event trained (all its events held out, or cut by max_tokens_per_doc): its
+        # words_out row never moved from zero, so it is a URL the model never saw, composed or dropped as one
+        self.untrained = counts == 0
         self.words_out = torch.from_numpy(np.ascontiguousarray(load("words_out"), dtype=np.float32))
         words = load("words") if settings.mode == "dm" else np.zeros((0, settings.dim), np.float32)
         if len(counts) != self.words_out.shape[0]:
@@ -191,17 +203,24 @@ class Inferrer:
         self.head = len(words)
         self._inputs = torch.from_numpy(np.ascontiguousarray(words, dtype=np.float32))
 
-    def model_ids(self, tokens: pa.Array) -> np.ndarray:
-        """int64 model word id of each token string, -1 for a URL the model never saw."""
-        ids = pc.index_in(tokens, value_set=self.vocab_tokens)
-        return ids.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    def model_ids(self, tokens: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 model word id of each token string, -1 for a URL the model never saw or never trained;
+        bool: which are URLs of its vocabulary that it never trained)."""
+        ids = pc.index_in(tokens, value_set=self.vocab_tokens).fill_null(-1).to_numpy(zero_copy_only=False)
+        ids = ids.astype(np.int64)
+        untrained = np.zeros(len(ids), bool)
+        untrained[ids >= 0] = self.untrained[ids[ids >= 0]]
+        ids[untrained] = -1
+        return ids, untrained
 
     def add_composed(self, urls: pa.Array) -> tuple[Composed, np.ndarray]:
         """Rows composed for URLs the model never saw (compose.py), added after the model's own, frozen as
         they are: (how each was composed, the id each now has, -1 for one without a row). A new row is
         always kept by subsampling (its count is unknown, and it is rare: first seen now) and never drawn
         as a negative (the negatives stay the model's unigram table)."""
-        composed = UrlComposer(self.vocab_tokens, self.counts).compose(urls)
+        # the URLs never trained are left out (null): neither a URL's own row nor a member of a part's mean
+        known = pc.if_else(pa.array(~self.untrained), self.vocab_tokens, pa.scalar(None, self.vocab_tokens.type))
+        composed = UrlComposer(known, self.counts).compose(urls)
         has = composed.has_vector
         ids = np.full(len(urls), -1, np.int64)
         ids[has] = len(self.words_out) + np.arange(int(has.sum()))
@@ -271,11 +290,14 @@ class Counts:
     events_read: int = 0           # their events
     unknown_events: int = 0        # events whose URL the model never saw (dropped)
     unknown_urls: int = 0          # distinct such URLs
+    untrained_events: int = 0      # events whose URL is in the vocabulary but was never trained: as never seen
+    untrained_urls: int = 0        # distinct such URLs
+    untrained_keys: list[str] = field(default_factory=list)  # the first NAMED of them, to name them
     composed_events: int = 0       # events whose URL the model never saw, given a composed row
     composed_urls: dict[str, int] = field(default_factory=dict)  # distinct such URLs, by source (path, host, domain)
     users_without_known_urls: int = 0  # users left with no event at all: no vector
     unplaced_keys: list[str] = field(default_factory=list)  # the first NAMED of them, to name them
-    prepare_skipped: dict | None = None  # what prepare itself dropped (null/empty URLs, users without any)
+    prepare_skipped: dict | None = None  # what prepare itself dropped (null/empty URLs, duplicate events, ...)
 
     @property
     def users_placed(self) -> int:
@@ -295,6 +317,12 @@ class Counts:
 
     def lines(self) -> list[str]:
         out = []
+        if self.untrained_urls:
+            n = self.untrained_urls
+            out.append(f"{counted(n, 'URL')} ({self.untrained_events:,} events) {'is' if n == 1 else 'are'} in the "
+                       f"model's vocabulary but no event trained {'it' if n == 1 else 'them'} (held out, or cut by "
+                       f"max_tokens_per_doc; {'its row' if n == 1 else 'their rows'} never moved): read as URLs the "
+                       f"model never saw ({named(self.untrained_keys, n)})")
         if self.composed_events:
             out.append(f"composed vectors for {sum(self.composed_urls.values()):,} URLs the model never saw "
                        f"({self.composed_events:,} events) from their "
@@ -345,7 +373,8 @@ def _batches(corpus: Corpus, id_map: np.ndarray, batch_users: int, counts: Count
 
 
 def iter_inferred(model: str, inputs, *, format: str = "events", doc_col: str = "user_id", token_col: str = "url",
-                  time_col: str | None = None, epochs: int | None = None, alpha: float | None = None,
+                  time_col: str | None = None, time_unit: str | None = None, delimiter: str | None = None,
+                  epochs: int | None = None, alpha: float | None = None,
                   min_alpha: float | None = None, seed: int = 1, batch_users: int = DEFAULT_BATCH_USERS,
                   progress: bool = True, tmp_dir: str | None = None, counts: Counts | None = None,
                   table: Callable[[str], np.ndarray] | None = None,
@@ -357,11 +386,16 @@ def iter_inferred(model: str, inputs, *, format: str = "events", doc_col: str = 
     read when the first batch is asked for, and refused then (before any batch) if none of their
     URLs is in the model's vocabulary. `name` names the inputs in that message (default: their paths).
     compose: give a URL the model never saw a row composed from its path, host or domain (else drop it).
+    time_unit, delimiter: as prepare's (PrepareConfig).
     """
     model = os.fspath(model)
+    if tmp_dir is not None and not os.path.isdir(tmp_dir):
+        raise UserError(f"--tmp-dir {tmp_dir}: " + ("not a directory" if os.path.exists(tmp_dir)
+                                                    else "no such directory"))
     settings = model_settings(model, epochs, alpha, min_alpha, seed, batch_users)
     inferrer = Inferrer(model, settings, table)
-    read = {"format": format, "doc_col": doc_col, "token_col": token_col, "time_col": time_col}
+    read = {"format": format, "doc_col": doc_col, "token_col": token_col, "time_col": time_col,
+            "time_unit": time_unit, "delimiter": delimiter}
     if name is None:
         name = ", ".join(map(os.fspath, [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs))
     return _generate(inferrer, inputs, read, progress, tmp_dir, counts if counts is not None else Counts(), name,
@@ -380,13 +414,16 @@ def _generate(inferrer: Inferrer, inputs, read: dict, progress: bool, tmp_dir: s
         empty = os.path.join(tmp, "corpus", EMPTY_KEYS_FILE)
         no_url = (pa.ipc.open_file(pa.memory_map(empty)).read_all().column("key").combine_chunks()
                   if os.path.exists(empty) else pa.array([], pa.string()))
+        # all that prepare skipped (null or empty URLs and keys, duplicate events with a time column, ...), less
+        # the users left without a URL, who are kept (rows without a vector) and counted as such
         counts.prepare_skipped = {k: v for k, v in corpus.meta.get("skipped", {}).items()
-                                  if k in ("null_tokens", "empty_tokens") or (k == "docs_without_tokens"
-                                                                             and read["format"] == "text")}
+                                  if k != "docs_without_tokens" or read["format"] == "text"}
         vocab = corpus.vocab()
-        id_map = inferrer.model_ids(vocab.column("token").combine_chunks())
+        id_map, untrained = inferrer.model_ids(vocab.column("token").combine_chunks())
         unknown = id_map < 0
         read_counts = vocab.column("count").to_numpy()
+        counts.untrained_urls, counts.untrained_events = int(untrained.sum()), int(read_counts[untrained].sum())
+        counts.untrained_keys = vocab.column("token").filter(pa.array(untrained)).slice(0, NAMED).to_pylist()
         if compose and unknown.any():
             composed, ids = inferrer.add_composed(vocab.column("token").combine_chunks().filter(pa.array(unknown)))
             id_map[unknown] = ids
@@ -431,6 +468,11 @@ def _no_known_url(name: str, counts: Counts, inferrer: Inferrer, tokens: pa.Arra
     line = (f"{name}: none of the {counts.events_read:,} events has a URL the model knows (their "
             f"{counts.unknown_urls:,} distinct URLs are not among the {len(known):,} of {inferrer.model}, "
             + ("compared after the model's URL rule" if rule.normalize else "compared as written") + ")")
+    if counts.untrained_urls:  # in its vocabulary, but their rows never moved
+        line = (line[:-1] + f"; {counts.untrained_urls:,} of them are, but no event trained them: held out, or cut by "
+                f"max_tokens_per_doc: {named(counts.untrained_keys, counts.untrained_urls)})")
+        if counts.untrained_urls == counts.unknown_urls:  # no other site, no other column: nothing to compare
+            return line
     if not rule.normalize:
         ours = normalize_distinct(known, UrlRule())
         matched = pc.sum(pc.is_in(normalize_distinct(tokens, UrlRule()), value_set=ours)).as_py() or 0
@@ -444,7 +486,8 @@ def _no_known_url(name: str, counts: Counts, inferrer: Inferrer, tokens: pa.Arra
 
 
 def infer(model: str, inputs, out: str | None = None, *, format: str = "events", doc_col: str = "user_id",
-          token_col: str = "url", time_col: str | None = None, epochs: int | None = None,
+          token_col: str = "url", time_col: str | None = None, time_unit: str | None = None,
+          delimiter: str | None = None, epochs: int | None = None,
           alpha: float | None = None, min_alpha: float | None = None, seed: int = 1,
           batch_users: int = DEFAULT_BATCH_USERS, progress: bool = True, tmp_dir: str | None = None,
           compose: bool = True):
@@ -459,12 +502,17 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     The file records the model and version it was inferred with (provenance), so neighbours and
     indexes made from it can be checked against the model.
 
-    epochs, alpha, min_alpha default to the model's; seed seeds the start vectors and every draw;
-    batch_users bounds memory (users trained together). compose: a URL the model never saw gets a row
-    composed from its path, host or domain (compose.py; False drops it). A user with no URL the model knows gets no
+    format, doc_col, token_col, time_col, time_unit, delimiter: as prepare's (PrepareConfig).
+    epochs, alpha, min_alpha default to the model's (finite numbers); seed seeds the start vectors and
+    every draw; batch_users bounds memory (users trained together); tmp_dir (an existing directory)
+    stages the events. compose: a URL the model never saw gets a row composed from its path, host or
+    domain (compose.py; False drops it); so does a URL of its vocabulary that no event trained (held
+    out, or cut: its row never moved), counted apart. A user with no URL the model knows gets no
     vector: a null vector in the file, a row of NaN in the arrays, and a warning naming such users (a
-    log line with `out`, else a ServingWarning); the events with unknown URLs are counted on stderr.
-    Inputs none of whose URLs the model knows are a UserError, and nothing is written.
+    log line with `out`, else a ServingWarning); the events with unknown URLs are counted on stderr,
+    and so is what prepare skipped while reading (duplicate events under a time column, null or empty
+    keys and URLs: `prepare_skipped` in the summary). Inputs none of whose URLs the model knows are a
+    UserError, and nothing is written.
     """
     t0 = time.perf_counter()
     counts = Counts()
@@ -472,8 +520,9 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
     outputs.check_writable(tmp_dir or tempfile.gettempdir(), inside=True)
     # checks the model (and loads its frozen tables) before anything is read or written
     batches = iter_inferred(model, inputs, format=format, doc_col=doc_col, token_col=token_col, time_col=time_col,
-                            epochs=epochs, alpha=alpha, min_alpha=min_alpha, seed=seed, batch_users=batch_users,
-                            progress=progress, tmp_dir=tmp_dir, counts=counts, compose=compose)
+                            time_unit=time_unit, delimiter=delimiter, epochs=epochs, alpha=alpha, min_alpha=min_alpha,
+                            seed=seed, batch_users=batch_users, progress=progress, tmp_dir=tmp_dir, counts=counts,
+                            compose=compose)
     dim = model_settings(model).dim
     if out is None:
         pieces = list(batches)
@@ -505,6 +554,7 @@ def infer(model: str, inputs, out: str | None = None, *, format: str = "events",
             "users_per_second": rows / seconds if seconds else 0.0, "users": counts.users_read,
             "events": counts.events_read,
             "unknown_events": counts.unknown_events, "unknown_urls": counts.unknown_urls,
+            "untrained_events": counts.untrained_events, "untrained_urls": counts.untrained_urls,
             "composed_events": counts.composed_events, "composed_urls": sum(counts.composed_urls.values()),
             "users_without_known_urls": counts.users_without_known_urls,
             "prepare_skipped": counts.prepare_skipped}
@@ -517,12 +567,19 @@ def _report(counts: Counts) -> None:
         log.warning(warning)
 
 
-def events_table(events, doc_col: str = "user_id", token_col: str = "url") -> tuple[pa.Table, str, list[str]]:
-    """In-memory events as (Arrow table, prepare format, user keys in the order they were given).
+def events_table(events, doc_col: str = "user_id",
+                 token_col: str = "url") -> tuple[pa.Table, str, list[str], list[str]]:
+    """In-memory events as (Arrow table, prepare format, the users as given, the same users' keys as
+    prepare reads them), the users in the order they were given: one row of Model.infer's answer each.
 
-    Accepts a dict user → list of URLs (in order), an iterable of (user, url) pairs (in order), a
-    pyarrow Table (or pandas DataFrame) with doc_col and token_col (a URL per row, or a list of URLs).
-    Keys are compared as strings.
+    Accepts a dict user → list of URLs (in order; None: no URL), an iterable of (user, url) pairs (in
+    order), a pyarrow Table (or pandas DataFrame) with doc_col and token_col (a URL per row, or a list of
+    URLs). Keys are compared as strings (a dict's and pairs' by str(), a table's as prepare casts a
+    column: 7.0 is "7"), and prepare reads them stripped of leading and trailing whitespace. So each
+    user given keeps a row of its own: two keys that are one once so read (1 and "1" in a dict, " a"
+    and "a" anywhere) are a UserError naming both, and so is a dict's or pair's key that is None or
+    empty once stripped. A table's rows with a null or empty key are skipped and counted, as prepare
+    skips a file's ("skipped while reading: null_keys 1").
     """
     if hasattr(events, "iloc") and hasattr(events, "columns"):  # pandas, without importing it
         events = pa.Table.from_pandas(events, preserve_index=False)
@@ -532,43 +589,93 @@ def events_table(events, doc_col: str = "user_id", token_col: str = "url") -> tu
                 raise UserError(f"events table: column '{column}' not found (columns: {', '.join(events.column_names)})")
         typ = events.schema.field(token_col).type
         lists = pa.types.is_list(typ) or pa.types.is_large_list(typ)
-        order = pc.unique(events.column(doc_col).combine_chunks().cast(pa.string())).to_pylist()
-        return events, ("lists" if lists else "events"), [k for k in order if k is not None]
+        given = pc.unique(_as_strings(events.column(doc_col).combine_chunks(), "events table", doc_col)).drop_null()
+        given = given.cast(pa.string()).to_pylist()
+        return (events, "lists" if lists else "events", *_read_keys(given, [repr(k) for k in given], skip_empty=True))
     if isinstance(events, dict):
-        keys = [str(k) for k in events]
-        urls = [[v] if isinstance(v, str) else list(v) for v in events.values()]
+        keys = _key_strings(events, lambda i, k: "the events")
+        urls = [_urls_of(k, v) for k, v in events.items()]
         table = pa.table({doc_col: pa.array(keys, pa.string()), token_col: pa.array(urls, pa.list_(pa.string()))})
-        return table, "lists", keys
+        return (table, "lists", *_read_keys(keys, [repr(k) for k in events]))
     try:
-        pairs = [(str(u), str(v)) for u, v in events]
+        pairs = [(u, v) for u, v in events]
     except (TypeError, ValueError):
         raise UserError("events must be a dict user → list of URLs, (user, url) pairs, or a pyarrow Table") from None
-    users = [u for u, _ in pairs]
-    table = pa.table({doc_col: pa.array(users, pa.string()), token_col: pa.array([v for _, v in pairs], pa.string())})
-    return table, "events", list(dict.fromkeys(users))
+    users = _key_strings([u for u, _ in pairs], lambda i, k: f"the events: pair {i} ({k!r}, {pairs[i][1]!r})")
+    urls = pa.array([None if v is None else str(v) for _, v in pairs], pa.string())  # None: no URL (null_tokens)
+    table = pa.table({doc_col: pa.array(users, pa.string()), token_col: urls})
+    given = list(dict.fromkeys(users))
+    return (table, "events", *_read_keys(given, [repr(k) for k in given]))
+
+
+def _key_strings(keys, where: Callable[[int, object], str]) -> list[str]:
+    """str() of each user key given; None is no key (it would be the user 'None')."""
+    for i, k in enumerate(keys):
+        if k is None:
+            raise UserError(f"{where(i, k)}: a user's key is None; give each user a key")
+    return [str(k) for k in keys]
+
+
+def _urls_of(user, urls) -> list[str] | None:
+    """A dict's value as its user's list of URLs: a string is one URL, None none (the user gets no vector)."""
+    if urls is None or isinstance(urls, str):
+        return urls if urls is None else [urls]
+    try:
+        return list(urls)
+    except TypeError:
+        raise UserError(f"the events: user {user!r}: its URLs are {type(urls).__name__} {urls!r}, not a list of "
+                        "URLs") from None
+
+
+def _read_keys(given: list[str], shown: list[str], skip_empty: bool = False) -> tuple[list[str], list[str]]:
+    """(given, read) less the users whose key is empty once stripped (skip_empty: a table's rows, which
+    prepare skips and counts; else a UserError): `read` is each key as prepare reads it, stripped of
+    whitespace as readers._stripped strips. Two given keys read as one are a UserError naming both."""
+    read = pc.utf8_trim_whitespace(pa.array(given, pa.string())).to_pylist()
+    first: dict[str, int] = {}
+    for i, key in enumerate(read):
+        if not key and not skip_empty:
+            raise UserError(f"the events: the key {shown[i]} is empty"
+                            + (" once stripped of whitespace" if given[i] else "") + "; give each user a key")
+        if key and key in first:
+            raise UserError(f"the events: the keys {shown[first[key]]} and {shown[i]} are one user once read as "
+                            f"prepare reads keys ({key!r}: as strings, stripped of whitespace); give each user one "
+                            "key")
+        first.setdefault(key, i)
+    kept = [i for i, key in enumerate(read) if key]
+    return [given[i] for i in kept], [read[i] for i in kept]
 
 
 def infer_events(model: str, events, *, doc_col: str = "user_id", token_col: str = "url", time_col: str | None = None,
                  table: Callable[[str], np.ndarray] | None = None, **options) -> np.ndarray:
-    """Model.infer's work: in-memory events → [n_users, dim] float32 in the order users were given,
-    a row of NaN for a user with no URL the model knows (or none at all), named in a ServingWarning.
-    options: epochs, alpha, min_alpha, seed, batch_users, progress, compose."""
-    data, format, order = events_table(events, doc_col, token_col)
+    """Model.infer's work: in-memory events → [n_users, dim] float32 in the order users were given (see
+    events_table: a row each, whatever prepare makes of the keys), a row of NaN for a user with no URL the
+    model knows (or none at all), named in a ServingWarning; no users, no rows ([0, dim]).
+    options: epochs, alpha, min_alpha, seed, batch_users, progress, compose, tmp_dir."""
+    data, format, given, read = events_table(events, doc_col, token_col)
     options.setdefault("progress", False)
+    checked = {k: options[k] for k in ("epochs", "alpha", "min_alpha", "seed", "batch_users") if k in options}
+    dim = model_settings(model, **checked).dim  # the model and the overrides checked, even for no users
+    if not data.num_rows:
+        return np.zeros((0, dim), np.float32)
     counts = Counts()
     with tempfile.TemporaryDirectory(prefix="doc2vec-infer-events-") as tmp:
         path = os.path.join(tmp, "events.parquet")
         pq.write_table(data, path)
-        pieces = list(iter_inferred(model, [path], format=format, doc_col=doc_col, token_col=token_col,
-                                    time_col=time_col, counts=counts, table=table, name="the events", **options))
+        try:
+            pieces = list(iter_inferred(model, [path], format=format, doc_col=doc_col, token_col=token_col,
+                                        time_col=time_col, counts=counts, table=table, name="the events", **options))
+        except UserError as e:  # prepare names the file it read: ours, which the caller never saw
+            if path not in str(e):
+                raise
+            raise type(e)(str(e).replace(path, "the events")) from None
     _report(counts)
-    dim = model_settings(model).dim
-    result = np.full((len(order), dim), np.nan, np.float32)  # a user prepare left out (no URL at all) stays NaN
-    position = {k: i for i, k in enumerate(order)}
+    result = np.full((len(read), dim), np.nan, np.float32)  # a user prepare left out (no URL at all) stays NaN
+    position = {k: i for i, k in enumerate(read)}
     for keys, vectors in pieces:
         result[[position[k] for k in keys.to_pylist()]] = vectors
     unplaced = np.flatnonzero(np.isnan(result).all(axis=1))
     if len(unplaced):  # Model.infer's caller: warnings.warn points at their line
-        warnings.warn(unplaced_line([order[i] for i in unplaced[:NAMED]], len(unplaced), None), ServingWarning,
+        warnings.warn(unplaced_line([given[i] for i in unplaced[:NAMED]], len(unplaced), None), ServingWarning,
                       stacklevel=3)
     return result

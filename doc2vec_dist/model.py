@@ -519,14 +519,19 @@ class Model:
             m.infer(events_table, time_col="ts")    # pyarrow Table (or pandas) with doc_col, token_col
 
         Returns [n_users, dim] float32, one row per user in the order users were given (dict order,
-        else first appearance). A URL the model never saw counts by a row composed from its path, host
-        or domain (compose.py; compose=False drops it). A user none of whose URLs the model knows, nor
-        their sites, gets a row of NaN (no vector: neighbors skips it), and a ServingWarning names such
+        else first appearance; no users: [0, dim]). Keys are compared as strings and read as prepare
+        reads them, stripped of whitespace (" alice" is read as "alice", in its own row): two keys that
+        are one user so read (1 and "1" in a dict, " a" and "a"), or a dict's or pair's key that is None
+        or empty, are a UserError; a table's rows with a null or empty key are skipped and counted, as
+        prepare skips them. A dict's None is a user with no URL. A URL the model never saw counts by a
+        row composed from its path, host or domain (compose.py; compose=False drops it), and so does one
+        of its vocabulary that no event trained (held out, or cut). A user none of whose URLs the model
+        knows, nor their sites, gets a row of NaN (no vector: neighbors skips it), and a ServingWarning names such
         users (the first few, and how many); the events with unknown URLs are counted in the log. Where no
         event of the call has a URL it knows (another site, another column read as the URL), it is a
         UserError, as for the `infer` command, even for one user. options:
-        epochs, alpha, min_alpha, seed (default 1: the same events and seed give the same vectors),
-        batch_users, progress, compose. See
+        epochs, alpha, min_alpha (finite), seed (default 1: the same events and seed give the same
+        vectors), batch_users, progress, compose, tmp_dir. See
         doc2vec_dist.infer for the method (gensim's infer_vector, batched, frozen output weights).
         """
         from .infer import infer_events

@@ -593,6 +593,20 @@ CASES = [
     Case("infer --no-compose with only pages the model never saw", "infer --model {model} {t}/e.csv --out "
          "{t}/u.parquet --no-compose", "error", "{t}/e.csv: none of the 3 events has a URL the model knows",
          {"e.csv": b"user_id,url\n" + b"".join(b"newcomer,%s\n" % u.encode() for u in NEW_PAGES)}, "{t}/u.parquet"),
+    # --- a review of infer: the flags its own messages name, and what it took without a word ----------------------
+    Case("infer of a semicolon CSV with millisecond times (its error said: give --delimiter ';')", "infer --model "
+         "{model} {t}/e.csv --out {t}/u.parquet --delimiter ; --time-col ts --time-unit ms", "says",
+         "inferred 2 user vectors", {"e.csv": b"user_id;url;ts\n" + b"".join(
+             b"%s;%s;%d\n" % (u, SAMPLE_URL.encode(), 1793491200000 + i) for i, u in enumerate([b"v1", b"v2"] * 2))}),
+    Case("infer --tmp-dir that does not exist (a traceback)", "infer --model {model} {t}/good.csv --out {t}/u.parquet "
+         "--tmp-dir {t}/nowhere", "error", "--tmp-dir {t}/nowhere: no such directory", {"good.csv": GOOD_CSV},
+         "{t}/u.parquet"),
+    Case("infer --alpha inf (every user got a null vector, exit 0)", "infer --model {model} {t}/good.csv --out "
+         "{t}/u.parquet --alpha inf", "error", "alpha must be a finite number, not inf", {"good.csv": GOOD_CSV},
+         "{t}/u.parquet"),
+    Case("infer with an event given twice under --time-col (dropped without a count)", "infer --model {model} "
+         "{t}/e.csv --out {t}/u.parquet --time-col ts", "says", "skipped while reading: duplicate_events 1",
+         {"e.csv": b"user_id,url,ts\n" + b"".join(b"v1,%s,1793491200\n" % u.encode() for u in [SAMPLE_URL] * 2)}),
     Case("prepare --base with another URL rule than the base's", "prepare {t}/good.csv --base {corpus} --no-normalize "
          "--time-col ts --out {t}/c", "error", "--no-normalize: the base {corpus} was prepared with URLs normalised: "
          "scheme and host", {"good.csv": GOOD_TIMED_CSV}, "{t}/c"),

@@ -182,7 +182,8 @@ def test_cli_help_lists_the_flags_of_prepare_and_the_overrides(capsys):
         main(["infer", "--help"])
     assert exit_info.value.code == 0
     listed = {word.rstrip(",") for word in capsys.readouterr().out.split() if word.startswith("--")}
-    wanted = "--model --out --format --doc-col --token-col --time-col --epochs --alpha --seed --batch-users --no-progress"
+    wanted = ("--model --out --format --doc-col --token-col --time-col --time-unit --delimiter --epochs --alpha --seed "
+              "--batch-users --tmp-dir --no-progress")
     assert not set(wanted.split()) - listed
 
 
@@ -355,3 +356,72 @@ def test_users_without_a_known_url_are_named_and_every_reader_of_the_file_skips_
                  "--no-progress"]) == 0
     assert (f"warning: {out}: 7 rows with a null or all-zero vector (users infer could not place, rows never trained) left out of the index: "
             "stranger0, stranger1, stranger2, stranger3, stranger4 and 2 more") in capsys.readouterr().err.splitlines()
+
+
+# -- a review of infer: keys as prepare reads them, rows never trained, what the flags and numbers say -----------
+
+def test_model_infer_gives_each_user_its_row_whatever_prepare_makes_of_the_keys(trained_model, few_users_file):
+    """prepare strips keys of whitespace and reads them as strings: Model.infer looked its rows up by the keys as
+    given (KeyError ' f '), gave 1 and "1" one vector and the other a NaN row with a false warning, the empty key a
+    NaN row, None a TypeError and {} an error naming a temporary file."""
+    path, users = few_users_file
+    events = pq.read_table(path, columns=["user_id", "url"])
+    urls = {u: events.filter(pc.equal(events.column("user_id"), u)).column("url").to_pylist() for u in users[:2]}
+    a, b = urls[users[0]], urls[users[1]]
+    model = Model.load(trained_model)
+    plain = model.infer({"f": a, "g": b})
+    np.testing.assert_array_equal(model.infer({" f ": a, "g": b}), plain)  # " f " is read as "f": f's vector
+    np.testing.assert_array_equal(model.infer([(" f", u) for u in a] + [("g", u) for u in b]), plain)
+    table = pa.table({"user_id": ["f "] * len(a) + ["g"] * len(b), "url": a + b})
+    np.testing.assert_array_equal(model.infer(table), plain)
+    # keys that would be one user, or none: one line naming them, never another user's row
+    with pytest.raises(UserError, match=r"^the events: the keys 1 and '1' are one user once read as prepare reads "
+                                        r"keys \('1': as strings, stripped of whitespace\)"):
+        model.infer({1: a, "1": b, "g": a})
+    with pytest.raises(UserError, match=r"^the events: the keys 'x ' and 'x' are one user"):
+        model.infer(pa.table({"user_id": ["x ", "x"], "url": [a[0], b[0]]}))
+    with pytest.raises(UserError, match=r"^the events: the key '' is empty; give each user a key"):
+        model.infer({"": a, "g": b})
+    with pytest.raises(UserError, match=r"^the events: a user's key is None"):
+        model.infer({None: a, "g": b})
+    # None is a user without URLs, as an empty list is: a row of NaN, named
+    with pytest.warns(UserWarning, match=r"^1 user has no URL the model knows \(a\): its row is NaN"):
+        vectors = model.infer({"a": None, "g": b})
+    assert np.isnan(vectors[0]).all() and np.isfinite(vectors[1]).all()
+    assert model.infer({}).shape == (0, 32) and model.infer([]).shape == (0, 32)
+
+
+def test_urls_of_the_vocabulary_that_no_event_trained_count_as_urls_the_model_never_saw(trained_model, tmp_path,
+                                                                                      logged):
+    """A URL all of whose events were held out has a row of zeros that training never moved: a user with only such
+    URLs got its random start moved by negatives alone, without a word. They are now URLs the model never saw:
+    composed from their site's pages, or, with --no-compose, dropped, the user left without a vector and named."""
+    from doc2vec_dist.modeldir import ModelDir
+
+    vocab = ModelDir(trained_model).vocab()
+    counts = vocab.column("count").to_numpy()
+    untrained = vocab.column("token").take(pa.array(np.flatnonzero(counts == 0)[:3])).to_pylist()
+    trained = vocab.column("token").take(pa.array(np.argsort(-counts)[:3])).to_pylist()
+    assert len(untrained) == 3  # the sample is prepared with 20% of each user's URLs held out
+    events = _write(pa.table({"user_id": ["unseen"] * 3 + ["seen"] * 3, "url": untrained + trained}), tmp_path)
+    logged.clear()
+    summary = infer(trained_model, [events], str(tmp_path / "dropped.parquet"), compose=False, progress=False)
+    written = dict(zip(*pq.read_table(summary["path"]).to_pydict().values()))
+    assert written["unseen"] is None and written["seen"] is not None
+    assert (summary["untrained_urls"], summary["unknown_urls"], summary["users_without_known_urls"]) == (3, 3, 1)
+    assert "3 URLs (3 events) are in the model's vocabulary but no event trained them" in logged.text
+    assert "warning: 1 user has no URL the model knows (unseen)" in logged.text
+    summary = infer(trained_model, [events], str(tmp_path / "composed.parquet"), progress=False)
+    assert (summary["composed_urls"], summary["null_vectors"]) == (3, 0)  # composed from their sites, as new pages
+    with pytest.raises(UserError, match="3 of them are, but no event trained them: held out, or cut by "
+                                        "max_tokens_per_doc"):
+        Model.load(trained_model).infer({"unseen": untrained}, compose=False)
+
+
+def test_infer_refuses_a_learning_rate_that_is_not_a_finite_number(trained_model):
+    """alpha=inf made every vector NaN: a null vector for every user, exit 0."""
+    model = Model.load(trained_model)
+    url = model.keys("words_out")[0].as_py()
+    for option, value in (("alpha", float("inf")), ("min_alpha", float("inf")), ("alpha", float("nan"))):
+        with pytest.raises(UserError, match=f"{option} must be a finite number, not {value}"):
+            model.infer({"a": [url]}, **{option: value})
