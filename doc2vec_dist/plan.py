@@ -232,6 +232,7 @@ def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float 
     (a name of DEVICES), its rate, its memory's bandwidth and its host link in the scaling table
     (device_rates; None: a calibration's on the GPUs, or the device's figures)."""
     config.validate()
+    refuse_unplanned(config, corpus_path, calibrate_seconds, run_calibration)
     if not network_gbps > 0:
         raise UserError(f"--network-gbps must be > 0 (given {network_gbps:g}): the links' bandwidth in Gbit/s")
     gpu = check_gpu_flags(config, gpu_model, device_tokens_per_second, hbm_gb_per_second, pcie_gb_per_second)
@@ -239,9 +240,9 @@ def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float 
     how = {"calibrate_seconds": calibrate_seconds, "workdir": workdir, "run_calibration": run_calibration,
            "measure": measure, "network_gbps": network_gbps, "calibrate_workers": cal_config.num_workers,
            "gpu": gpu}
+    check_estimate(users, urls, tokens_per_user, corpus_given=corpus_path is not None)  # (with --corpus alone too)
     if corpus_path is not None and users is None:
         return _plan(Corpus(corpus_path), config, **how)
-    check_estimate(users, urls, tokens_per_user, corpus_given=corpus_path is not None)
     if corpus_path is not None:
         return _plan(scaled_corpus(Corpus(corpus_path), users), config, **how)
     events = _Sizes(round(users * tokens_per_user), urls)  # (no text: the default --segments of events)
@@ -255,6 +256,35 @@ def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float 
         return _plan(corpus, config, **how)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def refuse_unplanned(config: TrainConfig, corpus_path: str | None, calibrate_seconds: float,
+                     run_calibration: bool) -> None:
+    """Refuse, in one line, what plan would take and not honour: a run that resumes (plan prices a run from
+    its corpus, with no model), --first-epoch changed without the corpus that lists the changed users, and a
+    calibration of no time."""
+    if config.resume:  # (validate: resume_from implies resume)
+        flag = "--resume-from" if config.resume_from is not None else "--resume"
+        raise UserError(f"{flag}: plan prices a run from its corpus before it starts, with no model to resume; leave "
+                        f"{flag} out (a model goes on with train --resume)")
+    if config.first_epoch == "changed" and corpus_path is None:
+        raise UserError("--first-epoch changed trains first only the users a refresh changed, which its corpus lists "
+                        "(prepare --base): an estimate without --corpus has none; plan the refreshed corpus "
+                        "(--corpus), or leave --first-epoch out")
+    if not calibrate_seconds > 0 and (run_calibration or not calibrate_seconds >= 0):
+        raise UserError(f"--calibrate-seconds must be > 0 (given {calibrate_seconds:g}): how long the calibration "
+                        "run trains; --no-calibrate plans without one (memory and bytes per token, no time)")
+
+
+def first_epoch_tokens(corpus: Corpus, config: TrainConfig) -> int:
+    """The tokens the run's first epoch trains: every one, or with --first-epoch changed only the changed users'
+    (Corpus.epoch_tokens, as train counts them; refused as train refuses a corpus without its list). An
+    estimate scaled from a corpus: the same share of its tokens."""
+    if config.first_epoch != "changed":
+        return corpus.num_tokens
+    sample = getattr(corpus, "sample", corpus)  # an EstimatedCorpus: the corpus it scales
+    changed = sample.epoch_tokens(0, config.first_epoch)
+    return changed if sample is corpus else round(corpus.num_tokens * changed / max(sample.num_tokens, 1))
 
 
 def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir: str | None,
@@ -271,6 +301,7 @@ def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir
     trained = getattr(corpus, "sample", corpus)  # what a calibration trains: the corpus, or the estimate's sample
     result: dict = {"corpus": {"path": None if estimate and estimate["from"] == "zipf" else corpus.path,
                                "docs": corpus.num_docs, "tokens": corpus.num_tokens,
+                               "first_epoch_tokens": first_epoch_tokens(corpus, config),  # (before calibrating)
                                "vocab": corpus.vocab_size, "shards": corpus.num_shards,
                                "tokens_per_doc": corpus.num_tokens / max(corpus.num_docs, 1)},
                     "config": dataclasses.asdict(config),
@@ -362,12 +393,16 @@ def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir
 def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec], cal: dict,
               scaled: float | None = None) -> dict:
     """Time per epoch, startup, checkpoints and the whole run, scaled from the calibration. scaled: the
-    tokens/s of config.num_workers where the calibration trained fewer (the scaling table's row)."""
+    tokens/s of config.num_workers where the calibration trained fewer (the scaling table's row). The first
+    epoch of --first-epoch changed trains the changed users' tokens alone; the checkpoints are those train
+    writes (one at each epoch's end and one each --checkpoint-every seconds between, or the last alone)."""
     s = cal["summary"]
     tps = scaled or s["tokens_per_second"]
     if tps <= 0:
         raise UserError("the calibration run trained no tokens; cannot estimate time")
     epoch = corpus.num_tokens / tps
+    first = first_epoch_tokens(corpus, config) / tps  # (--first-epoch changed: the changed users' tokens)
+    epochs = [first] + [epoch] * (config.epochs - 1)
     full_bytes = sum(sum(t.values()) for t in shard_table_bytes(tables, config.num_ps))
     cal_bytes = sum(cal["table_bytes"])
     ckpt_rate = cal_bytes / s["checkpoint_seconds"] if s.get("checkpoint_seconds") else None
@@ -377,10 +412,13 @@ def time_plan(corpus: Corpus, config: TrainConfig, tables: dict[str, TableSpec],
     extra_rows = max(0, math.ceil(corpus.num_docs / config.num_ps) - math.ceil(cal["corpus_docs"] / config.num_ps))
     per_row = ps_init_seconds_per_row(config.dim)
     startup = s.get("startup_seconds", 0.0) + extra_rows * per_row
-    train_s = epoch * config.epochs
-    n_ckpt = 1 + (min(config.epochs - 1, int(train_s // config.checkpoint_every)) if config.checkpoint_every else 0)
+    train_s = sum(epochs)
+    # train's checkpoints (run.py): with --checkpoint-every S > 0, one at each epoch's end and one whenever S
+    # seconds of training have passed since the last (the clock starts again at each); with 0, the last one alone
+    every = config.checkpoint_every
+    n_ckpt = sum(1 + max(0, math.ceil(e / every) - 1) for e in epochs) if every > 0 else 1
     total = startup + train_s + n_ckpt * (checkpoint_s or 0.0)
-    return {"tokens_per_second": tps, "epoch_seconds": epoch, "startup_seconds": startup,
+    return {"tokens_per_second": tps, "epoch_seconds": epoch, "first_epoch_seconds": first, "startup_seconds": startup,
             "ps_init_seconds_per_row": per_row, "checkpoint_seconds": checkpoint_s,
             "checkpoint_bytes_per_second": ckpt_rate, "checkpoints": n_ckpt, "total_seconds": total,
             "worker_seconds": s.get("worker_seconds", {}), "scaled_from_workers": cal["workers"] if scaled else None,

@@ -42,6 +42,9 @@ def format_plan(p: dict) -> str:
         lines = [f"plan: {c['path']}"]
     lines.append(f"  corpus {c['docs']:,} docs, {c['tokens']:,} tokens ({c['tokens_per_doc']:.1f} a doc), "
                  f"vocabulary {c['vocab']:,}")
+    if cfg.get("first_epoch") == "changed":
+        lines.append(f"  first epoch (--first-epoch changed): only the users a refresh changed, "
+                     f"{c['first_epoch_tokens']:,} of the {c['tokens']:,} tokens")
     lines.append(f"  {mode}, dim {cfg['dim']}, negative {cfg['negative']}, optimizer {cfg['optimizer']}, "
                  f"{_n(cfg['num_ps'], 'parameter server')}, {_n(cfg['num_workers'], 'worker')}, {_n(cfg['epochs'], 'epoch')}")
     lines.append(f"  macro-batch {prof['macro_batch']:,} tokens: {prof['examples']:,} examples, unique rows "
@@ -118,11 +121,20 @@ def format_plan(p: dict) -> str:
             row("tokens/s", f"{t['tokens_per_second'] / 1e6:.3f}M", how)
         row("", "", "worker time: " + " ".join(f"{k} {100 * v / busy:.0f}%" for k, v in split.items()))
         row("per epoch", _s(t["epoch_seconds"]), f"{c['tokens']:,} tokens / tokens/s")
+        changed = cfg.get("first_epoch") == "changed"
+        if changed:
+            row("first epoch", _s(t["first_epoch_seconds"]),
+                f"{c['first_epoch_tokens']:,} tokens of the users a refresh changed (--first-epoch changed) / tokens/s")
         row("startup", _s(t["startup_seconds"]),
             f"calibration's + each server's extra rows × {t['ps_init_seconds_per_row'] * 1e6:.2f} µs")
         row("checkpoint (each)", _s(t["checkpoint_seconds"]),
             f"table bytes at {_gb(t['checkpoint_bytes_per_second'])}/s (calibration's rate)")
-        row("whole run", _s(t["total_seconds"]), f"startup + {cfg['epochs']} epochs + {t['checkpoints']} checkpoints")
+        every = cfg["checkpoint_every"]
+        row("whole run", _s(t["total_seconds"]),
+            f"startup + {_n(cfg['epochs'], 'epoch')}" + (" (the first on the changed users)" if changed else "")
+            + f" + {_n(t['checkpoints'], 'checkpoint')} ("
+            + (f"one at each epoch's end and one each {every:g} s of training since the last: --checkpoint-every"
+               if every > 0 else "at the end alone: --checkpoint-every 0") + ")")
     if p.get("scaling"):
         lines.append("")
         lines.append(f"  scaling ({'the block schedule' if cfg.get('schedule') != 'shared' else 'shared rows'} where "

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import SAMPLE_EVENTS, SMALL_USERS
 
-from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, settings, units
+from doc2vec_dist import placement, plan, plan_calibration, plan_model, plan_report, runlog, settings, units
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus, iter_shard
 from doc2vec_dist.errors import UserError
@@ -200,6 +200,8 @@ def test_plan_on_the_sample_against_a_real_run(ray_cluster, sample_corpus, train
     assert t["epoch_seconds"] == pytest.approx(result["corpus"]["tokens"] / t["tokens_per_second"])
     assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 10 * t["epoch_seconds"]
                                                + t["checkpoints"] * t["checkpoint_seconds"])
+    # the checkpoints that run wrote, one at each epoch's end (the plan counted 1)
+    assert t["checkpoints"] == sum(line["event"] == "checkpoint" for line in runlog.read(trained_model)[0]) == 10
     text = plan_report.format_plan(result)
     assert "parameter server" in text and "per epoch" in text and "worker time: read" in text
     # the scaling table: the bytes per token it predicts for 2 workers are what that run's counters counted
@@ -232,8 +234,8 @@ def test_the_time_plan_is_the_arithmetic_of_the_calibration_it_is_given(sample_c
     assert t["startup_seconds"] == 3.0  # the calibration held every document's row already
     assert t["checkpoint_bytes_per_second"] == pytest.approx(sum(b // 4 for b in full) / 0.5)
     assert t["checkpoint_seconds"] == pytest.approx(0.5 * sum(full) / sum(b // 4 for b in full))
-    assert t["checkpoints"] == 1 + 2  # the last one, and one each second of 2.5 s
-    assert t["total_seconds"] == pytest.approx(3.0 + 2.5 + 3 * t["checkpoint_seconds"])
+    assert t["checkpoints"] == 10  # one at each epoch's end (an epoch of 0.25 s has no second for another)
+    assert t["total_seconds"] == pytest.approx(3.0 + 2.5 + 10 * t["checkpoint_seconds"])
     assert (t["calibration_train_seconds"], t["calibration_tokens"]) == (1.0, 4 * corpus.num_tokens)
 
     # a calibration of a slice (a tenth of the documents) and of one worker, scaled to the planned two
@@ -243,11 +245,109 @@ def test_the_time_plan_is_the_arithmetic_of_the_calibration_it_is_given(sample_c
     assert t["tokens_per_second"] == 2 * rate and t["scaled_from_workers"] == 1
     assert t["epoch_seconds"] == pytest.approx(0.125)
     assert t["startup_seconds"] == pytest.approx(3.0 + extra * t["ps_init_seconds_per_row"])
-    assert t["checkpoints"] == 1 + 1
-    assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 1.25 + 2 * t["checkpoint_seconds"])
+    assert t["checkpoints"] == 10
+    assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 1.25 + 10 * t["checkpoint_seconds"])
 
     with pytest.raises(UserError, match="the calibration run trained no tokens"):
         plan.time_plan(corpus, cfg, tables, {**cal, "summary": {**cal["summary"], "tokens_per_second": 0}})
+
+
+def _calibration_of(corpus: Corpus, cfg: TrainConfig, epoch_seconds: float) -> dict:
+    """A calibration given to time_plan (no run): the whole corpus at a rate of an epoch each `epoch_seconds`."""
+    tables = table_specs(cfg, corpus)
+    full = [sum(t.values()) for t in plan_model.shard_table_bytes(tables, cfg.num_ps)]
+    rate = corpus.num_tokens / epoch_seconds
+    return {"summary": {"tokens_per_second": rate, "startup_seconds": 1.0, "checkpoint_seconds": 0.5,
+                        "train_seconds": 2 * epoch_seconds, "tokens": 2 * corpus.num_tokens, "worker_seconds": {}},
+            "table_bytes": full, "corpus_docs": corpus.num_docs, "workers": cfg.num_workers, "sliced": False,
+            "corpus_tokens": corpus.num_tokens, "epochs": 2}
+
+
+@pytest.mark.parametrize("every, expect", [
+    (600.0, 3),        # one at each epoch's end: the plan said 1 (a checkpoint each 600 s of 30 s)
+    (4.0, 3 * (1 + 2)),  # and each 4 s of an epoch of 10 s since the last (at 4 and 8): the plan said 1 + 2
+    (0.0, 1),          # 0: the last alone
+])
+def test_the_plan_counts_the_checkpoints_train_writes(sample_corpus, every, expect):
+    """train writes a checkpoint at each epoch's end (--checkpoint-every > 0) and one whenever that many seconds of
+    training passed since the last, the clock starting again at each (run.py); with 0, one at the end alone.
+    The plan counted 1 + the run's seconds / --checkpoint-every, at most one an epoch: 'startup + 3 epochs + 1
+    checkpoints' for a run that writes 3."""
+    corpus = Corpus(sample_corpus[0])
+    cfg = TrainConfig(dim=16, epochs=3, sample=0, num_ps=2, num_workers=1, progress=False, checkpoint_every=every)
+    cal = _calibration_of(corpus, cfg, 10.0)
+    t = plan.time_plan(corpus, cfg, table_specs(cfg, corpus), cal)
+    assert t["checkpoints"] == expect
+    assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + 30.0 + expect * t["checkpoint_seconds"])
+    result = {**plan.plan(sample_corpus[0], cfg, run_calibration=False), "calibration": cal, "time": t}
+    line = next(x for x in plan_report.format_plan(result).splitlines() if "whole run" in x)
+    assert f"startup + 3 epochs + {expect} checkpoint{'' if expect == 1 else 's'} (" in line, line
+
+
+def test_the_first_epoch_of_first_epoch_changed_is_priced_on_the_changed_users(sample_corpus, tmp_path, capsys):
+    """--first-epoch changed (a refresh: train --init-from) trains only the changed users' tokens in the first epoch
+    (Corpus.epoch_tokens): the plan prices that epoch on them, and says so; it priced every epoch whole, its output
+    the same with the flag and without. A corpus that lists no changed users is refused, as train refuses it."""
+    import shutil
+
+    from doc2vec_dist.baseline import train_gensim
+    from doc2vec_dist.cli import main
+    from doc2vec_dist.corpus import write_changed
+
+    refreshed = str(tmp_path / "refreshed")
+    shutil.copytree(sample_corpus[0], refreshed)
+    corpus = Corpus(refreshed)
+    lengths = corpus.docs().column("length").to_numpy()
+    changed = np.arange(0, corpus.num_docs, 5)  # a fifth of the users
+    write_changed(refreshed, changed)
+    first = int(lengths[changed].sum())
+    whole = TrainConfig(dim=16, epochs=3, sample=0, num_ps=2, num_workers=1, progress=False, checkpoint_every=4.0)
+    cfg = dataclasses.replace(whole, first_epoch="changed")
+    cal = _calibration_of(corpus, cfg, 10.0)
+    t = plan.time_plan(corpus, cfg, table_specs(cfg, corpus), cal)
+    assert t["first_epoch_seconds"] == pytest.approx(10.0 * first / corpus.num_tokens)
+    # its checkpoints: the first epoch's end and each 4 s of it, then the two whole epochs' (at 4 and 8 s, and the end)
+    assert t["checkpoints"] == math.ceil(t["first_epoch_seconds"] / 4) + 2 * 3
+    assert t["total_seconds"] == pytest.approx(t["startup_seconds"] + t["first_epoch_seconds"] + 20.0
+                                               + t["checkpoints"] * t["checkpoint_seconds"])
+    assert plan.time_plan(corpus, whole, table_specs(whole, corpus), cal)["total_seconds"] > t["total_seconds"] + 5
+
+    argv = ["plan", "--corpus", refreshed, "--no-calibrate", "--dim", "16", "--num-workers", "1"]
+    base = str(tmp_path / "base")  # the model a refresh starts from (gensim's: one epoch in a second)
+    train_gensim(sample_corpus[0], base, TrainConfig(dim=16, epochs=1, sample=0, progress=False), workers=1)
+    assert main([*argv, "--first-epoch", "changed", "--init-from", base]) == 0
+    text = capsys.readouterr().out
+    assert (f"first epoch (--first-epoch changed): only the users a refresh changed, {first:,} of the "
+            f"{corpus.num_tokens:,} tokens") in text
+    assert main(argv) == 0
+    assert "first epoch" not in capsys.readouterr().out
+    # a corpus without changed.arrow: train's refusal
+    assert main(["plan", "--corpus", sample_corpus[0], "--no-calibrate", "--first-epoch", "changed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--first-epoch changed needs a corpus from prepare --base" in err[0], err
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--resume"], "--resume: plan prices a run from its corpus before it starts, with no model to resume"),
+    (["--resume-from", "v2"], "--resume-from: plan prices a run from its corpus before it starts"),
+    (["--calibrate-seconds", "-3"], "--calibrate-seconds must be > 0 (given -3)"),
+])
+def test_plan_refuses_what_it_cannot_honour_in_one_line(sample_corpus, capsys, argv, expect):
+    from doc2vec_dist.cli import main
+
+    assert main(["plan", "--corpus", sample_corpus[0], "--no-calibrate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expect in err[0], err
+
+
+def test_a_calibration_of_no_seconds_and_first_epoch_changed_without_a_corpus_are_refused_before_ray_starts():
+    """plan's library refuses them before anything runs (a calibration of 0 s; an estimate has no changed users)."""
+    cfg = TrainConfig(dim=16, epochs=1, num_workers=1, progress=False)
+    with pytest.raises(UserError, match=r"--calibrate-seconds must be > 0 \(given 0\).*--no-calibrate"):
+        plan.plan(None, cfg, calibrate_seconds=0, users=100, urls=10, tokens_per_user=5)
+    with pytest.raises(UserError, match="an estimate without --corpus has none"):
+        plan.plan(None, dataclasses.replace(cfg, first_epoch="changed"), run_calibration=False, users=100, urls=10,
+                  tokens_per_user=5)
 
 
 # --- issue 29: a 16-bit --dtype, counted -----------------------------------------------------------------
@@ -622,6 +722,9 @@ def test_the_estimate_command_says_estimate_and_saves_it(tmp_path, capsys):
     (["--users", "10", "--urls", "5"], "(missing: --tokens-per-user)"),
     (["--users", "10", "--urls", "5", "--tokens-per-user", "0.5"], "--tokens-per-user must be at least 1 (given 0.5)"),
     (["--corpus", "{corpus}", "--users", "10", "--urls", "5"], "--urls estimates a corpus you do not have"),
+    # without --users they were taken and ignored: the corpus's plan, exit 0
+    (["--corpus", "{corpus}", "--urls", "5"], "--urls estimates a corpus you do not have"),
+    (["--corpus", "{corpus}", "--tokens-per-user", "99"], "--tokens-per-user estimates a corpus you do not have"),
 ])
 def test_an_estimate_without_its_sizes_is_refused_naming_them(sample_corpus, capsys, argv, expect):
     from doc2vec_dist.cli import main
