@@ -26,7 +26,7 @@ from . import logs, storage
 from .corpus import Corpus
 from .errors import UserError
 from .ids import hash_strings, repeated_rows
-from .model import Model
+from .model import Model, model_corpus
 from .modeldir import ModelDir
 from .scoring import check_k, lookup, seen_tokens, unit_rows, url_log_prior, with_prior
 from .urls import normalize, recorded
@@ -103,8 +103,12 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
     skipped = len(table) - pc.sum(valid).as_py() if len(table) else 0
     docs = doc_ids.filter(valid).to_numpy(zero_copy_only=False).astype(np.int64)
     words = word_ids.filter(valid).to_numpy(zero_copy_only=False).astype(np.int64)
-    if corpus_path is None:
-        corpus_path = found.corpus_path()
+    if corpus_path is None:  # the model's own, checked: another at its path gave other figures, exit 0
+        corpus, problem = model_corpus(found)
+        if problem:
+            raise UserError(f"{problem}: the held-out ranking reads each user's visited URLs and the URLs' counts "
+                            "from it; put the corpus the model was trained on back at that path")
+        corpus_path = corpus.path
     counts = Corpus(corpus_path).counts()
     by_count = np.argsort(-counts, kind="stable")  # the URLs, most common first (then by id)
     hubs = by_count[:max(0, without_top)].astype(np.int64)

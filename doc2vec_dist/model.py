@@ -101,6 +101,7 @@ class Model:
         self._indexes: dict[tuple[str, str], faiss.Index] = {}
         self._served: dict[str, ServedIndex] = {}
         self._checked: set[tuple[str, str]] = set()  # (index or file, table) whose model was checked
+        self._corpus: tuple[Corpus | None, str | None] | None = None  # model_corpus, once asked
         self._shown = path  # the model as the user named it, in messages (a remote one's URI, not its copy)
         self.as_flags = False  # messages name the command line's flags (--table words_out), not arguments
         self._url_rule: UrlRule | None = None
@@ -400,21 +401,11 @@ class Model:
     def _seen_urls(self, rows: np.ndarray, asked: bool) -> list[np.ndarray] | None:
         """The URL ids each user of `rows` visited (its tokens in the model's corpus); None, with a
         warning, where the corpus cannot be read (an error when exclude_seen was asked for)."""
-        problem, path = None, None
-        try:
-            path = self.dir.corpus_path()
-            if not os.path.exists(path):
-                problem = f"the model's corpus {path} is gone"
-            else:
-                corpus = Corpus(path)
-                if (corpus.num_docs, corpus.vocab_size) != (len(self.keys("docs")), len(self.keys("words_out"))):
-                    problem = (f"the model's corpus {path} is not the one it was trained on ({corpus.num_docs:,} "
-                               f"users and {corpus.vocab_size:,} URLs, the model {len(self.keys('docs')):,} and "
-                               f"{len(self.keys('words_out')):,})")
-        except UserError as exc:
-            problem = f"the model's corpus cannot be read ({exc})"
+        if self._corpus is None:  # checked once a Model: another corpus of the same sizes would answer for others
+            self._corpus = model_corpus(self.dir)
+        corpus, problem = self._corpus
         if problem is None:
-            seen = seen_tokens(path, rows)
+            seen = seen_tokens(corpus.path, rows)
             return [seen.get(int(row), _NO_URLS) for row in rows]
         if asked:
             raise UserError(f"neighbors: {problem}: the URLs each user visited cannot be left out; give "
@@ -561,6 +552,47 @@ def neighbors(model: str, keys: list[str] | None = None, k: int = 10, table: str
 
 
 _NO_URLS = np.zeros(0, np.int32)
+
+
+def model_corpus(found: modeldir.ModelDir, path=None) -> tuple[Corpus | None, str | None]:
+    """The corpus the model was trained on, at `path` (default: config.json's), or None and why not: none named,
+    gone, unreadable, or another corpus now at that path: other sizes (corpus_problem: the model's key tables',
+    and the tokens its manifest records) or other users or URLs row for row (modeldir.other_rows, as train
+    --resume checks). Another corpus would give each user another user's events and visited URLs."""
+    if path is None:
+        try:
+            path = found.corpus_path()
+        except UserError as exc:
+            return None, str(exc)
+    if not isinstance(path, str):
+        return None, "config.json names no corpus"
+    try:
+        corpus, problem = corpus_problem(path, found.key_count("docs"), found.key_count("words_out"),
+                                         (found.manifest.get("corpus_stats") or {}).get("num_tokens"))
+        if corpus is not None:
+            problem = modeldir.other_rows(found.path, corpus)
+            if problem:
+                return None, f"the model's corpus {path} is not the one it was trained on: {problem}"
+    except UserError as exc:
+        return None, f"the model's corpus cannot be read ({exc})"
+    return corpus, problem
+
+
+def corpus_problem(path: str, users: int, urls: int, tokens: int | None = None) -> tuple[Corpus | None, str | None]:
+    """The corpus at `path` (a model's, config.json names it), or None and why it is not the one a model of
+    `users` users and `urls` URLs (and `tokens` tokens, where its manifest says) was trained on: gone, or of
+    other sizes. A corpus that cannot be read raises its UserError. (Of the same sizes, its rows may still be
+    other users': trainer._same_rows compares the key tables.)"""
+    if not os.path.exists(path):
+        return None, f"the model's corpus {path} is gone"
+    corpus = Corpus(path)
+    if (corpus.num_docs, corpus.vocab_size) != (users, urls):
+        return None, (f"the model's corpus {path} is not the one it was trained on ({corpus.num_docs:,} users and "
+                      f"{corpus.vocab_size:,} URLs, the model {users:,} and {urls:,})")
+    if tokens is not None and corpus.num_tokens != tokens:
+        return None, (f"the model's corpus {path} is not the one it was trained on ({corpus.num_tokens:,} tokens, the "
+                      f"model's {tokens:,})")
+    return corpus, None
 
 
 def _search_unseen(searched: faiss.Index, queries: np.ndarray, seen: list[np.ndarray],

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from . import precision, storage
@@ -699,3 +700,20 @@ def local_copy(model: str, cache: str | None = None) -> str:
     return local
 
 
+def other_rows(model: str, corpus) -> str | None:
+    """None where the model's users and URLs are the corpus's (a corpus.Corpus of the same counts), row for row
+    (its key tables are the corpus's, copied when it was made); else the first row that differs, in words:
+    another corpus of the same counts (the same events read in another order, a shuffled export) would give
+    each row another user's events. A remote model is not read (None)."""
+    if not Store.of(model).local:
+        return None
+    found = ModelDir(model)
+    for table, ours, what in (("docs", corpus.docs().column("key"), "users"),
+                              ("words", corpus.vocab().column("token"), "URLs")):
+        theirs, ours = found.keys(table), ours.combine_chunks()
+        if theirs.equals(ours):
+            continue
+        row = pc.index(pc.not_equal(theirs, ours), True).as_py()
+        return (f"{model} was trained on other {what} than {corpus.path} holds (row {row:,}: {theirs[row].as_py()!r} "
+                f"in the model, {ours[row].as_py()!r} in the corpus)")
+    return None

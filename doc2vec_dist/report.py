@@ -24,6 +24,10 @@ Nothing is loaded from a network: the figures are inline SVG (lines and bars) or
 with matplotlib; the style is inline; the page runs no script. Its figures' numbers are in a JSON data
 island (`<script type="application/json" id="figures">`) for other tools.
 
+The corpus is the one config.json names, checked first (model.model_corpus: as neighbors, evaluate and train
+--resume check it); where it is gone or another, what would be read from it is left out, with one warning line, and
+--heldout is refused.
+
 The page reads samples, never a whole table of users: a 20M-user docs table is 8 GB. Users come from a
 few record batches of the corpus (corpus.sample_documents), their rows kept as the parts stream by
 (_streamed_rows: a row read through the memory map maps a whole large folio, so 2,000 random users of 8 GB
@@ -37,6 +41,7 @@ import base64
 import html
 import io
 import json
+import logging
 import time
 from datetime import datetime
 
@@ -44,13 +49,16 @@ import numpy as np
 import pyarrow as pa
 
 from . import outputs, runlog
-from .corpus import Corpus, sample_documents
+from .corpus import sample_documents
 from .errors import UserError
 from .export import most_visited_hosts
 from .memwatch import peak_rss_bytes
+from .model import model_corpus
 from .modeldir import ModelDir
 from .scoring import unit_rows, url_log_prior
 from .urls import hosts
+
+log = logging.getLogger(__name__)
 
 SAMPLE = 2000          # users, and URLs, on the map
 NEIGHBOURS = 5         # shown for each of the sample queries
@@ -81,6 +89,13 @@ def report(model: str, out: str, heldout: str | None = None, sample: int = SAMPL
     outputs.check_writable(out)
     found = ModelDir.served(model)
     page = _Page(found, model)
+    if page.corpus_problem is not None:
+        if heldout:  # as neighbors refuses to leave out the URLs each user visited when asked to, without them
+            raise UserError(f"report --heldout: {page.corpus_problem}: the held-out ranking leaves out the URLs each "
+                            "user visited, read from it; put the corpus the model was trained on back at that path, "
+                            "or leave out --heldout")
+        log.warning(f"warning: report: {page.corpus_problem}: the page leaves out what it reads from the corpus (its "
+                    "size and dates, the users' URLs and the refresh's counts)")
     page.run_section()
     page.training_section()
     if heldout:
@@ -175,16 +190,7 @@ class _Page:
         self.lines, self.skipped = runlog.read(found.path)
         self.sections: list[tuple[str, str]] = []
         self.figures: dict = {}
-        corpus_path = self.settings.get("corpus")
-        self.corpus = None
-        self.corpus_problem = None
-        if isinstance(corpus_path, str):
-            try:
-                self.corpus = Corpus(corpus_path)
-            except UserError as exc:
-                self.corpus_problem = str(exc)
-        else:
-            self.corpus_problem = "config.json names no corpus"
+        self.corpus, self.corpus_problem = model_corpus(found, self.settings.get("corpus"))  # as neighbors checks it
 
     def add(self, key: str, title: str, body: str) -> None:
         self.sections.append((key, f'<section id="{key}"><h2>{html.escape(title)}</h2>{body}</section>'))
@@ -238,7 +244,7 @@ class _Page:
         epochs = [line for line in self.lines if line["event"] == "epoch"]
         if len(starts) > 1 and epochs:  # the summary is the last run's: every run's epochs are in the log
             trained = sum(e.get("wall_seconds", 0.0) for e in epochs)
-            tokens = sum(e.get("tokens", 0) for e in epochs)
+            tokens = _tokens_trained(self.lines)
             rate = round(tokens / trained) if trained else None
             last = ", the last run's"
         duration = [("training" + (", every run's epochs" if last else ""), _duration(trained)),
@@ -377,8 +383,8 @@ class _Page:
         from .evaluate import rank_heldout
 
         # scored QUALITY_BATCH users at a time (evaluate's 512 hold 4 GB of scores at 1M URLs), their rows streamed
-        found = rank_heldout(self.found.path, heldout, TOP_K, max_users=max_users, seed=seed, batch=QUALITY_BATCH,
-                             gather=_streamed_rows)
+        found = rank_heldout(self.found.path, heldout, TOP_K, max_users=max_users, seed=seed,
+                             corpus_path=self.corpus.path, batch=QUALITY_BATCH, gather=_streamed_rows)
         ks = np.arange(1, TOP_K + 1)
         quality = {name: {"recall": [float(found.recall(name, k).mean()) for k in ks],
                           "mrr": float(found.reciprocal[name].mean())} for name in found.ranks}
@@ -473,7 +479,7 @@ class _Page:
                                "hosts": list(palette)}
         text = (f"<p>The map: {how}, users and URLs each projected on their own. Users: a seeded sample of "
                 f"{len(user_ids):,}" + (" read from a few record batches of the corpus" if self.corpus is not None else
-                                        " (the corpus is not at hand: no hosts for them)")
+                                        " (the model's corpus is not at hand: no hosts for them)")
                 + f"; URLs: the {len(url_ids):,} most visited.</p>")
         if not any(url_hosts):
             text += '<p class="note">The tokens are not URLs: nothing to colour by host.</p>'
@@ -502,15 +508,20 @@ class _Page:
         url_rows = unit_rows(model.gather("words_out", np.array(url_picks, np.int64)))
         likely, near = _scan_words_out(found, user_rows, [user_tokens[i] for i in picked], prior, url_rows,
                                        np.array(url_picks, np.int64), NEIGHBOURS)
+        # each user's events: its URLs in the corpus, else the model's copy of the corpus's lengths
+        events = [len(user_tokens[i]) for i in picked] if self.corpus is not None or not len(picked) else \
+            self._lengths(user_ids[picked])
+        unseen = "likeliest URLs, less those visited" if self.corpus is not None else \
+            "likeliest URLs (those visited left in: the corpus is not at hand)"
         blocks = []
         for n, i in enumerate(picked):
             order = [j for j in np.argsort(-similar[n]) if j != i][:NEIGHBOURS]
             rows = [(_Html(f"<code>{html.escape(str(k))}</code>"), f"{s:.3f}") for k, s in
                     zip(_keys_of(found, "docs", user_ids[order]), similar[n][order])]
             urls = [(_Html(f"<code>{html.escape(token[int(w)].as_py())}</code>"), f"{s:.2f}") for w, s in likely[n]]
-            blocks.append(f"<div><h4>user <code>{html.escape(str(user_key[n]))}</code> ({len(user_tokens[i]):,} "
+            blocks.append(f"<div><h4>user <code>{html.escape(str(user_key[n]))}</code> ({int(events[n]):,} "
                           f"events)</h4>{_table(rows, ('similar users (of the map)', 'cosine'), 'neighbors')}"
-                          f"{_table(urls, ('likeliest URLs, less those visited', 'log score'), 'neighbors')}</div>")
+                          f"{_table(urls, (unseen, 'log score'), 'neighbors')}</div>")
         for n, w in enumerate(url_picks):
             rows = [(_Html(f"<code>{html.escape(token[int(j)].as_py())}</code>"), f"{s:.3f}") for j, s in near[n]]
             blocks.append(f"<div><h4>URL <code>{html.escape(token[w].as_py())}</code></h4>"
@@ -533,6 +544,9 @@ class _Page:
             body.append(_table(rows, ("", "known", "new", "grown (new events)", "now without events")))
             self.figures["refresh"] = {k: meta.get(k) for k in ("base_docs", "new_docs", "grown_docs", "base_vocab",
                                                                 "new_words")}
+        elif self.corpus is None:
+            body.append(f'<p class="note">What the refresh added is not shown: {html.escape(str(self.corpus_problem))}.'
+                        "</p>")
         else:
             body.append('<p class="note">The corpus does not say what the refresh added (no <code>refresh</code> '
                         "in its corpus.json).</p>")
@@ -612,6 +626,27 @@ def _palette(names: list[str]) -> dict[str, str]:
     top = [str(found[i]) for i in np.argsort(-counts, kind="stable")[:COLOURED_HOSTS]]
     colours = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
     return dict(zip(top, colours))
+
+
+def _tokens_trained(lines: list[dict]) -> int:
+    """The tokens the runs of a training log trained in the epochs it lists. An epoch line's `tokens` are its
+    whole epoch's, but the first epoch of a run resumed from a mid-epoch checkpoint (its start line's
+    resumed_from a checkpoint line's version with mid_epoch) trained only the rest of it, in its
+    wall_seconds: what that run trained is its tokens_per_second × wall_seconds (run.epoch_line, which
+    counts the rate from them, as train's summary counts its tokens: run._summary)."""
+    mid = {line.get("version") for line in lines if line["event"] == "checkpoint" and line.get("mid_epoch")}
+    partial = {line.get("run") for line in lines
+               if line["event"] == "start" and line.get("resumed_from") is not None and line["resumed_from"] in mid}
+    total = 0
+    for line in lines:
+        if line["event"] != "epoch":
+            continue
+        if line.get("run") in partial:
+            partial.discard(line.get("run"))  # the run's first epoch line: the rest of the epoch it resumed in
+            total += round(line.get("tokens_per_second", 0.0) * line.get("wall_seconds", 0.0))
+        else:
+            total += line.get("tokens", 0)
+    return total
 
 
 def _keys_of(found: ModelDir, table: str, rows: np.ndarray) -> list[str]:

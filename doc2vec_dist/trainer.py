@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-import pyarrow.compute as pc
 import ray
 
 from . import checkpoint, lr, modeldir, outputs, storage, warmup
@@ -227,21 +226,12 @@ class Resume:
 
 
 def _same_rows(out: str, corpus: Corpus) -> None:
-    """The model's users and URLs are the corpus's, row for row (its key tables are the corpus's, copied when it
-    was made): another corpus of the same counts (the same events read in another order, a shuffled export)
-    would train each row on another user's events, under the first user's key. A remote model is not read."""
-    if not storage.Store.of(out).local:
-        return
-    found = modeldir.ModelDir(out)
-    for table, ours, what in (("docs", corpus.docs().column("key"), "users"),
-                              ("words", corpus.vocab().column("token"), "URLs")):
-        theirs, ours = found.keys(table), ours.combine_chunks()
-        if theirs.equals(ours):
-            continue
-        row = pc.index(pc.not_equal(theirs, ours), True).as_py()  # the counts are the same (checked before)
-        raise UserError(f"{out}: the checkpoint was trained on other {what} than {corpus.path} holds (row {row:,}: "
-                        f"{theirs[row].as_py()!r} in the model, {ours[row].as_py()!r} in the corpus); resume on the "
-                        "corpus it was trained on, or refresh it: prepare with --base and train with --init-from")
+    """The model's users and URLs are the corpus's, row for row (modeldir.other_rows): a resume on another
+    corpus of the same counts would train each row on another user's events, under the first user's key."""
+    other = modeldir.other_rows(out, corpus)
+    if other:
+        raise UserError(f"{other.replace(' was trained', ': the checkpoint was trained', 1)}; resume on the corpus "
+                        "it was trained on, or refresh it: prepare with --base and train with --init-from")
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html.parser
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -305,3 +306,137 @@ def render(browser: str, path: str, work) -> tuple[str, list[str]]:
         if what == "--dump-dom":
             dom = done.stdout
     return dom, console
+
+
+# -- the corpus the page reads: the model's, or left out ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> dict:
+    """Small generated corpora: the model's (with its held-out pairs), another of the same sizes (other users and
+    URLs, in as many rows), a larger one."""
+    from doc2vec_dist.config import PrepareConfig
+    from doc2vec_dist.prepare import prepare
+    from doc2vec_dist.synthetic import generate
+
+    root = tmp_path_factory.mktemp("corpora")
+    found = {"heldout": str(root / "heldout.parquet")}
+    for name, users, seed, extra in (("ours", 300, 3, {"holdout": 0.2, "holdout_out": found["heldout"]}),
+                                     ("same", 300, 4, {}), ("larger", 450, 5, {})):
+        generate(str(root / f"events_{name}"), users, 200, seed=seed, progress=False)
+        found[name] = prepare([str(root / f"events_{name}")], str(root / name), PrepareConfig(time_col="ts", **extra),
+                              progress=False).path
+    ours, same = Corpus(found["ours"]), Corpus(found["same"])
+    assert (ours.num_docs, ours.vocab_size) == (same.num_docs, same.vocab_size) and ours.num_tokens != same.num_tokens
+    assert ours.docs().column("key") != same.docs().column("key")
+    return found
+
+
+def _model_on(corpora: dict, tmp_path) -> tuple[str, str]:
+    """A gensim model (one in a second) trained on a copy of the model's corpus: (model, the corpus's path)."""
+    from doc2vec_dist.baseline import train_gensim
+
+    corpus = str(tmp_path / "corpus")
+    shutil.copytree(corpora["ours"], corpus)
+    model = str(tmp_path / "model")
+    train_gensim(corpus, model, TrainConfig(dim=16, epochs=3, sample=0, progress=False), workers=1)
+    return model, corpus
+
+
+def _user_headings(text: str) -> list[tuple[str, int]]:
+    return [(k, int(n.replace(",", ""))) for k, n in re.findall(r"<h4>user <code>([^<]*)</code> \(([\d,]+) events\)", text)]
+
+
+@pytest.mark.parametrize("replacement", ["same", "larger"])
+def test_another_corpus_where_the_models_was_is_left_out_of_the_page_with_a_warning(corpora, tmp_path, capsys,
+                                                                                  replacement):
+    """The page read whatever corpus was at the path the model's config.json names: another of the same sizes gave
+    it that corpus's tokens, each sample user another user's events and visited URLs (exit 0), a larger one an
+    ArrowIndexError. The corpus is checked first, as neighbors checks it (its sizes) and train --resume does (its
+    users and URLs, row for row): another one is left out of the page, with one warning line naming it and what
+    differs; --heldout, whose ranking leaves out the URLs each user visited, is refused in one line."""
+    model, corpus = _model_on(corpora, tmp_path)
+    page = str(tmp_path / "page.html")
+    assert main(["report", "--model", model, "--out", page]) == 0  # its own corpus: read
+    text = pathlib.Path(page).read_text(encoding="utf-8")
+    assert f"<td>tokens</td><td>{Corpus(corpus).num_tokens:,}</td>" in text and "less those visited" in text
+    assert capsys.readouterr().err == ""
+    lengths = dict(zip(modeldir.ModelDir(model).keys("docs").to_pylist(),
+                       Corpus(corpus).docs().column("length").to_pylist()))
+    assert all(lengths[key] == events for key, events in _user_headings(text))
+
+    shutil.rmtree(corpus)
+    shutil.copytree(corpora[replacement], corpus)
+    other = Corpus(corpus)
+    assert main(["report", "--model", model, "--out", page]) == 0
+    warned = capsys.readouterr().err.strip().splitlines()
+    assert len(warned) == 1 and warned[0].startswith("warning: report: ") and other.path in warned[0], warned
+    differs = ("other users than" if replacement == "same" else
+               f"({other.num_docs:,} users and {other.vocab_size:,} URLs, the model {len(lengths):,} and")
+    assert differs in warned[0], warned
+    text = pathlib.Path(page).read_text(encoding="utf-8")
+    assert f"<td>tokens</td><td>{other.num_tokens:,}</td>" not in text and "less those visited" not in text
+    users = _user_headings(text)
+    assert users and all(lengths[key] == events for key, events in users)  # each user's own events, the model's
+
+    assert main(["report", "--model", model, "--out", page, "--heldout", corpora["heldout"]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: report --heldout: ") and other.path in err[0], err
+
+
+def test_evaluate_and_neighbors_check_the_corpus_as_the_page_does(corpora, tmp_path, capsys):
+    """evaluate --heldout of an unchanged model gave other figures (recall 0.27 → 0.20, exit 0, a warning blaming the
+    held-out file) once another corpus was prepared at its corpus path; neighbors left out another user's visited
+    URLs where that corpus had the same sizes. Both check it as report does (model.model_corpus)."""
+    model, corpus = _model_on(corpora, tmp_path)
+    user = modeldir.ModelDir(model).keys("docs")[0].as_py()
+    assert main(["evaluate", "--model", model, "--heldout", corpora["heldout"]]) == 0
+    assert main(["neighbors", "--model", model, "--key", user, "--against", "words_out"]) == 0
+    capsys.readouterr()
+    shutil.rmtree(corpus)
+    shutil.copytree(corpora["same"], corpus)
+    assert main(["evaluate", "--model", model, "--heldout", corpora["heldout"]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: the model's corpus {corpus} is not the one it was trained on: "
+                                               f"{model} was trained on other users than {corpus} holds (row "), err
+    assert main(["neighbors", "--model", model, "--key", user, "--against", "words_out"]) == 0  # by default: said
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not the one it was trained on" in err[0] and err[0].endswith(
+        "the URLs each user visited are not left out of the answer"), err
+    assert main(["neighbors", "--model", model, "--key", user, "--against", "words_out", "--exclude-seen"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # asked for: refused
+    assert len(err) == 1 and "is not the one it was trained on" in err[0] and "--no-exclude-seen" in err[0], err
+
+
+def test_the_tokens_per_second_of_runs_resumed_mid_epoch_count_what_each_run_trained(corpora, tmp_path):
+    """An epoch line's tokens are its whole epoch's; the first epoch of a run resumed from a mid-epoch checkpoint
+    trained only its rest, in its wall_seconds (its tokens_per_second counts that: run.epoch_line). The page
+    summed the whole epochs over the runs' seconds: 2,000 tokens and 1,333 tokens/s for 1,200 trained in 1.5 s."""
+    from doc2vec_dist.report import report
+
+    model, _ = _model_on(corpora, tmp_path)
+
+    def page_of(resumed_from: int, second: dict) -> str:
+        lines = [{"event": "start", "run": "a", "t": 1000.0, "resumed_from": None, "epoch": 0},
+                 {"event": "epoch", "run": "a", "t": 1001.0, "epoch": 1, "tokens": 1000, "pairs": 5000, "loss": 0.5,
+                  "wall_seconds": 1.0, "tokens_per_second": 1000.0},
+                 {"event": "checkpoint", "run": "a", "t": 1001.1, "version": 1, "epoch": 1, "mid_epoch": False},
+                 {"event": "checkpoint", "run": "a", "t": 1001.6, "version": 2, "epoch": 1, "mid_epoch": True},
+                 {"event": "stop", "run": "a", "t": 1001.7, "reason": "interrupted"},
+                 {"event": "start", "run": "b", "t": 1100.0, "resumed_from": resumed_from, "epoch": 1},
+                 {"event": "epoch", "run": "b", "t": 1100.6, "epoch": 2, "tokens": 1000, "pairs": 5000, "loss": 0.4,
+                  **second},
+                 {"event": "checkpoint", "run": "b", "t": 1100.7, "version": 3, "epoch": 2, "mid_epoch": False},
+                 {"event": "end", "run": "b", "t": 1100.8}]
+        with open(os.path.join(model, runlog.LOG_FILE), "w") as fh:
+            fh.writelines(json.dumps(line) + "\n" for line in lines)
+        out = str(tmp_path / f"page{resumed_from}.html")
+        report(model, out, sample=50)
+        text = pathlib.Path(out).read_text(encoding="utf-8")
+        return text[text.find("<h3>Duration"):]
+
+    # resumed from v2, mid-epoch: the run trained 400 tokens/s × 0.5 s of epoch 2
+    duration = page_of(2, {"wall_seconds": 0.5, "tokens_per_second": 400.0})
+    assert "<td>tokens</td><td>1,200</td>" in duration and "<td>tokens/s</td><td>800</td>" in duration, duration
+    # resumed from v1, at the epoch's end: epoch 2 trained whole
+    duration = page_of(1, {"wall_seconds": 0.5, "tokens_per_second": 2000.0})
+    assert "<td>tokens</td><td>2,000</td>" in duration and "<td>tokens/s</td><td>1,333</td>" in duration, duration
