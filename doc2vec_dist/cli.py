@@ -467,20 +467,34 @@ def _print_neighbors(result, out: str | None) -> None:
 def cmd_evaluate(args) -> None:
     from .evaluate import heldout_metrics, labels_metrics, pairs_metrics, save_and_print
 
+    modes = [flag for flag, on in (("--heldout", args.heldout), ("--pairs", args.pairs), ("--labels", args.labels)) if on]
+    if len(modes) != 1:
+        raise UserError("give one of --heldout FILE, --pairs FILE or --labels FILE" + (
+            f", not {' and '.join(modes)}: each is an evaluation of its own" if modes else ""))
+    # a flag of another mode would be ignored: refused (--heldout took --test-fraction and --label-col in silence)
+    for flag, given, used_by in (("--test-fraction", args.test_fraction is not None, ("--pairs", "--labels")),
+                                 ("--key-col", args.key_col is not None, ("--labels",)),
+                                 ("--label-col", args.label_col is not None, ("--labels",)),
+                                 ("--k", args.k is not None, ("--heldout", "--labels")),
+                                 ("--max-users", args.max_users is not None, ("--heldout",))):
+        if given and modes[0] not in used_by:
+            raise UserError(f"{flag} is for {' and '.join(used_by)}, not {modes[0]}: leave it out")
+    if args.test_fraction is not None and not 0 < args.test_fraction < 1:
+        raise UserError(f"--test-fraction must lie between 0 and 1, not {args.test_fraction:g}")
+    k = 10 if args.k is None else args.k
     if args.heldout:
-        metrics = heldout_metrics(args.model, args.heldout, k=args.k, max_users=args.max_users or None)
+        max_users = 20_000 if args.max_users is None else args.max_users or None  # all (0): every one
+        metrics = heldout_metrics(args.model, args.heldout, k=k, max_users=max_users)
         save_and_print(args.model, "heldout", metrics)
-        if metrics["users"] < metrics["users_with_pairs"]:
+        if max_users is not None and metrics["users_with_pairs"] > max_users:
             print(f"sampled {metrics['users']:,} of the {metrics['users_with_pairs']:,} users with held-out pairs "
                   f"(seed 0); --max-users N evaluates N of them, --max-users all every one")
     elif args.pairs:
         save_and_print(args.model, "pairs", pairs_metrics(args.model, args.pairs, test_fraction=args.test_fraction))
-    elif args.labels:
-        save_and_print(args.model, "labels", labels_metrics(args.model, args.labels, k=args.k, key_col=args.key_col,
-                                                            label_col=args.label_col,
-                                                            test_fraction=args.test_fraction or 0.2))
     else:
-        raise UserError("give --heldout FILE, --pairs FILE or --labels FILE")
+        save_and_print(args.model, "labels", labels_metrics(args.model, args.labels, k=k, key_col=args.key_col or "key",
+                                                            label_col=args.label_col or "label",
+                                                            test_fraction=args.test_fraction or 0.2))
 
 
 def cmd_report(args) -> None:
@@ -737,17 +751,17 @@ def make_parser() -> argparse.ArgumentParser:
     ev.add_argument("--heldout", help="Parquet of hidden (key, token) pairs from prepare --holdout")
     ev.add_argument("--pairs", help="human similarity: square matrix (Lee format) or key1, key2, score")
     ev.add_argument("--labels", help="Parquet/CSV of key, label: k-NN label accuracy on a fixed split")
-    ev.add_argument("--key-col", default="key", help="key column of --labels")
-    ev.add_argument("--label-col", default="label", help="label column of --labels")
+    ev.add_argument("--key-col", help="key column of --labels (default: key)")
+    ev.add_argument("--label-col", help="label column of --labels (default: label)")
     ev.add_argument("--test-fraction", type=float, help="--labels: the share of keys queried (default 0.2; the rest are "
                                                         "the references); --pairs: score only this share of the "
                                                         "pairs, as tune's comparison does (default: every pair)")
-    ev.add_argument("--k", type=_at_least_one("--k"), default=10,
+    ev.add_argument("--k", type=_at_least_one("--k"),
                     help="the k of recall@k (MRR is not cut: the best hidden URL at any rank), and neighbours of the "
-                         "k-NN vote")
-    ev.add_argument("--max-users", type=_count_or_all, default=20_000, metavar="N|all",
+                         "k-NN vote (default: 10)")
+    ev.add_argument("--max-users", type=_count_or_all, metavar="N|all",
                     help="--heldout: evaluate a random sample of N of the users with held-out pairs (seed 0; the "
-                         "output says how many of how many); all or 0: every one")
+                         "output says how many of how many); all or 0: every one (default: 20000)")
 
     r = add("report", cmd_report, "one self-contained HTML page of a model: the run, training (loss, tokens/s, "
                                   "where the time went), quality (--heldout), a map of users and URLs, a refresh's drift")

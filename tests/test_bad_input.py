@@ -451,6 +451,16 @@ CASES = [
          "error", "{t}/p.parquet: row 0 has no 'key1' (1 row(s) are null there)",
          {"p.parquet": _parquet_bytes({"key1": pa.array([None, "u0a1b"], pa.string()), "key2": SOME_USERS[2:],
                                        "score": [0.5, 0.2]})}),
+    # flags of another evaluation were ignored, exit 0 (a review of evaluate's modes)
+    Case("evaluate --heldout with --pairs (the pairs were never scored)", "evaluate --model {model} --heldout "
+         "{t}/h.parquet --pairs {t}/p.parquet", "error", "give one of --heldout FILE, --pairs FILE or --labels FILE, "
+         "not --heldout and --pairs"),
+    Case("evaluate --pairs with --k (recall@k's, not a correlation's)", "evaluate --model {model} --pairs "
+         "{t}/p.parquet --k 3", "error", "--k is for --heldout and --labels, not --pairs: leave it out"),
+    Case("evaluate --pairs with --label-col", "evaluate --model {model} --pairs {t}/p.parquet --label-col x",
+         "error", "--label-col is for --labels, not --pairs: leave it out"),
+    Case("evaluate --labels --test-fraction 0 (it ran at 0.2)", "evaluate --model {model} --labels {t}/l.parquet "
+         "--test-fraction 0", "error", "--test-fraction must lie between 0 and 1, not 0"),
     Case("neighbors --keys-file with a null key (it was the user 'None')", "neighbors --model {model} --keys-file "
          "{t}/k.parquet", "error", "{t}/k.parquet: row 1 has no 'key' (1 row(s) are null there)",
          {"k.parquet": _parquet_bytes({"key": pa.array(["u54e266157a4c", None], pa.string())})}),
