@@ -230,7 +230,9 @@ def _trainer_yaml(args) -> dict:
     corpus or out), whose prepare keys are for jobs/train.py: then one note says they are not used here."""
     if not args.config:
         return {}
-    values = load_yaml(args.config)
+    # baseline's gensim threads are its own flag, not train's worker actors
+    values = load_yaml(args.config, {"workers": "baseline's --workers N (gensim's threads), on its command line"}
+                       if args.command == "baseline" else None)
     prepare_keys = [k for k in values if k in field_names(PrepareConfig) - field_names(TrainConfig)]
     if prepare_keys and not any(k in values for k in ("input", "corpus", "out")):
         name = prepare_keys[0]
@@ -546,7 +548,9 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True, help="new directory: events/ (Parquet) and truth/ (planted communities)")
     g.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same logs")
     g.add_argument("--communities", type=int, default=8, help="planted interest communities")
-    g.add_argument("--events-per-user", type=float, default=30.0, help="mean events per user")
+    g.add_argument("--events-per-user", type=float, default=30.0,
+                   help="mean events of a user active the whole window (with --churn-per-week, in proportion to "
+                        "the days a user is active: fewer on average)")
     g.add_argument("--hub-share", type=float, default=0.0,
                    help="share of users who also visit the one most popular URL: skewed data like a real catalogue, "
                         "where one output row meets most documents (e.g. 0.8 with --events-per-user 5)")

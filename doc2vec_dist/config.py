@@ -476,11 +476,12 @@ def gensim_pointer(name: str, as_flags: bool) -> str | None:
     return re.sub(r"<([a-z_]+(?:=[a-z]+)?)>", setting, text)
 
 
-def load_yaml(path: str) -> dict:
+def load_yaml(path: str, pointers: dict[str, str] | None = None) -> dict:
     """Read a flat YAML mapping of config keys, each checked against its field's type (typed()).
 
     Refused in one line naming the file: a key that is gensim's name of a setting (GENSIM_NAMES:
-    the pointer the flag gets), an unknown key, a value of the wrong type."""
+    the pointer the flag gets, or the command's own in `pointers`), an unknown key, a value of the
+    wrong type."""
     try:
         with open(path) as fh:
             data = yaml.safe_load(fh) or {}
@@ -500,7 +501,7 @@ def load_yaml(path: str) -> dict:
             data[name] = value
     fields = {f.name: f for cls in SECTIONS for f in dataclasses.fields(cls)}
     for key in data:
-        pointer = None if key in fields else gensim_pointer(key, as_flags=False)
+        pointer = None if key in fields else (pointers or {}).get(key) or gensim_pointer(key, as_flags=False)
         if pointer:
             raise UserError(f"{path}: {key} is gensim's name; doc2vec-dist uses {pointer}")
     unknown = sorted(set(data) - set(fields))

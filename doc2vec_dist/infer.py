@@ -189,13 +189,14 @@ class Inferrer:
         self.url_rule = UrlRule.of_schema(vocab.schema, vocab_path)  # the inputs' URLs are read by the model's rule
         counts = vocab.column("count").to_numpy().astype(np.int64)
         self.counts = counts
-        # a URL of the vocabulary no event trained (all its events held out, or cut by max_tokens_per_doc): its
-        # words_out row never moved from zero, so it is a URL the model never saw, composed or dropped as one
-        self.untrained = counts == 0
         self.words_out = torch.from_numpy(np.ascontiguousarray(load("words_out"), dtype=np.float32))
         words = load("words") if settings.mode == "dm" else np.zeros((0, settings.dim), np.float32)
         if len(counts) != self.words_out.shape[0]:
             raise UserError(f"{vocab_path}: {len(counts)} URLs but words_out has {self.words_out.shape[0]} rows")
+        # a URL of the vocabulary no event trained (all its events held out, or cut by max_tokens_per_doc): its
+        # words_out row never moved from zero, so it is a URL the model never saw, composed or dropped as one (a
+        # row an --init-from model trained keeps its place, though its events here are gone)
+        self.untrained = (counts == 0) & ~self.words_out.any(dim=1).numpy()
         self.keep_prob = keep_probabilities(counts, settings.sample)
         self.negatives = NegativeTable(counts, settings.ns_exponent)
         self.tables = device_examples.DeviceTables(self.keep_prob, self.negatives, torch.device("cpu"))

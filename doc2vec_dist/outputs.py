@@ -252,7 +252,7 @@ def check_file(path: str, kind: str, overwrite: bool | None = None, flag: str = 
     if not os.path.lexists(path):
         return False
     if os.path.isdir(path):
-        raise UserError(f"{path}: is a directory; --out takes a file path here")
+        raise UserError(f"{path}: is a directory; this output is a file: give a file path")
     found = file_kind(path)
     if found != kind:
         what = FILE_KINDS.get(found, f"a doc2vec-dist {found}") if found else "not a file doc2vec-dist wrote"

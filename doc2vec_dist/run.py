@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import itertools
 import logging
 import os
 import re
@@ -198,6 +199,8 @@ class Run:
         for i, answer in enumerate(self._get([w.progress.remote() for w in self.workers])):  # init errors, here
             self._seen(("worker", i), answer)
             self._note_pid(i, answer)
+        for line in itertools.chain.from_iterable(self._get([w.lines_to_say.remote() for w in self.workers])):
+            log.info(line)
         self.server_info = self._get([s.info.remote() for s in self.servers])
         for shard, answer in enumerate(self.server_info):
             self._seen(("server", shard), answer)

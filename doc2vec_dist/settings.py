@@ -241,7 +241,8 @@ class RunSettings:
         config, rows, resident = self.config, self.words_out_rows, self.resident_rows
         kernel = ("exact (each update applied at once, gensim's order"
                   + ("; examples drawn in the kernel)" if self.token_path else ")")
-                  if self.exact else f"{self.kernel} ({config.micro_batch:,}-example micro-batches"
+                  if self.exact else f"{self.kernel} (micro-batches of up to {config.micro_batch:,} examples, fewer "
+                  "where a macro-batch holds few documents: about one example of each in one"
                   + ("; examples drawn on its device)" if self.token_path else ")"))
         where = (f"all {rows:,} rows" if resident == rows else
                  f"a block of ~{resident:,} rows, one of {config.num_workers} that rotate over the workers "

@@ -165,6 +165,7 @@ class Worker(BlockRounds):
         # they do not fit, in partitions held one at a time (settings.document_partitions,
         # document_partitions), swapped as its walk passes from one to the next
         self.partitions: list[np.ndarray] = []
+        self.to_say: list[str] = []
         if run_settings.document_partitions(config, tables["docs"].rows, words_out.rows):
             walk = [doc_ids for _, (doc_ids, _, _) in read_chunks(units, self.read_tokens)]
             share = sum(len(ids) for ids in walk)
@@ -172,10 +173,10 @@ class Worker(BlockRounds):
             count = run_settings.document_partitions(config, tables["docs"].rows, words_out.rows, share=share,
                                                      free_bytes=free)
             self.partitions = document_partitions(walk, count)
-            if len(self.partitions) > 1:
-                log.info(f"worker {index}: its {share:,} documents' rows do not fit its "
-                         f"{'--device-memory' if config.device_memory else 'device'}: held in {len(self.partitions)} "
-                         "partitions, one at a time")
+            if len(self.partitions) > 1:  # said by the driver (lines_to_say): an actor's log reaches no terminal
+                self.to_say.append(f"worker {index}: its {share:,} documents' rows do not fit its "
+                                   f"{'--device-memory' if config.device_memory else 'device'}: held in "
+                                   f"{len(self.partitions)} partitions, one at a time")
         # which partition each of its documents is in (ids ascending), where there are several; the one held
         self._partition_ids, self._partition_of = partition_index(self.partitions)
         self.partition = 0
@@ -227,6 +228,10 @@ class Worker(BlockRounds):
         # key appearing mid-copy would break it
         return {"tokens": 0, "pairs": 0, "loss": 0.0, "epoch": -1, "round": 0,
                 "seconds": dict.fromkeys(STAGES, 0.0), "bytes": dict.fromkeys(client.TRAFFIC, 0)}
+
+    def lines_to_say(self) -> list[str]:
+        """What the worker found at its start that the user should read (the driver logs it)."""
+        return self.to_say
 
     def progress(self) -> dict:
         """Counters of the current run_epoch call (tokens, pairs and loss: of the epoch so far; seconds

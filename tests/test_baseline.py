@@ -245,6 +245,20 @@ def test_yaml_vector_size_sets_the_baselines_dim(sample_corpus, tmp_path, capsys
     assert manifest["tables"]["docs"]["dim"] == 12
 
 
+def test_a_configs_workers_key_points_baseline_to_its_own_flag(sample_corpus, tmp_path, capsys):
+    """baseline --config with gensim's `workers:` pointed to train's num_workers and cpus_per_worker, which
+    baseline then ignored (gensim ran on every core); it points to baseline's own --workers now."""
+    from doc2vec_dist.cli import main
+
+    config = tmp_path / "gensim.yaml"
+    config.write_text("dim: 8\nepochs: 1\nworkers: 1\n")
+    assert main(["baseline", "--corpus", sample_corpus[0], "--out", str(tmp_path / "m"), "--config", str(config),
+                 "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {config}: workers is gensim's name; doc2vec-dist uses "
+                                               "baseline's --workers N (gensim's threads), on its command line")
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_baseline_that_fails_removes_what_it_wrote(sample_corpus, tmp_path, logged):
     """A fresh run that stops before its model is saved leaves nothing half-made (issue 13, item 2)."""
     import shutil

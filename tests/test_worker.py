@@ -110,7 +110,8 @@ def train_one_worker(ray, corpus_path: str, config: TrainConfig, staged: bool,
     out = {name: served(ray, servers, name, n, config.dtype, config.dim) for name, n in rows.items()}
     stop_servers(ray, servers)
     return out, {"host": {k: len(v) for k, v in worker._host.items()}, "stats": stats, "paused": paused,
-                 "outputs": str(worker._outputs.dtype), "partitions": len(worker.partitions)}
+                 "outputs": str(worker._outputs.dtype), "partitions": len(worker.partitions),
+                 "said": worker.lines_to_say()}
 
 
 @pytest.mark.parametrize("settings", [
@@ -250,6 +251,10 @@ def test_documents_resident_or_swapped_by_partition_train_what_documents_pulled_
         held, info = train_one_worker(ray_cluster, small_corpus, dataclasses.replace(config, **settings),
                                       staged=staged, pause_at=3)
         assert info["partitions"] == 1 if not settings else info["partitions"] >= 3, info["partitions"]
+        # said through the driver (an actor's log line reached no terminal nor Ray's log files)
+        assert info["said"] == ([] if not settings else [
+            f"worker 0: its 1,500 documents' rows do not fit its --device-memory: held in {info['partitions']} "
+            "partitions, one at a time"])
         resident = info["stats"][-1]["bytes"]["resident_pulled"]
         assert resident == (info["partitions"] > 1) * 1500 * 16 * 4  # each partition pulled once an epoch, once held
         assert info["stats"][-1]["bytes"]["pulled"] == info["stats"][-1]["bytes"]["pushed"] == 0
