@@ -398,6 +398,16 @@ def _warnings(settings: RunSettings, corpus: Any, segments_given: int | None = N
         if segments_given is not None and segments_given > 1:
             found.append(f"--segments {segments_given} does nothing here: segments cut the corpus among "
                          f"several workers on the block schedule, and {why}")
+    # settings of the batched kernel and the 16-bit tables that this run's path never reads: said, not taken silently
+    if config.micro_batch != TrainConfig.micro_batch and settings.exact:
+        found.append(f"--micro-batch {config.micro_batch:,} does nothing here: the exact kernel applies each update "
+                     "at once (the batched kernel's micro-batches: --kernel batched, or GPU workers)")
+    if config.rounding != TrainConfig.rounding and config.dtype == "float32":
+        found.append(f"--rounding {config.rounding} does nothing with --dtype float32: no row is narrowed to 16 bits")
+    if config.device_rows != TrainConfig.device_rows and not settings.half_on_device():
+        found.append(f"--device-rows {config.device_rows} does nothing here: it keeps a GPU worker's resident URL "
+                     "rows in the tables' 16-bit --dtype, on the batched kernel's token path, and this run "
+                     + ("keeps float32 tables" if config.dtype == "float32" else "has no such worker"))
     if settings.kernel == "fused" and not settings.config.gpus_per_worker:
         found.append("--kernel fused on CPU workers runs Triton's interpreter, a stand-in for tests far slower than "
                      "--kernel exact: give the workers GPUs (--gpus-per-worker 1) or use --kernel auto")

@@ -51,6 +51,16 @@ def test_block_schedule_settings_a_run_without_it_ignores_are_said():
         "--schedule blocks does nothing here: this run trains with one worker, so no worker takes turns at blocks",)
     shared = resolve(TrainConfig(num_workers=2, schedule="shared", segments=4), EVENTS).warnings
     assert any(w.startswith("--segments 4 does nothing here") and "shares the URL rows" in w for w in shared), shared
+    # the batched kernel's and the 16-bit tables' settings where this run's path never reads them (each trained
+    # the same bits as the run without it: --micro-batch on the exact kernel, --rounding and --device-rows at
+    # float32, --device-rows on CPU workers)
+    said = {c: resolve(TrainConfig(**dict(c)), EVENTS).warnings for c in (
+        (("micro_batch", 64),), (("rounding", "nearest"),), (("device_rows", "dtype"), ("dtype", "bfloat16")))}
+    assert [len(w) for w in said.values()] == [1, 1, 1] and [w[0].split(" does nothing")[0] for w in said.values()] == [
+        "--micro-batch 64", "--rounding nearest", "--device-rows dtype"], said
+    for used in (TrainConfig(micro_batch=64, kernel="batched"), TrainConfig(rounding="nearest", dtype="bfloat16"),
+                 TrainConfig(device_rows="dtype", dtype="bfloat16", gpus_per_worker=1)):
+        assert not any("does nothing" in w for w in resolve(used, EVENTS).warnings), used
     for quiet in (resolve(TrainConfig(), TEXT), resolve(TrainConfig(segments=1), EVENTS),
                   resolve(TrainConfig(segments=8), EVENTS, saved={"segments": 8}),  # a resume of such a run
                   resolve(TrainConfig(num_workers=2, segments=8), EVENTS)):       # the block schedule: used
