@@ -215,7 +215,9 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
              for name, m in tables.items()}
     checkpoint.commit(out, version, parts, {name: config.dim for name in parts},
                       {"epoch": config.epochs, "num_ps": 1, "config": dataclasses.asdict(config),
-                       "corpus": corpus.path, "trainer": "gensim"}, keep=config.keep_checkpoints)
+                       "corpus": corpus.path, "trainer": "gensim",  # its sizes: model.model_corpus checks them
+                       "corpus_stats": {k: getattr(corpus, k) for k in ("num_docs", "num_tokens", "vocab_size")}},
+                      keep=config.keep_checkpoints)
     summary = {"trainer": "gensim", "gensim_mode": gensim_mode, "workers": workers, "model": out, "version": version,
                **_figures(corpus, config.epochs, counts, bounds, gensim_mode), "epochs": config.epochs,
                "train_seconds": round(train_seconds, 3), "checkpoint_seconds": round(time.perf_counter() - t1, 3)}

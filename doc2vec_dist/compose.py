@@ -44,6 +44,7 @@ what users are scored against), or words where the model trained input vectors (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -221,3 +222,20 @@ def no_vector_line(urls: list[str], total: int) -> str:
 
 
 __all__ = ["MAX_DEPTH", "SECOND_LEVELS", "SOURCES", "Composed", "UrlComposer", "no_vector_line", "url_parts"]
+
+
+def untrained(counts: np.ndarray, rows_of: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Which URLs of a vocabulary no event trained: count 0 (all their events held out, or cut by
+    max_tokens_per_doc) and a words_out row that never moved from zero (rows_of: the rows of those ids; a row an
+    --init-from model trained keeps its place though its events here are gone). Such a URL is one the model never
+    saw: neither its own row (no direction) nor a member of a part's mean."""
+    mask = np.zeros(len(counts), bool)
+    zero = np.flatnonzero(np.asarray(counts) == 0)
+    if len(zero):
+        mask[zero] = ~np.asarray(rows_of(zero)).any(axis=1)
+    return mask
+
+
+def trained_only(tokens: pa.Array, mask: np.ndarray) -> pa.Array:
+    """The vocabulary's tokens, null where `mask` (untrained) says: what a UrlComposer may compose from."""
+    return pc.if_else(pa.array(~mask), tokens, pa.scalar(None, tokens.type)) if mask.any() else tokens

@@ -200,8 +200,11 @@ class Corpus:
             now = json.loads(raw).get("created")
         except (ValueError, AttributeError):
             now = None
-        return (f"{self.path}: the corpus this run was reading (prepared {self.meta.get('created', 'earlier')}) was "
-                f"replaced by another (prepared {now or 'later'})")
+        then = self.meta.get("created")
+        if now is not None and now == then:  # (forget --corpus rewrites a corpus where it is)
+            return f"{self.path}: the corpus this run was reading (prepared {then}) was changed where it is"
+        return (f"{self.path}: the corpus this run was reading (prepared {then or 'earlier'}) was replaced by another "
+                f"(prepared {now or 'later'})")
 
     def vocab(self) -> pa.Table:
         """token string, count int64 (training count), id int32; sorted by id."""

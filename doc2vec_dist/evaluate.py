@@ -107,7 +107,7 @@ def rank_heldout(model: str, heldout: str, upto: int = 10, max_users: int | None
         corpus, problem = model_corpus(found)
         if problem:
             raise UserError(f"{problem}: the held-out ranking reads each user's visited URLs and the URLs' counts "
-                            "from it; put the corpus the model was trained on back at that path")
+                            "from the corpus the model was trained on")
         corpus_path = corpus.path
     counts = Corpus(corpus_path).counts()
     by_count = np.argsort(-counts, kind="stable")  # the URLs, most common first (then by id)
@@ -257,7 +257,7 @@ def rank_hidden(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, up
 def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
     """Human similarity judgements: a square matrix (Lee format; row i is the document keyed str(i),
     upper triangle used) or a table with columns key1, key2, score (Parquet, CSV or TSV)."""
-    if os.path.isdir(path) or path.lower().endswith((".parquet", ".csv", ".tsv")):
+    if path.lower().rstrip("/").endswith((".parquet", ".csv", ".tsv")) or _is_directory(path):
         t = read_table_file(path, "pairs", ("key1", "key2", "score"), string_cols=("key1", "key2"),
                             no_nulls=("key1", "key2", "score"))
         keys1, keys2 = t.column("key1").cast(pa.string()), t.column("key2").cast(pa.string())
@@ -290,6 +290,19 @@ def read_pairs(path: str) -> tuple[list[str], list[str], np.ndarray]:
     return [str(x) for x in i], [str(x) for x in j], matrix[i, j]
 
 
+def _is_directory(path: str) -> bool:
+    """A directory here or behind a URI (a Parquet dataset: read as a table)."""
+    if not storage.is_uri(path):
+        return os.path.isdir(path)
+    import pyarrow.fs as pafs
+
+    try:
+        fs, inner = storage.resolve(path)
+        return fs.get_file_info(inner).type == pafs.FileType.Directory
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def pairs_metrics(model: str, path: str, table: str = "docs", test_fraction: float | None = None, seed: int = 0,
                   part: str = "test") -> dict:
     """Pearson and Spearman correlation of cosine similarity with human scores: over every pair, or,
@@ -298,7 +311,6 @@ def pairs_metrics(model: str, path: str, table: str = "docs", test_fraction: flo
     from scipy.stats import pearsonr, spearmanr
 
     keys1, keys2, human = read_pairs(path)
-    _not_constant(f"{path}: every score", human)
     if test_fraction is not None:
         ordered = [(a, b) if a <= b else (b, a) for a, b in zip(keys1, keys2)]  # a pair, whichever way written
         test = in_test_share(pa.array([f"{a}\x1f{b}" for a, b in ordered], pa.string()), test_fraction, seed)
@@ -308,6 +320,8 @@ def pairs_metrics(model: str, path: str, table: str = "docs", test_fraction: flo
                             f"(test fraction {test_fraction}); too few to correlate")
         keys1, keys2, human = ([k for k, m in zip(keys1, mine) if m], [k for k, m in zip(keys2, mine) if m],
                                human[mine])
+    # (before the model is read; of the pairs scored: a share of a file can be constant where the file is not)
+    _not_constant(f"{path}: every score" + ("" if test_fraction is None else f" of the {part} share"), human)
     found = ModelDir.served(model)
     keys = found.keys(table)
     vectors = found.read_table(table)

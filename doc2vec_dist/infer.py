@@ -83,7 +83,7 @@ import torch
 from tqdm import tqdm
 
 from . import device_examples, kernels, lr, modeldir, outputs, provenance
-from .compose import SOURCES, Composed, UrlComposer
+from .compose import SOURCES, Composed, UrlComposer, trained_only, untrained
 from .config import PrepareConfig
 from .corpus import Corpus, iter_shard
 from .errors import UserError
@@ -196,7 +196,7 @@ class Inferrer:
         # a URL of the vocabulary no event trained (all its events held out, or cut by max_tokens_per_doc): its
         # words_out row never moved from zero, so it is a URL the model never saw, composed or dropped as one (a
         # row an --init-from model trained keeps its place, though its events here are gone)
-        self.untrained = (counts == 0) & ~self.words_out.any(dim=1).numpy()
+        self.untrained = untrained(counts, lambda ids: self.words_out[torch.from_numpy(ids)].numpy())
         self.keep_prob = keep_probabilities(counts, settings.sample)
         self.negatives = NegativeTable(counts, settings.ns_exponent)
         self.tables = device_examples.DeviceTables(self.keep_prob, self.negatives, torch.device("cpu"))
@@ -209,10 +209,10 @@ class Inferrer:
         bool: which are URLs of its vocabulary that it never trained)."""
         ids = pc.index_in(tokens, value_set=self.vocab_tokens).fill_null(-1).to_numpy(zero_copy_only=False)
         ids = ids.astype(np.int64)
-        untrained = np.zeros(len(ids), bool)
-        untrained[ids >= 0] = self.untrained[ids[ids >= 0]]
-        ids[untrained] = -1
-        return ids, untrained
+        never = np.zeros(len(ids), bool)
+        never[ids >= 0] = self.untrained[ids[ids >= 0]]
+        ids[never] = -1
+        return ids, never
 
     def add_composed(self, urls: pa.Array) -> tuple[Composed, np.ndarray]:
         """Rows composed for URLs the model never saw (compose.py), added after the model's own, frozen as
@@ -220,8 +220,7 @@ class Inferrer:
         always kept by subsampling (its count is unknown, and it is rare: first seen now) and never drawn
         as a negative (the negatives stay the model's unigram table)."""
         # the URLs never trained are left out (null): neither a URL's own row nor a member of a part's mean
-        known = pc.if_else(pa.array(~self.untrained), self.vocab_tokens, pa.scalar(None, self.vocab_tokens.type))
-        composed = UrlComposer(known, self.counts).compose(urls)
+        composed = UrlComposer(trained_only(self.vocab_tokens, self.untrained), self.counts).compose(urls)
         has = composed.has_vector
         ids = np.full(len(urls), -1, np.int64)
         ids[has] = len(self.words_out) + np.arange(int(has.sum()))
@@ -647,6 +646,21 @@ def _read_keys(given: list[str], shown: list[str], skip_empty: bool = False) -> 
     return [given[i] for i in kept], [read[i] for i in kept]
 
 
+def _inferred_pieces(model: str, data: pa.Table, format: str, doc_col: str, token_col: str, time_col: str | None,
+                     counts: Counts, table, options: dict) -> list:
+    """iter_inferred's batches of in-memory events, staged as a Parquet file of a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="doc2vec-infer-events-") as tmp:
+        path = os.path.join(tmp, "events.parquet")
+        pq.write_table(data, path)
+        try:
+            return list(iter_inferred(model, [path], format=format, doc_col=doc_col, token_col=token_col,
+                                      time_col=time_col, counts=counts, table=table, name="the events", **options))
+        except UserError as e:  # prepare names the file it read: ours, which the caller never saw
+            if path not in str(e):
+                raise
+            raise type(e)(str(e).replace(path, "the events")) from None
+
+
 def infer_events(model: str, events, *, doc_col: str = "user_id", token_col: str = "url", time_col: str | None = None,
                  table: Callable[[str], np.ndarray] | None = None, **options) -> np.ndarray:
     """Model.infer's work: in-memory events → [n_users, dim] float32 in the order users were given (see
@@ -657,19 +671,15 @@ def infer_events(model: str, events, *, doc_col: str = "user_id", token_col: str
     options.setdefault("progress", False)
     checked = {k: options[k] for k in ("epochs", "alpha", "min_alpha", "seed", "batch_users") if k in options}
     dim = model_settings(model, **checked).dim  # the model and the overrides checked, even for no users
-    if not data.num_rows:
+    if not read:  # no users (or only rows without a key, which prepare would skip): no rows
         return np.zeros((0, dim), np.float32)
+    urls = data.column(token_col)
+    urls = pc.list_flatten(urls) if format == "lists" else urls
+    pieces = []
     counts = Counts()
-    with tempfile.TemporaryDirectory(prefix="doc2vec-infer-events-") as tmp:
-        path = os.path.join(tmp, "events.parquet")
-        pq.write_table(data, path)
-        try:
-            pieces = list(iter_inferred(model, [path], format=format, doc_col=doc_col, token_col=token_col,
-                                        time_col=time_col, counts=counts, table=table, name="the events", **options))
-        except UserError as e:  # prepare names the file it read: ours, which the caller never saw
-            if path not in str(e):
-                raise
-            raise type(e)(str(e).replace(path, "the events")) from None
+    if pc.sum(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(urls.cast(pa.string()))), 0)).as_py():
+        pieces = _inferred_pieces(model, data, format, doc_col, token_col, time_col, counts, table, options)
+    # (else no user has a URL: each gets its row of NaN below, as one without a URL the model knows)
     _report(counts)
     result = np.full((len(read), dim), np.nan, np.float32)  # a user prepare left out (no URL at all) stays NaN
     position = {k: i for i, k in enumerate(read)}

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import modeldir, provenance
-from .compose import Composed, UrlComposer, no_vector_line
+from .compose import Composed, UrlComposer, no_vector_line, trained_only, untrained
 from .corpus import Corpus
 from .errors import UserError
 from .ids import id_string
@@ -189,8 +189,11 @@ class Model:
     def composer(self) -> UrlComposer:
         """The parts of the model's URLs, weighted by their training counts (compose.py), made once."""
         if self._composer is None:
-            vocab = self.dir.vocab()
-            self._composer = UrlComposer(vocab.column("token"), vocab.column("count").to_numpy())
+            vocab = self.dir.vocab()  # (a URL no event trained is one it never saw, as infer reads it)
+            counts = vocab.column("count").to_numpy()
+            tokens = trained_only(vocab.column("token").combine_chunks(),
+                                  untrained(counts, lambda ids: self.gather("words_out", ids)))
+            self._composer = UrlComposer(tokens, counts)
         return self._composer
 
     def composed(self, urls: str | list, table: str = "words_out") -> Composed:
@@ -569,10 +572,11 @@ def model_corpus(found: modeldir.ModelDir, path=None) -> tuple[Corpus | None, st
     try:
         corpus, problem = corpus_problem(path, found.key_count("docs"), found.key_count("words_out"),
                                          (found.manifest.get("corpus_stats") or {}).get("num_tokens"))
-        if corpus is not None:
-            problem = modeldir.other_rows(found.path, corpus)
-            if problem:
-                return None, f"the model's corpus {path} is not the one it was trained on: {problem}"
+        other = modeldir.other_rows(found, corpus) if corpus is not None else None
+        if other:
+            what, row, theirs, ours = other
+            return None, (f"the model's corpus {path} is not the one it was trained on: {found.path} was trained on "
+                          f"other {what} (row {row:,}: {theirs!r} in the model, {ours!r} in the corpus)")
     except UserError as exc:
         return None, f"the model's corpus cannot be read ({exc})"
     return corpus, problem

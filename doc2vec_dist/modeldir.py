@@ -700,20 +700,20 @@ def local_copy(model: str, cache: str | None = None) -> str:
     return local
 
 
-def other_rows(model: str, corpus) -> str | None:
+def other_rows(found: ModelDir, corpus) -> tuple[str, int, str, str] | None:
     """None where the model's users and URLs are the corpus's (a corpus.Corpus of the same counts), row for row
-    (its key tables are the corpus's, copied when it was made); else the first row that differs, in words:
-    another corpus of the same counts (the same events read in another order, a shuffled export) would give
-    each row another user's events. A remote model is not read (None)."""
-    if not Store.of(model).local:
+    (its key tables are the corpus's, copied when it was made); else the first row that differs: (users or URLs,
+    the row, the model's key there, the corpus's). Another corpus of the same counts (the same events read in
+    another order, a shuffled export) would give each row another user's events. Both key columns are compared
+    as memory-mapped (no copy of 20M keys); a remote model is not read (None)."""
+    if not found.store.local:
         return None
-    found = ModelDir(model)
     for table, ours, what in (("docs", corpus.docs().column("key"), "users"),
                               ("words", corpus.vocab().column("token"), "URLs")):
-        theirs, ours = found.keys(table), ours.combine_chunks()
+        path, column = found._key_file(table)
+        theirs = pa.ipc.open_file(pa.memory_map(path)).read_all().column(column)
         if theirs.equals(ours):
             continue
         row = pc.index(pc.not_equal(theirs, ours), True).as_py()
-        return (f"{model} was trained on other {what} than {corpus.path} holds (row {row:,}: {theirs[row].as_py()!r} "
-                f"in the model, {ours[row].as_py()!r} in the corpus)")
+        return what, row, theirs[row].as_py(), ours[row].as_py()
     return None

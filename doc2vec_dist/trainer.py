@@ -228,10 +228,12 @@ class Resume:
 def _same_rows(out: str, corpus: Corpus) -> None:
     """The model's users and URLs are the corpus's, row for row (modeldir.other_rows): a resume on another
     corpus of the same counts would train each row on another user's events, under the first user's key."""
-    other = modeldir.other_rows(out, corpus)
+    other = modeldir.other_rows(modeldir.ModelDir(out), corpus)
     if other:
-        raise UserError(f"{other.replace(' was trained', ': the checkpoint was trained', 1)}; resume on the corpus "
-                        "it was trained on, or refresh it: prepare with --base and train with --init-from")
+        what, row, theirs, ours = other
+        raise UserError(f"{out}: the checkpoint was trained on other {what} than {corpus.path} holds (row {row:,}: "
+                        f"{theirs!r} in the model, {ours!r} in the corpus); resume on the corpus it was trained on, "
+                        "or refresh it: prepare with --base and train with --init-from")
 
 
 def train(corpus_path: str, out: str, config: TrainConfig, overwrite: bool = False,

@@ -141,6 +141,18 @@ def test_a_correlation_with_a_constant_is_refused(trained_model, tmp_path):
     np.savetxt(path, np.ones((4, 4)))
     with pytest.raises(UserError, match=r"flat\.txt: every score is 1: a correlation with a constant is undefined"):
         pairs_metrics(trained_model, str(path))
+    # a file that varies, whose scored share does not (tune's validation and test shares)
+    from doc2vec_dist.evaluate import in_test_share
+
+    keys1, keys2 = [f"a{i}" for i in range(100)], [f"b{i}" for i in range(100)]
+    test = in_test_share(pa.array([f"{a}\x1f{b}" for a, b in zip(keys1, keys2)], pa.string()), 0.2, 0)
+    assert 3 <= test.sum() < 100
+    share = tmp_path / "share.csv"
+    share.write_text("key1,key2,score\n" + "".join(f"{a},{b},{1.0 if t else i / 100}\n"
+                                                   for i, (a, b, t) in enumerate(zip(keys1, keys2, test))))
+    with pytest.raises(UserError, match=r"share\.csv: every score of the test share is 1: a correlation with a "
+                                        "constant is undefined"):
+        pairs_metrics(trained_model, str(share), test_fraction=0.2)
 
 
 def test_a_missing_csv_pairs_file_is_a_user_error(tmp_path):

@@ -416,6 +416,24 @@ def test_urls_of_the_vocabulary_that_no_event_trained_count_as_urls_the_model_ne
     with pytest.raises(UserError, match="3 of them are, but no event trained them: held out, or cut by "
                                         "max_tokens_per_doc"):
         Model.load(trained_model).infer({"unseen": untrained}, compose=False)
+    # Model.composed (url_vectors, export --urls, neighbors --url) reads them as infer does: not their zero row
+    composed = Model.load(trained_model).composed(untrained)
+    assert "own" not in composed.source.to_pylist() and composed.has_vector.all(), composed.source
+    assert Model.load(trained_model).composed(trained).source.to_pylist() == ["own"] * 3
+
+
+def test_model_infer_of_no_usable_key_or_no_url_at_all_answers_as_documented(trained_model):
+    """A table whose every key is null gave prepare's "nothing to prepare, every row was skipped", and {"a": None}
+    its "no token occurs at least min_count=1 times" (a setting no Model.infer caller gave): no users, no rows;
+    a user without URLs, a row of NaN named in a warning, as the docstring says."""
+    from doc2vec_dist.scoring import ServingWarning
+
+    model = Model.load(trained_model)
+    url = model.keys("words_out")[0].as_py()
+    assert model.infer(pa.table({"user_id": pa.array([None, None], pa.string()), "url": [url, url]})).shape == (0, 32)
+    with pytest.warns(ServingWarning, match=r"1 user has no URL the model knows \(a\)"):
+        rows = model.infer({"a": None})
+    assert rows.shape == (1, 32) and np.isnan(rows).all()
 
 
 def test_infer_refuses_a_learning_rate_that_is_not_a_finite_number(trained_model):

@@ -211,3 +211,17 @@ def test_a_model_on_s3_has_one_writer_at_a_time(s3):
         writer.beat()  # the heartbeat rewrites the object
         assert objects(s3, "locked") == [checkpoint.WRITER_FILE]
     assert objects(s3, "locked") == []
+
+
+def test_a_pairs_dataset_on_s3_is_read_as_a_table(s3):
+    """evaluate --pairs s3://…/pairs/ (a Parquet dataset, as --labels reads one) was read as a Lee matrix: 'not a
+    numeric similarity matrix'."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from doc2vec_dist.evaluate import read_pairs
+
+    table = pa.table({"key1": ["a", "c"], "key2": ["b", "d"], "score": [0.5, 1.0]})
+    pq.write_table(table, f"{BUCKET}/pairs/part-0.parquet", filesystem=s3[1])
+    keys1, keys2, scores = read_pairs(uri(s3, "pairs"))
+    assert (keys1, keys2, scores.tolist()) == (["a", "c"], ["b", "d"], [0.5, 1.0])

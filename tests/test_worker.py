@@ -253,8 +253,8 @@ def test_documents_resident_or_swapped_by_partition_train_what_documents_pulled_
         assert info["partitions"] == 1 if not settings else info["partitions"] >= 3, info["partitions"]
         # said through the driver (an actor's log line reached no terminal nor Ray's log files)
         assert info["said"] == ([] if not settings else [
-            f"worker 0: its 1,500 documents' rows do not fit its --device-memory: held in {info['partitions']} "
-            "partitions, one at a time"])
+            (f"worker 0: its 1,500 documents' rows do not fit its --device-memory: held in {info['partitions']} "
+            "partitions, one at a time")])
         resident = info["stats"][-1]["bytes"]["resident_pulled"]
         assert resident == (info["partitions"] > 1) * 1500 * 16 * 4  # each partition pulled once an epoch, once held
         assert info["stats"][-1]["bytes"]["pulled"] == info["stats"][-1]["bytes"]["pushed"] == 0
