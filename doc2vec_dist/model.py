@@ -404,7 +404,9 @@ class Model:
     def _seen_urls(self, rows: np.ndarray, asked: bool) -> list[np.ndarray] | None:
         """The URL ids each user of `rows` visited (its tokens in the model's corpus); None, with a
         warning, where the corpus cannot be read (an error when exclude_seen was asked for)."""
-        if self._corpus is None:  # checked once a Model: another corpus of the same sizes would answer for others
+        # checked once a Model, and again where corpus.json changed since (a serving process outlives a prepare):
+        # another corpus of the same sizes would answer for other users
+        if self._corpus is None or (self._corpus[0] is not None and self._corpus[0].replaced_since()):
             self._corpus = model_corpus(self.dir)
         corpus, problem = self._corpus
         if problem is None:

@@ -22,6 +22,7 @@ from doc2vec_dist import modeldir, runlog
 from doc2vec_dist.cli import main
 from doc2vec_dist.config import TrainConfig
 from doc2vec_dist.corpus import Corpus
+from doc2vec_dist.errors import UserError
 from doc2vec_dist.evaluate import heldout_metrics
 from doc2vec_dist.metrics import RECORD_SECONDS, RunMetrics
 from doc2vec_dist.trainer import train
@@ -397,6 +398,10 @@ def test_evaluate_and_neighbors_check_the_corpus_as_the_page_does(corpora, tmp_p
     assert main(["evaluate", "--model", model, "--heldout", corpora["heldout"]]) == 0
     assert main(["neighbors", "--model", model, "--key", user, "--against", "words_out"]) == 0
     capsys.readouterr()
+    from doc2vec_dist.model import Model
+
+    served = Model.load(model)  # a serving process, loaded before the corpus is replaced
+    served.neighbors([user], against="words_out", exclude_seen=True)
     # the same events in another order: the same sizes and tokens, other users on each row
     events = pq.read_table(os.path.join(os.path.dirname(corpora["ours"]), "events_ours", "events"))
     pq.write_table(events.take(np.random.default_rng(7).permutation(len(events))), tmp_path / "shuffled.parquet")
@@ -414,6 +419,8 @@ def test_evaluate_and_neighbors_check_the_corpus_as_the_page_does(corpora, tmp_p
     assert main(["neighbors", "--model", model, "--key", user, "--against", "words_out", "--exclude-seen"]) == 2
     err = capsys.readouterr().err.strip().splitlines()  # asked for: refused
     assert len(err) == 1 and "is not the one it was trained on" in err[0] and "--no-exclude-seen" in err[0], err
+    with pytest.raises(UserError, match="is not the one it was trained on"):  # checked again: corpus.json changed
+        served.neighbors([user], against="words_out", exclude_seen=True)
 
 
 def test_a_gensim_models_corpus_of_the_same_keys_but_other_events_is_found_out(corpora, tmp_path):
