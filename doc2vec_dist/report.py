@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import outputs, runlog
+from .config import engine_only
 from .corpus import sample_documents
 from .errors import UserError
 from .export import most_visited_hosts
@@ -201,8 +202,12 @@ class _Page:
     # -- the run ---------------------------------------------------------------------------------
     def run_section(self) -> None:
         s, m, summary = self.settings, self.found.manifest, self.summary
-        settings = [(k, s.get(k)) for k in KEY_SETTINGS if k in s]
-        rest = sorted((k, v) for k, v in s.items() if k not in KEY_SETTINGS and k not in ("summary", "corpus"))
+        gensim = s.get("trainer") == "gensim" or summary.get("trainer") == "gensim"
+        # a gensim baseline's config.json holds the engine's options at their defaults, which it never used
+        unused = engine_only() if gensim else set()
+        settings = [(k, s.get(k)) for k in KEY_SETTINGS if k in s and k not in unused]
+        rest = sorted((k, v) for k, v in s.items()
+                      if k not in KEY_SETTINGS and k not in ("summary", "corpus") and k not in unused)
         body = ['<div class="cols"><div>', "<h3>Settings, as resolved</h3>", _table(settings),
                 f"<details><summary>all {len(settings) + len(rest)} settings</summary>{_table(rest)}</details></div>"]
         corpus = [("path", s.get("corpus"))]
@@ -228,7 +233,7 @@ class _Page:
         for i, start in enumerate(starts):
             for where in start.get("where") or []:
                 cluster.append((f"run {i + 1}" if len(starts) > 1 else "placed", where))
-        if s.get("trainer") == "gensim" or summary.get("trainer") == "gensim":
+        if gensim:
             cluster = [("trainer", (f"gensim ({summary.get('gensim_mode', '?')} mode), "
                                    f"{summary.get('workers', '?')} threads"))]
         body += ["<h3>Cluster</h3>", _table(cluster)]

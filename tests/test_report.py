@@ -360,6 +360,8 @@ def test_another_corpus_where_the_models_was_is_left_out_of_the_page_with_a_warn
     assert main(["report", "--model", model, "--out", page]) == 0  # its own corpus: read
     text = pathlib.Path(page).read_text(encoding="utf-8")
     assert f"<td>tokens</td><td>{Corpus(corpus).num_tokens:,}</td>" in text and "less those visited" in text
+    # a gensim model's settings, less the engine's options its config.json holds at their defaults (num_ps 2, …)
+    assert "<td>dim</td><td>16</td>" in text and "<td>num_ps</td>" not in text and "<td>macro_batch</td>" not in text
     assert capsys.readouterr().err == ""
     lengths = dict(zip(modeldir.ModelDir(model).keys("docs").to_pylist(),
                        Corpus(corpus).docs().column("length").to_pylist()))
