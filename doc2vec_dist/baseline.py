@@ -180,7 +180,6 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
     if gensim_mode == "iterable":
         documents_ = TaggedCorpus(corpus)
         model.build_vocab(documents_)
-        bounds = cut_bounds(long, _always_kept(model, corpus.vocab_size))
         t0 = time.perf_counter()
         model.train(documents_, total_examples=model.corpus_count, total_words=model.corpus_total_words,
                     epochs=config.epochs)
@@ -192,7 +191,6 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
             text = os.path.join(tmp, "corpus.txt")
             order = write_corpus_file(corpus, text)
             model.build_vocab(corpus_file=text)
-            bounds = cut_bounds(long, _always_kept(model, corpus.vocab_size))
             t0 = time.perf_counter()
             model.train(corpus_file=text, total_examples=model.corpus_count,
                         total_words=model.corpus_total_words, epochs=config.epochs)
@@ -206,6 +204,10 @@ def _train(corpus: Corpus, out: str, config: TrainConfig, workers: int, gensim_m
 
     # gensim orders its vocabulary by its own rule; put rows back at our word ids
     word_ids = np.array([int(k) for k in model.wv.index_to_key], dtype=np.int64)
+    # (its subsampling's draws, fixed by build_vocab: which words it never drops, for what its cut certainly took)
+    always_kept = (np.ones(corpus.vocab_size, bool) if not model.sample else
+                   _by_id(np.asarray(model.wv.expandos["sample_int"]) == ALWAYS_KEPT, word_ids, corpus.vocab_size))
+    bounds = cut_bounds(long, always_kept)
     tables = {"docs": docs, "words_out": _by_id(model.syn1neg, word_ids, corpus.vocab_size)}
     if config.trains_words():
         tables["words"] = _by_id(model.wv.vectors, word_ids, corpus.vocab_size)
@@ -255,16 +257,6 @@ class _EpochCounts:
         model._log_epoch_end = recorded
 
 
-def _always_kept(model, vocab_size: int) -> np.ndarray:
-    """By our word id, whether gensim's subsampling never drops the word (every word without subsampling)."""
-    if not model.sample:
-        return np.ones(vocab_size, dtype=bool)
-    out = np.zeros(vocab_size, dtype=bool)
-    out[np.array([int(k) for k in model.wv.index_to_key], dtype=np.int64)] = \
-        np.asarray(model.wv.expandos["sample_int"]) == ALWAYS_KEPT
-    return out
-
-
 def _figures(corpus: Corpus, epochs: int, counts: _EpochCounts, bounds: dict, gensim_mode: str) -> dict:
     """The run's tokens as gensim counted them, less the tokens past its cut that it certainly did not read,
     and what is known of its cut; a warning when it cut, or may have cut, documents."""
@@ -290,7 +282,7 @@ def _figures(corpus: Corpus, epochs: int, counts: _EpochCounts, bounds: dict, ge
 
 
 def _by_id(matrix: np.ndarray, word_ids: np.ndarray, vocab_size: int) -> np.ndarray:
-    """gensim's rows placed at our word ids; words gensim never saw (count 0) stay zero."""
-    out = np.zeros((vocab_size, matrix.shape[1]), dtype=np.float32)
+    """gensim's rows (or values) placed at our word ids; words gensim never saw (count 0) stay zero (False)."""
+    out = np.zeros((vocab_size, *matrix.shape[1:]), dtype=matrix.dtype)
     out[word_ids] = matrix
     return out
