@@ -515,9 +515,12 @@ class ModelDir:
 
     def keys(self, table: str) -> pa.Array:
         """Row id → original key (user id or URL) of a table; the key files are sorted by id."""
+        return self.key_column(table).combine_chunks()
+
+    def key_column(self, table: str) -> pa.ChunkedArray:
+        """keys(), as the key file's batches hold them: memory-mapped, not copied (20M keys compared in place)."""
         path, column = self._key_file(table)
-        with pa.memory_map(path) as source:
-            return pa.ipc.open_file(source).read_all().column(column).combine_chunks()
+        return pa.ipc.open_file(pa.memory_map(path)).read_all().column(column)
 
     def key_count(self, table: str) -> int:
         """Rows of a table's key file, without reading the keys (the file is memory-mapped)."""
@@ -710,8 +713,7 @@ def other_rows(found: ModelDir, corpus) -> tuple[str, int, str, str] | None:
         return None
     for table, ours, what in (("docs", corpus.docs().column("key"), "users"),
                               ("words", corpus.vocab().column("token"), "URLs")):
-        path, column = found._key_file(table)
-        theirs = pa.ipc.open_file(pa.memory_map(path)).read_all().column(column)
+        theirs = found.key_column(table)
         if theirs.equals(ours):
             continue
         row = pc.index(pc.not_equal(theirs, ours), True).as_py()
