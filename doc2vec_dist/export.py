@@ -241,10 +241,12 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
                                                        for p in range(len(spec["parts"])))
                 write_parquet(tmp, chunks, bar.update, source)
                 tasks = [{"part": p, "rows": part["rows"], **where()} for p, part in enumerate(spec["parts"])]
+                ran = "process"  # a single .parquet file has one writer: this process
             else:
                 targets = _start_output(format, tmp, pieces, keys, spec, dtype, source,
                                         keys_staged.path if keys_staged else None)
                 tasks = _run_parts(model, version, table, format, targets, normalize, dtype, source, keys, runner, bar)
+                ran = "process" if runner is None else "tasks"  # threads of this process, or Ray tasks
                 if format == "word2vec":
                     _join_text(tmp, f"{spec['rows']} {spec['dim']}\n", targets)
                     with open(marker_staged.path, "w") as fh:
@@ -257,10 +259,8 @@ def export(model: str, table: str, out: str, format: str = "parquet", progress: 
     return {"table": table, "rows": spec["rows"], "dim": spec["dim"], "path": out, "keys_path": keys_path,
             "format": format, "dtype": dtype,
             "normalized": normalize, "parts": len(spec["parts"]), "tasks": tasks,
-            # where the parts were written: Ray tasks (runner), or this process (threads; a single .parquet file,
-            # which has one writer)
-            "ran": "tasks" if runner is not None and not (format == "parquet" and out.endswith(".parquet"))
-            else "process", "seconds": round(seconds, 3), "rows_per_second": spec["rows"] / seconds if seconds else 0.0,
+            "ran": ran,  # where the parts were written
+            "seconds": round(seconds, 3), "rows_per_second": spec["rows"] / seconds if seconds else 0.0,
             "peak_rss_bytes": peak_rss_bytes()}
 
 
