@@ -90,6 +90,7 @@ from .errors import UserError
 from .ids import mix64
 from .prepare import prepare
 from .read_formats import _as_strings
+from .readers import _stripped
 from .sampling import NegativeTable, keep_probabilities
 from .scoring import NAMED, ServingWarning, counted, named
 from .shard_pass import EMPTY_KEYS_FILE
@@ -630,8 +631,8 @@ def _urls_of(user, urls) -> list[str] | None:
 def _read_keys(given: list[str], shown: list[str], skip_empty: bool = False) -> tuple[list[str], list[str]]:
     """(given, read) less the users whose key is empty once stripped (skip_empty: a table's rows, which
     prepare skips and counts; else a UserError): `read` is each key as prepare reads it, stripped of
-    whitespace as readers._stripped strips. Two given keys read as one are a UserError naming both."""
-    read = pc.utf8_trim_whitespace(pa.array(given, pa.string())).to_pylist()
+    whitespace by readers._stripped itself. Two given keys read as one are a UserError naming both."""
+    read = _stripped(pa.array(given, pa.string()), "key", "the events", 0, None).to_pylist()
     first: dict[str, int] = {}
     for i, key in enumerate(read):
         if not key and not skip_empty:
