@@ -194,8 +194,10 @@ class TrainConfig:
                                     "a whole rotation of the blocks: the workers walk the corpus together as one "
                                     "worker would, a document's rounds follow one another instead of spreading over "
                                     "the epoch, and the blocks move once per segment (default: 16 on text corpora, "
-                                    "where Lee measured it to keep one worker's quality; else 1, which browsing "
-                                    "logs hold at and which moves the blocks least)", engine=True)
+                                    "where Lee measured it to keep one worker's quality; else 4 where each CPU "
+                                    "worker's round still holds 250,000 tokens or more, which kept the long tail "
+                                    "of URLs better, and 1 on smaller corpora and GPU workers, which moves the "
+                                    "blocks least)", engine=True)
     cache_rows: int | None = _f(None, "hottest words_out rows kept resident in each worker (on its GPU, if any) "
                                       "between macro-batches: neither pulled nor pushed every step; synced every "
                                       "few batches (default: every row that fits 2 GiB with one worker, none with "
@@ -370,6 +372,14 @@ def _check_choices(obj: Any) -> None:
 # --segments' default on text corpora (settings.resolve): what Lee and mini_newsgroup measured to hold one
 # worker's quality with several workers (settings.SEGMENTS_MEASURED, docs/benchmarks.md)
 TEXT_SEGMENTS = 16
+# --segments' default on other corpora trained by CPU workers where a worker's round still holds ROUND_TOKENS
+# tokens of the corpus or more (settings.default_segments; else 1): one segment's rounds last half an epoch at
+# 2 workers, and the long tail loses (synth200k, 3 seeds: recall@10 without the 10 most common URLs -0.0038 at
+# 2 workers, -0.0014 at 4 segments; the whole PyPI set at 2 workers +0.0011 overall at 1 segment, +0.0039 at 4,
+# at 1.60x one worker's tokens/s where 1 segment ran 1.85x; 16 segments cost a third of the speed for no more;
+# docs/benchmarks.md, "The rounds' length on events")
+EVENT_SEGMENTS = 4
+ROUND_TOKENS = 250_000
 
 
 def is_text(corpus: Any) -> bool:

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .config import TEXT_SEGMENTS, TrainConfig, is_text
+from .config import EVENT_SEGMENTS, ROUND_TOKENS, TEXT_SEGMENTS, TrainConfig, is_text
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,20 @@ def _segments(config: TrainConfig) -> int:
     if config.segments is None:  # the default depends on the corpus: resolve sets it
         raise ValueError("segments is not settled for the corpus yet (settings.resolve)")
     return config.segments
+
+
+def default_segments(config: TrainConfig, corpus: Any) -> int:
+    """--segments where not given: TEXT_SEGMENTS on text; on other corpora EVENT_SEGMENTS where CPU workers
+    on the block schedule would each still hold ROUND_TOKENS tokens of the corpus a round (its tokens over
+    workers² × segments), else 1 (a small corpus's rounds are a fixed cost it cannot pay; GPU workers compute
+    a round's tokens too fast, unmeasured)."""
+    if is_text(corpus):
+        return TEXT_SEGMENTS
+    workers = config.num_workers
+    if workers > 1 and not config.gpus_per_worker and \
+            getattr(corpus, "num_tokens", 0) >= ROUND_TOKENS * workers * workers * EVENT_SEGMENTS:
+        return EVENT_SEGMENTS
+    return 1
 
 
 def rounds(config: TrainConfig) -> int:
@@ -188,7 +202,7 @@ class RunSettings:
 
     config: TrainConfig       # the run's config: its --segments settled, and as placed (resident_docs)
     words_out_rows: int       # the corpus's URLs: the rows of words_out (and of words where trained)
-    segments: int             # --segments, settled: TEXT_SEGMENTS on text, else 1, unless given
+    segments: int             # --segments, settled: default_segments unless given
     blocks: bool              # the block schedule: several workers take turns at blocks of the URL rows
     rounds: int               # rounds in an epoch: a rotation of the blocks for each segment, else 1
     plan: str                 # how the corpus is divided among the workers: "interleaved" or "runs"
@@ -270,7 +284,7 @@ def resolve(config: TrainConfig, corpus: Any, cluster: dict[str, float] | None =
             raise UserError(f"bad training config: {MISSING}")
     asked = config.segments
     if config.segments is None:
-        segments = (saved or {}).get("segments") or (TEXT_SEGMENTS if is_text(corpus) else 1)
+        segments = (saved or {}).get("segments") or default_segments(config, corpus)
         config = dataclasses.replace(config, segments=int(segments))
     if cluster is not None:
         config = _fit(config, corpus, cluster)

@@ -110,12 +110,34 @@ def test_on_a_text_corpus_the_workers_walk_it_in_16_segments_unless_told(ray_clu
     for given, segments in ((None, TEXT_SEGMENTS), (1, 1)):
         model = str(tmp_path / f"m{given}")
         train(corpus.path, model, TrainConfig(**{**TWO, "epochs": 1, "segments": given}))
-        rounds = writers(str(journal), "words_out")
-        assert sorted(rounds) == [(0, r) for r in range(2 * segments)], given
-        _, manifest = modeldir.load_manifest(model)
-        assert manifest["config"]["segments"] == segments
-        assert manifest["plan"] == ("interleaved" if segments > 1 else "runs")
-        shutil.rmtree(journal)
+        walked_in(str(journal), model, segments)
+
+
+def walked_in(journal: str, model: str, segments: int) -> None:
+    """A 2-worker epoch's model and the servers' journal (then emptied) say the run walked it in `segments`
+    segments: 2 rounds each, recorded in the manifest with the plan they take."""
+    rounds = writers(journal, "words_out")
+    assert sorted(rounds) == [(0, r) for r in range(2 * segments)], model
+    _, manifest = modeldir.load_manifest(model)
+    assert manifest["config"]["segments"] == segments
+    assert manifest["plan"] == ("interleaved" if segments > 1 else "runs")
+    shutil.rmtree(journal)
+
+
+def test_on_browsing_logs_the_workers_walk_it_in_4_segments_where_its_rounds_hold_enough_tokens(
+        ray_cluster, sample_corpus, tmp_path, monkeypatch):
+    """--segments' default on other corpora (settings.default_segments): 4 where each worker's round still
+    holds ROUND_TOKENS tokens (the corpus's tokens >= ROUND_TOKENS x workers² x 4), else 1; recorded in the
+    checkpoint. The sample is far below the real threshold, so the threshold is lowered to it here."""
+    tokens = Corpus(sample_corpus[0]).num_tokens
+    journal = tmp_path / "journal"
+    monkeypatch.setenv(PUSH_JOURNAL_ENV, str(journal))
+    monkeypatch.setenv(HANDOVER_ENV, "0")  # every round's block pushed home, so the journal has every round
+    for threshold, segments in ((tokens // 16, 4), (tokens // 16 + 1, 1)):
+        monkeypatch.setattr(settings, "ROUND_TOKENS", threshold)
+        model = str(tmp_path / f"m{threshold}")
+        train(sample_corpus[0], model, TrainConfig(**{**TWO, "epochs": 1}))
+        walked_in(str(journal), model, segments)
 
 
 def tables_of(model: str) -> dict[str, np.ndarray]:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from doc2vec_dist import checkpoint
-from doc2vec_dist.config import TrainConfig
+from doc2vec_dist.config import EVENT_SEGMENTS, ROUND_TOKENS, TEXT_SEGMENTS, TrainConfig
 from doc2vec_dist.errors import UserError
 from doc2vec_dist.settings import SHORT_DOCS_MEASURED, RunSettings, resolve
 
@@ -25,14 +25,36 @@ def test_resolve_decides_the_segments_rounds_plan_path_and_macro_batch_once():
     assert isinstance(text, RunSettings)
     assert (text.segments, text.blocks, text.rounds, text.plan, text.token_path) == (16, True, 32, "interleaved", True)
     assert text.config.segments == 16 and text.resident_rows == 50_000 and text.kernel == "exact"
-    events = resolve(TrainConfig(num_workers=2), EVENTS)
-    assert (events.segments, events.rounds, events.plan) == (1, 2, "runs")
+    events = resolve(TrainConfig(num_workers=4), EVENTS)  # 10M tokens: rounds of 156k tokens at 4 segments
+    assert (events.segments, events.rounds, events.plan) == (1, 4, "runs")
+    events = resolve(TrainConfig(num_workers=2), EVENTS)  # 10M tokens: rounds of 625k tokens at 4 segments
+    assert (events.segments, events.rounds, events.plan) == (4, 8, "interleaved")
     assert resolve(TrainConfig(num_workers=2, segments=3), TEXT).segments == 3  # given: kept
     shared = resolve(TrainConfig(num_workers=4, schedule="shared"), EVENTS)
     assert (shared.token_path, shared.resident_rows, shared.macro_batch) == (False, 0, 65536)
     assert resolve(TrainConfig(kernel="batched"), EVENTS).macro_batch == 1_048_576  # the device's examples
     with pytest.raises(dataclasses.FrozenInstanceError):
         text.segments = 1
+
+
+def test_on_events_the_segments_default_to_4_where_each_workers_round_holds_round_tokens():
+    """settings.default_segments: the long tail of URLs held better at 4 segments (synth200k, the whole PyPI
+    set at 2 workers; docs/benchmarks.md) where the rounds stay long enough to cost little; not on GPU
+    workers (unmeasured there), and given or resumed segments win."""
+    edge = ROUND_TOKENS * 2 * 2 * EVENT_SEGMENTS  # 2 workers
+
+    def segments(tokens: int, **config) -> int:
+        corpus = SimpleNamespace(num_tokens=tokens, vocab_size=100_000, meta={})
+        return resolve(TrainConfig(**{"num_workers": 2, **config}), corpus).segments
+
+    assert (segments(edge), segments(edge - 1)) == (EVENT_SEGMENTS, 1)
+    assert segments(edge * 4 - 1, num_workers=4) == 1 and segments(edge * 4, num_workers=4) == EVENT_SEGMENTS
+    assert segments(edge, num_workers=1) == 1  # no block schedule
+    assert segments(edge, gpus_per_worker=1) == 1
+    assert segments(edge, segments=2) == 2
+    assert resolve(TrainConfig(num_workers=2), SimpleNamespace(num_tokens=edge, vocab_size=10, meta={}),
+                   saved={"segments": 1}).segments == 1
+    assert segments(edge * 100) == EVENT_SEGMENTS and TEXT_SEGMENTS == 16
 
 
 def test_a_resume_resolves_its_segments_from_the_checkpoints_settings():

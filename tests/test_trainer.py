@@ -418,7 +418,8 @@ def test_settings_measured_to_lose_quality_are_warned_about_and_the_recipes_are_
     # --segments' default settles to 16 there (settings.resolve), so the default warns of nothing
     assert resolve(TrainConfig(num_workers=2), text_corpus).warnings == ()
     assert resolve(TrainConfig(num_workers=2), text_corpus).segments == 16
-    assert resolve(TrainConfig(num_workers=2), Big).segments == 1
+    assert resolve(TrainConfig(num_workers=2), Big).segments == 4  # events this large: settings.default_segments
+    assert resolve(TrainConfig(num_workers=2), Big).warnings == ()
     assert resolve(TrainConfig(num_workers=2, segments=3), text_corpus).segments == 3  # given: kept
     (text,) = resolve(TrainConfig(num_workers=2, segments=1), text_corpus).warnings
     assert "text corpora with --segments 1 (" in text and "; use --segments 16, the default on text (at --segments 16 Lee" in text
