@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from doc2vec_dist.corpus import Corpus
     from doc2vec_dist.plan_model import bytes_per_token
+    from doc2vec_dist.settings import resolve
 
     found = Corpus(corpus)
     cpus = max([w * base.cpus_per_worker for w in args.workers] + list(args.threads) + [os.cpu_count() or 1])
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
         for w in args.workers:
             config = dataclasses.replace(base, num_workers=w)
             row = {"workers": w, **run_ours(corpus, args.workdir, config, f"w{w}"),
-                   "planned_bytes_per_token": bytes_per_token(found, config, w)}
+                   "planned_bytes_per_token": bytes_per_token(found, config, w),
+                   "segments": resolve(config, found).segments}  # the default's, unless --config gives them
             if args.through_servers and w > 1:
                 from doc2vec_dist.settings import HANDOVER_ENV
 
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
             result["workers"].append(row)
             # the split said at once and the figures saved after each run: a run killed by a time limit (the
             # GPU machine's) keeps what it measured
-            print(f"[scaling] {w} worker(s): {row['tokens_per_second'] / 1e6:.3f}M tokens/s; "
+            print(f"[scaling] {w} worker(s), {row['segments']} segment(s): {row['tokens_per_second'] / 1e6:.3f}M tokens/s; "
                   f"worker time {worker_split(row['worker_seconds'])}", file=sys.stderr, flush=True)
             save_json(result, partial, say=False)
         for t in args.threads:

@@ -258,6 +258,7 @@ def test_the_scaling_job_measures_workers_and_threads_beside_gensim(ray_cluster,
     result = job.main(["--corpus", sample_corpus[0], "--workers", "1", "2", "--threads", "1", "2", "--epochs", "1",
                        "--dim", "16", "--no-warmup", "--workdir", str(tmp_path), "--json", str(out)])
     assert [r["workers"] for r in result["workers"]] == [1, 2]
+    assert [r["segments"] for r in result["workers"]] == [1, 1]  # the sample's default: its rounds are short
     assert result["workers"][0]["efficiency"] == pytest.approx(1.0)
     for row in result["workers"]:  # the counters' bytes per token, and plan's prediction of them
         measured, planned = (sum(row[k].values()) for k in ("bytes_per_token", "planned_bytes_per_token"))

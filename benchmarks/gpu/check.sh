@@ -185,7 +185,7 @@ t=$SECONDS
 timeout $(( $(left) > 40 ? $(left) - 20 : 20 )) python3 benchmarks/scaling.py --corpus "$W/corpus" --workers $SCALE_WORKERS \
   --threads $SCALE_THREADS --epochs 1 --num-ps 4 --workdir "$W/scaling" --json "$OUT/scaling.json"
 rc=$?
-summary "| scaling, $(nproc) cores, 1 epoch | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/scaling.json')); print('workers ' + ', '.join(f\"{x['workers']}: {x['tokens_per_second']/1e6:.2f}M ({x['efficiency']:.2f}, barrier {100*x['worker_seconds']['barrier']/max(sum(x['worker_seconds'].values()),1e-9):.0f}%)\" for x in r['workers']) + '; threads ours/gensim ' + ', '.join(f\"{x['threads']}: {x['ours']['tokens_per_second']/1e6:.2f}M/{x.get('gensim',{}).get('tokens_per_second',0)/1e6:.2f}M\" for x in r['threads']))" 2>/dev/null) | $((SECONDS - t)) |"
+summary "| scaling, $(nproc) cores, 1 epoch | rc $rc; $(python3 -c "import json; r=json.load(open('$OUT/scaling.json')); print('workers ' + ', '.join(f\"{x['workers']}: {x['tokens_per_second']/1e6:.2f}M ({x['efficiency']:.2f}, {x.get('segments', 1)} segment(s), barrier {100*x['worker_seconds']['barrier']/max(sum(x['worker_seconds'].values()),1e-9):.0f}%)\" for x in r['workers']) + '; threads ours/gensim ' + ', '.join(f\"{x['threads']}: {x['ours']['tokens_per_second']/1e6:.2f}M/{x.get('gensim',{}).get('tokens_per_second',0)/1e6:.2f}M\" for x in r['threads']))" 2>/dev/null) | $((SECONDS - t)) |"
 grep "\[scaling\]" "$OUT/log" | sed 's/^/    /' >> "$OUT/summary.md"
 fi
 # the GPU through Ray (its last epoch) against the CPU cores' best in this call (W CPU workers, or one of T threads)
