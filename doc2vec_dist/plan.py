@@ -246,8 +246,8 @@ def plan(corpus_path: str | None, config: TrainConfig, calibrate_seconds: float 
     if corpus_path is not None:
         return _plan(scaled_corpus(Corpus(corpus_path), users), config, **how)
     events = _Sizes(round(users * tokens_per_user), urls)  # (no text: the default --segments of events)
-    config = resolve(config, events).config
-    sample_tokens = estimate_sample_tokens(config, calibration_config(config, calibrate_workers) if run_calibration
+    settled = resolve(config, events).config  # (_plan resolves config itself, on the estimated corpus)
+    sample_tokens = estimate_sample_tokens(settled, calibration_config(settled, calibrate_workers) if run_calibration
                                            else None, events.num_tokens, urls, tokens_per_user, calibrate_seconds)
     os.makedirs(workdir or tempfile.gettempdir(), exist_ok=True)
     work = tempfile.mkdtemp(prefix="estimate-", dir=workdir or tempfile.gettempdir())
@@ -290,6 +290,7 @@ def first_epoch_tokens(corpus: Corpus, config: TrainConfig) -> int:
 def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir: str | None,
           run_calibration: bool, measure: Callable[[str], dict] | None, network_gbps: float,
           calibrate_workers: int, gpu: dict | None = None) -> dict:
+    asked = config.segments  # None: each row of the scaling table takes its own count's default (default_segments)
     settings = resolve(config, corpus)
     config = settings.config
     tables = table_specs(config, corpus)
@@ -377,7 +378,8 @@ def _plan(corpus: Corpus, config: TrainConfig, calibrate_seconds: float, workdir
     listed = scaling_workers(config)
     result["device"] = device
     result["documents"] = document_ways(corpus, sized, device)
-    result["scaling"] = scaling_plan(corpus, sized, cal, network_gbps, profile, workers=listed, gpu=gpu)
+    result["scaling"] = scaling_plan(corpus, dataclasses.replace(sized, segments=asked), cal, network_gbps, profile,
+                                     workers=listed, gpu=gpu)
     unlisted = [w for w in listed if refused_workers(config, w)]
     result["scaling_unlisted"] = {"workers": unlisted, "why": refused_workers(config, unlisted[0])} if unlisted else None
     scaled = None

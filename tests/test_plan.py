@@ -1062,3 +1062,17 @@ def test_the_fewer_workers_benchmark_takes_named_corpora_and_refuses_a_value_wit
         bench.named_corpora(["/x"])
     with pytest.raises(SystemExit, match=r"holds no prepared corpus"):
         bench.named_corpora([f"e={tmp_path}"])
+
+
+def test_each_row_of_an_estimate_takes_its_own_counts_default_segments():
+    """--segments' default on events depends on the workers (settings.default_segments: 4 where each worker's
+    round holds ROUND_TOKENS tokens): a plan of 20M tokens counts 2 and 4 workers' rounds at 4 segments and 8
+    workers' at one, as their runs would walk it, not every row at the planned count's segments."""
+    cfg = TrainConfig(dim=16, epochs=1, num_ps=2, progress=False)
+    result = plan.plan(None, cfg, run_calibration=False, users=1_000_000, urls=5000, tokens_per_user=20)
+    assert result["corpus"]["tokens"] == 20_000_000
+    rounds = {r["workers"]: r["rounds_per_epoch"] for r in result["scaling"]}
+    assert {w: rounds[w] for w in (1, 2, 4, 8)} == {1: 1, 2: 2 * 4, 4: 4 * 4, 8: 8}
+    given = plan.plan(None, dataclasses.replace(cfg, segments=2), run_calibration=False, users=1_000_000, urls=5000,
+                      tokens_per_user=20)
+    assert {r["workers"]: r["rounds_per_epoch"] for r in given["scaling"]}[8] == 16  # given: every row's
