@@ -73,7 +73,7 @@ def default_segments(config: TrainConfig, corpus: Any) -> int:
     if is_text(corpus):
         return TEXT_SEGMENTS
     workers = config.num_workers
-    if workers > 1 and not config.gpus_per_worker and \
+    if blocks(config) and not config.gpus_per_worker and \
             getattr(corpus, "num_tokens", 0) >= ROUND_TOKENS * workers * workers * EVENT_SEGMENTS:
         return EVENT_SEGMENTS
     return 1

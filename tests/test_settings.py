@@ -50,6 +50,7 @@ def test_on_events_the_segments_default_to_4_where_each_workers_round_holds_roun
     assert (segments(edge), segments(edge - 1)) == (EVENT_SEGMENTS, 1)
     assert segments(edge * 4 - 1, num_workers=4) == 1 and segments(edge * 4, num_workers=4) == EVENT_SEGMENTS
     assert segments(edge, num_workers=1) == 1  # no block schedule
+    assert segments(edge, schedule="shared") == 1 and segments(edge, dbow_words=True) == 1
     assert segments(edge, gpus_per_worker=1) == 1
     assert segments(edge, segments=2) == 2
     assert resolve(TrainConfig(num_workers=2), SimpleNamespace(num_tokens=edge, vocab_size=10, meta={}),
