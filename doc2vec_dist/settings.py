@@ -214,6 +214,8 @@ class RunSettings:
     kernel: str               # "exact" (cpu_kernel), "batched" (kernels) or "fused" (triton_kernel)
     staged: bool | None       # workers run the device path (None: where they have a GPU; STAGED_ENV: on the CPU too)
     warnings: tuple[str, ...] = ()  # settings measured to lose quality, and other ways the run is not what was meant
+    segments_from: str = "given"  # whence the segments: "given", "checkpoint" (a resumed run's), or the default
+                                  # of "text" or of "events" (default_segments)
 
     @property
     def exact(self) -> bool:
@@ -248,6 +250,13 @@ class RunSettings:
                 "resident_tables": dict(self.resident_tables), "macro_batch": self.macro_batch,
                 "handover": self.handover, "kernel": self.kernel, "resident_docs": self.config.resident_docs}
 
+    def _segments_why(self) -> str:
+        """Where the engine line's segments came from: a flag, a checkpoint, or the default for this corpus."""
+        return {"given": "--segments", "checkpoint": "--segments, the checkpoint's",
+                "text": "--segments' default on text",
+                "events": f"--segments' default where each worker's round holds {ROUND_TOKENS:,} tokens or more"
+                }[self.segments_from]
+
     def engine_line(self) -> str:
         """How the run trains, in one line: workers and threads, kernel, resident rows of words_out (and of
         words, which the token path holds too where they are trained), and their type where a device
@@ -260,7 +269,7 @@ class RunSettings:
                   + ("; examples drawn on its device)" if self.token_path else ")"))
         where = (f"all {rows:,} rows" if resident == rows else
                  f"a block of ~{resident:,} rows, one of {config.num_workers} that rotate over the workers "
-                 + ("each epoch" if self.segments == 1 else f"{self.segments} times an epoch (--segments)")
+                 + ("each epoch" if self.segments == 1 else f"{self.segments} times an epoch ({self._segments_why()})")
                  if self.blocks else f"the {resident:,} hottest rows" if resident else "none")
         return (f"engine: {config.num_workers} worker(s) x {config.cpus_per_worker} CPU(s)"
                 + (f" + {config.gpus_per_worker:g} GPU(s)" if config.gpus_per_worker else "")
@@ -282,10 +291,11 @@ def resolve(config: TrainConfig, corpus: Any, cluster: dict[str, float] | None =
 
         if not available():
             raise UserError(f"bad training config: {MISSING}")
-    asked = config.segments
+    asked, segments_from = config.segments, "given"
     if config.segments is None:
-        segments = (saved or {}).get("segments") or default_segments(config, corpus)
-        config = dataclasses.replace(config, segments=int(segments))
+        segments = (saved or {}).get("segments")
+        segments_from = "checkpoint" if segments else "text" if is_text(corpus) else "events"
+        config = dataclasses.replace(config, segments=int(segments or default_segments(config, corpus)))
     if cluster is not None:
         config = _fit(config, corpus, cluster)
     rows = corpus.vocab_size
@@ -299,7 +309,7 @@ def resolve(config: TrainConfig, corpus: Any, cluster: dict[str, float] | None =
                                     sole_writer=sole_writer, on_device=not exact),
         handover=os.environ.get(HANDOVER_ENV) != "0",
         kernel="exact" if exact else "fused" if config.kernel == "fused" else "batched",
-        staged=staged_on_cpu() or None)
+        staged=staged_on_cpu() or None, segments_from=segments_from)
     given = None if asked is None or asked == (saved or {}).get("segments") else asked  # not a checkpoint's own
     return dataclasses.replace(settings, warnings=tuple(_warnings(settings, corpus, given)))
 

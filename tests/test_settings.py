@@ -56,6 +56,15 @@ def test_on_events_the_segments_default_to_4_where_each_workers_round_holds_roun
     assert resolve(TrainConfig(num_workers=2), SimpleNamespace(num_tokens=edge, vocab_size=10, meta={}),
                    saved={"segments": 1}).segments == 1
     assert segments(edge * 100) == EVENT_SEGMENTS and TEXT_SEGMENTS == 16
+    # the engine line says whence they came
+    corpus = SimpleNamespace(num_tokens=edge, vocab_size=100_000, meta={})
+    assert "4 times an epoch (--segments' default where each worker's round holds 250,000 tokens or more)" in \
+        resolve(TrainConfig(num_workers=2), corpus).engine_line()
+    assert "2 times an epoch (--segments)" in resolve(TrainConfig(num_workers=2, segments=2), corpus).engine_line()
+    assert "4 times an epoch (--segments, the checkpoint's)" in \
+        resolve(TrainConfig(num_workers=2), SimpleNamespace(num_tokens=10, vocab_size=100_000, meta={}),
+                saved={"segments": 4}).engine_line()
+    assert "16 times an epoch (--segments' default on text)" in resolve(TrainConfig(num_workers=2), TEXT).engine_line()
 
 
 def test_a_resume_resolves_its_segments_from_the_checkpoints_settings():
