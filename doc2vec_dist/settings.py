@@ -291,11 +291,12 @@ def resolve(config: TrainConfig, corpus: Any, cluster: dict[str, float] | None =
 
         if not available():
             raise UserError(f"bad training config: {MISSING}")
-    asked, segments_from = config.segments, "given"
+    asked, ran = config.segments, (saved or {}).get("segments")
+    # a resumed config carries its checkpoint's segments (trainer.resumed_config): those are the checkpoint's too
+    segments_from = ("checkpoint" if ran and asked in (None, ran) else "given" if asked is not None
+                     else "text" if is_text(corpus) else "events")
     if config.segments is None:
-        segments = (saved or {}).get("segments")
-        segments_from = "checkpoint" if segments else "text" if is_text(corpus) else "events"
-        config = dataclasses.replace(config, segments=int(segments or default_segments(config, corpus)))
+        config = dataclasses.replace(config, segments=int(ran or default_segments(config, corpus)))
     if cluster is not None:
         config = _fit(config, corpus, cluster)
     rows = corpus.vocab_size
@@ -310,7 +311,7 @@ def resolve(config: TrainConfig, corpus: Any, cluster: dict[str, float] | None =
         handover=os.environ.get(HANDOVER_ENV) != "0",
         kernel="exact" if exact else "fused" if config.kernel == "fused" else "batched",
         staged=staged_on_cpu() or None, segments_from=segments_from)
-    given = None if asked is None or asked == (saved or {}).get("segments") else asked  # not a checkpoint's own
+    given = asked if segments_from == "given" else None  # not a checkpoint's own
     return dataclasses.replace(settings, warnings=tuple(_warnings(settings, corpus, given)))
 
 

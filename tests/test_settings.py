@@ -65,6 +65,9 @@ def test_on_events_the_segments_default_to_4_where_each_workers_round_holds_roun
         resolve(TrainConfig(num_workers=2), SimpleNamespace(num_tokens=10, vocab_size=100_000, meta={}),
                 saved={"segments": 4}).engine_line()
     assert "16 times an epoch (--segments' default on text)" in resolve(TrainConfig(num_workers=2), TEXT).engine_line()
+    # a resumed config carries the checkpoint's segments (trainer.resumed_config): still the checkpoint's
+    assert "4 times an epoch (--segments, the checkpoint's)" in \
+        resolve(TrainConfig(num_workers=2, segments=4), corpus, saved={"segments": 4}).engine_line()
 
 
 def test_a_resume_resolves_its_segments_from_the_checkpoints_settings():
